@@ -1,0 +1,56 @@
+"""`python -m aot build | list | tune`: the build-time command line."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import click
+
+from . import codegen
+from .compile import CompileError, compile_all
+from .variants import all_variants
+
+DEFAULT_OUT = Path("build/aot")
+
+
+@click.group()
+def main():
+    """Ahead-of-time compiler for gg_runtime's Triton kernels."""
+
+
+@main.command()
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT, show_default=True,
+              help="Folder for cubins, manifest.json and kernel_table.inc.")
+@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True,
+              help="Compiler processes.")
+@click.option("--only", default="", help="Compile only variants whose key contains this text.")
+@click.option("--keep-ptx", is_flag=True, help="Also write each variant's PTX.")
+def build(out: Path, jobs: int, only: str, keep_ptx: bool):
+    """Compile every variant for sm80 and sm90 and generate the runtime's kernel table."""
+    import triton
+
+    variants = [v for v in all_variants() if only in v.key]
+    if not variants:
+        raise click.ClickException(f"no variant key contains {only!r}")
+    kernels = out / "kernels"
+    shutil.rmtree(kernels, ignore_errors=True)
+    # A build-local cache keeps rebuilds fast without touching ~/.triton.
+    os.environ.setdefault("TRITON_CACHE_DIR", str((out / "triton-cache").resolve()))
+    started = time.time()
+    try:
+        records = compile_all(variants, kernels, jobs, keep_ptx)
+    except CompileError as exc:
+        raise click.ClickException(str(exc)) from exc
+    codegen.write_outputs(records, kernels, triton.__version__)
+    size = sum(r["cubin_size"] for r in records)
+    click.echo(f"compiled {len(records)} variants ({size / 1e6:.1f} MB of cubins) "
+               f"in {time.time() - started:.0f} s with {jobs} jobs -> {kernels}")
+
+
+@main.command(name="list")
+def list_variants():
+    """Print the key of every variant the build compiles."""
+    for variant in all_variants():
+        click.echo(variant.key)

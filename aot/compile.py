@@ -1,0 +1,89 @@
+"""Compile variants with triton.compile for an explicit target (no GPU needed)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+
+from .variants import FAMILIES, Variant
+
+
+class CompileError(RuntimeError):
+    """A variant failed to compile; the message names the variant key."""
+
+
+@dataclass
+class Compiled:
+    record: dict  # manifest entry (see codegen.py)
+    cubin: bytes
+    ptx: str
+
+
+def compile_variant(variant: Variant) -> Compiled:
+    target = GPUTarget("cuda", variant.arch, 32)
+    backend = CUDABackend(target)
+    config = variant.config
+    options = backend.parse_options({"num_warps": config.num_warps, "num_stages": config.num_stages})
+    constexprs = variant.constexprs()
+    signature = dict(variant.signature())
+    signature.update({name: "constexpr" for name in constexprs})
+    source = ASTSource(fn=FAMILIES[variant.family].kernel, signature=signature, constexprs=constexprs)
+    try:
+        kernel = triton.compile(source, target=target, options=options.__dict__)
+    except Exception as exc:  # Triton raises many types; the key is what the user needs
+        raise CompileError(f"compiling {variant.key} failed:\n{exc}") from exc
+    meta = kernel.metadata
+    if meta.num_ctas != 1:
+        raise CompileError(f"{variant.key}: num_ctas={meta.num_ctas}; the launcher supports 1")
+    cubin = kernel.asm["cubin"]
+    record = variant.describe()
+    record.update(
+        kernel_name=meta.name,
+        num_warps=meta.num_warps,
+        num_ctas=meta.num_ctas,
+        shared=meta.shared,
+        scratch_size=meta.global_scratch_size,
+        scratch_align=meta.global_scratch_align,
+        params=[list(p) for p in variant.signature().items()],
+        cubin=f"{variant.key}.cubin",
+        cubin_sha256=hashlib.sha256(cubin).hexdigest(),
+        cubin_size=len(cubin),
+        triton_version=triton.__version__,
+    )
+    return Compiled(record, cubin, kernel.asm["ptx"])
+
+
+def _compile_to(args) -> dict:
+    variant, out_dir, keep_ptx = args
+    compiled = compile_variant(variant)
+    (out_dir / compiled.record["cubin"]).write_bytes(compiled.cubin)
+    if keep_ptx:
+        (out_dir / f"{variant.key}.ptx").write_text(compiled.ptx)
+    return compiled.record
+
+
+def compile_all(variants: list, out_dir: Path, jobs: int, keep_ptx: bool = False) -> list:
+    """Compile every variant into out_dir; records come back in variant order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.pop("TRITON_OVERRIDE_ARCH", None)  # it would silently retarget every compile
+    work = [(v, out_dir, keep_ptx) for v in variants]
+    if jobs <= 1:
+        return [_compile_to(w) for w in work]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_compile_to, work))
+
+
+def ptx_entry_params(ptx: str) -> list:
+    """PTX types of the .entry parameters, e.g. ['.u64', '.u32', ...]."""
+    match = re.search(r"\.entry\s+\w+\s*\(([^)]*)\)", ptx, re.S)
+    if not match:
+        raise ValueError("no .entry in PTX")
+    return [p.split()[1] for p in match.group(1).split(",") if p.strip()]

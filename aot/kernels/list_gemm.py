@@ -1,0 +1,54 @@
+"""List layout kernel (the tutorial's problem): G independent C_g = A_g @ B_g with
+per-group pointers, sizes and leading dimensions, all any value.
+
+Metadata is one int64 buffer written by the host in one copy:
+    meta[g * FIELDS + 0..8] = a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc
+    tile_ends[g]            = tiles of groups 0..g (inclusive prefix sum)
+The host knows every size, so it computes the prefix; the kernel only looks it up.
+"""
+import triton
+import triton.language as tl
+
+from .tiles import first_step_past, tile_mma, tile_store
+
+FIELDS = tl.constexpr(9)
+
+
+@triton.jit
+def list_gemm_kernel(meta_ptr, tile_ends_ptr, G,
+                     DTYPE: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr):
+    """A_g [M, K] row-major, B_g [K, N] (B_T=0) or [N, K] (B_T=1), C_g [M, N] row-major.
+
+    Persistent: program p takes tiles p, p + P, ... of the list made of every
+    group's tiles (m-tile fastest).  Groups are visited CHUNK at a time; inside
+    a slice the owner of a tile is a vector compare against the tile prefix.
+    """
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    lane = tl.arange(0, CHUNK)
+    tile = pid
+    for chunk in range(0, G, CHUNK):
+        ends = tl.load(tile_ends_ptr + chunk + lane, mask=chunk + lane < G, other=0)
+        chunk_end = tl.max(ends).to(tl.int32)
+        for t in range(tile, chunk_end, num_programs):
+            g = chunk + tl.sum((ends <= t).to(tl.int32))
+            first_tile = tl.load(tile_ends_ptr + g - 1, mask=g > 0, other=0)
+            row = meta_ptr + g.to(tl.int64) * FIELDS
+            a_ptr = tl.load(row + 0).to(tl.pointer_type(DTYPE))
+            b_ptr = tl.load(row + 1).to(tl.pointer_type(DTYPE))
+            c_ptr = tl.load(row + 2).to(tl.pointer_type(DTYPE))
+            M = tl.load(row + 3).to(tl.int32)
+            N = tl.load(row + 4).to(tl.int32)
+            K = tl.load(row + 5).to(tl.int32)
+            lda = tl.load(row + 6)
+            ldb = tl.load(row + 7)
+            ldc = tl.load(row + 8)
+            in_group = (t - first_tile).to(tl.int32)
+            m_tiles = tl.cdiv(M, BM)
+            off_m = (in_group % m_tiles) * BM
+            off_n = (in_group // m_tiles) * BN
+            acc = tile_mma(a_ptr, b_ptr, off_m, off_n, 0, K, M, N, lda, ldb,
+                           False, B_T, USE_TMA, BM, BN, BK)
+            tile_store(c_ptr, acc, off_m, off_n, M, N, ldc, USE_TMA, BM, BN)
+        tile = first_step_past(tile, chunk_end, num_programs)

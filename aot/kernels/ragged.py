@@ -1,0 +1,106 @@
+"""MoE layout kernels: groups are contiguous row ranges of one tensor, given by
+int32 cumulative END offsets that live on the device (no host sync).
+
+Offsets are read as e_g = clamp(max(offs[0..g]), 0, T): a running maximum,
+clamped to the T rows that exist.  Group g owns rows [e_{g-1}, e_g) (e_{-1} = 0).
+For valid offsets this is the usual meaning; for decreasing or out-of-range
+offsets it keeps every access in bounds and every output row owned by at most
+one group.
+
+ragged_m: out[T, N], rows of group g = a[rows] @ b[g]   (forward, dA)
+ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
+"""
+import triton
+import triton.language as tl
+
+from .tiles import first_step_past, pick, running_max, tile_mma, tile_store
+
+
+@triton.jit
+def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                    B_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, CHUNK: tl.constexpr):
+    """a [T, K] row-major, b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major.
+
+    Persistent: program p takes tiles p, p + P, ... of the list made of every
+    group's tiles (m-tile fastest, so programs running together share one
+    weight column block), then the tiles of the rows past the last group,
+    which are written with zeros (a pseudo-group with K = 0).  Groups are
+    scanned CHUNK at a time: a prefix sum over their tile counts finds the
+    owner of a tile without a per-group loop.
+    """
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    n_tiles = tl.cdiv(N, BN)
+    lane = tl.arange(0, CHUNK)
+    tile = pid
+    tiles_before = 0
+    rows_before = 0
+    for chunk in range(0, G + 1, CHUNK):
+        idx = chunk + lane
+        # Index G is the pseudo-group that ends at T; past it, empty groups.
+        ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
+        ends = tl.where(idx >= G, T, ends)
+        starts = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
+        starts = tl.where(idx > G, T, starts)
+        ends = tl.maximum(running_max(tl.minimum(tl.maximum(ends, 0), T)), rows_before)
+        starts = tl.maximum(running_max(tl.minimum(tl.maximum(starts, 0), T)), rows_before)
+        group_tiles = tl.cdiv(ends - starts, BM) * n_tiles
+        tiles_end = tiles_before + tl.cumsum(group_tiles, 0)
+        chunk_end = tiles_before + tl.sum(group_tiles)
+        for t in range(tile, chunk_end, num_programs):
+            local_group = tl.sum((tiles_end <= t).to(tl.int32))
+            g = chunk + local_group
+            start = pick(starts, local_group, CHUNK)
+            end = pick(ends, local_group, CHUNK)
+            in_group = t - (pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group, CHUNK))
+            m_tiles = tl.cdiv(end - start, BM)
+            off_m = start + (in_group % m_tiles) * BM
+            off_n = (in_group // m_tiles) * BN
+            k_end = tl.where(g < G, K, 0)
+            weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
+            acc = tile_mma(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
+                           False, B_T, USE_TMA, BM, BN, BK)
+            tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, USE_TMA, BM, BN)
+        tile = first_step_past(tile, chunk_end, num_programs)
+        tiles_before = chunk_end
+        rows_before = tl.max(ends)
+
+
+@triton.jit
+def group_row_range(offs_ptr, g, T, CHUNK: tl.constexpr):
+    """(e_{g-1}, e_g) of the module docstring, for one group g."""
+    lane = tl.arange(0, CHUNK)
+    before = 0
+    through = 0
+    for chunk in range(0, g + 1, CHUNK):
+        idx = chunk + lane
+        vals = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx <= g, other=0), 0), T)
+        before = tl.maximum(before, tl.max(tl.where(idx < g, vals, 0)))
+        through = tl.maximum(through, tl.max(vals))
+    return before, through
+
+
+@triton.jit
+def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb,
+                    A_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, CHUNK: tl.constexpr):
+    """a [M, T] (A_T=0) or stored [T, M] (A_T=1), b [T, N] row-major, c [G, M, N] contiguous.
+
+    Every group has the same tile count, so a tile's group is a division; its
+    K range comes from the offsets.  A group with no rows stores zeros.
+    """
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    m_tiles = tl.cdiv(M, BM)
+    tiles_per_group = m_tiles * tl.cdiv(N, BN)
+    for tile in range(pid, G * tiles_per_group, num_programs):
+        g = tile // tiles_per_group
+        in_group = tile % tiles_per_group
+        off_m = (in_group % m_tiles) * BM
+        off_n = (in_group // m_tiles) * BN
+        start, end = group_row_range(offs_ptr, g, T, CHUNK)
+        acc = tile_mma(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
+                       A_T, False, USE_TMA, BM, BN, BK)
+        out = c_ptr + g.to(tl.int64) * M * N
+        tile_store(out, acc, off_m, off_n, M, N, N, USE_TMA, BM, BN)

@@ -1,0 +1,160 @@
+"""The variant space: family x arch x dtype x layout x flavour x config.
+
+This file is the single description of what the wheel contains.  The
+compiler builds exactly `all_variants()`, the code generator turns them into
+the runtime's kernel table, and the tests parametrise over the same list.
+
+Layout names give how A and B are stored, one letter each: 'n' as the math
+reads (A [M, K], B [K, N], row-major), 't' stored transposed (A as [K, M],
+B as [N, K] -- the nn.Linear weight layout).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import triton.language as tl
+
+from .kernels.list_gemm import list_gemm_kernel
+from .kernels.ragged import ragged_k_kernel, ragged_m_kernel
+
+ARCHS = (80, 90)
+DTYPES = {"float16": ("fp16", tl.float16), "bfloat16": ("bf16", tl.bfloat16)}
+# Groups scanned per step by the persistent kernels' tile -> group lookup.
+GROUP_CHUNK = 64
+TUNING_DIR = Path(__file__).parent / "tuning"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel source and its ABI: runtime parameters in declaration order."""
+    name: str
+    kernel: object
+    params: tuple  # (name, type); '*T' is a pointer to the variant's dtype
+    layouts: dict  # layout name -> layout constexprs
+    dtype_constexpr: bool = False  # kernel takes DTYPE (its pointers are untyped)
+
+    def signature(self, short_dtype: str) -> dict:
+        return {name: kind.replace("*T", f"*{short_dtype}") for name, kind in self.params}
+
+
+FAMILIES = {
+    f.name: f for f in (
+        Family(
+            name="list",
+            kernel=list_gemm_kernel,
+            params=(("meta_ptr", "*i64"), ("tile_ends_ptr", "*i64"), ("G", "i32")),
+            layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
+            dtype_constexpr=True,
+        ),
+        Family(
+            name="ragged_m",
+            kernel=ragged_m_kernel,
+            params=(("a_ptr", "*T"), ("b_ptr", "*T"), ("c_ptr", "*T"), ("offs_ptr", "*i32"),
+                    ("T", "i32"), ("N", "i32"), ("K", "i32"), ("G", "i32"),
+                    ("lda", "i64"), ("b_group_stride", "i64"), ("ldb", "i64"), ("ldc", "i64")),
+            layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
+        ),
+        Family(
+            name="ragged_k",
+            kernel=ragged_k_kernel,
+            params=(("a_ptr", "*T"), ("b_ptr", "*T"), ("c_ptr", "*T"), ("offs_ptr", "*i32"),
+                    ("M", "i32"), ("N", "i32"), ("T", "i32"), ("G", "i32"),
+                    ("lda", "i64"), ("ldb", "i64")),
+            layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile shape and schedule.  `max_rows` bounds the rows per group this config
+    is chosen for (the runtime takes the smallest bound that fits; 0 = no bound)."""
+    BM: int
+    BN: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    max_rows: int = 0
+
+    @property
+    def tag(self) -> str:
+        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
+
+
+# Heuristic sets, used where no tuned table exists.  sm80 configs keep shared
+# memory under 99 KiB so they also load on 8.6 / 8.9.
+DEFAULT_CONFIGS = {
+    (80, "basic"): (
+        Config(64, 64, 32, 4, 4, max_rows=64),
+        Config(128, 128, 32, 4, 3),
+    ),
+    (90, "basic"): (
+        Config(64, 64, 32, 4, 4, max_rows=64),
+        Config(128, 128, 32, 8, 3),
+    ),
+    (90, "tma"): (
+        Config(64, 128, 64, 4, 4, max_rows=64),
+        Config(128, 128, 64, 8, 4, max_rows=256),
+        Config(128, 256, 64, 8, 3),
+    ),
+}
+
+
+def flavours(arch: int) -> tuple:
+    """`basic` everywhere (any alignment); `tma` only where the hardware has it."""
+    return ("basic", "tma") if arch >= 90 else ("basic",)
+
+
+def configs_for(family: str, arch: int, flavour: str) -> tuple:
+    """The tuned table for (arch, family, flavour) if `aot tune` wrote one, else the defaults."""
+    table = TUNING_DIR / f"sm{arch}.json"
+    if table.exists():
+        entries = json.loads(table.read_text()).get(family, {}).get(flavour)
+        if entries:
+            return tuple(Config(**e) for e in entries)
+    return DEFAULT_CONFIGS[(arch, flavour)]
+
+
+@dataclass(frozen=True)
+class Variant:
+    family: str
+    arch: int
+    dtype: str
+    layout: str
+    flavour: str
+    config: Config
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}.sm{self.arch}.{self.dtype}.{self.layout}.{self.flavour}.{self.config.tag}"
+
+    def signature(self) -> dict:
+        return FAMILIES[self.family].signature(DTYPES[self.dtype][0])
+
+    def constexprs(self) -> dict:
+        family = FAMILIES[self.family]
+        c = self.config
+        values = dict(family.layouts[self.layout])
+        values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK)
+        if family.dtype_constexpr:
+            values["DTYPE"] = DTYPES[self.dtype][1]
+        return values
+
+    def describe(self) -> dict:
+        return {"key": self.key, "family": self.family, "arch": self.arch, "dtype": self.dtype,
+                "layout": self.layout, "flavour": self.flavour, "config": asdict(self.config)}
+
+
+def all_variants() -> list:
+    return [
+        Variant(family, arch, dtype, layout, flavour, config)
+        for family, desc in FAMILIES.items()
+        for arch in ARCHS
+        for dtype in DTYPES
+        for layout in desc.layouts
+        for flavour in flavours(arch)
+        for config in configs_for(family, arch, flavour)
+    ]

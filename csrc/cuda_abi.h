@@ -1,0 +1,63 @@
+// The slice of the CUDA driver API that gg_runtime uses, declared here so the
+// extension builds without CUDA headers and never links libcuda.  Values and
+// signatures are the driver's documented ABI for CUDA >= 12.0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gg::cu {
+
+using Result = int;
+using Device = int;
+using DevicePtr = unsigned long long;
+using Context = struct CtxOpaque*;
+using Stream = struct StreamOpaque*;
+using Library = struct LibraryOpaque*;
+using Kernel = struct KernelOpaque*;
+using Function = struct FunctionOpaque*;
+
+constexpr Result kSuccess = 0;
+constexpr int kMinDriverVersion = 12000;  // cuLibrary* and cuKernel* appear in 12.0
+
+// CUdevice_attribute
+constexpr int kAttrMultiprocessorCount = 16;
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+constexpr int kAttrMaxSharedPerBlockOptin = 97;
+// CUfunction_attribute
+constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
+// CUstreamCaptureStatus
+constexpr int kStreamCaptureNone = 0;
+
+struct Api {
+  Result (*cuInit)(unsigned int flags);
+  Result (*cuDriverGetVersion)(int* version);
+  Result (*cuGetErrorName)(Result error, const char** name);
+  Result (*cuGetErrorString)(Result error, const char** text);
+  Result (*cuDeviceGet)(Device* device, int ordinal);
+  Result (*cuDeviceGetCount)(int* count);
+  Result (*cuDeviceGetName)(char* name, int length, Device device);
+  Result (*cuDeviceGetAttribute)(int* value, int attribute, Device device);
+  Result (*cuDevicePrimaryCtxRetain)(Context* context, Device device);
+  Result (*cuCtxGetCurrent)(Context* context);
+  Result (*cuCtxSetCurrent)(Context context);
+  Result (*cuLibraryLoadData)(Library* library, const void* image, void* jit_options,
+                              void** jit_values, unsigned int jit_count, void* library_options,
+                              void** library_values, unsigned int library_count);
+  Result (*cuLibraryGetKernel)(Kernel* kernel, Library library, const char* name);
+  Result (*cuKernelSetAttribute)(int attribute, int value, Kernel kernel, Device device);
+  Result (*cuKernelGetFunction)(Function* function, Kernel kernel);
+  Result (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int* blocks, Function function,
+                                                        int block_size, size_t dynamic_shared);
+  Result (*cuLaunchKernel)(Function function, unsigned int grid_x, unsigned int grid_y,
+                           unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+                           unsigned int block_z, unsigned int shared_bytes, Stream stream,
+                           void** params, void** extra);
+  Result (*cuMemAllocAsync)(DevicePtr* ptr, size_t bytes, Stream stream);
+  Result (*cuMemFreeAsync)(DevicePtr ptr, Stream stream);
+  Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
+  Result (*cuStreamIsCapturing)(Stream stream, int* status);
+};
+
+}  // namespace gg::cu

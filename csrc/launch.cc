@@ -1,0 +1,51 @@
+#include "launch.h"
+
+#include <limits>
+
+#include "driver.h"
+
+namespace gg {
+
+ArgPack& ArgPack::i32(int64_t value) {
+  if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("argument " + std::to_string(kinds_.size()) + " = " +
+                                std::to_string(value) + " does not fit in int32");
+  }
+  return push('i', static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(value))));
+}
+
+StreamBuffer::StreamBuffer(cu::Stream stream, size_t bytes) : stream_(stream) {
+  if (bytes == 0) return;
+  check(cuda().cuMemAllocAsync(&ptr_, bytes, stream), "allocating " + std::to_string(bytes) +
+                                                           " bytes of kernel workspace");
+}
+
+StreamBuffer::~StreamBuffer() {
+  if (ptr_ != 0) cuda().cuMemFreeAsync(ptr_, stream_);
+}
+
+size_t scratch_bytes(const KernelInfo& info, unsigned programs) {
+  if (info.scratch_size == 0) return 0;
+  const size_t align = info.scratch_align > 0 ? info.scratch_align : 1;
+  const size_t per_program = (info.scratch_size + align - 1) / align * align;
+  return per_program * programs;
+}
+
+void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,
+            ArgPack& args, cu::DevicePtr scratch) {
+  if (programs == 0) return;
+  if (args.kinds() != info.params) {
+    throw CudaError(std::string("internal ABI mismatch for ") + info.key + ": packed '" +
+                    args.kinds() + "', kernel takes '" + info.params + "'");
+  }
+  // Triton appends global_scratch and profile_scratch to every kernel.
+  args.ptr(scratch).ptr(0);
+  std::vector<void*> params;
+  params.reserve(args.slots().size());
+  for (uint64_t& slot : args.slots()) params.push_back(&slot);
+  check(cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1, 1, info.shared,
+                              stream, params.data(), nullptr),
+        std::string("launching ") + info.key);
+}
+
+}  // namespace gg

@@ -1,0 +1,90 @@
+#include "registry.h"
+
+#include <atomic>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "driver.h"
+
+namespace gg {
+namespace {
+
+#include "kernel_table.inc"
+
+constexpr size_t kTableSize = sizeof(kKernelTable) / sizeof(kKernelTable[0]);
+
+std::mutex g_mutex;  // guards everything below
+std::string g_kernel_dir;
+std::vector<cu::Kernel> g_kernels(kTableSize, nullptr);  // process-wide, context-independent
+std::map<std::pair<size_t, int>, ReadyKernel> g_ready;   // (variant, device) -> configured
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CudaError("cannot read kernel binary " + path + " (is the wheel complete?)");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+cu::Kernel load_kernel(const KernelInfo& info) {
+  if (g_kernel_dir.empty()) throw CudaError("gg_runtime: kernel folder not set");
+  const std::string image = read_file(g_kernel_dir + "/" + info.cubin);
+  const cu::Api& api = cuda();
+  cu::Library library = nullptr;
+  check(api.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+        std::string("loading kernel ") + info.key);
+  cu::Kernel kernel = nullptr;
+  check(api.cuLibraryGetKernel(&kernel, library, info.kernel_name),
+        std::string("finding ") + info.kernel_name + " in " + info.key);
+  return kernel;  // the library lives as long as the process
+}
+
+ReadyKernel configure(const KernelInfo& info, cu::Kernel kernel, int device,
+                      int device_shared_optin) {
+  const cu::Api& api = cuda();
+  const std::string where = std::string(info.key) + " on device " + std::to_string(device);
+  if (info.shared > device_shared_optin) {
+    throw UnsupportedDevice(where + ": needs " + std::to_string(info.shared) +
+                            " bytes of shared memory, the device allows " +
+                            std::to_string(device_shared_optin));
+  }
+  cu::Device handle = 0;
+  check(api.cuDeviceGet(&handle, device), "cuDeviceGet");
+  check(api.cuKernelSetAttribute(cu::kFuncAttrMaxDynamicSharedBytes, info.shared, kernel, handle),
+        "setting shared memory of " + where);
+  cu::Function function = nullptr;  // needs the device's context to be current
+  check(api.cuKernelGetFunction(&function, kernel), "cuKernelGetFunction for " + where);
+  int blocks = 0;
+  check(api.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, 32 * info.num_warps,
+                                                        info.shared),
+        "occupancy of " + where);
+  if (blocks < 1) throw UnsupportedDevice(where + ": the kernel does not fit on the device");
+  return ReadyKernel{function, blocks};
+}
+
+}  // namespace
+
+const KernelInfo* kernel_table() { return kKernelTable; }
+size_t kernel_count() { return kTableSize; }
+const char* triton_version() { return GG_TRITON_VERSION; }
+
+void set_kernel_dir(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_kernel_dir = dir;
+}
+
+ReadyKernel ready_kernel(size_t index, int device, int device_shared_optin) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto found = g_ready.find({index, device});
+  if (found != g_ready.end()) return found->second;
+  const KernelInfo& info = kKernelTable[index];
+  if (g_kernels[index] == nullptr) g_kernels[index] = load_kernel(info);
+  ReadyKernel ready = configure(info, g_kernels[index], device, device_shared_optin);
+  g_ready.emplace(std::make_pair(index, device), ready);
+  return ready;
+}
+
+}  // namespace gg

@@ -1,0 +1,62 @@
+"""The public functions.  Shapes first, then what happens at the edges."""
+from __future__ import annotations
+
+import torch
+
+from . import raw
+from .library import grouped_mm_op
+
+
+def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
+    """[M_i, K_i] @ [K_i, N_i] -> [M_i, N_i] for every i, in one launch.
+
+    As[i] is [M_i, K_i]; Bs[i] is [K_i, N_i], or [N_i, K_i] with trans_b=True
+    (the nn.Linear weight layout).  Any sizes (zero included) and any row
+    stride; the last dimension must have unit stride; one dtype (float16 or
+    bfloat16) and one CUDA device for all.  Returns new tensors C_i, contiguous,
+    in the inputs' dtype (accumulated in float32).  Metadata reaches the GPU in
+    one copy on the current stream; for that reason this call cannot be
+    captured in a CUDA graph (grouped_mm can).  Not differentiable.
+    """
+    return raw.grouped_gemm(As, Bs, trans_b)[0]
+
+
+def _needs_dispatcher(a, b) -> bool:
+    """The custom op handles autograd, tracing and tensor subclasses; plain
+    inference calls skip its dispatch overhead."""
+    if torch.compiler.is_compiling() or type(a) is not torch.Tensor or type(b) is not torch.Tensor:
+        return True
+    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+
+
+def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
+    """Grouped matrix product with the semantics of torch._grouped_mm.
+
+    - a [T, K], b [G, K, N], offs [G] -> [T, N]  (ragged M: MoE forward, dA)
+      Group g is rows offs[g-1]:offs[g] of a (offs[-1] taken as 0), times b[g].
+      b may be a transposed view of a [G, N, K] tensor (nn.Linear weights).
+    - a [M, T], b [T, N], offs [G] -> [G, M, N]  (ragged K: weight gradient)
+      out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]]; a group with no
+      rows gives zeros.
+    - a [G, M, K], b [G, K, N], offs None -> [G, M, N]  (batched)
+
+    offs is an int32 CUDA tensor of cumulative END offsets.  It is read on the
+    GPU only: nothing waits for the host, so the call can be captured in a CUDA
+    graph and replayed with new offsets.
+
+    Edges, defined rather than undefined:
+    - Rows of a ragged-M output past offs[-1] belong to no group and are zero.
+    - Offsets are read as e_g = clamp(max(offs[0..g]), 0, T): out-of-range
+      values are clamped to the T rows (columns) that exist and a decreasing
+      offset makes its group empty.  No offset makes a kernel read or write out
+      of bounds.
+
+    float16 or bfloat16, one CUDA device, fp32 accumulation; out_dtype must be
+    None or the inputs' dtype.  Differentiable in a and b; traceable by
+    torch.compile (it is the custom op torch.ops.gg_runtime.grouped_mm).
+    """
+    if out_dtype is not None:
+        raw.check_grouped_mm(a, b, offs, out_dtype)
+    if _needs_dispatcher(a, b):
+        return grouped_mm_op(a, b, offs)
+    return raw.grouped_mm(a, b, offs)[0]

@@ -1,0 +1,183 @@
+"""Raw operations: validate, allocate the output, launch.  No autograd here.
+
+Each function returns (result, variant_key); the key names the compiled
+variant that ran ('' when there was nothing to launch) so that tests and
+benchmarks can see which path was taken.  `allow_tma=False` forces the
+`basic` kernels on sm90.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from ._native import DTYPE_CODES, current_stream
+from .validate import (check_offsets, check_out_dtype, check_same, check_tensor,
+                       check_unit_inner_stride, require)
+
+
+# Every output is allocated here; tests replace it to poison outputs.
+empty = torch.empty
+
+
+def _target(x: torch.Tensor, allow_tma: bool):
+    index = x.device.index
+    return index, current_stream(index), DTYPE_CODES[x.dtype], allow_tma
+
+
+# ----------------------------------------------------------------------------
+# List layout: the tutorial's problem.
+
+
+def _check_group(i: int, a, b, trans_b: bool, ref) -> None:
+    check_tensor(a, f"As[{i}]", 2)
+    check_tensor(b, f"Bs[{i}]", 2)
+    check_same(a, f"As[{i}]", ref, "As[0]")
+    check_same(b, f"Bs[{i}]", ref, "As[0]")
+    check_unit_inner_stride(a, f"As[{i}]")
+    check_unit_inner_stride(b, f"Bs[{i}]")
+    b_k = b.shape[1] if trans_b else b.shape[0]
+    layout = "[N, K]" if trans_b else "[K, N]"
+    require(a.shape[1] == b_k, f"group {i}: As[{i}] is {tuple(a.shape)} ([M, K]) but Bs[{i}] is "
+                               f"{tuple(b.shape)} ({layout}): K differs ({a.shape[1]} vs {b_k})")
+
+
+def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True):
+    require(isinstance(As, (list, tuple)) and isinstance(Bs, (list, tuple)),
+            "As and Bs must be lists of tensors", TypeError)
+    require(len(As) == len(Bs), f"As has {len(As)} matrices but Bs has {len(Bs)}")
+    if not As:
+        return [], ""
+    ref = As[0]
+    check_tensor(ref, "As[0]", 2)
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        _check_group(i, a, b, trans_b, ref)
+    Cs = [empty((a.shape[0], b.shape[0] if trans_b else b.shape[1]), dtype=ref.dtype,
+                      device=ref.device) for a, b in zip(As, Bs)]
+    key = _C.run_list(
+        *_target(ref, allow_tma), trans_b,
+        [a.data_ptr() for a in As], [b.data_ptr() for b in Bs], [c.data_ptr() for c in Cs],
+        [a.shape[0] for a in As], [c.shape[1] for c in Cs], [a.shape[1] for a in As],
+        [a.stride(0) for a in As], [b.stride(0) for b in Bs], [c.stride(0) for c in Cs])
+    return Cs, key
+
+
+# ----------------------------------------------------------------------------
+# MoE layout: torch._grouped_mm semantics with device-side offsets.
+
+
+def _layout(x: torch.Tensor):
+    """(x, transposed, ld) for the last two dims of x, read as [R, C]: row-major
+    (element (r, c) at r * ld + c), or stored transposed (at c * ld + r).
+    Copies only when neither dimension is contiguous."""
+    rows, cols = x.shape[-2], x.shape[-1]
+    if cols <= 1 or x.stride(-1) == 1:
+        return x, False, x.stride(-2)
+    if rows <= 1 or x.stride(-2) == 1:
+        return x, True, x.stride(-1)
+    x = x.contiguous()
+    return x, False, x.stride(-2)
+
+
+def _row_major(x: torch.Tensor):
+    """(x, ld) with unit inner stride, copying only when needed."""
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        x = x.contiguous()
+    return x, x.stride(-2)
+
+
+def ragged_m(a, b, offs, allow_tma: bool = True):
+    """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
+    a, lda = _row_major(a)
+    b, b_t, ldb = _layout(b)
+    rows, groups, n = a.shape[0], b.shape[0], b.shape[2]
+    out = empty((rows, n), dtype=a.dtype, device=a.device)
+    if groups == 0:
+        return out.zero_(), ""
+    key = _C.run_ragged_m(*_target(a, allow_tma), b_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                          offs.data_ptr(), rows, n, a.shape[1], groups, lda, b.stride(0), ldb,
+                          out.stride(0))
+    return out, key
+
+
+def ragged_k(a, b, offs, allow_tma: bool = True):
+    """out[G, M, N]; out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]].  a [M, T], b [T, N]."""
+    m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
+    a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
+    b, ldb = _row_major(b)
+    out = empty((groups, m, n), dtype=a.dtype, device=a.device)
+    key = _C.run_ragged_k(*_target(a, allow_tma), a_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                          offs.data_ptr(), m, n, a.shape[1], groups, lda, ldb)
+    return out, key
+
+
+def _batch_offsets(groups: int, size: int, device) -> torch.Tensor:
+    """[size, 2*size, ...]: built on the device, no host sync."""
+    return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * size
+
+
+def batched(a, b, allow_tma: bool = True):
+    """out[G, M, N] = a[g] @ b[g].  Mapped onto the ragged kernels without copies
+    when a's batches are stacked rows ([G*M, K]) or stacked columns (a
+    transposed view of [G, K, M], as in the backward pass)."""
+    groups, m, k = a.shape
+    n = b.shape[2]
+    stacked_columns = (m > 1 and k > 1 and a.stride(1) == 1 and a.stride(0) == k * a.stride(2)
+                       and b.is_contiguous())
+    if stacked_columns:
+        offs = _batch_offsets(groups, k, a.device)
+        out, key = ragged_k(a.transpose(1, 2).reshape(groups * k, m).t(),
+                            b.reshape(groups * k, n), offs, allow_tma)
+        return out, key
+    if not (a.shape[-1] <= 1 or a.stride(-1) == 1) or a.stride(0) != m * a.stride(1):
+        a = a.contiguous()
+    offs = _batch_offsets(groups, m, a.device)
+    out, key = ragged_m(a.reshape(groups * m, k), b, offs, allow_tma)
+    return out.view(groups, m, n), key
+
+
+def check_grouped_mm(a, b, offs, out_dtype) -> None:
+    """All checks of grouped_mm, shared by the real and the fake (meta) implementation."""
+    require(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor),
+            "a and b must be torch.Tensors", TypeError)
+    require(a.dim() in (2, 3) and b.dim() in (2, 3),
+            f"a and b must be 2-D or 3-D, got a {tuple(a.shape)} and b {tuple(b.shape)}")
+    check_tensor(a, "a", a.dim())
+    check_tensor(b, "b", b.dim())
+    check_same(b, "b", a, "a")
+    check_out_dtype(out_dtype, a.dtype)
+    kind = (a.dim(), b.dim())
+    if kind == (2, 3):
+        require(a.shape[1] == b.shape[1], f"a is {tuple(a.shape)} ([T, K]) and b is "
+                                          f"{tuple(b.shape)} ([G, K, N]): K differs")
+        require(offs is not None, "offs is required when a is 2-D and b is 3-D (ragged M)")
+        check_offsets(offs, "b", b.shape[0], a.device)
+    elif kind == (2, 2):
+        require(a.shape[1] == b.shape[0], f"a is {tuple(a.shape)} ([M, T]) and b is "
+                                          f"{tuple(b.shape)} ([T, N]): T differs")
+        require(offs is not None, "offs is required when a and b are 2-D (ragged K)")
+        check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a.device)
+    elif kind == (3, 3):
+        require(offs is None, "offs must be None when a and b are 3-D (batched)")
+        require(a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
+                f"a is {tuple(a.shape)} ([G, M, K]) and b is {tuple(b.shape)} ([G, K, N]): "
+                "G or K differs")
+    else:
+        raise ValueError(f"a 3-D and b 2-D is not a grouped_mm case (a {tuple(a.shape)}, "
+                         f"b {tuple(b.shape)}); use 2-D x 3-D for ragged M")
+
+
+def output_shape(a, b, offs) -> tuple:
+    if a.dim() == 2 and b.dim() == 3:
+        return (a.shape[0], b.shape[2])
+    if a.dim() == 2:
+        return (offs.shape[0], a.shape[0], b.shape[1])
+    return (a.shape[0], a.shape[1], b.shape[2])
+
+
+def grouped_mm(a, b, offs=None, out_dtype=None, allow_tma: bool = True):
+    check_grouped_mm(a, b, offs, out_dtype)
+    if a.dim() == 2 and b.dim() == 3:
+        return ragged_m(a, b, offs, allow_tma)
+    if a.dim() == 2:
+        return ragged_k(a, b, offs, allow_tma)
+    return batched(a, b, allow_tma)
