@@ -1,0 +1,41 @@
+"""Cold start in a fresh process: import gg_runtime (with Triton made
+unimportable) and get a first checked result.  Prints one JSON line.
+
+    python bench/cold_start.py
+"""
+import json
+import sys
+import time
+
+sys.modules["triton"] = None  # any `import triton` from here on fails
+
+import torch  # noqa: E402  (timed apart: torch's own import is not ours)
+
+torch.cuda.init()
+torch.zeros(1, device="cuda")  # CUDA context exists before the clock starts
+
+start = time.perf_counter()
+import gg_runtime  # noqa: E402
+
+imported = time.perf_counter()
+counts = [300, 0, 212, 500]
+a = torch.randn(sum(counts), 1024, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(len(counts), 1024, 512, device="cuda", dtype=torch.bfloat16) * 0.05
+offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+made = time.perf_counter()
+out = gg_runtime.grouped_mm(a, b, offs)
+torch.cuda.synchronize()
+first = time.perf_counter()
+
+ref = torch.cat([a[s:e].float() @ b[g].float() for g, (s, e) in
+                 enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
+error = ((out.float() - ref).norm() / ref.norm()).item()
+print(json.dumps({
+    "import_ms": round((imported - start) * 1e3, 2),
+    "first_call_ms": round((first - made) * 1e3, 2),
+    "import_plus_first_call_ms": round((imported - start + first - made) * 1e3, 2),
+    "rel_error": error,
+    "triton_loaded": any(m == "triton" or m.startswith("triton.")
+                         for m, mod in sys.modules.items() if mod is not None),
+}))
+assert error < 1e-2, error

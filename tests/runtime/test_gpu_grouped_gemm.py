@@ -1,0 +1,125 @@
+"""grouped_gemm on the GPU against a float32 reference, outputs poisoned."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime import raw
+
+from conftest import device_arch, gpu
+from reference import TOLERANCE, randn, ref_list, rel_error
+
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def make_case(mnks, dtype, trans_b, pad=0):
+    """Inputs for sizes [(M, N, K)], as slices of wider tensors when pad > 0."""
+    As, Bs = [], []
+    for m, n, k in mnks:
+        a = randn(m, k + pad, dtype=dtype)[:, :k]
+        b_shape = (n, k + pad) if trans_b else (k, n + pad)
+        b = randn(*b_shape, dtype=dtype)
+        As.append(a)
+        Bs.append(b[:, :k] if trans_b else b[:, :n])
+    return As, Bs
+
+
+def check(As, Bs, trans_b, allow_tma, expect_flavour=None):
+    Cs, key = raw.grouped_gemm(As, Bs, trans_b, allow_tma)
+    torch.cuda.synchronize()
+    if expect_flavour:
+        assert f".{expect_flavour}." in key, key
+    refs = ref_list(As, Bs, trans_b)
+    for i, (c, ref) in enumerate(zip(Cs, refs)):
+        assert c.shape == ref.shape and c.dtype == As[0].dtype
+        assert rel_error(c, ref) < TOLERANCE[c.dtype], f"group {i} {tuple(ref.shape)} via {key}"
+    return key
+
+
+def random_mnks(groups, high, zero_every=0):
+    sizes = torch.randint(1, high, (groups, 3)).tolist()
+    for i in range(0, groups, zero_every or groups + 1):
+        sizes[i][0] = 0
+    return sizes
+
+
+def test_tutorial_example(allow_tma):
+    sizes = [(s, s, s) for s in (1024, 512, 256, 128)]
+    As = [torch.rand(s, s, device="cuda", dtype=torch.float16) for s, _, _ in sizes]
+    Bs = [torch.rand(s, s, device="cuda", dtype=torch.float16) for s, _, _ in sizes]
+    check(As, Bs, False, allow_tma, "tma" if allow_tma else "basic")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b_kn", "b_nk"])
+def test_random_shapes(dtype, trans_b, allow_tma):
+    sizes = random_mnks(24, 300, zero_every=7)
+    sizes[1] = [129, 257, 65]  # one past common tile sizes
+    check(*make_case(sizes, dtype, trans_b), trans_b, allow_tma)
+
+
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b_kn", "b_nk"])
+def test_leading_dims_larger_than_width(trans_b, allow_tma):
+    sizes = random_mnks(9, 200)
+    As, Bs = make_case(sizes, torch.bfloat16, trans_b, pad=24)  # 24: keeps TMA's 16-byte rule
+    check(As, Bs, trans_b, allow_tma, "tma" if allow_tma else "basic")
+
+
+def test_misaligned_rows_fall_back_to_basic():
+    As, Bs = make_case([(33, 40, 17), (70, 9, 23)], torch.float16, False, pad=3)
+    key = check(As, Bs, False, True, "basic")
+    assert ".basic." in key
+
+
+def test_single_group(allow_tma):
+    check(*make_case([(777, 333, 555)], torch.bfloat16, True), True, allow_tma)
+
+
+def test_many_groups(allow_tma):
+    sizes = random_mnks(1100, 64, zero_every=13)
+    check(*make_case(sizes, torch.float16, False), False, allow_tma)
+
+
+def test_zero_k_gives_zeros(allow_tma):
+    As, Bs = make_case([(5, 7, 0), (16, 16, 16)], torch.bfloat16, False)
+    Cs, _ = raw.grouped_gemm(As, Bs, False, allow_tma)
+    assert torch.equal(Cs[0], torch.zeros_like(Cs[0]))
+
+
+def test_all_groups_empty_launches_nothing():
+    As, Bs = make_case([(0, 8, 8), (4, 0, 8)], torch.float16, False)
+    Cs, key = raw.grouped_gemm(As, Bs)
+    assert key == "" and [c.shape for c in Cs] == [(0, 8), (4, 0)]
+
+
+def test_public_api_and_stream():
+    As, Bs = make_case([(64, 32, 48), (10, 20, 30)], torch.float16, False)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        Cs = gg_runtime.grouped_gemm(As, Bs)
+    stream.synchronize()
+    for c, ref in zip(Cs, ref_list(As, Bs)):
+        assert rel_error(c, ref) < TOLERANCE[torch.float16]
+
+
+def test_other_device_dtype_errors():
+    a = randn(4, 8, dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"Bs\[0\] has dtype"):
+        gg_runtime.grouped_gemm([a], [randn(8, 4, dtype=torch.bfloat16)])
+    with pytest.raises(ValueError, match=r"Bs\[0\] is on cpu"):
+        gg_runtime.grouped_gemm([a], [torch.randn(8, 4).half()])
+
+
+def test_graph_capture_is_refused():
+    As, Bs = make_case([(16, 16, 16)], torch.float16, False)
+    gg_runtime.grouped_gemm(As, Bs)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="cannot be captured"):
+        with torch.cuda.graph(graph):
+            gg_runtime.grouped_gemm(As, Bs)
+
+
+def test_device_reported_supported():
+    device = gg_runtime.info()["device"]
+    assert device["supported"] == (device_arch() is not None)
+    assert device["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count

@@ -1,0 +1,214 @@
+"""grouped_mm (MoE layout) on the GPU: float32 references, torch._grouped_mm,
+CUDA-graph replay with new offsets, autograd, torch.compile."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime import raw
+
+from conftest import device_arch, gpu
+from reference import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
+                       skewed_counts)
+
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def weights(groups, k, n, dtype, layout):
+    """[G, K, N] either contiguous or a transposed view of nn.Linear-style [G, N, K]."""
+    if layout == "kn":
+        return randn(groups, k, n, dtype=dtype, scale=0.1)
+    return randn(groups, n, k, dtype=dtype, scale=0.1).transpose(1, 2)
+
+
+def check(a, b, offs, allow_tma=True, expect_flavour=None):
+    out, key = raw.grouped_mm(a, b, offs, allow_tma=allow_tma)
+    torch.cuda.synchronize()
+    if expect_flavour:
+        assert f".{expect_flavour}." in key, key
+    ref = ref_grouped_mm(a, b, offs)
+    assert out.shape == ref.shape
+    assert rel_error(out, ref) < TOLERANCE[a.dtype], key
+    return out
+
+
+# ---------------------------------------------------------------- ragged M
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_ragged_m_skewed(dtype, layout, allow_tma):
+    groups, k, n = 16, 136, 200
+    counts = skewed_counts(1500, groups, zero_groups=4)
+    a = randn(sum(counts), k, dtype=dtype)
+    check(a, weights(groups, k, n, dtype, layout), offsets_from_counts(counts, "cuda"), allow_tma,
+          "tma" if allow_tma else "basic")
+
+
+@pytest.mark.parametrize("counts", [[0], [37], [0, 0, 5, 0], [300] + [0] * 7, [1] * 200],
+                         ids=["one-empty", "one", "mostly-empty", "all-in-first", "200x1"])
+def test_ragged_m_edge_distributions(counts, allow_tma):
+    k, n = 64, 72
+    a = randn(sum(counts), k, dtype=torch.bfloat16)
+    check(a, weights(len(counts), k, n, torch.bfloat16, "nk"), offsets_from_counts(counts, "cuda"),
+          allow_tma)
+
+
+def test_ragged_m_uncovered_rows_are_zero(allow_tma):
+    a = randn(100, 32, dtype=torch.float16)
+    offs = torch.tensor([10, 40, 60], dtype=torch.int32, device="cuda")
+    out = check(a, weights(3, 32, 48, torch.float16, "kn"), offs, allow_tma)
+    assert torch.equal(out[60:], torch.zeros_like(out[60:]))
+
+
+def test_ragged_m_bad_offsets_are_clamped(allow_tma):
+    a = randn(50, 40, dtype=torch.bfloat16)
+    b = weights(4, 40, 24, torch.bfloat16, "kn")
+    for offs in ([30, 10, 45, 40], [-5, 20, 80, 90], [60, 70, 80, 90]):
+        out = check(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"), allow_tma)
+        assert torch.isfinite(out).all()
+
+
+def test_ragged_m_zero_tokens_and_zero_k():
+    b = weights(3, 16, 8, torch.float16, "kn")
+    out = gg_runtime.grouped_mm(randn(0, 16, dtype=torch.float16), b,
+                                torch.zeros(3, dtype=torch.int32, device="cuda"))
+    assert out.shape == (0, 8)
+    out = check(randn(9, 0, dtype=torch.float16), weights(2, 0, 8, torch.float16, "kn"),
+                torch.tensor([4, 9], dtype=torch.int32, device="cuda"))
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_ragged_m_strided_a(allow_tma):
+    a = randn(300, 96, dtype=torch.bfloat16)[:, :64]  # row stride 96
+    check(a, weights(3, 64, 40, torch.bfloat16, "nk"), offsets_from_counts([100, 0, 180], "cuda"),
+          allow_tma)
+
+
+def test_ragged_m_many_experts(allow_tma):
+    counts = skewed_counts(8000, 1024, zero_groups=300)
+    a = randn(sum(counts), 64, dtype=torch.bfloat16)
+    check(a, weights(1024, 64, 32, torch.bfloat16, "kn"), offsets_from_counts(counts, "cuda"),
+          allow_tma)
+
+
+@pytest.mark.skipif(device_arch() != 90, reason="torch._grouped_mm's fused path is bf16 on sm90")
+def test_ragged_m_matches_torch_grouped_mm():
+    counts = skewed_counts(4096, 8, zero_groups=1)
+    a = randn(sum(counts), 512, dtype=torch.bfloat16)
+    b = weights(8, 512, 768, torch.bfloat16, "nk")
+    offs = offsets_from_counts(counts, "cuda")
+    ours = gg_runtime.grouped_mm(a, b, offs)
+    theirs = torch._grouped_mm(a, b, offs)
+    assert rel_error(ours, theirs.float()) < 1e-2
+
+
+# ---------------------------------------------------------------- ragged K
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_layout", ["mt", "tm"])
+def test_ragged_k(dtype, a_layout, allow_tma):
+    m, n, groups = 72, 136, 6
+    counts = skewed_counts(900, groups, zero_groups=2)
+    total = sum(counts)
+    a = randn(m, total, dtype=dtype) if a_layout == "mt" else randn(total, m, dtype=dtype).t()
+    out = check(a, randn(total, n, dtype=dtype), offsets_from_counts(counts, "cuda"), allow_tma,
+                "tma" if allow_tma else "basic")
+    for g, c in enumerate(counts):
+        if c == 0:
+            assert torch.equal(out[g], torch.zeros_like(out[g]))
+
+
+def test_ragged_k_no_rows_at_all():
+    out = check(randn(8, 0, dtype=torch.bfloat16), randn(0, 16, dtype=torch.bfloat16),
+                torch.zeros(3, dtype=torch.int32, device="cuda"))
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+# ---------------------------------------------------------------- batched
+
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_batched(b_layout, allow_tma):
+    a = randn(5, 77, 48, dtype=torch.float16)
+    check(a, weights(5, 48, 40, torch.float16, b_layout), None, allow_tma)
+
+
+def test_batched_transposed_a():
+    a = randn(4, 48, 77, dtype=torch.bfloat16).transpose(1, 2)  # as in dB of a batched product
+    check(a, randn(4, 48, 33, dtype=torch.bfloat16), None)
+
+
+# ---------------------------------------------------------------- graphs, autograd, compile
+
+def test_cuda_graph_replay_with_new_offsets():
+    groups, k, n, capacity = 8, 128, 256, 2048
+    a = randn(capacity, k, dtype=torch.bfloat16)
+    b = weights(groups, k, n, torch.bfloat16, "nk")
+    offs = offsets_from_counts(skewed_counts(capacity, groups), "cuda")
+    gg_runtime.grouped_mm(a, b, offs)  # load kernels outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gg_runtime.grouped_mm(a, b, offs)
+    for total, zeros in [(2048, 0), (1000, 3), (0, 8), (1999, 1)]:
+        counts = skewed_counts(total, groups, zero_groups=zeros) if total else [0] * groups
+        offs.copy_(offsets_from_counts(counts, "cuda"))
+        a.copy_(randn(capacity, k, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(out, ref_grouped_mm(a, b, offs)) < TOLERANCE[torch.bfloat16], counts
+
+
+def loop_reference_grads(a, b, offs, grad):
+    a32 = a.detach().float().requires_grad_()
+    b32 = b.detach().float().requires_grad_()
+    out = ref_grouped_mm(a32, b32, offs)
+    return torch.autograd.grad(out, (a32, b32), grad.float())
+
+
+@pytest.mark.parametrize("case", ["ragged_m", "ragged_k", "batched"])
+def test_autograd(case):
+    dtype = torch.bfloat16
+    counts = [70, 0, 130, 33]
+    offs = offsets_from_counts(counts, "cuda")
+    if case == "ragged_m":
+        a, b = randn(sum(counts) + 5, 96, dtype=dtype), weights(4, 96, 80, dtype, "nk")
+    elif case == "ragged_k":
+        a, b = randn(48, sum(counts), dtype=dtype), randn(sum(counts), 40, dtype=dtype)
+    else:
+        offs = None
+        a, b = randn(3, 50, 64, dtype=dtype), randn(3, 64, 24, dtype=dtype)
+    a.requires_grad_()
+    b.requires_grad_()
+    out = gg_runtime.grouped_mm(a, b, offs)
+    grad = randn(*out.shape, dtype=dtype)
+    got = torch.autograd.grad(out, (a, b), grad)
+    want = loop_reference_grads(a, b, offs, grad)
+    for name, g, w in zip("ab", got, want):
+        assert g.shape == w.shape
+        assert rel_error(g, w) < 2e-2, name
+
+
+class TinyMoE(torch.nn.Module):
+    def __init__(self, experts, dim, hidden):
+        super().__init__()
+        self.up = torch.nn.Parameter(torch.randn(experts, hidden, dim, device="cuda",
+                                                 dtype=torch.bfloat16) * 0.05)
+        self.down = torch.nn.Parameter(torch.randn(experts, dim, hidden, device="cuda",
+                                                   dtype=torch.bfloat16) * 0.05)
+
+    def forward(self, x, offs):
+        h = gg_runtime.grouped_mm(x, self.up.transpose(1, 2), offs)
+        return gg_runtime.grouped_mm(torch.nn.functional.silu(h), self.down.transpose(1, 2), offs)
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    model = TinyMoE(4, 64, 128)
+    x = randn(300, 64, dtype=torch.bfloat16).requires_grad_()
+    offs = offsets_from_counts([100, 50, 0, 150], "cuda")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(x, offs)
+    out.float().sum().backward()
+    eager = model(x.detach(), offs)
+    assert rel_error(out, eager.float()) < 1e-2
+    assert model.up.grad is not None and torch.isfinite(model.up.grad.float()).all()

@@ -1,0 +1,86 @@
+"""The installed wheel: contents, import without Triton, info() without a GPU."""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime import _C
+
+from conftest import HAS_GPU
+
+
+def test_imported_from_installed_wheel_not_source():
+    assert "site-packages" in gg_runtime.__file__ or "dist-packages" in gg_runtime.__file__
+
+
+def test_triton_is_absent_from_this_environment():
+    with pytest.raises(ImportError):
+        import triton  # noqa: F401
+
+
+def test_import_with_triton_blocked_in_fresh_process():
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import gg_runtime\n"
+            "assert 'triton' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
+            "print(gg_runtime.info()['build']['variants'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) == len(_C.variants())
+
+
+def test_wheel_contents_match_manifest():
+    wheel = os.environ.get("GG_WHEEL")
+    if not wheel:
+        pytest.skip("GG_WHEEL not set (make test sets it)")
+    names = zipfile.ZipFile(wheel).namelist()
+    manifest = json.loads(zipfile.ZipFile(wheel).read("gg_runtime/_kernels/manifest.json"))
+    cubins = {n.rsplit("/", 1)[1] for n in names if n.endswith(".cubin")}
+    assert cubins == {r["cubin"] for r in manifest["variants"]}
+    assert any(n.startswith("gg_runtime/_C") and n.endswith(".so") for n in names)
+    assert not any(n.startswith("aot/") or n.startswith("tests/") for n in names)
+    assert not any(n.endswith(".ptx") for n in names)
+    assert os.path.getsize(wheel) < 25e6
+
+
+def test_kernel_table_matches_shipped_manifest():
+    manifest = json.loads((Path(gg_runtime.__file__).parent / "_kernels" / "manifest.json").read_text())
+    table = _C.variants()
+    assert [v["key"] for v in table] == [r["key"] for r in manifest["variants"]]
+    for row, record in zip(table, manifest["variants"]):
+        assert row["kernel_name"] == record["kernel_name"]
+        assert row["shared"] == record["shared"] and row["num_warps"] == record["num_warps"]
+        assert row["scratch_size"] == record["scratch_size"]
+    assert _C.triton_version() == manifest["triton_version"]
+
+
+def test_build_info():
+    build = gg_runtime.info()["build"]
+    assert build["archs"] == ["sm80", "sm90"]
+    assert build["dtypes"] == ["bfloat16", "float16"]
+    assert build["families"] == ["list", "ragged_k", "ragged_m"]
+    assert build["variants"] == len(_C.variants()) > 0
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
+def test_info_without_gpu():
+    device = gg_runtime.info()["device"]
+    assert device["available"] is False and device["supported"] is False
+    assert "no CUDA device" in device["reason"]
+
+
+def test_cli_reports_build():
+    out = subprocess.run([sys.executable, "-m", "gg_runtime"], capture_output=True, text=True,
+                         check=True)
+    report = json.loads(out.stdout)
+    assert report["build"]["triton_version"] == _C.triton_version()
+
+
+def test_call_on_cpu_tensors_is_a_clear_error():
+    a = torch.randn(4, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"As\[0\] must be on a CUDA device"):
+        gg_runtime.grouped_gemm([a], [a.t().contiguous()])

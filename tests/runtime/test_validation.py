@@ -1,0 +1,113 @@
+"""Bad input is refused with a message naming the argument, before any launch.
+Runs on CPU: fake CUDA tensors carry shapes, dtypes and strides without a GPU."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import gg_runtime
+from gg_runtime import raw
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        yield mode
+
+
+def cuda(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def offsets(groups):
+    return torch.empty(groups, dtype=torch.int32, device="cuda")
+
+
+def check_list(As, Bs, trans_b=False):
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        raw._check_group(i, a, b, trans_b, As[0])
+
+
+def test_list_k_mismatch_names_group(fake):
+    with pytest.raises(ValueError, match=r"group 1: .*K differs \(8 vs 9\)"):
+        check_list([cuda(4, 8), cuda(4, 8)], [cuda(8, 3), cuda(9, 3)])
+
+
+def test_list_trans_b_reads_k_from_second_dim(fake):
+    check_list([cuda(4, 8)], [cuda(3, 8)], trans_b=True)
+    with pytest.raises(ValueError, match="K differs"):
+        check_list([cuda(4, 8)], [cuda(8, 3)], trans_b=True)
+
+
+def test_list_dtype_mismatch(fake):
+    with pytest.raises(TypeError, match=r"Bs\[0\] has dtype torch.float16 but As\[0\] has torch.bfloat16"):
+        check_list([cuda(4, 8)], [cuda(8, 3, dtype=torch.float16)])
+
+
+def test_list_inner_stride(fake):
+    a = cuda(8, 4).t()
+    with pytest.raises(ValueError, match=r"As\[0\] must have unit stride in its last dimension"):
+        check_list([a], [cuda(8, 3)])
+
+
+def test_list_lengths_and_types():
+    with pytest.raises(ValueError, match="As has 2 matrices but Bs has 1"):
+        gg_runtime.grouped_gemm([torch.empty(1, 1)] * 2, [torch.empty(1, 1)])
+    with pytest.raises(TypeError, match="lists of tensors"):
+        gg_runtime.grouped_gemm(torch.empty(2, 2), torch.empty(2, 2))
+    assert gg_runtime.grouped_gemm([], []) == []
+
+
+def test_unsupported_dtype():
+    a = torch.empty(4, 8, dtype=torch.float32)
+    with pytest.raises(TypeError, match=r"As\[0\] must be float16 or bfloat16, got torch.float32"):
+        gg_runtime.grouped_gemm([a], [a])
+
+
+def test_wrong_rank():
+    with pytest.raises(ValueError, match=r"As\[0\] must be 2-D, got shape \(4,\)"):
+        gg_runtime.grouped_gemm([torch.empty(4, dtype=torch.float16)], [torch.empty(4, 4)])
+
+
+@pytest.mark.parametrize("args, error, message", [
+    (lambda: (cuda(10, 8), cuda(3, 9, 5), offsets(3)), ValueError, r"K differs"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError, r"offs has 2 entries but b has 3"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), None), ValueError, r"offs is required"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).long()), TypeError, r"offs must be int32"),
+    (lambda: (cuda(8, 10), cuda(9, 5), offsets(3)), ValueError, r"T differs"),
+    (lambda: (cuda(2, 8, 4), cuda(2, 4, 5), offsets(2)), ValueError, r"offs must be None"),
+    (lambda: (cuda(2, 8, 4), cuda(3, 4, 5), None), ValueError, r"G or K differs"),
+    (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"not a grouped_mm case"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError, r"b has dtype"),
+])
+def test_grouped_mm_errors(fake, args, error, message):
+    a, b, offs = args()
+    with pytest.raises(error, match=message):
+        raw.check_grouped_mm(a, b, offs, None)
+
+
+def test_grouped_mm_out_dtype_refused(fake):
+    with pytest.raises(TypeError, match="out_dtype=torch.float32 is not supported"):
+        raw.check_grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float32)
+
+
+def test_grouped_mm_cpu_tensor():
+    a = torch.empty(10, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="a must be on a CUDA device"):
+        gg_runtime.grouped_mm(a, torch.empty(3, 8, 5, dtype=torch.bfloat16),
+                              torch.zeros(3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("a_shape, b_shape, groups, expected", [
+    ((10, 8), (3, 8, 5), 3, (10, 5)),   # ragged M
+    ((6, 10), (10, 5), 4, (4, 6, 5)),   # ragged K
+    ((3, 7, 8), (3, 8, 5), None, (3, 7, 5)),  # batched
+])
+def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected):
+    offs = offsets(groups) if groups else None
+    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs)
+    assert tuple(out.shape) == expected and out.dtype == torch.bfloat16
+
+
+def test_fake_implementation_validates(fake):
+    with pytest.raises(ValueError, match="K differs"):
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3))
