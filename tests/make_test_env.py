@@ -1,0 +1,57 @@
+"""Create the clean environment `make test` installs the wheel into.
+
+    python tests/make_test_env.py ENV_DIR TORCH_SPEC
+
+No Triton and no source checkout on its path.  If the Python running this
+already has torch and pytest (the GPU machines, which have no network), the
+environment links that Python's packages except Triton; otherwise it installs
+TORCH_SPEC and pytest from the package index.
+"""
+import importlib.util
+import os
+import site
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+HIDDEN_PREFIXES = ("triton", "gg_runtime", "__pycache__")
+
+
+def env_site_packages(env: Path) -> Path:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return env / "lib" / version / "site-packages"
+
+
+def link_base_packages(env: Path) -> None:
+    linked = env / "linked"
+    linked.mkdir()
+    for base in site.getsitepackages() + [sysconfig.get_paths()["purelib"]]:
+        if not os.path.isdir(base):
+            continue
+        for entry in sorted(os.listdir(base)):
+            if entry.startswith(HIDDEN_PREFIXES) or (linked / entry).exists():
+                continue
+            (linked / entry).symlink_to(Path(base) / entry)
+    # addsitedir also runs the .pth files of the linked packages.
+    (env_site_packages(env) / "linked.pth").write_text(f"import site; site.addsitedir({str(linked)!r})\n")
+
+
+def main(env_dir: str, torch_spec: str) -> None:
+    env = Path(env_dir).resolve()
+    if (env / "bin" / "python").exists():
+        return
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("pytest"):
+        print(f"creating {env}: {sys.executable}'s packages without Triton")
+        venv.create(env, with_pip=False)
+        link_base_packages(env)
+    else:
+        print(f"creating {env}: {torch_spec} and pytest from the package index")
+        venv.create(env, with_pip=True)
+        subprocess.run([env / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, "pytest"],
+                       check=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
