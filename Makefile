@@ -1,7 +1,7 @@
 # make build: AOT-compile every kernel variant (sm80 + sm90) and build the wheel in dist/.
-# make test:  install that wheel into a clean environment without Triton and run pytest
-#             (CPU tests everywhere, GPU tests where a GPU is present), after the
-#             build-time tests that need Triton.
+# make test:  the build-time tests (need Triton), then install the wheel into a clean
+#             environment without Triton and run the runtime tests (CPU tests
+#             everywhere, GPU tests where a GPU is present).
 # make bench: run bench/ on a GPU machine (writes bench/results/).
 # make clean: remove every build output and environment made here.
 #
@@ -27,7 +27,7 @@ TEST_PY := $(TEST_VENV)/bin/python
 
 build: build-env
 	$(BUILD_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
-	rm -rf dist build/wheel
+	rm -rf dist
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
 	@ls -l dist/*.whl
 
@@ -38,80 +38,18 @@ build-env:
 	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" pybind11 "setuptools>=64" wheel click pytest; \
 	fi
 
-test: test-env
+test: build-env test-env
 	@ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 	$(TEST_PY) -m pip install -q --no-deps --no-index --force-reinstall dist/gg_runtime-*.whl
 	$(BUILD_PY) -m pytest -q tests/build
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
 
-# A clean environment: no Triton, no source checkout on sys.path, the wheel installed.
 test-env:
 	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
-
-bench: run bench/ on a GPU machine (writes bench/results/).
-# make clean: remove every build output and environment made here.
-#
-# Environments: if $(PYTHON) already has triton==3.6.0, pybind11, setuptools, wheel
-# and click (as on the GPU machines, which have no network), it builds; otherwise
-# .venv-build is created from PyPI.  The test environment .venv-test is made by
-# tests/make_test_env.py: $(PYTHON)'s own packages minus Triton when it has torch,
-# else $(TORCH_SPEC) from PyPI.
-
-PYTHON ?= python3
-TRITON_VERSION := 3.6.0
-TORCH_SPEC ?= torch==2.13.0
-BUILD_VENV := .venv-build
-TEST_VENV := .venv-test
-AOT_DIR := build/aot/kernels
-JOBS ?= $(shell nproc)
-
-BUILD_CHECK := import triton, pybind11, setuptools, wheel, click; assert triton.__version__ == '$(TRITON_VERSION)'
-BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(BUILD_VENV)/bin/python)
-TEST_PY := $(TEST_VENV)/bin/python
-
-.PHONY: build test bench clean build-env test-env
-
-build: build-env
-	$(BUILD_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
-	rm -rf dist build/wheel
-	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
-	@ls -l dist/*.whl
-
-build-env:
-	@if [ "$(BUILD_PY)" = "$(BUILD_VENV)/bin/python" ] && [ ! -x $(BUILD_VENV)/bin/python ]; then \
-	  echo "creating $(BUILD_VENV) (triton==$(TRITON_VERSION), pybind11, click)"; \
-	  $(PYTHON) -m venv $(BUILD_VENV) && \
-	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" pybind11 "setuptools>=64" wheel click pytest; \
-	fi
-
-test: test-env
-	@ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
-	$(TEST_PY) -m pip install -q --no-deps --no-index --force-reinstall dist/gg_runtime-*.whl
-	$(BUILD_PY) -m pytest -q tests/build
-	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
-
-# A clean environment: no Triton, no source checkout on sys.path, the wheel installed.
-test-env:
-	@if [ ! -x $(TEST_PY) ]; then \
-	  if $(PYTHON) -c "import torch, pytest" 2>/dev/null; then \
-	    echo "creating $(TEST_VENV) from $(PYTHON)'s packages without Triton"; \
-	    $(PYTHON) -m venv --without-pip $(TEST_VENV) && \
-	    site=$$($(TEST_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
-	    mkdir -p $(TEST_VENV)/linked && \
-	    for p in $$($(PYTHON) -c "import site; print(' '.join(site.getsitepackages()))"); do \
-	      for e in $$p/*; do case $$(basename $$e) in triton|triton-*|__pycache__) ;; \
-	        *) [ -e $(TEST_VENV)/linked/$$(basename $$e) ] || ln -s $$e $(TEST_VENV)/linked/ ;; esac; done; \
-	    done && \
-	    echo "$$(pwd)/$(TEST_VENV)/linked" > $$site/linked.pth; \
-	  else \
-	    echo "creating $(TEST_VENV) with torch and pytest from PyPI"; \
-	    $(PYTHON) -m venv $(TEST_VENV) && $(TEST_PY) -m pip install -q "$(TORCH_SPEC)" pytest; \
-	  fi; \
-	fi
 
 bench:
 	$(PYTHON) -m pip install -q --no-deps --no-index --force-reinstall --target build/bench-site dist/gg_runtime-*.whl
 	PYTHONPATH=build/bench-site $(PYTHON) bench/run.py
 
 clean:
-	rm -rf build dist *.egg-info $(BUILD_VENV) $(TEST_VENV) bench/results/*.json
+	rm -rf build dist *.egg-info $(BUILD_VENV) $(TEST_VENV)
