@@ -9,6 +9,7 @@ TORCH_SPEC and pytest from the package index.
 """
 import importlib.util
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -40,8 +41,10 @@ def link_base_packages(env: Path) -> None:
 
 def main(env_dir: str, torch_spec: str) -> None:
     env = Path(env_dir).resolve()
-    if (env / "bin" / "python").exists():
+    done = env / "complete"  # written last: a half-made environment is made again
+    if done.exists():
         return
+    shutil.rmtree(env, ignore_errors=True)
     if importlib.util.find_spec("torch") and importlib.util.find_spec("pytest"):
         print(f"creating {env}: {sys.executable}'s packages without Triton")
         venv.create(env, with_pip=False)
@@ -51,6 +54,7 @@ def main(env_dir: str, torch_spec: str) -> None:
         venv.create(env, with_pip=True)
         subprocess.run([env / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, "pytest"],
                        check=True)
+    done.write_text("")
 
 
 if __name__ == "__main__":
