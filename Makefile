@@ -40,7 +40,8 @@ build-env:
 
 test: build-env test-env
 	@ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
-	$(TEST_PY) -m pip install -q --no-deps --no-index --force-reinstall dist/gg_runtime-*.whl
+	$(PYTHON) -m pip install -q --no-deps --no-index --upgrade --target \
+	  "$$($(TEST_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" dist/gg_runtime-*.whl
 	$(BUILD_PY) -m pytest -q tests/build
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
 
