@@ -42,7 +42,7 @@ test: build-env test-env
 	@ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 	$(PYTHON) -m pip install -q --no-deps --no-index --upgrade --target \
 	  "$$($(TEST_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" dist/gg_runtime-*.whl
-	$(BUILD_PY) -m pytest -q tests/build
+	$(BUILD_PY) -m pytest -q tests/aot
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
 
 test-env:
