@@ -12,13 +12,14 @@ namespace py = pybind11;
 
 namespace {
 
-gg::Target target(int device, uintptr_t stream, int dtype, bool allow_tma) {
+gg::Target target(int device, uintptr_t stream, int dtype, bool allow_tma,
+                  const std::string& variant) {
   if (dtype != static_cast<int>(gg::DType::kFloat16) &&
       dtype != static_cast<int>(gg::DType::kBFloat16)) {
     throw std::invalid_argument("unknown dtype code " + std::to_string(dtype));
   }
   return gg::Target{device, reinterpret_cast<gg::cu::Stream>(stream),
-                    static_cast<gg::DType>(dtype), allow_tma};
+                    static_cast<gg::DType>(dtype), allow_tma, variant};
 }
 
 py::list variants() {
@@ -73,28 +74,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_info", &device_info, py::arg("device"));
 
   m.def("run_list",
-        [](int device, uintptr_t stream, int dtype, bool allow_tma, bool b_t,
+        [](int device, uintptr_t stream, int dtype, bool allow_tma,
+           const std::string& variant, bool b_t,
            std::vector<uint64_t> a, std::vector<uint64_t> b, std::vector<uint64_t> c,
            std::vector<int64_t> m, std::vector<int64_t> n, std::vector<int64_t> k,
            std::vector<int64_t> lda, std::vector<int64_t> ldb, std::vector<int64_t> ldc) {
           gg::ListProblem p{b_t, std::move(a), std::move(b), std::move(c), std::move(m),
                             std::move(n), std::move(k), std::move(lda), std::move(ldb),
                             std::move(ldc)};
-          return gg::run_list(target(device, stream, dtype, allow_tma), p);
+          return gg::run_list(target(device, stream, dtype, allow_tma, variant), p);
         });
   m.def("run_ragged_m",
-        [](int device, uintptr_t stream, int dtype, bool allow_tma, bool b_t, uint64_t a,
+        [](int device, uintptr_t stream, int dtype, bool allow_tma,
+           const std::string& variant, bool b_t, uint64_t a,
            uint64_t b, uint64_t out, uint64_t offs, int64_t rows, int64_t n, int64_t k,
            int64_t groups, int64_t lda, int64_t b_group_stride, int64_t ldb, int64_t ldc) {
           gg::RaggedMProblem p{b_t, a, b, out, offs, rows, n, k, groups,
                                lda, b_group_stride, ldb, ldc};
-          return gg::run_ragged_m(target(device, stream, dtype, allow_tma), p);
+          return gg::run_ragged_m(target(device, stream, dtype, allow_tma, variant), p);
         });
   m.def("run_ragged_k",
-        [](int device, uintptr_t stream, int dtype, bool allow_tma, bool a_t, uint64_t a,
+        [](int device, uintptr_t stream, int dtype, bool allow_tma,
+           const std::string& variant, bool a_t, uint64_t a,
            uint64_t b, uint64_t out, uint64_t offs, int64_t m, int64_t n, int64_t rows,
            int64_t groups, int64_t lda, int64_t ldb) {
           gg::RaggedKProblem p{a_t, a, b, out, offs, m, n, rows, groups, lda, ldb};
-          return gg::run_ragged_k(target(device, stream, dtype, allow_tma), p);
+          return gg::run_ragged_k(target(device, stream, dtype, allow_tma, variant), p);
         });
 }

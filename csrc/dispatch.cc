@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <memory>
+#include <stdexcept>
 #include <mutex>
 #include <vector>
 
@@ -100,6 +101,18 @@ size_t pick_variant(const Request& r, const DeviceProps& d) {
   }
   throw UnsupportedDevice(std::string("no ") + family_name(r.family) + " kernel for sm" +
                           std::to_string(d.arch) + " with this dtype and layout fits " + d.name);
+}
+
+size_t find_variant(const std::string& key, const Request& r, const DeviceProps& d) {
+  for (size_t i = 0; i < kernel_count(); ++i) {
+    const KernelInfo& k = kernel_table()[i];
+    if (key != k.key) continue;
+    if (!matches(k, r, d, k.tma) || (k.tma && !r.tma_ok)) {
+      throw std::invalid_argument("variant " + key + " cannot run this problem on " + d.name);
+    }
+    return i;
+  }
+  throw std::invalid_argument("no variant " + key + " in this build");
 }
 
 }  // namespace gg

@@ -34,4 +34,8 @@ struct Request {
 // Index into kernel_table() of the variant to run; throws if none fits.
 size_t pick_variant(const Request& request, const DeviceProps& device);
 
+// Index of the variant named `key`; throws std::invalid_argument unless it can
+// run `request` on `device` (tests use this to cover every compiled variant).
+size_t find_variant(const std::string& key, const Request& request, const DeviceProps& device);
+
 }  // namespace gg

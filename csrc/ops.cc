@@ -33,7 +33,8 @@ Chosen choose(const Target& t, Family family, bool a_t, bool b_t, bool tma_ok, i
   const DeviceProps& props = device_props(t.device);
   require_supported(t.device, props);
   Request request{family, t.dtype, a_t, b_t, tma_ok && t.allow_tma, static_cast<long>(rows)};
-  const size_t index = pick_variant(request, props);
+  const size_t index =
+      t.variant.empty() ? pick_variant(request, props) : find_variant(t.variant, request, props);
   ReadyKernel ready = ready_kernel(index, t.device, props.shared_optin);
   return Chosen{index, &kernel_table()[index], ready,
                 static_cast<unsigned>(props.sm_count * ready.max_programs_per_sm)};

@@ -17,7 +17,8 @@ struct Target {
   int device;
   cu::Stream stream;
   DType dtype;
-  bool allow_tma;  // false forces the `basic` flavour (tests, debugging)
+  bool allow_tma;         // false forces the `basic` flavour (tests, debugging)
+  std::string variant;    // non-empty: run exactly this variant key (tests)
 };
 
 // C_g = A_g @ B_g for independent groups (the tutorial's problem).

@@ -3,7 +3,7 @@
 Each function returns (result, variant_key); the key names the compiled
 variant that ran ('' when there was nothing to launch) so that tests and
 benchmarks can see which path was taken.  `allow_tma=False` forces the
-`basic` kernels on sm90.
+`basic` kernels on sm90; `variant` runs exactly the variant with that key.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from .validate import (check_offsets, check_out_dtype, check_same, check_tensor,
 empty = torch.empty
 
 
-def _target(x: torch.Tensor, allow_tma: bool):
+def _target(x: torch.Tensor, allow_tma: bool, variant: str):
     index = x.device.index
-    return index, current_stream(index), DTYPE_CODES[x.dtype], allow_tma
+    return index, current_stream(index), DTYPE_CODES[x.dtype], allow_tma, variant
 
 
 # ----------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def _check_group(i: int, a, b, trans_b: bool, ref) -> None:
                                f"{tuple(b.shape)} ({layout}): K differs ({a.shape[1]} vs {b_k})")
 
 
-def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True):
+def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True, variant: str = ""):
     require(isinstance(As, (list, tuple)) and isinstance(Bs, (list, tuple)),
             "As and Bs must be lists of tensors", TypeError)
     require(len(As) == len(Bs), f"As has {len(As)} matrices but Bs has {len(Bs)}")
@@ -54,7 +54,7 @@ def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True):
     Cs = [empty((a.shape[0], b.shape[0] if trans_b else b.shape[1]), dtype=ref.dtype,
                       device=ref.device) for a, b in zip(As, Bs)]
     key = _C.run_list(
-        *_target(ref, allow_tma), trans_b,
+        *_target(ref, allow_tma, variant), trans_b,
         [a.data_ptr() for a in As], [b.data_ptr() for b in Bs], [c.data_ptr() for c in Cs],
         [a.shape[0] for a in As], [c.shape[1] for c in Cs], [a.shape[1] for a in As],
         [a.stride(0) for a in As], [b.stride(0) for b in Bs], [c.stride(0) for c in Cs])
@@ -85,7 +85,7 @@ def _row_major(x: torch.Tensor):
     return x, x.stride(-2)
 
 
-def ragged_m(a, b, offs, allow_tma: bool = True):
+def ragged_m(a, b, offs, allow_tma: bool = True, variant: str = ""):
     """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
     a, lda = _row_major(a)
     b, b_t, ldb = _layout(b)
@@ -93,19 +93,19 @@ def ragged_m(a, b, offs, allow_tma: bool = True):
     out = empty((rows, n), dtype=a.dtype, device=a.device)
     if groups == 0:
         return out.zero_(), ""
-    key = _C.run_ragged_m(*_target(a, allow_tma), b_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+    key = _C.run_ragged_m(*_target(a, allow_tma, variant), b_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
                           offs.data_ptr(), rows, n, a.shape[1], groups, lda, b.stride(0), ldb,
                           out.stride(0))
     return out, key
 
 
-def ragged_k(a, b, offs, allow_tma: bool = True):
+def ragged_k(a, b, offs, allow_tma: bool = True, variant: str = ""):
     """out[G, M, N]; out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]].  a [M, T], b [T, N]."""
     m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
     a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
     b, ldb = _row_major(b)
     out = empty((groups, m, n), dtype=a.dtype, device=a.device)
-    key = _C.run_ragged_k(*_target(a, allow_tma), a_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+    key = _C.run_ragged_k(*_target(a, allow_tma, variant), a_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
                           offs.data_ptr(), m, n, a.shape[1], groups, lda, ldb)
     return out, key
 
@@ -115,7 +115,7 @@ def _batch_offsets(groups: int, size: int, device) -> torch.Tensor:
     return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * size
 
 
-def batched(a, b, allow_tma: bool = True):
+def batched(a, b, allow_tma: bool = True, variant: str = ""):
     """out[G, M, N] = a[g] @ b[g].  Mapped onto the ragged kernels without copies
     when a's batches are stacked rows ([G*M, K]) or stacked columns (a
     transposed view of [G, K, M], as in the backward pass)."""
@@ -126,12 +126,12 @@ def batched(a, b, allow_tma: bool = True):
     if stacked_columns:
         offs = _batch_offsets(groups, k, a.device)
         out, key = ragged_k(a.transpose(1, 2).reshape(groups * k, m).t(),
-                            b.reshape(groups * k, n), offs, allow_tma)
+                            b.reshape(groups * k, n), offs, allow_tma, variant)
         return out, key
     if not (a.shape[-1] <= 1 or a.stride(-1) == 1) or a.stride(0) != m * a.stride(1):
         a = a.contiguous()
     offs = _batch_offsets(groups, m, a.device)
-    out, key = ragged_m(a.reshape(groups * m, k), b, offs, allow_tma)
+    out, key = ragged_m(a.reshape(groups * m, k), b, offs, allow_tma, variant)
     return out.view(groups, m, n), key
 
 
@@ -174,10 +174,10 @@ def output_shape(a, b, offs) -> tuple:
     return (a.shape[0], a.shape[1], b.shape[2])
 
 
-def grouped_mm(a, b, offs=None, out_dtype=None, allow_tma: bool = True):
+def grouped_mm(a, b, offs=None, out_dtype=None, allow_tma: bool = True, variant: str = ""):
     check_grouped_mm(a, b, offs, out_dtype)
     if a.dim() == 2 and b.dim() == 3:
-        return ragged_m(a, b, offs, allow_tma)
+        return ragged_m(a, b, offs, allow_tma, variant)
     if a.dim() == 2:
-        return ragged_k(a, b, offs, allow_tma)
-    return batched(a, b, allow_tma)
+        return ragged_k(a, b, offs, allow_tma, variant)
+    return batched(a, b, allow_tma, variant)

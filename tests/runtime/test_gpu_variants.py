@@ -1,0 +1,79 @@
+"""Every compiled variant that can run on this GPU, forced by key, on shapes
+that are multiples of no tile (inner sizes kept multiples of 8 for `tma`,
+which needs 16-byte rows).  Covers exactly what the wheel ships."""
+import pytest
+import torch
+
+from gg_runtime import _C, raw
+
+from conftest import device_arch
+from reference import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, ref_list,
+                       rel_error)
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch()]
+pytestmark = pytest.mark.usefixtures("poison")
+
+
+def sizes(variant, aligned, odd):
+    """A size that is a multiple of 8 for TMA variants, odd otherwise."""
+    return aligned if variant["flavour"] == "tma" else odd
+
+
+def run_list(v, dtype):
+    trans_b = v["layout"] == "nt"
+    mnks = [(sizes(v, 136, 131), sizes(v, 200, 203), sizes(v, 72, 77)), (0, 8, 8),
+            (sizes(v, 40, 37), sizes(v, 264, 261), sizes(v, 304, 299)), (1, 8, 8)]
+    As = [randn(m, k, dtype=dtype) for m, n, k in mnks]
+    Bs = [randn(n, k, dtype=dtype) if trans_b else randn(k, n, dtype=dtype) for m, n, k in mnks]
+    Cs, key = raw.grouped_gemm(As, Bs, trans_b, variant=v["key"])
+    torch.cuda.synchronize()
+    return [(c, r) for c, r in zip(Cs, ref_list(As, Bs, trans_b))], key
+
+
+def run_ragged_m(v, dtype):
+    k, n = sizes(v, 104, 99), sizes(v, 136, 133)
+    counts = [150, 0, 3, 260, 70]
+    a = randn(sum(counts) + 9, k, dtype=dtype)
+    b = (randn(5, n, k, dtype=dtype).transpose(1, 2) if v["layout"] == "nt"
+         else randn(5, k, n, dtype=dtype))
+    offs = offsets_from_counts(counts, "cuda")
+    out, key = raw.ragged_m(a, b, offs, variant=v["key"])
+    torch.cuda.synchronize()
+    return [(out, ref_grouped_mm(a, b, offs))], key
+
+
+def run_ragged_k(v, dtype):
+    m, n = sizes(v, 72, 67), sizes(v, 136, 131)
+    counts = [150, 0, 33, 260]
+    total = sizes(v, 448, sum(counts))
+    counts[-1] += total - sum(counts)
+    a = randn(total, m, dtype=dtype).t() if v["layout"] == "tn" else randn(m, total, dtype=dtype)
+    b = randn(total, n, dtype=dtype)
+    offs = offsets_from_counts(counts, "cuda")
+    out, key = raw.ragged_k(a, b, offs, variant=v["key"])
+    torch.cuda.synchronize()
+    return [(out, ref_grouped_mm(a, b, offs))], key
+
+
+RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k}
+
+
+@pytest.mark.skipif(not RUNNABLE, reason="needs a GPU this wheel has kernels for")
+@pytest.mark.parametrize("variant", RUNNABLE, ids=[v["key"] for v in RUNNABLE])
+def test_variant(variant):
+    dtype = DTYPES[variant["dtype"]]
+    pairs, key = RUNNERS[variant["family"]](variant, dtype)
+    assert key == variant["key"]
+    for out, ref in pairs:
+        assert rel_error(out, ref) < TOLERANCE[dtype]
+
+
+def test_forcing_a_variant_that_cannot_run_is_an_error():
+    if not RUNNABLE:
+        pytest.skip("needs a GPU this wheel has kernels for")
+    list_key = next(v["key"] for v in RUNNABLE if v["family"] == "list")
+    a = randn(8, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="cannot run this problem|no variant"):
+        raw.ragged_m(a, randn(1, 8, 8, dtype=torch.float16),
+                     torch.tensor([8], dtype=torch.int32, device="cuda"), variant=list_key)
