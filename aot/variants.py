@@ -103,9 +103,14 @@ DEFAULT_CONFIGS = {
 }
 
 
-def flavours(arch: int) -> tuple:
-    """`basic` everywhere (any alignment); `tma` only where the hardware has it."""
-    return ("basic", "tma") if arch >= 90 else ("basic",)
+def flavours(family: str, layout: str, arch: int) -> tuple:
+    """`basic` everywhere (any alignment); `tma` only where the hardware has it,
+    and not for ragged_k with row-major A, whose K ranges start at arbitrary
+    columns of A's contiguous dimension (measured wrong on H100; the MoE
+    backward passes A transposed, layout tn, which TMA serves)."""
+    if arch < 90 or (family == "ragged_k" and layout == "nn"):
+        return ("basic",)
+    return ("basic", "tma")
 
 
 def configs_for(family: str, arch: int, flavour: str) -> tuple:
@@ -155,6 +160,6 @@ def all_variants() -> list:
         for arch in ARCHS
         for dtype in DTYPES
         for layout in desc.layouts
-        for flavour in flavours(arch)
+        for flavour in flavours(family, layout, arch)
         for config in configs_for(family, arch, flavour)
     ]

@@ -140,9 +140,10 @@ std::string run_ragged_m(const Target& t, const RaggedMProblem& p) {
 std::string run_ragged_k(const Target& t, const RaggedKProblem& p) {
   if (p.m == 0 || p.n == 0 || p.groups == 0) return "";
   DeviceScope scope(t.device);
-  const bool tma_ok = tma_aligned_ptr(p.a) && tma_aligned_ptr(p.b) && tma_aligned_ptr(p.out) &&
-                      tma_aligned_stride(p.lda) && tma_aligned_stride(p.ldb) &&
-                      tma_aligned_stride(p.n);
+  // Row-major A has no tma variant (aot/variants.py says why); dispatch falls back.
+  const bool tma_ok = p.a_t && tma_aligned_ptr(p.a) && tma_aligned_ptr(p.b) &&
+                      tma_aligned_ptr(p.out) && tma_aligned_stride(p.lda) &&
+                      tma_aligned_stride(p.ldb) && tma_aligned_stride(p.n);
   const Chosen chosen = choose(t, Family::kRaggedK, p.a_t, false, tma_ok, p.m);
   const KernelInfo& k = *chosen.info;
   const int64_t tiles = p.groups * cdiv(p.m, k.block_m) * cdiv(p.n, k.block_n);

@@ -29,10 +29,11 @@ def list_gemm_kernel(meta_ptr, tile_ends_ptr, G,
     lane = tl.arange(0, CHUNK)
     tile = pid
     for chunk in range(0, G, CHUNK):
-        ends = tl.load(tile_ends_ptr + chunk + lane, mask=chunk + lane < G, other=0)
+        in_range = chunk + lane < G
+        ends = tl.load(tile_ends_ptr + chunk + lane, mask=in_range, other=0)
         chunk_end = tl.max(ends).to(tl.int32)
         for t in range(tile, chunk_end, num_programs):
-            g = chunk + tl.sum((ends <= t).to(tl.int32))
+            g = chunk + tl.sum((in_range & (ends <= t)).to(tl.int32))
             first_tile = tl.load(tile_ends_ptr + g - 1, mask=g > 0, other=0)
             row = meta_ptr + g.to(tl.int64) * FIELDS
             a_ptr = tl.load(row + 0).to(tl.pointer_type(DTYPE))
