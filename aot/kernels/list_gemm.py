@@ -27,12 +27,15 @@ def list_gemm_kernel(meta_ptr, tile_ends_ptr, G,
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     lane = tl.arange(0, CHUNK)
-    tile = pid
     for chunk in range(0, G, CHUNK):
         in_range = chunk + lane < G
         ends = tl.load(tile_ends_ptr + chunk + lane, mask=in_range, other=0)
         chunk_end = tl.max(ends).to(tl.int32)
-        for t in range(tile, chunk_end, num_programs):
+        chunk_start = tl.load(tile_ends_ptr + chunk - 1, mask=chunk > 0, other=0).to(tl.int32)
+        # Derived, not carried from the previous chunk: Triton 3.6's
+        # remove-layout-conversions pass drops a loop-carried scalar that is
+        # used as an inner loop's lower bound (seen in the TTGIR; wrong tiles ran).
+        for t in range(first_step_past(pid, chunk_start, num_programs), chunk_end, num_programs):
             g = chunk + tl.sum((in_range & (ends <= t)).to(tl.int32))
             first_tile = tl.load(tile_ends_ptr + g - 1, mask=g > 0, other=0)
             row = meta_ptr + g.to(tl.int64) * FIELDS
@@ -52,4 +55,3 @@ def list_gemm_kernel(meta_ptr, tile_ends_ptr, G,
             acc = tile_mma(a_ptr, b_ptr, off_m, off_n, 0, K, M, N, lda, ldb,
                            False, B_T, USE_TMA, BM, BN, BK)
             tile_store(c_ptr, acc, off_m, off_n, M, N, ldc, USE_TMA, BM, BN)
-        tile = first_step_past(tile, chunk_end, num_programs)

@@ -33,7 +33,6 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
     lane = tl.arange(0, CHUNK)
-    tile = pid
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
@@ -48,7 +47,10 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
         group_tiles = tl.cdiv(ends - starts, BM) * n_tiles
         tiles_end = tiles_before + tl.cumsum(group_tiles, 0)
         chunk_end = tiles_before + tl.sum(group_tiles)
-        for t in range(tile, chunk_end, num_programs):
+        # The start is derived from tiles_before rather than carried: Triton 3.6's
+        # remove-layout-conversions pass drops a loop-carried scalar used as an
+        # inner loop's lower bound (seen in the TTGIR; wrong tiles ran).
+        for t in range(first_step_past(pid, tiles_before, num_programs), chunk_end, num_programs):
             local_group = tl.sum((tiles_end <= t).to(tl.int32))
             g = chunk + local_group
             start = pick(starts, local_group, CHUNK)
@@ -62,7 +64,6 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             acc = tile_mma(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
                            False, B_T, USE_TMA, BM, BN, BK)
             tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, USE_TMA, BM, BN)
-        tile = first_step_past(tile, chunk_end, num_programs)
         tiles_before = chunk_end
         rows_before = tl.max(ends)
 
