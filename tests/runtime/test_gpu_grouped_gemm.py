@@ -110,7 +110,7 @@ def test_other_device_dtype_errors():
     a = randn(4, 8, dtype=torch.float16)
     with pytest.raises(TypeError, match=r"Bs\[0\] has dtype"):
         gg_runtime.grouped_gemm([a], [randn(8, 4, dtype=torch.bfloat16)])
-    with pytest.raises(ValueError, match=r"Bs\[0\] is on cpu"):
+    with pytest.raises(ValueError, match=r"Bs\[0\] must be on a CUDA device, got cpu"):
         gg_runtime.grouped_gemm([a], [torch.randn(8, 4).half()])
 
 
