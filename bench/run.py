@@ -1,0 +1,275 @@
+"""Side-by-side benchmark of every workload in bench/workloads.json (a copy of
+shared/bench/workloads.json) on one GPU, in one process.
+
+    make bench                      # or: python bench/run.py [--quick]
+
+Columns: gg_runtime, torch._grouped_mm (ragged workloads), a cuBLAS loop, the
+tutorial's kernel under Triton JIT (fp16 only, when triton is importable), and
+one dense matmul of equal FLOPs.  Median of CUDA-event timings with the L2
+flushed before each repetition; every result is checked against a float32
+reference before it is timed.  Also: the roofline fraction (floor = max(FLOPs /
+dense rate, bytes / copy bandwidth), both measured here), host time per call,
+and cold start.  Writes bench/results/results.json and results.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import gg_runtime
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "runtime"))
+from reference import TOLERANCE, ref_grouped_mm, ref_list, rel_error  # noqa: E402
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_flush = None
+
+
+def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
+    """Median ms of fn() over about rep_ms of repetitions, L2 flushed before each."""
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    times = []
+    for _ in range(max(10, min(1000, int(rep_ms / estimate)))):
+        _flush.zero_()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def ceilings() -> dict:
+    """Dense bf16 matmul rate and device-to-device copy bandwidth, measured now."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    matmul_ms = time_ms(lambda: a @ b)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src))
+    return {"matmul_tflops": 2 * n ** 3 / matmul_ms / 1e9, "copy_tbps": 2 * src.numel() / copy_ms / 1e9}
+
+
+def group_sizes(w) -> list:
+    if "mnk" in w:
+        return [tuple(x) for x in w["mnk"]]
+    return [(m, w["N"], w["K"]) for m in w["m"]]
+
+
+def make_list_inputs(w, dtype):
+    sizes = group_sizes(w)
+    As = [torch.randn(m, k, device="cuda").to(dtype) for m, n, k in sizes]
+    Bs = [(torch.randn(k, n, device="cuda") * k ** -0.5).to(dtype) for m, n, k in sizes]
+    return As, Bs
+
+
+def make_ragged_inputs(w, dtype):
+    counts, n, k = w["m"], w["N"], w["K"]
+    a = torch.randn(sum(counts), k, device="cuda").to(dtype)
+    weights = (torch.randn(len(counts), n, k, device="cuda") * k ** -0.5).to(dtype)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    return a, weights.transpose(1, 2), offs
+
+
+def traffic_bytes(w) -> int:
+    """A + weights of non-empty groups + C, each once (2-byte elements)."""
+    return 2 * sum(m * k + (k * n if m else 0) + m * n for m, n, k in group_sizes(w))
+
+
+def bench_workload(w, ceil, with_seed) -> dict:
+    dtype = DTYPES[w["dtype"]]
+    sizes = group_sizes(w)
+    flops = 2 * sum(m * n * k for m, n, k in sizes)
+    runs = {}
+    if w["layout"] == "ragged":
+        a, b, offs = make_ragged_inputs(w, dtype)
+        ref = ref_grouped_mm(a, b, offs)
+        bounds = offs.tolist()
+        starts = [0] + bounds[:-1]
+        candidates = {
+            "gg_runtime": lambda: gg_runtime.grouped_mm(a, b, offs),
+            "torch_grouped_mm": lambda: torch._grouped_mm(a, b, offs),
+            "cublas_loop": lambda: [a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, bounds))],
+        }
+        check = lambda out: rel_error(torch.cat(out) if isinstance(out, list) else out, ref)  # noqa: E731
+        dense_shape = (sum(m for m, _, _ in sizes), w["K"], w["N"])
+    else:
+        As, Bs = make_list_inputs(w, dtype)
+        refs = ref_list(As, Bs)
+        candidates = {
+            "gg_runtime": lambda: gg_runtime.grouped_gemm(As, Bs),
+            "cublas_loop": lambda: [x @ y for x, y in zip(As, Bs)],
+        }
+        if with_seed and dtype == torch.float16:
+            from seed_kernels import seed_grouped_gemm
+            candidates["seed_basic_jit"] = lambda: seed_grouped_gemm(As, Bs)
+        check = lambda outs: max(rel_error(o, r) for o, r in zip(outs, refs))  # noqa: E731
+        side = round((flops / 2) ** (1 / 3))
+        dense_shape = (side, side, side)
+    for name, fn in candidates.items():
+        try:
+            error = check(fn())
+        except Exception as exc:  # an anchor that cannot run this case is reported, not fatal
+            runs[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        if error > TOLERANCE[dtype]:
+            runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
+            continue
+        ms = time_ms(fn)
+        runs[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error}
+    m, k, n = dense_shape
+    da = torch.randn(m, k, device="cuda").to(dtype)
+    db = torch.randn(k, n, device="cuda").to(dtype)
+    dense_ms = time_ms(lambda: da @ db)
+    runs["dense_same_flops"] = {"ms": dense_ms, "tflops": 2 * m * k * n / dense_ms / 1e9}
+    floor_ms = max(flops / ceil["matmul_tflops"] / 1e9, traffic_bytes(w) / ceil["copy_tbps"] / 1e9)
+    result = {"name": w["name"], "dtype": w["dtype"], "layout": w["layout"], "groups": len(sizes),
+              "flops": flops, "bytes": traffic_bytes(w), "floor_ms": floor_ms, "runs": runs}
+    ours = runs.get("gg_runtime", {}).get("ms")
+    if ours:
+        result["roofline_fraction"] = floor_ms / ours
+        result["vs_dense"] = dense_ms / ours
+        theirs = runs.get("torch_grouped_mm", {}).get("ms")
+        result["vs_torch"] = theirs / ours if theirs else None
+        loop = runs.get("cublas_loop", {}).get("ms")
+        result["vs_cublas_loop"] = loop / ours if loop else None
+    return result
+
+
+def host_us(fn, calls=2000) -> float:
+    """Median host-side microseconds per call (GPU work kept tiny so it never throttles)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls // 5):
+            fn()
+        samples.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def host_costs() -> dict:
+    a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8, 128, 128, device="cuda", dtype=torch.bfloat16)
+    offs = torch.arange(32, 257, 32, device="cuda", dtype=torch.int32)
+    As = [torch.randn(16, 32, device="cuda", dtype=torch.float16) for _ in range(128)]
+    Bs = [torch.randn(32, 16, device="cuda", dtype=torch.float16) for _ in range(128)]
+    return {"grouped_mm_us": host_us(lambda: gg_runtime.grouped_mm(a, b, offs)),
+            "grouped_gemm_128_groups_us": host_us(lambda: gg_runtime.grouped_gemm(As, Bs), 500)}
+
+
+def cold_start() -> dict:
+    out = subprocess.run([sys.executable, str(HERE / "cold_start.py")], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fmt(x, spec="{:.2f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def print_table(results, ceil):
+    print(f"\nceilings: dense bf16 {ceil['matmul_tflops']:.0f} TFLOP/s, copy {ceil['copy_tbps']:.2f} TB/s")
+    head = f"{'workload':24} {'ours':>7} {'torch':>7} {'loop':>7} {'seed':>7} {'dense':>7} " \
+           f"{'x torch':>8} {'x dense':>8} {'x loop':>7} {'roof':>6}"
+    print(head + "\n" + "-" * len(head))
+    for r in results:
+        t = {k: v.get("tflops") for k, v in r["runs"].items()}
+        print(f"{r['name']:24} {fmt(t.get('gg_runtime'), '{:.0f}'):>7} "
+              f"{fmt(t.get('torch_grouped_mm'), '{:.0f}'):>7} {fmt(t.get('cublas_loop'), '{:.0f}'):>7} "
+              f"{fmt(t.get('seed_basic_jit'), '{:.0f}'):>7} {fmt(t.get('dense_same_flops'), '{:.0f}'):>7} "
+              f"{fmt(r.get('vs_torch')):>8} {fmt(r.get('vs_dense')):>8} {fmt(r.get('vs_cublas_loop')):>7} "
+              f"{fmt(r.get('roofline_fraction'), '{:.0%}'):>6}")
+    print("(TFLOP/s; x = speed ratio of gg_runtime; roof = roofline floor / our time)")
+
+
+def summary(results) -> dict:
+    moe = [r for r in results if r["layout"] == "ragged" and r["dtype"] == "bfloat16"]
+    vs_torch = [r["vs_torch"] for r in moe if r.get("vs_torch")]
+    roof = [r["roofline_fraction"] for r in moe if r.get("roofline_fraction")]
+    geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
+    return {"moe_bf16_geomean_vs_torch": geo(vs_torch), "moe_bf16_min_vs_torch": min(vs_torch, default=None),
+            "moe_bf16_geomean_roofline": geo(roof), "moe_bf16_min_roofline": min(roof, default=None)}
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not importable: no chart")
+        return
+    names = ["gg_runtime", "torch_grouped_mm", "cublas_loop", "seed_basic_jit", "dense_same_flops"]
+    fig, ax = plt.subplots(figsize=(14, 5))
+    width = 0.16
+    for i, name in enumerate(names):
+        ys = [r["runs"].get(name, {}).get("tflops", 0) for r in results]
+        ax.bar([x + i * width for x in range(len(results))], ys, width, label=name)
+    ax.set_xticks([x + 2 * width for x in range(len(results))])
+    ax.set_xticklabels([r["name"] for r in results], rotation=30, ha="right")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"grouped GEMM on {torch.cuda.get_device_name()}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--workloads", default=str(HERE / "workloads.json"))
+    parser.add_argument("--only", default="", help="run workloads whose name contains this")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args()
+    try:
+        import triton  # noqa: F401
+        with_seed = True
+    except ImportError:
+        with_seed = False
+    torch.manual_seed(0)
+    workloads = [w for w in json.loads(Path(args.workloads).read_text())["workloads"]
+                 if args.only in w["name"]]
+    ceil = ceilings()
+    results = [bench_workload(w, ceil, with_seed) for w in workloads]
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "gg_runtime_build": gg_runtime.info()["build"], "date": time.strftime("%Y-%m-%d"),
+              "ceilings": ceil, "results": results, "summary": summary(results),
+              "host": host_costs(), "cold_start": cold_start()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    plot(results, out / "results.png")
+    print_table(results, ceil)
+    print("summary:", json.dumps({k: round(v, 3) if v else v for k, v in report["summary"].items()}))
+    print("host:", json.dumps({k: round(v, 1) for k, v in report["host"].items()}))
+    print("cold start:", json.dumps(report["cold_start"]))
+
+
+if __name__ == "__main__":
+    main()
