@@ -36,9 +36,10 @@ def _check_group(i: int, a, b, trans_b: bool, ref) -> None:
     check_unit_inner_stride(a, f"As[{i}]")
     check_unit_inner_stride(b, f"Bs[{i}]")
     b_k = b.shape[1] if trans_b else b.shape[0]
-    layout = "[N, K]" if trans_b else "[K, N]"
-    require(a.shape[1] == b_k, f"group {i}: As[{i}] is {tuple(a.shape)} ([M, K]) but Bs[{i}] is "
-                               f"{tuple(b.shape)} ({layout}): K differs ({a.shape[1]} vs {b_k})")
+    if a.shape[1] != b_k:
+        layout = "[N, K]" if trans_b else "[K, N]"
+        raise ValueError(f"group {i}: As[{i}] is {tuple(a.shape)} ([M, K]) but Bs[{i}] is "
+                         f"{tuple(b.shape)} ({layout}): K differs ({a.shape[1]} vs {b_k})")
 
 
 def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True, variant: str = ""):
@@ -135,35 +136,38 @@ def batched(a, b, allow_tma: bool = True, variant: str = ""):
     return out.view(groups, m, n), key
 
 
+def _shapes(a, b) -> str:
+    return f"a is {tuple(a.shape)} and b is {tuple(b.shape)}"
+
+
 def check_grouped_mm(a, b, offs, out_dtype) -> None:
     """All checks of grouped_mm, shared by the real and the fake (meta) implementation."""
-    require(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor),
-            "a and b must be torch.Tensors", TypeError)
-    require(a.dim() in (2, 3) and b.dim() in (2, 3),
-            f"a and b must be 2-D or 3-D, got a {tuple(a.shape)} and b {tuple(b.shape)}")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise TypeError("a and b must be torch.Tensors")
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"a and b must be 2-D or 3-D: {_shapes(a, b)}")
     check_tensor(a, "a", a.dim())
     check_tensor(b, "b", b.dim())
     check_same(b, "b", a, "a")
     check_out_dtype(out_dtype, a.dtype)
     kind = (a.dim(), b.dim())
     if kind == (2, 3):
-        require(a.shape[1] == b.shape[1], f"a is {tuple(a.shape)} ([T, K]) and b is "
-                                          f"{tuple(b.shape)} ([G, K, N]): K differs")
+        if a.shape[1] != b.shape[1]:
+            raise ValueError(f"K differs: {_shapes(a, b)} (expected [T, K] and [G, K, N])")
         require(offs is not None, "offs is required when a is 2-D and b is 3-D (ragged M)")
         check_offsets(offs, "b", b.shape[0], a.device)
     elif kind == (2, 2):
-        require(a.shape[1] == b.shape[0], f"a is {tuple(a.shape)} ([M, T]) and b is "
-                                          f"{tuple(b.shape)} ([T, N]): T differs")
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"T differs: {_shapes(a, b)} (expected [M, T] and [T, N])")
         require(offs is not None, "offs is required when a and b are 2-D (ragged K)")
         check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a.device)
     elif kind == (3, 3):
         require(offs is None, "offs must be None when a and b are 3-D (batched)")
-        require(a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
-                f"a is {tuple(a.shape)} ([G, M, K]) and b is {tuple(b.shape)} ([G, K, N]): "
-                "G or K differs")
+        if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+            raise ValueError(f"G or K differs: {_shapes(a, b)} (expected [G, M, K] and [G, K, N])")
     else:
-        raise ValueError(f"a 3-D and b 2-D is not a grouped_mm case (a {tuple(a.shape)}, "
-                         f"b {tuple(b.shape)}); use 2-D x 3-D for ragged M")
+        raise ValueError(f"a 3-D and b 2-D is not a grouped_mm case ({_shapes(a, b)}); "
+                         "use 2-D x 3-D for ragged M")
 
 
 def output_shape(a, b, offs) -> tuple:
