@@ -16,8 +16,10 @@ using Stream = struct StreamOpaque*;
 using Library = struct LibraryOpaque*;
 using Kernel = struct KernelOpaque*;
 using Function = struct FunctionOpaque*;
+using Event = struct EventOpaque*;
 
 constexpr Result kSuccess = 0;
+constexpr Result kNotReady = 600;
 constexpr int kMinDriverVersion = 12000;  // cuLibrary* and cuKernel* appear in 12.0
 
 // CUdevice_attribute
@@ -29,6 +31,9 @@ constexpr int kAttrMaxSharedPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
 // CUstreamCaptureStatus
 constexpr int kStreamCaptureNone = 0;
+// cuMemHostAlloc and cuEventCreate flags
+constexpr unsigned kHostAllocPortable = 1;
+constexpr unsigned kEventDisableTiming = 2;
 
 struct Api {
   Result (*cuInit)(unsigned int flags);
@@ -58,6 +63,10 @@ struct Api {
   Result (*cuMemFreeAsync)(DevicePtr ptr, Stream stream);
   Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
   Result (*cuStreamIsCapturing)(Stream stream, int* status);
+  Result (*cuMemHostAlloc)(void** ptr, size_t bytes, unsigned int flags);
+  Result (*cuEventCreate)(Event* event, unsigned int flags);
+  Result (*cuEventRecord)(Event event, Stream stream);
+  Result (*cuEventQuery)(Event event);
 };
 
 }  // namespace gg::cu

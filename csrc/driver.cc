@@ -54,6 +54,10 @@ cu::Api load_api() {
   resolve(get, "cuMemFreeAsync", api.cuMemFreeAsync);
   resolve(get, "cuMemcpyHtoDAsync", api.cuMemcpyHtoDAsync);
   resolve(get, "cuStreamIsCapturing", api.cuStreamIsCapturing);
+  resolve(get, "cuMemHostAlloc", api.cuMemHostAlloc);
+  resolve(get, "cuEventCreate", api.cuEventCreate);
+  resolve(get, "cuEventRecord", api.cuEventRecord);
+  resolve(get, "cuEventQuery", api.cuEventQuery);
   check(api.cuInit(0), "cuInit");
   return api;
 }

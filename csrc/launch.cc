@@ -1,6 +1,9 @@
 #include "launch.h"
 
+#include <algorithm>
+#include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "driver.h"
 
@@ -22,6 +25,49 @@ StreamBuffer::StreamBuffer(cu::Stream stream, size_t bytes) : stream_(stream) {
 
 StreamBuffer::~StreamBuffer() {
   if (ptr_ != 0) cuda().cuMemFreeAsync(ptr_, stream_);
+}
+
+namespace {
+
+struct PinnedBlock {
+  cu::Context context;  // events belong to one context
+  void* host;
+  size_t capacity;
+  cu::Event copied;  // recorded after the copy that last read `host`
+};
+
+constexpr size_t kMinPinnedBlock = 64 * 1024;
+
+// A block of this context, big enough, whose last copy has finished; or a new one.
+PinnedBlock& free_block(std::vector<PinnedBlock>& blocks, cu::Context context, size_t bytes) {
+  const cu::Api& api = cuda();
+  for (PinnedBlock& block : blocks) {
+    if (block.context != context || block.capacity < bytes) continue;
+    const cu::Result state = api.cuEventQuery(block.copied);
+    if (state == cu::kSuccess) return block;
+    if (state != cu::kNotReady) check(state, "querying a metadata copy");
+  }
+  PinnedBlock block{context, nullptr, std::max(bytes, kMinPinnedBlock), nullptr};
+  check(api.cuMemHostAlloc(&block.host, block.capacity, cu::kHostAllocPortable),
+        "allocating pinned memory for metadata");
+  check(api.cuEventCreate(&block.copied, cu::kEventDisableTiming), "cuEventCreate");
+  blocks.push_back(block);
+  return blocks.back();
+}
+
+}  // namespace
+
+void upload_async(cu::Stream stream, cu::DevicePtr dst, const void* src, size_t bytes) {
+  static std::mutex mutex;
+  static std::vector<PinnedBlock> blocks;  // kept for the life of the process
+  const cu::Api& api = cuda();
+  cu::Context context = nullptr;
+  check(api.cuCtxGetCurrent(&context), "cuCtxGetCurrent");
+  std::lock_guard<std::mutex> lock(mutex);
+  PinnedBlock& block = free_block(blocks, context, bytes);
+  std::memcpy(block.host, src, bytes);
+  check(api.cuMemcpyHtoDAsync(dst, block.host, bytes, stream), "copying metadata to the device");
+  check(api.cuEventRecord(block.copied, stream), "recording a metadata copy");
 }
 
 size_t scratch_bytes(const KernelInfo& info, unsigned programs) {

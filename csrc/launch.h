@@ -47,6 +47,11 @@ class StreamBuffer {
   cu::DevicePtr ptr_ = 0;
 };
 
+// Copies `bytes` from host memory to `dst`, ordered on `stream`, without the
+// stream synchronisation a copy from pageable memory implies: the bytes go
+// through a pinned block that is reused only once the copy reading it is done.
+void upload_async(cu::Stream stream, cu::DevicePtr dst, const void* src, size_t bytes);
+
 // Bytes of global scratch the variant needs for `programs` programs.
 size_t scratch_bytes(const KernelInfo& info, unsigned programs);
 

@@ -107,9 +107,7 @@ std::string run_list(const Target& t, const ListProblem& p) {
   require_int32_tiles(tiles);
   const size_t meta_bytes = meta.size() * sizeof(int64_t);
   StreamBuffer device_meta(t.stream, meta_bytes);
-  // From pageable memory the copy returns once `meta` is staged, so it may go.
-  check(cuda().cuMemcpyHtoDAsync(device_meta.ptr(), meta.data(), meta_bytes, t.stream),
-        "copying grouped_gemm metadata");
+  upload_async(t.stream, device_meta.ptr(), meta.data(), meta_bytes);
   ArgPack args;
   args.ptr(device_meta.ptr()).ptr(device_meta.ptr() + groups * kFields * sizeof(int64_t));
   args.i32(static_cast<int64_t>(groups));
