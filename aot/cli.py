@@ -54,3 +54,14 @@ def list_variants():
     """Print the key of every variant the build compiles."""
     for variant in all_variants():
         click.echo(variant.key)
+
+
+@main.command()
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16",
+              show_default=True)
+def tune(dtype: str):
+    """Measure candidate configs on this sm90 GPU and write aot/tuning/sm90.json."""
+    from .tune import tune as run_tuning
+    from .tune import write_table
+
+    click.echo(f"wrote {write_table(run_tuning(dtype, echo=click.echo))}; run `make build` to compile it")

@@ -25,6 +25,7 @@ class Compiled:
     record: dict  # manifest entry (see codegen.py)
     cubin: bytes
     ptx: str
+    kernel: object = None  # triton's CompiledKernel (launchable where a GPU is; used by tune)
 
 
 def compile_variant(variant: Variant) -> Compiled:
@@ -58,12 +59,13 @@ def compile_variant(variant: Variant) -> Compiled:
         cubin_size=len(cubin),
         triton_version=triton.__version__,
     )
-    return Compiled(record, cubin, kernel.asm["ptx"])
+    return Compiled(record, cubin, kernel.asm["ptx"], kernel)
 
 
 def _compile_to(args) -> dict:
     variant, out_dir, keep_ptx = args
     compiled = compile_variant(variant)
+    compiled.kernel = None  # results cross a process boundary: keep them picklable
     (out_dir / compiled.record["cubin"]).write_bytes(compiled.cubin)
     if keep_ptx:
         (out_dir / f"{variant.key}.ptx").write_text(compiled.ptx)

@@ -1,0 +1,122 @@
+"""`python -m aot tune`: measure candidate configs on this GPU, write aot/tuning/sm90.json.
+
+Runs on a GPU machine with torch and triton.  Each candidate is compiled
+exactly as `aot build` compiles it (compile_variant) and launched through
+Triton's own launcher on the same persistent grid the runtime uses, on MoE
+problems (ragged M) whose rows per group span the buckets below.  The winner
+of each bucket becomes a config with that bucket's `max_rows`; `make build`
+then compiles those configs for every sm90 `tma` family.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+
+from .compile import compile_variant
+from .variants import TUNING_DIR, Config, Variant
+
+# Rows per group that bound each bucket (0 = no bound) and a problem for it:
+# (tokens, experts, N, K) as in typical MoE layers.
+BUCKETS = (
+    (32, (1024, 128, 2048, 2048)),
+    (384, (32768, 128, 1536, 2048)),
+    (0, (16384, 16, 4096, 4096)),
+)
+CANDIDATES = (
+    Config(64, 128, 64, 4, 4), Config(64, 128, 64, 4, 3), Config(64, 256, 64, 8, 3),
+    Config(128, 128, 64, 8, 4), Config(128, 128, 64, 8, 3), Config(128, 128, 64, 4, 3),
+    Config(128, 128, 64, 8, 2), Config(128, 256, 64, 8, 3), Config(128, 256, 64, 8, 2),
+    Config(128, 128, 128, 8, 2), Config(256, 128, 64, 8, 3),
+)
+
+
+def _median_ms(fn, reps=30):
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _programs(compiled, props, bound):
+    """One resident wave, as csrc/ops.cc launches: SMs x blocks per SM (shared memory, registers)."""
+    compiled._init_handles()
+    threads = 32 * compiled.metadata.num_warps
+    by_shared = props.shared_memory_per_multiprocessor // max(compiled.metadata.shared, 1)
+    by_regs = 65536 // max(compiled.n_regs * threads, 1)
+    return min(bound, props.multi_processor_count * max(1, min(by_shared, by_regs)))
+
+
+def _time_config(config, problem, dtype_name, props):
+    import torch
+    tokens, experts, n, k = problem
+    dtype = getattr(torch, dtype_name)
+    variant = Variant("ragged_m", 90, dtype_name, "nt", "tma", config)
+    compiled = compile_variant(variant).kernel
+    counts = torch.distributions.Dirichlet(torch.ones(experts)).sample() * tokens
+    counts = counts.floor().long()
+    counts[0] += tokens - counts.sum()
+    offs = counts.cumsum(0).to(torch.int32).cuda()
+    a = torch.randn(tokens, k, device="cuda").to(dtype)
+    b = torch.randn(experts, n, k, device="cuda").to(dtype).transpose(1, 2)
+    c = torch.empty(tokens, n, device="cuda", dtype=dtype)
+    bound = (-(-tokens // config.BM) + experts + 1) * -(-n // config.BN)
+    grid = (_programs(compiled, props, bound), 1, 1)
+    run = compiled[grid]
+    ms = _median_ms(lambda: run(a, b, c, offs, tokens, n, k, experts, a.stride(0), b.stride(0),
+                                b.stride(2), c.stride(0)))
+    return 2 * tokens * n * k / ms / 1e9
+
+
+def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
+    import torch
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    props = torch.cuda.get_device_properties(0)
+    if (props.major, props.minor) != (9, 0):
+        raise RuntimeError(f"tuning writes sm90.json and needs a 9.0 GPU, not {props.name}")
+    winners, report = [], {}
+    for max_rows, problem in BUCKETS:
+        scores = {}
+        for config in CANDIDATES:
+            try:
+                scores[config] = _time_config(config, problem, dtype_name, props)
+            except Exception as exc:  # a config that does not fit is skipped, and said
+                echo(f"  {config.tag}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
+                continue
+            echo(f"  rows<={max_rows or 'inf'} {problem}: {config.tag} {scores[config]:.0f} TFLOP/s")
+        best = max(scores, key=scores.get)
+        winners.append(Config(**{**asdict(best), "max_rows": max_rows}))
+        report[str(max_rows)] = {c.tag: round(s, 1) for c, s in scores.items()}
+        echo(f"bucket rows<={max_rows or 'inf'}: {best.tag}")
+    entries = [asdict(w) for w in _merge_repeats(winners)]
+    table = {family: {"tma": entries} for family in ("list", "ragged_m", "ragged_k")}
+    table["measured"] = {"device": props.name, "dtype": dtype_name, "tflops": report}
+    return table
+
+
+def _merge_repeats(winners: list) -> list:
+    """A config that wins neighbouring buckets is one entry with the larger bound."""
+    merged = []
+    for config in winners:
+        if merged and merged[-1].tag == config.tag:
+            merged[-1] = config
+        else:
+            merged.append(config)
+    return merged
+
+
+def write_table(table: dict) -> str:
+    TUNING_DIR.mkdir(exist_ok=True)
+    path = TUNING_DIR / "sm90.json"
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return str(path)
