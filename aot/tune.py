@@ -14,7 +14,7 @@ import statistics
 from dataclasses import asdict
 
 from .compile import compile_variant
-from .variants import TUNING_DIR, Config, Variant
+from .variants import FAMILIES, TUNING_DIR, Config, Variant
 
 # Rows per group that bound each bucket (0 = no bound) and a problem for it:
 # (tokens, experts, N, K) as in typical MoE layers.
@@ -71,8 +71,12 @@ def _time_config(config, problem, dtype_name, props):
     bound = (-(-tokens // config.BM) + experts + 1) * -(-n // config.BN)
     grid = (_programs(compiled, props, bound), 1, 1)
     run = compiled[grid]
+    # Triton's launcher takes the constexprs too, in declaration order (it skips them).
+    constexprs = variant.constexprs()
+    kernel_args = FAMILIES["ragged_m"].kernel.arg_names
+    tail = [constexprs[name] for name in kernel_args if name in constexprs]
     ms = _median_ms(lambda: run(a, b, c, offs, tokens, n, k, experts, a.stride(0), b.stride(0),
-                                b.stride(2), c.stride(0)))
+                                b.stride(2), c.stride(0), *tail))
     return 2 * tokens * n * k / ms / 1e9
 
 
@@ -94,6 +98,8 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
                 echo(f"  {config.tag}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
             echo(f"  rows<={max_rows or 'inf'} {problem}: {config.tag} {scores[config]:.0f} TFLOP/s")
+        if not scores:
+            raise RuntimeError(f"no candidate config ran for rows<={max_rows}")
         best = max(scores, key=scores.get)
         winners.append(Config(**{**asdict(best), "max_rows": max_rows}))
         report[str(max_rows)] = {c.tag: round(s, 1) for c, s in scores.items()}

@@ -13,7 +13,38 @@ ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 import triton
 import triton.language as tl
 
-from .tiles import first_step_past, pick, running_max, tile_mma, tile_store
+from .tiles import first_step_past, pick, running_max, tile_mma, tile_mma_basic, tile_store
+
+
+@triton.jit
+def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
+                         B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    k_dim = tl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
+                                       block_shape=[BM, BK])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N, k_dim],
+                                           strides=[b_group_stride, ldb, 1],
+                                           block_shape=[1, BN, BK])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, k_dim, N],
+                                           strides=[b_group_stride, ldb, 1],
+                                           block_shape=[1, BK, BN])
+    return a_desc, b_desc
+
+
+@triton.jit
+def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end,
+                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k_end, BK):
+        a = a_desc.load([off_m, k0])
+        if B_T:
+            b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
+        else:
+            b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -33,6 +64,12 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
     lane = tl.arange(0, CHUNK)
+    if USE_TMA:
+        # One descriptor for all of A and one for all of B, built once per
+        # program.  A tile may read rows past its group's end (the next
+        # group's rows): they only reach output rows that the store clips.
+        a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
+                                              B_T, BM, BN, BK)
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
@@ -60,9 +97,12 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             off_m = start + (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN
             k_end = tl.where(g < G, K, 0)
-            weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
-            acc = tile_mma(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
-                           False, B_T, USE_TMA, BM, BN, BK)
+            if USE_TMA:
+                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK)
+            else:
+                weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
+                acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
+                                     False, B_T, BM, BN, BK)
             tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, USE_TMA, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)
