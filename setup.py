@@ -38,6 +38,8 @@ extension = Pybind11Extension(
     "gg_runtime._C",
     sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cc")),
     include_dirs=[str(AOT_DIR)],
+    # The generated table is #included: a new one must rebuild the extension.
+    depends=[str(AOT_DIR / "kernel_table.inc")] + sorted(str(p) for p in (ROOT / "csrc").glob("*.h")),
     cxx_std=17,
     extra_compile_args=["-O2", "-Wall"],
     libraries=["dl"],
