@@ -15,12 +15,13 @@ from .validate import (check_offsets, check_out_dtype, check_same, check_tensor,
                        check_unit_inner_stride, require)
 
 
-# Every output is allocated here; tests replace it to poison outputs.
-empty = torch.empty
+def empty(shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """Every output is allocated here (tests replace it to poison outputs)."""
+    return like.new_empty(shape)
 
 
 def _target(x: torch.Tensor, allow_tma: bool, variant: str):
-    index = x.device.index
+    index = x.get_device()
     return index, current_stream(index), DTYPE_CODES[x.dtype], allow_tma, variant
 
 
@@ -52,8 +53,7 @@ def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True, variant:
     check_tensor(ref, "As[0]", 2)
     for i, (a, b) in enumerate(zip(As, Bs)):
         _check_group(i, a, b, trans_b, ref)
-    Cs = [empty((a.shape[0], b.shape[0] if trans_b else b.shape[1]), dtype=ref.dtype,
-                      device=ref.device) for a, b in zip(As, Bs)]
+    Cs = [empty((a.shape[0], b.shape[0] if trans_b else b.shape[1]), ref) for a, b in zip(As, Bs)]
     key = _C.run_list(
         *_target(ref, allow_tma, variant), trans_b,
         [a.data_ptr() for a in As], [b.data_ptr() for b in Bs], [c.data_ptr() for c in Cs],
@@ -91,7 +91,7 @@ def ragged_m(a, b, offs, allow_tma: bool = True, variant: str = ""):
     a, lda = _row_major(a)
     b, b_t, ldb = _layout(b)
     rows, groups, n = a.shape[0], b.shape[0], b.shape[2]
-    out = empty((rows, n), dtype=a.dtype, device=a.device)
+    out = empty((rows, n), a)
     if groups == 0:
         return out.zero_(), ""
     key = _C.run_ragged_m(*_target(a, allow_tma, variant), b_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
@@ -105,7 +105,7 @@ def ragged_k(a, b, offs, allow_tma: bool = True, variant: str = ""):
     m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
     a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
     b, ldb = _row_major(b)
-    out = empty((groups, m, n), dtype=a.dtype, device=a.device)
+    out = empty((groups, m, n), a)
     key = _C.run_ragged_k(*_target(a, allow_tma, variant), a_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
                           offs.data_ptr(), m, n, a.shape[1], groups, lda, ldb)
     return out, key
@@ -155,12 +155,12 @@ def check_grouped_mm(a, b, offs, out_dtype) -> None:
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"K differs: {_shapes(a, b)} (expected [T, K] and [G, K, N])")
         require(offs is not None, "offs is required when a is 2-D and b is 3-D (ragged M)")
-        check_offsets(offs, "b", b.shape[0], a.device)
+        check_offsets(offs, "b", b.shape[0], a)
     elif kind == (2, 2):
         if a.shape[1] != b.shape[0]:
             raise ValueError(f"T differs: {_shapes(a, b)} (expected [M, T] and [T, N])")
         require(offs is not None, "offs is required when a and b are 2-D (ragged K)")
-        check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a.device)
+        check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a)
     elif kind == (3, 3):
         require(offs is None, "offs must be None when a and b are 3-D (batched)")
         if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:

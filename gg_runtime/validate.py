@@ -30,7 +30,7 @@ def check_tensor(x, name: str, ndim: int) -> None:
 def check_same(x, name: str, ref, ref_name: str) -> None:
     if x.dtype != ref.dtype:
         raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has {ref.dtype}")
-    if x.device != ref.device:
+    if x.get_device() != ref.get_device():  # an int: cheaper than comparing torch.device
         raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}")
 
 
@@ -41,15 +41,15 @@ def check_unit_inner_stride(x, name: str) -> None:
                          f"{tuple(x.stride())} for shape {tuple(x.shape)} (call .contiguous())")
 
 
-def check_offsets(offs, groups_name: str, groups: int, device) -> None:
+def check_offsets(offs, groups_name: str, groups: int, like) -> None:
     if not isinstance(offs, torch.Tensor):
         raise TypeError(f"offs must be a torch.Tensor, got {type(offs).__name__}")
     if offs.dtype != torch.int32:
         raise TypeError(f"offs must be int32, got {offs.dtype}")
     if offs.dim() != 1:
         raise ValueError(f"offs must be 1-D, got shape {tuple(offs.shape)}")
-    if offs.device != device:
-        raise ValueError(f"offs is on {offs.device} but the inputs are on {device}")
+    if offs.get_device() != like.get_device():
+        raise ValueError(f"offs is on {offs.device} but the inputs are on {like.device}")
     if offs.shape[0] != groups:
         raise ValueError(f"offs has {offs.shape[0]} entries but {groups_name} has {groups} groups")
     if offs.shape[0] > 1 and offs.stride(0) != 1:

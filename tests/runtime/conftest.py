@@ -24,8 +24,8 @@ def poison(monkeypatch):
     """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
     from gg_runtime import raw
 
-    def poisoned_empty(*args, **kwargs):
-        return torch.empty(*args, **kwargs).fill_(float("nan"))
+    def poisoned_empty(shape, like):
+        return like.new_empty(shape).fill_(float("nan"))
 
     monkeypatch.setattr(raw, "empty", poisoned_empty)
 
