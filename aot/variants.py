@@ -23,8 +23,6 @@ ARCHS = (80, 90)
 DTYPES = {"float16": ("fp16", tl.float16), "bfloat16": ("bf16", tl.bfloat16)}
 # Groups scanned per step by the persistent kernels' tile -> group lookup.
 GROUP_CHUNK = 64
-# ragged_m with TMA keeps up to this many groups (+1) in one register table.
-FLAT_GROUPS = 256
 TUNING_DIR = Path(__file__).parent / "tuning"
 
 
@@ -146,8 +144,6 @@ class Variant:
         c = self.config
         values = dict(family.layouts[self.layout])
         values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK)
-        if self.family == "ragged_m":
-            values["FLAT_GROUPS"] = FLAT_GROUPS
         if family.dtype_constexpr:
             values["DTYPE"] = DTYPES[self.dtype][1]
         return values

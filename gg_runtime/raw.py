@@ -92,7 +92,7 @@ def ragged_m(a, b, offs, allow_tma: bool = True, variant: str = ""):
     b, b_t, ldb = _layout(b)
     rows, groups, n = a.shape[0], b.shape[0], b.shape[2]
     out = empty((rows, n), a)
-    if groups == 0 or a.shape[1] == 0:  # no groups, or K = 0: every row is zero
+    if groups == 0:
         return out.zero_(), ""
     key = _C.run_ragged_m(*_target(a, allow_tma, variant), b_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
                           offs.data_ptr(), rows, n, a.shape[1], groups, lda, b.stride(0), ldb,

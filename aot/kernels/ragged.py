@@ -48,78 +48,9 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end,
 
 
 @triton.jit
-def group_table(offs_ptr, first, T, G, rows_before, n_tiles, BM: tl.constexpr, WIDTH: tl.constexpr):
-    """Groups first .. first + WIDTH - 1 as vectors: start and end rows (offsets
-    read as in the module docstring, rows_before = end of group first - 1),
-    tiles per group and the inclusive prefix of tiles (relative to `first`).
-    Index G is the pseudo-group of the rows past the last group; past it,
-    empty groups."""
-    idx = first + tl.arange(0, WIDTH)
-    ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
-    ends = tl.where(idx >= G, T, ends)
-    starts = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
-    starts = tl.where(idx > G, T, starts)
-    ends = tl.maximum(running_max(tl.minimum(tl.maximum(ends, 0), T)), rows_before)
-    starts = tl.maximum(running_max(tl.minimum(tl.maximum(starts, 0), T)), rows_before)
-    group_tiles = tl.cdiv(ends - starts, BM) * n_tiles
-    return starts, ends, group_tiles, tl.cumsum(group_tiles, 0)
-
-
-@triton.jit
-def locate(tile, starts, ends, group_tiles, tiles_end, BM: tl.constexpr, BN: tl.constexpr,
-           WIDTH: tl.constexpr):
-    """(group index in the table, group end row, tile row, tile column) of a tile
-    (counted as tiles_end is); m-tile fastest inside a group."""
-    index = tl.sum((tiles_end <= tile).to(tl.int32))
-    start = pick(starts, index, WIDTH)
-    end = pick(ends, index, WIDTH)
-    in_group = tile - (pick(tiles_end, index, WIDTH) - pick(group_tiles, index, WIDTH))
-    m_tiles = tl.cdiv(end - start, BM)
-    return index, end, start + (in_group % m_tiles) * BM, (in_group // m_tiles) * BN
-
-
-@triton.jit
-def ragged_m_flat_tma(a_desc, b_desc, c_ptr, offs_ptr, T, N, K, G, ldc, pid, num_programs,
-                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      WIDTH: tl.constexpr):
-    """All groups in one register table (G + 1 <= WIDTH) and one flat loop over
-    this program's (tile, k-step) pairs, so the pipeline keeps loading the next
-    tile's operands across tile boundaries instead of draining at each tile.
-    The pseudo-group past the last one reads B at index G, out of bounds for
-    its descriptor: TMA returns zeros, so those rows are stored as zeros.
-    K = 0 has no k-steps and is handled by the caller."""
-    n_tiles = tl.cdiv(N, BN)
-    starts, ends, group_tiles, tiles_end = group_table(offs_ptr, 0, T, G, 0, n_tiles, BM, WIDTH)
-    total = tl.sum(group_tiles)
-    k_steps = tl.cdiv(K, BK)
-    mine = tl.cdiv(tl.maximum(total - pid, 0), num_programs)
-    tile = pid - num_programs
-    step = k_steps - 1
-    g = 0
-    end = 0
-    off_m = 0
-    off_n = 0
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, mine * k_steps):
-        step = tl.where(step == k_steps - 1, 0, step + 1)
-        if step == 0:
-            tile += num_programs
-            g, end, off_m, off_n = locate(tile, starts, ends, group_tiles, tiles_end, BM, BN, WIDTH)
-        a = a_desc.load([off_m, step * BK])
-        if B_T:
-            b = b_desc.load([g, off_n, step * BK]).reshape(BN, BK).T
-        else:
-            b = b_desc.load([g, step * BK, off_n]).reshape(BK, BN)
-        acc = tl.dot(a, b, acc)
-        if step == k_steps - 1:
-            tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, True, BM, BN)
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-
-
-@triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                     B_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, CHUNK: tl.constexpr, FLAT_GROUPS: tl.constexpr):
+                    BK: tl.constexpr, CHUNK: tl.constexpr):
     """a [T, K] row-major, b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -127,46 +58,54 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     weight column block), then the tiles of the rows past the last group,
     which are written with zeros (a pseudo-group with K = 0).  Groups are
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
-    owner of a tile without a per-group loop.  With TMA and at most
-    FLAT_GROUPS - 1 groups, ragged_m_flat_tma runs instead.
+    owner of a tile without a per-group loop.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
+    lane = tl.arange(0, CHUNK)
     if USE_TMA:
         # One descriptor for all of A and one for all of B, built once per
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                                               B_T, BM, BN, BK)
-    if USE_TMA and G < FLAT_GROUPS:
-        ragged_m_flat_tma(a_desc, b_desc, c_ptr, offs_ptr, T, N, K, G, ldc, pid, num_programs,
-                          B_T, BM, BN, BK, FLAT_GROUPS)
-    else:
-        tiles_before = 0
-        rows_before = 0
-        for chunk in range(0, G + 1, CHUNK):
-            starts, ends, group_tiles, tiles_end = group_table(offs_ptr, chunk, T, G, rows_before,
-                                                               n_tiles, BM, CHUNK)
-            tiles_end += tiles_before
-            chunk_end = tiles_before + tl.sum(group_tiles)
-            # The start is derived from tiles_before rather than carried: Triton 3.6's
-            # remove-layout-conversions pass drops a loop-carried scalar used as an
-            # inner loop's lower bound (seen in the TTGIR; wrong tiles ran).
-            for t in range(first_step_past(pid, tiles_before, num_programs), chunk_end, num_programs):
-                index, end, off_m, off_n = locate(t, starts, ends, group_tiles, tiles_end, BM, BN,
-                                                  CHUNK)
-                g = chunk + index
-                k_end = tl.where(g < G, K, 0)
-                if USE_TMA:
-                    acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK)
-                else:
-                    weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
-                    acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
-                                         False, B_T, BM, BN, BK)
-                tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, USE_TMA, BM, BN)
-            tiles_before = chunk_end
-            rows_before = tl.max(ends)
+    tiles_before = 0
+    rows_before = 0
+    for chunk in range(0, G + 1, CHUNK):
+        idx = chunk + lane
+        # Index G is the pseudo-group that ends at T; past it, empty groups.
+        ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
+        ends = tl.where(idx >= G, T, ends)
+        starts = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
+        starts = tl.where(idx > G, T, starts)
+        ends = tl.maximum(running_max(tl.minimum(tl.maximum(ends, 0), T)), rows_before)
+        starts = tl.maximum(running_max(tl.minimum(tl.maximum(starts, 0), T)), rows_before)
+        group_tiles = tl.cdiv(ends - starts, BM) * n_tiles
+        tiles_end = tiles_before + tl.cumsum(group_tiles, 0)
+        chunk_end = tiles_before + tl.sum(group_tiles)
+        # The start is derived from tiles_before rather than carried: Triton 3.6's
+        # remove-layout-conversions pass drops a loop-carried scalar used as an
+        # inner loop's lower bound (seen in the TTGIR; wrong tiles ran).
+        for t in range(first_step_past(pid, tiles_before, num_programs), chunk_end, num_programs):
+            local_group = tl.sum((tiles_end <= t).to(tl.int32))
+            g = chunk + local_group
+            start = pick(starts, local_group, CHUNK)
+            end = pick(ends, local_group, CHUNK)
+            in_group = t - (pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group, CHUNK))
+            m_tiles = tl.cdiv(end - start, BM)
+            off_m = start + (in_group % m_tiles) * BM
+            off_n = (in_group // m_tiles) * BN
+            k_end = tl.where(g < G, K, 0)
+            if USE_TMA:
+                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK)
+            else:
+                weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
+                acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
+                                     False, B_T, BM, BN, BK)
+            tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, USE_TMA, BM, BN)
+        tiles_before = chunk_end
+        rows_before = tl.max(ends)
 
 
 @triton.jit
