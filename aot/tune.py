@@ -19,11 +19,12 @@ from .variants import FAMILIES, TUNING_DIR, Config, Variant
 # Rows per group that bound each bucket (0 = no bound) and a problem for it:
 # (tokens, experts, N, K) as in typical MoE layers.
 BUCKETS = (
-    (32, (1024, 128, 2048, 2048)),
+    (32, (256, 64, 1024, 4096)),  # decode: a few tokens per expert, memory-bound
     (384, (32768, 128, 1536, 2048)),
     (0, (16384, 16, 4096, 4096)),
 )
 CANDIDATES = (
+    Config(64, 64, 64, 4, 4), Config(64, 64, 128, 4, 4), Config(64, 128, 128, 4, 3),
     Config(64, 128, 64, 4, 4), Config(64, 128, 64, 4, 3), Config(64, 256, 64, 8, 3),
     Config(128, 128, 64, 8, 4), Config(128, 128, 64, 8, 3), Config(128, 128, 64, 4, 3),
     Config(128, 128, 64, 8, 2), Config(128, 256, 64, 8, 3), Config(128, 256, 64, 8, 2),
