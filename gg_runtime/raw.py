@@ -94,20 +94,20 @@ def ragged_m(a, b, offs, allow_tma: bool = True, variant: str = ""):
     out = empty((rows, n), a)
     if groups == 0:
         return out.zero_(), ""
-    key = _C.run_ragged_m(*_target(a, allow_tma, variant), b_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
-                          offs.data_ptr(), rows, n, a.shape[1], groups, lda, b.stride(0), ldb,
-                          out.stride(0))
+    key = _C.run_ragged_m(*_target(a, allow_tma, variant), b_t, a.data_ptr(), b.data_ptr(),
+                          out.data_ptr(), offs.data_ptr(), rows, n, a.shape[1], groups, lda,
+                          b.stride(0), ldb, out.stride(0))
     return out, key
 
 
 def ragged_k(a, b, offs, allow_tma: bool = True, variant: str = ""):
-    """out[G, M, N]; out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]].  a [M, T], b [T, N]."""
+    """out[G, M, N]; out[g] = a[:, rows of g] @ b[rows of g].  a [M, T], b [T, N]."""
     m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
     a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
     b, ldb = _row_major(b)
     out = empty((groups, m, n), a)
-    key = _C.run_ragged_k(*_target(a, allow_tma, variant), a_t, a.data_ptr(), b.data_ptr(), out.data_ptr(),
-                          offs.data_ptr(), m, n, a.shape[1], groups, lda, ldb)
+    key = _C.run_ragged_k(*_target(a, allow_tma, variant), a_t, a.data_ptr(), b.data_ptr(),
+                          out.data_ptr(), offs.data_ptr(), m, n, a.shape[1], groups, lda, ldb)
     return out, key
 
 
