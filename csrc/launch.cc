@@ -24,6 +24,8 @@ StreamBuffer::StreamBuffer(cu::Stream stream, size_t bytes) : stream_(stream) {
 }
 
 StreamBuffer::~StreamBuffer() {
+  // A destructor cannot throw; a failed free leaks the buffer and the next
+  // driver call on the stream reports the sticky error, if there is one.
   if (ptr_ != 0) cuda().cuMemFreeAsync(ptr_, stream_);
 }
 

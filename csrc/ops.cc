@@ -84,6 +84,9 @@ std::string run_list(const Target& t, const ListProblem& p) {
   const size_t groups = p.a.size();
   int64_t rows = 0, busy = 0;
   for (size_t g = 0; g < groups; ++g) {
+    if (std::max({p.m[g], p.n[g], p.k[g]}) > std::numeric_limits<int32_t>::max()) {
+      throw std::invalid_argument("group " + std::to_string(g) + ": a dimension exceeds 2**31 - 1");
+    }
     if (p.m[g] > 0 && p.n[g] > 0) rows += p.m[g], ++busy;
   }
   if (busy == 0) return "";
