@@ -27,15 +27,20 @@ a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(8, 128, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
 offs = torch.arange(32, 257, 32, device="cuda", dtype=torch.int32)
 out = torch.empty(256, 128, device="cuda", dtype=torch.bfloat16)
+As = [torch.randn(16, 32, device="cuda", dtype=torch.float16) for _ in range(128)]
+Bs = [torch.randn(32, 16, device="cuda", dtype=torch.float16) for _ in range(128)]
 args = (0, current_stream(0), 1, True, "", True, a.data_ptr(), b.data_ptr(), out.data_ptr(),
         offs.data_ptr(), 256, 128, 128, 8, 128, b.stride(0), 128, 128)
+basic_args = args[:3] + (False,) + args[4:]  # `basic` needs no global scratch
 rows = {
     "validation (check_grouped_mm)": lambda: raw.check_grouped_mm(a, b, offs, None),
     "torch.empty": lambda: torch.empty(256, 128, device="cuda", dtype=torch.bfloat16),
     "current stream": lambda: current_stream(0),
     "_C.run_ragged_m (dispatch + launch)": lambda: _C.run_ragged_m(*args),
+    "_C.run_ragged_m, basic (no scratch)": lambda: _C.run_ragged_m(*basic_args),
     "raw.grouped_mm": lambda: raw.grouped_mm(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
+    "gg_runtime.grouped_gemm, 128 groups": lambda: gg_runtime.grouped_gemm(As, Bs),
     "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs),
 }
 for name, fn in rows.items():
