@@ -55,8 +55,11 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
     None or the inputs' dtype.  Differentiable in a and b; traceable by
     torch.compile (it is the custom op torch.ops.gg_runtime.grouped_mm).
     """
-    if out_dtype is not None:
+    if not _needs_dispatcher(a, b):
+        return raw.grouped_mm(a, b, offs, out_dtype)[0]
+    if not torch.compiler.is_compiling():
+        # Same clear errors as the fast path (a CPU tensor would otherwise meet
+        # the dispatcher's "no kernel for CPU"); under tracing the fake
+        # implementation checks shapes.
         raw.check_grouped_mm(a, b, offs, out_dtype)
-    if _needs_dispatcher(a, b):
-        return grouped_mm_op(a, b, offs)
-    return raw.grouped_mm(a, b, offs)[0]
+    return grouped_mm_op(a, b, offs)

@@ -111,3 +111,10 @@ def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected):
 def test_fake_implementation_validates(fake):
     with pytest.raises(ValueError, match="K differs"):
         torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3))
+
+
+def test_grouped_mm_cpu_tensor_with_grad_is_a_clear_error():
+    a = torch.empty(10, 8, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(ValueError, match="a must be on a CUDA device"):
+        gg_runtime.grouped_mm(a, torch.empty(3, 8, 5, dtype=torch.bfloat16),
+                              torch.zeros(3, dtype=torch.int32))
