@@ -27,6 +27,9 @@ CANDIDATES = (
     Config(64, 64, 64, 4, 4), Config(64, 64, 128, 4, 4), Config(64, 128, 128, 4, 3),
     Config(64, 128, 64, 4, 4), Config(64, 128, 64, 4, 3), Config(64, 256, 64, 8, 3),
     Config(64, 256, 64, 4, 4), Config(64, 256, 64, 4, 3),
+    # Two programs per SM (<= ~113 KiB of shared memory each): one's epilogue
+    # overlaps the other's main loop.
+    Config(128, 128, 64, 4, 2), Config(64, 256, 64, 4, 2), Config(64, 128, 64, 4, 2),
     Config(128, 128, 64, 8, 4), Config(128, 128, 64, 8, 3), Config(128, 128, 64, 4, 3),
     Config(128, 128, 64, 8, 2), Config(128, 256, 64, 8, 3), Config(128, 256, 64, 8, 2),
     Config(128, 128, 128, 8, 2), Config(256, 128, 64, 8, 3),

@@ -23,7 +23,6 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The chosen variant, loaded and configured for the target device.
 struct Chosen {
-  size_t index;
   const KernelInfo* info;
   ReadyKernel ready;
   unsigned max_programs;  // one resident wave
@@ -36,7 +35,7 @@ Chosen choose(const Target& t, Family family, bool a_t, bool b_t, bool tma_ok, i
   const size_t index =
       t.variant.empty() ? pick_variant(request, props) : find_variant(t.variant, request, props);
   ReadyKernel ready = ready_kernel(index, t.device, props.shared_optin);
-  return Chosen{index, &kernel_table()[index], ready,
+  return Chosen{&kernel_table()[index], ready,
                 static_cast<unsigned>(props.sm_count * ready.max_programs_per_sm)};
 }
 
