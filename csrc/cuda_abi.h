@@ -17,6 +17,7 @@ using Library = struct LibraryOpaque*;
 using Kernel = struct KernelOpaque*;
 using Function = struct FunctionOpaque*;
 using Event = struct EventOpaque*;
+using MemPool = struct MemPoolOpaque*;
 
 constexpr Result kSuccess = 0;
 constexpr Result kNotReady = 600;
@@ -31,6 +32,19 @@ constexpr int kAttrMaxSharedPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
 // CUstreamCaptureStatus
 constexpr int kStreamCaptureNone = 0;
+// CUmemPoolProps (88 bytes in CUDA 12 and 13) and CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+struct MemPoolProps {
+  int alloc_type;     // CU_MEM_ALLOCATION_TYPE_PINNED = 1
+  int handle_types;   // CU_MEM_HANDLE_TYPE_NONE = 0
+  int location_type;  // CU_MEM_LOCATION_TYPE_DEVICE = 1
+  int location_id;    // device ordinal
+  void* win32_security_attributes;
+  size_t max_size;
+  unsigned short usage;
+  unsigned char reserved[54];
+};
+static_assert(sizeof(MemPoolProps) == 88, "CUmemPoolProps layout");
+constexpr int kPoolAttrReleaseThreshold = 4;
 // cuMemHostAlloc and cuEventCreate flags
 constexpr unsigned kHostAllocPortable = 1;
 constexpr unsigned kEventDisableTiming = 2;
@@ -60,6 +74,9 @@ struct Api {
                            unsigned int block_z, unsigned int shared_bytes, Stream stream,
                            void** params, void** extra);
   Result (*cuMemAllocAsync)(DevicePtr* ptr, size_t bytes, Stream stream);
+  Result (*cuMemPoolCreate)(MemPool* pool, const MemPoolProps* props);
+  Result (*cuMemPoolSetAttribute)(MemPool pool, int attribute, void* value);
+  Result (*cuMemAllocFromPoolAsync)(DevicePtr* ptr, size_t bytes, MemPool pool, Stream stream);
   Result (*cuMemFreeAsync)(DevicePtr ptr, Stream stream);
   Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
   Result (*cuStreamIsCapturing)(Stream stream, int* status);

@@ -52,6 +52,9 @@ cu::Api load_api() {
   resolve(get, "cuLaunchKernel", api.cuLaunchKernel);
   resolve(get, "cuMemAllocAsync", api.cuMemAllocAsync);
   resolve(get, "cuMemFreeAsync", api.cuMemFreeAsync);
+  resolve(get, "cuMemPoolCreate", api.cuMemPoolCreate);
+  resolve(get, "cuMemPoolSetAttribute", api.cuMemPoolSetAttribute);
+  resolve(get, "cuMemAllocFromPoolAsync", api.cuMemAllocFromPoolAsync);
   resolve(get, "cuMemcpyHtoDAsync", api.cuMemcpyHtoDAsync);
   resolve(get, "cuStreamIsCapturing", api.cuStreamIsCapturing);
   resolve(get, "cuMemHostAlloc", api.cuMemHostAlloc);

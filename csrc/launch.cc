@@ -17,10 +17,46 @@ ArgPack& ArgPack::i32(int64_t value) {
   return push('i', static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(value))));
 }
 
-StreamBuffer::StreamBuffer(cu::Stream stream, size_t bytes) : stream_(stream) {
+namespace {
+
+cu::MemPool workspace_pool(int device) {
+  static std::mutex mutex;
+  static std::vector<cu::MemPool> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device >= static_cast<int>(pools.size())) pools.resize(device + 1, nullptr);
+  if (pools[device] == nullptr) {
+    const cu::Api& api = cuda();
+    cu::MemPoolProps props{};
+    props.alloc_type = 1;     // pinned device memory
+    props.location_type = 1;  // on a device
+    props.location_id = device;
+    cu::MemPool pool = nullptr;
+    check(api.cuMemPoolCreate(&pool, &props), "creating the workspace memory pool");
+    uint64_t keep_all = std::numeric_limits<uint64_t>::max();
+    check(api.cuMemPoolSetAttribute(pool, cu::kPoolAttrReleaseThreshold, &keep_all),
+          "setting the workspace pool's release threshold");
+    pools[device] = pool;
+  }
+  return pools[device];
+}
+
+}  // namespace
+
+bool stream_is_capturing(cu::Stream stream) {
+  int status = cu::kStreamCaptureNone;
+  check(cuda().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  return status != cu::kStreamCaptureNone;
+}
+
+StreamBuffer::StreamBuffer(int device, cu::Stream stream, size_t bytes) : stream_(stream) {
   if (bytes == 0) return;
-  check(cuda().cuMemAllocAsync(&ptr_, bytes, stream), "allocating " + std::to_string(bytes) +
-                                                           " bytes of kernel workspace");
+  const cu::Api& api = cuda();
+  const std::string what = "allocating " + std::to_string(bytes) + " bytes of kernel workspace";
+  if (stream_is_capturing(stream)) {
+    check(api.cuMemAllocAsync(&ptr_, bytes, stream), what);  // becomes graph memory
+  } else {
+    check(api.cuMemAllocFromPoolAsync(&ptr_, bytes, workspace_pool(device), stream), what);
+  }
 }
 
 StreamBuffer::~StreamBuffer() {

@@ -31,12 +31,18 @@ class ArgPack {
   std::vector<uint64_t> slots_;
 };
 
+// Whether `stream` is being captured into a CUDA graph.
+bool stream_is_capturing(cu::Stream stream);
+
 // Device memory that lives until the work already queued on `stream` is done:
 // allocated and freed stream-ordered, so concurrent streams never share it and
-// CUDA-graph capture records it as graph memory.
+// CUDA-graph capture records it as graph memory.  Outside capture it comes from
+// a pool of gg_runtime's own that keeps freed memory: the driver's default pool
+// returns it to the OS at every synchronisation, and the next allocation then
+// costs tens of microseconds before the launch.
 class StreamBuffer {
  public:
-  StreamBuffer(cu::Stream stream, size_t bytes);
+  StreamBuffer(int device, cu::Stream stream, size_t bytes);
   ~StreamBuffer();
   StreamBuffer(const StreamBuffer&) = delete;
   StreamBuffer& operator=(const StreamBuffer&) = delete;

@@ -51,7 +51,7 @@ unsigned programs_for(const Chosen& chosen, int64_t tiles) {
 }
 
 void launch_with_scratch(const Target& t, const Chosen& chosen, unsigned programs, ArgPack& args) {
-  StreamBuffer scratch(t.stream, scratch_bytes(*chosen.info, programs));
+  StreamBuffer scratch(t.device, t.stream, scratch_bytes(*chosen.info, programs));
   launch(*chosen.info, chosen.ready.function, programs, t.stream, args, scratch.ptr());
 }
 
@@ -68,9 +68,7 @@ bool list_tma_ok(const ListProblem& p) {
 }
 
 void refuse_capture(cu::Stream stream) {
-  int status = cu::kStreamCaptureNone;
-  check(cuda().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
-  if (status != cu::kStreamCaptureNone) {
+  if (stream_is_capturing(stream)) {
     throw std::invalid_argument(
         "grouped_gemm copies its metadata from host memory and cannot be captured in a CUDA "
         "graph; use grouped_mm (device-side offsets) inside graphs");
@@ -108,7 +106,7 @@ std::string run_list(const Target& t, const ListProblem& p) {
   }
   require_int32_tiles(tiles);
   const size_t meta_bytes = meta.size() * sizeof(int64_t);
-  StreamBuffer device_meta(t.stream, meta_bytes);
+  StreamBuffer device_meta(t.device, t.stream, meta_bytes);
   upload_async(t.stream, device_meta.ptr(), meta.data(), meta_bytes);
   ArgPack args;
   args.ptr(device_meta.ptr()).ptr(device_meta.ptr() + groups * kFields * sizeof(int64_t));
