@@ -49,7 +49,8 @@ test-env:
 	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
 
 bench:
-	$(PYTHON) -m pip install -q --no-deps --no-index --force-reinstall --target build/bench-site dist/gg_runtime-*.whl
+	rm -rf build/bench-site
+	$(PYTHON) -m pip install -q --no-deps --no-index --target build/bench-site dist/gg_runtime-*.whl
 	PYTHONPATH=build/bench-site $(PYTHON) bench/run.py
 
 clean:
