@@ -87,33 +87,36 @@ def _layout(x: torch.Tensor):
     """(x, transposed, ld) for the last two dims of x, read as [R, C]: row-major
     (element (r, c) at r * ld + c), or stored transposed (at c * ld + r).
     Copies only when neither dimension is contiguous."""
-    rows, cols = x.shape[-2], x.shape[-1]
-    if cols <= 1 or x.stride(-1) == 1:
-        return x, False, x.stride(-2)
-    if rows <= 1 or x.stride(-2) == 1:
-        return x, True, x.stride(-1)
+    rows, cols = x.shape[-2:]
+    row_stride, col_stride = x.stride()[-2:]
+    if cols <= 1 or col_stride == 1:
+        return x, False, row_stride
+    if rows <= 1 or row_stride == 1:
+        return x, True, col_stride
     x = x.contiguous()
     return x, False, x.stride(-2)
 
 
 def _row_major(x: torch.Tensor):
     """(x, ld) with unit inner stride, copying only when needed."""
-    if x.shape[-1] > 1 and x.stride(-1) != 1:
+    row_stride, col_stride = x.stride()[-2:]
+    if col_stride != 1 and x.shape[-1] > 1:
         x = x.contiguous()
-    return x, x.stride(-2)
+        row_stride = x.stride(-2)
+    return x, row_stride
 
 
 def ragged_m(a, b, offs, allow_tma: bool = True, variant: str = ""):
     """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
     a, lda = _row_major(a)
     b, b_t, ldb = _layout(b)
-    rows, groups, n = a.shape[0], b.shape[0], b.shape[2]
+    (rows, k), (groups, _, n) = a.shape, b.shape
     out = empty((rows, n), a)
     if groups == 0:
         return out.zero_(), ""
     key = _C.run_ragged_m(*_target(a, allow_tma, variant), b_t, a.data_ptr(), b.data_ptr(),
-                          out.data_ptr(), offs.data_ptr(), rows, n, a.shape[1], groups, lda,
-                          b.stride(0), ldb, out.stride(0))
+                          out.data_ptr(), offs.data_ptr(), rows, n, k, groups, lda,
+                          b.stride(0), ldb, n)  # out is contiguous: ldc = N
     return out, key
 
 
@@ -157,17 +160,18 @@ def _shapes(a, b) -> str:
     return f"a is {tuple(a.shape)} and b is {tuple(b.shape)}"
 
 
-def check_grouped_mm(a, b, offs, out_dtype) -> None:
-    """All checks of grouped_mm, shared by the real and the fake (meta) implementation."""
+def check_grouped_mm(a, b, offs, out_dtype) -> tuple:
+    """All checks of grouped_mm, shared by the real and the fake (meta)
+    implementation.  Returns the case: (a.dim(), b.dim())."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         raise TypeError("a and b must be torch.Tensors")
-    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+    kind = (a.dim(), b.dim())
+    if kind[0] not in (2, 3) or kind[1] not in (2, 3):
         raise ValueError(f"a and b must be 2-D or 3-D: {_shapes(a, b)}")
-    check_tensor(a, "a", a.dim())
-    check_tensor(b, "b", b.dim())
+    check_tensor(a, "a", kind[0])
+    check_tensor(b, "b", kind[1])
     check_same(b, "b", a, "a")
     check_out_dtype(out_dtype, a.dtype)
-    kind = (a.dim(), b.dim())
     if kind == (2, 3):
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"K differs: {_shapes(a, b)} (expected [T, K] and [G, K, N])")
@@ -185,6 +189,7 @@ def check_grouped_mm(a, b, offs, out_dtype) -> None:
     else:
         raise ValueError(f"a 3-D and b 2-D is not a grouped_mm case ({_shapes(a, b)}); "
                          "use 2-D x 3-D for ragged M")
+    return kind
 
 
 def output_shape(a, b, offs) -> tuple:
@@ -196,9 +201,9 @@ def output_shape(a, b, offs) -> tuple:
 
 
 def grouped_mm(a, b, offs=None, out_dtype=None, allow_tma: bool = True, variant: str = ""):
-    check_grouped_mm(a, b, offs, out_dtype)
-    if a.dim() == 2 and b.dim() == 3:
+    kind = check_grouped_mm(a, b, offs, out_dtype)
+    if kind == (2, 3):
         return ragged_m(a, b, offs, allow_tma, variant)
-    if a.dim() == 2:
+    if kind == (2, 2):
         return ragged_k(a, b, offs, allow_tma, variant)
     return batched(a, b, allow_tma, variant)
