@@ -118,9 +118,11 @@ std::string run_list(const Target& t, const ListProblem& p) {
 std::string run_ragged_m(const Target& t, const RaggedMProblem& p) {
   if (p.rows == 0 || p.n == 0) return "";
   DeviceScope scope(t.device);
+  // The tma kernel clips stores with a 2**30-row ragged descriptor (ragged.py).
   const bool tma_ok = tma_aligned_ptr(p.a) && tma_aligned_ptr(p.b) && tma_aligned_ptr(p.out) &&
                       tma_aligned_stride(p.lda) && tma_aligned_stride(p.ldb) &&
-                      tma_aligned_stride(p.b_group_stride) && tma_aligned_stride(p.ldc);
+                      tma_aligned_stride(p.b_group_stride) && tma_aligned_stride(p.ldc) &&
+                      p.rows <= (int64_t{1} << 30);
   const Chosen chosen =
       choose(t, Family::kRaggedM, false, p.b_t, tma_ok, p.rows / std::max<int64_t>(p.groups, 1));
   const KernelInfo& k = *chosen.info;

@@ -16,6 +16,29 @@ import triton.language as tl
 from .tiles import first_step_past, pick, running_max, tile_mma, tile_mma_basic, tile_store
 
 
+# Row-range-clipped stores through one descriptor (the scheme of Triton's
+# tools/ragged_tma.py): C is seen as 4-D [MAX, MAX, 2**30, N] with strides
+# [2**34 - ldc, ldc, ldc, 1].  Coordinates (2**30, end, 2**30 - rows + r, col)
+# address row start + r of C (64-bit wraparound cancels the first two terms),
+# and r >= rows lands past 2**30 in the third dimension, where TMA drops it.
+RAGGED_ROWS = tl.constexpr(2 ** 30)
+RAGGED_MAX = tl.constexpr(0x7FFF0000)
+
+
+@triton.jit
+def ragged_c_descriptor(c_ptr, N, ldc, BM: tl.constexpr, BN: tl.constexpr):
+    return tl.make_tensor_descriptor(c_ptr, shape=[RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, N],
+                                     strides=[2 ** 34 - ldc, ldc, ldc, 1],
+                                     block_shape=[1, 1, BM, BN])
+
+
+@triton.jit
+def store_rows(c_desc, acc, start, end, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr):
+    """Store a tile whose rows begin at off_m, keeping only rows < end (>= start)."""
+    out = acc.to(c_desc.dtype).reshape(1, 1, BM, BN)
+    c_desc.store([RAGGED_ROWS, end, RAGGED_ROWS - (end - start) + (off_m - start), off_n], out)
+
+
 @triton.jit
 def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                          B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -70,6 +93,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                                               B_T, BM, BN, BK)
+        c_desc = ragged_c_descriptor(c_ptr, N, ldc, BM, BN)
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
@@ -99,11 +123,12 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             k_end = tl.where(g < G, K, 0)
             if USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK)
+                store_rows(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
                                      False, B_T, BM, BN, BK)
-            tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, USE_TMA, BM, BN)
+                tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)
 
