@@ -141,9 +141,11 @@ std::string run_ragged_k(const Target& t, const RaggedKProblem& p) {
   if (p.m == 0 || p.n == 0 || p.groups == 0) return "";
   DeviceScope scope(t.device);
   // Row-major A has no tma variant (aot/variants.py says why); dispatch falls back.
+  // Rows are clipped with 2**30-row ragged descriptors (ragged.py).
   const bool tma_ok = p.a_t && tma_aligned_ptr(p.a) && tma_aligned_ptr(p.b) &&
                       tma_aligned_ptr(p.out) && tma_aligned_stride(p.lda) &&
-                      tma_aligned_stride(p.ldb) && tma_aligned_stride(p.n);
+                      tma_aligned_stride(p.ldb) && tma_aligned_stride(p.n) &&
+                      p.rows <= (int64_t{1} << 30);
   const Chosen chosen = choose(t, Family::kRaggedK, p.a_t, false, tma_ok, p.m);
   const KernelInfo& k = *chosen.info;
   const int64_t tiles = p.groups * cdiv(p.m, k.block_m) * cdiv(p.n, k.block_n);

@@ -13,30 +13,38 @@ ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 import triton
 import triton.language as tl
 
-from .tiles import first_step_past, pick, running_max, tile_mma, tile_mma_basic, tile_store
+from .tiles import first_step_past, pick, running_max, tile_mma_basic, tile_store
 
 
-# Row-range-clipped stores through one descriptor (the scheme of Triton's
-# tools/ragged_tma.py): C is seen as 4-D [MAX, MAX, 2**30, N] with strides
-# [2**34 - ldc, ldc, ldc, 1].  Coordinates (2**30, end, 2**30 - rows + r, col)
-# address row start + r of C (64-bit wraparound cancels the first two terms),
-# and r >= rows lands past 2**30 in the third dimension, where TMA drops it.
+# Row ranges clipped by the hardware through one descriptor (the scheme of
+# Triton's tools/ragged_tma.py): a row-major [R, C] matrix is seen as 4-D
+# [MAX, MAX, 2**30, C] with strides [2**34 - ld, ld, ld, 1].  Coordinates
+# (2**30, end, 2**30 - (end - start) + r, col) address row start + r (64-bit
+# wraparound cancels the first two terms), and r >= end - start falls past
+# 2**30 in the third dimension, where TMA loads zeros and stores nothing.
 RAGGED_ROWS = tl.constexpr(2 ** 30)
 RAGGED_MAX = tl.constexpr(0x7FFF0000)
 
 
 @triton.jit
-def ragged_c_descriptor(c_ptr, N, ldc, BM: tl.constexpr, BN: tl.constexpr):
-    return tl.make_tensor_descriptor(c_ptr, shape=[RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, N],
-                                     strides=[2 ** 34 - ldc, ldc, ldc, 1],
-                                     block_shape=[1, 1, BM, BN])
+def ragged_descriptor(ptr, cols, ld, BR: tl.constexpr, BC: tl.constexpr):
+    return tl.make_tensor_descriptor(ptr, shape=[RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, cols],
+                                     strides=[2 ** 34 - ld, ld, ld, 1],
+                                     block_shape=[1, 1, BR, BC])
 
 
 @triton.jit
-def store_rows(c_desc, acc, start, end, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr):
-    """Store a tile whose rows begin at off_m, keeping only rows < end (>= start)."""
-    out = acc.to(c_desc.dtype).reshape(1, 1, BM, BN)
-    c_desc.store([RAGGED_ROWS, end, RAGGED_ROWS - (end - start) + (off_m - start), off_n], out)
+def ragged_load(desc, start, end, row, col, BR: tl.constexpr, BC: tl.constexpr):
+    """Rows row .. row + BR of [start, end) (zeros past end), columns col .. col + BC."""
+    block = desc.load([RAGGED_ROWS, end, RAGGED_ROWS - (end - start) + (row - start), col])
+    return block.reshape(BR, BC)
+
+
+@triton.jit
+def ragged_store(desc, tile, start, end, row, col, BR: tl.constexpr, BC: tl.constexpr):
+    """Store a [BR, BC] tile at (row, col), keeping only rows < end (row >= start)."""
+    out = tile.to(desc.dtype).reshape(1, 1, BR, BC)
+    desc.store([RAGGED_ROWS, end, RAGGED_ROWS - (end - start) + (row - start), col], out)
 
 
 @triton.jit
@@ -93,7 +101,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                                               B_T, BM, BN, BK)
-        c_desc = ragged_c_descriptor(c_ptr, N, ldc, BM, BN)
+        c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
@@ -123,7 +131,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             k_end = tl.where(g < G, K, 0)
             if USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK)
-                store_rows(c_desc, acc, start, end, off_m, off_n, BM, BN)
+                ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
@@ -160,13 +168,25 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb,
     num_programs = tl.num_programs(0)
     m_tiles = tl.cdiv(M, BM)
     tiles_per_group = m_tiles * tl.cdiv(N, BN)
+    if USE_TMA:  # only with A stored [T, M] (aot/variants.py): descriptors built once
+        a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+        b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * N, N, 1],
+                                           block_shape=[1, BM, BN])
     for tile in range(pid, G * tiles_per_group, num_programs):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group
         off_m = (in_group % m_tiles) * BM
         off_n = (in_group // m_tiles) * BN
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
-        acc = tile_mma(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
-                       A_T, False, USE_TMA, BM, BN, BK)
-        out = c_ptr + g.to(tl.int64) * M * N
-        tile_store(out, acc, off_m, off_n, M, N, N, USE_TMA, BM, BN)
+        if USE_TMA:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for k0 in range(start, end, BK):
+                a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
+                b = ragged_load(b_desc, start, end, k0, off_n, BK, BN)
+                acc = tl.dot(a, b, acc)
+            c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
+        else:
+            acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
+                                 A_T, False, BM, BN, BK)
+            tile_store(c_ptr + g.to(tl.int64) * M * N, acc, off_m, off_n, M, N, N, False, BM, BN)
