@@ -1,10 +1,7 @@
 #include "dispatch.h"
 
 #include <climits>
-#include <memory>
 #include <stdexcept>
-#include <mutex>
-#include <vector>
 
 #include "driver.h"
 
@@ -67,13 +64,8 @@ bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
 }  // namespace
 
 const DeviceProps& device_props(int device) {
-  static std::mutex mutex;
-  static std::vector<std::unique_ptr<DeviceProps>> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0) throw CudaError("invalid device index " + std::to_string(device));
-  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1);
-  if (!cache[device]) cache[device] = std::make_unique<DeviceProps>(query(device));
-  return *cache[device];
+  static PerDevice<DeviceProps> props;
+  return props.get(device, query);
 }
 
 void require_supported(int device, const DeviceProps& props) {

@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <mutex>
-#include <vector>
 
 namespace gg {
 namespace {
@@ -98,18 +97,16 @@ void check(cu::Result result, const std::string& what) {
 namespace {
 
 cu::Context primary_context(int device) {
-  static std::mutex mutex;
-  static std::vector<cu::Context> contexts;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device >= static_cast<int>(contexts.size())) contexts.resize(device + 1, nullptr);
-  if (contexts[device] == nullptr) {
+  static PerDevice<cu::Context> contexts;
+  return contexts.get(device, [](int ordinal) {
     const cu::Api& api = cuda();
     cu::Device handle = 0;
-    check(api.cuDeviceGet(&handle, device), "cuDeviceGet(" + std::to_string(device) + ")");
+    check(api.cuDeviceGet(&handle, ordinal), "cuDeviceGet(" + std::to_string(ordinal) + ")");
+    cu::Context context = nullptr;
     // Retained for the life of the process, as the CUDA runtime (and torch) do.
-    check(api.cuDevicePrimaryCtxRetain(&contexts[device], handle), "cuDevicePrimaryCtxRetain");
-  }
-  return contexts[device];
+    check(api.cuDevicePrimaryCtxRetain(&context, handle), "cuDevicePrimaryCtxRetain");
+    return context;
+  });
 }
 
 }  // namespace

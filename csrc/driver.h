@@ -1,8 +1,11 @@
 // libcuda, opened at run time: importing gg_runtime never needs a GPU or a driver.
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cuda_abi.h"
 
@@ -27,6 +30,25 @@ const cu::Api& cuda();
 
 // Throws CudaError("<what>: CUDA_ERROR_X (text)") unless result is success.
 void check(cu::Result result, const std::string& what);
+
+// One value per device, made by `make(device)` on first use under a lock and
+// kept for the life of the process.  References stay valid as devices are added.
+template <typename T>
+class PerDevice {
+ public:
+  template <typename Make>
+  const T& get(int device, Make make) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device < 0) throw CudaError("invalid device index " + std::to_string(device));
+    if (device >= static_cast<int>(values_.size())) values_.resize(device + 1);
+    if (!values_[device]) values_[device] = std::make_unique<T>(make(device));
+    return *values_[device];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<T>> values_;
+};
 
 // Makes the device's primary context current for the scope, restoring the
 // caller's context afterwards (torch's current device must not change).

@@ -20,24 +20,20 @@ ArgPack& ArgPack::i32(int64_t value) {
 namespace {
 
 cu::MemPool workspace_pool(int device) {
-  static std::mutex mutex;
-  static std::vector<cu::MemPool> pools;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device >= static_cast<int>(pools.size())) pools.resize(device + 1, nullptr);
-  if (pools[device] == nullptr) {
+  static PerDevice<cu::MemPool> pools;
+  return pools.get(device, [](int ordinal) {
     const cu::Api& api = cuda();
     cu::MemPoolProps props{};
     props.alloc_type = 1;     // pinned device memory
     props.location_type = 1;  // on a device
-    props.location_id = device;
+    props.location_id = ordinal;
     cu::MemPool pool = nullptr;
     check(api.cuMemPoolCreate(&pool, &props), "creating the workspace memory pool");
     uint64_t keep_all = std::numeric_limits<uint64_t>::max();
     check(api.cuMemPoolSetAttribute(pool, cu::kPoolAttrReleaseThreshold, &keep_all),
           "setting the workspace pool's release threshold");
-    pools[device] = pool;
-  }
-  return pools[device];
+    return pool;
+  });
 }
 
 }  // namespace
