@@ -51,11 +51,9 @@ constexpr unsigned kEventDisableTiming = 2;
 
 struct Api {
   Result (*cuInit)(unsigned int flags);
-  Result (*cuDriverGetVersion)(int* version);
   Result (*cuGetErrorName)(Result error, const char** name);
   Result (*cuGetErrorString)(Result error, const char** text);
   Result (*cuDeviceGet)(Device* device, int ordinal);
-  Result (*cuDeviceGetCount)(int* count);
   Result (*cuDeviceGetName)(char* name, int length, Device device);
   Result (*cuDeviceGetAttribute)(int* value, int attribute, Device device);
   Result (*cuDevicePrimaryCtxRetain)(Context* context, Device device);

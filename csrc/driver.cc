@@ -32,11 +32,9 @@ cu::Api load_api() {
   }
   cu::Api api{};
   resolve(get, "cuInit", api.cuInit);
-  resolve(get, "cuDriverGetVersion", api.cuDriverGetVersion);
   resolve(get, "cuGetErrorName", api.cuGetErrorName);
   resolve(get, "cuGetErrorString", api.cuGetErrorString);
   resolve(get, "cuDeviceGet", api.cuDeviceGet);
-  resolve(get, "cuDeviceGetCount", api.cuDeviceGetCount);
   resolve(get, "cuDeviceGetName", api.cuDeviceGetName);
   resolve(get, "cuDeviceGetAttribute", api.cuDeviceGetAttribute);
   resolve(get, "cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain);
