@@ -75,13 +75,9 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("run_list",
         [](int device, uintptr_t stream, int dtype, bool allow_tma,
-           const std::string& variant, bool b_t,
-           std::vector<uint64_t> a, std::vector<uint64_t> b, std::vector<uint64_t> c,
-           std::vector<int64_t> m, std::vector<int64_t> n, std::vector<int64_t> k,
-           std::vector<int64_t> lda, std::vector<int64_t> ldb, std::vector<int64_t> ldc) {
-          gg::ListProblem p{b_t, std::move(a), std::move(b), std::move(c), std::move(m),
-                            std::move(n), std::move(k), std::move(lda), std::move(ldb),
-                            std::move(ldc)};
+           const std::string& variant, bool b_t, std::vector<int64_t> groups,
+           uint64_t c_base, int64_t c_align) {
+          gg::ListProblem p{b_t, std::move(groups), c_base, c_align};
           return gg::run_list(target(device, stream, dtype, allow_tma, variant), p);
         });
   m.def("run_ragged_m",

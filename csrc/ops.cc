@@ -55,16 +55,37 @@ void launch_with_scratch(const Target& t, const Chosen& chosen, unsigned program
   launch(*chosen.info, chosen.ready.function, programs, t.stream, args, scratch.ptr());
 }
 
-bool list_tma_ok(const ListProblem& p) {
-  for (size_t g = 0; g < p.a.size(); ++g) {
-    if (p.m[g] == 0 || p.n[g] == 0) continue;  // no tile ever touches this group
-    if (!tma_aligned_ptr(p.a[g]) || !tma_aligned_ptr(p.b[g]) || !tma_aligned_ptr(p.c[g]) ||
-        !tma_aligned_stride(p.lda[g]) || !tma_aligned_stride(p.ldb[g]) ||
-        !tma_aligned_stride(p.ldc[g])) {
-      return false;
+// The list kernel's metadata (aot/kernels/list_gemm.py): kKernelFields int64 per
+// group, then (appended once the variant is known) the running tile count.
+constexpr size_t kKernelFields = 9;  // a, b, c, m, n, k, lda, ldb, ldc
+
+struct ListMeta {
+  std::vector<int64_t> words;
+  int64_t rows = 0, busy_groups = 0;  // over groups with output elements
+  bool tma_ok = true;
+};
+
+ListMeta list_meta(const ListProblem& p) {
+  const size_t groups = p.groups.size() / ListProblem::kFields;
+  ListMeta meta;
+  meta.words.reserve(groups * (kKernelFields + 1));
+  int64_t c_offset = 0;  // elements
+  for (size_t g = 0; g < groups; ++g) {
+    const int64_t* in = p.groups.data() + g * ListProblem::kFields;
+    const int64_t a = in[0], b = in[1], m = in[2], n = in[3], k = in[4], lda = in[5], ldb = in[6];
+    if (std::max({m, n, k}) > std::numeric_limits<int32_t>::max()) {
+      throw std::invalid_argument("group " + std::to_string(g) + ": a dimension exceeds 2**31 - 1");
     }
+    const int64_t c = static_cast<int64_t>(p.c_base) + c_offset * kElementBytes;
+    c_offset += cdiv(m * n, p.c_align) * p.c_align;
+    meta.words.insert(meta.words.end(), {a, b, c, m, n, k, lda, ldb, n});
+    if (m == 0 || n == 0) continue;  // no tile ever touches this group
+    meta.rows += m;
+    ++meta.busy_groups;
+    meta.tma_ok = meta.tma_ok && tma_aligned_ptr(a) && tma_aligned_ptr(b) && tma_aligned_ptr(c) &&
+                  tma_aligned_stride(lda) && tma_aligned_stride(ldb) && tma_aligned_stride(n);
   }
-  return true;
+  return meta;
 }
 
 void refuse_capture(cu::Stream stream) {
@@ -78,38 +99,30 @@ void refuse_capture(cu::Stream stream) {
 }  // namespace
 
 std::string run_list(const Target& t, const ListProblem& p) {
-  const size_t groups = p.a.size();
-  int64_t rows = 0, busy = 0;
-  for (size_t g = 0; g < groups; ++g) {
-    if (std::max({p.m[g], p.n[g], p.k[g]}) > std::numeric_limits<int32_t>::max()) {
-      throw std::invalid_argument("group " + std::to_string(g) + ": a dimension exceeds 2**31 - 1");
-    }
-    if (p.m[g] > 0 && p.n[g] > 0) rows += p.m[g], ++busy;
+  if (p.groups.size() % ListProblem::kFields != 0 || p.c_align <= 0) {
+    throw std::invalid_argument("run_list: malformed group fields");
   }
-  if (busy == 0) return "";
+  ListMeta meta = list_meta(p);
+  if (meta.busy_groups == 0) return "";
   DeviceScope scope(t.device);
   refuse_capture(t.stream);
-  const Chosen chosen = choose(t, Family::kList, false, p.b_t, list_tma_ok(p), rows / busy);
+  const Chosen chosen =
+      choose(t, Family::kList, false, p.b_t, meta.tma_ok, meta.rows / meta.busy_groups);
   const KernelInfo& k = *chosen.info;
-
-  // One host buffer, one copy: FIELDS int64 per group, then the tile prefix.
-  constexpr size_t kFields = 9;
-  std::vector<int64_t> meta(groups * (kFields + 1));
+  const size_t groups = p.groups.size() / ListProblem::kFields;
   int64_t tiles = 0;
   for (size_t g = 0; g < groups; ++g) {
-    const int64_t row[kFields] = {static_cast<int64_t>(p.a[g]), static_cast<int64_t>(p.b[g]),
-                                  static_cast<int64_t>(p.c[g]), p.m[g], p.n[g], p.k[g],
-                                  p.lda[g], p.ldb[g], p.ldc[g]};
-    std::copy(row, row + kFields, meta.begin() + g * kFields);
-    tiles += cdiv(p.m[g], k.block_m) * cdiv(p.n[g], k.block_n);
-    meta[groups * kFields + g] = tiles;
+    const int64_t* row = meta.words.data() + g * kKernelFields;
+    tiles += cdiv(row[3], k.block_m) * cdiv(row[4], k.block_n);
+    meta.words.push_back(tiles);
   }
   require_int32_tiles(tiles);
-  const size_t meta_bytes = meta.size() * sizeof(int64_t);
+  // One host buffer, one copy.
+  const size_t meta_bytes = meta.words.size() * sizeof(int64_t);
   StreamBuffer device_meta(t.device, t.stream, meta_bytes);
-  upload_async(t.stream, device_meta.ptr(), meta.data(), meta_bytes);
+  upload_async(t.stream, device_meta.ptr(), meta.words.data(), meta_bytes);
   ArgPack args;
-  args.ptr(device_meta.ptr()).ptr(device_meta.ptr() + groups * kFields * sizeof(int64_t));
+  args.ptr(device_meta.ptr()).ptr(device_meta.ptr() + groups * kKernelFields * sizeof(int64_t));
   args.i32(static_cast<int64_t>(groups));
   launch_with_scratch(t, chosen, programs_for(chosen, tiles), args);
   return k.key;

@@ -23,9 +23,13 @@ struct Target {
 
 // C_g = A_g @ B_g for independent groups (the tutorial's problem).
 struct ListProblem {
+  static constexpr size_t kFields = 7;  // per group: a, b, m, n, k, lda, ldb
   bool b_t;
-  std::vector<uint64_t> a, b, c;  // per-group device pointers
-  std::vector<int64_t> m, n, k, lda, ldb, ldc;
+  std::vector<int64_t> groups;          // kFields per group; a and b are device pointers
+  // The C_g lie back to back from c_base, each contiguous (ldc = N) and starting
+  // at a multiple of c_align elements (gg_runtime/raw.py _list_outputs).
+  uint64_t c_base;
+  int64_t c_align;
 };
 std::string run_list(const Target& target, const ListProblem& p);
 

@@ -43,6 +43,52 @@ def _check_group(i: int, a, b, trans_b: bool, ref) -> None:
                          f"{tuple(b.shape)} ({layout}): K differs ({a.shape[1]} vs {b_k})")
 
 
+LIST_FIELDS = 7  # per group: a, b, m, n, k, lda, ldb (csrc/ops.h ListProblem)
+
+
+def _list_fields(As, Bs, trans_b: bool, dtype, device):
+    """LIST_FIELDS ints per group, or None when some group fails a check.
+    The hot loop of grouped_gemm: one cheap combined test per group;
+    check_groups says what is wrong."""
+    fields = []
+    for a, b in zip(As, Bs):
+        (m, k), (lda, a_inner) = a.shape, a.stride()
+        (b_rows, b_cols), (ldb, b_inner) = b.shape, b.stride()
+        n, b_k = (b_rows, b_cols) if trans_b else (b_cols, b_rows)
+        if (a.dtype is not dtype or b.dtype is not dtype or a.get_device() != device
+                or b.get_device() != device or k != b_k or (a_inner != 1 and k > 1)
+                or (b_inner != 1 and b_cols > 1)):
+            return None
+        fields += (a.data_ptr(), b.data_ptr(), m, n, k, lda, ldb)
+    return fields
+
+
+def check_groups(As, Bs, trans_b: bool, ref) -> None:
+    """The full checks, raising for the first bad group (off the hot path)."""
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        _check_group(i, a, b, trans_b, ref)
+
+
+_MIXED_N_ALIGN = 64  # elements: 128 bytes, so every C_g can take TMA stores
+
+
+def _list_outputs(ms: list, ns: list, ref):
+    """(Cs, base pointer, align): every C_g in one allocation, back to back,
+    each starting at a multiple of `align` elements (run_list computes the
+    same addresses).  One allocation instead of one per group; when every N is
+    equal the C_g are row slices of one [sum M, N] tensor."""
+    if ns.count(ns[0]) == len(ns):
+        buffer = empty((sum(ms), ns[0]), ref)
+        return list(buffer.split(ms)), buffer.data_ptr(), 1
+    sizes = [-(-m * n // _MIXED_N_ALIGN) * _MIXED_N_ALIGN for m, n in zip(ms, ns)]
+    buffer = empty((sum(sizes),), ref)
+    Cs, offset = [], 0
+    for m, n, size in zip(ms, ns, sizes):
+        Cs.append(buffer.as_strided((m, n), (n, 1), offset))
+        offset += size
+    return Cs, buffer.data_ptr(), _MIXED_N_ALIGN
+
+
 def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True, variant: str = ""):
     require(isinstance(As, (list, tuple)) and isinstance(Bs, (list, tuple)),
             "As and Bs must be lists of tensors", TypeError)
@@ -51,31 +97,15 @@ def grouped_gemm(As, Bs, trans_b: bool = False, allow_tma: bool = True, variant:
         return [], ""
     ref = As[0]
     check_tensor(ref, "As[0]", 2)
-    dtype, device = ref.dtype, ref.get_device()
-    a_ptrs, b_ptrs, c_ptrs, ms, ns, ks, ldas, ldbs, Cs = [], [], [], [], [], [], [], [], []
-    for i, (a, b) in enumerate(zip(As, Bs)):
-        # One cheap combined test per group; the full checks name what is wrong.
-        if not (type(a) is torch.Tensor and type(b) is torch.Tensor and a.dtype == dtype
-                and b.dtype == dtype and a.get_device() == device and b.get_device() == device
-                and a.dim() == 2 and b.dim() == 2):
-            _check_group(i, a, b, trans_b, ref)
-        (m, k), (a_ld, a_inner) = a.shape, a.stride()
-        (b_rows, b_cols), (b_ld, b_inner) = b.shape, b.stride()
-        n, b_k = (b_rows, b_cols) if trans_b else (b_cols, b_rows)
-        if (a_inner != 1 and k > 1) or (b_inner != 1 and b_cols > 1) or k != b_k:
-            _check_group(i, a, b, trans_b, ref)
-        c = empty((m, n), ref)
-        Cs.append(c)
-        a_ptrs.append(a.data_ptr())
-        b_ptrs.append(b.data_ptr())
-        c_ptrs.append(c.data_ptr())
-        ms.append(m)
-        ns.append(n)
-        ks.append(k)
-        ldas.append(a_ld)
-        ldbs.append(b_ld)
-    key = _C.run_list(*_target(ref, allow_tma, variant), trans_b, a_ptrs, b_ptrs, c_ptrs,
-                      ms, ns, ks, ldas, ldbs, ns)  # C is contiguous: ldc = N
+    try:
+        fields = _list_fields(As, Bs, trans_b, ref.dtype, ref.get_device())
+    except (AttributeError, TypeError, ValueError):  # not a tensor, not 2-D
+        fields = None
+    if fields is None:
+        check_groups(As, Bs, trans_b, ref)
+        raise AssertionError("the fast and the full group checks disagree")
+    Cs, c_base, c_align = _list_outputs(fields[2::LIST_FIELDS], fields[3::LIST_FIELDS], ref)
+    key = _C.run_list(*_target(ref, allow_tma, variant), trans_b, fields, c_base, c_align)
     return Cs, key
 
 

@@ -69,6 +69,15 @@ def test_leading_dims_larger_than_width(trans_b, allow_tma):
     check(As, Bs, trans_b, allow_tma, "tma" if allow_tma else "basic")
 
 
+def test_equal_n_outputs_are_row_slices_of_one_buffer():
+    sizes = [(m, 136, 72) for m in (5, 0, 130, 64, 1)]  # offsets m * 136: 16-byte aligned
+    As, Bs = make_case(sizes, torch.bfloat16, False)
+    check(As, Bs, False, True, "tma")
+    Cs, _ = raw.grouped_gemm(As, Bs)
+    for before, after in zip(Cs, Cs[1:]):
+        assert after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
+
+
 def test_misaligned_rows_fall_back_to_basic():
     As, Bs = make_case([(33, 40, 17), (70, 9, 23)], torch.float16, False, pad=3)  # odd rows
     key = check(As, Bs, False, True, "basic")
@@ -108,6 +117,10 @@ def test_public_api_and_stream():
 
 def test_other_device_dtype_errors():
     a = randn(4, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"As\[2\] must be 2-D"):  # past the fast checks
+        gg_runtime.grouped_gemm([a, a, a[None], a], [a.t()] * 4)
+    with pytest.raises(ValueError, match=r"group 1: .*K differs"):
+        gg_runtime.grouped_gemm([a, a], [a.t(), a])
     with pytest.raises(TypeError, match=r"Bs\[0\] has dtype"):
         gg_runtime.grouped_gemm([a], [randn(8, 4, dtype=torch.bfloat16)])
     with pytest.raises(ValueError, match=r"Bs\[0\] must be on a CUDA device, got cpu"):

@@ -23,8 +23,7 @@ def offsets(groups):
 
 
 def check_list(As, Bs, trans_b=False):
-    for i, (a, b) in enumerate(zip(As, Bs)):
-        raw._check_group(i, a, b, trans_b, As[0])
+    raw.check_groups(As, Bs, trans_b, As[0])
 
 
 def test_list_k_mismatch_names_group(fake):
