@@ -32,6 +32,19 @@ Bs = [torch.randn(32, 16, device="cuda", dtype=torch.float16) for _ in range(128
 args = (0, current_stream(0), 1, True, "", True, a.data_ptr(), b.data_ptr(), out.data_ptr(),
         offs.data_ptr(), 256, 128, 128, 8, 128, b.stride(0), 128, 128)
 basic_args = args[:3] + (False,) + args[4:]  # `basic` needs no global scratch
+fields = raw._list_fields(As, Bs, False, torch.float16, 0)
+ms, ns = fields[2::raw.LIST_FIELDS], fields[3::raw.LIST_FIELDS]
+list_out = torch.empty(sum(ms), 16, device="cuda", dtype=torch.float16)
+list_args = (0, current_stream(0), 0, True, "", False, fields, list_out.data_ptr(), 1)
+
+
+def synced(fn):
+    def call():
+        fn()
+        torch.cuda.synchronize()
+    return call
+
+
 rows = {
     "validation (check_grouped_mm)": lambda: raw.check_grouped_mm(a, b, offs, None),
     "torch.empty": lambda: torch.empty(256, 128, device="cuda", dtype=torch.bfloat16),
@@ -40,7 +53,11 @@ rows = {
     "_C.run_ragged_m, basic (no scratch)": lambda: _C.run_ragged_m(*basic_args),
     "raw.grouped_mm": lambda: raw.grouped_mm(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
+    "grouped_gemm(128): per-group fields": lambda: raw._list_fields(As, Bs, False, torch.float16, 0),
+    "grouped_gemm(128): outputs": lambda: raw._list_outputs(ms, ns, As[0]),
+    "grouped_gemm(128): _C.run_list": lambda: _C.run_list(*list_args),
     "gg_runtime.grouped_gemm, 128 groups": lambda: gg_runtime.grouped_gemm(As, Bs),
+    "  the same, synchronised each call": synced(lambda: gg_runtime.grouped_gemm(As, Bs)),
     "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs),
 }
 for name, fn in rows.items():

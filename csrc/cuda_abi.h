@@ -20,7 +20,6 @@ using Event = struct EventOpaque*;
 using MemPool = struct MemPoolOpaque*;
 
 constexpr Result kSuccess = 0;
-constexpr Result kNotReady = 600;
 constexpr int kMinDriverVersion = 12000;  // cuLibrary* and cuKernel* appear in 12.0
 
 // CUdevice_attribute
@@ -79,9 +78,10 @@ struct Api {
   Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
   Result (*cuStreamIsCapturing)(Stream stream, int* status);
   Result (*cuMemHostAlloc)(void** ptr, size_t bytes, unsigned int flags);
+  Result (*cuMemFreeHost)(void* ptr);
   Result (*cuEventCreate)(Event* event, unsigned int flags);
   Result (*cuEventRecord)(Event event, Stream stream);
-  Result (*cuEventQuery)(Event event);
+  Result (*cuEventSynchronize)(Event event);
 };
 
 }  // namespace gg::cu

@@ -55,9 +55,10 @@ cu::Api load_api() {
   resolve(get, "cuMemcpyHtoDAsync", api.cuMemcpyHtoDAsync);
   resolve(get, "cuStreamIsCapturing", api.cuStreamIsCapturing);
   resolve(get, "cuMemHostAlloc", api.cuMemHostAlloc);
+  resolve(get, "cuMemFreeHost", api.cuMemFreeHost);
   resolve(get, "cuEventCreate", api.cuEventCreate);
   resolve(get, "cuEventRecord", api.cuEventRecord);
-  resolve(get, "cuEventQuery", api.cuEventQuery);
+  resolve(get, "cuEventSynchronize", api.cuEventSynchronize);
   check(api.cuInit(0), "cuInit");
   return api;
 }

@@ -63,45 +63,60 @@ StreamBuffer::~StreamBuffer() {
 
 namespace {
 
-struct PinnedBlock {
-  cu::Context context;  // events belong to one context
-  void* host;
-  size_t capacity;
-  cu::Event copied;  // recorded after the copy that last read `host`
-};
+// Pinned staging slots of one context, used round-robin.  A slot is reused once
+// the copy that last read it has finished; when the host is kSlots calls ahead
+// of the GPU it waits for that copy, which bounds the pinned memory (and the
+// work per call) however far ahead the caller runs.
+struct StagingRing {
+  static constexpr size_t kSlots = 64;
+  static constexpr size_t kMinBytes = 64 * 1024;
+  struct Slot {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cu::Event copied = nullptr;  // recorded after the copy that last read `host`
+  };
+  cu::Context context;
+  std::vector<Slot> slots = std::vector<Slot>(kSlots);
+  size_t next = 0;
 
-constexpr size_t kMinPinnedBlock = 64 * 1024;
-
-// A block of this context, big enough, whose last copy has finished; or a new one.
-PinnedBlock& free_block(std::vector<PinnedBlock>& blocks, cu::Context context, size_t bytes) {
-  const cu::Api& api = cuda();
-  for (PinnedBlock& block : blocks) {
-    if (block.context != context || block.capacity < bytes) continue;
-    const cu::Result state = api.cuEventQuery(block.copied);
-    if (state == cu::kSuccess) return block;
-    if (state != cu::kNotReady) check(state, "querying a metadata copy");
+  Slot& take(size_t bytes) {
+    const cu::Api& api = cuda();
+    Slot& slot = slots[next];
+    next = (next + 1) % kSlots;
+    if (slot.copied == nullptr) {
+      check(api.cuEventCreate(&slot.copied, cu::kEventDisableTiming), "cuEventCreate");
+    } else {
+      check(api.cuEventSynchronize(slot.copied), "waiting for a metadata copy");
+    }
+    if (slot.capacity < bytes) {
+      if (slot.host != nullptr) check(api.cuMemFreeHost(slot.host), "freeing pinned memory");
+      slot.host = nullptr;
+      slot.capacity = 0;
+      const size_t capacity = std::max(bytes, kMinBytes);
+      check(api.cuMemHostAlloc(&slot.host, capacity, cu::kHostAllocPortable),
+            "allocating pinned memory for metadata");
+      slot.capacity = capacity;
+    }
+    return slot;
   }
-  PinnedBlock block{context, nullptr, std::max(bytes, kMinPinnedBlock), nullptr};
-  check(api.cuMemHostAlloc(&block.host, block.capacity, cu::kHostAllocPortable),
-        "allocating pinned memory for metadata");
-  check(api.cuEventCreate(&block.copied, cu::kEventDisableTiming), "cuEventCreate");
-  blocks.push_back(block);
-  return blocks.back();
-}
+};
 
 }  // namespace
 
 void upload_async(cu::Stream stream, cu::DevicePtr dst, const void* src, size_t bytes) {
   static std::mutex mutex;
-  static std::vector<PinnedBlock> blocks;  // kept for the life of the process
+  static std::vector<StagingRing> rings;  // one per context, kept for the life of the process
   const cu::Api& api = cuda();
   cu::Context context = nullptr;
   check(api.cuCtxGetCurrent(&context), "cuCtxGetCurrent");
   std::lock_guard<std::mutex> lock(mutex);
-  PinnedBlock& block = free_block(blocks, context, bytes);
-  std::memcpy(block.host, src, bytes);
-  check(api.cuMemcpyHtoDAsync(dst, block.host, bytes, stream), "copying metadata to the device");
-  check(api.cuEventRecord(block.copied, stream), "recording a metadata copy");
+  auto ring = std::find_if(rings.begin(), rings.end(),
+                           [&](const StagingRing& r) { return r.context == context; });
+  if (ring == rings.end()) ring = rings.insert(rings.end(), StagingRing{context});
+  StagingRing::Slot& slot = ring->take(bytes);
+  std::memcpy(slot.host, src, bytes);
+  check(api.cuMemcpyHtoDAsync(dst, slot.host, bytes, stream), "copying metadata to the device");
+  check(api.cuEventRecord(slot.copied, stream), "recording a metadata copy");
 }
 
 size_t scratch_bytes(const KernelInfo& info, unsigned programs) {
