@@ -230,7 +230,22 @@ def output_shape(a, b, offs) -> tuple:
     return (a.shape[0], a.shape[1], b.shape[2])
 
 
+def _is_plain_ragged_m(a, b, offs, out_dtype) -> bool:
+    """The MoE forward call, well formed: True only where check_grouped_mm
+    passes with kind (2, 3).  One combined test on the hot path."""
+    if not (type(a) is torch.Tensor and type(b) is torch.Tensor and type(offs) is torch.Tensor
+            and out_dtype is None and a.dim() == 2 and b.dim() == 3 and offs.dim() == 1):
+        return False
+    device = a.get_device()
+    return (a.dtype is b.dtype and a.dtype in DTYPE_CODES and offs.dtype is torch.int32
+            and a.is_cuda and b.get_device() == device and offs.get_device() == device
+            and a.shape[1] == b.shape[1] and offs.shape[0] == b.shape[0]
+            and (offs.shape[0] <= 1 or offs.stride(0) == 1))
+
+
 def grouped_mm(a, b, offs=None, out_dtype=None, allow_tma: bool = True, variant: str = ""):
+    if _is_plain_ragged_m(a, b, offs, out_dtype):
+        return ragged_m(a, b, offs, allow_tma, variant)
     kind = check_grouped_mm(a, b, offs, out_dtype)
     if kind == (2, 3):
         return ragged_m(a, b, offs, allow_tma, variant)

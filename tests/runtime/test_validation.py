@@ -7,6 +7,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import gg_runtime
 from gg_runtime import raw
 
+from conftest import gpu
+
 
 @pytest.fixture
 def fake():
@@ -20,6 +22,10 @@ def cuda(*shape, dtype=torch.bfloat16):
 
 def offsets(groups):
     return torch.empty(groups, dtype=torch.int32, device="cuda")
+
+
+def strided_offsets(groups):
+    return torch.empty_strided((groups,), (2,), dtype=torch.int32, device="cuda")
 
 
 def check_list(As, Bs, trans_b=False):
@@ -67,7 +73,7 @@ def test_wrong_rank():
         gg_runtime.grouped_gemm([torch.empty(4, dtype=torch.float16)], [torch.empty(4, 4)])
 
 
-@pytest.mark.parametrize("args, error, message", [
+GROUPED_MM_ERRORS = [
     (lambda: (cuda(10, 8), cuda(3, 9, 5), offsets(3)), ValueError, r"K differs"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError, r"offs has 2 entries but b has 3"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), None), ValueError, r"offs is required"),
@@ -77,11 +83,25 @@ def test_wrong_rank():
     (lambda: (cuda(2, 8, 4), cuda(3, 4, 5), None), ValueError, r"G or K differs"),
     (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"not a grouped_mm case"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError, r"b has dtype"),
-])
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), strided_offsets(3)), ValueError, r"offs must be contiguous"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).cpu()), ValueError, r"offs is on cpu"),
+]
+
+
+@pytest.mark.parametrize("args, error, message", GROUPED_MM_ERRORS)
 def test_grouped_mm_errors(fake, args, error, message):
     a, b, offs = args()
     with pytest.raises(error, match=message):
         raw.check_grouped_mm(a, b, offs, None)
+
+
+@gpu
+@pytest.mark.parametrize("args, error, message", GROUPED_MM_ERRORS)
+def test_grouped_mm_errors_on_the_fast_path(args, error, message):
+    """Real tensors take raw.grouped_mm's combined check first: it must let no bad case through."""
+    a, b, offs = args()
+    with pytest.raises(error, match=message):
+        raw.grouped_mm(a, b, offs)
 
 
 def test_grouped_mm_out_dtype_refused(fake):
