@@ -13,8 +13,9 @@ def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
     As[i] is [M_i, K_i]; Bs[i] is [K_i, N_i], or [N_i, K_i] with trans_b=True
     (the nn.Linear weight layout).  Any sizes (zero included) and any row
     stride; the last dimension must have unit stride; one dtype (float16 or
-    bfloat16) and one CUDA device for all.  Returns new tensors C_i, contiguous,
-    in the inputs' dtype (accumulated in float32).  Metadata reaches the GPU in
+    bfloat16) and one CUDA device for all.  Returns C_i, contiguous, in the
+    inputs' dtype (accumulated in float32): views into one new allocation,
+    back to back (row slices of one tensor when every N_i is equal).  Metadata reaches the GPU in
     one copy on the current stream; for that reason this call cannot be
     captured in a CUDA graph (grouped_mm can).  Not differentiable.
     """
