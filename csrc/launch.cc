@@ -90,7 +90,7 @@ struct StagingRing {
     }
     if (slot.capacity < bytes) {
       if (slot.host != nullptr) check(api.cuMemFreeHost(slot.host), "freeing pinned memory");
-      slot.host = nullptr;
+      slot.host = nullptr;  // left empty, not dangling, if the allocation below throws
       slot.capacity = 0;
       const size_t capacity = std::max(bytes, kMinBytes);
       check(api.cuMemHostAlloc(&slot.host, capacity, cu::kHostAllocPortable),

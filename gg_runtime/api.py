@@ -15,9 +15,10 @@ def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
     stride; the last dimension must have unit stride; one dtype (float16 or
     bfloat16) and one CUDA device for all.  Returns C_i, contiguous, in the
     inputs' dtype (accumulated in float32): views into one new allocation,
-    back to back (row slices of one tensor when every N_i is equal).  Metadata reaches the GPU in
-    one copy on the current stream; for that reason this call cannot be
-    captured in a CUDA graph (grouped_mm can).  Not differentiable.
+    back to back (row slices of one tensor when every N_i is equal).
+    Metadata reaches the GPU in one copy on the current stream; for that
+    reason this call cannot be captured in a CUDA graph (grouped_mm can).
+    Not differentiable.
     """
     return raw.grouped_gemm(As, Bs, trans_b)[0]
 
