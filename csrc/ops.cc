@@ -66,13 +66,14 @@ struct ListMeta {
 };
 
 ListMeta list_meta(const ListProblem& p) {
-  const size_t groups = p.groups.size() / ListProblem::kFields;
+  using F = ListProblem::Field;
   ListMeta meta;
-  meta.words.reserve(groups * (kKernelFields + 1));
+  meta.words.reserve(p.group_count() * (kKernelFields + 1));
   int64_t c_offset = 0;  // elements
-  for (size_t g = 0; g < groups; ++g) {
-    const int64_t* in = p.groups.data() + g * ListProblem::kFields;
-    const int64_t a = in[0], b = in[1], m = in[2], n = in[3], k = in[4], lda = in[5], ldb = in[6];
+  for (size_t g = 0; g < p.group_count(); ++g) {
+    const int64_t* in = p.group(g);
+    const int64_t a = in[F::kA], b = in[F::kB], m = in[F::kM], n = in[F::kN], k = in[F::kK],
+                  lda = in[F::kLda], ldb = in[F::kLdb];
     if (std::max({m, n, k}) > std::numeric_limits<int32_t>::max()) {
       throw std::invalid_argument("group " + std::to_string(g) + ": a dimension exceeds 2**31 - 1");
     }
@@ -109,12 +110,12 @@ std::string run_list(const Target& t, const ListProblem& p) {
   const Chosen chosen =
       choose(t, Family::kList, false, p.b_t, meta.tma_ok, meta.rows / meta.busy_groups);
   const KernelInfo& k = *chosen.info;
-  const size_t groups = p.groups.size() / ListProblem::kFields;
+  const size_t groups = p.group_count();
   int64_t tiles = 0;
   for (size_t g = 0; g < groups; ++g) {
-    const int64_t* row = meta.words.data() + g * kKernelFields;
-    tiles += cdiv(row[3], k.block_m) * cdiv(row[4], k.block_n);
-    meta.words.push_back(tiles);
+    const int64_t* in = p.group(g);
+    tiles += cdiv(in[ListProblem::kM], k.block_m) * cdiv(in[ListProblem::kN], k.block_n);
+    meta.words.push_back(tiles);  // the tile prefix follows the per-group words
   }
   require_int32_tiles(tiles);
   // One host buffer, one copy.

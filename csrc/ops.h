@@ -23,13 +23,16 @@ struct Target {
 
 // C_g = A_g @ B_g for independent groups (the tutorial's problem).
 struct ListProblem {
-  static constexpr size_t kFields = 7;  // per group: a, b, m, n, k, lda, ldb
+  enum Field : size_t { kA, kB, kM, kN, kK, kLda, kLdb, kFields };  // per group; kA, kB: pointers
   bool b_t;
-  std::vector<int64_t> groups;          // kFields per group; a and b are device pointers
+  std::vector<int64_t> groups;  // kFields per group
   // The C_g lie back to back from c_base, each contiguous (ldc = N) and starting
   // at a multiple of c_align elements (gg_runtime/raw.py _list_outputs).
   uint64_t c_base;
   int64_t c_align;
+
+  size_t group_count() const { return groups.size() / kFields; }
+  const int64_t* group(size_t g) const { return groups.data() + g * kFields; }
 };
 std::string run_list(const Target& target, const ListProblem& p);
 
