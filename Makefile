@@ -27,7 +27,7 @@ TEST_PY := $(TEST_VENV)/bin/python
 
 build: build-env
 	$(BUILD_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
-	rm -rf dist
+	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
 	@ls -l dist/*.whl
 

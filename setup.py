@@ -40,7 +40,7 @@ extension = Pybind11Extension(
     include_dirs=[str(AOT_DIR)],
     # The generated table is #included: a new one must rebuild the extension.
     depends=[str(AOT_DIR / "kernel_table.inc")] + sorted(str(p) for p in (ROOT / "csrc").glob("*.h")),
-    cxx_std=17,
+    cxx_std=20,
     extra_compile_args=["-O2", "-Wall"],
     libraries=["dl"],
 )

@@ -13,7 +13,8 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
 
-from .variants import FAMILIES, Variant
+from .families import FAMILIES
+from .variants import Variant
 
 
 class CompileError(RuntimeError):
@@ -53,7 +54,8 @@ def compile_variant(variant: Variant) -> Compiled:
         shared=meta.shared,
         scratch_size=meta.global_scratch_size,
         scratch_align=meta.global_scratch_align,
-        params=[list(p) for p in variant.signature().items()],
+        params=[[p.name, variant.signature()[p.name], p.role]
+                for p in FAMILIES[variant.family].params],
         cubin=f"{variant.key}.cubin",
         cubin_sha256=hashlib.sha256(cubin).hexdigest(),
         cubin_size=len(cubin),

@@ -16,56 +16,35 @@ from pathlib import Path
 
 import triton.language as tl
 
-from .kernels.list_gemm import list_gemm_kernel
-from .kernels.ragged import ragged_k_kernel, ragged_m_kernel
-
-ARCHS = (80, 90)
-DTYPES = {"float16": ("fp16", tl.float16), "bfloat16": ("bf16", tl.bfloat16)}
-# Groups scanned per step by the persistent kernels' tile -> group lookup.
-GROUP_CHUNK = 64
-TUNING_DIR = Path(__file__).parent / "tuning"
+from .families import FAMILIES
 
 
 @dataclass(frozen=True)
-class Family:
-    """A kernel source and its ABI: runtime parameters in declaration order."""
-    name: str
-    kernel: object
-    params: tuple  # (name, type); '*T' is a pointer to the variant's dtype
-    layouts: dict  # layout name -> layout constexprs
-    dtype_constexpr: bool = False  # kernel takes DTYPE (its pointers are untyped)
-
-    def signature(self, short_dtype: str) -> dict:
-        return {name: kind.replace("*T", f"*{short_dtype}") for name, kind in self.params}
+class Arch:
+    """A compile target.  `exact`: its cubins run on compute capability
+    arch // 10 . arch % 10 only (sm_90a); otherwise on every minor version from
+    arch % 10 up within the major (sm_80 on 8.0, 8.6, 8.9)."""
+    arch: int
+    exact: bool
+    tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
 
 
-FAMILIES = {
-    f.name: f for f in (
-        Family(
-            name="list",
-            kernel=list_gemm_kernel,
-            params=(("meta_ptr", "*i64"), ("tile_ends_ptr", "*i64"), ("G", "i32")),
-            layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
-            dtype_constexpr=True,
-        ),
-        Family(
-            name="ragged_m",
-            kernel=ragged_m_kernel,
-            params=(("a_ptr", "*T"), ("b_ptr", "*T"), ("c_ptr", "*T"), ("offs_ptr", "*i32"),
-                    ("T", "i32"), ("N", "i32"), ("K", "i32"), ("G", "i32"),
-                    ("lda", "i64"), ("b_group_stride", "i64"), ("ldb", "i64"), ("ldc", "i64")),
-            layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
-        ),
-        Family(
-            name="ragged_k",
-            kernel=ragged_k_kernel,
-            params=(("a_ptr", "*T"), ("b_ptr", "*T"), ("c_ptr", "*T"), ("offs_ptr", "*i32"),
-                    ("M", "i32"), ("N", "i32"), ("T", "i32"), ("G", "i32"),
-                    ("lda", "i64"), ("ldb", "i64")),
-            layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
-        ),
-    )
-}
+ARCHS = (Arch(80, exact=False, tma=False), Arch(90, exact=True, tma=True))
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # torch's name
+    short: str  # Triton's signature name
+    triton: object
+    bytes: int
+
+
+DTYPES = {d.name: d for d in (DType("float16", "fp16", tl.float16, 2),
+                              DType("bfloat16", "bf16", tl.bfloat16, 2))}
+# Groups scanned per step by the persistent kernels' tile -> group lookup.
+GROUP_CHUNK = 64
+TUNING_DIR = Path(__file__).parent / "tuning"
 
 
 @dataclass(frozen=True)
@@ -103,14 +82,12 @@ DEFAULT_CONFIGS = {
 }
 
 
-def flavours(family: str, layout: str, arch: int) -> tuple:
-    """`basic` everywhere (any alignment); `tma` only where the hardware has it,
-    and not for ragged_k with row-major A, whose K ranges start at arbitrary
-    columns of A's contiguous dimension (measured wrong on H100; the MoE
-    backward passes A transposed, layout tn, which TMA serves)."""
-    if arch < 90 or (family == "ragged_k" and layout == "nn"):
-        return ("basic",)
-    return ("basic", "tma")
+def flavours(family: str, layout: str, arch: Arch) -> tuple:
+    """`basic` everywhere (any alignment); `tma` where the hardware has it and
+    the family's description lists the layout among its tma_layouts."""
+    if arch.tma and layout in FAMILIES[family].tma_layouts:
+        return ("basic", "tma")
+    return ("basic",)
 
 
 def configs_for(family: str, arch: int, flavour: str) -> tuple:
@@ -137,7 +114,7 @@ class Variant:
         return f"{self.family}.sm{self.arch}.{self.dtype}.{self.layout}.{self.flavour}.{self.config.tag}"
 
     def signature(self) -> dict:
-        return FAMILIES[self.family].signature(DTYPES[self.dtype][0])
+        return FAMILIES[self.family].signature(DTYPES[self.dtype].short)
 
     def constexprs(self) -> dict:
         family = FAMILIES[self.family]
@@ -145,7 +122,7 @@ class Variant:
         values = dict(family.layouts[self.layout])
         values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK)
         if family.dtype_constexpr:
-            values["DTYPE"] = DTYPES[self.dtype][1]
+            values["DTYPE"] = DTYPES[self.dtype].triton
         return values
 
     def describe(self) -> dict:
@@ -155,11 +132,11 @@ class Variant:
 
 def all_variants() -> list:
     return [
-        Variant(family, arch, dtype, layout, flavour, config)
+        Variant(family, arch.arch, dtype, layout, flavour, config)
         for family, desc in FAMILIES.items()
         for arch in ARCHS
         for dtype in DTYPES
         for layout in desc.layouts
         for flavour in flavours(family, layout, arch)
-        for config in configs_for(family, arch, flavour)
+        for config in configs_for(family, arch.arch, flavour)
     ]

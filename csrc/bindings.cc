@@ -1,41 +1,102 @@
-// Module gg_runtime._C: raw pointers and sizes in, variant key out.  No torch,
-// no CUDA headers: tensors are unpacked by the Python layer.
+// Module gg_runtime._C: one generic launch entry taking a family's arguments by
+// name, and what the generated tables say.  No torch, no CUDA headers: tensors
+// are unpacked by the Python layer.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <mutex>
+#include <vector>
+
 #include "dispatch.h"
 #include "driver.h"
-#include "ops.h"
 #include "registry.h"
+#include "run.h"
 
 namespace py = pybind11;
 
 namespace {
 
-gg::Target target(int device, uintptr_t stream, int dtype, bool allow_tma,
-                  const std::string& variant) {
-  if (dtype != static_cast<int>(gg::DType::kFloat16) &&
-      dtype != static_cast<int>(gg::DType::kBFloat16)) {
+// The parameter names of every family as Python strings, made once.
+const std::vector<py::str>& param_names(int family) {
+  static std::once_flag once;
+  static std::vector<std::vector<py::str>> names;
+  std::call_once(once, [] {
+    for (const gg::FamilyInfo& f : gg::families()) {
+      std::vector<py::str> row;
+      for (const gg::ParamInfo& p : f.param_list()) row.emplace_back(p.name);
+      names.push_back(std::move(row));
+    }
+  });
+  return names[family];
+}
+
+int64_t to_int64(PyObject* value, const char* name) {
+  const long long v = PyLong_AsLongLong(value);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::type_error(std::string("argument ") + name + " must be an int");
+  }
+  return v;
+}
+
+// The call's values in ABI order, read from the keyword arguments by name.
+gg::Call gather(int family, const py::kwargs& kwargs) {
+  const gg::FamilyInfo& f = gg::families()[family];
+  const std::vector<py::str>& names = param_names(family);
+  gg::Call call{};
+  call.family = family;
+  call.args.assign(f.param_count, 0);
+  size_t given = 0;
+  for (size_t i = 0; i < f.param_count; ++i) {
+    const gg::ParamInfo& p = f.params[i];
+    if (!f.caller_gives(p)) continue;
+    PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), names[i].ptr());
+    if (value == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      throw py::type_error(std::string(f.name) + ": missing argument " + p.name);
+    }
+    ++given;
+    if (p.role == gg::Role::kGroupTable) {
+      call.groups = py::cast<std::vector<int64_t>>(value);
+    } else {
+      call.args[i] = to_int64(value, p.name);
+    }
+  }
+  if (given != kwargs.size()) {
+    std::string known;
+    for (const gg::ParamInfo& p : f.param_list()) {
+      if (f.caller_gives(p)) known += std::string(known.empty() ? "" : ", ") + p.name;
+    }
+    throw py::type_error(std::string(f.name) + " takes the arguments " + known + "; got " +
+                         std::to_string(kwargs.size()) + " names");
+  }
+  return call;
+}
+
+void launch(const std::string& family, const std::string& layout, int device, uintptr_t stream,
+            int dtype, const py::kwargs& kwargs) {
+  if (dtype < 0 || dtype >= static_cast<int>(gg::dtypes().size())) {
     throw std::invalid_argument("unknown dtype code " + std::to_string(dtype));
   }
-  return gg::Target{device, reinterpret_cast<gg::cu::Stream>(stream),
-                    static_cast<gg::DType>(dtype), allow_tma, variant};
+  gg::Call call = gather(gg::family_index(family), kwargs);
+  call.dtype = dtype;
+  call.layout = layout;
+  call.device = device;
+  call.stream = reinterpret_cast<gg::cu::Stream>(stream);
+  gg::run(call);
 }
 
 py::list variants() {
-  static const char* families[] = {"list", "ragged_m", "ragged_k"};
-  static const char* dtypes[] = {"float16", "bfloat16"};
   py::list out;
-  for (size_t i = 0; i < gg::kernel_count(); ++i) {
-    const gg::KernelInfo& k = gg::kernel_table()[i];
+  for (const gg::KernelInfo& k : gg::kernel_table()) {
     py::dict d;
     d["key"] = k.key;
     d["cubin"] = k.cubin;
     d["kernel_name"] = k.kernel_name;
-    d["family"] = families[static_cast<int>(k.family)];
+    d["family"] = gg::families()[k.family].name;
     d["arch"] = k.arch;
-    d["dtype"] = dtypes[static_cast<int>(k.dtype)];
-    d["layout"] = std::string(k.a_t ? "t" : "n") + (k.b_t ? "t" : "n");
+    d["dtype"] = gg::dtypes()[k.dtype].name;
+    d["layout"] = k.layout;
     d["flavour"] = k.tma ? "tma" : "basic";
     d["block"] = py::make_tuple(k.block_m, k.block_n, k.block_k);
     d["max_rows"] = k.max_rows;
@@ -43,8 +104,26 @@ py::list variants() {
     d["shared"] = k.shared;
     d["scratch_size"] = k.scratch_size;
     d["scratch_align"] = k.scratch_align;
-    d["params"] = k.params;
     out.append(d);
+  }
+  return out;
+}
+
+py::list describe_params(std::span<const gg::ParamInfo> params) {
+  py::list out;
+  for (const gg::ParamInfo& p : params) {
+    out.append(py::make_tuple(p.name, std::string(1, p.kind), gg::role_name(p.role), p.tma_limit));
+  }
+  return out;
+}
+
+py::dict families() {
+  py::dict out;
+  for (const gg::FamilyInfo& f : gg::families()) {
+    py::dict d;
+    d["params"] = describe_params(f.param_list());
+    d["group_fields"] = describe_params(f.group_field_list());
+    out[f.name] = d;
   }
   return out;
 }
@@ -57,6 +136,8 @@ py::dict device_info(int device) {
   d["sm_count"] = p.sm_count;
   d["shared_per_block_optin"] = p.shared_optin;
   d["kernel_arch"] = p.arch == 0 ? py::object(py::none()) : py::object(py::int_(p.arch));
+  const std::string reason = gg::unsupported_reason(device, p);
+  if (!reason.empty()) d["reason"] = reason;
   return d;
 }
 
@@ -71,30 +152,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_kernel_dir", &gg::set_kernel_dir);
   m.def("triton_version", &gg::triton_version);
   m.def("variants", &variants, "Every compiled variant, as in the generated kernel table.");
+  m.def("families", &families, "Each family's parameters: (name, kind, role, tma_limit).");
+  m.def("dtypes", [] {
+    py::list out;
+    for (const gg::DTypeInfo& d : gg::dtypes()) out.append(d.name);
+    return out;
+  }, "The dtype names, in the order of their codes.");
   m.def("device_info", &device_info, py::arg("device"));
-
-  m.def("run_list",
-        [](int device, uintptr_t stream, int dtype, bool allow_tma,
-           const std::string& variant, bool b_t, std::vector<int64_t> groups,
-           uint64_t c_base, int64_t c_align) {
-          gg::ListProblem p{b_t, std::move(groups), c_base, c_align};
-          return gg::run_list(target(device, stream, dtype, allow_tma, variant), p);
-        });
-  m.def("run_ragged_m",
-        [](int device, uintptr_t stream, int dtype, bool allow_tma,
-           const std::string& variant, bool b_t, uint64_t a,
-           uint64_t b, uint64_t out, uint64_t offs, int64_t rows, int64_t n, int64_t k,
-           int64_t groups, int64_t lda, int64_t b_group_stride, int64_t ldb, int64_t ldc) {
-          gg::RaggedMProblem p{b_t, a, b, out, offs, rows, n, k, groups,
-                               lda, b_group_stride, ldb, ldc};
-          return gg::run_ragged_m(target(device, stream, dtype, allow_tma, variant), p);
-        });
-  m.def("run_ragged_k",
-        [](int device, uintptr_t stream, int dtype, bool allow_tma,
-           const std::string& variant, bool a_t, uint64_t a,
-           uint64_t b, uint64_t out, uint64_t offs, int64_t m, int64_t n, int64_t rows,
-           int64_t groups, int64_t lda, int64_t ldb) {
-          gg::RaggedKProblem p{a_t, a, b, out, offs, m, n, rows, groups, lda, ldb};
-          return gg::run_ragged_k(target(device, stream, dtype, allow_tma, variant), p);
-        });
+  m.def("launch", &launch,
+        "launch(family, layout, device, stream, dtype_code, **arguments): one call of a "
+        "kernel family, its arguments named as in its description.");
+  m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("allow_tma"),
+        "Test-only: force the variant with this key, or ('', False) only `basic` variants.");
+  m.def("last_variant", [] {
+    const gg::KernelInfo* k = gg::last_variant();
+    return std::string(k == nullptr ? "" : k->key);
+  }, "Key of the variant this thread's last launch ran ('' if it launched nothing).");
 }

@@ -1,6 +1,9 @@
 #include "dispatch.h"
 
+#include <atomic>
 #include <climits>
+#include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "driver.h"
@@ -8,10 +11,28 @@
 namespace gg {
 namespace {
 
+bool runs_on(const ArchInfo& a, int major, int minor) {
+  if (a.exact) return major * 10 + minor == a.arch;
+  return major == a.arch / 10 && minor >= a.arch % 10;
+}
+
+// The newest table arch whose cubins run on compute capability major.minor.
 int table_arch_for(int major, int minor) {
-  if (major == 9 && minor == 0) return 90;  // sm_90a cubins run on 9.0 only
-  if (major == 8) return 80;
-  return 0;
+  int best = 0;
+  for (const ArchInfo& a : archs()) {
+    if (runs_on(a, major, minor) && a.arch > best) best = a.arch;
+  }
+  return best;
+}
+
+std::string supported_list() {
+  std::string out;
+  for (const ArchInfo& a : archs()) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(a.arch / 10) + "." + (a.exact ? std::to_string(a.arch % 10) : "x") +
+           " (sm" + std::to_string(a.arch) + (a.exact ? "a)" : ")");
+  }
+  return out;
 }
 
 DeviceProps query(int device) {
@@ -35,18 +56,9 @@ DeviceProps query(int device) {
   return p;
 }
 
-const char* family_name(Family f) {
-  switch (f) {
-    case Family::kList: return "list";
-    case Family::kRaggedM: return "ragged_m";
-    case Family::kRaggedK: return "ragged_k";
-  }
-  return "?";
-}
-
-bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d, bool tma) {
-  return k.family == r.family && k.arch == d.arch && k.dtype == r.dtype && k.a_t == r.a_t &&
-         k.b_t == r.b_t && k.tma == tma && k.shared <= d.shared_optin;
+bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d) {
+  return k.family == r.family && k.arch == d.arch && k.dtype == r.dtype &&
+         std::strcmp(k.layout, r.layout) == 0 && k.shared <= d.shared_optin;
 }
 
 long rows_bound(const KernelInfo& k) { return k.max_rows == 0 ? LONG_MAX : k.max_rows; }
@@ -61,29 +73,19 @@ bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
   return a_fits ? rows_bound(a) < rows_bound(b) : rows_bound(a) > rows_bound(b);
 }
 
-}  // namespace
-
-const DeviceProps& device_props(int device) {
-  static PerDevice<DeviceProps> props;
-  return props.get(device, query);
+std::string describe(const Request& r, const DeviceProps& d) {
+  return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(d.arch) +
+         ", " + dtypes()[r.dtype].name + ", layout " + r.layout + " on " + d.name;
 }
 
-void require_supported(int device, const DeviceProps& props) {
-  if (props.arch != 0) return;
-  throw UnsupportedDevice("device " + std::to_string(device) + " (" + props.name +
-                          ") has compute capability " + std::to_string(props.major) + "." +
-                          std::to_string(props.minor) +
-                          "; this gg_runtime wheel has kernels for 8.x (sm80) and 9.0 (sm90a)");
-}
-
-size_t pick_variant(const Request& r, const DeviceProps& d) {
-  const KernelInfo* table = kernel_table();
+size_t best_variant(const Request& r, const DeviceProps& d, bool allow_tma) {
+  const auto table = kernel_table();
   for (bool tma : {true, false}) {
-    if (tma && !r.tma_ok) continue;
+    if (tma && !(r.tma_ok && allow_tma)) continue;
     const KernelInfo* best = nullptr;
     size_t best_index = 0;
-    for (size_t i = 0; i < kernel_count(); ++i) {
-      if (!matches(table[i], r, d, tma)) continue;
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (table[i].tma != tma || !matches(table[i], r, d)) continue;
       if (best == nullptr || preferred(table[i], *best, r.rows)) {
         best = &table[i];
         best_index = i;
@@ -91,20 +93,61 @@ size_t pick_variant(const Request& r, const DeviceProps& d) {
     }
     if (best != nullptr) return best_index;
   }
-  throw UnsupportedDevice(std::string("no ") + family_name(r.family) + " kernel for sm" +
-                          std::to_string(d.arch) + " with this dtype and layout fits " + d.name);
+  throw UnsupportedDevice("no " + describe(r, d));
 }
 
-size_t find_variant(const std::string& key, const Request& r, const DeviceProps& d) {
-  for (size_t i = 0; i < kernel_count(); ++i) {
-    const KernelInfo& k = kernel_table()[i];
-    if (key != k.key) continue;
-    if (!matches(k, r, d, k.tma) || (k.tma && !r.tma_ok)) {
-      throw std::invalid_argument("variant " + key + " cannot run this problem on " + d.name);
+size_t variant_by_key(const std::string& key, const Request& r, const DeviceProps& d) {
+  const auto table = kernel_table();
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (key != table[i].key) continue;
+    if (!matches(table[i], r, d) || (table[i].tma && !r.tma_ok)) {
+      throw std::invalid_argument("variant " + key + " cannot run this problem (wants a " +
+                                  describe(r, d) + (r.tma_ok ? ")" : ", without TMA)"));
     }
     return i;
   }
   throw std::invalid_argument("no variant " + key + " in this build");
+}
+
+struct Override {
+  std::mutex mutex;
+  std::atomic<bool> active{false};  // read on every call without the lock
+  std::string key;
+  bool allow_tma = true;
+};
+
+Override& override_setting() {
+  static Override setting;
+  return setting;
+}
+
+}  // namespace
+
+const DeviceProps& device_props(int device) {
+  static PerDevice<DeviceProps> props;
+  return props.get(device, query);
+}
+
+std::string unsupported_reason(int device, const DeviceProps& props) {
+  if (props.arch != 0) return "";
+  return "device " + std::to_string(device) + " (" + props.name + ") has compute capability " +
+         std::to_string(props.major) + "." + std::to_string(props.minor) +
+         "; this gg_runtime wheel has kernels for " + supported_list();
+}
+
+size_t pick_variant(const Request& r, const DeviceProps& d) {
+  Override& o = override_setting();
+  if (!o.active.load(std::memory_order_acquire)) return best_variant(r, d, true);
+  std::lock_guard<std::mutex> lock(o.mutex);
+  return o.key.empty() ? best_variant(r, d, o.allow_tma) : variant_by_key(o.key, r, d);
+}
+
+void set_override(const std::string& key, bool allow_tma) {
+  Override& o = override_setting();
+  std::lock_guard<std::mutex> lock(o.mutex);
+  o.key = key;
+  o.allow_tma = allow_tma;
+  o.active.store(!key.empty() || !allow_tma, std::memory_order_release);
 }
 
 }  // namespace gg

@@ -1,4 +1,4 @@
-// Choosing a variant: device arch -> dtype -> layout -> flavour -> rows bucket.
+// Choosing a variant: device arch -> family -> dtype -> layout -> flavour -> rows bucket.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,7 @@ namespace gg {
 
 struct DeviceProps {
   int major = 0, minor = 0;
-  int arch = 0;  // the table arch whose cubins run here (80 or 90), 0 if none
+  int arch = 0;  // the table arch whose cubins run here, 0 if none
   int sm_count = 0;
   int shared_optin = 0;
   std::string name;
@@ -19,23 +19,25 @@ struct DeviceProps {
 // Cached per device; arch is 0 on a device this wheel cannot run on.
 const DeviceProps& device_props(int device);
 
-// Throws UnsupportedDevice naming the device and what the wheel supports.
-void require_supported(int device, const DeviceProps& props);
+// Why the device cannot run this wheel ("" when it can): names the device and
+// the compute capabilities the wheel has kernels for.
+std::string unsupported_reason(int device, const DeviceProps& props);
 
 struct Request {
-  Family family;
-  DType dtype;
-  bool a_t;
-  bool b_t;
-  bool tma_ok;   // pointers and strides meet TMA's 16-byte rules
-  long rows;     // typical rows per group, picks the config bucket
+  int family;
+  int dtype;
+  const char* layout;
+  bool tma_ok;  // pointers and strides meet TMA's rules
+  long rows;    // typical rows per group, picks the config bucket
 };
 
-// Index into kernel_table() of the variant to run; throws if none fits.
+// Index into kernel_table() of the variant to run; throws if none fits.  A
+// test override (below) forces a variant or the `basic` flavour.
 size_t pick_variant(const Request& request, const DeviceProps& device);
 
-// Index of the variant named `key`; throws std::invalid_argument unless it can
-// run `request` on `device` (tests use this to cover every compiled variant).
-size_t find_variant(const std::string& key, const Request& request, const DeviceProps& device);
+// Test-only: run exactly the variant `key` (throws std::invalid_argument when
+// it cannot run the problem) or, with allow_tma false, only `basic` variants.
+// Process-wide; the defaults ("", true) restore normal dispatch.
+void set_override(const std::string& key, bool allow_tma);
 
 }  // namespace gg

@@ -3,18 +3,34 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <mutex>
 
 #include "driver.h"
 
 namespace gg {
 
-ArgPack& ArgPack::i32(int64_t value) {
-  if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max()) {
-    throw std::invalid_argument("argument " + std::to_string(kinds_.size()) + " = " +
-                                std::to_string(value) + " does not fit in int32");
+void check_int32(std::span<const ParamInfo> params, const int64_t* values,
+                 const std::string& where) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].kind == 'i' && (values[i] < std::numeric_limits<int32_t>::min() ||
+                                  values[i] > std::numeric_limits<int32_t>::max())) {
+      throw std::invalid_argument(where + params[i].name + " = " + std::to_string(values[i]) +
+                                  " does not fit in int32");
+    }
   }
-  return push('i', static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(value))));
+}
+
+std::vector<uint64_t> pack_args(std::span<const ParamInfo> params,
+                                const std::vector<int64_t>& values) {
+  check_int32(params, values.data(), "");
+  std::vector<uint64_t> slots;
+  slots.reserve(params.size() + 2);  // + the two scratch pointers launch() appends
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto bits = static_cast<uint64_t>(values[i]);
+    slots.push_back(params[i].kind == 'i' ? static_cast<uint32_t>(bits) : bits);
+  }
+  return slots;
 }
 
 namespace {
@@ -127,17 +143,14 @@ size_t scratch_bytes(const KernelInfo& info, unsigned programs) {
 }
 
 void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,
-            ArgPack& args, cu::DevicePtr scratch) {
+            std::vector<uint64_t>& slots, cu::DevicePtr scratch) {
   if (programs == 0) return;
-  if (args.kinds() != info.params) {
-    throw CudaError(std::string("internal ABI mismatch for ") + info.key + ": packed '" +
-                    args.kinds() + "', kernel takes '" + info.params + "'");
-  }
   // Triton appends global_scratch and profile_scratch to every kernel.
-  args.ptr(scratch).ptr(0);
+  slots.push_back(scratch);
+  slots.push_back(0);
   std::vector<void*> params;
-  params.reserve(args.slots().size());
-  for (uint64_t& slot : args.slots()) params.push_back(&slot);
+  params.reserve(slots.size());
+  for (uint64_t& slot : slots) params.push_back(&slot);
   check(cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1, 1, info.shared,
                               stream, params.data(), nullptr),
         std::string("launching ") + info.key);

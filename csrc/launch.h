@@ -11,25 +11,16 @@
 
 namespace gg {
 
-// Runtime arguments in declaration order; each slot holds one parameter at
-// its exact size (the driver copies sizeof(param) bytes from each pointer).
-class ArgPack {
- public:
-  ArgPack& ptr(uint64_t value) { return push('p', value); }
-  ArgPack& i32(int64_t value);  // throws if value does not fit in 32 bits
-  ArgPack& i64(int64_t value) { return push('l', static_cast<uint64_t>(value)); }
-  const std::string& kinds() const { return kinds_; }
-  std::vector<uint64_t>& slots() { return slots_; }
+// Throws std::invalid_argument naming the first int32 value of `params` that
+// does not fit (`where` prefixes the message, e.g. "group 3: ").
+void check_int32(std::span<const ParamInfo> params, const int64_t* values,
+                 const std::string& where);
 
- private:
-  ArgPack& push(char kind, uint64_t bits) {
-    kinds_ += kind;
-    slots_.push_back(bits);
-    return *this;
-  }
-  std::string kinds_;
-  std::vector<uint64_t> slots_;
-};
+// Kernel arguments in ABI order, one 64-bit slot each holding the parameter at
+// its exact size from the slot's first byte (the driver copies
+// sizeof(parameter) bytes from each slot).  Throws as check_int32 does.
+std::vector<uint64_t> pack_args(std::span<const ParamInfo> params,
+                                const std::vector<int64_t>& values);
 
 // Whether `stream` is being captured into a CUDA graph.
 bool stream_is_capturing(cu::Stream stream);
@@ -65,6 +56,6 @@ size_t scratch_bytes(const KernelInfo& info, unsigned programs);
 // and profile scratch pointers Triton adds to every kernel.  Zero programs
 // launch nothing.  Throws CudaError naming the variant on any failure.
 void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,
-            ArgPack& args, cu::DevicePtr scratch);
+            std::vector<uint64_t>& slots, cu::DevicePtr scratch);
 
 }  // namespace gg

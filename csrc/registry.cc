@@ -1,11 +1,13 @@
 #include "registry.h"
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -16,7 +18,7 @@ namespace {
 
 #include "kernel_table.inc"
 
-constexpr size_t kTableSize = sizeof(kKernelTable) / sizeof(kKernelTable[0]);
+constexpr size_t kTableSize = std::size(kKernelTable);
 
 std::mutex g_mutex;  // guards everything below
 std::string g_kernel_dir;
@@ -67,9 +69,18 @@ ReadyKernel configure(const KernelInfo& info, cu::Kernel kernel, int device,
 
 }  // namespace
 
-const KernelInfo* kernel_table() { return kKernelTable; }
-size_t kernel_count() { return kTableSize; }
+std::span<const KernelInfo> kernel_table() { return kKernelTable; }
+std::span<const FamilyInfo> families() { return kFamilies; }
+std::span<const ArchInfo> archs() { return kArchs; }
+std::span<const DTypeInfo> dtypes() { return kDTypes; }
 const char* triton_version() { return GG_TRITON_VERSION; }
+
+int family_index(const std::string& name) {
+  for (size_t i = 0; i < std::size(kFamilies); ++i) {
+    if (name == kFamilies[i].name) return static_cast<int>(i);
+  }
+  throw std::invalid_argument("no kernel family '" + name + "' in this build");
+}
 
 void set_kernel_dir(const std::string& dir) {
   std::lock_guard<std::mutex> lock(g_mutex);

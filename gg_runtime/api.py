@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from . import raw
-from .library import grouped_mm_op
+from . import gemm_list, ragged
+from .cases import classify
+from .library import GroupedMM, grouped_mm_op
 
 
 def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
@@ -20,15 +21,7 @@ def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
     reason this call cannot be captured in a CUDA graph (grouped_mm can).
     Not differentiable.
     """
-    return raw.grouped_gemm(As, Bs, trans_b)[0]
-
-
-def _needs_dispatcher(a, b) -> bool:
-    """The custom op handles autograd, tracing and tensor subclasses; plain
-    inference calls skip its dispatch overhead."""
-    if torch.compiler.is_compiling() or type(a) is not torch.Tensor or type(b) is not torch.Tensor:
-        return True
-    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    return gemm_list.grouped_gemm(As, Bs, trans_b)
 
 
 def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
@@ -57,11 +50,9 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
     None or the inputs' dtype.  Differentiable in a and b; traceable by
     torch.compile (it is the custom op torch.ops.gg_runtime.grouped_mm).
     """
-    if not _needs_dispatcher(a, b):
-        return raw.grouped_mm(a, b, offs, out_dtype)[0]
-    if not torch.compiler.is_compiling():
-        # Same clear errors as the fast path (a CPU tensor would otherwise meet
-        # the dispatcher's "no kernel for CPU"); under tracing the fake
-        # implementation checks shapes.
-        raw.check_grouped_mm(a, b, offs, out_dtype)
-    return grouped_mm_op(a, b, offs)
+    if torch.compiler.is_compiling() or type(a) is not torch.Tensor or type(b) is not torch.Tensor:
+        return grouped_mm_op(a, b, offs, out_dtype)  # traced, or a tensor subclass
+    case = classify(a, b, offs, out_dtype)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return GroupedMM.apply(case, a, b, offs)
+    return ragged.run(case, a, b, offs)

@@ -22,13 +22,8 @@ def device_info() -> dict:
     if not torch.cuda.is_available():
         return {"available": False, "supported": False, "reason": "no CUDA device visible to torch"}
     index = torch.cuda.current_device()
-    props = _C.device_info(index)
-    supported = props["kernel_arch"] is not None
-    props.update(available=True, index=index, supported=supported)
-    if not supported:
-        major, minor = props["capability"]
-        props["reason"] = (f"compute capability {major}.{minor}; this wheel has kernels for "
-                           "8.x (sm80) and 9.0 (sm90a)")
+    props = _C.device_info(index)  # with a "reason" where the wheel has no kernels for it
+    props.update(available=True, index=index, supported=props["kernel_arch"] is not None)
     return props
 
 

@@ -1,52 +1,84 @@
-"""grouped_mm as a torch.library custom op: autograd through the same AOT
-kernels, and a fake (meta) implementation so torch.compile traces it whole."""
+"""grouped_mm with autograd: an autograd.Function in eager mode (little host
+time), and the torch.library custom op, with a fake implementation, that
+torch.compile traces.  Both run one backward: each gradient is one more
+grouped_mm of a known case on transposed views (no copies, no checks)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from . import raw
+from . import ragged
+from .cases import Case, case_of, classify, output_shape
 
 
-@torch.library.custom_op("gg_runtime::grouped_mm", mutates_args=(), device_types="cuda")
-def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor]) -> torch.Tensor:
-    return raw.grouped_mm(a, b, offs)[0]
+def backward(case: Case, a, b, offs, grad, need_a: bool, need_b: bool, mm):
+    """(grad_a, grad_b) of grouped_mm(a, b, offs) for the output gradient grad;
+    mm(case, x, y, offs) computes one grouped_mm of a known case."""
+    grad_a = grad_b = None
+    if case is Case.RAGGED_M:  # out[T, N]
+        if need_a:
+            grad_a = mm(Case.RAGGED_M, grad, b.transpose(-2, -1), offs)
+        if need_b:
+            grad_b = mm(Case.RAGGED_K, a.t(), grad, offs)  # [G, K, N]
+    elif case is Case.RAGGED_K:  # out[G, M, N]
+        if need_a:
+            grad_a = mm(Case.RAGGED_M, b, grad.transpose(-2, -1), offs).t()  # [T, M] -> [M, T]
+        if need_b:
+            grad_b = mm(Case.RAGGED_M, a.t(), grad, offs)  # [T, N]
+    else:
+        if need_a:
+            grad_a = mm(Case.BATCHED, grad, b.transpose(-2, -1), None)
+        if need_b:
+            grad_b = mm(Case.BATCHED, a.transpose(-2, -1), grad, None)
+    return grad_a, grad_b
+
+
+class GroupedMM(torch.autograd.Function):
+    """Eager autograd for inputs classify() has checked."""
+
+    @staticmethod
+    def forward(ctx, case, a, b, offs):
+        ctx.case = case
+        ctx.save_for_backward(a, b, offs)
+        return ragged.run(case, a, b, offs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        grad_a, grad_b = backward(ctx.case, a, b, offs, grad, *ctx.needs_input_grad[1:3],
+                                  ragged.run)
+        return None, grad_a, grad_b, None
+
+
+@torch.library.custom_op("gg_runtime::grouped_mm", mutates_args=())
+def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor],
+                  out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    # No device_types: a CPU tensor reaches classify() and gets its clear error.
+    return ragged.run(classify(a, b, offs, out_dtype), a, b, offs)
 
 
 @grouped_mm_op.register_fake
-def _grouped_mm_fake(a, b, offs):
-    raw.check_grouped_mm(a, b, offs, None)
-    return a.new_empty(raw.output_shape(a, b, offs))
+def _grouped_mm_fake(a, b, offs, out_dtype):
+    return a.new_empty(output_shape(classify(a, b, offs, out_dtype), a, b, offs))
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, offs = inputs
+    a, b, offs, _ = inputs
     ctx.save_for_backward(a, b, offs)
 
 
-def _backward(ctx, grad):
-    """Each gradient is one more grouped_mm with operands transposed (views, no copies)."""
+def _traced_mm(case, x, y, offs):
+    # Gradients as calls of the op, so that compiled graphs keep them.
+    return torch.ops.gg_runtime.grouped_mm(x, y, offs, None)
+
+
+def _op_backward(ctx, grad):
     a, b, offs = ctx.saved_tensors
-    need_a, need_b, _ = ctx.needs_input_grad
-    op = torch.ops.gg_runtime.grouped_mm
-    grad_a = grad_b = None
-    if a.dim() == 2 and b.dim() == 3:  # ragged M: out[T, N]
-        if need_a:
-            grad_a = op(grad, b.transpose(-2, -1), offs)  # ragged M again
-        if need_b:
-            grad_b = op(a.t(), grad, offs)  # ragged K: [G, K, N]
-    elif a.dim() == 2:  # ragged K: out[G, M, N]
-        if need_a:
-            grad_a = op(b, grad.transpose(-2, -1), offs).t()  # [T, M] -> [M, T]
-        if need_b:
-            grad_b = op(a.t(), grad, offs)  # [T, N]
-    else:  # batched
-        if need_a:
-            grad_a = op(grad, b.transpose(-2, -1), None)
-        if need_b:
-            grad_b = op(a.transpose(-2, -1), grad, None)
-    return grad_a, grad_b, None
+    grad_a, grad_b = backward(case_of(a, b), a, b, offs, grad, *ctx.needs_input_grad[:2],
+                              _traced_mm)
+    return grad_a, grad_b, None, None
 
 
-grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
+grouped_mm_op.register_autograd(_op_backward, setup_context=_setup_context)

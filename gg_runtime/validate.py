@@ -8,6 +8,7 @@ import torch
 from ._native import DTYPE_CODES
 
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
+_DTYPE_NAMES = " or ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 
 
 def require(condition: bool, message: str, error=ValueError) -> None:
@@ -22,7 +23,7 @@ def check_tensor(x, name: str, ndim: int) -> None:
     if x.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
     if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be float16 or bfloat16, got {x.dtype}")
+        raise TypeError(f"{name} must be {_DTYPE_NAMES}, got {x.dtype}")
     if not x.is_cuda:
         raise ValueError(f"{name} must be on a CUDA device, got {x.device}")
 

@@ -1,9 +1,9 @@
 """List layout kernel (the tutorial's problem): G independent C_g = A_g @ B_g with
 per-group pointers, sizes and leading dimensions, all any value.
 
-Metadata is one int64 buffer written by the host in one copy:
-    meta[g * FIELDS + 0..8] = a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc
-    tile_ends[g]            = tiles of groups 0..g (inclusive prefix sum)
+Metadata is int64 words the runtime copies to the GPU in one copy:
+    group_table[g * len(GROUP_FIELDS) + i] = field i of group g (GROUP_FIELDS order)
+    tile_ends[g]                            = tiles of groups 0..g (inclusive prefix sum)
 The host knows every size, so it computes the prefix; the kernel only looks it up.
 """
 import triton
@@ -11,11 +11,21 @@ import triton.language as tl
 
 from .tiles import first_step_past, tile_mma, tile_store
 
-FIELDS = tl.constexpr(9)
+# The word order of one group's entry; the family description gives each a role.
+GROUP_FIELDS = ("a", "b", "c", "M", "N", "K", "lda", "ldb", "ldc")
+FIELDS = tl.constexpr(len(GROUP_FIELDS))
+
+
+def _word(name: str) -> tl.constexpr:
+    return tl.constexpr(GROUP_FIELDS.index(name))
+
+
+A_, B_, C_, M_, N_, K_ = _word("a"), _word("b"), _word("c"), _word("M"), _word("N"), _word("K")
+LDA_, LDB_, LDC_ = _word("lda"), _word("ldb"), _word("ldc")
 
 
 @triton.jit
-def list_gemm_kernel(meta_ptr, tile_ends_ptr, G,
+def list_gemm_kernel(group_table, tile_ends, G,
                      DTYPE: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr):
     """A_g [M, K] row-major, B_g [K, N] (B_T=0) or [N, K] (B_T=1), C_g [M, N] row-major.
@@ -29,25 +39,25 @@ def list_gemm_kernel(meta_ptr, tile_ends_ptr, G,
     lane = tl.arange(0, CHUNK)
     for chunk in range(0, G, CHUNK):
         in_range = chunk + lane < G
-        ends = tl.load(tile_ends_ptr + chunk + lane, mask=in_range, other=0)
+        ends = tl.load(tile_ends + chunk + lane, mask=in_range, other=0)
         chunk_end = tl.max(ends).to(tl.int32)
-        chunk_start = tl.load(tile_ends_ptr + chunk - 1, mask=chunk > 0, other=0).to(tl.int32)
+        chunk_start = tl.load(tile_ends + chunk - 1, mask=chunk > 0, other=0).to(tl.int32)
         # Derived, not carried from the previous chunk: Triton 3.6's
         # remove-layout-conversions pass drops a loop-carried scalar that is
         # used as an inner loop's lower bound (seen in the TTGIR; wrong tiles ran).
         for t in range(first_step_past(pid, chunk_start, num_programs), chunk_end, num_programs):
             g = chunk + tl.sum((in_range & (ends <= t)).to(tl.int32))
-            first_tile = tl.load(tile_ends_ptr + g - 1, mask=g > 0, other=0)
-            row = meta_ptr + g.to(tl.int64) * FIELDS
-            a_ptr = tl.load(row + 0).to(tl.pointer_type(DTYPE))
-            b_ptr = tl.load(row + 1).to(tl.pointer_type(DTYPE))
-            c_ptr = tl.load(row + 2).to(tl.pointer_type(DTYPE))
-            M = tl.load(row + 3).to(tl.int32)
-            N = tl.load(row + 4).to(tl.int32)
-            K = tl.load(row + 5).to(tl.int32)
-            lda = tl.load(row + 6)
-            ldb = tl.load(row + 7)
-            ldc = tl.load(row + 8)
+            first_tile = tl.load(tile_ends + g - 1, mask=g > 0, other=0)
+            row = group_table + g.to(tl.int64) * FIELDS
+            a_ptr = tl.load(row + A_).to(tl.pointer_type(DTYPE))
+            b_ptr = tl.load(row + B_).to(tl.pointer_type(DTYPE))
+            c_ptr = tl.load(row + C_).to(tl.pointer_type(DTYPE))
+            M = tl.load(row + M_).to(tl.int32)
+            N = tl.load(row + N_).to(tl.int32)
+            K = tl.load(row + K_).to(tl.int32)
+            lda = tl.load(row + LDA_)
+            ldb = tl.load(row + LDB_)
+            ldc = tl.load(row + LDC_)
             in_group = (t - first_tile).to(tl.int32)
             m_tiles = tl.cdiv(M, BM)
             off_m = (in_group % m_tiles) * BM

@@ -156,10 +156,11 @@ def group_row_range(offs_ptr, g, T, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb,
+def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
                     A_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BK: tl.constexpr, CHUNK: tl.constexpr):
-    """a [M, T] (A_T=0) or stored [T, M] (A_T=1), b [T, N] row-major, c [G, M, N] contiguous.
+    """a [M, T] (A_T=0) or stored [T, M] (A_T=1), b [T, N] row-major, c [G, M, N] with
+    rows ldc apart and groups M * ldc apart.
 
     Every group has the same tile count, so a tile's group is a division; its
     K range comes from the offsets.  A group with no rows stores zeros.
@@ -168,10 +169,10 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb,
     num_programs = tl.num_programs(0)
     m_tiles = tl.cdiv(M, BM)
     tiles_per_group = m_tiles * tl.cdiv(N, BN)
-    if USE_TMA:  # only with A stored [T, M] (aot/variants.py): descriptors built once
+    if USE_TMA:  # only with A stored [T, M] (aot/families/ragged_k.py): descriptors built once
         a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
         b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * N, N, 1],
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                            block_shape=[1, BM, BN])
     for tile in range(pid, G * tiles_per_group, num_programs):
         g = tile // tiles_per_group
@@ -189,4 +190,4 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb,
         else:
             acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
                                  A_T, False, BM, BN, BK)
-            tile_store(c_ptr + g.to(tl.int64) * M * N, acc, off_m, off_n, M, N, N, False, BM, BN)
+            tile_store(c_ptr + g.to(tl.int64) * M * ldc, acc, off_m, off_n, M, N, ldc, False, BM, BN)

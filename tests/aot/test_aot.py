@@ -7,13 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from aot import codegen
+from aot import codegen, expr
 from aot.compile import CompileError, compile_variant, ptx_entry_params
-from aot.variants import FAMILIES, Config, Variant, all_variants
+from aot.families import FAMILIES
+from aot.families.ragged_m import FAMILY as RAGGED_M
+from aot.family import Family, Param
+from aot.variants import Config, Variant, all_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "build" / "aot" / "kernels"
 PTX_TYPES = {"p": ".u64", "l": ".u64", "i": ".u32"}
+
+
+def ptx_types(params) -> list:
+    """The .entry parameter types a parameter list compiles to: one per
+    parameter in order, then Triton's global and profile scratch pointers."""
+    return [PTX_TYPES[codegen.param_kind(kind)] for _, kind, _ in params] + [".u64", ".u64"]
 
 
 def cubin_arch(cubin: bytes) -> int:
@@ -37,8 +46,7 @@ def test_compile_one_variant_per_arch(arch):
     compiled = compile_variant(variant)
     assert cubin_arch(compiled.cubin) == arch
     assert f".target sm_{arch}" in compiled.ptx
-    kinds = codegen.param_kinds(compiled.record["params"])
-    assert ptx_entry_params(compiled.ptx) == [PTX_TYPES[k] for k in kinds] + [".u64", ".u64"]
+    assert ptx_entry_params(compiled.ptx) == ptx_types(compiled.record["params"])
 
 
 def test_tma_variant_uses_wgmma_and_scratch():
@@ -64,14 +72,60 @@ def test_manifest_lists_every_variant(manifest):
 
 
 def test_manifest_abi_matches_ptx_and_family(manifest):
+    """Every variant's parameter list, in order: the description's names and
+    roles, the kernel's declared names, and the PTX .entry types."""
     for record in manifest["variants"]:
         family = FAMILIES[record["family"]]
-        assert [name for name, _ in record["params"]] == [name for name, _ in family.params]
+        assert [(name, role) for name, _, role in record["params"]] == \
+            [(p.name, p.role) for p in family.params]
+        assert [name for name, _, _ in record["params"]] == family.runtime_params()
         ptx = (KERNELS / f"{record['key']}.ptx").read_text()
-        kinds = codegen.param_kinds(record["params"])
-        expected = [PTX_TYPES[k] for k in kinds] + [".u64", ".u64"]  # + global/profile scratch
-        assert ptx_entry_params(ptx) == expected, record["key"]
+        assert ptx_entry_params(ptx) == ptx_types(record["params"]), record["key"]
         assert f".entry {record['kernel_name']}(" in ptx
+
+
+def test_swapped_parameters_in_a_description_are_refused():
+    """lda and ldb are both int64 strides: swapping them changes no type, so
+    only the names can catch it, when the description is made."""
+    params = list(RAGGED_M.params)
+    i, j = [p.name for p in params].index("lda"), [p.name for p in params].index("ldb")
+    params[i], params[j] = params[j], params[i]
+    with pytest.raises(ValueError, match="do not match the kernel's runtime parameters"):
+        Family(name="swapped", kernel=RAGGED_M.kernel, params=tuple(params),
+               layouts=RAGGED_M.layouts, tma_layouts=RAGGED_M.tma_layouts,
+               tiles=RAGGED_M.tiles, rows=RAGGED_M.rows)
+
+
+def test_description_needs_known_roles_and_names_in_expressions():
+    with pytest.raises(ValueError, match="role 'pointer'"):
+        Param("a_ptr", "*T", "pointer")
+    with pytest.raises(expr.ExprError, match="unknown name 'rows'"):
+        Family(name="bad", kernel=RAGGED_M.kernel, params=RAGGED_M.params,
+               layouts=RAGGED_M.layouts, tma_layouts=(), tiles="rows * 2", rows="T")
+
+
+@pytest.mark.parametrize("text", [
+    "0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)", "T // max(G, 1)",
+    "min(T, N) - 1 if T > 3 and N >= 2 or G != 0 else 7"])
+def test_size_expressions_mean_the_same_in_python_and_cpp(text, tmp_path):
+    """The C++ the runtime compiles computes what `aot tune` evaluates."""
+    import subprocess
+    names = ["T", "N", "G"]
+    cases = [(0, 5, 3), (1000, 4096, 8), (17, 1, 0), (5, 300, 2)]
+    tile = {"BM": 128, "BN": 64, "BK": 32}
+    source = tmp_path / "e.cc"
+    source.write_text(
+        "#include <algorithm>\n#include <cstdint>\n#include <cstdio>\n"
+        "struct KernelInfo { int block_m, block_n, block_k; };\n"
+        "int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }\n"
+        "int main() { KernelInfo k{128, 64, 32};\n"
+        + "".join(f"{{ int64_t v[] = {{{', '.join(map(str, c))}}}; "
+                  f"std::printf(\"%lld\\n\", (long long)({expr.to_cpp(text, names)})); }}\n"
+                  for c in cases) + "}\n")
+    subprocess.run(["g++", "-std=c++20", "-o", str(tmp_path / "e"), str(source)], check=True)
+    got = subprocess.run([str(tmp_path / "e")], capture_output=True, text=True, check=True)
+    want = [expr.evaluate(text, {**dict(zip(names, c)), **tile}) for c in cases]
+    assert [int(x) for x in got.stdout.split()] == want
 
 
 def test_cubins_match_manifest(manifest):
@@ -88,7 +142,7 @@ def test_cubins_match_manifest(manifest):
 def test_kernel_table_is_deterministic(manifest, tmp_path):
     codegen.write_outputs(manifest["variants"], tmp_path, manifest["triton_version"])
     assert (tmp_path / "kernel_table.inc").read_text() == (KERNELS / "kernel_table.inc").read_text()
-    assert (tmp_path / "kernel_table.inc").read_text().count("\n    {") == len(manifest["variants"])
+    assert (tmp_path / "kernel_table.inc").read_text().count("\n    {.key = ") == len(manifest["variants"])
 
 
 def test_variant_keys_describe_themselves():

@@ -8,34 +8,35 @@ import torch
 _REPO = str(Path(__file__).resolve().parents[2])
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _REPO]
 
+from gg_runtime import _C, _native, _testing  # noqa: E402
+
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 
 
 def device_arch():
-    if not HAS_GPU:
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return 90 if (major, minor) == (9, 0) else 80 if major == 8 else None
+    """The table arch the wheel runs on this GPU (the extension's rule), or None."""
+    return _C.device_info(0)["kernel_arch"] if HAS_GPU else None
 
 
 @pytest.fixture
 def poison(monkeypatch):
     """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
-    from gg_runtime import raw
-
     def poisoned_empty(shape, like):
         return like.new_empty(shape).fill_(float("nan"))
 
-    monkeypatch.setattr(raw, "empty", poisoned_empty)
+    monkeypatch.setattr(_native, "empty", poisoned_empty)
 
 
 @pytest.fixture(params=[True, False], ids=["tma", "basic"])
 def allow_tma(request):
-    """Both flavours on sm90; on sm80 only `basic` exists, so one run suffices."""
-    if request.param and device_arch() != 90:
-        pytest.skip("TMA kernels run on sm90 only")
-    return request.param
+    """The test runs with TMA kernels allowed, then with `basic` forced.  Only
+    sm90 has `tma` variants, so elsewhere one run suffices."""
+    if request.param and not any(v["flavour"] == "tma" and v["arch"] == device_arch()
+                                 for v in _C.variants()):
+        pytest.skip("no tma kernels for this GPU")
+    with _testing.forced(allow_tma=request.param):
+        yield request.param
 
 
 @pytest.fixture(autouse=True)

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime import raw
+from gg_runtime._testing import last_variant
+from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
+                                skewed_counts)
 
 from conftest import device_arch, gpu
-from reference import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
-                       skewed_counts)
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 DTYPES = [torch.float16, torch.bfloat16]
@@ -21,8 +21,9 @@ def weights(groups, k, n, dtype, layout):
     return randn(groups, n, k, dtype=dtype, scale=0.1).transpose(1, 2)
 
 
-def check(a, b, offs, allow_tma=True, expect_flavour=None):
-    out, key = raw.grouped_mm(a, b, offs, allow_tma=allow_tma)
+def check(a, b, offs, expect_flavour=None):
+    out = gg_runtime.grouped_mm(a, b, offs)
+    key = last_variant()
     torch.cuda.synchronize()
     if expect_flavour:
         assert f".{expect_flavour}." in key, key
@@ -40,7 +41,7 @@ def test_ragged_m_skewed(dtype, layout, allow_tma):
     groups, k, n = 16, 136, 200
     counts = skewed_counts(1500, groups, zero_groups=4)
     a = randn(sum(counts), k, dtype=dtype)
-    check(a, weights(groups, k, n, dtype, layout), offsets_from_counts(counts, "cuda"), allow_tma,
+    check(a, weights(groups, k, n, dtype, layout), offsets_from_counts(counts, "cuda"),
           "tma" if allow_tma else "basic")
 
 
@@ -49,14 +50,13 @@ def test_ragged_m_skewed(dtype, layout, allow_tma):
 def test_ragged_m_edge_distributions(counts, allow_tma):
     k, n = 64, 72
     a = randn(sum(counts), k, dtype=torch.bfloat16)
-    check(a, weights(len(counts), k, n, torch.bfloat16, "nk"), offsets_from_counts(counts, "cuda"),
-          allow_tma)
+    check(a, weights(len(counts), k, n, torch.bfloat16, "nk"), offsets_from_counts(counts, "cuda"))
 
 
 def test_ragged_m_uncovered_rows_are_zero(allow_tma):
     a = randn(100, 32, dtype=torch.float16)
     offs = torch.tensor([10, 40, 60], dtype=torch.int32, device="cuda")
-    out = check(a, weights(3, 32, 48, torch.float16, "kn"), offs, allow_tma)
+    out = check(a, weights(3, 32, 48, torch.float16, "kn"), offs)
     assert torch.equal(out[60:], torch.zeros_like(out[60:]))
 
 
@@ -64,7 +64,7 @@ def test_ragged_m_bad_offsets_are_clamped(allow_tma):
     a = randn(50, 40, dtype=torch.bfloat16)
     b = weights(4, 40, 24, torch.bfloat16, "kn")
     for offs in ([30, 10, 45, 40], [-5, 20, 80, 90], [60, 70, 80, 90]):
-        out = check(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"), allow_tma)
+        out = check(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"))
         assert torch.isfinite(out).all()
 
 
@@ -80,15 +80,13 @@ def test_ragged_m_zero_tokens_and_zero_k():
 
 def test_ragged_m_strided_a(allow_tma):
     a = randn(300, 96, dtype=torch.bfloat16)[:, :64]  # row stride 96
-    check(a, weights(3, 64, 40, torch.bfloat16, "nk"), offsets_from_counts([100, 0, 180], "cuda"),
-          allow_tma)
+    check(a, weights(3, 64, 40, torch.bfloat16, "nk"), offsets_from_counts([100, 0, 180], "cuda"))
 
 
 def test_ragged_m_many_experts(allow_tma):
     counts = skewed_counts(8000, 1024, zero_groups=300)
     a = randn(sum(counts), 64, dtype=torch.bfloat16)
-    check(a, weights(1024, 64, 32, torch.bfloat16, "kn"), offsets_from_counts(counts, "cuda"),
-          allow_tma)
+    check(a, weights(1024, 64, 32, torch.bfloat16, "kn"), offsets_from_counts(counts, "cuda"))
 
 
 @pytest.mark.skipif(device_arch() != 90, reason="torch._grouped_mm's fused path is bf16 on sm90")
@@ -111,8 +109,8 @@ def test_ragged_k(dtype, a_layout, allow_tma):
     counts = skewed_counts(900, groups, zero_groups=2)
     total = sum(counts)
     a = randn(m, total, dtype=dtype) if a_layout == "mt" else randn(total, m, dtype=dtype).t()
-    tma = allow_tma and a_layout == "tm"  # row-major A runs `basic` (see aot/variants.py)
-    out = check(a, randn(total, n, dtype=dtype), offsets_from_counts(counts, "cuda"), allow_tma,
+    tma = allow_tma and a_layout == "tm"  # row-major A runs `basic` (aot/families/ragged_k.py)
+    out = check(a, randn(total, n, dtype=dtype), offsets_from_counts(counts, "cuda"),
                 "tma" if tma else "basic")
     for g, c in enumerate(counts):
         if c == 0:
@@ -130,7 +128,7 @@ def test_ragged_k_no_rows_at_all():
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])
 def test_batched(b_layout, allow_tma):
     a = randn(5, 77, 48, dtype=torch.float16)
-    check(a, weights(5, 48, 40, torch.float16, b_layout), None, allow_tma)
+    check(a, weights(5, 48, 40, torch.float16, b_layout), None)
 
 
 def test_batched_transposed_a():

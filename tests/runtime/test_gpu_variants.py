@@ -4,11 +4,13 @@ which needs 16-byte rows).  Covers exactly what the wheel ships."""
 import pytest
 import torch
 
-from gg_runtime import _C, raw
+import gg_runtime
+from gg_runtime import _C
+from gg_runtime._testing import forced, last_variant
+from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, ref_list,
+                                rel_error)
 
 from conftest import device_arch
-from reference import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, ref_list,
-                       rel_error)
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch()]
@@ -26,9 +28,9 @@ def run_list(v, dtype):
             (sizes(v, 40, 37), sizes(v, 264, 261), sizes(v, 304, 299)), (1, 8, 8)]
     As = [randn(m, k, dtype=dtype) for m, n, k in mnks]
     Bs = [randn(n, k, dtype=dtype) if trans_b else randn(k, n, dtype=dtype) for m, n, k in mnks]
-    Cs, key = raw.grouped_gemm(As, Bs, trans_b, variant=v["key"])
+    Cs = gg_runtime.grouped_gemm(As, Bs, trans_b=trans_b)
     torch.cuda.synchronize()
-    return [(c, r) for c, r in zip(Cs, ref_list(As, Bs, trans_b))], key
+    return list(zip(Cs, ref_list(As, Bs, trans_b)))
 
 
 def run_ragged_m(v, dtype):
@@ -38,9 +40,9 @@ def run_ragged_m(v, dtype):
     b = (randn(5, n, k, dtype=dtype).transpose(1, 2) if v["layout"] == "nt"
          else randn(5, k, n, dtype=dtype))
     offs = offsets_from_counts(counts, "cuda")
-    out, key = raw.ragged_m(a, b, offs, variant=v["key"])
+    out = gg_runtime.grouped_mm(a, b, offs)
     torch.cuda.synchronize()
-    return [(out, ref_grouped_mm(a, b, offs))], key
+    return [(out, ref_grouped_mm(a, b, offs))]
 
 
 def run_ragged_k(v, dtype):
@@ -51,9 +53,9 @@ def run_ragged_k(v, dtype):
     a = randn(total, m, dtype=dtype).t() if v["layout"] == "tn" else randn(m, total, dtype=dtype)
     b = randn(total, n, dtype=dtype)
     offs = offsets_from_counts(counts, "cuda")
-    out, key = raw.ragged_k(a, b, offs, variant=v["key"])
+    out = gg_runtime.grouped_mm(a, b, offs)
     torch.cuda.synchronize()
-    return [(out, ref_grouped_mm(a, b, offs))], key
+    return [(out, ref_grouped_mm(a, b, offs))]
 
 
 RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k}
@@ -63,8 +65,9 @@ RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k}
 @pytest.mark.parametrize("variant", RUNNABLE, ids=[v["key"] for v in RUNNABLE])
 def test_variant(variant):
     dtype = DTYPES[variant["dtype"]]
-    pairs, key = RUNNERS[variant["family"]](variant, dtype)
-    assert key == variant["key"]
+    with forced(variant=variant["key"]):
+        pairs = RUNNERS[variant["family"]](variant, dtype)
+        assert last_variant() == variant["key"]
     for out, ref in pairs:
         assert rel_error(out, ref) < TOLERANCE[dtype]
 
@@ -74,6 +77,9 @@ def test_forcing_a_variant_that_cannot_run_is_an_error():
         pytest.skip("needs a GPU this wheel has kernels for")
     list_key = next(v["key"] for v in RUNNABLE if v["family"] == "list")
     a = randn(8, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="cannot run this problem|no variant"):
-        raw.ragged_m(a, randn(1, 8, 8, dtype=torch.float16),
-                     torch.tensor([8], dtype=torch.int32, device="cuda"), variant=list_key)
+    with pytest.raises(ValueError, match="cannot run this problem"), forced(variant=list_key):
+        gg_runtime.grouped_mm(a, randn(1, 8, 8, dtype=torch.float16),
+                              torch.tensor([8], dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="no variant nonsense in this build"), forced("nonsense"):
+        gg_runtime.grouped_mm(a, randn(1, 8, 8, dtype=torch.float16),
+                              torch.tensor([8], dtype=torch.int32, device="cuda"))

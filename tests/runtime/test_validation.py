@@ -5,7 +5,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gg_runtime
-from gg_runtime import raw
+from gg_runtime.cases import classify
+from gg_runtime.gemm_list import _check_group
 
 from conftest import gpu
 
@@ -29,7 +30,8 @@ def strided_offsets(groups):
 
 
 def check_list(As, Bs, trans_b=False):
-    raw.check_groups(As, Bs, trans_b, As[0])
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        _check_group(i, a, b, trans_b, As[0])
 
 
 def test_list_k_mismatch_names_group(fake):
@@ -92,21 +94,21 @@ GROUPED_MM_ERRORS = [
 def test_grouped_mm_errors(fake, args, error, message):
     a, b, offs = args()
     with pytest.raises(error, match=message):
-        raw.check_grouped_mm(a, b, offs, None)
+        classify(a, b, offs, None)
 
 
 @gpu
 @pytest.mark.parametrize("args, error, message", GROUPED_MM_ERRORS)
 def test_grouped_mm_errors_on_the_fast_path(args, error, message):
-    """Real tensors take raw.grouped_mm's combined check first: it must let no bad case through."""
+    """Real tensors take classify's combined check first: it must let no bad case through."""
     a, b, offs = args()
     with pytest.raises(error, match=message):
-        raw.grouped_mm(a, b, offs)
+        gg_runtime.grouped_mm(a, b, offs)
 
 
 def test_grouped_mm_out_dtype_refused(fake):
     with pytest.raises(TypeError, match="out_dtype=torch.float32 is not supported"):
-        raw.check_grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float32)
+        classify(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float32)
 
 
 def test_grouped_mm_cpu_tensor():
@@ -123,13 +125,15 @@ def test_grouped_mm_cpu_tensor():
 ])
 def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected):
     offs = offsets(groups) if groups else None
-    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs)
+    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs, None)
     assert tuple(out.shape) == expected and out.dtype == torch.bfloat16
 
 
 def test_fake_implementation_validates(fake):
     with pytest.raises(ValueError, match="K differs"):
-        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3))
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3), None)
+    with pytest.raises(TypeError, match="out_dtype=torch.float32 is not supported"):
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float32)
 
 
 def test_grouped_mm_cpu_tensor_with_grad_is_a_clear_error():

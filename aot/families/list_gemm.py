@@ -1,0 +1,30 @@
+"""list: independent C_g = A_g @ B_g of any sizes, per-group pointers and strides
+in a table the runtime copies to the GPU (grouped_gemm, the tutorial's problem)."""
+from ..family import Family, Param
+from ..kernels.list_gemm import GROUP_FIELDS, list_gemm_kernel
+
+_GROUP_FIELD = {
+    "a": Param("a", "*T", "operand"), "b": Param("b", "*T", "operand"),
+    "c": Param("c", "*T", "output"),
+    "M": Param("M", "i32", "extent"), "N": Param("N", "i32", "extent"),
+    "K": Param("K", "i32", "extent"),
+    "lda": Param("lda", "i64", "stride"), "ldb": Param("ldb", "i64", "stride"),
+    "ldc": Param("ldc", "i64", "stride"),
+}
+
+FAMILY = Family(
+    name="list",
+    kernel=list_gemm_kernel,
+    params=(
+        Param("group_table", "*i64", "group_table"),
+        Param("tile_ends", "*i64", "tile_prefix"),
+        Param("G", "i32", "count"),
+    ),
+    # B_g [K, N] ('nn') or [N, K] ('nt', the nn.Linear weight layout).
+    layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
+    tma_layouts=("nn", "nt"),
+    group_fields=tuple(_GROUP_FIELD[name] for name in GROUP_FIELDS),  # the kernel's order
+    group_tiles="cdiv(M, BM) * cdiv(N, BN)",
+    group_rows="M",
+    dtype_constexpr=True,
+)

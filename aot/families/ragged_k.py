@@ -1,0 +1,30 @@
+"""ragged_k: out[G, M, N], out[g] = a[:, rows of g] @ b[rows of g] for a [M, T] and
+b [T, N] -- the weight gradient of the MoE layer (grouped_mm 2-D x 2-D)."""
+from ..family import Family, Param
+from ..kernels.ragged import ragged_k_kernel
+from .ragged_m import RAGGED_ROWS_LIMIT
+
+FAMILY = Family(
+    name="ragged_k",
+    kernel=ragged_k_kernel,
+    params=(
+        Param("a_ptr", "*T", "operand"),
+        Param("b_ptr", "*T", "operand"),
+        Param("c_ptr", "*T", "output"),
+        Param("offs_ptr", "*i32", "offsets"),
+        Param("M", "i32", "extent"),
+        Param("N", "i32", "extent"),
+        Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
+        Param("G", "i32", "count"),
+        Param("lda", "i64", "stride"),
+        Param("ldb", "i64", "stride"),
+        Param("ldc", "i64", "stride"),
+    ),
+    # a row-major [M, T] ('nn') or a transposed view of [T, M] ('tn', as in dB).
+    # Row-major A has no tma flavour: its K ranges start at arbitrary columns of
+    # its contiguous dimension, which TMA got wrong on an H100.
+    layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
+    tma_layouts=("tn",),
+    tiles="G * cdiv(M, BM) * cdiv(N, BN)",
+    rows="M",
+)

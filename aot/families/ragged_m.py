@@ -1,0 +1,33 @@
+"""ragged_m: out[T, N], rows offs[g-1]:offs[g] of a [T, K] times b[g] -- the MoE
+forward (grouped_mm 2-D x 3-D) and its dA."""
+from ..family import Family, Param
+from ..kernels.ragged import ragged_m_kernel
+
+# Ragged TMA descriptors clip rows with a 2**30-row dimension (kernels/ragged.py).
+RAGGED_ROWS_LIMIT = 2 ** 30
+
+FAMILY = Family(
+    name="ragged_m",
+    kernel=ragged_m_kernel,
+    params=(
+        Param("a_ptr", "*T", "operand"),
+        Param("b_ptr", "*T", "operand"),
+        Param("c_ptr", "*T", "output"),
+        Param("offs_ptr", "*i32", "offsets"),
+        Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
+        Param("N", "i32", "extent"),
+        Param("K", "i32", "extent"),
+        Param("G", "i32", "count"),
+        Param("lda", "i64", "stride"),
+        Param("b_group_stride", "i64", "stride"),
+        Param("ldb", "i64", "stride"),
+        Param("ldc", "i64", "stride"),
+    ),
+    # b [G, K, N] row-major ('nn') or a transposed view of [G, N, K] ('nt').
+    layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
+    tma_layouts=("nn", "nt"),
+    # Each group boundary adds at most one partial m-tile; +1 for the rows past
+    # the last group (written with zeros).
+    tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
+    rows="T // max(G, 1)",
+)

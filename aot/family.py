@@ -1,0 +1,106 @@
+"""The vocabulary of a kernel family description (aot/families/<name>.py).
+
+A family is one Triton kernel and everything the build, the runtime and the
+tests need to know about it: its runtime parameters in ABI order, each with a
+type and a role; its layouts (constexprs); which layouts have a TMA flavour;
+how many tiles a call has (the grid) and how many rows a group typically has
+(the tuned-table bucket key).  `make build` generates the runtime's C++ tables
+from these descriptions; csrc/ packs arguments by name and checks TMA's
+alignment rules from the roles, and names no family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import expr
+
+TYPES = ("*T", "*i32", "*i64", "i32", "i64")  # '*T': pointer to the variant's dtype
+
+# What the runtime does with a parameter of each role.
+ROLES = {
+    "operand": "pointer to T the kernel reads (TMA: 16-byte aligned base)",
+    "output": "pointer to T the kernel writes (TMA: 16-byte aligned base)",
+    "offsets": "pointer to int32 cumulative group end offsets, read on the GPU",
+    "extent": "a size; must fit the parameter's type",
+    "stride": "an element stride (TMA: a positive multiple of 16 bytes)",
+    "count": "the number of groups",
+    "group_table": "int64 words per group (group_fields), copied to the GPU by the runtime",
+    "tile_prefix": "int64 inclusive prefix of the groups' tile counts, made by the runtime",
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str
+    role: str
+    tma_limit: int = 0  # the TMA flavour needs value <= tma_limit (0: no limit)
+
+    def __post_init__(self):
+        if self.type not in TYPES:
+            raise ValueError(f"parameter {self.name}: type {self.type!r} is not one of {TYPES}")
+        if self.role not in ROLES:
+            raise ValueError(f"parameter {self.name}: role {self.role!r} is not one of {sorted(ROLES)}")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family.  Exactly one of `tiles` (a call's tile count, from the
+    parameters) and `group_tiles` (one group's, from its group fields; the
+    call's is their sum) is given, and likewise `rows` / `group_rows`: rows
+    per group for the tuned-table bucket (group_rows: averaged over the groups
+    that have tiles).  Expressions are in aot/expr.py's language."""
+    name: str
+    kernel: object  # a triton.jit function
+    params: tuple  # Param, in the kernel's declaration order
+    layouts: dict  # layout name -> the layout's constexprs
+    tma_layouts: tuple  # layouts that get a `tma` flavour where the arch has TMA
+    tiles: str = ""
+    rows: str = ""
+    group_fields: tuple = ()  # Param, in group-table word order
+    group_tiles: str = ""
+    group_rows: str = ""
+    dtype_constexpr: bool = False  # the kernel takes DTYPE (its pointers are untyped)
+    summary: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        self._check_abi()
+        self._check_expressions()
+
+    @property
+    def has_group_table(self) -> bool:
+        return bool(self.group_fields)
+
+    def runtime_params(self) -> list:
+        """The kernel's non-constexpr parameters, in declaration order."""
+        return [p.name for p in self.kernel.params if not p.is_constexpr]
+
+    def signature(self, short_dtype: str) -> dict:
+        return {p.name: p.type.replace("*T", f"*{short_dtype}") for p in self.params}
+
+    def _check_abi(self):
+        """The description lists the kernel's parameters by name in order, so a
+        swapped pair (two int64 strides, say) fails here, at build time."""
+        described = [p.name for p in self.params]
+        declared = self.runtime_params()
+        if described != declared:
+            raise ValueError(f"family {self.name}: parameters {described} do not match the "
+                             f"kernel's runtime parameters {declared} (names and order)")
+        for name in self.tma_layouts:
+            if name not in self.layouts:
+                raise ValueError(f"family {self.name}: tma layout {name!r} is not a layout")
+        roles = [p.role for p in self.params]
+        if self.has_group_table != ("group_table" in roles):
+            raise ValueError(f"family {self.name}: group_fields and a group_table parameter "
+                             "go together")
+
+    def _check_expressions(self):
+        per_call = bool(self.tiles) and bool(self.rows)
+        per_group = bool(self.group_tiles) and bool(self.group_rows)
+        if per_call == per_group or per_group != self.has_group_table:
+            raise ValueError(f"family {self.name}: give tiles and rows, or (with a group table) "
+                             "group_tiles and group_rows")
+        names = [p.name for p in (self.group_fields if per_group else self.params)]
+        for text in (self.tiles, self.rows, self.group_tiles, self.group_rows):
+            if text:
+                expr.to_cpp(text, names)  # raises ExprError naming the problem

@@ -1,0 +1,165 @@
+#include "run.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include "dispatch.h"
+#include "driver.h"
+#include "launch.h"
+
+namespace gg {
+namespace {
+
+thread_local const KernelInfo* t_last = nullptr;
+
+constexpr int64_t kTmaAlignBytes = 16;
+
+// Does `value`, given for a parameter of p's role, meet TMA's rules?
+bool tma_allows(const ParamInfo& p, int64_t value, int element_bytes) {
+  if (p.tma_limit != 0 && value > p.tma_limit) return false;
+  switch (p.role) {
+    case Role::kOperand:
+    case Role::kOutput:
+      return value % kTmaAlignBytes == 0;
+    case Role::kStride:
+      return value > 0 && (value * element_bytes) % kTmaAlignBytes == 0;
+    default:
+      return true;
+  }
+}
+
+bool tma_allows_all(std::span<const ParamInfo> params, const int64_t* values, int element_bytes) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!tma_allows(params[i], values[i], element_bytes)) return false;
+  }
+  return true;
+}
+
+// A size expression evaluated with 1x1x1 tiles counts output elements: it is
+// zero exactly when there is nothing to compute.
+const KernelInfo& unit_tiles() {
+  static const KernelInfo unit = [] {
+    KernelInfo k{};
+    k.block_m = k.block_n = k.block_k = 1;
+    return k;
+  }();
+  return unit;
+}
+
+// What dispatch needs to know before a variant is chosen.
+struct Survey {
+  bool empty = true;
+  bool tma_ok = true;
+  long rows = 0;  // per group, the bucket key
+};
+
+Survey survey_call(const FamilyInfo& f, const Call& c, int element_bytes) {
+  Survey s;
+  s.empty = f.tiles(c.args.data(), unit_tiles()) == 0;
+  s.rows = static_cast<long>(f.rows(c.args.data(), unit_tiles()));
+  s.tma_ok = tma_allows_all(f.param_list(), c.args.data(), element_bytes);
+  return s;
+}
+
+// Over the groups that have output elements: rows averaged, TMA's rules for all.
+Survey survey_groups(const FamilyInfo& f, const Call& c, int element_bytes) {
+  const size_t width = f.group_field_count;
+  if (c.groups.size() % width != 0) {
+    throw std::invalid_argument(std::string(f.name) + ": " + std::to_string(c.groups.size()) +
+                                " group words is not a multiple of " + std::to_string(width));
+  }
+  Survey s;
+  int64_t rows = 0, busy = 0;
+  for (size_t g = 0; g < c.groups.size() / width; ++g) {
+    const int64_t* fields = c.groups.data() + g * width;
+    check_int32(f.group_field_list(), fields, "group " + std::to_string(g) + ": ");
+    if (f.tiles(fields, unit_tiles()) == 0) continue;  // no tile ever touches this group
+    rows += f.rows(fields, unit_tiles());
+    ++busy;
+    s.tma_ok = s.tma_ok && tma_allows_all(f.group_field_list(), fields, element_bytes);
+  }
+  s.empty = busy == 0;
+  s.rows = static_cast<long>(busy == 0 ? 0 : rows / busy);
+  return s;
+}
+
+void refuse_capture(const FamilyInfo& f, cu::Stream stream) {
+  if (stream_is_capturing(stream)) {
+    throw std::invalid_argument(
+        std::string("this call (kernel family ") + f.name +
+        ") copies its per-group metadata from host memory and cannot be captured in a CUDA "
+        "graph; use grouped_mm (device-side offsets) inside graphs");
+  }
+}
+
+// Copies the group table and its tile prefix to the device in one upload and
+// points the runtime-filled parameters at them.  Returns the call's tiles.
+int64_t stage_group_table(const FamilyInfo& f, const KernelInfo& k, const Call& c,
+                          std::vector<int64_t>& args, std::optional<StreamBuffer>& buffer) {
+  const size_t width = f.group_field_count, groups = c.groups.size() / width;
+  std::vector<int64_t> words(c.groups);
+  words.reserve(c.groups.size() + groups);
+  int64_t tiles = 0;
+  for (size_t g = 0; g < groups; ++g) {
+    tiles += f.tiles(c.groups.data() + g * width, k);
+    words.push_back(tiles);
+  }
+  const size_t bytes = words.size() * sizeof(int64_t);
+  buffer.emplace(c.device, c.stream, bytes);
+  upload_async(c.stream, buffer->ptr(), words.data(), bytes);
+  for (size_t i = 0; i < f.param_count; ++i) {
+    switch (f.params[i].role) {
+      case Role::kGroupTable: args[i] = static_cast<int64_t>(buffer->ptr()); break;
+      case Role::kTilePrefix:
+        args[i] = static_cast<int64_t>(buffer->ptr() + c.groups.size() * sizeof(int64_t));
+        break;
+      case Role::kCount: args[i] = static_cast<int64_t>(groups); break;
+      default: break;
+    }
+  }
+  return tiles;
+}
+
+}  // namespace
+
+void run(const Call& c) {
+  t_last = nullptr;
+  const FamilyInfo& f = families()[c.family];
+  if (c.args.size() != f.param_count) {
+    throw std::invalid_argument(std::string(f.name) + " takes " + std::to_string(f.param_count) +
+                                " arguments, got " + std::to_string(c.args.size()));
+  }
+  const int element_bytes = dtypes()[c.dtype].bytes;
+  const Survey s = f.has_group_table() ? survey_groups(f, c, element_bytes)
+                                       : survey_call(f, c, element_bytes);
+  if (s.empty) return;
+  DeviceScope scope(c.device);
+  const DeviceProps& props = device_props(c.device);
+  if (std::string why = unsupported_reason(c.device, props); !why.empty()) {
+    throw UnsupportedDevice(why);
+  }
+  if (f.has_group_table()) refuse_capture(f, c.stream);
+  const size_t index =
+      pick_variant(Request{c.family, c.dtype, c.layout.c_str(), s.tma_ok, s.rows}, props);
+  const KernelInfo& k = kernel_table()[index];
+  const ReadyKernel ready = ready_kernel(index, c.device, props.shared_optin);
+  std::vector<int64_t> args(c.args);
+  std::optional<StreamBuffer> table;
+  const int64_t tiles = f.has_group_table() ? stage_group_table(f, k, c, args, table)
+                                            : f.tiles(args.data(), k);
+  if (tiles > std::numeric_limits<int32_t>::max()) {  // kernels number tiles in int32
+    throw std::invalid_argument("more than 2**31 output tiles in one call; split the problem");
+  }
+  const int64_t wave = int64_t{props.sm_count} * ready.max_programs_per_sm;
+  const auto programs = static_cast<unsigned>(std::min(tiles, wave));
+  std::vector<uint64_t> slots = pack_args(f.param_list(), args);
+  StreamBuffer scratch(c.device, c.stream, scratch_bytes(k, programs));
+  launch(k, ready.function, programs, c.stream, slots, scratch.ptr());
+  t_last = &k;
+}
+
+const KernelInfo* last_variant() { return t_last; }
+
+}  // namespace gg

@@ -1,0 +1,38 @@
+// The one generic entry: a call of any kernel family, its arguments by the
+// names the family description gives them, launched on the caller's stream.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_abi.h"
+#include "registry.h"
+
+namespace gg {
+
+struct Call {
+  int family;  // index into families()
+  int dtype;   // index into dtypes()
+  std::string layout;
+  int device;
+  cu::Stream stream;
+  // One value per parameter, in the family's ABI order; pointers as their
+  // address.  Parameters the runtime fills (group table families) are 0 here.
+  std::vector<int64_t> args;
+  // Group table families: group_field_count words per group, in field order.
+  std::vector<int64_t> groups;
+};
+
+// Checks the values against their types, picks the variant (TMA where every
+// role's alignment rule holds), loads it, sizes the persistent grid from the
+// family's tile count and launches.  A call without output tiles launches
+// nothing.  Throws std::invalid_argument for values the kernel cannot take,
+// UnsupportedDevice and CudaError otherwise.
+void run(const Call& call);
+
+// The variant the calling thread's last run() launched; nullptr when that
+// call launched nothing.  For tests and benchmarks.
+const KernelInfo* last_variant();
+
+}  // namespace gg

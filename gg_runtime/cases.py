@@ -1,0 +1,89 @@
+"""The cases of grouped_mm, worked out once per call: which case a call is
+(with every check of its inputs), and its output's shape.  Used by the eager
+path, the custom op's fake implementation and the backward alike."""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ._native import DTYPE_CODES
+from .validate import check_offsets, check_out_dtype, check_same, check_tensor, require
+
+
+class Case(enum.Enum):
+    RAGGED_M = (2, 3)  # a [T, K], b [G, K, N], offs [G] -> [T, N]
+    RAGGED_K = (2, 2)  # a [M, T], b [T, N], offs [G] -> [G, M, N]
+    BATCHED = (3, 3)   # a [G, M, K], b [G, K, N] -> [G, M, N]
+
+
+_BY_DIMS = {case.value: case for case in Case}
+
+
+def case_of(a, b) -> Case:
+    """The case of inputs already checked (by their dimensions alone)."""
+    return _BY_DIMS[(a.dim(), b.dim())]
+
+
+def output_shape(case: Case, a, b, offs) -> tuple:
+    if case is Case.RAGGED_M:
+        return (a.shape[0], b.shape[2])
+    if case is Case.RAGGED_K:
+        return (offs.shape[0], a.shape[0], b.shape[1])
+    return (a.shape[0], a.shape[1], b.shape[2])
+
+
+def _is_plain_ragged_m(a, b, offs, out_dtype) -> bool:
+    """The MoE forward call, well formed: True only where _full_checks passes
+    with RAGGED_M.  One combined test on the hot path."""
+    if not (type(a) is torch.Tensor and type(b) is torch.Tensor and type(offs) is torch.Tensor
+            and out_dtype is None and a.dim() == 2 and b.dim() == 3 and offs.dim() == 1):
+        return False
+    device = a.get_device()
+    return (a.dtype is b.dtype and a.dtype in DTYPE_CODES and offs.dtype is torch.int32
+            and a.is_cuda and b.get_device() == device and offs.get_device() == device
+            and a.shape[1] == b.shape[1] and offs.shape[0] == b.shape[0]
+            and (offs.shape[0] <= 1 or offs.stride(0) == 1))
+
+
+def _shapes(a, b) -> str:
+    return f"a is {tuple(a.shape)} and b is {tuple(b.shape)}"
+
+
+def _full_checks(a, b, offs, out_dtype) -> Case:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise TypeError("a and b must be torch.Tensors")
+    dims = (a.dim(), b.dim())
+    if dims[0] not in (2, 3) or dims[1] not in (2, 3):
+        raise ValueError(f"a and b must be 2-D or 3-D: {_shapes(a, b)}")
+    check_tensor(a, "a", dims[0])
+    check_tensor(b, "b", dims[1])
+    check_same(b, "b", a, "a")
+    check_out_dtype(out_dtype, a.dtype)
+    case = _BY_DIMS.get(dims)
+    if case is Case.RAGGED_M:
+        if a.shape[1] != b.shape[1]:
+            raise ValueError(f"K differs: {_shapes(a, b)} (expected [T, K] and [G, K, N])")
+        require(offs is not None, "offs is required when a is 2-D and b is 3-D (ragged M)")
+        check_offsets(offs, "b", b.shape[0], a)
+    elif case is Case.RAGGED_K:
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"T differs: {_shapes(a, b)} (expected [M, T] and [T, N])")
+        require(offs is not None, "offs is required when a and b are 2-D (ragged K)")
+        check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a)
+    elif case is Case.BATCHED:
+        require(offs is None, "offs must be None when a and b are 3-D (batched)")
+        if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+            raise ValueError(f"G or K differs: {_shapes(a, b)} (expected [G, M, K] and [G, K, N])")
+    else:
+        raise ValueError(f"a 3-D and b 2-D is not a grouped_mm case ({_shapes(a, b)}); "
+                         "use 2-D x 3-D for ragged M")
+    return case
+
+
+def classify(a, b, offs, out_dtype) -> Case:
+    """The call's case, after every check of grouped_mm's inputs: raises
+    TypeError / ValueError naming the argument otherwise."""
+    if _is_plain_ragged_m(a, b, offs, out_dtype):
+        return Case.RAGGED_M
+    return _full_checks(a, b, offs, out_dtype)

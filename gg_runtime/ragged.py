@@ -1,0 +1,91 @@
+"""grouped_mm's launches, one per case, on inputs classify() has checked:
+allocate the output, pick the layout, name the kernel's arguments.  No
+validation and no autograd here."""
+from __future__ import annotations
+
+import torch
+
+from . import _native
+from .cases import Case
+
+
+def _layout(x: torch.Tensor):
+    """(x, transposed, ld) for the last two dims of x, read as [R, C]: row-major
+    (element (r, c) at r * ld + c), or stored transposed (at c * ld + r).
+    Copies only when neither dimension is contiguous."""
+    rows, cols = x.shape[-2:]
+    row_stride, col_stride = x.stride()[-2:]
+    if cols <= 1 or col_stride == 1:
+        return x, False, row_stride
+    if rows <= 1 or row_stride == 1:
+        return x, True, col_stride
+    x = x.contiguous()
+    return x, False, x.stride(-2)
+
+
+def _row_major(x: torch.Tensor):
+    """(x, ld) with unit inner stride, copying only when needed."""
+    row_stride, col_stride = x.stride()[-2:]
+    if col_stride != 1 and x.shape[-1] > 1:
+        x = x.contiguous()
+        row_stride = x.stride(-2)
+    return x, row_stride
+
+
+def ragged_m(a, b, offs) -> torch.Tensor:
+    """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
+    a, lda = _row_major(a)
+    b, b_t, ldb = _layout(b)
+    (rows, k), (groups, _, n) = a.shape, b.shape
+    out = _native.empty((rows, n), a)
+    if groups == 0:
+        return out.zero_()
+    _native.launch("ragged_m", "nt" if b_t else "nn", *_native.target(a),
+                   a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
+                   offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
+                   lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
+    return out
+
+
+def ragged_k(a, b, offs) -> torch.Tensor:
+    """out[G, M, N]; out[g] = a[:, rows of g] @ b[rows of g].  a [M, T], b [T, N]."""
+    m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
+    a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
+    b, ldb = _row_major(b)
+    out = _native.empty((groups, m, n), a)
+    _native.launch("ragged_k", "tn" if a_t else "nn", *_native.target(a),
+                   a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
+                   offs_ptr=offs.data_ptr(), M=m, N=n, T=a.shape[1], G=groups,
+                   lda=lda, ldb=ldb, ldc=n)
+    return out
+
+
+def _batch_offsets(groups: int, size: int, device) -> torch.Tensor:
+    """[size, 2*size, ...]: built on the device, no host sync."""
+    return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * size
+
+
+def batched(a, b, offs=None) -> torch.Tensor:
+    """out[G, M, N] = a[g] @ b[g] (offs is None in this case).  Mapped onto the ragged kernels without copies
+    when a's batches are stacked rows ([G*M, K]) or stacked columns (a
+    transposed view of [G, K, M], as in the backward pass)."""
+    groups, m, k = a.shape
+    n = b.shape[2]
+    stacked_columns = (m > 1 and k > 1 and a.stride(1) == 1 and a.stride(0) == k * a.stride(2)
+                       and b.is_contiguous())
+    if stacked_columns:
+        offs = _batch_offsets(groups, k, a.device)
+        return ragged_k(a.transpose(1, 2).reshape(groups * k, m).t(), b.reshape(groups * k, n),
+                        offs)
+    if not (a.shape[-1] <= 1 or a.stride(-1) == 1) or a.stride(0) != m * a.stride(1):
+        a = a.contiguous()
+    offs = _batch_offsets(groups, m, a.device)
+    return ragged_m(a.reshape(groups * m, k), b, offs).view(groups, m, n)
+
+
+_LAUNCH = {Case.RAGGED_M: ragged_m, Case.RAGGED_K: ragged_k, Case.BATCHED: batched}
+
+
+def run(case: Case, a, b, offs) -> torch.Tensor:
+    """grouped_mm of checked inputs of this case."""
+    return _LAUNCH[case](a, b, offs)

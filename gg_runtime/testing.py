@@ -1,0 +1,125 @@
+"""Case generators, float32 references and a timer, shared by the tests, the
+benchmark and `aot tune` (which loads this file on its own: it imports torch
+only).  Not needed to use gg_runtime."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+TOLERANCE = {torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||; NaN anywhere in out fails any tolerance."""
+    out = out.float()
+    if torch.isnan(out).any():
+        return float("inf")
+    denom = ref.norm().item()
+    diff = (out - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+# ---------------------------------------------------------------- references
+
+def ref_list(As, Bs, trans_b=False):
+    return [a.float() @ (b.float().t() if trans_b else b.float()) for a, b in zip(As, Bs)]
+
+
+def effective_ends(offs: torch.Tensor, total: int) -> list:
+    """e_g = clamp(max(offs[0..g]), 0, total), the documented reading of offsets."""
+    ends, running = [], 0
+    for value in offs.tolist():
+        running = max(running, value)
+        ends.append(min(max(running, 0), total))
+    return ends
+
+
+def ref_grouped_mm(a, b, offs=None):
+    """grouped_mm in float32, group by group."""
+    a32, b32 = a.float(), b.float()
+    if a.dim() == 3:
+        return torch.bmm(a32, b32)
+    if b.dim() == 3:  # ragged M
+        out = torch.zeros(a.shape[0], b.shape[2], device=a.device)
+        start = 0
+        for g, end in enumerate(effective_ends(offs, a.shape[0])):
+            out[start:end] = a32[start:end] @ b32[g]
+            start = end
+        return out
+    out = torch.zeros(offs.shape[0], a.shape[0], b.shape[1], device=a.device)  # ragged K
+    start = 0
+    for g, end in enumerate(effective_ends(offs, a.shape[1])):
+        out[g] = a32[:, start:end] @ b32[start:end]
+        start = end
+    return out
+
+
+# ---------------------------------------------------------------- cases
+
+def randn(*shape, dtype, device="cuda", scale=1.0):
+    return (torch.randn(*shape, device=device) * scale).to(dtype)
+
+
+def offsets_from_counts(counts, device="cuda") -> torch.Tensor:
+    return torch.tensor(counts, dtype=torch.int32, device=device).cumsum(0).to(torch.int32)
+
+
+def skewed_counts(total: int, groups: int, zero_groups: int = 0, generator=None) -> list:
+    """Token counts per expert summing to total, drawn from a skewed distribution,
+    with `zero_groups` experts forced empty."""
+    weights = torch.rand(groups, generator=generator) ** 3
+    weights[torch.randperm(groups, generator=generator)[:zero_groups]] = 0
+    if weights.sum() == 0:
+        weights[0] = 1
+    counts = (weights / weights.sum() * total).floor().long()
+    counts[int(weights.argmax())] += total - int(counts.sum())
+    return counts.tolist()
+
+
+def moe_inputs(counts, n: int, k: int, dtype, device="cuda"):
+    """(a [T, K], weights [G, K, N] as a transposed view of nn.Linear-style
+    [G, N, K], offs) for an MoE layer with `counts` tokens per expert."""
+    a = randn(sum(counts), k, dtype=dtype, device=device)
+    weights = randn(len(counts), n, k, dtype=dtype, device=device, scale=k ** -0.5)
+    return a, weights.transpose(1, 2), offsets_from_counts(counts, device)
+
+
+def list_inputs(mnks, dtype, device="cuda"):
+    """(As, Bs) for groups of sizes [(M, N, K)], B as [K, N]."""
+    As = [randn(m, k, dtype=dtype, device=device) for m, n, k in mnks]
+    Bs = [randn(k, n, dtype=dtype, device=device, scale=max(k, 1) ** -0.5) for m, n, k in mnks]
+    return As, Bs
+
+
+# ---------------------------------------------------------------- timing
+
+_flush = None
+
+
+def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
+    """Median ms of fn() over about rep_ms of repetitions, CUDA events around
+    each, the L2 cache flushed before each."""
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    times = []
+    for _ in range(max(10, min(1000, int(rep_ms / estimate)))):
+        _flush.zero_()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
