@@ -9,12 +9,15 @@ then compiles those configs for every sm90 `tma` family.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
-import statistics
 from dataclasses import asdict
+from pathlib import Path
 
+from . import expr
 from .compile import compile_variant
-from .variants import FAMILIES, TUNING_DIR, Config, Variant
+from .families import FAMILIES
+from .variants import TUNING_DIR, Config, Variant
 
 # Rows per group that bound each bucket (0 = no bound) and a problem for it:
 # (tokens, experts, N, K) as in typical MoE layers.
@@ -34,54 +37,46 @@ CANDIDATES = (
     Config(128, 128, 64, 8, 2), Config(128, 256, 64, 8, 3), Config(128, 256, 64, 8, 2),
     Config(128, 128, 128, 8, 2), Config(256, 128, 64, 8, 3),
 )
+FAMILY = FAMILIES["ragged_m"]
 
 
-def _median_ms(fn, reps=30):
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _testing():
+    """gg_runtime/testing.py (inputs, timer), loaded on its own: it needs torch
+    only, and the package around it needs a built extension."""
+    path = Path(__file__).resolve().parents[1] / "gg_runtime" / "testing.py"
+    spec = importlib.util.spec_from_file_location("gg_runtime_testing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _programs(compiled, props, bound):
-    """One resident wave, as csrc/ops.cc launches: SMs x blocks per SM (shared memory, registers)."""
+def _programs(compiled, props, tiles):
+    """One resident wave at most, as csrc/run.cc launches: SMs x blocks per SM."""
     compiled._init_handles()
     threads = 32 * compiled.metadata.num_warps
     by_shared = props.shared_memory_per_multiprocessor // max(compiled.metadata.shared, 1)
     by_regs = 65536 // max(compiled.n_regs * threads, 1)
-    return min(bound, props.multi_processor_count * max(1, min(by_shared, by_regs)))
+    return min(tiles, props.multi_processor_count * max(1, min(by_shared, by_regs)))
 
 
-def _time_config(config, problem, dtype_name, props):
+def _time_config(config, problem, dtype_name, props, testing):
     import torch
     tokens, experts, n, k = problem
-    dtype = getattr(torch, dtype_name)
-    variant = Variant("ragged_m", 90, dtype_name, "nt", "tma", config)
+    variant = Variant(FAMILY.name, 90, dtype_name, "nt", "tma", config)
     compiled = compile_variant(variant).kernel
-    counts = torch.distributions.Dirichlet(torch.ones(experts)).sample() * tokens
-    counts = counts.floor().long()
-    counts[0] += tokens - counts.sum()
-    offs = counts.cumsum(0).to(torch.int32).cuda()
-    a = torch.randn(tokens, k, device="cuda").to(dtype)
-    b = torch.randn(experts, n, k, device="cuda").to(dtype).transpose(1, 2)
-    c = torch.empty(tokens, n, device="cuda", dtype=dtype)
-    bound = (-(-tokens // config.BM) + experts + 1) * -(-n // config.BN)
-    grid = (_programs(compiled, props, bound), 1, 1)
-    run = compiled[grid]
-    # Triton's launcher takes the constexprs too, in declaration order (it skips them).
+    counts = testing.skewed_counts(tokens, experts)
+    a, b, offs = testing.moe_inputs(counts, n, k, getattr(torch, dtype_name))
+    c = torch.empty(tokens, n, device="cuda", dtype=a.dtype)
+    args = dict(a_ptr=a, b_ptr=b, c_ptr=c, offs_ptr=offs, T=tokens, N=n, K=k, G=experts,
+                lda=a.stride(0), b_group_stride=b.stride(0), ldb=b.stride(2), ldc=c.stride(0))
+    sizes = {name: v for name, v in args.items() if isinstance(v, int)}
+    tiles = expr.evaluate(FAMILY.tiles, {**sizes, "BM": config.BM, "BN": config.BN, "BK": config.BK})
+    run = compiled[(_programs(compiled, props, tiles), 1, 1)]
+    # Triton's launcher takes every argument in declaration order, constexprs too (it skips them).
     constexprs = variant.constexprs()
-    kernel_args = FAMILIES["ragged_m"].kernel.arg_names
-    tail = [constexprs[name] for name in kernel_args if name in constexprs]
-    ms = _median_ms(lambda: run(a, b, c, offs, tokens, n, k, experts, a.stride(0), b.stride(0),
-                                b.stride(2), c.stride(0), *tail))
+    ordered = [args[p.name] for p in FAMILY.params]
+    ordered += [constexprs[name] for name in FAMILY.kernel.arg_names if name in constexprs]
+    ms = testing.time_ms(lambda: run(*ordered))
     return 2 * tokens * n * k / ms / 1e9
 
 
@@ -93,12 +88,13 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
     props = torch.cuda.get_device_properties(0)
     if (props.major, props.minor) != (9, 0):
         raise RuntimeError(f"tuning writes sm90.json and needs a 9.0 GPU, not {props.name}")
+    testing = _testing()
     winners, report = [], {}
     for max_rows, problem in BUCKETS:
         scores = {}
         for config in CANDIDATES:
             try:
-                scores[config] = _time_config(config, problem, dtype_name, props)
+                scores[config] = _time_config(config, problem, dtype_name, props, testing)
             except Exception as exc:  # a config that does not fit is skipped, and said
                 echo(f"  {config.tag}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
@@ -110,7 +106,7 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
         report[str(max_rows)] = {c.tag: round(s, 1) for c, s in scores.items()}
         echo(f"bucket rows<={max_rows or 'inf'}: {best.tag}")
     entries = [asdict(w) for w in _merge_repeats(winners)]
-    table = {family: {"tma": entries} for family in ("list", "ragged_m", "ragged_k")}
+    table = {family: {"tma": entries} for family in FAMILIES}
     table["measured"] = {"device": props.name, "dtype": dtype_name, "tflops": report}
     return table
 

@@ -18,18 +18,15 @@ start = time.perf_counter()
 import gg_runtime  # noqa: E402
 
 imported = time.perf_counter()
-counts = [300, 0, 212, 500]
-a = torch.randn(sum(counts), 1024, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(len(counts), 1024, 512, device="cuda", dtype=torch.bfloat16) * 0.05
-offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+from gg_runtime.testing import moe_inputs, ref_grouped_mm, rel_error  # noqa: E402
+
+a, b, offs = moe_inputs([300, 0, 212, 500], 512, 1024, torch.bfloat16)
 made = time.perf_counter()
 out = gg_runtime.grouped_mm(a, b, offs)
 torch.cuda.synchronize()
 first = time.perf_counter()
 
-ref = torch.cat([a[s:e].float() @ b[g].float() for g, (s, e) in
-                 enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
-error = ((out.float() - ref).norm() / ref.norm()).item()
+error = rel_error(out, ref_grouped_mm(a, b, offs))
 print(json.dumps({
     "import_ms": round((imported - start) * 1e3, 2),
     "first_call_ms": round((first - made) * 1e3, 2),

@@ -1,4 +1,4 @@
-"""Host-side cost of one grouped_mm call, layer by layer (microseconds per call).
+"""Host-side cost of one call, layer by layer (microseconds per call).
 
     PYTHONPATH=build/bench-site python bench/host_profile.py
 """
@@ -7,8 +7,9 @@ import time
 import torch
 
 import gg_runtime
-from gg_runtime import _C, raw
-from gg_runtime._native import current_stream
+from gg_runtime import _native, gemm_list, ragged
+from gg_runtime.cases import classify
+from gg_runtime.testing import list_inputs, moe_inputs
 
 
 def per_call_us(fn, calls=3000):
@@ -23,19 +24,15 @@ def per_call_us(fn, calls=3000):
     return elapsed / calls * 1e6
 
 
-a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8, 128, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-offs = torch.arange(32, 257, 32, device="cuda", dtype=torch.int32)
+a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
+w = b.detach().requires_grad_()
 out = torch.empty(256, 128, device="cuda", dtype=torch.bfloat16)
-As = [torch.randn(16, 32, device="cuda", dtype=torch.float16) for _ in range(128)]
-Bs = [torch.randn(32, 16, device="cuda", dtype=torch.float16) for _ in range(128)]
-args = (0, current_stream(0), 1, True, "", True, a.data_ptr(), b.data_ptr(), out.data_ptr(),
-        offs.data_ptr(), 256, 128, 128, 8, 128, b.stride(0), 128, 128)
-basic_args = args[:3] + (False,) + args[4:]  # `basic` needs no global scratch
-fields = raw._list_fields(As, Bs, False, torch.float16, 0)
-ms, ns = fields[2::raw.LIST_FIELDS], fields[3::raw.LIST_FIELDS]
-list_out = torch.empty(sum(ms), 16, device="cuda", dtype=torch.float16)
-list_args = (0, current_stream(0), 0, True, "", False, fields, list_out.data_ptr(), 1)
+As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
+words = gemm_list._group_words(As, Bs, False, torch.float16, 0)
+width = len(gemm_list.GROUP_FIELDS)
+ms, ns = words[3::width], words[4::width]
+named = dict(a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(), offs_ptr=offs.data_ptr(),
+             T=256, N=128, K=128, G=8, lda=128, b_group_stride=b.stride(0), ldb=128, ldc=128)
 
 
 def synced(fn):
@@ -46,19 +43,20 @@ def synced(fn):
 
 
 rows = {
-    "validation (check_grouped_mm)": lambda: raw.check_grouped_mm(a, b, offs, None),
+    "validation (classify)": lambda: classify(a, b, offs, None),
     "torch.empty": lambda: torch.empty(256, 128, device="cuda", dtype=torch.bfloat16),
-    "current stream": lambda: current_stream(0),
-    "_C.run_ragged_m (dispatch + launch)": lambda: _C.run_ragged_m(*args),
-    "_C.run_ragged_m, basic (no scratch)": lambda: _C.run_ragged_m(*basic_args),
-    "raw.grouped_mm": lambda: raw.grouped_mm(a, b, offs),
+    "target (device, stream, dtype)": lambda: _native.target(a),
+    "_C.launch ragged_m (dispatch + launch)": lambda: _native.launch("ragged_m", "nt", *_native.target(a), **named),
+    "ragged.ragged_m": lambda: ragged.ragged_m(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
-    "grouped_gemm(128): per-group fields": lambda: raw._list_fields(As, Bs, False, torch.float16, 0),
-    "grouped_gemm(128): outputs": lambda: raw._list_outputs(ms, ns, As[0]),
-    "grouped_gemm(128): _C.run_list": lambda: _C.run_list(*list_args),
+    "gg_runtime.grouped_mm, autograd recording": lambda: gg_runtime.grouped_mm(a, w, offs),
+    "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs, None),
+    "torch._grouped_mm": lambda: torch._grouped_mm(a, b, offs),
+    "torch._grouped_mm, autograd recording": lambda: torch._grouped_mm(a, w, offs),
+    "grouped_gemm(128): group words": lambda: gemm_list._group_words(As, Bs, False, torch.float16, 0),
+    "grouped_gemm(128): outputs": lambda: gemm_list._outputs(ms, ns, As[0]),
     "gg_runtime.grouped_gemm, 128 groups": lambda: gg_runtime.grouped_gemm(As, Bs),
     "  the same, synchronised each call": synced(lambda: gg_runtime.grouped_gemm(As, Bs)),
-    "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs),
 }
 for name, fn in rows.items():
-    print(f"{name:40} {per_call_us(fn):7.1f} us")
+    print(f"{name:44} {per_call_us(fn):7.1f} us")

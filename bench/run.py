@@ -26,39 +26,11 @@ import torch
 
 import gg_runtime
 
+from gg_runtime.testing import (TOLERANCE, list_inputs, moe_inputs, ref_grouped_mm, ref_list,
+                                rel_error, time_ms)
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "runtime"))
-from reference import TOLERANCE, ref_grouped_mm, ref_list, rel_error  # noqa: E402
-
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-_flush = None
-
-
-def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
-    """Median ms of fn() over about rep_ms of repetitions, L2 flushed before each."""
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    times = []
-    for _ in range(max(10, min(1000, int(rep_ms / estimate)))):
-        _flush.zero_()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def ceilings() -> dict:
@@ -79,21 +51,6 @@ def group_sizes(w) -> list:
     return [(m, w["N"], w["K"]) for m in w["m"]]
 
 
-def make_list_inputs(w, dtype):
-    sizes = group_sizes(w)
-    As = [torch.randn(m, k, device="cuda").to(dtype) for m, n, k in sizes]
-    Bs = [(torch.randn(k, n, device="cuda") * k ** -0.5).to(dtype) for m, n, k in sizes]
-    return As, Bs
-
-
-def make_ragged_inputs(w, dtype):
-    counts, n, k = w["m"], w["N"], w["K"]
-    a = torch.randn(sum(counts), k, device="cuda").to(dtype)
-    weights = (torch.randn(len(counts), n, k, device="cuda") * k ** -0.5).to(dtype)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    return a, weights.transpose(1, 2), offs
-
-
 def traffic_bytes(w) -> int:
     """A + weights of non-empty groups + C, each once (2-byte elements)."""
     return 2 * sum(m * k + (k * n if m else 0) + m * n for m, n, k in group_sizes(w))
@@ -105,7 +62,7 @@ def bench_workload(w, ceil, with_seed) -> dict:
     flops = 2 * sum(m * n * k for m, n, k in sizes)
     runs = {}
     if w["layout"] == "ragged":
-        a, b, offs = make_ragged_inputs(w, dtype)
+        a, b, offs = moe_inputs(w["m"], w["N"], w["K"], dtype)
         ref = ref_grouped_mm(a, b, offs)
         bounds = offs.tolist()
         starts = [0] + bounds[:-1]
@@ -117,7 +74,7 @@ def bench_workload(w, ceil, with_seed) -> dict:
         check = lambda out: rel_error(torch.cat(out) if isinstance(out, list) else out, ref)  # noqa: E731
         dense_shape = (sum(m for m, _, _ in sizes), w["K"], w["N"])
     else:
-        As, Bs = make_list_inputs(w, dtype)
+        As, Bs = list_inputs(sizes, dtype)
         refs = ref_list(As, Bs)
         candidates = {
             "gg_runtime": lambda: gg_runtime.grouped_gemm(As, Bs),
@@ -175,13 +132,18 @@ def host_us(fn, calls=2000) -> float:
 
 
 def host_costs() -> dict:
-    a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8, 128, 128, device="cuda", dtype=torch.bfloat16)
-    offs = torch.arange(32, 257, 32, device="cuda", dtype=torch.int32)
-    As = [torch.randn(16, 32, device="cuda", dtype=torch.float16) for _ in range(128)]
-    Bs = [torch.randn(32, 16, device="cuda", dtype=torch.float16) for _ in range(128)]
+    """Host time per call on a tiny problem, ours next to torch's, same inputs:
+    plain, with autograd recording (weights that require grad), and the list
+    API with 128 groups against a loop of matmuls."""
+    a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
+    w = b.detach().requires_grad_()
+    As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
     return {"grouped_mm_us": host_us(lambda: gg_runtime.grouped_mm(a, b, offs)),
-            "grouped_gemm_128_groups_us": host_us(lambda: gg_runtime.grouped_gemm(As, Bs), 500)}
+            "torch_grouped_mm_us": host_us(lambda: torch._grouped_mm(a, b, offs)),
+            "grouped_mm_autograd_us": host_us(lambda: gg_runtime.grouped_mm(a, w, offs)),
+            "torch_grouped_mm_autograd_us": host_us(lambda: torch._grouped_mm(a, w, offs)),
+            "grouped_gemm_128_groups_us": host_us(lambda: gg_runtime.grouped_gemm(As, Bs), 500),
+            "matmul_loop_128_groups_us": host_us(lambda: [x @ y for x, y in zip(As, Bs)], 500)}
 
 
 def cold_start() -> dict:

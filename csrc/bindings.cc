@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <mutex>
 #include <vector>
 
 #include "dispatch.h"
@@ -16,18 +15,19 @@ namespace py = pybind11;
 
 namespace {
 
-// The parameter names of every family as Python strings, made once.
+// The parameter names of every family as Python strings, made once (under the
+// GIL) and never freed: their destructors must not run after the interpreter's.
 const std::vector<py::str>& param_names(int family) {
-  static std::once_flag once;
-  static std::vector<std::vector<py::str>> names;
-  std::call_once(once, [] {
+  static const auto* names = [] {
+    auto* all = new std::vector<std::vector<py::str>>();
     for (const gg::FamilyInfo& f : gg::families()) {
       std::vector<py::str> row;
       for (const gg::ParamInfo& p : f.param_list()) row.emplace_back(p.name);
-      names.push_back(std::move(row));
+      all->push_back(std::move(row));
     }
-  });
-  return names[family];
+    return all;
+  }();
+  return (*names)[family];
 }
 
 int64_t to_int64(PyObject* value, const char* name) {

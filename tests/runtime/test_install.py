@@ -84,3 +84,37 @@ def test_call_on_cpu_tensors_is_a_clear_error():
     a = torch.randn(4, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"As\[0\] must be on a CUDA device"):
         gg_runtime.grouped_gemm([a], [a.t().contiguous()])
+
+
+def test_families_match_the_shipped_manifest():
+    """The extension's parameter lists (names, roles, in ABI order) are those the
+    build recorded for every variant of the family."""
+    manifest = json.loads((Path(gg_runtime.__file__).parent / "_kernels" / "manifest.json").read_text())
+    families = _C.families()
+    for record in manifest["variants"]:
+        params = families[record["family"]]["params"]
+        assert [(name, role) for name, _, role, _ in params] == \
+            [(name, role) for name, _, role in record["params"]], record["key"]
+
+
+RAGGED_M_EMPTY = dict(a_ptr=0, b_ptr=0, c_ptr=0, offs_ptr=0, T=0, N=8, K=8, G=2, lda=8,
+                      b_group_stride=64, ldb=8, ldc=8)
+
+
+def test_launch_entry_takes_arguments_by_name():
+    """A call with no output tiles returns before touching a device (so this
+    runs without a GPU); a missing, extra or mistyped name is an error first."""
+    _C.launch("ragged_m", "nn", 0, 0, 0, **RAGGED_M_EMPTY)
+    with pytest.raises(TypeError, match="missing argument ldc"):
+        _C.launch("ragged_m", "nn", 0, 0, 0, **{k: v for k, v in RAGGED_M_EMPTY.items() if k != "ldc"})
+    with pytest.raises(TypeError, match="takes the arguments a_ptr, b_ptr"):
+        _C.launch("ragged_m", "nn", 0, 0, 0, **RAGGED_M_EMPTY, ldd=3)
+    with pytest.raises(TypeError, match="argument lda must be an int"):
+        _C.launch("ragged_m", "nn", 0, 0, 0, **{**RAGGED_M_EMPTY, "lda": 2.5})
+    with pytest.raises(ValueError, match="no kernel family 'nope'"):
+        _C.launch("nope", "nn", 0, 0, 0)
+    with pytest.raises(ValueError, match="group words is not a multiple of 9"):
+        _C.launch("list", "nn", 0, 0, 0, group_table=[1, 2, 3])
+    _C.launch("list", "nn", 0, 0, 0, group_table=[0, 0, 0, 0, 5, 5, 5, 5, 5])  # M = 0
+    with pytest.raises(ValueError, match="group 0: M = 4294967296 does not fit in int32"):
+        _C.launch("list", "nn", 0, 0, 0, group_table=[0, 0, 0, 2 ** 32, 5, 5, 5, 5, 5])
