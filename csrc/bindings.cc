@@ -34,9 +34,24 @@ int64_t to_int64(PyObject* value, const char* name) {
   const long long v = PyLong_AsLongLong(value);
   if (v == -1 && PyErr_Occurred()) {
     PyErr_Clear();
-    throw py::type_error(std::string("argument ") + name + " must be an int");
+    throw py::type_error(std::string("argument ") + name + ": expected an int, got " +
+                         Py_TYPE(value)->tp_name);
   }
   return v;
+}
+
+// A list or tuple of ints, read without pybind11's per-element casters: the
+// group table of a call with many groups has thousands of words.
+std::vector<int64_t> to_int64_vector(PyObject* value, const char* name) {
+  if (!PyList_Check(value) && !PyTuple_Check(value)) {
+    throw py::type_error(std::string("argument ") + name + ": expected a list of ints, got " +
+                         Py_TYPE(value)->tp_name);
+  }
+  const Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+  PyObject** items = PySequence_Fast_ITEMS(value);
+  std::vector<int64_t> out(static_cast<size_t>(size));
+  for (Py_ssize_t i = 0; i < size; ++i) out[i] = to_int64(items[i], name);
+  return out;
 }
 
 // The call's values in ABI order, read from the keyword arguments by name.
@@ -57,7 +72,7 @@ gg::Call gather(int family, const py::kwargs& kwargs) {
     }
     ++given;
     if (p.role == gg::Role::kGroupTable) {
-      call.groups = py::cast<std::vector<int64_t>>(value);
+      call.groups = to_int64_vector(value, p.name);
     } else {
       call.args[i] = to_int64(value, p.name);
     }

@@ -10,11 +10,11 @@
 
 namespace gg {
 
-void check_int32(std::span<const ParamInfo> params, const int64_t* values,
-                 const std::string& where) {
+void check_int32(std::span<const ParamInfo> params, const int64_t* values, long group) {
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].kind == 'i' && (values[i] < std::numeric_limits<int32_t>::min() ||
                                   values[i] > std::numeric_limits<int32_t>::max())) {
+      const std::string where = group < 0 ? "" : "group " + std::to_string(group) + ": ";
       throw std::invalid_argument(where + params[i].name + " = " + std::to_string(values[i]) +
                                   " does not fit in int32");
     }
@@ -23,7 +23,7 @@ void check_int32(std::span<const ParamInfo> params, const int64_t* values,
 
 std::vector<uint64_t> pack_args(std::span<const ParamInfo> params,
                                 const std::vector<int64_t>& values) {
-  check_int32(params, values.data(), "");
+  check_int32(params, values.data());
   std::vector<uint64_t> slots;
   slots.reserve(params.size() + 2);  // + the two scratch pointers launch() appends
   for (size_t i = 0; i < params.size(); ++i) {

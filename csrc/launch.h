@@ -12,9 +12,8 @@
 namespace gg {
 
 // Throws std::invalid_argument naming the first int32 value of `params` that
-// does not fit (`where` prefixes the message, e.g. "group 3: ").
-void check_int32(std::span<const ParamInfo> params, const int64_t* values,
-                 const std::string& where);
+// does not fit (and the group, for group >= 0).
+void check_int32(std::span<const ParamInfo> params, const int64_t* values, long group = -1);
 
 // Kernel arguments in ABI order, one 64-bit slot each holding the parameter at
 // its exact size from the slot's first byte (the driver copies

@@ -74,7 +74,7 @@ Survey survey_groups(const FamilyInfo& f, const Call& c, int element_bytes) {
   int64_t rows = 0, busy = 0;
   for (size_t g = 0; g < c.groups.size() / width; ++g) {
     const int64_t* fields = c.groups.data() + g * width;
-    check_int32(f.group_field_list(), fields, "group " + std::to_string(g) + ": ");
+    check_int32(f.group_field_list(), fields, static_cast<long>(g));
     if (f.tiles(fields, unit_tiles()) == 0) continue;  // no tile ever touches this group
     rows += f.rows(fields, unit_tiles());
     ++busy;

@@ -109,7 +109,7 @@ def test_launch_entry_takes_arguments_by_name():
         _C.launch("ragged_m", "nn", 0, 0, 0, **{k: v for k, v in RAGGED_M_EMPTY.items() if k != "ldc"})
     with pytest.raises(TypeError, match="takes the arguments a_ptr, b_ptr"):
         _C.launch("ragged_m", "nn", 0, 0, 0, **RAGGED_M_EMPTY, ldd=3)
-    with pytest.raises(TypeError, match="argument lda must be an int"):
+    with pytest.raises(TypeError, match="argument lda: expected an int, got float"):
         _C.launch("ragged_m", "nn", 0, 0, 0, **{**RAGGED_M_EMPTY, "lda": 2.5})
     with pytest.raises(ValueError, match="no kernel family 'nope'"):
         _C.launch("nope", "nn", 0, 0, 0)
@@ -118,3 +118,5 @@ def test_launch_entry_takes_arguments_by_name():
     _C.launch("list", "nn", 0, 0, 0, group_table=[0, 0, 0, 0, 5, 5, 5, 5, 5])  # M = 0
     with pytest.raises(ValueError, match="group 0: M = 4294967296 does not fit in int32"):
         _C.launch("list", "nn", 0, 0, 0, group_table=[0, 0, 0, 2 ** 32, 5, 5, 5, 5, 5])
+    with pytest.raises(TypeError, match="argument group_table: expected an int, got str"):
+        _C.launch("list", "nn", 0, 0, 0, group_table=[0, 0, 0, "1", 5, 5, 5, 5, 5])
