@@ -1,8 +1,9 @@
-"""The variant space: family x arch x dtype x layout x flavour x config.
+"""The variant space: family (aot/families/) x arch x dtype x layout x flavour
+x config.
 
-This file is the single description of what the wheel contains.  The
-compiler builds exactly `all_variants()`, the code generator turns them into
-the runtime's kernel table, and the tests parametrise over the same list.
+The compiler builds exactly `all_variants()`, the code generator turns them
+into the runtime's kernel table, and the tests parametrise over the same
+list (the wheel's `_C.variants()`).
 
 Layout names give how A and B are stored, one letter each: 'n' as the math
 reads (A [M, K], B [K, N], row-major), 't' stored transposed (A as [K, M],

@@ -1,4 +1,9 @@
-"""Every kernel family the wheel contains, by name: one description per module."""
-from . import list_gemm, ragged_k, ragged_m
+"""Every kernel family the wheel contains, by name: each module of this folder
+describes one family in its FAMILY.  Adding a module adds the family."""
+import importlib
+import pkgutil
 
-FAMILIES = {f.name: f for f in (list_gemm.FAMILY, ragged_m.FAMILY, ragged_k.FAMILY)}
+FAMILIES = {}
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    _family = importlib.import_module(f"{__name__}.{_module}").FAMILY
+    FAMILIES[_family.name] = _family

@@ -2,16 +2,12 @@
 b [T, N] -- the weight gradient of the MoE layer (grouped_mm 2-D x 2-D)."""
 from ..family import Family, Param
 from ..kernels.ragged import ragged_k_kernel
-from .ragged_m import RAGGED_ROWS_LIMIT
+from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
 
 FAMILY = Family(
     name="ragged_k",
     kernel=ragged_k_kernel,
-    params=(
-        Param("a_ptr", "*T", "operand"),
-        Param("b_ptr", "*T", "operand"),
-        Param("c_ptr", "*T", "output"),
-        Param("offs_ptr", "*i32", "offsets"),
+    params=POINTERS + (
         Param("M", "i32", "extent"),
         Param("N", "i32", "extent"),
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),

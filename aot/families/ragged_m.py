@@ -5,15 +5,18 @@ from ..kernels.ragged import ragged_m_kernel
 
 # Ragged TMA descriptors clip rows with a 2**30-row dimension (kernels/ragged.py).
 RAGGED_ROWS_LIMIT = 2 ** 30
+# The ragged families' first parameters: operands, output, group end offsets.
+POINTERS = (
+    Param("a_ptr", "*T", "operand"),
+    Param("b_ptr", "*T", "operand"),
+    Param("c_ptr", "*T", "output"),
+    Param("offs_ptr", "*i32", "offsets"),
+)
 
 FAMILY = Family(
     name="ragged_m",
     kernel=ragged_m_kernel,
-    params=(
-        Param("a_ptr", "*T", "operand"),
-        Param("b_ptr", "*T", "operand"),
-        Param("c_ptr", "*T", "output"),
-        Param("offs_ptr", "*i32", "offsets"),
+    params=POINTERS + (
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
         Param("N", "i32", "extent"),
         Param("K", "i32", "extent"),
