@@ -71,7 +71,7 @@ def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
     return "    " + _init(
         key=_string(r["key"]), cubin=_string(r["cubin"]), kernel_name=_string(r["kernel_name"]),
         family=family_index[r["family"]], arch=r["arch"], dtype=dtype_index[r["dtype"]],
-        layout=_string(r["layout"]), tma=_bool(r["flavour"] == "tma"),
+        out_dtype=dtype_index[r["out_dtype"]], layout=_string(r["layout"]), tma=_bool(r["flavour"] == "tma"),
         block_m=c["BM"], block_n=c["BN"], block_k=c["BK"], max_rows=c["max_rows"],
         num_warps=r["num_warps"], shared=r["shared"], scratch_size=r["scratch_size"],
         scratch_align=r["scratch_align"]) + ","

@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 
 from . import expr
 
-TYPES = ("*T", "*i32", "*i64", "i32", "i64")  # '*T': pointer to the variant's dtype
+# '*T': pointer to the variant's input dtype, '*O': to its output dtype.
+TYPES = ("*T", "*O", "*i32", "*i64", "i32", "i64")
+ALL_DTYPES = ("float16", "bfloat16", "float32", "tf32")  # aot/variants.py DTYPES
 
 # What the runtime does with a parameter of each role.
 ROLES = {
-    "operand": "pointer to T the kernel reads (TMA: 16-byte aligned base)",
-    "output": "pointer to T the kernel writes (TMA: 16-byte aligned base)",
+    "operand": "pointer to an input the kernel reads (TMA: 16-byte aligned base)",
+    "output": "pointer to the output the kernel writes (TMA: 16-byte aligned base)",
     "offsets": "pointer to int32 cumulative group end offsets, read on the GPU",
     "extent": "a size; must fit the parameter's type",
     "stride": "an element stride (TMA: a positive multiple of 16 bytes)",
@@ -61,6 +63,8 @@ class Family:
     group_tiles: str = ""
     group_rows: str = ""
     dtype_constexpr: bool = False  # the kernel takes DTYPE (its pointers are untyped)
+    dtypes: tuple = ALL_DTYPES  # input dtypes the build compiles
+    float32_output: bool = False  # 16-bit inputs may also write a float32 output ('*O')
     summary: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -75,8 +79,9 @@ class Family:
         """The kernel's non-constexpr parameters, in declaration order."""
         return [p.name for p in self.kernel.params if not p.is_constexpr]
 
-    def signature(self, short_dtype: str) -> dict:
-        return {p.name: p.type.replace("*T", f"*{short_dtype}") for p in self.params}
+    def signature(self, short_dtype: str, short_out: str) -> dict:
+        return {p.name: p.type.replace("*T", f"*{short_dtype}").replace("*O", f"*{short_out}")
+                for p in self.params}
 
     def _check_abi(self):
         """The description lists the kernel's parameters by name in order, so a

@@ -1,5 +1,5 @@
-"""The variant space: family (aot/families/) x arch x dtype x layout x flavour
-x config.
+"""The variant space: family (aot/families/) x arch x dtype x output dtype x
+layout x flavour x config.
 
 The compiler builds exactly `all_variants()`, the code generator turns them
 into the runtime's kernel table, and the tests parametrise over the same
@@ -28,21 +28,33 @@ class Arch:
     arch: int
     exact: bool
     tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
+    shared_limit: int  # bytes of shared memory a variant may use on every GPU it runs on
 
 
-ARCHS = (Arch(80, exact=False, tma=False), Arch(90, exact=True, tma=True))
+ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024),
+         Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
 
 
 @dataclass(frozen=True)
 class DType:
-    name: str  # torch's name
+    """An input element type and how products of it are computed.  Two kinds
+    share float32 storage: `float32` multiplies with three TF32 products per
+    product (tf32x3, near float32 accuracy), `tf32` with one (what torch does
+    when torch.backends.cuda.matmul.allow_tf32 is set)."""
+    name: str
+    storage: str  # torch's name of the element type
     short: str  # Triton's signature name
     triton: object
     bytes: int
+    precision: str = "tf32"  # Triton's dot input precision (used for float32 inputs only)
 
 
-DTYPES = {d.name: d for d in (DType("float16", "fp16", tl.float16, 2),
-                              DType("bfloat16", "bf16", tl.bfloat16, 2))}
+DTYPES = {d.name: d for d in (
+    DType("float16", "float16", "fp16", tl.float16, 2),
+    DType("bfloat16", "bfloat16", "bf16", tl.bfloat16, 2),
+    DType("float32", "float32", "fp32", tl.float32, 4, precision="tf32x3"),
+    DType("tf32", "float32", "fp32", tl.float32, 4, precision="tf32"),
+)}
 # Groups scanned per step by the persistent kernels' tile -> group lookup.
 GROUP_CHUNK = 64
 TUNING_DIR = Path(__file__).parent / "tuning"
@@ -62,6 +74,11 @@ class Config:
     @property
     def tag(self) -> str:
         return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
+
+    def shared_estimate(self, in_bytes: int, out_bytes: int, tma: bool) -> int:
+        """Shared memory of the pipeline, plus the output tile a TMA store stages."""
+        ring = self.num_stages * (self.BM + self.BN) * self.BK * in_bytes
+        return ring + (self.BM * self.BN * out_bytes if tma else 0)
 
 
 # Heuristic sets, used where no tuned table exists.  sm80 configs keep shared
@@ -91,14 +108,39 @@ def flavours(family: str, layout: str, arch: Arch) -> tuple:
     return ("basic",)
 
 
-def configs_for(family: str, arch: int, flavour: str) -> tuple:
-    """The tuned table for (arch, family, flavour) if `aot tune` wrote one, else the defaults."""
-    table = TUNING_DIR / f"sm{arch}.json"
+def _fitted(config: Config, arch: Arch, in_bytes: int, out_bytes: int, tma: bool) -> Config:
+    """The config, with fewer stages or a shorter BK where wider elements would
+    overflow the arch's shared memory (tuned tables are measured for 16-bit)."""
+    while config.shared_estimate(in_bytes, out_bytes, tma) > arch.shared_limit:
+        if config.num_stages > 2:
+            config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
+        elif config.BK > 16:
+            config = Config(**{**asdict(config), "BK": config.BK // 2})
+        else:
+            break
+    return config
+
+
+def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType) -> tuple:
+    """The tuned table for (arch, family, flavour) if `aot tune` wrote one, else
+    the defaults; fitted to the element sizes."""
+    table = TUNING_DIR / f"sm{arch.arch}.json"
+    configs = DEFAULT_CONFIGS[(arch.arch, flavour)]
     if table.exists():
         entries = json.loads(table.read_text()).get(family, {}).get(flavour)
         if entries:
-            return tuple(Config(**e) for e in entries)
-    return DEFAULT_CONFIGS[(arch, flavour)]
+            configs = tuple(Config(**e) for e in entries)
+    fitted = [_fitted(c, arch, dtype.bytes, out.bytes, flavour == "tma") for c in configs]
+    return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
+
+
+def out_dtypes(family: str, dtype: DType) -> tuple:
+    """The input's own type, and float32 for 16-bit inputs where the family
+    writes a separate output type."""
+    own = DTYPES[dtype.storage]
+    if FAMILIES[family].float32_output and dtype.bytes < 4:
+        return (own, DTYPES["float32"])
+    return (own,)
 
 
 @dataclass(frozen=True)
@@ -109,13 +151,20 @@ class Variant:
     layout: str
     flavour: str
     config: Config
+    out_dtype: str = ""  # '' = the input's storage type
+
+    @property
+    def out(self) -> DType:
+        return DTYPES[self.out_dtype or DTYPES[self.dtype].storage]
 
     @property
     def key(self) -> str:
-        return f"{self.family}.sm{self.arch}.{self.dtype}.{self.layout}.{self.flavour}.{self.config.tag}"
+        types = self.dtype if self.out.name == DTYPES[self.dtype].storage else \
+            f"{self.dtype}-{self.out.name}"
+        return f"{self.family}.sm{self.arch}.{types}.{self.layout}.{self.flavour}.{self.config.tag}"
 
     def signature(self) -> dict:
-        return FAMILIES[self.family].signature(DTYPES[self.dtype].short)
+        return FAMILIES[self.family].signature(DTYPES[self.dtype].short, self.out.short)
 
     def constexprs(self) -> dict:
         family = FAMILIES[self.family]
@@ -128,16 +177,18 @@ class Variant:
 
     def describe(self) -> dict:
         return {"key": self.key, "family": self.family, "arch": self.arch, "dtype": self.dtype,
-                "layout": self.layout, "flavour": self.flavour, "config": asdict(self.config)}
+                "out_dtype": self.out.name, "layout": self.layout, "flavour": self.flavour,
+                "config": asdict(self.config)}
 
 
 def all_variants() -> list:
     return [
-        Variant(family, arch.arch, dtype, layout, flavour, config)
+        Variant(family, arch.arch, dtype.name, layout, flavour, config, out.name)
         for family, desc in FAMILIES.items()
         for arch in ARCHS
-        for dtype in DTYPES
+        for dtype in map(DTYPES.get, desc.dtypes)
+        for out in out_dtypes(family, dtype)
         for layout in desc.layouts
         for flavour in flavours(family, layout, arch)
-        for config in configs_for(family, arch.arch, flavour)
+        for config in configs_for(family, arch, flavour, dtype, out)
     ]

@@ -88,13 +88,18 @@ gg::Call gather(int family, const py::kwargs& kwargs) {
   return call;
 }
 
-void launch(const std::string& family, const std::string& layout, int device, uintptr_t stream,
-            int dtype, const py::kwargs& kwargs) {
-  if (dtype < 0 || dtype >= static_cast<int>(gg::dtypes().size())) {
-    throw std::invalid_argument("unknown dtype code " + std::to_string(dtype));
+int dtype_code(int code) {
+  if (code < 0 || code >= static_cast<int>(gg::dtypes().size())) {
+    throw std::invalid_argument("unknown dtype code " + std::to_string(code));
   }
+  return code;
+}
+
+void launch(const std::string& family, const std::string& layout, int device, uintptr_t stream,
+            int dtype, int out_dtype, const py::kwargs& kwargs) {
   gg::Call call = gather(gg::family_index(family), kwargs);
-  call.dtype = dtype;
+  call.dtype = dtype_code(dtype);
+  call.out_dtype = dtype_code(out_dtype);
   call.layout = layout;
   call.device = device;
   call.stream = reinterpret_cast<gg::cu::Stream>(stream);
@@ -111,6 +116,7 @@ py::list variants() {
     d["family"] = gg::families()[k.family].name;
     d["arch"] = k.arch;
     d["dtype"] = gg::dtypes()[k.dtype].name;
+    d["out_dtype"] = gg::dtypes()[k.out_dtype].name;
     d["layout"] = k.layout;
     d["flavour"] = k.tma ? "tma" : "basic";
     d["block"] = py::make_tuple(k.block_m, k.block_n, k.block_k);
@@ -132,12 +138,27 @@ py::list describe_params(std::span<const gg::ParamInfo> params) {
   return out;
 }
 
+// Names of the input dtypes the table has variants of `family` for.
+py::list family_dtypes(int family) {
+  std::vector<bool> seen(gg::dtypes().size(), false);
+  for (const gg::KernelInfo& k : gg::kernel_table()) {
+    if (k.family == family) seen[k.dtype] = true;
+  }
+  py::list out;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i]) out.append(gg::dtypes()[i].name);
+  }
+  return out;
+}
+
 py::dict families() {
   py::dict out;
-  for (const gg::FamilyInfo& f : gg::families()) {
+  for (size_t i = 0; i < gg::families().size(); ++i) {
+    const gg::FamilyInfo& f = gg::families()[i];
     py::dict d;
     d["params"] = describe_params(f.param_list());
     d["group_fields"] = describe_params(f.group_field_list());
+    d["dtypes"] = family_dtypes(static_cast<int>(i));
     out[f.name] = d;
   }
   return out;
@@ -167,7 +188,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_kernel_dir", &gg::set_kernel_dir);
   m.def("triton_version", &gg::triton_version);
   m.def("variants", &variants, "Every compiled variant, as in the generated kernel table.");
-  m.def("families", &families, "Each family's parameters: (name, kind, role, tma_limit).");
+  m.def("families", &families,
+        "Each family's parameters and group fields, (name, kind, role, tma_limit), and dtypes.");
   m.def("dtypes", [] {
     py::list out;
     for (const gg::DTypeInfo& d : gg::dtypes()) out.append(d.name);
@@ -175,7 +197,7 @@ PYBIND11_MODULE(_C, m) {
   }, "The dtype names, in the order of their codes.");
   m.def("device_info", &device_info, py::arg("device"));
   m.def("launch", &launch,
-        "launch(family, layout, device, stream, dtype_code, **arguments): one call of a "
+        "launch(family, layout, device, stream, dtype, out_dtype, **arguments): one call of a "
         "kernel family, its arguments named as in its description.");
   m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("allow_tma"),
         "Test-only: force the variant with this key, or ('', False) only `basic` variants.");

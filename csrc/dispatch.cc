@@ -58,6 +58,7 @@ DeviceProps query(int device) {
 
 bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d) {
   return k.family == r.family && k.arch == d.arch && k.dtype == r.dtype &&
+         k.out_dtype == r.out_dtype &&
          std::strcmp(k.layout, r.layout) == 0 && k.shared <= d.shared_optin;
 }
 
@@ -75,7 +76,8 @@ bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
 
 std::string describe(const Request& r, const DeviceProps& d) {
   return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(d.arch) +
-         ", " + dtypes()[r.dtype].name + ", layout " + r.layout + " on " + d.name;
+         ", " + dtypes()[r.dtype].name + " -> " + dtypes()[r.out_dtype].name + ", layout " +
+         r.layout + " on " + d.name;
 }
 
 size_t best_variant(const Request& r, const DeviceProps& d, bool allow_tma) {

@@ -26,6 +26,7 @@ std::string unsupported_reason(int device, const DeviceProps& props);
 struct Request {
   int family;
   int dtype;
+  int out_dtype;
   const char* layout;
   bool tma_ok;  // pointers and strides meet TMA's rules
   long rows;    // typical rows per group, picks the config bucket

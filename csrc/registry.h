@@ -72,7 +72,7 @@ struct ArchInfo {
 };
 
 struct DTypeInfo {
-  const char* name;  // torch's name
+  const char* name;  // torch's name, or tf32 (float32 storage, TF32 products)
   int bytes;
 };
 
@@ -83,7 +83,8 @@ struct KernelInfo {
   const char* kernel_name;  // PTX entry
   int family;               // index into families()
   int arch;
-  int dtype;                // index into dtypes()
+  int dtype;                // index into dtypes(): the inputs' type
+  int out_dtype;            // index into dtypes(): the output's type
   const char* layout;       // a layout name of the family description
   bool tma;
   int block_m, block_n, block_k;

@@ -131,7 +131,8 @@ void run(const Call& c) {
     throw std::invalid_argument(std::string(f.name) + " takes " + std::to_string(f.param_count) +
                                 " arguments, got " + std::to_string(c.args.size()));
   }
-  const int element_bytes = dtypes()[c.dtype].bytes;
+  // TMA's stride rule, checked against the narrower type, holds for both.
+  const int element_bytes = std::min(dtypes()[c.dtype].bytes, dtypes()[c.out_dtype].bytes);
   const Survey s = f.has_group_table() ? survey_groups(f, c, element_bytes)
                                        : survey_call(f, c, element_bytes);
   if (s.empty) return;
@@ -142,7 +143,8 @@ void run(const Call& c) {
   }
   if (f.has_group_table()) refuse_capture(f, c.stream);
   const size_t index =
-      pick_variant(Request{c.family, c.dtype, c.layout.c_str(), s.tma_ok, s.rows}, props);
+      pick_variant(Request{c.family, c.dtype, c.out_dtype, c.layout.c_str(), s.tma_ok, s.rows},
+                   props);
   const KernelInfo& k = kernel_table()[index];
   const ReadyKernel ready = ready_kernel(index, c.device, props.shared_optin);
   std::vector<int64_t> args(c.args);

@@ -13,7 +13,8 @@ namespace gg {
 
 struct Call {
   int family;  // index into families()
-  int dtype;   // index into dtypes()
+  int dtype;      // index into dtypes(): the inputs'
+  int out_dtype;  // index into dtypes(): the output's
   std::string layout;
   int device;
   cu::Stream stream;

@@ -13,7 +13,10 @@ KERNEL_DIR = Path(__file__).parent / "_kernels"
 _C.set_kernel_dir(str(KERNEL_DIR))
 
 # torch dtype -> the code _C.launch takes; the build's dtype list is the only owner.
-DTYPE_CODES = {getattr(torch, name): code for code, name in enumerate(_C.dtypes())}
+# float32 inputs take the `tf32` code where torch allows TF32 for matmuls.
+_CODES = {name: code for code, name in enumerate(_C.dtypes())}
+DTYPE_CODES = {getattr(torch, name): code for name, code in _CODES.items() if name != "tf32"}
+_TF32 = _CODES["tf32"]
 
 CudaError = _C.CudaError
 UnsupportedDeviceError = _C.UnsupportedDeviceError
@@ -30,12 +33,25 @@ def _stream_getter():
 current_stream = _stream_getter()
 
 
-def target(x: torch.Tensor) -> tuple:
-    """(device, stream, dtype code) of a call whose inputs are like x."""
+def target(x: torch.Tensor, out: torch.Tensor) -> tuple:
+    """(device, stream, input dtype code, output dtype code) of a call whose
+    inputs are like x, writing out."""
     index = x.get_device()
-    return index, current_stream(index), DTYPE_CODES[x.dtype]
+    code = DTYPE_CODES[x.dtype]
+    if x.dtype is torch.float32 and _tf32_allowed():
+        code = _TF32
+    return index, current_stream(index), code, DTYPE_CODES[out.dtype]
 
 
-def empty(shape: tuple, like: torch.Tensor) -> torch.Tensor:
+def _tf32_allowed() -> bool:
+    """Whether torch lets float32 matmuls use TF32.  torch >= 2.9 has
+    fp32_precision ('tf32', 'ieee', or 'none' = the global setting, resolved
+    here); there, reading the legacy allow_tf32 raises once the new API was used."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    return precision == "tf32" if precision is not None else bool(matmul.allow_tf32)
+
+
+def empty(shape: tuple, like: torch.Tensor, dtype=None) -> torch.Tensor:
     """Every output is allocated here (tests replace it to poison outputs)."""
-    return like.new_empty(shape)
+    return like.new_empty(shape, dtype=dtype)

@@ -54,5 +54,5 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
         return grouped_mm_op(a, b, offs, out_dtype)  # traced, or a tensor subclass
     case = classify(a, b, offs, out_dtype)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GroupedMM.apply(case, a, b, offs)
-    return ragged.run(case, a, b, offs)
+        return GroupedMM.apply(case, a, b, offs, out_dtype)
+    return ragged.run(case, a, b, offs, out_dtype)

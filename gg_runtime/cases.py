@@ -14,6 +14,7 @@ from .validate import check_offsets, check_out_dtype, check_same, check_tensor, 
 class Case(enum.Enum):
     RAGGED_M = (2, 3)  # a [T, K], b [G, K, N], offs [G] -> [T, N]
     RAGGED_K = (2, 2)  # a [M, T], b [T, N], offs [G] -> [G, M, N]
+    RAGGED_N = (3, 2)  # a [G, M, K], b [K, T], offs [G] -> [M, T]
     BATCHED = (3, 3)   # a [G, M, K], b [G, K, N] -> [G, M, N]
 
 
@@ -30,7 +31,18 @@ def output_shape(case: Case, a, b, offs) -> tuple:
         return (a.shape[0], b.shape[2])
     if case is Case.RAGGED_K:
         return (offs.shape[0], a.shape[0], b.shape[1])
+    if case is Case.RAGGED_N:
+        return (a.shape[1], b.shape[1])
     return (a.shape[0], a.shape[1], b.shape[2])
+
+
+def empty_output(case: Case, a, b, offs, out_dtype) -> torch.Tensor:
+    """An empty tensor shaped, typed and strided as the call's result (the
+    fake implementation): RAGGED_N is written transposed (ragged.ragged_n)."""
+    dtype = out_dtype or a.dtype
+    if case is Case.RAGGED_N:
+        return a.new_empty(output_shape(case, a, b, offs)[::-1], dtype=dtype).t()
+    return a.new_empty(output_shape(case, a, b, offs), dtype=dtype)
 
 
 def _is_plain_ragged_m(a, b, offs, out_dtype) -> bool:
@@ -60,7 +72,7 @@ def _full_checks(a, b, offs, out_dtype) -> Case:
     check_tensor(b, "b", dims[1])
     check_same(b, "b", a, "a")
     check_out_dtype(out_dtype, a.dtype)
-    case = _BY_DIMS.get(dims)
+    case = _BY_DIMS[dims]
     if case is Case.RAGGED_M:
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"K differs: {_shapes(a, b)} (expected [T, K] and [G, K, N])")
@@ -71,13 +83,15 @@ def _full_checks(a, b, offs, out_dtype) -> Case:
             raise ValueError(f"T differs: {_shapes(a, b)} (expected [M, T] and [T, N])")
         require(offs is not None, "offs is required when a and b are 2-D (ragged K)")
         check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a)
+    elif case is Case.RAGGED_N:
+        if a.shape[2] != b.shape[0]:
+            raise ValueError(f"K differs: {_shapes(a, b)} (expected [G, M, K] and [K, T])")
+        require(offs is not None, "offs is required when a is 3-D and b is 2-D (ragged N)")
+        check_offsets(offs, "a", a.shape[0], a)
     elif case is Case.BATCHED:
         require(offs is None, "offs must be None when a and b are 3-D (batched)")
         if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
             raise ValueError(f"G or K differs: {_shapes(a, b)} (expected [G, M, K] and [G, K, N])")
-    else:
-        raise ValueError(f"a 3-D and b 2-D is not a grouped_mm case ({_shapes(a, b)}); "
-                         "use 2-D x 3-D for ragged M")
     return case
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+import torch
+
 from . import _C, _native
 from .validate import check_same, check_tensor, check_unit_inner_stride, require
 
@@ -12,15 +14,16 @@ from .validate import check_same, check_tensor, check_unit_inner_stride, require
 GROUP_FIELDS = ("a", "b", "c", "M", "N", "K", "lda", "ldb", "ldc")
 _WIDTH = len(GROUP_FIELDS)
 _C_AT, _M_AT, _N_AT = (GROUP_FIELDS.index(name) for name in ("c", "M", "N"))
-_built = tuple(name for name, *_ in _C.families()["list"]["group_fields"])
-if _built != GROUP_FIELDS:
-    raise ImportError(f"gg_runtime was built with list group fields {_built}, "
+_FAMILY = _C.families()["list"]
+if tuple(name for name, *_ in _FAMILY["group_fields"]) != GROUP_FIELDS:
+    raise ImportError(f"gg_runtime was built with list group fields {_FAMILY['group_fields']}, "
                       f"this module writes {GROUP_FIELDS}")
+DTYPES = tuple(getattr(torch, name) for name in _FAMILY["dtypes"])
 
 
 def _check_group(i: int, a, b, trans_b: bool, ref) -> None:
-    check_tensor(a, f"As[{i}]", 2)
-    check_tensor(b, f"Bs[{i}]", 2)
+    check_tensor(a, f"As[{i}]", 2, DTYPES)
+    check_tensor(b, f"Bs[{i}]", 2, DTYPES)
     check_same(a, f"As[{i}]", ref, "As[0]")
     check_same(b, f"Bs[{i}]", ref, "As[0]")
     check_unit_inner_stride(a, f"As[{i}]")
@@ -81,7 +84,7 @@ def grouped_gemm(As, Bs, trans_b: bool) -> list:
     if not As:
         return []
     ref = As[0]
-    check_tensor(ref, "As[0]", 2)
+    check_tensor(ref, "As[0]", 2, DTYPES)
     try:
         words = _group_words(As, Bs, trans_b, ref.dtype, ref.get_device())
     except (AttributeError, TypeError, ValueError):  # not a tensor, not 2-D
@@ -91,5 +94,6 @@ def grouped_gemm(As, Bs, trans_b: bool) -> list:
             _check_group(i, a, b, trans_b, ref)
         raise AssertionError("the fast and the full group checks disagree")
     Cs, words[_C_AT::_WIDTH] = _outputs(words[_M_AT::_WIDTH], words[_N_AT::_WIDTH], ref)
-    _native.launch("list", "nt" if trans_b else "nn", *_native.target(ref), group_table=words)
+    _native.launch("list", "nt" if trans_b else "nn", *_native.target(ref, ref),
+                   group_table=words)
     return Cs

@@ -9,12 +9,15 @@ from typing import Optional
 import torch
 
 from . import ragged
-from .cases import Case, case_of, classify, output_shape
+from .cases import Case, case_of, classify, empty_output
 
 
 def backward(case: Case, a, b, offs, grad, need_a: bool, need_b: bool, mm):
     """(grad_a, grad_b) of grouped_mm(a, b, offs) for the output gradient grad;
-    mm(case, x, y, offs) computes one grouped_mm of a known case."""
+    mm(case, x, y, offs) computes one grouped_mm of a known case.  A float32
+    gradient of a 16-bit product (out_dtype=float32) is rounded to the inputs'
+    dtype first: the kernels take one input dtype."""
+    grad = grad.to(a.dtype)
     grad_a = grad_b = None
     if case is Case.RAGGED_M:  # out[T, N]
         if need_a:
@@ -26,6 +29,11 @@ def backward(case: Case, a, b, offs, grad, need_a: bool, need_b: bool, mm):
             grad_a = mm(Case.RAGGED_M, b, grad.transpose(-2, -1), offs).t()  # [T, M] -> [M, T]
         if need_b:
             grad_b = mm(Case.RAGGED_M, a.t(), grad, offs)  # [T, N]
+    elif case is Case.RAGGED_N:  # out[M, T]
+        if need_a:
+            grad_a = mm(Case.RAGGED_K, grad, b.t(), offs)  # [G, M, K]
+        if need_b:
+            grad_b = mm(Case.RAGGED_M, grad.t(), a, offs).t()  # [T, K] -> [K, T]
     else:
         if need_a:
             grad_a = mm(Case.BATCHED, grad, b.transpose(-2, -1), None)
@@ -38,10 +46,10 @@ class GroupedMM(torch.autograd.Function):
     """Eager autograd for inputs classify() has checked."""
 
     @staticmethod
-    def forward(ctx, case, a, b, offs):
+    def forward(ctx, case, a, b, offs, out_dtype):
         ctx.case = case
         ctx.save_for_backward(a, b, offs)
-        return ragged.run(case, a, b, offs)
+        return ragged.run(case, a, b, offs, out_dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -49,19 +57,19 @@ class GroupedMM(torch.autograd.Function):
         a, b, offs = ctx.saved_tensors
         grad_a, grad_b = backward(ctx.case, a, b, offs, grad, *ctx.needs_input_grad[1:3],
                                   ragged.run)
-        return None, grad_a, grad_b, None
+        return None, grad_a, grad_b, None, None
 
 
 @torch.library.custom_op("gg_runtime::grouped_mm", mutates_args=())
 def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor],
                   out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     # No device_types: a CPU tensor reaches classify() and gets its clear error.
-    return ragged.run(classify(a, b, offs, out_dtype), a, b, offs)
+    return ragged.run(classify(a, b, offs, out_dtype), a, b, offs, out_dtype)
 
 
 @grouped_mm_op.register_fake
 def _grouped_mm_fake(a, b, offs, out_dtype):
-    return a.new_empty(output_shape(classify(a, b, offs, out_dtype), a, b, offs))
+    return empty_output(classify(a, b, offs, out_dtype), a, b, offs, out_dtype)
 
 
 def _setup_context(ctx, inputs, output):

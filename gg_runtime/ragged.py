@@ -32,32 +32,43 @@ def _row_major(x: torch.Tensor):
     return x, row_stride
 
 
-def ragged_m(a, b, offs) -> torch.Tensor:
+def _letter(transposed: bool) -> str:
+    return "t" if transposed else "n"
+
+
+def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
     """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
-    a, lda = _row_major(a)
+    a, a_t, lda = _layout(a)
     b, b_t, ldb = _layout(b)
     (rows, k), (groups, _, n) = a.shape, b.shape
-    out = _native.empty((rows, n), a)
+    out = _native.empty((rows, n), a, out_dtype)
     if groups == 0:
         return out.zero_()
-    _native.launch("ragged_m", "nt" if b_t else "nn", *_native.target(a),
+    _native.launch("ragged_m", _letter(a_t) + _letter(b_t), *_native.target(a, out),
                    a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
                    offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
                    lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
     return out
 
 
-def ragged_k(a, b, offs) -> torch.Tensor:
+def ragged_k(a, b, offs, out_dtype=None) -> torch.Tensor:
     """out[G, M, N]; out[g] = a[:, rows of g] @ b[rows of g].  a [M, T], b [T, N]."""
     m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
     a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
     b, ldb = _row_major(b)
-    out = _native.empty((groups, m, n), a)
-    _native.launch("ragged_k", "tn" if a_t else "nn", *_native.target(a),
+    out = _native.empty((groups, m, n), a, out_dtype)
+    _native.launch("ragged_k", _letter(a_t) + "n", *_native.target(a, out),
                    a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
                    offs_ptr=offs.data_ptr(), M=m, N=n, T=a.shape[1], G=groups,
                    lda=lda, ldb=ldb, ldc=n)
     return out
+
+
+def ragged_n(a, b, offs, out_dtype=None) -> torch.Tensor:
+    """out[M, T]; columns offs[g-1]:offs[g] are a[g] @ b[:, those columns].
+    a [G, M, K], b [K, T].  Computed as out^T = b^T (ragged rows) @ a[g]^T, one
+    ragged_m on transposed views: the result is a transposed view of [T, M]."""
+    return ragged_m(b.t(), a.transpose(1, 2), offs, out_dtype).t()
 
 
 def _batch_offsets(groups: int, size: int, device) -> torch.Tensor:
@@ -65,10 +76,10 @@ def _batch_offsets(groups: int, size: int, device) -> torch.Tensor:
     return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * size
 
 
-def batched(a, b, offs=None) -> torch.Tensor:
-    """out[G, M, N] = a[g] @ b[g] (offs is None in this case).  Mapped onto the ragged kernels without copies
-    when a's batches are stacked rows ([G*M, K]) or stacked columns (a
-    transposed view of [G, K, M], as in the backward pass)."""
+def batched(a, b, offs=None, out_dtype=None) -> torch.Tensor:
+    """out[G, M, N] = a[g] @ b[g] (offs is None in this case).  Mapped onto the
+    ragged kernels without copies when a's batches are stacked rows ([G*M, K])
+    or stacked columns (a transposed view of [G, K, M], as in the backward)."""
     groups, m, k = a.shape
     n = b.shape[2]
     stacked_columns = (m > 1 and k > 1 and a.stride(1) == 1 and a.stride(0) == k * a.stride(2)
@@ -76,16 +87,17 @@ def batched(a, b, offs=None) -> torch.Tensor:
     if stacked_columns:
         offs = _batch_offsets(groups, k, a.device)
         return ragged_k(a.transpose(1, 2).reshape(groups * k, m).t(), b.reshape(groups * k, n),
-                        offs)
+                        offs, out_dtype)
     if not (a.shape[-1] <= 1 or a.stride(-1) == 1) or a.stride(0) != m * a.stride(1):
         a = a.contiguous()
     offs = _batch_offsets(groups, m, a.device)
-    return ragged_m(a.reshape(groups * m, k), b, offs).view(groups, m, n)
+    return ragged_m(a.reshape(groups * m, k), b, offs, out_dtype).view(groups, m, n)
 
 
-_LAUNCH = {Case.RAGGED_M: ragged_m, Case.RAGGED_K: ragged_k, Case.BATCHED: batched}
+_LAUNCH = {Case.RAGGED_M: ragged_m, Case.RAGGED_K: ragged_k, Case.RAGGED_N: ragged_n,
+           Case.BATCHED: batched}
 
 
-def run(case: Case, a, b, offs) -> torch.Tensor:
-    """grouped_mm of checked inputs of this case."""
-    return _LAUNCH[case](a, b, offs)
+def run(case: Case, a, b, offs, out_dtype=None) -> torch.Tensor:
+    """grouped_mm of checked inputs of this case; out_dtype None: a's dtype."""
+    return _LAUNCH[case](a, b, offs, out_dtype)

@@ -8,7 +8,6 @@ import torch
 from ._native import DTYPE_CODES
 
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
-_DTYPE_NAMES = " or ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 
 
 def require(condition: bool, message: str, error=ValueError) -> None:
@@ -17,13 +16,14 @@ def require(condition: bool, message: str, error=ValueError) -> None:
         raise error(message)
 
 
-def check_tensor(x, name: str, ndim: int) -> None:
+def check_tensor(x, name: str, ndim: int, dtypes=SUPPORTED_DTYPES) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be {_DTYPE_NAMES}, got {x.dtype}")
+    if x.dtype not in dtypes:
+        names = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must be {names}, got {x.dtype}")
     if not x.is_cuda:
         raise ValueError(f"{name} must be on a CUDA device, got {x.device}")
 
@@ -58,6 +58,7 @@ def check_offsets(offs, groups_name: str, groups: int, like) -> None:
 
 
 def check_out_dtype(out_dtype, dtype) -> None:
-    if out_dtype is not None and out_dtype != dtype:
-        raise TypeError(f"out_dtype={out_dtype} is not supported: the output has the inputs' "
-                        f"dtype ({dtype})")
+    """None (the inputs' dtype), the inputs' dtype, or float32."""
+    if out_dtype is not None and out_dtype != dtype and out_dtype != torch.float32:
+        raise TypeError(f"out_dtype={out_dtype} is not supported: give None, the inputs' dtype "
+                        f"({dtype}) or torch.float32")

@@ -27,4 +27,5 @@ FAMILY = Family(
     group_tiles="cdiv(M, BM) * cdiv(N, BN)",
     group_rows="M",
     dtype_constexpr=True,
+    dtypes=("float16", "bfloat16"),
 )

@@ -21,6 +21,7 @@ FAMILY = Family(
     # its contiguous dimension, which TMA got wrong on an H100.
     layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
     tma_layouts=("tn",),
+    float32_output=True,
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",
 )

@@ -9,7 +9,7 @@ RAGGED_ROWS_LIMIT = 2 ** 30
 POINTERS = (
     Param("a_ptr", "*T", "operand"),
     Param("b_ptr", "*T", "operand"),
-    Param("c_ptr", "*T", "output"),
+    Param("c_ptr", "*O", "output"),
     Param("offs_ptr", "*i32", "offsets"),
 )
 
@@ -26,9 +26,12 @@ FAMILY = Family(
         Param("ldb", "i64", "stride"),
         Param("ldc", "i64", "stride"),
     ),
-    # b [G, K, N] row-major ('nn') or a transposed view of [G, N, K] ('nt').
-    layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
+    # a [T, K] row-major ('n.') or a transposed view of [K, T] ('t.', as in 3-D x 2-D);
+    # b [G, K, N] row-major ('.n') or a transposed view of [G, N, K] ('.t').
+    layouts={"nn": {"A_T": False, "B_T": False}, "nt": {"A_T": False, "B_T": True},
+             "tn": {"A_T": True, "B_T": False}, "tt": {"A_T": True, "B_T": True}},
     tma_layouts=("nn", "nt"),
+    float32_output=True,
     # Each group boundary adds at most one partial m-tile; +1 for the rows past
     # the last group (written with zeros).
     tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",

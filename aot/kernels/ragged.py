@@ -80,9 +80,11 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end,
 
 @triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                    B_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, CHUNK: tl.constexpr):
-    """a [T, K] row-major, b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major.
+                    A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr):
+    """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1), b [G, K, N] (B_T=0) or
+    [G, N, K] (B_T=1), c [T, N] row-major.  TMA only with A_T=0: A's ragged rows
+    would otherwise start at arbitrary offsets of its contiguous dimension.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
     group's tiles (m-tile fastest, so programs running together share one
@@ -91,6 +93,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
     owner of a tile without a per-group loop.
     """
+    tl.static_assert(not (USE_TMA and A_T), "ragged_m has no TMA path for A stored [K, T]")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
@@ -135,7 +138,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
-                                     False, B_T, BM, BN, BK)
+                                     A_T, B_T, BM, BN, BK)
                 tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)

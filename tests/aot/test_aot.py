@@ -12,7 +12,7 @@ from aot.compile import CompileError, compile_variant, ptx_entry_params
 from aot.families import FAMILIES
 from aot.families.ragged_m import FAMILY as RAGGED_M
 from aot.family import Family, Param
-from aot.variants import Config, Variant, all_variants
+from aot.variants import DTYPES, Config, Variant, all_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "build" / "aot" / "kernels"
@@ -147,6 +147,7 @@ def test_kernel_table_is_deterministic(manifest, tmp_path):
 
 def test_variant_keys_describe_themselves():
     for v in all_variants():
-        assert v.key.startswith(f"{v.family}.sm{v.arch}.{v.dtype}.{v.layout}.{v.flavour}.")
+        types = v.dtype if v.out.name == DTYPES[v.dtype].storage else f"{v.dtype}-{v.out.name}"
+        assert v.key.startswith(f"{v.family}.sm{v.arch}.{types}.{v.layout}.{v.flavour}.")
         assert v.flavour != "tma" or v.arch == 90
         assert isinstance(v, Variant)

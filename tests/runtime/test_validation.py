@@ -83,7 +83,11 @@ GROUPED_MM_ERRORS = [
     (lambda: (cuda(8, 10), cuda(9, 5), offsets(3)), ValueError, r"T differs"),
     (lambda: (cuda(2, 8, 4), cuda(2, 4, 5), offsets(2)), ValueError, r"offs must be None"),
     (lambda: (cuda(2, 8, 4), cuda(3, 4, 5), None), ValueError, r"G or K differs"),
-    (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"not a grouped_mm case"),
+    (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"offs is required when a is 3-D"),
+    (lambda: (cuda(2, 8, 4), cuda(5, 6), offsets(2)), ValueError, r"K differs"),
+    (lambda: (cuda(2, 8, 4), cuda(4, 6), offsets(3)), ValueError, r"offs has 3 entries but a has 2"),
+    (lambda: (cuda(10, 8, dtype=torch.float64), cuda(3, 8, 5), offsets(3)), TypeError,
+     r"a must be float16 or bfloat16 or float32, got torch.float64"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError, r"b has dtype"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), strided_offsets(3)), ValueError, r"offs must be contiguous"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).cpu()), ValueError, r"offs is on cpu"),
@@ -107,8 +111,8 @@ def test_grouped_mm_errors_on_the_fast_path(args, error, message):
 
 
 def test_grouped_mm_out_dtype_refused(fake):
-    with pytest.raises(TypeError, match="out_dtype=torch.float32 is not supported"):
-        classify(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float32)
+    with pytest.raises(TypeError, match="out_dtype=torch.float16 is not supported"):
+        classify(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float16)
 
 
 def test_grouped_mm_cpu_tensor():
@@ -118,22 +122,24 @@ def test_grouped_mm_cpu_tensor():
                               torch.zeros(3, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("a_shape, b_shape, groups, expected", [
     ((10, 8), (3, 8, 5), 3, (10, 5)),   # ragged M
     ((6, 10), (10, 5), 4, (4, 6, 5)),   # ragged K
+    ((4, 7, 8), (8, 30), 4, (7, 30)),   # ragged N
     ((3, 7, 8), (3, 8, 5), None, (3, 7, 5)),  # batched
 ])
-def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected):
+def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected, out_dtype):
     offs = offsets(groups) if groups else None
-    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs, None)
-    assert tuple(out.shape) == expected and out.dtype == torch.bfloat16
+    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs, out_dtype)
+    assert tuple(out.shape) == expected and out.dtype == (out_dtype or torch.bfloat16)
 
 
 def test_fake_implementation_validates(fake):
     with pytest.raises(ValueError, match="K differs"):
         torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3), None)
-    with pytest.raises(TypeError, match="out_dtype=torch.float32 is not supported"):
-        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float32)
+    with pytest.raises(TypeError, match="out_dtype=torch.float16 is not supported"):
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float16)
 
 
 def test_grouped_mm_cpu_tensor_with_grad_is_a_clear_error():
