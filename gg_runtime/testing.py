@@ -3,11 +3,23 @@ benchmark and `aot tune` (which loads this file on its own: it imports torch
 only).  Not needed to use gg_runtime."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
 
-TOLERANCE = {torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+TOLERANCE = {torch.float16: 3e-3, torch.bfloat16: 1.5e-2, torch.float32: 1e-5}
+TF32_TOLERANCE = 5e-3  # float32 inputs with TF32 products
+FLOAT32_OUTPUT_TOLERANCE = 1e-4  # 16-bit inputs, float32 output: only the summation order differs
+
+
+def tolerance(dtype, out_dtype=None, tf32=False) -> float:
+    """Relative error allowed against a float32 reference of the same inputs."""
+    if tf32:
+        return TF32_TOLERANCE
+    if out_dtype is torch.float32 and dtype is not torch.float32:
+        return FLOAT32_OUTPUT_TOLERANCE
+    return TOLERANCE[dtype]
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -18,6 +30,21 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     denom = ref.norm().item()
     diff = (out - ref).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+@contextlib.contextmanager
+def tf32_allowed(allowed: bool):
+    """Within the block torch allows TF32 for float32 matmuls, or not (the
+    setting gg_runtime follows); the previous setting is restored."""
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    value = ("tf32" if allowed else "ieee") if name == "fp32_precision" else allowed
+    before = getattr(matmul, name)
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)
 
 
 # ---------------------------------------------------------------- references
@@ -38,8 +65,15 @@ def effective_ends(offs: torch.Tensor, total: int) -> list:
 def ref_grouped_mm(a, b, offs=None):
     """grouped_mm in float32, group by group."""
     a32, b32 = a.float(), b.float()
-    if a.dim() == 3:
+    if a.dim() == 3 and b.dim() == 3:
         return torch.bmm(a32, b32)
+    if a.dim() == 3:  # ragged N
+        out = torch.zeros(a.shape[1], b.shape[1], device=a.device)
+        start = 0
+        for g, end in enumerate(effective_ends(offs, b.shape[1])):
+            out[:, start:end] = a32[g] @ b32[:, start:end]
+            start = end
+        return out
     if b.dim() == 3:  # ragged M
         out = torch.zeros(a.shape[0], b.shape[2], device=a.device)
         start = 0

@@ -1,18 +1,18 @@
 """Every compiled variant that can run on this GPU, forced by key, on shapes
 that are multiples of no tile (inner sizes kept multiples of 8 for `tma`,
-which needs 16-byte rows).  Covers exactly what the wheel ships."""
+which needs 16-byte rows).  Covers exactly what the wheel ships: each dtype,
+output dtype and layout."""
 import pytest
 import torch
 
 import gg_runtime
 from gg_runtime import _C
 from gg_runtime._testing import forced, last_variant
-from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, ref_list,
-                                rel_error)
+from gg_runtime.testing import (offsets_from_counts, randn, ref_grouped_mm, ref_list, rel_error,
+                                tf32_allowed, tolerance)
 
 from conftest import device_arch
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch()]
 pytestmark = pytest.mark.usefixtures("poison")
 
@@ -22,30 +22,32 @@ def sizes(variant, aligned, odd):
     return aligned if variant["flavour"] == "tma" else odd
 
 
-def run_list(v, dtype):
+def matrix(rows, cols, transposed, dtype):
+    """[rows, cols], row-major or a transposed view of a row-major [cols, rows]."""
+    return randn(cols, rows, dtype=dtype).t() if transposed else randn(rows, cols, dtype=dtype)
+
+
+def run_list(v, dtype, out_dtype):
     trans_b = v["layout"] == "nt"
     mnks = [(sizes(v, 136, 131), sizes(v, 200, 203), sizes(v, 72, 77)), (0, 8, 8),
             (sizes(v, 40, 37), sizes(v, 264, 261), sizes(v, 304, 299)), (1, 8, 8)]
     As = [randn(m, k, dtype=dtype) for m, n, k in mnks]
     Bs = [randn(n, k, dtype=dtype) if trans_b else randn(k, n, dtype=dtype) for m, n, k in mnks]
     Cs = gg_runtime.grouped_gemm(As, Bs, trans_b=trans_b)
-    torch.cuda.synchronize()
     return list(zip(Cs, ref_list(As, Bs, trans_b)))
 
 
-def run_ragged_m(v, dtype):
+def run_ragged_m(v, dtype, out_dtype):
     k, n = sizes(v, 104, 99), sizes(v, 136, 133)
     counts = [150, 0, 3, 260, 70]
-    a = randn(sum(counts) + 9, k, dtype=dtype)
-    b = (randn(5, n, k, dtype=dtype).transpose(1, 2) if v["layout"] == "nt"
+    a = matrix(sum(counts) + 9, k, v["layout"][0] == "t", dtype)
+    b = (randn(5, n, k, dtype=dtype).transpose(1, 2) if v["layout"][1] == "t"
          else randn(5, k, n, dtype=dtype))
     offs = offsets_from_counts(counts, "cuda")
-    out = gg_runtime.grouped_mm(a, b, offs)
-    torch.cuda.synchronize()
-    return [(out, ref_grouped_mm(a, b, offs))]
+    return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
 
 
-def run_ragged_k(v, dtype):
+def run_ragged_k(v, dtype, out_dtype):
     m, n = sizes(v, 72, 67), sizes(v, 136, 131)
     counts = [150, 0, 33, 260]
     total = sizes(v, 448, sum(counts))
@@ -53,9 +55,7 @@ def run_ragged_k(v, dtype):
     a = randn(total, m, dtype=dtype).t() if v["layout"] == "tn" else randn(m, total, dtype=dtype)
     b = randn(total, n, dtype=dtype)
     offs = offsets_from_counts(counts, "cuda")
-    out = gg_runtime.grouped_mm(a, b, offs)
-    torch.cuda.synchronize()
-    return [(out, ref_grouped_mm(a, b, offs))]
+    return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
 
 
 RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k}
@@ -64,12 +64,16 @@ RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k}
 @pytest.mark.skipif(not RUNNABLE, reason="needs a GPU this wheel has kernels for")
 @pytest.mark.parametrize("variant", RUNNABLE, ids=[v["key"] for v in RUNNABLE])
 def test_variant(variant):
-    dtype = DTYPES[variant["dtype"]]
-    with forced(variant=variant["key"]):
-        pairs = RUNNERS[variant["family"]](variant, dtype)
+    tf32 = variant["dtype"] == "tf32"
+    dtype = torch.float32 if tf32 else getattr(torch, variant["dtype"])
+    out_dtype = getattr(torch, variant["out_dtype"])
+    with forced(variant=variant["key"]), tf32_allowed(tf32):
+        pairs = RUNNERS[variant["family"]](variant, dtype, out_dtype)
         assert last_variant() == variant["key"]
+    torch.cuda.synchronize()
     for out, ref in pairs:
-        assert rel_error(out, ref) < TOLERANCE[dtype]
+        assert out.dtype == out_dtype
+        assert rel_error(out, ref) < tolerance(dtype, out_dtype, tf32)
 
 
 def test_forcing_a_variant_that_cannot_run_is_an_error():
