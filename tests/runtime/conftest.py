@@ -22,8 +22,8 @@ def device_arch():
 @pytest.fixture
 def poison(monkeypatch):
     """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
-    def poisoned_empty(shape, like):
-        return like.new_empty(shape).fill_(float("nan"))
+    def poisoned_empty(shape, like, dtype=None):
+        return like.new_empty(shape, dtype=dtype).fill_(float("nan"))
 
     monkeypatch.setattr(_native, "empty", poisoned_empty)
 
