@@ -14,7 +14,7 @@ from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
 
 from .families import FAMILIES
-from .variants import DTYPES, Variant
+from .variants import Variant
 
 
 class CompileError(RuntimeError):
@@ -33,8 +33,7 @@ def compile_variant(variant: Variant) -> Compiled:
     target = GPUTarget("cuda", variant.arch, 32)
     backend = CUDABackend(target)
     config = variant.config
-    options = backend.parse_options({"num_warps": config.num_warps, "num_stages": config.num_stages,
-                                     "default_dot_input_precision": DTYPES[variant.dtype].precision})
+    options = backend.parse_options({"num_warps": config.num_warps, "num_stages": config.num_stages})
     constexprs = variant.constexprs()
     signature = dict(variant.signature())
     signature.update({name: "constexpr" for name in constexprs})

@@ -170,7 +170,8 @@ class Variant:
         family = FAMILIES[self.family]
         c = self.config
         values = dict(family.layouts[self.layout])
-        values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK)
+        values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK,
+                      PRECISION=DTYPES[self.dtype].precision)
         if family.dtype_constexpr:
             values["DTYPE"] = DTYPES[self.dtype].triton
         return values

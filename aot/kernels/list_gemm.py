@@ -27,7 +27,8 @@ LDA_, LDB_, LDC_ = _word("lda"), _word("ldb"), _word("ldc")
 @triton.jit
 def list_gemm_kernel(group_table, tile_ends, G,
                      DTYPE: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     PRECISION: tl.constexpr):
     """A_g [M, K] row-major, B_g [K, N] (B_T=0) or [N, K] (B_T=1), C_g [M, N] row-major.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -63,5 +64,5 @@ def list_gemm_kernel(group_table, tile_ends, G,
             off_m = (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN
             acc = tile_mma(a_ptr, b_ptr, off_m, off_n, 0, K, M, N, lda, ldb,
-                           False, B_T, USE_TMA, BM, BN, BK)
+                           False, B_T, USE_TMA, BM, BN, BK, PRECISION)
             tile_store(c_ptr, acc, off_m, off_n, M, N, ldc, USE_TMA, BM, BN)

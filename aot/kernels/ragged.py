@@ -65,8 +65,8 @@ def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
 
 
 @triton.jit
-def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end,
-                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
         a = a_desc.load([off_m, k0])
@@ -74,14 +74,15 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end,
             b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
         else:
             b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                     A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                    PRECISION: tl.constexpr):
     """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1), b [G, K, N] (B_T=0) or
     [G, N, K] (B_T=1), c [T, N] row-major.  TMA only with A_T=0: A's ragged rows
     would otherwise start at arbitrary offsets of its contiguous dimension.
@@ -133,12 +134,13 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             off_n = (in_group // m_tiles) * BN
             k_end = tl.where(g < G, K, 0)
             if USE_TMA:
-                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK)
+                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK,
+                                        PRECISION)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
-                                     A_T, B_T, BM, BN, BK)
+                                     A_T, B_T, BM, BN, BK, PRECISION)
                 tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)
@@ -161,7 +163,7 @@ def group_row_range(offs_ptr, g, T, CHUNK: tl.constexpr):
 @triton.jit
 def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
                     A_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, CHUNK: tl.constexpr):
+                    BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """a [M, T] (A_T=0) or stored [T, M] (A_T=1), b [T, N] row-major, c [G, M, N] with
     rows ldc apart and groups M * ldc apart.
 
@@ -188,9 +190,9 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
             for k0 in range(start, end, BK):
                 a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
                 b = ragged_load(b_desc, start, end, k0, off_n, BK, BN)
-                acc = tl.dot(a, b, acc)
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
             c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
         else:
             acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
-                                 A_T, False, BM, BN, BK)
+                                 A_T, False, BM, BN, BK, PRECISION)
             tile_store(c_ptr + g.to(tl.int64) * M * ldc, acc, off_m, off_n, M, N, ldc, False, BM, BN)

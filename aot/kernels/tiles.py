@@ -10,7 +10,8 @@ addressing is given by a leading dimension and a layout flag per operand:
     B_T == 1: B[k, n] at b_ptr + n * ldb + k      (stored as [N, K])
 
 Bounds are absolute coordinates: rows m >= m_end, columns n >= n_end and
-k >= k_end read as zero and are never written.  Both flavours take the same
+k >= k_end read as zero and are never written.  PRECISION is tl.dot's
+input_precision for float32 operands ('tf32', 'tf32x3'; ignored otherwise).  Both flavours take the same
 arguments so that a family kernel picks one with a single constexpr (USE_TMA).
 """
 import triton
@@ -20,7 +21,7 @@ import triton.language as tl
 @triton.jit
 def tile_mma_basic(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda, ldb,
                    A_T: tl.constexpr, B_T: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     """Masked pointer loads: correct for any shape, stride and alignment."""
     rm = off_m + tl.arange(0, BM)
     rn = off_n + tl.arange(0, BN)
@@ -43,14 +44,14 @@ def tile_mma_basic(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda
         b_mask = (kk[:, None] < k_end) & (rn[None, :] < n_end)
         a = tl.load(a_ptr + a_offs, mask=a_mask, other=0.0)
         b = tl.load(b_ptr + b_offs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
 def tile_mma_tma(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda, ldb,
                  A_T: tl.constexpr, B_T: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     """TMA loads through device-side descriptors (sm90).
 
     The descriptors span [0, end) in every dimension, so the hardware zero-fills
@@ -81,20 +82,20 @@ def tile_mma_tma(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda, 
             b = b_desc.load([off_n, k0]).T
         else:
             b = b_desc.load([k0, off_n])
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
 def tile_mma(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda, ldb,
              A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     if USE_TMA:
         acc = tile_mma_tma(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda, ldb,
-                           A_T, B_T, BM, BN, BK)
+                           A_T, B_T, BM, BN, BK, PRECISION)
     else:
         acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, k_start, k_end, m_end, n_end, lda, ldb,
-                             A_T, B_T, BM, BN, BK)
+                             A_T, B_T, BM, BN, BK, PRECISION)
     return acc
 
 
