@@ -14,7 +14,7 @@ from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
 
 from .families import FAMILIES
-from .variants import Variant
+from .variants import Arch, Variant
 
 
 class CompileError(RuntimeError):
@@ -45,6 +45,10 @@ def compile_variant(variant: Variant) -> Compiled:
     meta = kernel.metadata
     if meta.num_ctas != 1:
         raise CompileError(f"{variant.key}: num_ctas={meta.num_ctas}; the launcher supports 1")
+    limit = Arch.of(variant.arch).shared_limit
+    if meta.shared > limit:  # it could never load: fix the config (aot/variants.py _fitted)
+        raise CompileError(f"{variant.key}: {meta.shared} bytes of shared memory, sm{variant.arch} "
+                           f"variants may use {limit}")
     cubin = kernel.asm["cubin"]
     record = variant.describe()
     record.update(

@@ -30,6 +30,10 @@ class Arch:
     tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
     shared_limit: int  # bytes of shared memory a variant may use on every GPU it runs on
 
+    @staticmethod
+    def of(arch: int) -> "Arch":
+        return next(a for a in ARCHS if a.arch == arch)
+
 
 ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024),
          Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
@@ -75,10 +79,13 @@ class Config:
     def tag(self) -> str:
         return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
 
-    def shared_estimate(self, in_bytes: int, out_bytes: int, tma: bool) -> int:
-        """Shared memory of the pipeline, plus the output tile a TMA store stages."""
-        ring = self.num_stages * (self.BM + self.BN) * self.BK * in_bytes
-        return ring + (self.BM * self.BN * out_bytes if tma else 0)
+    def shared_estimate(self, dtype: "DType", out: "DType", tma: bool) -> int:
+        """Shared memory of the pipeline, the output tile a TMA store stages,
+        and for tf32x3 one more A tile (its split into high and low parts;
+        measured: Triton 3.6 allocates BM * BK * 4 bytes more)."""
+        ring = self.num_stages * (self.BM + self.BN) * self.BK * dtype.bytes
+        split = self.BM * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
+        return ring + split + (self.BM * self.BN * out.bytes if tma else 0)
 
 
 # Heuristic sets, used where no tuned table exists.  sm80 configs keep shared
@@ -108,10 +115,10 @@ def flavours(family: str, layout: str, arch: Arch) -> tuple:
     return ("basic",)
 
 
-def _fitted(config: Config, arch: Arch, in_bytes: int, out_bytes: int, tma: bool) -> Config:
+def _fitted(config: Config, arch: Arch, dtype: DType, out: DType, tma: bool) -> Config:
     """The config, with fewer stages or a shorter BK where wider elements would
     overflow the arch's shared memory (tuned tables are measured for 16-bit)."""
-    while config.shared_estimate(in_bytes, out_bytes, tma) > arch.shared_limit:
+    while config.shared_estimate(dtype, out, tma) > arch.shared_limit:
         if config.num_stages > 2:
             config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
         elif config.BK > 16:
@@ -130,7 +137,7 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType)
         entries = json.loads(table.read_text()).get(family, {}).get(flavour)
         if entries:
             configs = tuple(Config(**e) for e in entries)
-    fitted = [_fitted(c, arch, dtype.bytes, out.bytes, flavour == "tma") for c in configs]
+    fitted = [_fitted(c, arch, dtype, out, flavour == "tma") for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 
