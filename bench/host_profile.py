@@ -31,6 +31,7 @@ As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
 words = gemm_list._group_words(As, Bs, False, torch.float16, 0)
 width = len(gemm_list.GROUP_FIELDS)
 ms, ns = words[3::width], words[4::width]
+launch = _native.launcher("ragged_m")
 named = dict(a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(), offs_ptr=offs.data_ptr(),
              T=256, N=128, K=128, G=8, lda=128, b_group_stride=b.stride(0), ldb=128, ldc=128)
 
@@ -45,8 +46,8 @@ def synced(fn):
 rows = {
     "validation (classify)": lambda: classify(a, b, offs, None),
     "torch.empty": lambda: torch.empty(256, 128, device="cuda", dtype=torch.bfloat16),
-    "target (device, stream, dtype)": lambda: _native.target(a),
-    "_C.launch ragged_m (dispatch + launch)": lambda: _native.launch("ragged_m", "nt", *_native.target(a), **named),
+    "target (device, stream, dtypes)": lambda: _native.target(a, out),
+    "ragged_m launcher (dispatch + launch)": lambda: launch("nt", *_native.target(a, out), **named),
     "ragged.ragged_m": lambda: ragged.ragged_m(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
     "gg_runtime.grouped_mm, autograd recording": lambda: gg_runtime.grouped_mm(a, w, offs),

@@ -15,19 +15,13 @@ namespace py = pybind11;
 
 namespace {
 
-// The parameter names of every family as Python strings, made once (under the
-// GIL) and never freed: their destructors must not run after the interpreter's.
-const std::vector<py::str>& param_names(int family) {
-  static const auto* names = [] {
-    auto* all = new std::vector<std::vector<py::str>>();
-    for (const gg::FamilyInfo& f : gg::families()) {
-      std::vector<py::str> row;
-      for (const gg::ParamInfo& p : f.param_list()) row.emplace_back(p.name);
-      all->push_back(std::move(row));
-    }
-    return all;
-  }();
-  return (*names)[family];
+// The parameters a caller gives, in ABI order.
+std::vector<const gg::ParamInfo*> caller_params(const gg::FamilyInfo& f) {
+  std::vector<const gg::ParamInfo*> out;
+  for (const gg::ParamInfo& p : f.param_list()) {
+    if (f.caller_gives(p)) out.push_back(&p);
+  }
+  return out;
 }
 
 int64_t to_int64(PyObject* value, const char* name) {
@@ -54,36 +48,29 @@ std::vector<int64_t> to_int64_vector(PyObject* value, const char* name) {
   return out;
 }
 
-// The call's values in ABI order, read from the keyword arguments by name.
-gg::Call gather(int family, const py::kwargs& kwargs) {
+// The call's values in ABI order from the values of the parameters a caller
+// gives, in that order (gg_runtime/_native.py names them for the caller).
+gg::Call gather(int family, const py::args& values) {
   const gg::FamilyInfo& f = gg::families()[family];
-  const std::vector<py::str>& names = param_names(family);
   gg::Call call{};
   call.family = family;
   call.args.assign(f.param_count, 0);
-  size_t given = 0;
+  size_t next = 0;
   for (size_t i = 0; i < f.param_count; ++i) {
     const gg::ParamInfo& p = f.params[i];
     if (!f.caller_gives(p)) continue;
-    PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), names[i].ptr());
-    if (value == nullptr) {
-      if (PyErr_Occurred()) throw py::error_already_set();
-      throw py::type_error(std::string(f.name) + ": missing argument " + p.name);
-    }
-    ++given;
+    if (next == values.size()) break;
+    PyObject* value = values[next++].ptr();
     if (p.role == gg::Role::kGroupTable) {
       call.groups = to_int64_vector(value, p.name);
     } else {
       call.args[i] = to_int64(value, p.name);
     }
   }
-  if (given != kwargs.size()) {
-    std::string known;
-    for (const gg::ParamInfo& p : f.param_list()) {
-      if (f.caller_gives(p)) known += std::string(known.empty() ? "" : ", ") + p.name;
-    }
-    throw py::type_error(std::string(f.name) + " takes the arguments " + known + "; got " +
-                         std::to_string(kwargs.size()) + " names");
+  if (next != values.size() || next != caller_params(f).size()) {
+    throw py::type_error(std::string(f.name) + " takes " +
+                         std::to_string(caller_params(f).size()) + " values, got " +
+                         std::to_string(values.size()));
   }
   return call;
 }
@@ -95,9 +82,12 @@ int dtype_code(int code) {
   return code;
 }
 
-void launch(const std::string& family, const std::string& layout, int device, uintptr_t stream,
-            int dtype, int out_dtype, const py::kwargs& kwargs) {
-  gg::Call call = gather(gg::family_index(family), kwargs);
+void launch(int family, const std::string& layout, int device, uintptr_t stream, int dtype,
+            int out_dtype, const py::args& values) {
+  if (family < 0 || family >= static_cast<int>(gg::families().size())) {
+    throw std::invalid_argument("unknown family index " + std::to_string(family));
+  }
+  gg::Call call = gather(family, values);
   call.dtype = dtype_code(dtype);
   call.out_dtype = dtype_code(out_dtype);
   call.layout = layout;
@@ -158,6 +148,9 @@ py::dict families() {
     py::dict d;
     d["params"] = describe_params(f.param_list());
     d["group_fields"] = describe_params(f.group_field_list());
+    py::list given;
+    for (const gg::ParamInfo* p : caller_params(f)) given.append(p->name);
+    d["caller_params"] = given;
     d["dtypes"] = family_dtypes(static_cast<int>(i));
     out[f.name] = d;
   }
@@ -189,7 +182,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("triton_version", &gg::triton_version);
   m.def("variants", &variants, "Every compiled variant, as in the generated kernel table.");
   m.def("families", &families,
-        "Each family's parameters and group fields, (name, kind, role, tma_limit), and dtypes.");
+        "Each family, in index order: its parameters and group fields (name, kind, role, "
+        "tma_limit), the parameters a caller gives, and its dtypes.");
   m.def("dtypes", [] {
     py::list out;
     for (const gg::DTypeInfo& d : gg::dtypes()) out.append(d.name);
@@ -197,8 +191,9 @@ PYBIND11_MODULE(_C, m) {
   }, "The dtype names, in the order of their codes.");
   m.def("device_info", &device_info, py::arg("device"));
   m.def("launch", &launch,
-        "launch(family, layout, device, stream, dtype, out_dtype, **arguments): one call of a "
-        "kernel family, its arguments named as in its description.");
+        "launch(family_index, layout, device, stream, dtype, out_dtype, *values): one call of a "
+        "kernel family, the values of its caller_params in order (gg_runtime._native.launcher "
+        "names them).");
   m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("allow_tma"),
         "Test-only: force the variant with this key, or ('', False) only `basic` variants.");
   m.def("last_variant", [] {

@@ -20,7 +20,25 @@ _TF32 = _CODES["tf32"]
 
 CudaError = _C.CudaError
 UnsupportedDeviceError = _C.UnsupportedDeviceError
-launch = _C.launch  # launch(family, layout, device, stream, dtype_code, **arguments)
+FAMILIES = _C.families()  # name -> parameters, in the table's index order
+
+
+def launcher(family: str):
+    """The launch entry of one kernel family:
+
+        launch(layout, device, stream, dtype, out_dtype, *, <its parameters>)
+
+    with keyword-only parameters named as in the family's description (from
+    the build's table), so a call site names every value and a missing or
+    misspelt name is a TypeError.  Made once per family at import; a call
+    passes the values on in ABI order, with no dictionary built per call."""
+    names = FAMILIES[family]["caller_params"]
+    source = (f"def launch(layout, device, stream, dtype, out_dtype, *, {', '.join(names)}):\n"
+              f"    _launch({list(FAMILIES).index(family)}, layout, device, stream, dtype, "
+              f"out_dtype, {', '.join(names)})\n")
+    namespace = {"_launch": _C.launch}
+    exec(compile(source, f"<gg_runtime launcher {family}>", "exec"), namespace)
+    return namespace["launch"]
 
 
 def _stream_getter():

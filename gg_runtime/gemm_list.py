@@ -6,7 +6,7 @@ from itertools import accumulate
 
 import torch
 
-from . import _C, _native
+from . import _native
 from .validate import check_same, check_tensor, check_unit_inner_stride, require
 
 # One group's words in the list family's group table (the kernel's order,
@@ -14,7 +14,8 @@ from .validate import check_same, check_tensor, check_unit_inner_stride, require
 GROUP_FIELDS = ("a", "b", "c", "M", "N", "K", "lda", "ldb", "ldc")
 _WIDTH = len(GROUP_FIELDS)
 _C_AT, _M_AT, _N_AT = (GROUP_FIELDS.index(name) for name in ("c", "M", "N"))
-_FAMILY = _C.families()["list"]
+_FAMILY = _native.FAMILIES["list"]
+_LAUNCH = _native.launcher("list")
 if tuple(name for name, *_ in _FAMILY["group_fields"]) != GROUP_FIELDS:
     raise ImportError(f"gg_runtime was built with list group fields {_FAMILY['group_fields']}, "
                       f"this module writes {GROUP_FIELDS}")
@@ -94,6 +95,5 @@ def grouped_gemm(As, Bs, trans_b: bool) -> list:
             _check_group(i, a, b, trans_b, ref)
         raise AssertionError("the fast and the full group checks disagree")
     Cs, words[_C_AT::_WIDTH] = _outputs(words[_M_AT::_WIDTH], words[_N_AT::_WIDTH], ref)
-    _native.launch("list", "nt" if trans_b else "nn", *_native.target(ref, ref),
-                   group_table=words)
+    _LAUNCH("nt" if trans_b else "nn", *_native.target(ref, ref), group_table=words)
     return Cs

@@ -8,6 +8,9 @@ import torch
 from . import _native
 from .cases import Case
 
+_RAGGED_M = _native.launcher("ragged_m")
+_RAGGED_K = _native.launcher("ragged_k")
+
 
 def _layout(x: torch.Tensor):
     """(x, transposed, ld) for the last two dims of x, read as [R, C]: row-major
@@ -44,10 +47,10 @@ def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
     out = _native.empty((rows, n), a, out_dtype)
     if groups == 0:
         return out.zero_()
-    _native.launch("ragged_m", _letter(a_t) + _letter(b_t), *_native.target(a, out),
-                   a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
-                   offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
-                   lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
+    _RAGGED_M(_letter(a_t) + _letter(b_t), *_native.target(a, out),
+              a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
+              offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
+              lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
     return out
 
 
@@ -57,10 +60,10 @@ def ragged_k(a, b, offs, out_dtype=None) -> torch.Tensor:
     a, a_t, lda = _layout(a)  # a_t: a transposed view of a row-major [T, M], as in dB
     b, ldb = _row_major(b)
     out = _native.empty((groups, m, n), a, out_dtype)
-    _native.launch("ragged_k", _letter(a_t) + "n", *_native.target(a, out),
-                   a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
-                   offs_ptr=offs.data_ptr(), M=m, N=n, T=a.shape[1], G=groups,
-                   lda=lda, ldb=ldb, ldc=n)
+    _RAGGED_K(_letter(a_t) + "n", *_native.target(a, out),
+              a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
+              offs_ptr=offs.data_ptr(), M=m, N=n, T=a.shape[1], G=groups,
+              lda=lda, ldb=ldb, ldc=n)
     return out
 
 

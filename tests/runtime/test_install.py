@@ -101,22 +101,26 @@ RAGGED_M_EMPTY = dict(a_ptr=0, b_ptr=0, c_ptr=0, offs_ptr=0, T=0, N=8, K=8, G=2,
                       b_group_stride=64, ldb=8, ldc=8)
 
 
-def test_launch_entry_takes_arguments_by_name():
+def test_launchers_take_arguments_by_name():
     """A call with no output tiles returns before touching a device (so this
-    runs without a GPU); a missing, extra or mistyped name is an error first."""
-    _C.launch("ragged_m", "nn", 0, 0, 0, 0, **RAGGED_M_EMPTY)
-    with pytest.raises(TypeError, match="missing argument ldc"):
-        _C.launch("ragged_m", "nn", 0, 0, 0, 0, **{k: v for k, v in RAGGED_M_EMPTY.items() if k != "ldc"})
-    with pytest.raises(TypeError, match="takes the arguments a_ptr, b_ptr"):
-        _C.launch("ragged_m", "nn", 0, 0, 0, 0, **RAGGED_M_EMPTY, ldd=3)
+    runs without a GPU); a missing, extra or mistyped value is an error first."""
+    from gg_runtime._native import FAMILIES, launcher
+    ragged_m, list_gemm = launcher("ragged_m"), launcher("list")
+    assert FAMILIES["ragged_m"]["caller_params"] == list(RAGGED_M_EMPTY)
+    assert FAMILIES["list"]["caller_params"] == ["group_table"]
+    ragged_m("nn", 0, 0, 0, 0, **RAGGED_M_EMPTY)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'ldc'"):
+        ragged_m("nn", 0, 0, 0, 0, **{k: v for k, v in RAGGED_M_EMPTY.items() if k != "ldc"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ldd'"):
+        ragged_m("nn", 0, 0, 0, 0, **RAGGED_M_EMPTY, ldd=3)
     with pytest.raises(TypeError, match="argument lda: expected an int, got float"):
-        _C.launch("ragged_m", "nn", 0, 0, 0, 0, **{**RAGGED_M_EMPTY, "lda": 2.5})
-    with pytest.raises(ValueError, match="no kernel family 'nope'"):
-        _C.launch("nope", "nn", 0, 0, 0, 0)
+        ragged_m("nn", 0, 0, 0, 0, **{**RAGGED_M_EMPTY, "lda": 2.5})
+    with pytest.raises(TypeError, match="ragged_m takes 12 values, got 2"):
+        _C.launch(list(FAMILIES).index("ragged_m"), "nn", 0, 0, 0, 0, 1, 2)
     with pytest.raises(ValueError, match="group words is not a multiple of 9"):
-        _C.launch("list", "nn", 0, 0, 0, 0, group_table=[1, 2, 3])
-    _C.launch("list", "nn", 0, 0, 0, 0, group_table=[0, 0, 0, 0, 5, 5, 5, 5, 5])  # M = 0
+        list_gemm("nn", 0, 0, 0, 0, group_table=[1, 2, 3])
+    list_gemm("nn", 0, 0, 0, 0, group_table=[0, 0, 0, 0, 5, 5, 5, 5, 5])  # M = 0
     with pytest.raises(ValueError, match="group 0: M = 4294967296 does not fit in int32"):
-        _C.launch("list", "nn", 0, 0, 0, 0, group_table=[0, 0, 0, 2 ** 32, 5, 5, 5, 5, 5])
+        list_gemm("nn", 0, 0, 0, 0, group_table=[0, 0, 0, 2 ** 32, 5, 5, 5, 5, 5])
     with pytest.raises(TypeError, match="argument group_table: expected an int, got str"):
-        _C.launch("list", "nn", 0, 0, 0, 0, group_table=[0, 0, 0, "1", 5, 5, 5, 5, 5])
+        list_gemm("nn", 0, 0, 0, 0, group_table=[0, 0, 0, "1", 5, 5, 5, 5, 5])
