@@ -87,8 +87,7 @@ const cu::Api& cuda() {
   return api;
 }
 
-void check(cu::Result result, const std::string& what) {
-  if (result == cu::kSuccess) return;
+void fail(cu::Result result, const std::string& what) {
   if (g_api == nullptr) throw CudaError(what + ": CUDA error code " + std::to_string(result));
   throw CudaError(what + ": " + error_text(*g_api, result));
 }

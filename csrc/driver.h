@@ -28,8 +28,17 @@ class UnsupportedDevice : public std::runtime_error {
 // Throws CudaError when there is no usable driver.
 const cu::Api& cuda();
 
-// Throws CudaError("<what>: CUDA_ERROR_X (text)") unless result is success.
-void check(cu::Result result, const std::string& what);
+// Throws CudaError("<what>: CUDA_ERROR_X (text)").
+[[noreturn]] void fail(cu::Result result, const std::string& what);
+
+// fail() unless result is success.  A literal `what` costs nothing on success;
+// hot paths whose message is built at run time call fail() themselves.
+inline void check(cu::Result result, const char* what) {
+  if (result != cu::kSuccess) fail(result, what);
+}
+inline void check(cu::Result result, const std::string& what) {
+  if (result != cu::kSuccess) fail(result, what);
+}
 
 // One value per device, made by `make(device)` on first use under a lock and
 // kept for the life of the process.  References stay valid as devices are added.

@@ -63,11 +63,12 @@ bool stream_is_capturing(cu::Stream stream) {
 StreamBuffer::StreamBuffer(int device, cu::Stream stream, size_t bytes) : stream_(stream) {
   if (bytes == 0) return;
   const cu::Api& api = cuda();
-  const std::string what = "allocating " + std::to_string(bytes) + " bytes of kernel workspace";
-  if (stream_is_capturing(stream)) {
-    check(api.cuMemAllocAsync(&ptr_, bytes, stream), what);  // becomes graph memory
-  } else {
-    check(api.cuMemAllocFromPoolAsync(&ptr_, bytes, workspace_pool(device), stream), what);
+  const cu::Result result =
+      stream_is_capturing(stream)
+          ? api.cuMemAllocAsync(&ptr_, bytes, stream)  // becomes graph memory
+          : api.cuMemAllocFromPoolAsync(&ptr_, bytes, workspace_pool(device), stream);
+  if (result != cu::kSuccess) {
+    fail(result, "allocating " + std::to_string(bytes) + " bytes of kernel workspace");
   }
 }
 
@@ -151,9 +152,9 @@ void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu
   std::vector<void*> params;
   params.reserve(slots.size());
   for (uint64_t& slot : slots) params.push_back(&slot);
-  check(cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1, 1, info.shared,
-                              stream, params.data(), nullptr),
-        std::string("launching ") + info.key);
+  const cu::Result result = cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps,
+                                                  1, 1, info.shared, stream, params.data(), nullptr);
+  if (result != cu::kSuccess) fail(result, std::string("launching ") + info.key);
 }
 
 }  // namespace gg
