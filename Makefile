@@ -1,7 +1,8 @@
 # make build: AOT-compile every kernel variant (sm80 + sm90) and build the wheel in dist/.
 # make test:  the build-time tests (need Triton), then install the wheel into a clean
 #             environment without Triton and run the runtime tests (CPU tests
-#             everywhere, GPU tests where a GPU is present).
+#             everywhere, GPU tests where a GPU is present), then the GPU tests
+#             once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path).
 # make bench: run bench/ on a GPU machine (writes bench/results/).
 # make clean: remove every build output and environment made here.
 #
@@ -44,6 +45,8 @@ test: build-env test-env
 	  "$$($(TEST_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" dist/gg_runtime-*.whl
 	$(BUILD_PY) -m pytest -q tests/aot
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
+	@echo "GPU tests again, every GPU >= 8.0 on the sm80 PTX compiled by the driver (they skip without a GPU):"
+	cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py
 
 test-env:
 	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"

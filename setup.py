@@ -1,6 +1,7 @@
 """Builds the wheel: the pybind11 extension from csrc/ plus the kernel table
 and cubins that `python -m aot build` wrote (GG_AOT_DIR, default build/aot/kernels).
 Needs no GPU and no Triton; `make build` runs both steps."""
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,7 +21,8 @@ def require_aot_outputs() -> None:
 
 
 class BuildPyWithKernels(build_py):
-    """Ships the cubins and manifest as package data under gg_runtime/_kernels."""
+    """Ships the manifest and the binaries it names (each variant's cubin, and
+    PTX where the manifest records one) as package data under gg_runtime/_kernels."""
 
     def run(self):
         require_aot_outputs()
@@ -28,9 +30,12 @@ class BuildPyWithKernels(build_py):
         target = Path(self.build_lib) / "gg_runtime" / "_kernels"
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
-        for path in sorted(AOT_DIR.iterdir()):
-            if path.suffix == ".cubin" or path.name == "manifest.json":
-                shutil.copy2(path, target / path.name)
+        manifest = json.loads((AOT_DIR / "manifest.json").read_text())
+        names = {"manifest.json"}
+        for record in manifest["variants"]:
+            names.update(name for name in (record["cubin"], record["ptx"]) if name)
+        for name in sorted(names):
+            shutil.copy2(AOT_DIR / name, target / name)
 
 
 require_aot_outputs()

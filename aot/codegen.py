@@ -69,7 +69,8 @@ def _family_lines(index: int, family) -> tuple:
 def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
     c = r["config"]
     return "    " + _init(
-        key=_string(r["key"]), cubin=_string(r["cubin"]), kernel_name=_string(r["kernel_name"]),
+        key=_string(r["key"]), cubin=_string(r["cubin"]), ptx=_string(r["ptx"]),
+        kernel_name=_string(r["kernel_name"]),
         family=family_index[r["family"]], arch=r["arch"], dtype=dtype_index[r["dtype"]],
         out_dtype=dtype_index[r["out_dtype"]], layout=_string(r["layout"]), tma=_bool(r["flavour"] == "tma"),
         block_m=c["BM"], block_n=c["BN"], block_k=c["BK"], max_rows=c["max_rows"],
@@ -85,7 +86,8 @@ def kernel_table_source(records: list, triton_version: str) -> str:
         "// variants; do not edit.  Types are declared in csrc/registry.h.",
         f"#define GG_TRITON_VERSION {_string(triton_version)}",
         "const ArchInfo kArchs[] = {",
-        *(f"    {_init(arch=a.arch, exact=_bool(a.exact))}," for a in ARCHS), "};",
+        *(f"    {_init(arch=a.arch, exact=_bool(a.exact), ptx=_bool(a.ptx))}," for a in ARCHS),
+        "};",
         "const DTypeInfo kDTypes[] = {",
         *(f"    {_init(name=_string(d.name), bytes=d.bytes)}," for d in DTYPES.values()), "};",
     ]

@@ -52,6 +52,7 @@ def compile_variant(variant: Variant) -> Compiled:
     cubin = kernel.asm["cubin"]
     record = variant.describe()
     record.update(
+        ptx=f"{variant.key}.ptx" if Arch.of(variant.arch).ptx else "",
         kernel_name=meta.name,
         num_warps=meta.num_warps,
         num_ctas=meta.num_ctas,
@@ -73,13 +74,14 @@ def _compile_to(args) -> dict:
     compiled = compile_variant(variant)
     compiled.kernel = None  # results cross a process boundary: keep them picklable
     (out_dir / compiled.record["cubin"]).write_bytes(compiled.cubin)
-    if keep_ptx:
+    if keep_ptx or compiled.record["ptx"]:
         (out_dir / f"{variant.key}.ptx").write_text(compiled.ptx)
     return compiled.record
 
 
 def compile_all(variants: list, out_dir: Path, jobs: int, keep_ptx: bool = False) -> list:
-    """Compile every variant into out_dir; records come back in variant order."""
+    """Compile every variant into out_dir; records come back in variant order.
+    PTX is written for the archs that ship it (record["ptx"]), and for all with keep_ptx."""
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.pop("TRITON_OVERRIDE_ARCH", None)  # it would silently retarget every compile
     work = [(v, out_dir, keep_ptx) for v in variants]

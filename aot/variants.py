@@ -29,13 +29,14 @@ class Arch:
     exact: bool
     tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
     shared_limit: int  # bytes of shared memory a variant may use on every GPU it runs on
+    ptx: bool = False  # also ship PTX: the driver compiles it for newer GPUs
 
     @staticmethod
     def of(arch: int) -> "Arch":
         return next(a for a in ARCHS if a.arch == arch)
 
 
-ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024),
+ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True),
          Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
 
 

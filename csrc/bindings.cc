@@ -164,7 +164,9 @@ py::dict device_info(int device) {
   d["capability"] = py::make_tuple(p.major, p.minor);
   d["sm_count"] = p.sm_count;
   d["shared_per_block_optin"] = p.shared_optin;
-  d["kernel_arch"] = p.arch == 0 ? py::object(py::none()) : py::object(py::int_(p.arch));
+  const gg::KernelPath path = gg::kernel_path(p);
+  d["kernel_arch"] = path.arch == 0 ? py::object(py::none()) : py::object(py::int_(path.arch));
+  d["path"] = path.arch == 0 ? "unsupported" : path.ptx ? "ptx (compiled by the driver)" : "cubin";
   const std::string reason = gg::unsupported_reason(device, p);
   if (!reason.empty()) d["reason"] = reason;
   return d;
@@ -194,6 +196,9 @@ PYBIND11_MODULE(_C, m) {
         "launch(family_index, layout, device, stream, dtype, out_dtype, *values): one call of a "
         "kernel family, the values of its caller_params in order (gg_runtime._native.launcher "
         "names them).");
+  m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
+        "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");
+  m.def("force_ptx", &gg::force_ptx);
   m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("allow_tma"),
         "Test-only: force the variant with this key, or ('', False) only `basic` variants.");
   m.def("last_variant", [] {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -17,10 +18,19 @@ bool runs_on(const ArchInfo& a, int major, int minor) {
 }
 
 // The newest table arch whose cubins run on compute capability major.minor.
-int table_arch_for(int major, int minor) {
+int cubin_arch_for(int major, int minor) {
   int best = 0;
   for (const ArchInfo& a : archs()) {
     if (runs_on(a, major, minor) && a.arch > best) best = a.arch;
+  }
+  return best;
+}
+
+// The newest table arch with PTX at or below compute capability major.minor.
+int ptx_arch_for(int major, int minor) {
+  int best = 0;
+  for (const ArchInfo& a : archs()) {
+    if (a.ptx && a.arch <= major * 10 + minor && a.arch > best) best = a.arch;
   }
   return best;
 }
@@ -31,8 +41,17 @@ std::string supported_list() {
     if (!out.empty()) out += ", ";
     out += std::to_string(a.arch / 10) + "." + (a.exact ? std::to_string(a.arch % 10) : "x") +
            " (sm" + std::to_string(a.arch) + (a.exact ? "a)" : ")");
+    if (a.ptx) out += " and, through the driver's PTX compiler, later GPUs";
   }
   return out;
+}
+
+std::atomic<bool>& force_ptx_setting() {
+  static std::atomic<bool> on{[] {
+    const char* value = std::getenv("GG_RUNTIME_FORCE_PTX");
+    return value != nullptr && std::string(value) == "1";
+  }()};
+  return on;
 }
 
 DeviceProps query(int device) {
@@ -49,7 +68,8 @@ DeviceProps query(int device) {
   p.minor = attr(cu::kAttrComputeCapabilityMinor, "compute capability");
   p.sm_count = attr(cu::kAttrMultiprocessorCount, "multiprocessor count");
   p.shared_optin = attr(cu::kAttrMaxSharedPerBlockOptin, "shared memory per block");
-  p.arch = table_arch_for(p.major, p.minor);
+  p.cubin_arch = cubin_arch_for(p.major, p.minor);
+  p.ptx_arch = ptx_arch_for(p.major, p.minor);
   char name[256] = {0};
   check(api.cuDeviceGetName(name, sizeof(name) - 1, handle), "cuDeviceGetName");
   p.name = name;
@@ -57,7 +77,7 @@ DeviceProps query(int device) {
 }
 
 bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d) {
-  return k.family == r.family && k.arch == d.arch && k.dtype == r.dtype &&
+  return k.family == r.family && k.arch == r.arch && k.dtype == r.dtype &&
          k.out_dtype == r.out_dtype &&
          std::strcmp(k.layout, r.layout) == 0 && k.shared <= d.shared_optin;
 }
@@ -75,7 +95,7 @@ bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
 }
 
 std::string describe(const Request& r, const DeviceProps& d) {
-  return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(d.arch) +
+  return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(r.arch) +
          ", " + dtypes()[r.dtype].name + " -> " + dtypes()[r.out_dtype].name + ", layout " +
          r.layout + " on " + d.name;
 }
@@ -130,8 +150,16 @@ const DeviceProps& device_props(int device) {
   return props.get(device, query);
 }
 
+KernelPath kernel_path(const DeviceProps& props) {
+  if (props.ptx_arch != 0 && (force_ptx() || props.cubin_arch == 0)) return {props.ptx_arch, true};
+  return {props.cubin_arch, false};
+}
+
+void set_force_ptx(bool on) { force_ptx_setting().store(on); }
+bool force_ptx() { return force_ptx_setting().load(); }
+
 std::string unsupported_reason(int device, const DeviceProps& props) {
-  if (props.arch != 0) return "";
+  if (kernel_path(props).arch != 0) return "";
   return "device " + std::to_string(device) + " (" + props.name + ") has compute capability " +
          std::to_string(props.major) + "." + std::to_string(props.minor) +
          "; this gg_runtime wheel has kernels for " + supported_list();

@@ -10,20 +10,37 @@ namespace gg {
 
 struct DeviceProps {
   int major = 0, minor = 0;
-  int arch = 0;  // the table arch whose cubins run here, 0 if none
+  int cubin_arch = 0;  // the newest table arch whose cubins run here, 0 if none
+  int ptx_arch = 0;    // the newest table arch whose PTX the driver can compile for it, 0 if none
   int sm_count = 0;
   int shared_optin = 0;
   std::string name;
 };
 
-// Cached per device; arch is 0 on a device this wheel cannot run on.
+// Cached per device.
 const DeviceProps& device_props(int device);
+
+// How a device runs this wheel's kernels: the variants of one table arch,
+// loaded from cubins or compiled by the driver from PTX.  arch 0: it cannot.
+struct KernelPath {
+  int arch = 0;
+  bool ptx = false;
+};
+
+// Cubins where they run, else PTX where the driver can compile it; with
+// force_ptx set, PTX wherever there is some (that is how an H100 runs the sm80 kernels).
+KernelPath kernel_path(const DeviceProps& props);
+
+// Process-wide; starts as the environment variable GG_RUNTIME_FORCE_PTX ("1": on).
+void set_force_ptx(bool on);
+bool force_ptx();
 
 // Why the device cannot run this wheel ("" when it can): names the device and
 // the compute capabilities the wheel has kernels for.
 std::string unsupported_reason(int device, const DeviceProps& props);
 
 struct Request {
+  int arch;  // kernel_path(device).arch
   int family;
   int dtype;
   int out_dtype;

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -22,8 +23,11 @@ constexpr size_t kTableSize = std::size(kKernelTable);
 
 std::mutex g_mutex;  // guards everything below
 std::string g_kernel_dir;
-std::vector<cu::Kernel> g_kernels(kTableSize, nullptr);  // process-wide, context-independent
-std::map<std::pair<size_t, int>, ReadyKernel> g_ready;   // (variant, device) -> configured
+// Process-wide, context-independent; [0] from cubins, [1] from PTX.
+std::vector<cu::Kernel> g_kernels[2] = {std::vector<cu::Kernel>(kTableSize, nullptr),
+                                        std::vector<cu::Kernel>(kTableSize, nullptr)};
+// (variant, from PTX, device) -> configured
+std::map<std::tuple<size_t, bool, int>, ReadyKernel> g_ready;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -31,9 +35,13 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-cu::Kernel load_kernel(const KernelInfo& info) {
+cu::Kernel load_kernel(const KernelInfo& info, bool from_ptx) {
   if (g_kernel_dir.empty()) throw CudaError("gg_runtime: kernel folder not set");
-  const std::string image = read_file(g_kernel_dir + "/" + info.cubin);
+  if (from_ptx && *info.ptx == '\0') {
+    throw UnsupportedDevice(std::string(info.key) + " ships no PTX for the driver to compile");
+  }
+  // PTX is text; the driver compiles it (and caches the result) for the current device.
+  const std::string image = read_file(g_kernel_dir + "/" + (from_ptx ? info.ptx : info.cubin));
   const cu::Api& api = cuda();
   cu::Library library = nullptr;
   check(api.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -87,14 +95,16 @@ void set_kernel_dir(const std::string& dir) {
   g_kernel_dir = dir;
 }
 
-ReadyKernel ready_kernel(size_t index, int device, int device_shared_optin) {
+ReadyKernel ready_kernel(size_t index, bool from_ptx, int device, int device_shared_optin) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto found = g_ready.find({index, device});
+  const auto key = std::make_tuple(index, from_ptx, device);
+  auto found = g_ready.find(key);
   if (found != g_ready.end()) return found->second;
   const KernelInfo& info = kKernelTable[index];
-  if (g_kernels[index] == nullptr) g_kernels[index] = load_kernel(info);
-  ReadyKernel ready = configure(info, g_kernels[index], device, device_shared_optin);
-  g_ready.emplace(std::make_pair(index, device), ready);
+  cu::Kernel& kernel = g_kernels[from_ptx][index];
+  if (kernel == nullptr) kernel = load_kernel(info, from_ptx);
+  ReadyKernel ready = configure(info, kernel, device, device_shared_optin);
+  g_ready.emplace(key, ready);
   return ready;
 }
 

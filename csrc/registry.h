@@ -68,7 +68,8 @@ struct FamilyInfo {
 
 struct ArchInfo {
   int arch;    // 80, 90, ...
-  bool exact;  // runs on exactly this compute capability (sm_90a), else on any later minor
+  bool exact;  // its cubins run on exactly this compute capability (sm_90a), else on later minors
+  bool ptx;    // its variants also ship PTX, which the driver compiles for any later GPU
 };
 
 struct DTypeInfo {
@@ -80,6 +81,7 @@ struct DTypeInfo {
 struct KernelInfo {
   const char* key;
   const char* cubin;        // file name in the kernel folder
+  const char* ptx;          // the same kernel as PTX, "" where the arch ships none
   const char* kernel_name;  // PTX entry
   int family;               // index into families()
   int arch;
@@ -107,11 +109,12 @@ int family_index(const std::string& name);
 // Folder holding the cubins named by the table (set once by the Python package).
 void set_kernel_dir(const std::string& dir);
 
-// What launching variant `index` on `device` needs; loads it on first use.
+// What launching variant `index` on `device` needs; loads it on first use,
+// from its cubin or (from_ptx) from its PTX through the driver's compiler.
 struct ReadyKernel {
   cu::Function function;
   int max_programs_per_sm;  // occupancy with the kernel's shared memory
 };
-ReadyKernel ready_kernel(size_t index, int device, int device_shared_optin);
+ReadyKernel ready_kernel(size_t index, bool from_ptx, int device, int device_shared_optin);
 
 }  // namespace gg

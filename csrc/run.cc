@@ -138,15 +138,14 @@ void run(const Call& c) {
   if (s.empty) return;
   DeviceScope scope(c.device);
   const DeviceProps& props = device_props(c.device);
-  if (std::string why = unsupported_reason(c.device, props); !why.empty()) {
-    throw UnsupportedDevice(why);
-  }
+  const KernelPath path = kernel_path(props);
+  if (path.arch == 0) throw UnsupportedDevice(unsupported_reason(c.device, props));
   if (f.has_group_table()) refuse_capture(f, c.stream);
-  const size_t index =
-      pick_variant(Request{c.family, c.dtype, c.out_dtype, c.layout.c_str(), s.tma_ok, s.rows},
-                   props);
+  const Request request{path.arch, c.family, c.dtype, c.out_dtype, c.layout.c_str(), s.tma_ok,
+                        s.rows};
+  const size_t index = pick_variant(request, props);
   const KernelInfo& k = kernel_table()[index];
-  const ReadyKernel ready = ready_kernel(index, c.device, props.shared_optin);
+  const ReadyKernel ready = ready_kernel(index, path.ptx, c.device, props.shared_optin);
   std::vector<int64_t> args(c.args);
   std::optional<StreamBuffer> table;
   const int64_t tiles = f.has_group_table() ? stage_group_table(f, k, c, args, table)

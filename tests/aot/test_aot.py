@@ -136,6 +136,9 @@ def test_cubins_match_manifest(manifest):
         assert cubin_arch(cubin) == record["arch"], record["key"]
         assert record["num_ctas"] == 1
         assert record["shared"] <= Arch.of(record["arch"]).shared_limit, record["key"]
+        assert bool(record["ptx"]) == Arch.of(record["arch"]).ptx
+        if record["ptx"]:
+            assert f".target sm_{record['arch']}" in (KERNELS / record["ptx"]).read_text()
         if record["arch"] == 80:
             assert record["flavour"] == "basic"
 

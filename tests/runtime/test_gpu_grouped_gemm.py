@@ -142,3 +142,22 @@ def test_device_reported_supported():
     device = gg_runtime.info()["device"]
     assert device["supported"] == (device_arch() is not None)
     assert device["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
+    major, minor = torch.cuda.get_device_capability()
+    cubins_run = major == 8 or (major, minor) == (9, 0)  # the wheel's sm80 and sm90a cubins
+    ptx = gg_runtime._C.force_ptx() or not cubins_run
+    assert device["path"] == ("ptx (compiled by the driver)" if ptx else "cubin")
+
+
+def test_forced_ptx_path_runs_the_sm80_kernels():
+    """Switched on for one call: the sm80 variant runs on any GPU >= 8.0."""
+    As, Bs = make_case([(70, 40, 24), (3, 16, 8)], torch.bfloat16, True)
+    before = gg_runtime._C.force_ptx()
+    gg_runtime.force_ptx(True)
+    try:
+        Cs = gg_runtime.grouped_gemm(As, Bs, trans_b=True)
+        assert ".sm80." in last_variant() and gg_runtime.info()["device"]["kernel_arch"] == 80
+    finally:
+        gg_runtime.force_ptx(before)
+    torch.cuda.synchronize()
+    for c, ref in zip(Cs, ref_list(As, Bs, True)):
+        assert rel_error(c, ref) < TOLERANCE[torch.bfloat16]

@@ -41,9 +41,11 @@ def test_wheel_contents_match_manifest():
     manifest = json.loads(zipfile.ZipFile(wheel).read("gg_runtime/_kernels/manifest.json"))
     cubins = {n.rsplit("/", 1)[1] for n in names if n.endswith(".cubin")}
     assert cubins == {r["cubin"] for r in manifest["variants"]}
+    ptx = {n.rsplit("/", 1)[1] for n in names if n.endswith(".ptx")}
+    assert ptx == {r["ptx"] for r in manifest["variants"] if r["ptx"]}
+    assert ptx and all(r["ptx"] == "" or r["arch"] == 80 for r in manifest["variants"])
     assert any(n.startswith("gg_runtime/_C") and n.endswith(".so") for n in names)
     assert not any(n.startswith("aot/") or n.startswith("tests/") for n in names)
-    assert not any(n.endswith(".ptx") for n in names)
     assert os.path.getsize(wheel) < 25e6
 
 
@@ -71,6 +73,24 @@ def test_info_without_gpu():
     device = gg_runtime.info()["device"]
     assert device["available"] is False and device["supported"] is False
     assert "no CUDA device" in device["reason"]
+
+
+def test_force_ptx_setting():
+    """The Python call and the environment variable set one process-wide switch."""
+    assert _C.force_ptx() is (os.environ.get("GG_RUNTIME_FORCE_PTX") == "1")
+    before = _C.force_ptx()
+    try:
+        gg_runtime.force_ptx(True)
+        assert _C.force_ptx() is True
+        gg_runtime.force_ptx(False)
+        assert _C.force_ptx() is False
+    finally:
+        gg_runtime.force_ptx(before)
+    code = "import gg_runtime; from gg_runtime import _C; print(_C.force_ptx())"
+    for value, expected in (("1", "True"), ("0", "False")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, env={**os.environ, "GG_RUNTIME_FORCE_PTX": value})
+        assert out.stdout.strip() == expected
 
 
 def test_cli_reports_build():
