@@ -19,6 +19,11 @@ def device_arch():
     return _C.device_info(0)["kernel_arch"] if HAS_GPU else None
 
 
+def tma_runs_here() -> bool:
+    """Whether the wheel has `tma` variants for the path this GPU takes."""
+    return any(v["flavour"] == "tma" and v["arch"] == device_arch() for v in _C.variants())
+
+
 @pytest.fixture
 def poison(monkeypatch):
     """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
@@ -32,9 +37,8 @@ def poison(monkeypatch):
 def allow_tma(request):
     """The test runs with TMA kernels allowed, then with `basic` forced.  Only
     sm90 has `tma` variants, so elsewhere one run suffices."""
-    if request.param and not any(v["flavour"] == "tma" and v["arch"] == device_arch()
-                                 for v in _C.variants()):
-        pytest.skip("no tma kernels for this GPU")
+    if request.param and not tma_runs_here():
+        pytest.skip("no tma kernels for this GPU's path")
     with _testing.forced(allow_tma=request.param):
         yield request.param
 

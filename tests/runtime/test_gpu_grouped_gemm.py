@@ -6,7 +6,7 @@ import gg_runtime
 from gg_runtime._testing import last_variant
 from gg_runtime.testing import TOLERANCE, randn, ref_list, rel_error
 
-from conftest import device_arch, gpu
+from conftest import device_arch, gpu, tma_runs_here
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 DTYPES = [torch.float16, torch.bfloat16]
@@ -73,7 +73,7 @@ def test_leading_dims_larger_than_width(trans_b, allow_tma):
 def test_equal_n_outputs_are_row_slices_of_one_buffer():
     sizes = [(m, 136, 72) for m in (5, 0, 130, 64, 1)]  # offsets m * 136: 16-byte aligned
     As, Bs = make_case(sizes, torch.bfloat16, False)
-    check(As, Bs, False, "tma")
+    check(As, Bs, False, "tma" if tma_runs_here() else "basic")
     Cs = gg_runtime.grouped_gemm(As, Bs)
     filled = [c for c in Cs if c.numel()]  # an empty tensor has no address
     for before, after in zip(filled, filled[1:]):
