@@ -30,13 +30,14 @@ build: build-env
 	$(BUILD_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
 	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
+	$(BUILD_PY) -m aot manylinux dist/gg_runtime-*.whl
 	@ls -l dist/*.whl
 
 build-env:
 	@if [ "$(BUILD_PY)" = "$(BUILD_VENV)/bin/python" ] && [ ! -x $(BUILD_VENV)/bin/python ]; then \
 	  echo "creating $(BUILD_VENV) (triton==$(TRITON_VERSION), pybind11, click)"; \
 	  $(PYTHON) -m venv $(BUILD_VENV) && \
-	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" pybind11 "setuptools>=64" wheel click pytest; \
+	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" pybind11 "setuptools>=64" wheel click pytest auditwheel; \
 	fi
 
 test: build-env test-env

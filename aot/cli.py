@@ -49,6 +49,15 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
                f"in {time.time() - started:.0f} s with {jobs} jobs -> {kernels}")
 
 
+@main.command()
+@click.argument("wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def manylinux(wheel: Path):
+    """Retag a built wheel manylinux_2_N from the glibc its extension needs."""
+    from .manylinux import retag
+
+    click.echo(retag(wheel))
+
+
 @main.command(name="list")
 def list_variants():
     """Print the key of every variant the build compiles."""

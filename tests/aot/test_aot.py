@@ -155,3 +155,21 @@ def test_variant_keys_describe_themselves():
         assert v.key.startswith(f"{v.family}.sm{v.arch}.{types}.{v.layout}.{v.flavour}.")
         assert v.flavour != "tma" or v.arch == 90
         assert isinstance(v, Variant)
+
+
+def test_wheel_tag_is_manylinux_and_auditwheel_agrees():
+    """make build retags the wheel from the glibc its extension needs; where
+    auditwheel is installed (the build environment `make build` creates) it
+    must find the wheel consistent with exactly that tag."""
+    import importlib.util
+    import subprocess
+    import sys
+    wheels = sorted((ROOT / "dist").glob("gg_runtime-*.whl"))
+    assert len(wheels) == 1, wheels
+    tag = wheels[0].name.rsplit("-", 1)[1].removesuffix(".whl")
+    assert tag.startswith("manylinux_2_") and tag.endswith("_x86_64"), tag
+    if importlib.util.find_spec("auditwheel") is None:
+        pytest.skip("auditwheel is not installed here")
+    out = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheels[0])],
+                         capture_output=True, text=True, check=True).stdout
+    assert f'is consistent with the following platform tag: "{tag}"' in " ".join(out.split()), out
