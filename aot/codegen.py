@@ -12,9 +12,10 @@ from pathlib import Path
 
 from . import expr
 from .families import FAMILIES
-from .variants import ARCHS, DTYPES
+from .variants import ARCHS, DTYPES, FLAVOURS
 
 KINDS = {"i32": "i", "i64": "l"}  # anything else is a pointer, 'p'
+RULE_ENUMS = {"tma": "Rule::kTma", "aligned": "Rule::kAligned", "none": "Rule::kNone"}
 ROLE_ENUMS = {"operand": "kOperand", "output": "kOutput", "offsets": "kOffsets",
               "extent": "kExtent", "stride": "kStride", "count": "kCount",
               "group_table": "kGroupTable", "tile_prefix": "kTilePrefix"}
@@ -38,7 +39,8 @@ def _bool(value: bool) -> str:
 
 def _params_array(name: str, params) -> list:
     rows = [_init(name=_string(p.name), kind=f"'{param_kind(p.type)}'",
-                  role=f"Role::{ROLE_ENUMS[p.role]}", tma_limit=p.tma_limit) for p in params]
+                  role=f"Role::{ROLE_ENUMS[p.role]}", tma_limit=p.tma_limit,
+                  aligned=_bool(p.aligned)) for p in params]
     return [f"const ParamInfo {name}[] = {{", *(f"    {r}," for r in rows), "};"]
 
 
@@ -72,7 +74,8 @@ def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
         key=_string(r["key"]), cubin=_string(r["cubin"]), ptx=_string(r["ptx"]),
         kernel_name=_string(r["kernel_name"]),
         family=family_index[r["family"]], arch=r["arch"], dtype=dtype_index[r["dtype"]],
-        out_dtype=dtype_index[r["out_dtype"]], layout=_string(r["layout"]), tma=_bool(r["flavour"] == "tma"),
+        out_dtype=dtype_index[r["out_dtype"]], layout=_string(r["layout"]),
+        flavour=list(FLAVOURS).index(r["flavour"]),
         block_m=c["BM"], block_n=c["BN"], block_k=c["BK"], max_rows=c["max_rows"],
         num_warps=r["num_warps"], shared=r["shared"], scratch_size=r["scratch_size"],
         scratch_align=r["scratch_align"]) + ","
@@ -87,6 +90,9 @@ def kernel_table_source(records: list, triton_version: str) -> str:
         f"#define GG_TRITON_VERSION {_string(triton_version)}",
         "const ArchInfo kArchs[] = {",
         *(f"    {_init(arch=a.arch, exact=_bool(a.exact), ptx=_bool(a.ptx))}," for a in ARCHS),
+        "};",
+        "const FlavourInfo kFlavours[] = {",
+        *(f"    {_init(name=_string(f), rule=RULE_ENUMS[rule])}," for f, rule in FLAVOURS.items()),
         "};",
         "const DTypeInfo kDTypes[] = {",
         *(f"    {_init(name=_string(d.name), bytes=d.bytes)}," for d in DTYPES.values()), "};",

@@ -37,7 +37,9 @@ def compile_variant(variant: Variant) -> Compiled:
     constexprs = variant.constexprs()
     signature = dict(variant.signature())
     signature.update({name: "constexpr" for name in constexprs})
-    source = ASTSource(fn=FAMILIES[variant.family].kernel, signature=signature, constexprs=constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in variant.divisible_params()}
+    source = ASTSource(fn=FAMILIES[variant.family].kernel, signature=signature,
+                       constexprs=constexprs, attrs=attrs)
     try:
         kernel = triton.compile(source, target=target, options=options.__dict__)
     except Exception as exc:  # Triton raises many types; the key is what the user needs

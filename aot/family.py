@@ -37,6 +37,9 @@ class Param:
     type: str
     role: str
     tma_limit: int = 0  # the TMA flavour needs value <= tma_limit (0: no limit)
+    # The `aligned` flavour compiles this value as a multiple of 16 (bytes for a
+    # pointer, elements for an int): vectorised loads; the runtime checks it.
+    aligned: bool = False
 
     def __post_init__(self):
         if self.type not in TYPES:
@@ -57,6 +60,7 @@ class Family:
     params: tuple  # Param, in the kernel's declaration order
     layouts: dict  # layout name -> the layout's constexprs
     tma_layouts: tuple  # layouts that get a `tma` flavour where the arch has TMA
+    aligned_layouts: tuple = ()  # layouts that get an `aligned` flavour where the arch has one
     tiles: str = ""
     rows: str = ""
     group_fields: tuple = ()  # Param, in group-table word order
@@ -91,9 +95,9 @@ class Family:
         if described != declared:
             raise ValueError(f"family {self.name}: parameters {described} do not match the "
                              f"kernel's runtime parameters {declared} (names and order)")
-        for name in self.tma_layouts:
+        for name in self.tma_layouts + self.aligned_layouts:
             if name not in self.layouts:
-                raise ValueError(f"family {self.name}: tma layout {name!r} is not a layout")
+                raise ValueError(f"family {self.name}: flavour layout {name!r} is not a layout")
         roles = [p.role for p in self.params]
         if self.has_group_table != ("group_table" in roles):
             raise ValueError(f"family {self.name}: group_fields and a group_table parameter "

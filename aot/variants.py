@@ -30,13 +30,14 @@ class Arch:
     tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
     shared_limit: int  # bytes of shared memory a variant may use on every GPU it runs on
     ptx: bool = False  # also ship PTX: the driver compiles it for newer GPUs
+    aligned: bool = False  # compile `aligned` flavours (vectorised loads where TMA is missing)
 
     @staticmethod
     def of(arch: int) -> "Arch":
         return next(a for a in ARCHS if a.arch == arch)
 
 
-ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True),
+ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True, aligned=True),
          Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
 
 
@@ -89,10 +90,19 @@ class Config:
         return ring + split + (self.BM * self.BN * out.bytes if tma else 0)
 
 
+# Flavours in the runtime's order of preference, each with the rule an input
+# must meet to take it (csrc/run.cc checks the rules from the parameters' roles
+# and `aligned` marks).
+FLAVOURS = {"tma": "tma", "aligned": "aligned", "basic": "none"}
+
 # Heuristic sets, used where no tuned table exists.  sm80 configs keep shared
 # memory under 99 KiB so they also load on 8.6 / 8.9.
 DEFAULT_CONFIGS = {
     (80, "basic"): (
+        Config(64, 64, 32, 4, 4, max_rows=64),
+        Config(128, 128, 32, 4, 3),
+    ),
+    (80, "aligned"): (
         Config(64, 64, 32, 4, 4, max_rows=64),
         Config(128, 128, 32, 4, 3),
     ),
@@ -110,10 +120,15 @@ DEFAULT_CONFIGS = {
 
 def flavours(family: str, layout: str, arch: Arch) -> tuple:
     """`basic` everywhere (any alignment); `tma` where the hardware has it and
-    the family's description lists the layout among its tma_layouts."""
-    if arch.tma and layout in FAMILIES[family].tma_layouts:
-        return ("basic", "tma")
-    return ("basic",)
+    `aligned` where the arch compiles it, each for the layouts the family's
+    description lists for it."""
+    desc = FAMILIES[family]
+    out = ["basic"]
+    if arch.aligned and layout in desc.aligned_layouts:
+        out.append("aligned")
+    if arch.tma and layout in desc.tma_layouts:
+        out.append("tma")
+    return tuple(out)
 
 
 def _fitted(config: Config, arch: Arch, dtype: DType, out: DType, tma: bool) -> Config:
@@ -173,6 +188,14 @@ class Variant:
 
     def signature(self) -> dict:
         return FAMILIES[self.family].signature(DTYPES[self.dtype].short, self.out.short)
+
+    def divisible_params(self) -> list:
+        """Indices (in the kernel's arguments) of the values the `aligned`
+        flavour compiles as multiples of 16."""
+        if self.flavour != "aligned":
+            return []
+        family = FAMILIES[self.family]
+        return [family.kernel.arg_names.index(p.name) for p in family.params if p.aligned]
 
     def constexprs(self) -> dict:
         family = FAMILIES[self.family]

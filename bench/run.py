@@ -161,6 +161,37 @@ def bench_moe_model() -> list:
     return rows
 
 
+SM80_PROXY_WORKLOADS = ("mixtral_up_8e_8k", "dsv3_down_32e_8k", "qwen3_up_128e_32k",
+                        "balanced_16e_16k")
+
+
+def sm80_proxy(workloads) -> list:
+    """The sm80 kernels on this GPU through the driver-compiled PTX (the path a
+    GPU without a cubin of its own takes; on an H100 a proxy for an A100, whose
+    own figures this does not measure): the `aligned` flavour (vectorised,
+    cp.async loads) against `basic` (masked scalar loads) and a cuBLAS loop."""
+    from gg_runtime._testing import forced, last_variant
+    rows = []
+    for w in (w for w in workloads if w["name"] in SM80_PROXY_WORKLOADS):
+        a, b, offs = moe_inputs(w["m"], w["N"], w["K"], DTYPES[w["dtype"]])
+        flops = 2 * a.shape[0] * w["N"] * w["K"]
+        bounds = offs.tolist()
+        row = {"name": w["name"]}
+        gg_runtime.force_ptx(True)
+        try:
+            for flavour, basic in (("aligned", False), ("basic", True)):
+                with forced(basic=basic):
+                    gg_runtime.grouped_mm(a, b, offs)
+                    row[flavour + "_variant"] = last_variant()
+                    row[flavour] = flops / time_ms(lambda: gg_runtime.grouped_mm(a, b, offs)) / 1e9
+        finally:
+            gg_runtime.force_ptx(False)
+        row["cublas_loop"] = flops / time_ms(lambda: [a[s:e] @ b[g] for g, (s, e) in
+                                                     enumerate(zip([0] + bounds[:-1], bounds))]) / 1e9
+        rows.append(row)
+    return rows
+
+
 def host_us(fn, calls=2000) -> float:
     """Median host-side microseconds per call (GPU work kept tiny so it never throttles)."""
     for _ in range(50):
@@ -266,10 +297,11 @@ def main():
     results = [bench_workload(w, ceil, with_seed) for w in workloads]
     wgrad = [bench_wgrad(w) for w in workloads if w["layout"] == "ragged"]
     model = bench_moe_model()
+    proxy = sm80_proxy(workloads)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "gg_runtime_build": gg_runtime.info()["build"], "date": time.strftime("%Y-%m-%d"),
               "ceilings": ceil, "results": results, "summary": summary(results),
-              "wgrad": wgrad, "moe_model": model,
+              "wgrad": wgrad, "moe_model": model, "sm80_proxy": proxy,
               "host": host_costs(), "cold_start": cold_start()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -280,6 +312,10 @@ def main():
     print("weight gradient (ragged K), x torch:",
           json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}))
     print("MoE model forward, x torch:", json.dumps({r["tokens"]: fmt(r["vs_torch"]) for r in model}))
+    print("sm80 path (PTX through the driver), TFLOP/s aligned / basic / cuBLAS loop:",
+          json.dumps({r["name"]: "/".join(fmt(r[k], "{:.0f}") for k in ("aligned", "basic",
+                                                                         "cublas_loop"))
+                      for r in proxy}))
     print("host:", json.dumps({k: round(v, 1) for k, v in report["host"].items()}))
     print("cold start:", json.dumps(report["cold_start"]))
 

@@ -108,7 +108,7 @@ py::list variants() {
     d["dtype"] = gg::dtypes()[k.dtype].name;
     d["out_dtype"] = gg::dtypes()[k.out_dtype].name;
     d["layout"] = k.layout;
-    d["flavour"] = k.tma ? "tma" : "basic";
+    d["flavour"] = gg::flavours()[k.flavour].name;
     d["block"] = py::make_tuple(k.block_m, k.block_n, k.block_k);
     d["max_rows"] = k.max_rows;
     d["num_warps"] = k.num_warps;
@@ -123,7 +123,8 @@ py::list variants() {
 py::list describe_params(std::span<const gg::ParamInfo> params) {
   py::list out;
   for (const gg::ParamInfo& p : params) {
-    out.append(py::make_tuple(p.name, std::string(1, p.kind), gg::role_name(p.role), p.tma_limit));
+    out.append(py::make_tuple(p.name, std::string(1, p.kind), gg::role_name(p.role), p.tma_limit,
+                              p.aligned));
   }
   return out;
 }
@@ -199,8 +200,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");
   m.def("force_ptx", &gg::force_ptx);
-  m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("allow_tma"),
-        "Test-only: force the variant with this key, or ('', False) only `basic` variants.");
+  m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("basic_only"),
+        "Test-only: force the variant with this key, or ('', True) only `basic` variants.");
   m.def("last_variant", [] {
     const gg::KernelInfo* k = gg::last_variant();
     return std::string(k == nullptr ? "" : k->key);

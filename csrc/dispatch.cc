@@ -100,14 +100,15 @@ std::string describe(const Request& r, const DeviceProps& d) {
          r.layout + " on " + d.name;
 }
 
-size_t best_variant(const Request& r, const DeviceProps& d, bool allow_tma) {
+size_t best_variant(const Request& r, const DeviceProps& d, bool basic_only) {
   const auto table = kernel_table();
-  for (bool tma : {true, false}) {
-    if (tma && !(r.tma_ok && allow_tma)) continue;
+  const int count = static_cast<int>(flavours().size());
+  for (int flavour = basic_only ? count - 1 : 0; flavour < count; ++flavour) {
+    if (!(r.flavours_ok >> flavour & 1u)) continue;
     const KernelInfo* best = nullptr;
     size_t best_index = 0;
     for (size_t i = 0; i < table.size(); ++i) {
-      if (table[i].tma != tma || !matches(table[i], r, d)) continue;
+      if (table[i].flavour != flavour || !matches(table[i], r, d)) continue;
       if (best == nullptr || preferred(table[i], *best, r.rows)) {
         best = &table[i];
         best_index = i;
@@ -122,9 +123,10 @@ size_t variant_by_key(const std::string& key, const Request& r, const DeviceProp
   const auto table = kernel_table();
   for (size_t i = 0; i < table.size(); ++i) {
     if (key != table[i].key) continue;
-    if (!matches(table[i], r, d) || (table[i].tma && !r.tma_ok)) {
+    if (!matches(table[i], r, d) || !(r.flavours_ok >> table[i].flavour & 1u)) {
       throw std::invalid_argument("variant " + key + " cannot run this problem (wants a " +
-                                  describe(r, d) + (r.tma_ok ? ")" : ", without TMA)"));
+                                  describe(r, d) + " whose inputs meet the " +
+                                  flavours()[table[i].flavour].name + " flavour's rule)");
     }
     return i;
   }
@@ -135,7 +137,7 @@ struct Override {
   std::mutex mutex;
   std::atomic<bool> active{false};  // read on every call without the lock
   std::string key;
-  bool allow_tma = true;
+  bool basic_only = false;
 };
 
 Override& override_setting() {
@@ -167,17 +169,17 @@ std::string unsupported_reason(int device, const DeviceProps& props) {
 
 size_t pick_variant(const Request& r, const DeviceProps& d) {
   Override& o = override_setting();
-  if (!o.active.load(std::memory_order_acquire)) return best_variant(r, d, true);
+  if (!o.active.load(std::memory_order_acquire)) return best_variant(r, d, false);
   std::lock_guard<std::mutex> lock(o.mutex);
-  return o.key.empty() ? best_variant(r, d, o.allow_tma) : variant_by_key(o.key, r, d);
+  return o.key.empty() ? best_variant(r, d, o.basic_only) : variant_by_key(o.key, r, d);
 }
 
-void set_override(const std::string& key, bool allow_tma) {
+void set_override(const std::string& key, bool basic_only) {
   Override& o = override_setting();
   std::lock_guard<std::mutex> lock(o.mutex);
   o.key = key;
-  o.allow_tma = allow_tma;
-  o.active.store(!key.empty() || !allow_tma, std::memory_order_release);
+  o.basic_only = basic_only;
+  o.active.store(!key.empty() || basic_only, std::memory_order_release);
 }
 
 }  // namespace gg

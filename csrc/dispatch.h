@@ -45,7 +45,7 @@ struct Request {
   int dtype;
   int out_dtype;
   const char* layout;
-  bool tma_ok;  // pointers and strides meet TMA's rules
+  unsigned flavours_ok;  // bit f: the input meets flavours()[f]'s rule
   long rows;    // typical rows per group, picks the config bucket
 };
 
@@ -54,8 +54,8 @@ struct Request {
 size_t pick_variant(const Request& request, const DeviceProps& device);
 
 // Test-only: run exactly the variant `key` (throws std::invalid_argument when
-// it cannot run the problem) or, with allow_tma false, only `basic` variants.
-// Process-wide; the defaults ("", true) restore normal dispatch.
-void set_override(const std::string& key, bool allow_tma);
+// it cannot run the problem) or, with basic_only, only the last (rule-free)
+// flavour.  Process-wide; the defaults ("", false) restore normal dispatch.
+void set_override(const std::string& key, bool basic_only);
 
 }  // namespace gg

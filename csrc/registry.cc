@@ -80,6 +80,7 @@ ReadyKernel configure(const KernelInfo& info, cu::Kernel kernel, int device,
 std::span<const KernelInfo> kernel_table() { return kKernelTable; }
 std::span<const FamilyInfo> families() { return kFamilies; }
 std::span<const ArchInfo> archs() { return kArchs; }
+std::span<const FlavourInfo> flavours() { return kFlavours; }
 std::span<const DTypeInfo> dtypes() { return kDTypes; }
 const char* triton_version() { return GG_TRITON_VERSION; }
 

@@ -38,6 +38,19 @@ struct ParamInfo {
   char kind;  // 'p' pointer (8 bytes), 'i' int32, 'l' int64
   Role role;
   int64_t tma_limit;  // the tma flavour needs value <= tma_limit; 0: no limit
+  bool aligned;       // the aligned flavour needs value % 16 == 0 (bytes for a pointer)
+};
+
+// What an input must meet to take a flavour's variants.
+enum class Rule {
+  kTma,      // TMA: aligned operand/output bases, strides multiples of 16 bytes, tma_limit
+  kAligned,  // every `aligned` parameter a multiple of 16
+  kNone,     // anything
+};
+
+struct FlavourInfo {
+  const char* name;
+  Rule rule;
 };
 
 struct KernelInfo;
@@ -88,7 +101,7 @@ struct KernelInfo {
   int dtype;                // index into dtypes(): the inputs' type
   int out_dtype;            // index into dtypes(): the output's type
   const char* layout;       // a layout name of the family description
-  bool tma;
+  int flavour;              // index into flavours(), which are in order of preference
   int block_m, block_n, block_k;
   int max_rows;  // rows-per-group bound this config is meant for, 0 = none
   int num_warps;
@@ -100,6 +113,7 @@ struct KernelInfo {
 std::span<const KernelInfo> kernel_table();
 std::span<const FamilyInfo> families();
 std::span<const ArchInfo> archs();
+std::span<const FlavourInfo> flavours();
 std::span<const DTypeInfo> dtypes();
 const char* triton_version();
 

@@ -30,11 +30,26 @@ bool tma_allows(const ParamInfo& p, int64_t value, int element_bytes) {
   }
 }
 
-bool tma_allows_all(std::span<const ParamInfo> params, const int64_t* values, int element_bytes) {
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!tma_allows(params[i], values[i], element_bytes)) return false;
+bool meets(Rule rule, const ParamInfo& p, int64_t value, int element_bytes) {
+  switch (rule) {
+    case Rule::kTma: return tma_allows(p, value, element_bytes);
+    case Rule::kAligned: return !p.aligned || value % 16 == 0;
+    case Rule::kNone: return true;
   }
-  return true;
+  return false;
+}
+
+// Bit f set: the values meet flavours()[f]'s rule.
+unsigned flavours_met(std::span<const ParamInfo> params, const int64_t* values, int element_bytes) {
+  unsigned met = 0;
+  for (size_t f = 0; f < flavours().size(); ++f) {
+    bool all = true;
+    for (size_t i = 0; i < params.size() && all; ++i) {
+      all = meets(flavours()[f].rule, params[i], values[i], element_bytes);
+    }
+    if (all) met |= 1u << f;
+  }
+  return met;
 }
 
 // A size expression evaluated with 1x1x1 tiles counts output elements: it is
@@ -51,7 +66,7 @@ const KernelInfo& unit_tiles() {
 // What dispatch needs to know before a variant is chosen.
 struct Survey {
   bool empty = true;
-  bool tma_ok = true;
+  unsigned flavours_ok = ~0u;  // bit f: every value meets flavours()[f]'s rule
   long rows = 0;  // per group, the bucket key
 };
 
@@ -59,11 +74,11 @@ Survey survey_call(const FamilyInfo& f, const Call& c, int element_bytes) {
   Survey s;
   s.empty = f.tiles(c.args.data(), unit_tiles()) == 0;
   s.rows = static_cast<long>(f.rows(c.args.data(), unit_tiles()));
-  s.tma_ok = tma_allows_all(f.param_list(), c.args.data(), element_bytes);
+  s.flavours_ok = flavours_met(f.param_list(), c.args.data(), element_bytes);
   return s;
 }
 
-// Over the groups that have output elements: rows averaged, TMA's rules for all.
+// Over the groups that have output elements: rows averaged, flavour rules for all.
 Survey survey_groups(const FamilyInfo& f, const Call& c, int element_bytes) {
   const size_t width = f.group_field_count;
   if (c.groups.size() % width != 0) {
@@ -78,7 +93,7 @@ Survey survey_groups(const FamilyInfo& f, const Call& c, int element_bytes) {
     if (f.tiles(fields, unit_tiles()) == 0) continue;  // no tile ever touches this group
     rows += f.rows(fields, unit_tiles());
     ++busy;
-    s.tma_ok = s.tma_ok && tma_allows_all(f.group_field_list(), fields, element_bytes);
+    s.flavours_ok &= flavours_met(f.group_field_list(), fields, element_bytes);
   }
   s.empty = busy == 0;
   s.rows = static_cast<long>(busy == 0 ? 0 : rows / busy);
@@ -141,8 +156,8 @@ void run(const Call& c) {
   const KernelPath path = kernel_path(props);
   if (path.arch == 0) throw UnsupportedDevice(unsupported_reason(c.device, props));
   if (f.has_group_table()) refuse_capture(f, c.stream);
-  const Request request{path.arch, c.family, c.dtype, c.out_dtype, c.layout.c_str(), s.tma_ok,
-                        s.rows};
+  const Request request{path.arch, c.family, c.dtype, c.out_dtype, c.layout.c_str(),
+                        s.flavours_ok, s.rows};
   const size_t index = pick_variant(request, props);
   const KernelInfo& k = kernel_table()[index];
   const ReadyKernel ready = ready_kernel(index, path.ptx, c.device, props.shared_optin);

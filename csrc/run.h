@@ -25,8 +25,8 @@ struct Call {
   std::vector<int64_t> groups;
 };
 
-// Checks the values against their types, picks the variant (TMA where every
-// role's alignment rule holds), loads it, sizes the persistent grid from the
+// Checks the values against their types, picks the variant (the first flavour
+// whose rule every value meets: tma, aligned, basic), loads it, sizes the persistent grid from the
 // family's tile count and launches.  A call without output tiles launches
 // nothing.  Throws std::invalid_argument for values the kernel cannot take,
 // UnsupportedDevice and CudaError otherwise.

@@ -8,15 +8,15 @@ from . import _C
 
 
 @contextmanager
-def forced(variant: str = "", allow_tma: bool = True):
+def forced(variant: str = "", basic: bool = False):
     """Within the block every launch runs exactly `variant` (an error if it
-    cannot run the call), or with allow_tma=False only `basic` variants.
+    cannot run the call), or with basic=True only `basic` variants.
     Process-wide: not for concurrent use."""
-    _C.set_override(variant, allow_tma)
+    _C.set_override(variant, basic)
     try:
         yield
     finally:
-        _C.set_override("", True)
+        _C.set_override("", False)
 
 
 def last_variant() -> str:

@@ -8,19 +8,20 @@ FAMILY = Family(
     name="ragged_k",
     kernel=ragged_k_kernel,
     params=POINTERS + (
-        Param("M", "i32", "extent"),
-        Param("N", "i32", "extent"),
+        Param("M", "i32", "extent", aligned=True),
+        Param("N", "i32", "extent", aligned=True),
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
         Param("G", "i32", "count"),
-        Param("lda", "i64", "stride"),
-        Param("ldb", "i64", "stride"),
-        Param("ldc", "i64", "stride"),
+        Param("lda", "i64", "stride", aligned=True),
+        Param("ldb", "i64", "stride", aligned=True),
+        Param("ldc", "i64", "stride", aligned=True),
     ),
     # a row-major [M, T] ('nn') or a transposed view of [T, M] ('tn', as in dB).
     # Row-major A has no tma flavour: its K ranges start at arbitrary columns of
     # its contiguous dimension, which TMA got wrong on an H100.
     layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
     tma_layouts=("tn",),
+    aligned_layouts=("tn",),
     float32_output=True,
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",

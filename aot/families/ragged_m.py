@@ -7,9 +7,9 @@ from ..kernels.ragged import ragged_m_kernel
 RAGGED_ROWS_LIMIT = 2 ** 30
 # The ragged families' first parameters: operands, output, group end offsets.
 POINTERS = (
-    Param("a_ptr", "*T", "operand"),
-    Param("b_ptr", "*T", "operand"),
-    Param("c_ptr", "*O", "output"),
+    Param("a_ptr", "*T", "operand", aligned=True),
+    Param("b_ptr", "*T", "operand", aligned=True),
+    Param("c_ptr", "*O", "output", aligned=True),
     Param("offs_ptr", "*i32", "offsets"),
 )
 
@@ -18,19 +18,20 @@ FAMILY = Family(
     kernel=ragged_m_kernel,
     params=POINTERS + (
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
-        Param("N", "i32", "extent"),
-        Param("K", "i32", "extent"),
+        Param("N", "i32", "extent", aligned=True),
+        Param("K", "i32", "extent", aligned=True),
         Param("G", "i32", "count"),
-        Param("lda", "i64", "stride"),
-        Param("b_group_stride", "i64", "stride"),
-        Param("ldb", "i64", "stride"),
-        Param("ldc", "i64", "stride"),
+        Param("lda", "i64", "stride", aligned=True),
+        Param("b_group_stride", "i64", "stride", aligned=True),
+        Param("ldb", "i64", "stride", aligned=True),
+        Param("ldc", "i64", "stride", aligned=True),
     ),
     # a [T, K] row-major ('n.') or a transposed view of [K, T] ('t.', as in 3-D x 2-D);
     # b [G, K, N] row-major ('.n') or a transposed view of [G, N, K] ('.t').
     layouts={"nn": {"A_T": False, "B_T": False}, "nt": {"A_T": False, "B_T": True},
              "tn": {"A_T": True, "B_T": False}, "tt": {"A_T": True, "B_T": True}},
     tma_layouts=("nn", "nt"),
+    aligned_layouts=("nn", "nt"),  # with A stored [K, T] its ragged rows are the contiguous dim
     float32_output=True,
     # Each group boundary adds at most one partial m-tile; +1 for the rows past
     # the last group (written with zeros).

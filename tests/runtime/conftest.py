@@ -39,7 +39,7 @@ def allow_tma(request):
     sm90 has `tma` variants, so elsewhere one run suffices."""
     if request.param and not tma_runs_here():
         pytest.skip("no tma kernels for this GPU's path")
-    with _testing.forced(allow_tma=request.param):
+    with _testing.forced(basic=not request.param):
         yield request.param
 
 

@@ -1,6 +1,6 @@
 """Every compiled variant that can run on this GPU, forced by key, on shapes
-that are multiples of no tile (inner sizes kept multiples of 8 for `tma`,
-which needs 16-byte rows).  Covers exactly what the wheel ships: each dtype,
+that are multiples of no tile (inner sizes kept multiples of 16 for the `tma`
+and `aligned` flavours, whose rules need them).  Covers exactly what the wheel ships: each dtype,
 output dtype and layout."""
 import pytest
 import torch
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.usefixtures("poison")
 
 
 def sizes(variant, aligned, odd):
-    """A size that is a multiple of 8 for TMA variants, odd otherwise."""
-    return aligned if variant["flavour"] == "tma" else odd
+    """A multiple of 16 for the tma and aligned flavours, odd for basic."""
+    return odd if variant["flavour"] == "basic" else aligned
 
 
 def matrix(rows, cols, transposed, dtype):
@@ -29,8 +29,8 @@ def matrix(rows, cols, transposed, dtype):
 
 def run_list(v, dtype, out_dtype):
     trans_b = v["layout"] == "nt"
-    mnks = [(sizes(v, 136, 131), sizes(v, 200, 203), sizes(v, 72, 77)), (0, 8, 8),
-            (sizes(v, 40, 37), sizes(v, 264, 261), sizes(v, 304, 299)), (1, 8, 8)]
+    mnks = [(sizes(v, 144, 131), sizes(v, 208, 203), sizes(v, 80, 77)), (0, 16, 16),
+            (sizes(v, 48, 37), sizes(v, 272, 261), sizes(v, 304, 299)), (1, 16, 16)]
     As = [randn(m, k, dtype=dtype) for m, n, k in mnks]
     Bs = [randn(n, k, dtype=dtype) if trans_b else randn(k, n, dtype=dtype) for m, n, k in mnks]
     Cs = gg_runtime.grouped_gemm(As, Bs, trans_b=trans_b)
@@ -38,7 +38,7 @@ def run_list(v, dtype, out_dtype):
 
 
 def run_ragged_m(v, dtype, out_dtype):
-    k, n = sizes(v, 104, 99), sizes(v, 136, 133)
+    k, n = sizes(v, 112, 99), sizes(v, 144, 133)
     counts = [150, 0, 3, 260, 70]
     a = matrix(sum(counts) + 9, k, v["layout"][0] == "t", dtype)
     b = (randn(5, n, k, dtype=dtype).transpose(1, 2) if v["layout"][1] == "t"
@@ -48,7 +48,7 @@ def run_ragged_m(v, dtype, out_dtype):
 
 
 def run_ragged_k(v, dtype, out_dtype):
-    m, n = sizes(v, 72, 67), sizes(v, 136, 131)
+    m, n = sizes(v, 80, 67), sizes(v, 144, 131)
     counts = [150, 0, 33, 260]
     total = sizes(v, 448, sum(counts))
     counts[-1] += total - sum(counts)
