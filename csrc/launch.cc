@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
 #include <mutex>
+#include <stdexcept>
 
 #include "driver.h"
 

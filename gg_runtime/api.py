@@ -33,6 +33,9 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
     - a [M, T], b [T, N], offs [G] -> [G, M, N]  (ragged K: weight gradient)
       out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]]; a group with no
       rows gives zeros.
+    - a [G, M, K], b [K, T], offs [G] -> [M, T]  (ragged N)
+      Columns offs[g-1]:offs[g] are a[g] @ b[:, those columns]; returned as a
+      transposed view of a [T, M] tensor.
     - a [G, M, K], b [G, K, N], offs None -> [G, M, N]  (batched)
 
     offs is an int32 CUDA tensor of cumulative END offsets.  It is read on the
@@ -46,9 +49,12 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
       offset makes its group empty.  No offset makes a kernel read or write out
       of bounds.
 
-    float16 or bfloat16, one CUDA device, fp32 accumulation; out_dtype must be
-    None or the inputs' dtype.  Differentiable in a and b; traceable by
-    torch.compile (it is the custom op torch.ops.gg_runtime.grouped_mm).
+    float16, bfloat16 or float32 (TF32 where torch allows it for matmuls,
+    otherwise tf32x3), any operand row- or column-major and strided, one CUDA
+    device, fp32 accumulation.  out_dtype: None (the inputs' dtype), the
+    inputs' dtype, or torch.float32 (the accumulator unrounded).  Differentiable
+    in a and b (eager: an autograd.Function); traceable by torch.compile (the
+    custom op torch.ops.gg_runtime.grouped_mm).
     """
     if torch.compiler.is_compiling() or type(a) is not torch.Tensor or type(b) is not torch.Tensor:
         return grouped_mm_op(a, b, offs, out_dtype)  # traced, or a tensor subclass
