@@ -56,11 +56,29 @@ def traffic_bytes(w) -> int:
     return 2 * sum(m * k + (k * n if m else 0) + m * n for m, n, k in group_sizes(w))
 
 
+def measure(candidates, check, tolerance, flops) -> dict:
+    """name -> {ms, tflops, rel_error} for each candidate whose result passes
+    check (relative error) within tolerance, else {error}: an anchor that
+    cannot run a case, or gets it wrong, is reported, not fatal."""
+    runs = {}
+    for name, fn in candidates.items():
+        try:
+            error = check(fn())
+        except Exception as exc:
+            runs[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        if error > tolerance:
+            runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
+            continue
+        ms = time_ms(fn)
+        runs[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error}
+    return runs
+
+
 def bench_workload(w, ceil, with_seed) -> dict:
     dtype = DTYPES[w["dtype"]]
     sizes = group_sizes(w)
     flops = 2 * sum(m * n * k for m, n, k in sizes)
-    runs = {}
     if w["layout"] == "ragged":
         a, b, offs = moe_inputs(w["m"], w["N"], w["K"], dtype)
         ref = ref_grouped_mm(a, b, offs)
@@ -86,17 +104,7 @@ def bench_workload(w, ceil, with_seed) -> dict:
         check = lambda outs: max(rel_error(o, r) for o, r in zip(outs, refs))  # noqa: E731
         side = round((flops / 2) ** (1 / 3))
         dense_shape = (side, side, side)
-    for name, fn in candidates.items():
-        try:
-            error = check(fn())
-        except Exception as exc:  # an anchor that cannot run this case is reported, not fatal
-            runs[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-            continue
-        if error > TOLERANCE[dtype]:
-            runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
-            continue
-        ms = time_ms(fn)
-        runs[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error}
+    runs = measure(candidates, check, TOLERANCE[dtype], flops)
     m, k, n = dense_shape
     da = torch.randn(m, k, device="cuda").to(dtype)
     db = torch.randn(k, n, device="cuda").to(dtype)
@@ -124,19 +132,9 @@ def bench_wgrad(w) -> dict:
     dy = torch.randn(x.shape[0], w["N"], device="cuda").to(dtype)
     ref = ref_grouped_mm(x.t(), dy, offs)
     flops = 2 * x.shape[0] * w["N"] * w["K"]
-    runs = {}
-    for name, fn in {"gg_runtime": lambda: gg_runtime.grouped_mm(x.t(), dy, offs),
-                     "torch_grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs)}.items():
-        try:
-            error = rel_error(fn(), ref)
-        except Exception as exc:  # an anchor that cannot run this case is reported, not fatal
-            runs[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-            continue
-        if error > TOLERANCE[dtype]:
-            runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
-            continue
-        ms = time_ms(fn)
-        runs[name] = {"ms": ms, "tflops": flops / ms / 1e9}
+    candidates = {"gg_runtime": lambda: gg_runtime.grouped_mm(x.t(), dy, offs),
+                  "torch_grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs)}
+    runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE[dtype], flops)
     ours, theirs = (runs.get(n, {}).get("ms") for n in ("gg_runtime", "torch_grouped_mm"))
     return {"name": w["name"] + "_wgrad", "runs": runs,
             "vs_torch": theirs / ours if ours and theirs else None}
