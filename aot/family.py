@@ -10,13 +10,12 @@ alignment rules from the roles, and names no family.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import expr
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
 TYPES = ("*T", "*O", "*i32", "*i64", "i32", "i64")
-ALL_DTYPES = ("float16", "bfloat16", "float32", "tf32")  # aot/variants.py DTYPES
 
 # What the runtime does with a parameter of each role.
 ROLES = {
@@ -45,7 +44,8 @@ class Param:
         if self.type not in TYPES:
             raise ValueError(f"parameter {self.name}: type {self.type!r} is not one of {TYPES}")
         if self.role not in ROLES:
-            raise ValueError(f"parameter {self.name}: role {self.role!r} is not one of {sorted(ROLES)}")
+            raise ValueError(f"parameter {self.name}: role {self.role!r} is not one of "
+                             f"{sorted(ROLES)}")
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,8 @@ class Family:
     group_tiles: str = ""
     group_rows: str = ""
     dtype_constexpr: bool = False  # the kernel takes DTYPE (its pointers are untyped)
-    dtypes: tuple = ALL_DTYPES  # input dtypes the build compiles
+    dtypes: tuple = ()  # names of the input dtypes (aot/variants.py) compiled; () = all
     float32_output: bool = False  # 16-bit inputs may also write a float32 output ('*O')
-    summary: str = field(default="", compare=False)
 
     def __post_init__(self):
         self._check_abi()

@@ -218,7 +218,7 @@ def all_variants() -> list:
         Variant(family, arch.arch, dtype.name, layout, flavour, config, out.name)
         for family, desc in FAMILIES.items()
         for arch in ARCHS
-        for dtype in map(DTYPES.get, desc.dtypes)
+        for dtype in map(DTYPES.get, desc.dtypes or DTYPES)
         for out in out_dtypes(family, dtype)
         for layout in desc.layouts
         for flavour in flavours(family, layout, arch)

@@ -54,7 +54,7 @@ def moe_expert_parallel(x, local_weights, router, group):
     # How many tokens go to each rank, and how many come from each: all-to-all sizes are host ints.
     send = counts.view(world, local).sum(1)
     recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=group)  # [world, local]: counts from each rank
+    dist.all_to_all_single(recv_counts, counts, group=group)  # counts from each rank
     recv_counts = recv_counts.view(world, local)
     send_sizes, recv_sizes = send.tolist(), recv_counts.sum(1).tolist()
     received = all_to_all_single(x.new_empty(sum(recv_sizes), x.shape[1]), x[order],
@@ -95,7 +95,8 @@ def main() -> int:
     w_grad = w_ref.grad.float()
     dist.all_reduce(w_grad)  # every rank's tokens reach every expert's gradient
 
-    errors = {"out": rel_error(y_ep, y_ref.float()), "grad_x": rel_error(x_ep.grad, x_ref.grad.float()),
+    errors = {"out": rel_error(y_ep, y_ref.float()),
+              "grad_x": rel_error(x_ep.grad, x_ref.grad.float()),
               "grad_w": rel_error(w_ep.grad, w_grad[rank * local:(rank + 1) * local])}
     ok = all(e < TOLERANCE for e in errors.values())
     print(f"rank {rank}/{world}: {'ok' if ok else 'MISMATCH'} "

@@ -11,8 +11,9 @@ addressing is given by a leading dimension and a layout flag per operand:
 
 Bounds are absolute coordinates: rows m >= m_end, columns n >= n_end and
 k >= k_end read as zero and are never written.  PRECISION is tl.dot's
-input_precision for float32 operands ('tf32', 'tf32x3'; ignored otherwise).  Both flavours take the same
-arguments so that a family kernel picks one with a single constexpr (USE_TMA).
+input_precision for float32 operands ('tf32', 'tf32x3'; ignored otherwise).
+Both load paths take the same arguments so that a family kernel picks one
+with a single constexpr (USE_TMA).
 """
 import triton
 import triton.language as tl
