@@ -2,7 +2,8 @@
 # make test:  the build-time tests (need Triton), then install the wheel into a clean
 #             environment without Triton and run the runtime tests (CPU tests
 #             everywhere, GPU tests where a GPU is present), then the GPU tests
-#             once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path).
+#             once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path) where a
+#             GPU is present.
 # make bench: run bench/ on a GPU machine (writes bench/results/).
 # make clean: remove every build output and environment made here.
 #
@@ -23,6 +24,7 @@ JOBS ?= $(shell nproc)
 BUILD_CHECK := import triton, pybind11, setuptools, wheel, click; assert triton.__version__ == '$(TRITON_VERSION)'
 BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(BUILD_VENV)/bin/python)
 TEST_PY := $(TEST_VENV)/bin/python
+HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
 .PHONY: build test bench clean build-env test-env
 
@@ -46,8 +48,10 @@ test: build-env test-env
 	  "$$($(TEST_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" dist/gg_runtime-*.whl
 	$(BUILD_PY) -m pytest -q tests/aot
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
-	@echo "GPU tests again, every GPU >= 8.0 on the sm80 PTX compiled by the driver (they skip without a GPU):"
-	cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py
+	@if $(TEST_PY) -c "$(HAS_GPU)"; then \
+	  echo "GPU tests again, on the sm80 PTX compiled by the driver (GG_RUNTIME_FORCE_PTX=1):"; \
+	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
+	else echo "no GPU here: the sm80 PTX pass of the GPU tests is skipped"; fi
 
 test-env:
 	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
