@@ -10,18 +10,19 @@ alignment rules from the roles, and names no family.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import expr
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
-TYPES = ("*T", "*O", "*i32", "*i64", "i32", "i64")
+TYPES = ("*T", "*O", "*fp32", "*i32", "*i64", "i32", "i64")
 
 # What the runtime does with a parameter of each role.
 ROLES = {
     "operand": "pointer to an input the kernel reads (TMA: 16-byte aligned base)",
     "output": "pointer to the output the kernel writes (TMA: 16-byte aligned base)",
     "offsets": "pointer to int32 cumulative group end offsets, read on the GPU",
+    "scale": "pointer to float32 scale factors the kernel reads",
     "extent": "a size; must fit the parameter's type",
     "stride": "an element stride (TMA: a positive multiple of 16 bytes)",
     "count": "the number of groups",
@@ -49,6 +50,31 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Config:
+    """Tile shape and schedule.  `max_rows` bounds the rows per group this config
+    is chosen for (the runtime takes the smallest bound that fits; 0 = no bound)."""
+    BM: int
+    BN: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    max_rows: int = 0
+
+    @property
+    def tag(self) -> str:
+        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
+
+    def shared_estimate(self, dtype, out, tma: bool) -> int:
+        """Shared memory of the pipeline, the output tile a TMA store stages,
+        and for tf32x3 one more A tile (its split into high and low parts;
+        measured: Triton 3.6 allocates BM * BK * 4 bytes more).  dtype, out:
+        aot/variants.py DTypes."""
+        ring = self.num_stages * (self.BM + self.BN) * self.BK * dtype.bytes
+        split = self.BM * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
+        return ring + split + (self.BM * self.BN * out.bytes if tma else 0)
+
+
+@dataclass(frozen=True)
 class Family:
     """One kernel family.  Exactly one of `tiles` (a call's tile count, from the
     parameters) and `group_tiles` (one group's, from its group fields; the
@@ -67,8 +93,15 @@ class Family:
     group_tiles: str = ""
     group_rows: str = ""
     dtype_constexpr: bool = False  # the kernel takes DTYPE (its pointers are untyped)
-    dtypes: tuple = ()  # names of the input dtypes (aot/variants.py) compiled; () = all
+    # Names of the input dtypes (aot/variants.py) compiled; () = all but the opt-in ones.
+    dtypes: tuple = ()
     float32_output: bool = False  # 16-bit inputs may also write a float32 output ('*O')
+    out_dtypes: tuple = ()  # output dtype names for every input; () = see float32_output
+    archs: tuple = ()  # the archs (80, 90, ...) compiled; () = all of aot/variants.py's
+    basic: bool = True  # compile the `basic` flavour (any alignment); False: inputs
+    #                     must meet another flavour's rule, which the Python API checks
+    # (arch, flavour) -> Configs, in place of aot/variants.py's defaults for GEMMs.
+    configs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._check_abi()

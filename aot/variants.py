@@ -18,6 +18,9 @@ from pathlib import Path
 import triton.language as tl
 
 from .families import FAMILIES
+from .family import Config
+
+__all__ = ["ARCHS", "DTYPES", "FLAVOURS", "Arch", "Config", "DType", "Variant", "all_variants"]
 
 
 @dataclass(frozen=True)
@@ -30,14 +33,13 @@ class Arch:
     tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
     shared_limit: int  # bytes of shared memory a variant may use on every GPU it runs on
     ptx: bool = False  # also ship PTX: the driver compiles it for newer GPUs
-    aligned: bool = False  # compile `aligned` flavours (vectorised loads where TMA is missing)
 
     @staticmethod
     def of(arch: int) -> "Arch":
         return next(a for a in ARCHS if a.arch == arch)
 
 
-ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True, aligned=True),
+ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True),
          Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
 
 
@@ -53,6 +55,7 @@ class DType:
     triton: object
     bytes: int
     precision: str = "tf32"  # Triton's dot input precision (used for float32 inputs only)
+    opt_in: bool = False  # compiled only for families that name it in their dtypes
 
 
 DTYPES = {d.name: d for d in (
@@ -60,34 +63,11 @@ DTYPES = {d.name: d for d in (
     DType("bfloat16", "bfloat16", "bf16", tl.bfloat16, 2),
     DType("float32", "float32", "fp32", tl.float32, 4, precision="tf32x3"),
     DType("tf32", "float32", "fp32", tl.float32, 4, precision="tf32"),
+    DType("float8_e4m3fn", "float8_e4m3fn", "fp8e4nv", tl.float8e4nv, 1, opt_in=True),
 )}
 # Groups scanned per step by the persistent kernels' tile -> group lookup.
 GROUP_CHUNK = 64
 TUNING_DIR = Path(__file__).parent / "tuning"
-
-
-@dataclass(frozen=True)
-class Config:
-    """Tile shape and schedule.  `max_rows` bounds the rows per group this config
-    is chosen for (the runtime takes the smallest bound that fits; 0 = no bound)."""
-    BM: int
-    BN: int
-    BK: int
-    num_warps: int
-    num_stages: int
-    max_rows: int = 0
-
-    @property
-    def tag(self) -> str:
-        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
-
-    def shared_estimate(self, dtype: "DType", out: "DType", tma: bool) -> int:
-        """Shared memory of the pipeline, the output tile a TMA store stages,
-        and for tf32x3 one more A tile (its split into high and low parts;
-        measured: Triton 3.6 allocates BM * BK * 4 bytes more)."""
-        ring = self.num_stages * (self.BM + self.BN) * self.BK * dtype.bytes
-        split = self.BM * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
-        return ring + split + (self.BM * self.BN * out.bytes if tma else 0)
 
 
 # Flavours in the runtime's order of preference, each with the rule an input
@@ -119,14 +99,15 @@ DEFAULT_CONFIGS = {
 
 
 def flavours(family: str, layout: str, arch: Arch) -> tuple:
-    """`basic` everywhere (any alignment); `tma` where the hardware has it and
-    `aligned` where the arch compiles it, each for the layouts the family's
-    description lists for it."""
+    """`basic` (any alignment) unless the family opts out; `tma` where the
+    hardware has it, and `aligned` where a layout has no `tma`, each for the
+    layouts the family's description lists for it."""
     desc = FAMILIES[family]
-    out = ["basic"]
-    if arch.aligned and layout in desc.aligned_layouts:
+    out = ["basic"] if desc.basic else []
+    has_tma = arch.tma and layout in desc.tma_layouts
+    if layout in desc.aligned_layouts and not has_tma:
         out.append("aligned")
-    if arch.tma and layout in desc.tma_layouts:
+    if has_tma:
         out.append("tma")
     return tuple(out)
 
@@ -146,9 +127,10 @@ def _fitted(config: Config, arch: Arch, dtype: DType, out: DType, tma: bool) -> 
 
 def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType) -> tuple:
     """The tuned table for (arch, family, flavour) if `aot tune` wrote one, else
-    the defaults; fitted to the element sizes."""
+    the family's own configs, else the defaults; fitted to the element sizes."""
     table = TUNING_DIR / f"sm{arch.arch}.json"
-    configs = DEFAULT_CONFIGS[(arch.arch, flavour)]
+    configs = FAMILIES[family].configs.get((arch.arch, flavour)) or \
+        DEFAULT_CONFIGS[(arch.arch, flavour)]
     if table.exists():
         entries = json.loads(table.read_text()).get(family, {}).get(flavour)
         if entries:
@@ -158,8 +140,10 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType)
 
 
 def out_dtypes(family: str, dtype: DType) -> tuple:
-    """The input's own type, and float32 for 16-bit inputs where the family
-    writes a separate output type."""
+    """The family's output types if it names them; else the input's own type,
+    and float32 for 16-bit inputs where the family writes a separate output type."""
+    if FAMILIES[family].out_dtypes:
+        return tuple(map(DTYPES.get, FAMILIES[family].out_dtypes))
     own = DTYPES[dtype.storage]
     if FAMILIES[family].float32_output and dtype.bytes < 4:
         return (own, DTYPES["float32"])
@@ -217,8 +201,8 @@ def all_variants() -> list:
     return [
         Variant(family, arch.arch, dtype.name, layout, flavour, config, out.name)
         for family, desc in FAMILIES.items()
-        for arch in ARCHS
-        for dtype in map(DTYPES.get, desc.dtypes or DTYPES)
+        for arch in ARCHS if arch.arch in (desc.archs or [a.arch for a in ARCHS])
+        for dtype in map(DTYPES.get, desc.dtypes or [d for d in DTYPES if not DTYPES[d].opt_in])
         for out in out_dtypes(family, dtype)
         for layout in desc.layouts
         for flavour in flavours(family, layout, arch)

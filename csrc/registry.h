@@ -17,13 +17,16 @@ namespace gg {
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What the runtime does with a kernel parameter (aot/family.py ROLES).
-enum class Role { kOperand, kOutput, kOffsets, kExtent, kStride, kCount, kGroupTable, kTilePrefix };
+enum class Role {
+  kOperand, kOutput, kOffsets, kScale, kExtent, kStride, kCount, kGroupTable, kTilePrefix
+};
 
 inline const char* role_name(Role role) {
   switch (role) {  // -Wswitch flags a role without a name
     case Role::kOperand: return "operand";
     case Role::kOutput: return "output";
     case Role::kOffsets: return "offsets";
+    case Role::kScale: return "scale";
     case Role::kExtent: return "extent";
     case Role::kStride: return "stride";
     case Role::kCount: return "count";

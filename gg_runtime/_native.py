@@ -23,6 +23,11 @@ UnsupportedDeviceError = _C.UnsupportedDeviceError
 FAMILIES = _C.families()  # name -> parameters, in the table's index order
 
 
+def family_dtypes(family: str) -> tuple:
+    """The torch dtypes a family's inputs may have (tf32 is float32's other code)."""
+    return tuple(getattr(torch, name) for name in FAMILIES[family]["dtypes"] if name != "tf32")
+
+
 def launcher(family: str):
     """The launch entry of one kernel family:
 

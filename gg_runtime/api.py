@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import gemm_list, ragged
+from . import gemm_list, ragged, scaled
 from .cases import classify
 from .library import GroupedMM, grouped_mm_op
 
@@ -62,3 +62,29 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return GroupedMM.apply(case, a, b, offs, out_dtype)
     return ragged.run(case, a, b, offs, out_dtype)
+
+
+def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat16):
+    """fp8 grouped matrix product with float32 scales, in torch._scaled_grouped_mm's
+    argument order; Hopper (compute capability 9.0) only.
+
+    - a [T, K], b [G, K, N], offs [G] -> [T, N]  (ragged M, as grouped_mm)
+    - a [G, M, K], b [G, K, N], offs None -> [G, M, N]  (batched)
+
+    a and b are torch.float8_e4m3fn; a row-major, b K-major (a transposed view
+    of the [G, N, K] weight, as torch requires); K and N multiples of 16.
+    The scales undo the quantisation (x ~ q * scale) and pick the granularity:
+
+    - rowwise (torch's): scale_a [T] (or [G, M]), scale_b [G, N];
+      out = (a @ b[g]) * scale_a[row] * scale_b[g, col].
+    - blockwise (DeepSeek-V3): scale_a [T, ceil(K/128)] (or [G, M, ceil(K/128)]),
+      one per token and 128-wide K block; scale_b [G, ceil(N/128), ceil(K/128)],
+      one per 128x128 weight block; each 128-wide K block's product is scaled
+      in float32 before it is accumulated.
+
+    quantize_fp8 makes both kinds of inputs.  out_dtype: torch.bfloat16 or
+    torch.float32.  offs as in grouped_mm (int32, on the GPU, graph
+    capturable); groups are not padded.  Not differentiable (fp8 training is
+    not supported): inputs that require grad are refused.
+    """
+    return scaled.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype)

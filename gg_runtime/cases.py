@@ -7,7 +7,7 @@ import enum
 
 import torch
 
-from ._native import DTYPE_CODES
+from ._native import family_dtypes
 from .validate import check_offsets, check_out_dtype, check_same, check_tensor, require
 
 
@@ -19,6 +19,8 @@ class Case(enum.Enum):
 
 
 _BY_DIMS = {case.value: case for case in Case}
+# Every case runs on the ragged_m and ragged_k families, built for the same dtypes.
+DTYPES = family_dtypes("ragged_m")
 
 
 def case_of(a, b) -> Case:
@@ -52,7 +54,7 @@ def _is_plain_ragged_m(a, b, offs, out_dtype) -> bool:
             and out_dtype is None and a.dim() == 2 and b.dim() == 3 and offs.dim() == 1):
         return False
     device = a.get_device()
-    return (a.dtype is b.dtype and a.dtype in DTYPE_CODES and offs.dtype is torch.int32
+    return (a.dtype is b.dtype and a.dtype in DTYPES and offs.dtype is torch.int32
             and a.is_cuda and b.get_device() == device and offs.get_device() == device
             and a.shape[1] == b.shape[1] and offs.shape[0] == b.shape[0]
             and (offs.shape[0] <= 1 or offs.stride(0) == 1))
@@ -68,8 +70,8 @@ def _full_checks(a, b, offs, out_dtype) -> Case:
     dims = (a.dim(), b.dim())
     if dims[0] not in (2, 3) or dims[1] not in (2, 3):
         raise ValueError(f"a and b must be 2-D or 3-D: {_shapes(a, b)}")
-    check_tensor(a, "a", dims[0])
-    check_tensor(b, "b", dims[1])
+    check_tensor(a, "a", dims[0], DTYPES)
+    check_tensor(b, "b", dims[1], DTYPES)
     check_same(b, "b", a, "a")
     check_out_dtype(out_dtype, a.dtype)
     case = _BY_DIMS[dims]

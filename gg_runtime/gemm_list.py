@@ -19,7 +19,7 @@ _LAUNCH = _native.launcher("list")
 if tuple(name for name, *_ in _FAMILY["group_fields"]) != GROUP_FIELDS:
     raise ImportError(f"gg_runtime was built with list group fields {_FAMILY['group_fields']}, "
                       f"this module writes {GROUP_FIELDS}")
-DTYPES = tuple(getattr(torch, name) for name in _FAMILY["dtypes"])
+DTYPES = _native.family_dtypes("list")
 
 
 def _check_group(i: int, a, b, trans_b: bool, ref) -> None:

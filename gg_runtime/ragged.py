@@ -74,7 +74,7 @@ def ragged_n(a, b, offs, out_dtype=None) -> torch.Tensor:
     return ragged_m(b.t(), a.transpose(1, 2), offs, out_dtype).t()
 
 
-def _batch_offsets(groups: int, size: int, device) -> torch.Tensor:
+def batch_offsets(groups: int, size: int, device) -> torch.Tensor:
     """[size, 2*size, ...]: built on the device, no host sync."""
     return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * size
 
@@ -88,12 +88,12 @@ def batched(a, b, offs=None, out_dtype=None) -> torch.Tensor:
     stacked_columns = (m > 1 and k > 1 and a.stride(1) == 1 and a.stride(0) == k * a.stride(2)
                        and b.is_contiguous())
     if stacked_columns:
-        offs = _batch_offsets(groups, k, a.device)
+        offs = batch_offsets(groups, k, a.device)
         return ragged_k(a.transpose(1, 2).reshape(groups * k, m).t(), b.reshape(groups * k, n),
                         offs, out_dtype)
     if not (a.shape[-1] <= 1 or a.stride(-1) == 1) or a.stride(0) != m * a.stride(1):
         a = a.contiguous()
-    offs = _batch_offsets(groups, m, a.device)
+    offs = batch_offsets(groups, m, a.device)
     return ragged_m(a.reshape(groups * m, k), b, offs, out_dtype).view(groups, m, n)
 
 

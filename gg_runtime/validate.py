@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ._native import DTYPE_CODES
-
-SUPPORTED_DTYPES = tuple(DTYPE_CODES)
-
 
 def require(condition: bool, message: str, error=ValueError) -> None:
     """For checks off the hot path (the message is built by the caller)."""
@@ -16,7 +12,7 @@ def require(condition: bool, message: str, error=ValueError) -> None:
         raise error(message)
 
 
-def check_tensor(x, name: str, ndim: int, dtypes=SUPPORTED_DTYPES) -> None:
+def check_tensor(x, name: str, ndim: int, dtypes: tuple) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != ndim:

@@ -7,12 +7,13 @@ For valid offsets this is the usual meaning; for decreasing or out-of-range
 offsets it keeps every access in bounds and every output row owned by at most
 one group.
 
-ragged_m: out[T, N], rows of group g = a[rows] @ b[g]   (forward, dA)
+ragged_m: out[T, N], rows of group g = a[rows] @ b[g]   (forward, dA; fp8 with scales)
 ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 """
 import triton
 import triton.language as tl
 
+from .scaled import NO_SCALES, scaled_tile_tma
 from .tiles import first_step_past, pick, running_max, tile_mma_basic, tile_store
 
 
@@ -85,7 +86,32 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
                     PRECISION: tl.constexpr):
     """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1), b [G, K, N] (B_T=0) or
     [G, N, K] (B_T=1), c [T, N] row-major.  TMA only with A_T=0: A's ragged rows
-    would otherwise start at arbitrary offsets of its contiguous dimension.
+    would otherwise start at arbitrary offsets of its contiguous dimension."""
+    # The scale pointers are never read without scales: offs_ptr stands in.
+    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
+                     b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
+                     PRECISION)
+
+
+@triton.jit
+def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
+                           lda, b_group_stride, ldb, ldc, SCALING: tl.constexpr,
+                           USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                           BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
+    wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says."""
+    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
+                     b_group_stride, ldb, ldc, False, True, USE_TMA, SCALING, BM, BN, BK, CHUNK,
+                     PRECISION)
+
+
+@triton.jit
+def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
+                     b_group_stride, ldb, ldc, A_T: tl.constexpr, B_T: tl.constexpr,
+                     USE_TMA: tl.constexpr, SCALING: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
     group's tiles (m-tile fastest, so programs running together share one
@@ -95,6 +121,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     owner of a tile without a per-group loop.
     """
     tl.static_assert(not (USE_TMA and A_T), "ragged_m has no TMA path for A stored [K, T]")
+    tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
@@ -133,7 +160,12 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
             off_m = start + (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN
             k_end = tl.where(g < G, K, 0)
-            if USE_TMA:
+            if SCALING != NO_SCALES:
+                acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
+                                      tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
+                                      SCALING, BM, BN, BK)
+                ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
+            elif USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK,
                                         PRECISION)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)

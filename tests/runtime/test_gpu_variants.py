@@ -8,7 +8,8 @@ import torch
 import gg_runtime
 from gg_runtime import _C
 from gg_runtime._testing import forced, last_variant
-from gg_runtime.testing import (offsets_from_counts, randn, ref_grouped_mm, ref_list, rel_error,
+from gg_runtime.testing import (FP8_TOLERANCE, fp8_moe_inputs, offsets_from_counts, randn,
+                                ref_grouped_mm, ref_list, ref_scaled_grouped_mm, rel_error,
                                 tf32_allowed, tolerance)
 
 from conftest import device_arch
@@ -58,7 +59,15 @@ def run_ragged_k(v, dtype, out_dtype):
     return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
 
 
-RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k}
+def run_scaled_ragged_m(v, dtype, out_dtype):
+    counts = [150, 0, 3, 260, 70]
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, 144, 208, v["layout"])
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+    return [(out, ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, v["layout"]))]
+
+
+RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k,
+           "scaled_ragged_m": run_scaled_ragged_m}
 
 
 @pytest.mark.skipif(not RUNNABLE, reason="needs a GPU this wheel has kernels for")
@@ -71,9 +80,11 @@ def test_variant(variant):
         pairs = RUNNERS[variant["family"]](variant, dtype, out_dtype)
         assert last_variant() == variant["key"]
     torch.cuda.synchronize()
+    allowed = FP8_TOLERANCE[out_dtype] if dtype is torch.float8_e4m3fn else \
+        tolerance(dtype, out_dtype, tf32)
     for out, ref in pairs:
         assert out.dtype == out_dtype
-        assert rel_error(out, ref) < tolerance(dtype, out_dtype, tf32)
+        assert rel_error(out, ref) < allowed
 
 
 def test_forcing_a_variant_that_cannot_run_is_an_error():

@@ -1,0 +1,39 @@
+"""scaled_ragged_m: fp8 ragged_m with float32 scales (torch._scaled_grouped_mm,
+2-D x 3-D and, through offsets, 3-D x 3-D): out[T, N], rows offs[g-1]:offs[g]
+of a [T, K] times b[g] stored [N, K], scaled rowwise or per 128-block
+(aot/kernels/scaled.py).  sm90 TMA only: fp8 MMA needs sm89+, and TMA's
+alignment is what torch requires of fp8 inputs too."""
+from ..family import Config, Family, Param
+from ..kernels.ragged import scaled_ragged_m_kernel
+from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
+
+FAMILY = Family(
+    name="scaled_ragged_m",
+    kernel=scaled_ragged_m_kernel,
+    params=POINTERS + (
+        Param("scale_a_ptr", "*fp32", "scale"),
+        Param("scale_b_ptr", "*fp32", "scale"),
+        Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
+        Param("N", "i32", "extent"),
+        Param("K", "i32", "extent"),
+        Param("G", "i32", "count"),
+        Param("lda", "i64", "stride"),
+        Param("b_group_stride", "i64", "stride"),
+        Param("ldb", "i64", "stride"),
+        Param("ldc", "i64", "stride"),
+    ),
+    layouts={"rowwise": {"SCALING": 1}, "blockwise": {"SCALING": 2}},
+    tma_layouts=("rowwise", "blockwise"),
+    basic=False,
+    dtypes=("float8_e4m3fn",),
+    out_dtypes=("bfloat16", "float32"),
+    archs=(90,),
+    configs={(90, "tma"): (
+        Config(64, 128, 128, 4, 4, max_rows=32),
+        Config(128, 128, 128, 8, 4, max_rows=256),
+        Config(128, 256, 128, 8, 3),
+    )},
+    # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.
+    tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
+    rows="T // max(G, 1)",
+)

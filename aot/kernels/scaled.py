@@ -1,0 +1,59 @@
+"""Scaled fp8 tiles (sm90, TMA): one output tile of a [T, K] row-major times
+one group's b, stored [N, K] (K-major), with float32 scale factors that undo
+the quantisation (x ~ q * scale):
+
+ROWWISE    out = (a @ b) * scale_a[row] * scale_b[g, col]
+           scale_a [T], scale_b [G, N]: torch._scaled_grouped_mm's rowwise form.
+BLOCKWISE  out = sum over 128-wide K blocks j of
+           (a[:, j] @ b[j, :]) * scale_a[row, j] * scale_b[g, col // 128, j]
+           scale_a [T, ceil(K/128)] (1x128 per token), scale_b
+           [G, ceil(N/128), ceil(K/128)] (128x128 weight blocks), both
+           row-major; each block's product is scaled in float32 before it is
+           added (the DeepSeek-V3 recipe).
+"""
+import triton
+import triton.language as tl
+
+NO_SCALES = tl.constexpr(0)
+ROWWISE = tl.constexpr(1)
+BLOCKWISE = tl.constexpr(2)
+SCALE_BLOCK = tl.constexpr(128)
+
+
+@triton.jit
+def _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN: tl.constexpr, BK: tl.constexpr):
+    a = a_desc.load([off_m, k0])
+    b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
+    return a, b
+
+
+@triton.jit
+def scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr, g, off_m, off_n, end, N, K, k_end,
+                    SCALING: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """The float32 tile at (off_m, off_n) of group g (a valid index) with its
+    scales applied; rows >= end and columns >= N read scale 0."""
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    row_ok = rows < end
+    col_ok = cols < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SCALING == ROWWISE:
+        for k0 in range(0, k_end, BK):
+            a, b = _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN, BK)
+            acc = tl.dot(a, b, acc)
+        scale_a = tl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
+        scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
+        acc = acc * scale_a[:, None] * scale_b[None, :]
+    else:
+        tl.static_assert(SCALE_BLOCK % BK == 0, "a K step must not straddle two scale blocks")
+        k_blocks = tl.cdiv(K, SCALE_BLOCK)
+        a_scales = scale_a_ptr + rows.to(tl.int64) * k_blocks
+        b_scales = scale_b_ptr + (g.to(tl.int64) * tl.cdiv(N, SCALE_BLOCK)
+                                  + cols // SCALE_BLOCK) * k_blocks
+        for k0 in range(0, k_end, BK):
+            a, b = _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN, BK)
+            block = k0 // SCALE_BLOCK
+            scale_a = tl.load(a_scales + block, mask=row_ok, other=0.0)
+            scale_b = tl.load(b_scales + block, mask=col_ok, other=0.0)
+            acc += tl.dot(a, b) * scale_a[:, None] * scale_b[None, :]
+    return acc

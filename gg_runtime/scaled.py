@@ -1,0 +1,139 @@
+"""scaled_grouped_mm: fp8 (e4m3) grouped GEMM with float32 scales, rowwise or
+per 128-block (the scaled_ragged_m kernel family).  Checks, then one launch."""
+from __future__ import annotations
+
+import torch
+
+from . import _native
+from .ragged import batch_offsets
+from .validate import check_offsets, check_same, check_tensor, require
+
+_LAUNCH = _native.launcher("scaled_ragged_m")
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+BLOCK = 128  # K (and weight N) elements per scale block
+_ALIGN = 16  # bytes: TMA's rule for bases and strides, which torch also sets for fp8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_scale(scale, name: str, shape: tuple, a) -> None:
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(scale).__name__}")
+    if scale.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {scale.dtype}")
+    if scale.get_device() != a.get_device():
+        raise ValueError(f"{name} is on {scale.device} but a is on {a.device}")
+    if tuple(scale.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} for these inputs, got "
+                         f"{tuple(scale.shape)}")
+
+
+def _granularity(a, scale_a) -> str:
+    """rowwise: one scale per row of a; blockwise: one per row and 128-wide K block."""
+    dims = scale_a.dim() if isinstance(scale_a, torch.Tensor) else -1
+    if dims == a.dim() - 1:
+        return "rowwise"
+    if dims == a.dim():
+        return "blockwise"
+    raise ValueError(f"scale_a must be {a.dim() - 1}-D (rowwise) or {a.dim()}-D (per 1x128 "
+                     f"block) for a {a.dim()}-D a, got shape "
+                     f"{tuple(getattr(scale_a, 'shape', ()))}")
+
+
+def _scale_shapes(granularity: str, groups: int, rows: tuple, n: int, k: int) -> tuple:
+    """(scale_a's, scale_b's) shape; rows: a's leading dimensions."""
+    if granularity == "rowwise":
+        return rows, (groups, n)
+    return rows + (_cdiv(k, BLOCK),), (groups, _cdiv(n, BLOCK), _cdiv(k, BLOCK))
+
+
+def _check_layouts(a, b) -> None:
+    """a row-major, b K-major, every base and stride 16-byte aligned."""
+    k, n = b.shape[-2:]
+    require(a.stride(-1) == 1 or k <= 1, "a must be row-major (unit stride in its last "
+            f"dimension), got strides {tuple(a.stride())}")
+    require(b.stride(-2) == 1 or k <= 1, "b must be K-major: [G, K, N] as a transposed view of "
+            "a [G, N, K] tensor (fp8 tensor cores read both operands K-major), got strides "
+            f"{tuple(b.stride())} for shape {tuple(b.shape)}; pass w.transpose(-2, -1) of the "
+            "[G, N, K] weight")
+    require(k % _ALIGN == 0 and n % _ALIGN == 0,
+            f"fp8 needs K and N to be multiples of {_ALIGN} (16-byte rows), got K={k}, N={n}")
+    strides = (a.stride(-2), b.stride(0), b.stride(-1))
+    require(all(s % _ALIGN == 0 for s in strides),
+            f"fp8 inputs need row strides that are multiples of {_ALIGN} elements, got a "
+            f"strides {tuple(a.stride())}, b strides {tuple(b.stride())}")
+
+
+def _check(a, b, scale_a, scale_b, offs, out_dtype) -> str:
+    """Every check of scaled_grouped_mm's inputs; returns the granularity."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise TypeError("a and b must be torch.Tensors")
+    if (a.dim(), b.dim()) not in ((2, 3), (3, 3)):
+        raise ValueError("scaled_grouped_mm takes a [T, K] with b [G, K, N] and offs, or a "
+                         f"[G, M, K] with b [G, K, N]; got a {tuple(a.shape)}, b {tuple(b.shape)}"
+                         " (fp8 weight gradients, 2-D x 2-D, are not supported)")
+    check_tensor(a, "a", a.dim(), (FP8,))
+    check_tensor(b, "b", 3, (FP8,))
+    check_same(b, "b", a, "a")
+    groups, k, n = b.shape
+    if a.shape[-1] != k or (a.dim() == 3 and a.shape[0] != groups):
+        raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: expected a [T, K] "
+                         "or [G, M, K] with b [G, K, N]")
+    if a.dim() == 2:
+        require(offs is not None, "offs is required when a is 2-D")
+        check_offsets(offs, "b", groups, a)
+    else:
+        require(offs is None, "offs must be None when a is 3-D")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    granularity = _granularity(a, scale_a)
+    shape_a, shape_b = _scale_shapes(granularity, groups, tuple(a.shape[:-1]), n, k)
+    _check_scale(scale_a, "scale_a", shape_a, a)
+    _check_scale(scale_b, "scale_b", shape_b, a)
+    _check_layouts(a, b)
+    if torch.is_grad_enabled() and any(
+            x.requires_grad for x in (a, b, scale_a, scale_b)):
+        raise RuntimeError("scaled_grouped_mm is not differentiable: fp8 training is not "
+                           "supported (run it under torch.no_grad() or detach the inputs)")
+    return granularity
+
+
+def _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype) -> torch.Tensor:
+    """out[T, N] of a [T, K] (row-major), b [G, K, N] (K-major), int32 end offsets."""
+    (rows, k), (groups, _, n) = a.shape, b.shape
+    require(a.data_ptr() % _ALIGN == 0 and b.data_ptr() % _ALIGN == 0,
+            "fp8 inputs need 16-byte aligned data pointers (a view starting at an offset "
+            f"that is not a multiple of {_ALIGN} elements is not): call .contiguous()")
+    out = _native.empty((rows, n), a, out_dtype)
+    if groups == 0:
+        return out.zero_()
+    try:
+        _LAUNCH(granularity, *_native.target(a, out),
+                a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
+                offs_ptr=offs.data_ptr(), scale_a_ptr=scale_a.data_ptr(),
+                scale_b_ptr=scale_b.data_ptr(), T=rows, N=n, K=k, G=groups,
+                lda=a.stride(0), b_group_stride=b.stride(0), ldb=b.stride(2), ldc=n)
+    except _native.UnsupportedDeviceError as exc:
+        raise _native.UnsupportedDeviceError(
+            f"{exc} (fp8 kernels are built for compute capability 9.0, H100 and H200, only)"
+        ) from None
+    return out
+
+
+def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat16):
+    """See gg_runtime.api.scaled_grouped_mm."""
+    granularity = _check(a, b, scale_a, scale_b, offs, out_dtype)
+    scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+    if a.dim() == 2:
+        return _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype)
+    groups, m, k = a.shape
+    if a.stride(0) != m * a.stride(1):  # batches not stacked rows: one copy makes them so
+        a = a.contiguous()
+    offs = batch_offsets(groups, m, a.device)
+    flat_scale_a = scale_a.reshape(groups * m, *scale_a.shape[2:])
+    out = _launch(granularity, a.reshape(groups * m, k), b, flat_scale_a, scale_b, offs,
+                  out_dtype)
+    return out.view(groups, m, b.shape[2])

@@ -1,0 +1,118 @@
+"""scaled_grouped_mm (fp8) on the GPU against float32 products of the
+dequantised inputs: both granularities, both output types, shapes that are
+multiples of no tile, empty and many groups, strided inputs, CUDA graphs, and
+the errors that need CUDA tensors."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime.testing import (FP8_TOLERANCE, fp8_moe_inputs, offsets_from_counts, quantize_ref,
+                                ref_scaled_grouped_mm, rel_error)
+
+from conftest import device_arch
+
+pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
+              pytest.mark.usefixtures("poison")]
+GRANULARITIES = ("rowwise", "blockwise")
+
+
+def check(counts, n, k, granularity, out_dtype=torch.bfloat16, extra_rows=0):
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, granularity)
+    if extra_rows:  # rows past the last group: zeros in the output
+        a = torch.cat([a, a[:extra_rows]])
+        scale_a = torch.cat([scale_a, scale_a[:extra_rows]])
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+    ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity)
+    assert out.shape == ref.shape and out.dtype == out_dtype
+    assert rel_error(out, ref) < FP8_TOLERANCE[out_dtype]
+    if extra_rows:
+        assert out[sum(counts):].eq(0).all()
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("counts,n,k", [
+    ([150, 0, 3, 260, 70], 336, 208),  # N, K multiples of 16, not of 128
+    ([1000], 128, 128),  # one group
+    ([0, 0, 5], 16, 16),
+    ([7, 130, 0, 0], 4096 + 16, 1024 + 48),
+])
+def test_ragged(granularity, out_dtype, counts, n, k):
+    check(counts, n, k, granularity, out_dtype, extra_rows=9)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_many_groups(granularity):
+    counts = torch.randint(0, 9, (1000,)).tolist()
+    counts[3] = 0
+    check(counts, 144, 272, granularity)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_no_rows_and_no_k(granularity):
+    check([0, 0], 64, 128, granularity)
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs([3, 4], 64, 0, granularity)
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    assert out.eq(0).all() and out.shape == (7, 64)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_batched(granularity):
+    groups, m, n, k = 3, 77, 160, 272
+    x = torch.randn(groups, m, k, device="cuda")
+    w = torch.randn(groups, n, k, device="cuda") * k ** -0.5
+    a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
+    a, scale_a = quantize_ref(x, a_kind)
+    b, scale_b = quantize_ref(w, b_kind)
+    out = gg_runtime.scaled_grouped_mm(a, b.transpose(1, 2), scale_a, scale_b)
+    flat = ref_scaled_grouped_mm(a.reshape(groups * m, k), b.transpose(1, 2),
+                                 scale_a.reshape(groups * m, *scale_a.shape[2:]), scale_b,
+                                 offsets_from_counts([m] * groups), granularity)
+    assert out.shape == (groups, m, n)
+    assert rel_error(out, flat.view(groups, m, n)) < FP8_TOLERANCE[torch.bfloat16]
+
+
+def test_strided_inputs():
+    """a with a row stride past K, weights a slice of a wider [G, N', K'] tensor."""
+    counts, n, k = [40, 0, 90], 96, 160
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, "rowwise")
+    wide_a = torch.zeros(a.shape[0], k + 32, dtype=a.dtype, device="cuda")
+    wide_a[:, :k] = a
+    wide_b = torch.zeros(3, n + 16, k + 64, dtype=b.dtype, device="cuda")
+    wide_b[:, :n, :k] = b.transpose(1, 2)
+    out = gg_runtime.scaled_grouped_mm(wide_a[:, :k], wide_b[:, :n, :k].transpose(1, 2),
+                                       scale_a, scale_b, offs)
+    ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, "rowwise")
+    assert rel_error(out, ref) < FP8_TOLERANCE[torch.bfloat16]
+
+
+def test_cuda_graph_replays_new_offsets():
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs([50, 60, 70], 128, 256, "blockwise")
+    gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs)  # load outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    offs.copy_(offsets_from_counts([100, 0, 80]))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, "blockwise")
+    assert rel_error(out, ref) < FP8_TOLERANCE[torch.bfloat16]
+
+
+def test_unaligned_pointer_and_missing_kernels_are_errors():
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs([5, 6], 32, 64, "rowwise")
+    shifted = torch.empty(a.numel() + 16, dtype=a.dtype, device="cuda")[1:a.numel() + 1]
+    with pytest.raises(ValueError, match="16-byte aligned data pointers"):
+        gg_runtime.scaled_grouped_mm(shifted.view(a.shape), b, scale_a, scale_b, offs)
+    gg_runtime.force_ptx(True)  # the sm80 path, which has no fp8 kernels
+    try:
+        with pytest.raises(gg_runtime.UnsupportedDeviceError, match="compute capability 9.0"):
+            gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    finally:
+        gg_runtime.force_ptx(False)
+
+
+def test_grouped_mm_refuses_fp8():
+    a, b, _, _, offs = fp8_moe_inputs([5, 6], 32, 64, "rowwise")
+    with pytest.raises(TypeError, match="a must be float16 or bfloat16 or float32"):
+        gg_runtime.grouped_mm(a, b, offs)
