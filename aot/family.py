@@ -100,7 +100,8 @@ class Family:
     archs: tuple = ()  # the archs (80, 90, ...) compiled; () = all of aot/variants.py's
     basic: bool = True  # compile the `basic` flavour (any alignment); False: inputs
     #                     must meet another flavour's rule, which the Python API checks
-    # (arch, flavour) -> Configs, in place of aot/variants.py's defaults for GEMMs.
+    # (arch, flavour) or (arch, flavour, layout) -> Configs, in place of
+    # aot/variants.py's defaults for GEMMs (the layout's own entry first).
     configs: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -125,11 +125,13 @@ def _fitted(config: Config, arch: Arch, dtype: DType, out: DType, tma: bool) -> 
     return config
 
 
-def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType) -> tuple:
+def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
+                layout: str) -> tuple:
     """The tuned table for (arch, family, flavour) if `aot tune` wrote one, else
     the family's own configs, else the defaults; fitted to the element sizes."""
     table = TUNING_DIR / f"sm{arch.arch}.json"
-    configs = FAMILIES[family].configs.get((arch.arch, flavour)) or \
+    own = FAMILIES[family].configs
+    configs = own.get((arch.arch, flavour, layout)) or own.get((arch.arch, flavour)) or \
         DEFAULT_CONFIGS[(arch.arch, flavour)]
     if table.exists():
         entries = json.loads(table.read_text()).get(family, {}).get(flavour)
@@ -206,5 +208,5 @@ def all_variants() -> list:
         for out in out_dtypes(family, dtype)
         for layout in desc.layouts
         for flavour in flavours(family, layout, arch)
-        for config in configs_for(family, arch, flavour, dtype, out)
+        for config in configs_for(family, arch, flavour, dtype, out, layout)
     ]

@@ -26,8 +26,9 @@ import torch
 
 import gg_runtime
 
-from gg_runtime.testing import (TOLERANCE, list_inputs, moe_inputs, ref_grouped_mm, ref_list,
-                                rel_error, time_ms)
+from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
+                                ref_grouped_mm, ref_list, ref_scaled_grouped_mm, rel_error,
+                                time_ms)
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -140,6 +141,31 @@ def bench_wgrad(w) -> dict:
             "vs_torch": theirs / ours if ours and theirs else None}
 
 
+def bench_fp8(w) -> dict:
+    """fp8 on a ragged bf16 workload's shapes: ours rowwise and blockwise next
+    to torch._scaled_grouped_mm (rowwise) and our bf16 grouped_mm."""
+    flops = 2 * sum(w["m"]) * w["N"] * w["K"]
+    a, b, offs = moe_inputs(w["m"], w["N"], w["K"], torch.bfloat16)
+    ref = ref_grouped_mm(a, b, offs)
+    runs = measure({"gg_bf16": lambda: gg_runtime.grouped_mm(a, b, offs)},
+                   lambda out: rel_error(out, ref), TOLERANCE[torch.bfloat16], flops)
+    for granularity in ("rowwise", "blockwise"):
+        inputs = fp8_moe_inputs(w["m"], w["N"], w["K"], granularity)
+        ref = ref_scaled_grouped_mm(*inputs, granularity)
+        candidates = {f"gg_fp8_{granularity}": lambda x=inputs: gg_runtime.scaled_grouped_mm(*x)}
+        if granularity == "rowwise":
+            candidates["torch_scaled_grouped_mm"] = lambda x=inputs: torch._scaled_grouped_mm(
+                *x[:4], offs=x[4], out_dtype=torch.bfloat16)
+        runs.update(measure(candidates, lambda out, r=ref: rel_error(out, r),
+                            FP8_TOLERANCE[torch.bfloat16], flops))
+    ms = {name: run.get("ms") for name, run in runs.items()}
+    ratio = lambda x, y: ms[y] / ms[x] if ms.get(x) and ms.get(y) else None  # noqa: E731
+    return {"name": w["name"], "runs": runs,
+            "rowwise_vs_bf16": ratio("gg_fp8_rowwise", "gg_bf16"),
+            "rowwise_vs_torch": ratio("gg_fp8_rowwise", "torch_scaled_grouped_mm"),
+            "blockwise_vs_rowwise": ratio("gg_fp8_blockwise", "gg_fp8_rowwise")}
+
+
 def bench_moe_model() -> list:
     """A 2-block MoE model's forward (bench/moe_block.py) with gg_runtime's and
     with torch's grouped_mm, same weights and tokens; host time included (at
@@ -245,13 +271,33 @@ def print_table(results, ceil):
     print("(TFLOP/s; x = speed ratio of gg_runtime; roof = roofline floor / our time)")
 
 
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def print_fp8(rows):
+    print(f"\nfp8, TFLOP/s: {'workload':24} {'rowwise':>8} {'blockwise':>9} {'torch fp8':>9} "
+          f"{'ours bf16':>9} {'row/bf16':>8} {'row/torch':>9} {'block/row':>9}")
+    for r in rows:
+        t = {k: v.get("tflops") for k, v in r["runs"].items()}
+        print(f"{'':14}{r['name']:24} {fmt(t.get('gg_fp8_rowwise'), '{:.0f}'):>8} "
+              f"{fmt(t.get('gg_fp8_blockwise'), '{:.0f}'):>9} "
+              f"{fmt(t.get('torch_scaled_grouped_mm'), '{:.0f}'):>9} "
+              f"{fmt(t.get('gg_bf16'), '{:.0f}'):>9} {fmt(r['rowwise_vs_bf16']):>8} "
+              f"{fmt(r['rowwise_vs_torch']):>9} {fmt(r['blockwise_vs_rowwise']):>9}")
+    print(" " * 14 + "geomeans:", json.dumps({k: fmt(geomean(r[k] for r in rows)) for k in
+                                              ("rowwise_vs_bf16", "rowwise_vs_torch",
+                                               "blockwise_vs_rowwise")}))
+
+
 def summary(results) -> dict:
     moe = [r for r in results if r["layout"] == "ragged" and r["dtype"] == "bfloat16"]
     vs_torch = [r["vs_torch"] for r in moe if r.get("vs_torch")]
     roof = [r["roofline_fraction"] for r in moe if r.get("roofline_fraction")]
-    geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
-    return {"moe_bf16_geomean_vs_torch": geo(vs_torch), "moe_bf16_min_vs_torch": min(vs_torch, default=None),
-            "moe_bf16_geomean_roofline": geo(roof), "moe_bf16_min_roofline": min(roof, default=None)}
+    return {"moe_bf16_geomean_vs_torch": geomean(vs_torch),
+            "moe_bf16_min_vs_torch": min(vs_torch, default=None),
+            "moe_bf16_geomean_roofline": geomean(roof), "moe_bf16_min_roofline": min(roof, default=None)}
 
 
 def plot(results, path):
@@ -277,45 +323,66 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
+SECTIONS = ("workloads", "wgrad", "fp8", "model", "proxy", "host")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--workloads", default=str(HERE / "workloads.json"))
     parser.add_argument("--only", default="", help="run workloads whose name contains this")
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = parser.parse_args()
-    try:
-        import triton  # noqa: F401
-        with_seed = True
-    except ImportError:
-        with_seed = False
+    sections = set(args.sections.split(","))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     workloads = [w for w in json.loads(Path(args.workloads).read_text())["workloads"]
                  if args.only in w["name"]]
-    ceil = ceilings()
-    results = [bench_workload(w, ceil, with_seed) for w in workloads]
-    wgrad = [bench_wgrad(w) for w in workloads if w["layout"] == "ragged"]
-    model = bench_moe_model()
-    proxy = sm80_proxy(workloads)
+    ragged = [w for w in workloads if w["layout"] == "ragged"]
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "gg_runtime_build": gg_runtime.info()["build"], "date": time.strftime("%Y-%m-%d"),
-              "ceilings": ceil, "results": results, "summary": summary(results),
-              "wgrad": wgrad, "moe_model": model, "sm80_proxy": proxy,
-              "host": host_costs(), "cold_start": cold_start()}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+              "gg_runtime_build": gg_runtime.info()["build"], "date": time.strftime("%Y-%m-%d")}
+    if "workloads" in sections:
+        report["ceilings"] = ceil = ceilings()
+        report["results"] = results = [bench_workload(w, ceil, seed_available()) for w in workloads]
+        report["summary"] = summary(results)
+        plot(results, out / "results.png")
+        print_table(results, ceil)
+        print("summary:", json.dumps({k: round(v, 3) if v else v
+                                      for k, v in report["summary"].items()}))
+    if "wgrad" in sections:
+        report["wgrad"] = wgrad = [bench_wgrad(w) for w in ragged]
+        print("weight gradient (ragged K), x torch:",
+              json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}))
+    if "fp8" in sections:
+        report["fp8"] = fp8 = [bench_fp8(w) for w in ragged if w["dtype"] == "bfloat16"]
+        print_fp8(fp8)
+    if "model" in sections:
+        report["moe_model"] = model = bench_moe_model()
+        print("MoE model forward, x torch:",
+              json.dumps({r["tokens"]: fmt(r["vs_torch"]) for r in model}))
+    if "proxy" in sections:
+        report["sm80_proxy"] = proxy = sm80_proxy(workloads)
+        print("sm80 path (PTX through the driver), TFLOP/s aligned / basic / cuBLAS loop:",
+              json.dumps({r["name"]: "/".join(fmt(r[k], "{:.0f}") for k in
+                                              ("aligned", "basic", "cublas_loop"))
+                          for r in proxy}))
+    if "host" in sections:
+        report["host"] = host_costs()
+        report["cold_start"] = cold_start()
+        print("host:", json.dumps({k: round(v, 1) for k, v in report["host"].items()}))
+        print("cold start:", json.dumps(report["cold_start"]))
     (out / "results.json").write_text(json.dumps(report, indent=1))
-    plot(results, out / "results.png")
-    print_table(results, ceil)
-    print("summary:", json.dumps({k: round(v, 3) if v else v for k, v in report["summary"].items()}))
-    print("weight gradient (ragged K), x torch:",
-          json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}))
-    print("MoE model forward, x torch:", json.dumps({r["tokens"]: fmt(r["vs_torch"]) for r in model}))
-    print("sm80 path (PTX through the driver), TFLOP/s aligned / basic / cuBLAS loop:",
-          json.dumps({r["name"]: "/".join(fmt(r[k], "{:.0f}") for k in ("aligned", "basic",
-                                                                         "cublas_loop"))
-                      for r in proxy}))
-    print("host:", json.dumps({k: round(v, 1) for k, v in report["host"].items()}))
-    print("cold start:", json.dumps(report["cold_start"]))
+
+
+def seed_available() -> bool:
+    """The tutorial's kernel runs under Triton's JIT, where triton is importable."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -93,7 +93,9 @@ def ref_grouped_mm(a, b, offs=None):
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_BLOCK = 128
-FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-4}  # of the dequantised product
+# Against float32 products of the dequantised inputs.  float32 output: fp8 tensor
+# cores do not accumulate in IEEE float32 (1.8e-4 measured on an H200, K = 208).
+FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
 
 
 def _blocks(x: torch.Tensor, rows: int) -> torch.Tensor:

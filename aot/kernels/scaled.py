@@ -48,12 +48,23 @@ def scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr, g, off_m, off_n, e
         tl.static_assert(SCALE_BLOCK % BK == 0, "a K step must not straddle two scale blocks")
         k_blocks = tl.cdiv(K, SCALE_BLOCK)
         a_scales = scale_a_ptr + rows.to(tl.int64) * k_blocks
-        b_scales = scale_b_ptr + (g.to(tl.int64) * tl.cdiv(N, SCALE_BLOCK)
-                                  + cols // SCALE_BLOCK) * k_blocks
+        b_group = scale_b_ptr + g.to(tl.int64) * tl.cdiv(N, SCALE_BLOCK) * k_blocks
+        # A tile within one 128-column block has one weight scale per K block:
+        # folded into the row scales, one FMA per element (the CUDA-core work
+        # between two MMAs is what limits this loop).
+        ONE_N_BLOCK: tl.constexpr = SCALE_BLOCK % BN == 0
+        if ONE_N_BLOCK:
+            b_scales = b_group + (off_n // SCALE_BLOCK) * k_blocks
+        else:
+            b_scales = b_group + (cols // SCALE_BLOCK) * k_blocks
         for k0 in range(0, k_end, BK):
             a, b = _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN, BK)
             block = k0 // SCALE_BLOCK
             scale_a = tl.load(a_scales + block, mask=row_ok, other=0.0)
-            scale_b = tl.load(b_scales + block, mask=col_ok, other=0.0)
-            acc += tl.dot(a, b) * scale_a[:, None] * scale_b[None, :]
+            if ONE_N_BLOCK:
+                scale = scale_a * tl.load(b_scales + block)
+                acc += tl.dot(a, b) * scale[:, None]
+            else:
+                scale_b = tl.load(b_scales + block, mask=col_ok, other=0.0)
+                acc += tl.dot(a, b) * scale_a[:, None] * scale_b[None, :]
     return acc
