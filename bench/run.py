@@ -166,6 +166,20 @@ def bench_fp8(w) -> dict:
             "blockwise_vs_rowwise": ratio("gg_fp8_blockwise", "gg_fp8_rowwise")}
 
 
+def bench_quantize(copy_tbps: float) -> dict:
+    """quantize_fp8 of a bf16 [16384, 7168] input, each granularity: bytes
+    moved (input read once, q and scales written) per second, against this
+    GPU's measured device-copy bandwidth."""
+    x = torch.randn(16384, 7168, device="cuda", dtype=torch.bfloat16)
+    rows = {}
+    for granularity in ("rowwise", "1x128", "128x128"):
+        q, scale = gg_runtime.quantize_fp8(x, granularity)
+        moved = x.numel() * 2 + q.numel() + scale.numel() * 4
+        tbps = moved / time_ms(lambda g=granularity: gg_runtime.quantize_fp8(x, g)) / 1e9
+        rows[granularity] = {"tbps": tbps, "vs_copy": tbps / copy_tbps}
+    return rows
+
+
 def bench_moe_model() -> list:
     """A 2-block MoE model's forward (bench/moe_block.py) with gg_runtime's and
     with torch's grouped_mm, same weights and tokens; host time included (at
@@ -358,6 +372,10 @@ def main():
     if "fp8" in sections:
         report["fp8"] = fp8 = [bench_fp8(w) for w in ragged if w["dtype"] == "bfloat16"]
         print_fp8(fp8)
+        copy_tbps = report.get("ceilings", ceilings())["copy_tbps"]
+        report["quantize"] = quantize = bench_quantize(copy_tbps)
+        print(f"quantize_fp8 [16384, 7168] bf16, TB/s (x device copy {copy_tbps:.2f}):",
+              json.dumps({g: f"{r['tbps']:.2f} ({r['vs_copy']:.0%})" for g, r in quantize.items()}))
     if "model" in sections:
         report["moe_model"] = model = bench_moe_model()
         print("MoE model forward, x torch:",

@@ -6,6 +6,7 @@ import torch
 from . import gemm_list, ragged, scaled
 from .cases import classify
 from .library import GroupedMM, grouped_mm_op
+from .quantize import quantize_fp8  # noqa: F401  (public; documented in quantize.py)
 
 
 def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:

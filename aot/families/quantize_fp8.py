@@ -1,0 +1,54 @@
+"""quantize_fp8: x [R, C] (float16, bfloat16, float32) -> q [R, C] float8_e4m3fn
+and float32 scales, one per row, per 1x128 or per 128x128 block
+(aot/kernels/quantize.py): the inputs of scaled_ragged_m in one call each.
+sm90 only, as the fp8 GEMMs; `aligned` (16-byte vectors) wherever x's base,
+row stride and C allow it, else `basic`."""
+from ..family import Config, Family, Param
+from ..kernels.quantize import quantize_fp8_kernel
+
+# Memory-bound: what counts is the bytes in flight per SM, programs an SM x
+# bytes a program loads at once.  An aligned config loads 4096 elements a step
+# (16 a thread, in 16-byte vectors): twice that, ptxas gives a 1x128 tile 105
+# registers (2 programs an SM) instead of 48 (5).  The tile is shaped to the
+# row length, the bucket key: short rows take many rows a tile, long rows few,
+# which also keeps a rowwise tile (read twice) small enough to stay in cache
+# between its passes.  `basic` (scalar loads, an address per element) loads
+# half as many.  A 128x128 tile is one block, which 8 warps hold at 64
+# elements a thread (128 registers).  BK is unused (16 keeps aot/variants.py's
+# GEMM shared-memory estimate from reshaping the configs).
+ALIGNED = (
+    Config(8, 512, 16, 8, 1, max_rows=512),
+    Config(2, 2048, 16, 8, 1, max_rows=2048),
+    Config(1, 4096, 16, 8, 1),
+)
+BASIC = (Config(2, 1024, 16, 8, 1),)
+ONE_BLOCK = (Config(128, 128, 16, 8, 1),)
+
+FAMILY = Family(
+    name="quantize_fp8",
+    kernel=quantize_fp8_kernel,
+    params=(
+        Param("x_ptr", "*T", "operand", aligned=True),
+        Param("q_ptr", "*O", "output", aligned=True),
+        Param("scale_ptr", "*fp32", "output"),
+        Param("R", "i32", "extent"),
+        Param("C", "i32", "extent", aligned=True),
+        Param("group_rows", "i32", "extent"),  # 128x128 blocks start afresh every group_rows rows
+        Param("ldx", "i64", "stride", aligned=True),
+    ),
+    # MODE: aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128.
+    layouts={"rowwise": {"MODE": 0}, "1x128": {"MODE": 1}, "128x128": {"MODE": 2}},
+    tma_layouts=(),
+    aligned_layouts=("rowwise", "1x128", "128x128"),
+    dtypes=("float16", "bfloat16", "float32"),
+    out_dtypes=("float8_e4m3fn",),
+    archs=(90,),
+    configs={(90, "aligned"): ALIGNED, (90, "basic"): BASIC,
+             (90, "aligned", "128x128"): ONE_BLOCK, (90, "basic", "128x128"): ONE_BLOCK},
+    # Each granularity tiles differently (BM rows; BM x BN; 128 x 128 blocks
+    # restarting at each group): the grid is sized for the most tiles of any
+    # (programs past their own count exit at once).
+    tiles="max(cdiv(R, BM) * cdiv(C, BN), "
+          "R // max(group_rows, 1) * cdiv(group_rows, 128) * cdiv(C, 128))",
+    rows="C",  # the bucket key is the row length (see ALIGNED)
+)

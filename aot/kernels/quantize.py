@@ -1,0 +1,146 @@
+"""fp8 (e4m3) quantisation: x [R, C] (row stride ldx, unit column stride) ->
+q [R, C] float8_e4m3fn, contiguous, and float32 scales with x ~ q * scale
+(torch._scaled_grouped_mm's convention):
+
+    scale = max(amax(|x| over the elements it covers), 1e-12) / 448
+    q     = x / scale, clamped to [-448, 448], rounded to nearest even
+
+Both are what float32 torch computes on CUDA (a -0 input aside: it gives
++0): torch divides by the scalar 448 as a product with its float32 reciprocal,
+and divides tensors with IEEE rounding.  MODE picks what one scale covers:
+
+ROWWISE        a row                 scale [R]
+BLOCK_1X128    128 columns of a row  scale [R, cdiv(C, 128)]
+BLOCK_128X128  128 x 128             scale [R // group_rows * cdiv(group_rows, 128),
+                                            cdiv(C, 128)]
+               R is made of groups of group_rows rows (weights [G, N, K] as
+               [G * N, K]): blocks start afresh at every group.
+
+Memory-bound: every tile moves several KiB per load (the aligned flavour's
+16-divisible x_ptr, q_ptr, C and ldx let Triton use 16-byte vectors), and q,
+written once and never read here, is stored streaming (.cs) so that it does
+not evict input lines a rowwise tile reads again.
+"""
+import triton
+import triton.language as tl
+
+ROWWISE = tl.constexpr(0)
+BLOCK_1X128 = tl.constexpr(1)
+BLOCK_128X128 = tl.constexpr(2)
+BLOCK = tl.constexpr(128)  # columns (and, 128x128, rows) one block scale covers
+E4M3_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn
+E4M3_MAX_RECIPROCAL = tl.constexpr(1 / 448)  # rounded to float32 where used, as torch does
+AMAX_FLOOR = tl.constexpr(1e-12)  # an all-zero block gets a tiny scale and q = 0, not NaN
+
+
+@triton.jit
+def scale_of(amax):
+    return tl.maximum(amax, AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
+
+
+@triton.jit
+def to_e4m3(x, scale):
+    """x / scale saturated to e4m3's finite range.  The quotient is x times the
+    reciprocal (one division per row or block: scale has that shape) plus one
+    residual correction, div.rn's own fast path (Markstein): correctly rounded
+    for every quotient in float32's normal range (smaller ones are 0 in e4m3
+    either way), in three instructions an element instead of div.rn's ten."""
+    inv = tl.div_rn(1.0, scale)
+    q = x * inv
+    q = tl.fma(tl.fma(-q, scale, x), inv, q)
+    return tl.clamp(q, -E4M3_MAX, E4M3_MAX).to(tl.float8e4nv)
+
+
+@triton.jit
+def rowwise_tile(x_ptr, q_ptr, scale_ptr, row0, R, C, ldx, BM: tl.constexpr, BN: tl.constexpr):
+    """Rows row0 .. row0 + BM, BN columns at a time: an amax pass, then a
+    quantising pass whose loads should hit the cache the first pass filled
+    (evict_last keeps those lines, evict_first drops them after their last use)."""
+    rows = row0 + tl.arange(0, BM)
+    cols = tl.arange(0, BN)
+    in_rows = rows[:, None] < R
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * ldx
+    q_rows = q_ptr + rows.to(tl.int64)[:, None] * C
+    amax = tl.zeros((BM, BN), dtype=tl.float32)
+    for c0 in range(0, C, BN):
+        mask = in_rows & (c0 + cols[None, :] < C)
+        x = tl.load(x_rows + c0 + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last")
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = scale_of(tl.max(amax, axis=1))
+    tl.store(scale_ptr + rows, scale, mask=rows < R)
+    for c0 in range(0, C, BN):
+        mask = in_rows & (c0 + cols[None, :] < C)
+        x = tl.load(x_rows + c0 + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first")
+        tl.store(q_rows + c0 + cols[None, :], to_e4m3(x.to(tl.float32), scale[:, None]),
+                 mask=mask, cache_modifier=".cs")
+
+
+@triton.jit
+def block_1x128_tile(x_ptr, q_ptr, scale_ptr, tile, R, C, ldx,
+                     BM: tl.constexpr, BN: tl.constexpr):
+    """BM rows x BN columns, read once, held as BM * BN / 128 segments of one
+    block each, so that a block's amax is one row's reduction."""
+    PER_ROW: tl.constexpr = BN // BLOCK
+    col_tiles = tl.cdiv(C, BN)
+    blocks_per_row = tl.cdiv(C, BLOCK)
+    segment = tl.arange(0, BM * PER_ROW)
+    rows = (tile // col_tiles) * BM + segment // PER_ROW
+    blocks = (tile % col_tiles) * PER_ROW + segment % PER_ROW
+    cols = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (rows[:, None] < R) & (cols < C)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * ldx + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = scale_of(tl.max(tl.abs(x), axis=1))
+    tl.store(scale_ptr + rows64 * blocks_per_row + blocks, scale,
+             mask=(rows < R) & (blocks < blocks_per_row))
+    tl.store(q_ptr + rows64[:, None] * C + cols, to_e4m3(x, scale[:, None]), mask=mask,
+             cache_modifier=".cs")
+
+
+@triton.jit
+def block_128x128_tile(x_ptr, q_ptr, scale_ptr, tile, C, ldx, group_rows):
+    """One 128 x 128 block, read once; row blocks are numbered group by group."""
+    col_blocks = tl.cdiv(C, BLOCK)
+    row_block = tile // col_blocks
+    col_block = tile % col_blocks
+    per_group = tl.cdiv(group_rows, BLOCK)
+    group_start = (row_block // per_group) * group_rows
+    rows = group_start + (row_block % per_group) * BLOCK + tl.arange(0, BLOCK)
+    cols = col_block * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows[:, None] < group_start + group_rows) & (cols[None, :] < C)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * ldx + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    scale = scale_of(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+    tl.store(scale_ptr + tile, scale)  # scales are row-major in the tiles' order
+    tl.store(q_ptr + rows64[:, None] * C + cols[None, :], to_e4m3(x, scale), mask=mask,
+             cache_modifier=".cs")
+
+
+@triton.jit
+def quantize_fp8_kernel(x_ptr, q_ptr, scale_ptr, R, C, group_rows, ldx,
+                        MODE: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    """Persistent: program p takes tiles p, p + P, ... of its MODE's tiling
+    (BM rows; BM x BN; one 128 x 128 block, BM = BN = 128).  The runtime launches min(the family's
+    `tiles`, one wave) programs, `tiles` being an upper bound of every MODE's
+    count: a program past its MODE's count exits at once.  BK, CHUNK and
+    PRECISION (GEMM constexprs every variant receives) are unused."""
+    tl.static_assert(not USE_TMA, "quantize_fp8 has no TMA path")
+    tl.static_assert(BN % BLOCK == 0, "a tile must hold whole 128-column blocks")
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if MODE == ROWWISE:
+        for tile in range(pid, tl.cdiv(R, BM), programs):
+            rowwise_tile(x_ptr, q_ptr, scale_ptr, tile * BM, R, C, ldx, BM, BN)
+    elif MODE == BLOCK_1X128:
+        for tile in range(pid, tl.cdiv(R, BM) * tl.cdiv(C, BN), programs):
+            block_1x128_tile(x_ptr, q_ptr, scale_ptr, tile, R, C, ldx, BM, BN)
+    else:
+        tl.static_assert(MODE == BLOCK_128X128, "MODE is ROWWISE, BLOCK_1X128 or BLOCK_128X128")
+        tl.static_assert((BM == BLOCK) & (BN == BLOCK), "a 128x128 tile is one block")
+        row_blocks = R // group_rows * tl.cdiv(group_rows, BLOCK)
+        for tile in range(pid, row_blocks * tl.cdiv(C, BLOCK), programs):
+            block_128x128_tile(x_ptr, q_ptr, scale_ptr, tile, C, ldx, group_rows)

@@ -1,0 +1,140 @@
+"""quantize_fp8 on the GPU against gg_runtime.testing.quantize_ref (float32
+torch on the GPU), exactly: every granularity and dtype, every variant forced by key,
+shapes that are multiples of no tile, zero rows and blocks, magnitudes from
+subnormal to huge, strided, unaligned and transposed inputs, 3-D weights,
+empty inputs; outputs poisoned."""
+import pytest
+import torch
+
+from gg_runtime import _C
+from gg_runtime._testing import forced, last_variant
+from gg_runtime.quantize import quantize_fp8
+from gg_runtime.testing import quantize_ref, randn, tf32_allowed
+
+from conftest import device_arch
+
+pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
+              pytest.mark.usefixtures("poison")]
+FP8 = torch.float8_e4m3fn
+GRANULARITIES = ("rowwise", "1x128", "128x128")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+VARIANTS = [v for v in _C.variants()
+            if v["family"] == "quantize_fp8" and v["arch"] == device_arch()]
+
+
+def floor_scale() -> torch.Tensor:
+    """The scale of an all-zero block, 1e-12 / 448 in float32."""
+    return torch.tensor(1e-12, device="cuda") / 448
+
+
+def check(x, granularity) -> str:
+    """quantize_fp8(x) is the reference exactly: the kernel computes amax / 448
+    as torch does on CUDA (times float32 1 / 448) and rounds x / scale as
+    float32 division does.  Returns the variant that ran."""
+    q, scale = quantize_fp8(x, granularity)
+    key = last_variant()
+    ref_q, ref_scale = quantize_ref(x, granularity)
+    assert q.dtype == FP8 and q.shape == x.shape and q.is_contiguous()
+    assert scale.dtype == torch.float32 and scale.shape == ref_scale.shape
+    assert torch.equal(scale, ref_scale), key
+    assert torch.equal(q.float(), ref_q.float()), key  # NaN (poison) never compares equal
+    return key
+
+
+def run_variant(v, dtype, out_dtype):
+    """One variant (forced by the caller) on 3-D input whose sizes are
+    multiples of no tile (C a multiple of 16 for `aligned`), rowwise spanning
+    several column steps, 128x128 blocks restarting at each group.  Returns
+    [(q, reference q)]; the scales are checked here.  test_gpu_variants.py's
+    runner for this family."""
+    cols = 4368 if v["flavour"] == "aligned" else 4363
+    x = randn(3, 150, cols, dtype=dtype)
+    q, scale = quantize_fp8(x, v["layout"])
+    ref_q, ref_scale = quantize_ref(x, v["layout"])
+    assert torch.equal(scale, ref_scale)
+    assert q.dtype == out_dtype
+    return [(q, ref_q.float())]
+
+
+@pytest.mark.skipif(not VARIANTS, reason="needs quantize_fp8 kernels for this GPU")
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v["key"] for v in VARIANTS])
+def test_variant(variant):
+    with forced(variant=variant["key"]):
+        [(q, ref)] = run_variant(variant, getattr(torch, variant["dtype"]), FP8)
+        assert last_variant() == variant["key"]
+    assert torch.equal(q.float(), ref)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, cols", [
+    (1, 1), (1, 128), (3, 77), (131, 259),  # basic: C not a multiple of 16
+    (130, 512), (67, 1040), (5, 2064), (2, 8208),  # aligned: every config, 1 to 3 column steps
+    (3, 4099),
+])
+def test_shapes(granularity, dtype, rows, cols):
+    check(randn(rows, cols, dtype=dtype), granularity)
+
+
+def test_float32_ignores_the_tf32_setting():
+    """float32 input takes the float32 kernels even where torch allows TF32 matmuls."""
+    with tf32_allowed(True):
+        assert ".float32-float8_e4m3fn." in check(randn(70, 272, dtype=torch.float32), "1x128")
+
+
+@pytest.mark.parametrize("cols, config", [(512, "8x512"), (1040, "2x2048"), (8208, "1x4096")])
+def test_config_follows_row_length(cols, config):
+    assert f".aligned.{config}x" in check(randn(40, cols, dtype=torch.bfloat16), "rowwise")
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_zero_rows_and_blocks(granularity):
+    x = randn(300, 400, dtype=torch.bfloat16)
+    x[5] = 0
+    x[128:256, 128:256] = 0
+    check(x, granularity)
+    q, scale = quantize_fp8(torch.zeros(130, 300, dtype=torch.bfloat16, device="cuda"),
+                            granularity)
+    assert q.float().eq(0).all() and scale.eq(floor_scale()).all()
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype, low, high", [
+    (torch.float16, -7, 4), (torch.bfloat16, -40, 37), (torch.float32, -44, 37)])
+def test_magnitudes(granularity, dtype, low, high):
+    """Rows from subnormal to near the dtype's largest: the quotient is
+    correctly rounded (or too small for e4m3) at every magnitude."""
+    magnitudes = torch.logspace(low, high, 256, device="cuda")[:, None]
+    check((torch.randn(256, 384, device="cuda") * magnitudes).to(dtype), granularity)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_strided_unaligned_and_transposed(granularity):
+    wide = randn(130, 1024 + 48, dtype=torch.bfloat16)
+    assert ".aligned." in check(wide[:, :1024], granularity)  # ldx 1072 > C
+    assert ".basic." in check(wide[:, 1:1025], granularity)  # base 2 bytes past alignment
+    assert ".basic." in check(randn(130, 1030, dtype=torch.bfloat16)[:, :1024], granularity)
+    check(randn(1024, 130, dtype=torch.bfloat16).t(), granularity)  # copied to row-major
+    check(randn(1, 2048 + 16, dtype=torch.bfloat16)[:, 16:], granularity)  # one row
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weights(granularity, dtype):
+    check(randn(3, 200, 320, dtype=dtype), granularity)  # N % 128 != 0: blocks restart per group
+    check(randn(2, 256, 384, dtype=dtype), granularity)
+    check(randn(3, 256, 336, dtype=dtype)[:, :200], granularity)  # groups not stacked: copied
+    check(randn(4, 1, 272, dtype=dtype), granularity)
+
+
+@pytest.mark.parametrize("shape, granularity, scale_shape", [
+    ((0, 300), "rowwise", (0,)),
+    ((5, 0), "rowwise", (5,)),
+    ((5, 0), "128x128", (1, 0)),
+    ((3, 0, 8), "1x128", (3, 0, 1)),
+    ((3, 4, 0), "rowwise", (3, 4)),
+])
+def test_empty(shape, granularity, scale_shape):
+    q, scale = quantize_fp8(randn(*shape, dtype=torch.bfloat16), granularity)
+    assert q.shape == shape and scale.shape == scale_shape
+    assert scale.eq(floor_scale()).all()  # rows without elements: the all-zero scale

@@ -1,0 +1,69 @@
+"""quantize_fp8 refuses bad input with a message naming the argument, before
+anything touches CUDA, and launches nothing for empty input.  Runs on CPU:
+fake CUDA tensors carry shapes, dtypes and strides without a GPU."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from gg_runtime.quantize import _check, quantize_fp8
+
+GRANULARITIES = ("rowwise", "1x128", "128x128")
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        yield mode
+
+
+def cuda(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_valid_inputs_pass(fake, granularity, dtype):
+    _check(cuda(10, 256, dtype=dtype), granularity)
+    _check(cuda(2, 300, 256, dtype=dtype), granularity)
+    _check(cuda(256, 10, dtype=dtype).t(), granularity)  # copied, not refused
+
+
+@pytest.mark.parametrize("make, granularity, error, message", [
+    (lambda: [[1.0]], "rowwise", TypeError, "x must be a torch.Tensor, got list"),
+    (lambda: cuda(4, 8), "blockwise", ValueError,
+     "granularity must be one of rowwise, 1x128, 128x128, got 'blockwise'"),
+    (lambda: cuda(4, 8), None, ValueError, "granularity must be one of .*, got None"),
+    (lambda: cuda(8), "rowwise", ValueError,
+     r"x must be 2-D \[T, K\] \(activations\) or 3-D \[G, N, K\] \(weights\), got shape \(8,\)"),
+    (lambda: cuda(2, 3, 4, 8), "128x128", ValueError, r"got shape \(2, 3, 4, 8\)"),
+    (lambda: cuda(4, 8, dtype=torch.float64), "rowwise", TypeError,
+     "x must be float16 or bfloat16 or float32, got torch.float64"),
+    (lambda: cuda(4, 8, dtype=torch.float8_e4m3fn), "1x128", TypeError,
+     "got torch.float8_e4m3fn"),
+])
+def test_refused(fake, make, granularity, error, message):
+    with pytest.raises(error, match=message):
+        quantize_fp8(make(), granularity)
+
+
+def test_cpu_tensor_refused():
+    with pytest.raises(ValueError, match="x must be on a CUDA device, got cpu"):
+        quantize_fp8(torch.ones(4, 8, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("shape, granularity, scale_shape", [
+    ((0, 300), "rowwise", (0,)),
+    ((0, 300), "1x128", (0, 3)),
+    ((0, 300), "128x128", (0, 3)),
+    ((5, 0), "rowwise", (5,)),
+    ((5, 0), "1x128", (5, 0)),
+    ((0, 200, 8), "128x128", (0, 2, 1)),
+    ((3, 0, 8), "rowwise", (3, 0)),
+    ((3, 200, 0), "1x128", (3, 200, 0)),
+    ((3, 200, 0), "128x128", (3, 2, 0)),
+])
+def test_empty_input_launches_nothing(fake, shape, granularity, scale_shape):
+    """Fake tensors have no data pointer: a launch would fail here."""
+    q, scale = quantize_fp8(cuda(*shape), granularity)
+    assert q.shape == shape and q.dtype == torch.float8_e4m3fn
+    assert scale.shape == scale_shape and scale.dtype == torch.float32
