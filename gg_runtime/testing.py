@@ -101,9 +101,10 @@ FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
 def _blocks(x: torch.Tensor, rows: int) -> torch.Tensor:
     """x [R, C] as [ceil(R/rows), ceil(C/128), rows, 128], zero-padded."""
     r, c = x.shape
-    padded = x.new_zeros(-(-r // rows) * rows, -(-c // FP8_BLOCK) * FP8_BLOCK)
+    row_blocks, col_blocks = -(-r // rows), -(-c // FP8_BLOCK)
+    padded = x.new_zeros(row_blocks * rows, col_blocks * FP8_BLOCK)
     padded[:r, :c] = x
-    return padded.view(padded.shape[0] // rows, rows, -1, FP8_BLOCK).transpose(1, 2)
+    return padded.view(row_blocks, rows, col_blocks, FP8_BLOCK).transpose(1, 2)
 
 
 def _expand(scale: torch.Tensor, rows: int, shape) -> torch.Tensor:
@@ -121,7 +122,8 @@ def quantize_ref(x: torch.Tensor, granularity: str):
         return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
     x = x.float()
     if granularity == "rowwise":
-        scale = x.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+        amax = x.abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0])
+        scale = amax.clamp(min=1e-12) / FP8_MAX
         full = scale[:, None]
     else:
         rows = 1 if granularity == "1x128" else FP8_BLOCK
@@ -145,7 +147,7 @@ def fp8_moe_inputs(counts, n: int, k: int, granularity: str, device="cuda"):
     """(a [T, K], b [G, K, N] K-major, scale_a, scale_b, offs) quantised from
     random data: 'rowwise' or 'blockwise' (1x128 activations, 128x128 weights)."""
     x = randn(sum(counts), k, dtype=torch.float32, device=device)
-    w = randn(len(counts), n, k, dtype=torch.float32, device=device, scale=k ** -0.5)
+    w = randn(len(counts), n, k, dtype=torch.float32, device=device, scale=max(k, 1) ** -0.5)
     a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
     a, scale_a = quantize_ref(x, a_kind)
     b, scale_b = quantize_ref(w, b_kind)
