@@ -62,7 +62,7 @@ def _check_layouts(a, b) -> None:
     require(k % _ALIGN == 0 and n % _ALIGN == 0,
             f"fp8 needs K and N to be multiples of {_ALIGN} (16-byte rows), got K={k}, N={n}")
     strides = (a.stride(-2), b.stride(0), b.stride(-1))
-    require(all(s % _ALIGN == 0 for s in strides),
+    require(k == 0 or all(s % _ALIGN == 0 for s in strides),
             f"fp8 inputs need row strides that are multiples of {_ALIGN} elements, got a "
             f"strides {tuple(a.stride())}, b strides {tuple(b.stride())}")
 
@@ -108,7 +108,7 @@ def _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype) -> torch.Tenso
             "fp8 inputs need 16-byte aligned data pointers (a view starting at an offset "
             f"that is not a multiple of {_ALIGN} elements is not): call .contiguous()")
     out = _native.empty((rows, n), a, out_dtype)
-    if groups == 0:
+    if groups == 0 or k == 0:  # nothing to multiply: the product is zero
         return out.zero_()
     try:
         _LAUNCH(granularity, *_native.target(a, out),
