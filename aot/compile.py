@@ -47,7 +47,7 @@ def compile_variant(variant: Variant) -> Compiled:
     meta = kernel.metadata
     if meta.num_ctas != 1:
         raise CompileError(f"{variant.key}: num_ctas={meta.num_ctas}; the launcher supports 1")
-    limit = Arch.of(variant.arch).shared_limit
+    limit = Arch.of(variant.arch).shared_ceiling
     if meta.shared > limit:  # it could never load: fix the config (aot/variants.py _fitted)
         raise CompileError(f"{variant.key}: {meta.shared} bytes of shared memory, sm{variant.arch} "
                            f"variants may use {limit}")

@@ -65,13 +65,18 @@ class Config:
         return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
 
     def shared_estimate(self, dtype, out, tma: bool) -> int:
-        """Shared memory of the pipeline, the output tile a TMA store stages,
-        and for tf32x3 one more A tile (its split into high and low parts;
-        measured: Triton 3.6 allocates BM * BK * 4 bytes more).  dtype, out:
+        """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
+        what configs are fitted by: TMA pipelines keep num_stages A and B tiles,
+        the output tile a TMA store stages and, for tf32x3, one more A tile
+        (its split into high and low parts); sm80's cp.async pipelines keep
+        num_stages - 1 tiles (sm90's non-TMA kernels up to twice that: far
+        below its limit; the build refuses any variant over it).  dtype, out:
         aot/variants.py DTypes."""
-        ring = self.num_stages * (self.BM + self.BN) * self.BK * dtype.bytes
+        tiles = (self.BM + self.BN) * self.BK * dtype.bytes
+        if not tma:
+            return max(self.num_stages - 1, 1) * tiles
         split = self.BM * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
-        return ring + split + (self.BM * self.BN * out.bytes if tma else 0)
+        return self.num_stages * tiles + split + self.BM * self.BN * out.bytes
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,22 @@ class Arch:
     tma: bool  # the hardware has TMA (and the build compiles `tma` flavours)
     shared_limit: int  # bytes of shared memory a variant may use on every GPU it runs on
     ptx: bool = False  # also ship PTX: the driver compiles it for newer GPUs
+    # The most any GPU of the arch allows: LARGE_CONFIGS are fitted to it, and the
+    # runtime picks their variants only where the device's opt-in limit admits them.
+    shared_max: int = 0
+
+    @property
+    def shared_ceiling(self) -> int:
+        return max(self.shared_limit, self.shared_max)
 
     @staticmethod
     def of(arch: int) -> "Arch":
         return next(a for a in ARCHS if a.arch == arch)
 
 
-ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True),
+# sm80 cubins and PTX run on 8.6 / 8.9 (99 KiB a block) and 8.0 (163 KiB).
+ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True,
+              shared_max=163 * 1024),
          Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
 
 
@@ -98,6 +107,13 @@ DEFAULT_CONFIGS = {
 }
 
 
+# Configs for the GPUs of an arch with more shared memory than its least
+# (Arch.shared_max): listed first, so where they load they win their bucket.
+LARGE_CONFIGS = {
+    (80, "aligned"): (Config(128, 256, 64, 8, 4),),
+}
+
+
 def flavours(family: str, layout: str, arch: Arch) -> tuple:
     """`basic` (any alignment) unless the family opts out; `tma` where the
     hardware has it, and `aligned` where a layout has no `tma`, each for the
@@ -112,10 +128,10 @@ def flavours(family: str, layout: str, arch: Arch) -> tuple:
     return tuple(out)
 
 
-def _fitted(config: Config, arch: Arch, dtype: DType, out: DType, tma: bool) -> Config:
+def _fitted(config: Config, limit: int, dtype: DType, out: DType, tma: bool) -> Config:
     """The config, with fewer stages or a shorter BK where wider elements would
-    overflow the arch's shared memory (tuned tables are measured for 16-bit)."""
-    while config.shared_estimate(dtype, out, tma) > arch.shared_limit:
+    overflow `limit` bytes of shared memory (tuned tables are measured for 16-bit)."""
+    while config.shared_estimate(dtype, out, tma) > limit:
         if config.num_stages > 2:
             config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
         elif config.BK > 16:
@@ -137,7 +153,10 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
         entries = json.loads(table.read_text()).get(family, {}).get(flavour)
         if entries:
             configs = tuple(Config(**e) for e in entries)
-    fitted = [_fitted(c, arch, dtype, out, flavour == "tma") for c in configs]
+    tma = flavour == "tma"
+    large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma)
+                            for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
+    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 

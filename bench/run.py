@@ -27,8 +27,8 @@ import torch
 import gg_runtime
 
 from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
-                                ref_grouped_mm, ref_list, ref_scaled_grouped_mm, rel_error,
-                                time_ms)
+                                offsets_from_counts, ref_grouped_mm, ref_list,
+                                ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms)
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -177,6 +177,28 @@ def bench_quantize(copy_tbps: float) -> dict:
         moved = x.numel() * 2 + q.numel() + scale.numel() * 4
         tbps = moved / time_ms(lambda g=granularity: gg_runtime.quantize_fp8(x, g)) / 1e9
         rows[granularity] = {"tbps": tbps, "vs_copy": tbps / copy_tbps}
+    return rows
+
+
+def bench_other_cases() -> list:
+    """The cases whose ragged operand lies along its contiguous dimension, ours
+    next to torch._grouped_mm: 3-D x 2-D with b row-major [K, T] (ragged N),
+    and 2-D x 2-D with a row-major [M, T] (ragged K)."""
+    counts = skewed_counts(16384, 16, generator=torch.Generator().manual_seed(0))
+    offs = offsets_from_counts(counts)
+    groups, m, k, t = 16, 2048, 4096, sum(counts)
+    rows = []
+    for name, a, b in (
+            ("ragged_n_3d_2d", torch.randn(groups, m, k, device="cuda").bfloat16(),
+             torch.randn(k, t, device="cuda").bfloat16() * k ** -0.5),
+            ("ragged_k_row_major_a", torch.randn(m, t, device="cuda").bfloat16(),
+             torch.randn(t, k, device="cuda").bfloat16())):
+        ref = ref_grouped_mm(a, b, offs)
+        runs = measure({"gg_runtime": lambda a=a, b=b: gg_runtime.grouped_mm(a, b, offs),
+                        "torch_grouped_mm": lambda a=a, b=b: torch._grouped_mm(a, b, offs)},
+                       lambda out, r=ref: rel_error(out, r), TOLERANCE[torch.bfloat16],
+                       2 * m * k * t)
+        rows.append({"name": name, "runs": runs})
     return rows
 
 
@@ -337,7 +359,7 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
-SECTIONS = ("workloads", "wgrad", "fp8", "model", "proxy", "host")
+SECTIONS = ("workloads", "wgrad", "cases", "fp8", "model", "proxy", "host")
 
 
 def main():
@@ -369,6 +391,11 @@ def main():
         report["wgrad"] = wgrad = [bench_wgrad(w) for w in ragged]
         print("weight gradient (ragged K), x torch:",
               json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}))
+    if "cases" in sections:
+        report["cases"] = cases = bench_other_cases()
+        print("other cases, TFLOP/s ours / torch:", json.dumps(
+            {r["name"]: "/".join(fmt(r["runs"][n].get("tflops"), "{:.0f}")
+                                 for n in ("gg_runtime", "torch_grouped_mm")) for r in cases}))
     if "fp8" in sections:
         report["fp8"] = fp8 = [bench_fp8(w) for w in ragged if w["dtype"] == "bfloat16"]
         print_fp8(fp8)

@@ -17,10 +17,10 @@ FAMILY = Family(
         Param("ldc", "i64", "stride", aligned=True),
     ),
     # a row-major [M, T] ('nn') or a transposed view of [T, M] ('tn', as in dB).
-    # Row-major A has no tma flavour: its K ranges start at arbitrary columns of
-    # its contiguous dimension, which TMA got wrong on an H100.
+    # Row-major A's K ranges start at any column of its contiguous dimension:
+    # TMA boxes may, 16-byte vector loads may not.
     layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
-    tma_layouts=("tn",),
+    tma_layouts=("nn", "tn"),
     aligned_layouts=("tn",),
     float32_output=True,
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",

@@ -49,11 +49,15 @@ def ragged_store(desc, tile, start, end, row, col, BR: tl.constexpr, BC: tl.cons
 
 
 @triton.jit
-def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
+def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb, A_T: tl.constexpr,
                          B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     k_dim = tl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
-                                       block_shape=[BM, BK])
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[k_dim, T], strides=[lda, 1],
+                                           block_shape=[BK, BM])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
+                                           block_shape=[BM, BK])
     if B_T:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N, k_dim],
                                            strides=[b_group_stride, ldb, 1],
@@ -66,11 +70,15 @@ def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
 
 
 @triton.jit
-def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, A_T: tl.constexpr,
+                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      PRECISION: tl.constexpr):
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
-        a = a_desc.load([off_m, k0])
+        if A_T:
+            a = a_desc.load([k0, off_m]).T
+        else:
+            a = a_desc.load([off_m, k0])
         if B_T:
             b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
         else:
@@ -84,9 +92,11 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
                     A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                     PRECISION: tl.constexpr):
-    """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1), b [G, K, N] (B_T=0) or
-    [G, N, K] (B_T=1), c [T, N] row-major.  TMA only with A_T=0: A's ragged rows
-    would otherwise start at arbitrary offsets of its contiguous dimension."""
+    """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1, as in 3-D x 2-D), b
+    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major.  With A_T a
+    group's rows start at any offset of A's contiguous dimension: TMA boxes may
+    start anywhere, and the rows a box reads past the group's end reach only
+    output rows that the store clips."""
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
@@ -120,7 +130,6 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
     owner of a tile without a per-group loop.
     """
-    tl.static_assert(not (USE_TMA and A_T), "ragged_m has no TMA path for A stored [K, T]")
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -131,7 +140,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                                              B_T, BM, BN, BK)
+                                              A_T, B_T, BM, BN, BK)
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     tiles_before = 0
     rows_before = 0
@@ -166,8 +175,8 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                                       SCALING, BM, BN, BK)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             elif USE_TMA:
-                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK,
-                                        PRECISION)
+                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, A_T, B_T, BM, BN,
+                                        BK, PRECISION)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
@@ -206,8 +215,12 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     num_programs = tl.num_programs(0)
     m_tiles = tl.cdiv(M, BM)
     tiles_per_group = m_tiles * tl.cdiv(N, BN)
-    if USE_TMA:  # only with A stored [T, M] (aot/families/ragged_k.py): descriptors built once
-        a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+    if USE_TMA:  # descriptors built once
+        if A_T:
+            a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+        else:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, T], strides=[lda, 1],
+                                               block_shape=[BM, BK])
         b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                            block_shape=[1, BM, BN])
@@ -220,7 +233,13 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
         if USE_TMA:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for k0 in range(start, end, BK):
-                a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
+                if A_T:
+                    a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
+                else:
+                    # Columns past the group's end are later groups' (B's rows
+                    # there load as zeros, but an inf times zero is not zero).
+                    a = a_desc.load([off_m, k0])
+                    a = tl.where(k0 + tl.arange(0, BK)[None, :] < end, a, tl.zeros_like(a))
                 b = ragged_load(b_desc, start, end, k0, off_n, BK, BN)
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
             c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
