@@ -17,10 +17,12 @@ FAMILY = Family(
         Param("ldc", "i64", "stride", aligned=True),
     ),
     # a row-major [M, T] ('nn') or a transposed view of [T, M] ('tn', as in dB).
-    # Row-major A's K ranges start at any column of its contiguous dimension:
-    # TMA boxes may, 16-byte vector loads may not.
+    # Row-major A has no tma flavour: its K ranges start at any column of its
+    # contiguous dimension, so the columns a box reads past a group's end would
+    # need masking in registers (an inf there times B's zero rows is NaN); that
+    # variant raised an illegal instruction on an H100 (Triton 3.6, 2026-11-22).
     layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
-    tma_layouts=("nn", "tn"),
+    tma_layouts=("tn",),
     aligned_layouts=("tn",),
     float32_output=True,
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",

@@ -215,12 +215,8 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     num_programs = tl.num_programs(0)
     m_tiles = tl.cdiv(M, BM)
     tiles_per_group = m_tiles * tl.cdiv(N, BN)
-    if USE_TMA:  # descriptors built once
-        if A_T:
-            a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
-        else:
-            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, T], strides=[lda, 1],
-                                               block_shape=[BM, BK])
+    if USE_TMA:  # only with A stored [T, M] (aot/families/ragged_k.py): descriptors built once
+        a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
         b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                            block_shape=[1, BM, BN])
@@ -233,13 +229,7 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
         if USE_TMA:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for k0 in range(start, end, BK):
-                if A_T:
-                    a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
-                else:
-                    # Columns past the group's end are later groups' (B's rows
-                    # there load as zeros, but an inf times zero is not zero).
-                    a = a_desc.load([off_m, k0])
-                    a = tl.where(k0 + tl.arange(0, BK)[None, :] < end, a, tl.zeros_like(a))
+                a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
                 b = ragged_load(b_desc, start, end, k0, off_n, BK, BN)
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
             c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
