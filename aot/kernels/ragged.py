@@ -49,15 +49,11 @@ def ragged_store(desc, tile, start, end, row, col, BR: tl.constexpr, BC: tl.cons
 
 
 @triton.jit
-def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb, A_T: tl.constexpr,
+def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                          B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     k_dim = tl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[k_dim, T], strides=[lda, 1],
-                                           block_shape=[BK, BM])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
-                                           block_shape=[BM, BK])
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
+                                       block_shape=[BM, BK])
     if B_T:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N, k_dim],
                                            strides=[b_group_stride, ldb, 1],
@@ -70,15 +66,11 @@ def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb, A_T
 
 
 @triton.jit
-def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, A_T: tl.constexpr,
-                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      PRECISION: tl.constexpr):
+def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
-        if A_T:
-            a = a_desc.load([k0, off_m]).T
-        else:
-            a = a_desc.load([off_m, k0])
+        a = a_desc.load([off_m, k0])
         if B_T:
             b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
         else:
@@ -92,11 +84,9 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
                     A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                     PRECISION: tl.constexpr):
-    """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1, as in 3-D x 2-D), b
-    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major.  With A_T a
-    group's rows start at any offset of A's contiguous dimension: TMA boxes may
-    start anywhere, and the rows a box reads past the group's end reach only
-    output rows that the store clips."""
+    """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1), b [G, K, N] (B_T=0) or
+    [G, N, K] (B_T=1), c [T, N] row-major.  TMA only with A_T=0: A's ragged rows
+    would otherwise start at arbitrary offsets of its contiguous dimension."""
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
@@ -130,6 +120,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
     owner of a tile without a per-group loop.
     """
+    tl.static_assert(not (USE_TMA and A_T), "ragged_m has no TMA path for A stored [K, T]")
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -140,7 +131,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                                              A_T, B_T, BM, BN, BK)
+                                              B_T, BM, BN, BK)
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     tiles_before = 0
     rows_before = 0
@@ -175,8 +166,8 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                                       SCALING, BM, BN, BK)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             elif USE_TMA:
-                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, A_T, B_T, BM, BN,
-                                        BK, PRECISION)
+                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK,
+                                        PRECISION)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
