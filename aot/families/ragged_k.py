@@ -16,12 +16,9 @@ FAMILY = Family(
         Param("ldb", "i64", "stride", aligned=True),
         Param("ldc", "i64", "stride", aligned=True),
     ),
-    # a row-major [M, T] ('nn') or a transposed view of [T, M] ('tn', as in dB).
-    # Row-major A has no tma flavour: its K ranges start at any column of its
-    # contiguous dimension, so the columns a box reads past a group's end would
-    # need masking in registers (an inf there times B's zero rows is NaN); that
-    # variant raised an illegal instruction on an H100 (Triton 3.6, 2026-11-22).
-    layouts={"nn": {"A_T": False}, "tn": {"A_T": True}},
+    # a [M, T] as a transposed view of row-major [T, M], as in dB (gg_runtime
+    # copies any other a): each group's K range is then a range of whole rows.
+    layouts={"tn": {}},
     tma_layouts=("tn",),
     aligned_layouts=("tn",),
     float32_output=True,

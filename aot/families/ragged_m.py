@@ -26,14 +26,9 @@ FAMILY = Family(
         Param("ldb", "i64", "stride", aligned=True),
         Param("ldc", "i64", "stride", aligned=True),
     ),
-    # a [T, K] row-major ('n.') or a transposed view of [K, T] ('t.', as in 3-D x 2-D);
-    # b [G, K, N] row-major ('.n') or a transposed view of [G, N, K] ('.t').
-    layouts={"nn": {"A_T": False, "B_T": False}, "nt": {"A_T": False, "B_T": True},
-             "tn": {"A_T": True, "B_T": False}, "tt": {"A_T": True, "B_T": True}},
-    # With A stored [K, T] its ragged rows lie along the contiguous dimension:
-    # no 16-byte vectors, and a TMA variant (boxes [BK, BM] at any column,
-    # transposed in shared memory) gave wrong results on an H100 (Triton 3.6,
-    # 2026-11-22): those layouts run `basic`.
+    # a [T, K] row-major (gg_runtime copies a column-major one); b [G, K, N]
+    # row-major ('n') or a transposed view of [G, N, K] ('t').
+    layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
     tma_layouts=("nn", "nt"),
     aligned_layouts=("nn", "nt"),
     float32_output=True,

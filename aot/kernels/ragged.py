@@ -81,15 +81,15 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T: tl.constexpr,
 
 @triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                    A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                    B_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                     PRECISION: tl.constexpr):
-    """a [T, K] row-major (A_T=0) or stored [K, T] (A_T=1), b [G, K, N] (B_T=0) or
-    [G, N, K] (B_T=1), c [T, N] row-major.  TMA only with A_T=0: A's ragged rows
-    would otherwise start at arbitrary offsets of its contiguous dimension."""
+    """a [T, K] row-major, b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N]
+    row-major.  (A's ragged rows along its contiguous dimension would defeat
+    TMA and vector loads: the caller copies such an A to row-major.)"""
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
+                     b_group_stride, ldb, ldc, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
                      PRECISION)
 
 
@@ -101,14 +101,13 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
     """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
     wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, False, True, USE_TMA, SCALING, BM, BN, BK, CHUNK,
+                     b_group_stride, ldb, ldc, True, USE_TMA, SCALING, BM, BN, BK, CHUNK,
                      PRECISION)
 
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, A_T: tl.constexpr, B_T: tl.constexpr,
-                     USE_TMA: tl.constexpr, SCALING: tl.constexpr, BM: tl.constexpr,
+                     b_group_stride, ldb, ldc, B_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                      PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
@@ -120,7 +119,6 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
     owner of a tile without a per-group loop.
     """
-    tl.static_assert(not (USE_TMA and A_T), "ragged_m has no TMA path for A stored [K, T]")
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -172,7 +170,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
-                                     A_T, B_T, BM, BN, BK, PRECISION)
+                                     False, B_T, BM, BN, BK, PRECISION)
                 tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)
@@ -194,10 +192,12 @@ def group_row_range(offs_ptr, g, T, CHUNK: tl.constexpr):
 
 @triton.jit
 def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
-                    A_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """a [M, T] (A_T=0) or stored [T, M] (A_T=1), b [T, N] row-major, c [G, M, N] with
-    rows ldc apart and groups M * ldc apart.
+    """a [M, T] stored as row-major [T, M] (rows lda apart; as in dB = x^T dy),
+    b [T, N] row-major, c [G, M, N] with rows ldc apart and groups M * ldc
+    apart.  (A stored [M, T] would have its K ranges along the contiguous
+    dimension: the caller copies it.)
 
     Every group has the same tile count, so a tile's group is a division; its
     K range comes from the offsets.  A group with no rows stores zeros.
@@ -206,7 +206,7 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     num_programs = tl.num_programs(0)
     m_tiles = tl.cdiv(M, BM)
     tiles_per_group = m_tiles * tl.cdiv(N, BN)
-    if USE_TMA:  # only with A stored [T, M] (aot/families/ragged_k.py): descriptors built once
+    if USE_TMA:  # descriptors built once
         a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
         b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
@@ -226,5 +226,5 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
             c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
         else:
             acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
-                                 A_T, False, BM, BN, BK, PRECISION)
+                                 True, False, BM, BN, BK, PRECISION)
             tile_store(c_ptr + g.to(tl.int64) * M * ldc, acc, off_m, off_n, M, N, ldc, False, BM, BN)
