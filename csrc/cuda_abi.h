@@ -77,6 +77,7 @@ struct Api {
   Result (*cuMemFreeAsync)(DevicePtr ptr, Stream stream);
   Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
   Result (*cuStreamIsCapturing)(Stream stream, int* status);
+  Result (*cuStreamGetId)(Stream stream, unsigned long long* id);
   Result (*cuMemHostAlloc)(void** ptr, size_t bytes, unsigned int flags);
   Result (*cuMemFreeHost)(void* ptr);
   Result (*cuEventCreate)(Event* event, unsigned int flags);

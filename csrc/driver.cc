@@ -54,6 +54,7 @@ cu::Api load_api() {
   resolve(get, "cuMemAllocFromPoolAsync", api.cuMemAllocFromPoolAsync);
   resolve(get, "cuMemcpyHtoDAsync", api.cuMemcpyHtoDAsync);
   resolve(get, "cuStreamIsCapturing", api.cuStreamIsCapturing);
+  resolve(get, "cuStreamGetId", api.cuStreamGetId);
   resolve(get, "cuMemHostAlloc", api.cuMemHostAlloc);
   resolve(get, "cuMemFreeHost", api.cuMemFreeHost);
   resolve(get, "cuEventCreate", api.cuEventCreate);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 
@@ -76,6 +77,38 @@ StreamBuffer::~StreamBuffer() {
   // A destructor cannot throw; a failed free leaks the buffer and the next
   // driver call on the stream reports the sticky error, if there is one.
   if (ptr_ != 0) cuda().cuMemFreeAsync(ptr_, stream_);
+}
+
+cu::DevicePtr launch_scratch(int device, cu::Stream stream, size_t bytes,
+                             std::optional<StreamBuffer>& graph_memory) {
+  if (bytes == 0) return 0;
+  if (stream_is_capturing(stream)) return graph_memory.emplace(device, stream, bytes).ptr();
+  struct Block {
+    cu::DevicePtr ptr = 0;
+    size_t bytes = 0;
+  };
+  // By the stream's unique id (a destroyed stream's handle may be reused by a
+  // new one with work in flight beside the old one's).  A stream's block lives
+  // as long as the process: a few KiB per stream that ever launched here.
+  static std::mutex mutex;
+  static std::map<std::pair<int, unsigned long long>, Block> blocks;
+  const cu::Api& api = cuda();
+  unsigned long long id = 0;
+  check(api.cuStreamGetId(stream, &id), "cuStreamGetId");
+  std::lock_guard<std::mutex> lock(mutex);
+  Block& block = blocks[{device, id}];
+  if (block.bytes < bytes) {
+    // Freed after the work queued on the stream that may still use it.
+    if (block.ptr != 0) check(api.cuMemFreeAsync(block.ptr, stream), "freeing kernel scratch");
+    block = Block{};
+    const cu::Result result =
+        api.cuMemAllocFromPoolAsync(&block.ptr, bytes, workspace_pool(device), stream);
+    if (result != cu::kSuccess) {
+      fail(result, "allocating " + std::to_string(bytes) + " bytes of kernel scratch");
+    }
+    block.bytes = bytes;
+  }
+  return block.ptr;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,14 @@ class StreamBuffer {
   cu::Stream stream_;
   cu::DevicePtr ptr_ = 0;
 };
+
+// Device memory for one launch's scratch on `stream`.  Kernels on one stream
+// run in order, so launches on a stream share one buffer (kept per stream, grown
+// when too small): no allocation per launch.  While the stream is captured into
+// a CUDA graph, which may be replayed on any stream, the memory is a StreamBuffer
+// of graph memory held in `graph_memory` instead.
+cu::DevicePtr launch_scratch(int device, cu::Stream stream, size_t bytes,
+                             std::optional<StreamBuffer>& graph_memory);
 
 // Copies `bytes` from host memory to `dst`, ordered on `stream`, without the
 // stream synchronisation a copy from pageable memory implies: the bytes go

@@ -171,8 +171,10 @@ void run(const Call& c) {
   const int64_t wave = int64_t{props.sm_count} * ready.max_programs_per_sm;
   const auto programs = static_cast<unsigned>(std::min(tiles, wave));
   std::vector<uint64_t> slots = pack_args(f.param_list(), args);
-  StreamBuffer scratch(c.device, c.stream, scratch_bytes(k, programs));
-  launch(k, ready.function, programs, c.stream, slots, scratch.ptr());
+  std::optional<StreamBuffer> graph_memory;
+  const cu::DevicePtr scratch =
+      launch_scratch(c.device, c.stream, scratch_bytes(k, programs), graph_memory);
+  launch(k, ready.function, programs, c.stream, slots, scratch);
   t_last = &k;
 }
 
