@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 # The runtime tests run against the INSTALLED wheel; the source tree must not shadow it.
 _REPO = str(Path(__file__).resolve().parents[2])
@@ -22,6 +23,19 @@ def device_arch():
 def tma_runs_here() -> bool:
     """Whether the wheel has `tma` variants for the path this GPU takes."""
     return any(v["flavour"] == "tma" and v["arch"] == device_arch() for v in _C.variants())
+
+
+@pytest.fixture
+def fake():
+    """Within the test, tensors made on "cuda" are fake: shapes, dtypes and
+    strides without a GPU (the CPU validation tests)."""
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        yield mode
+
+
+def cuda(*shape, dtype=torch.bfloat16):
+    """An uninitialised CUDA tensor (fake under the `fake` fixture)."""
+    return torch.empty(*shape, dtype=dtype, device="cuda")
 
 
 @pytest.fixture

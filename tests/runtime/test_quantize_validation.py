@@ -3,21 +3,12 @@ anything touches CUDA, and launches nothing for empty input.  Runs on CPU:
 fake CUDA tensors carry shapes, dtypes and strides without a GPU."""
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gg_runtime.quantize import _check, quantize_fp8
 
+from conftest import cuda
+
 GRANULARITIES = ("rowwise", "1x128", "128x128")
-
-
-@pytest.fixture
-def fake():
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        yield mode
-
-
-def cuda(*shape, dtype=torch.bfloat16):
-    return torch.empty(*shape, dtype=dtype, device="cuda")
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)

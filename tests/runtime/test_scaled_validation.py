@@ -2,35 +2,31 @@
 argument.  Runs on CPU: fake CUDA tensors carry shapes, dtypes and strides."""
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gg_runtime.scaled import _check
 
+from conftest import cuda
+
 FP8 = torch.float8_e4m3fn
+pytestmark = pytest.mark.usefixtures("fake")
 
 
-@pytest.fixture(autouse=True)
-def fake():
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        yield mode
-
-
-def cuda(*shape, dtype=torch.float32):
-    return torch.empty(*shape, dtype=dtype, device="cuda")
+def scales(*shape):
+    return cuda(*shape, dtype=torch.float32)
 
 
 def inputs(t=10, g=2, n=32, k=256):
     """Valid rowwise inputs: a [T, K], b [G, K, N] K-major, scales, offs."""
-    return (cuda(t, k, dtype=FP8), cuda(g, n, k, dtype=FP8).transpose(1, 2), cuda(t),
-            cuda(g, n), torch.empty(g, dtype=torch.int32, device="cuda"))
+    return (cuda(t, k, dtype=FP8), cuda(g, n, k, dtype=FP8).transpose(1, 2), scales(t),
+            scales(g, n), torch.empty(g, dtype=torch.int32, device="cuda"))
 
 
 def test_valid_inputs_pass():
     a, b, scale_a, scale_b, offs = inputs()
     assert _check(a, b, scale_a, scale_b, offs, torch.bfloat16) == "rowwise"
-    assert _check(a, b, cuda(10, 2), cuda(2, 1, 2), offs, torch.float32) == "blockwise"
+    assert _check(a, b, scales(10, 2), scales(2, 1, 2), offs, torch.float32) == "blockwise"
     batched_a = cuda(2, 5, 256, dtype=FP8)
-    assert _check(batched_a, b, cuda(2, 5), scale_b, None, torch.bfloat16) == "rowwise"
+    assert _check(batched_a, b, scales(2, 5), scale_b, None, torch.bfloat16) == "rowwise"
 
 
 # Each case replaces some of the valid inputs (a, b, scale_a, scale_b, offs);
@@ -41,10 +37,10 @@ CASES = {
                "a must be float8_e4m3fn"),
     "scale_a float64": (lambda: {"scale_a": cuda(10, dtype=torch.float64)}, TypeError,
                         "scale_a must be float32"),
-    "scale_b short": (lambda: {"scale_b": cuda(2, 16)}, ValueError,
+    "scale_b short": (lambda: {"scale_b": scales(2, 16)}, ValueError,
                       r"scale_b must have shape \(2, 32\)"),
-    "scale_a short": (lambda: {"scale_a": cuda(5)}, ValueError, r"scale_a must have shape \(10,\)"),
-    "scale_a 3-D": (lambda: {"scale_a": cuda(1, 1, 10)}, ValueError, "1-D .rowwise. or 2-D"),
+    "scale_a short": (lambda: {"scale_a": scales(5)}, ValueError, r"scale_a must have shape \(10,\)"),
+    "scale_a 3-D": (lambda: {"scale_a": scales(1, 1, 10)}, ValueError, "1-D .rowwise. or 2-D"),
     "K not 16n": (lambda: {"a": cuda(10, 40, dtype=FP8),
                            "b": cuda(2, 32, 40, dtype=FP8).transpose(1, 2)},
                   ValueError, "multiples of 16"),
@@ -79,5 +75,5 @@ def test_out_dtype_and_gradients_refused():
 
 def test_weight_gradient_case_refused():
     with pytest.raises(ValueError, match="2-D x 2-D, are not supported"):
-        _check(cuda(8, 32, dtype=FP8), cuda(32, 16, dtype=FP8), cuda(8), cuda(16),
+        _check(cuda(8, 32, dtype=FP8), cuda(32, 16, dtype=FP8), scales(8), scales(16),
                torch.empty(2, dtype=torch.int32, device="cuda"), torch.bfloat16)

@@ -2,23 +2,12 @@
 Runs on CPU: fake CUDA tensors carry shapes, dtypes and strides without a GPU."""
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gg_runtime
 from gg_runtime.cases import classify
 from gg_runtime.gemm_list import _check_group
 
-from conftest import gpu
-
-
-@pytest.fixture
-def fake():
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        yield mode
-
-
-def cuda(*shape, dtype=torch.bfloat16):
-    return torch.empty(*shape, dtype=dtype, device="cuda")
+from conftest import cuda, gpu
 
 
 def offsets(groups):
