@@ -106,7 +106,8 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
         report[str(max_rows)] = {c.tag: round(s, 1) for c, s in scores.items()}
         echo(f"bucket rows<={max_rows or 'inf'}: {best.tag}")
     entries = [asdict(w) for w in _merge_repeats(winners)]
-    # For the GEMM families that take aot/variants.py's defaults (not those with configs of their own).
+    # For the GEMM families that take aot/variants.py's defaults (not those with
+    # configs of their own).
     table = {name: {"tma": entries} for name, family in FAMILIES.items() if not family.configs}
     table["measured"] = {"device": props.name, "dtype": dtype_name, "tflops": report}
     return table

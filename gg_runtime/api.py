@@ -83,9 +83,12 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat1
       one per 128x128 weight block; each 128-wide K block's product is scaled
       in float32 before it is accumulated.
 
-    quantize_fp8 makes both kinds of inputs.  out_dtype: torch.bfloat16 or
-    torch.float32.  offs as in grouped_mm (int32, on the GPU, graph
+    quantize_fp8 makes both kinds of inputs.  out_dtype: torch.bfloat16 (None
+    means it too) or torch.float32.  Traceable by torch.compile (the custom op
+    torch.ops.gg_runtime.scaled_grouped_mm).  offs as in grouped_mm (int32, on the GPU, graph
     capturable); groups are not padded.  Not differentiable (fp8 training is
     not supported): inputs that require grad are refused.
     """
+    if torch.compiler.is_compiling():
+        return scaled.scaled_grouped_mm_op(a, b, scale_a, scale_b, offs, out_dtype)
     return scaled.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype)

@@ -2,6 +2,8 @@
 per 128-block (the scaled_ragged_m kernel family).  Checks, then one launch."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import _native
@@ -123,8 +125,13 @@ def _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype) -> torch.Tenso
     return out
 
 
+def _output_shape(a, b) -> tuple:
+    return (*a.shape[:-1], b.shape[2])
+
+
 def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat16):
-    """See gg_runtime.api.scaled_grouped_mm."""
+    """See gg_runtime.api.scaled_grouped_mm (out_dtype None: bfloat16, as torch)."""
+    out_dtype = out_dtype or torch.bfloat16
     granularity = _check(a, b, scale_a, scale_b, offs, out_dtype)
     scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
     if a.dim() == 2:
@@ -136,4 +143,19 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat1
     flat_scale_a = scale_a.reshape(groups * m, *scale_a.shape[2:])
     out = _launch(granularity, a.reshape(groups * m, k), b, flat_scale_a, scale_b, offs,
                   out_dtype)
-    return out.view(groups, m, b.shape[2])
+    return out.view(_output_shape(a, b))
+
+
+@torch.library.custom_op("gg_runtime::scaled_grouped_mm", mutates_args=())
+def scaled_grouped_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                         scale_b: torch.Tensor, offs: Optional[torch.Tensor],
+                         out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """What torch.compile traces (not differentiable, as the eager function)."""
+    return scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype)
+
+
+@scaled_grouped_mm_op.register_fake
+def _scaled_grouped_mm_fake(a, b, scale_a, scale_b, offs, out_dtype):
+    out_dtype = out_dtype or torch.bfloat16
+    _check(a, b, scale_a, scale_b, offs, out_dtype)
+    return a.new_empty(_output_shape(a, b), dtype=out_dtype)

@@ -107,9 +107,9 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, B_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     b_group_stride, ldb, ldc, B_T: tl.constexpr, USE_TMA: tl.constexpr,
+                     SCALING: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -153,7 +153,9 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             g = chunk + local_group
             start = pick(starts, local_group, CHUNK)
             end = pick(ends, local_group, CHUNK)
-            in_group = t - (pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group, CHUNK))
+            group_first_tile = pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group,
+                                                                          CHUNK)
+            in_group = t - group_first_tile
             m_tiles = tl.cdiv(end - start, BM)
             off_m = start + (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN

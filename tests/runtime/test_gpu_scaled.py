@@ -116,3 +116,23 @@ def test_grouped_mm_refuses_fp8():
     a, b, _, _, offs = fp8_moe_inputs([5, 6], 32, 64, "rowwise")
     with pytest.raises(TypeError, match="a must be float16 or bfloat16 or float32"):
         gg_runtime.grouped_mm(a, b, offs)
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs([40, 0, 90], 128, 256, "blockwise")
+
+    def layer(a, b, scale_a, scale_b, offs):
+        return torch.nn.functional.silu(
+            gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=torch.float32))
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    out = compiled(a, b, scale_a, scale_b, offs)
+    assert out.dtype == torch.float32
+    assert rel_error(out, layer(a, b, scale_a, scale_b, offs)) < 1e-6
+
+
+def test_out_dtype_none_is_bfloat16():
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs([5, 6], 32, 64, "rowwise")
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, None)
+    assert out.dtype == torch.bfloat16

@@ -39,7 +39,8 @@ CASES = {
                         "scale_a must be float32"),
     "scale_b short": (lambda: {"scale_b": scales(2, 16)}, ValueError,
                       r"scale_b must have shape \(2, 32\)"),
-    "scale_a short": (lambda: {"scale_a": scales(5)}, ValueError, r"scale_a must have shape \(10,\)"),
+    "scale_a short": (lambda: {"scale_a": scales(5)}, ValueError,
+                      r"scale_a must have shape \(10,\)"),
     "scale_a 3-D": (lambda: {"scale_a": scales(1, 1, 10)}, ValueError, "1-D .rowwise. or 2-D"),
     "K not 16n": (lambda: {"a": cuda(10, 40, dtype=FP8),
                            "b": cuda(2, 32, 40, dtype=FP8).transpose(1, 2)},
@@ -77,3 +78,13 @@ def test_weight_gradient_case_refused():
     with pytest.raises(ValueError, match="2-D x 2-D, are not supported"):
         _check(cuda(8, 32, dtype=FP8), cuda(32, 16, dtype=FP8), scales(8), scales(16),
                torch.empty(2, dtype=torch.int32, device="cuda"), torch.bfloat16)
+
+
+def test_fake_implementation_shapes():
+    from gg_runtime.scaled import scaled_grouped_mm_op
+    a, b, scale_a, scale_b, offs = inputs()
+    out = scaled_grouped_mm_op(a, b, scale_a, scale_b, offs, None)
+    assert out.shape == (10, 32) and out.dtype == torch.bfloat16
+    batched = scaled_grouped_mm_op(cuda(2, 5, 256, dtype=FP8), b, scales(2, 5), scale_b, None,
+                                   torch.float32)
+    assert batched.shape == (2, 5, 32) and batched.dtype == torch.float32
