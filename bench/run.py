@@ -166,6 +166,21 @@ def bench_fp8(w) -> dict:
             "blockwise_vs_rowwise": ratio("gg_fp8_blockwise", "gg_fp8_rowwise")}
 
 
+def bench_fp16(w) -> dict:
+    """A ragged bf16 workload's shapes in fp16 next to bf16, ours both
+    (torch._grouped_mm takes bf16 only)."""
+    flops = 2 * sum(w["m"]) * w["N"] * w["K"]
+    runs = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        a, b, offs = moe_inputs(w["m"], w["N"], w["K"], dtype)
+        ref = ref_grouped_mm(a, b, offs)
+        runs.update(measure({str(dtype)[6:]: lambda a=a, b=b, o=offs: gg_runtime.grouped_mm(a, b, o)},
+                            lambda out, r=ref: rel_error(out, r), TOLERANCE[dtype], flops))
+    ms = {name: run.get("ms") for name, run in runs.items()}
+    ratio = ms["bfloat16"] / ms["float16"] if ms.get("float16") and ms.get("bfloat16") else None
+    return {"name": w["name"], "runs": runs, "fp16_vs_bf16": ratio}
+
+
 def bench_quantize(copy_tbps: float) -> dict:
     """quantize_fp8 of a bf16 [16384, 7168] input, each granularity: bytes
     moved (input read once, q and scales written) per second, against this
@@ -360,7 +375,7 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
-SECTIONS = ("workloads", "wgrad", "cases", "fp8", "model", "proxy", "host")
+SECTIONS = ("workloads", "wgrad", "fp16", "cases", "fp8", "model", "proxy", "host")
 
 
 def main():
@@ -397,6 +412,11 @@ def main():
         print("other cases, TFLOP/s ours / torch:", json.dumps(
             {r["name"]: "/".join(fmt(r["runs"][n].get("tflops"), "{:.0f}")
                                  for n in ("gg_runtime", "torch_grouped_mm")) for r in cases}))
+    if "fp16" in sections:
+        report["fp16"] = fp16 = [bench_fp16(w) for w in ragged if w["dtype"] == "bfloat16"]
+        print("fp16 / bf16 speed, ours:", json.dumps({r["name"]: fmt(r["fp16_vs_bf16"])
+                                                      for r in fp16}),
+              "geomean", fmt(geomean(r["fp16_vs_bf16"] for r in fp16)))
     if "fp8" in sections:
         report["fp8"] = fp8 = [bench_fp8(w) for w in ragged if w["dtype"] == "bfloat16"]
         print_fp8(fp8)
