@@ -174,8 +174,10 @@ def bench_fp16(w) -> dict:
     for dtype in (torch.float16, torch.bfloat16):
         a, b, offs = moe_inputs(w["m"], w["N"], w["K"], dtype)
         ref = ref_grouped_mm(a, b, offs)
-        runs.update(measure({str(dtype)[6:]: lambda a=a, b=b, o=offs: gg_runtime.grouped_mm(a, b, o)},
-                            lambda out, r=ref: rel_error(out, r), TOLERANCE[dtype], flops))
+        name = str(dtype).removeprefix("torch.")
+        run = lambda a=a, b=b, o=offs: gg_runtime.grouped_mm(a, b, o)  # noqa: E731
+        runs.update(measure({name: run}, lambda out, r=ref: rel_error(out, r), TOLERANCE[dtype],
+                            flops))
     ms = {name: run.get("ms") for name, run in runs.items()}
     ratio = ms["bfloat16"] / ms["float16"] if ms.get("float16") and ms.get("bfloat16") else None
     return {"name": w["name"], "runs": runs, "fp16_vs_bf16": ratio}
