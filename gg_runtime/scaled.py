@@ -53,20 +53,23 @@ def _scale_shapes(granularity: str, groups: int, rows: tuple, n: int, k: int) ->
 
 
 def _check_layouts(a, b) -> None:
-    """a row-major, b K-major, every base and stride 16-byte aligned."""
+    """a row-major, b K-major, every stride 16-byte aligned.  (Every call runs
+    this: messages are formatted only on failure.)"""
     k, n = b.shape[-2:]
-    require(a.stride(-1) == 1 or k <= 1, "a must be row-major (unit stride in its last "
-            f"dimension), got strides {tuple(a.stride())}")
-    require(b.stride(-2) == 1 or k <= 1, "b must be K-major: [G, K, N] as a transposed view of "
-            "a [G, N, K] tensor (fp8 tensor cores read both operands K-major), got strides "
-            f"{tuple(b.stride())} for shape {tuple(b.shape)}; pass w.transpose(-2, -1) of the "
-            "[G, N, K] weight")
-    require(k % _ALIGN == 0 and n % _ALIGN == 0,
-            f"fp8 needs K and N to be multiples of {_ALIGN} (16-byte rows), got K={k}, N={n}")
-    strides = (a.stride(-2), b.stride(0), b.stride(-1))
-    require(k == 0 or all(s % _ALIGN == 0 for s in strides),
-            f"fp8 inputs need row strides that are multiples of {_ALIGN} elements, got a "
-            f"strides {tuple(a.stride())}, b strides {tuple(b.stride())}")
+    if a.stride(-1) != 1 and k > 1:
+        raise ValueError("a must be row-major (unit stride in its last dimension), got strides "
+                         f"{tuple(a.stride())}")
+    if b.stride(-2) != 1 and k > 1:
+        raise ValueError("b must be K-major: [G, K, N] as a transposed view of a [G, N, K] "
+                         "tensor (fp8 tensor cores read both operands K-major), got strides "
+                         f"{tuple(b.stride())} for shape {tuple(b.shape)}; pass "
+                         "w.transpose(-2, -1) of the [G, N, K] weight")
+    if k % _ALIGN or n % _ALIGN:
+        raise ValueError(f"fp8 needs K and N to be multiples of {_ALIGN} (16-byte rows), got "
+                         f"K={k}, N={n}")
+    if k and (a.stride(-2) % _ALIGN or b.stride(0) % _ALIGN or b.stride(-1) % _ALIGN):
+        raise ValueError(f"fp8 inputs need row strides that are multiples of {_ALIGN} elements, "
+                         f"got a strides {tuple(a.stride())}, b strides {tuple(b.stride())}")
 
 
 def _check(a, b, scale_a, scale_b, offs, out_dtype) -> str:
@@ -106,9 +109,10 @@ def _check(a, b, scale_a, scale_b, offs, out_dtype) -> str:
 def _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype) -> torch.Tensor:
     """out[T, N] of a [T, K] (row-major), b [G, K, N] (K-major), int32 end offsets."""
     (rows, k), (groups, _, n) = a.shape, b.shape
-    require(a.data_ptr() % _ALIGN == 0 and b.data_ptr() % _ALIGN == 0,
-            "fp8 inputs need 16-byte aligned data pointers (a view starting at an offset "
-            f"that is not a multiple of {_ALIGN} elements is not): call .contiguous()")
+    if a.data_ptr() % _ALIGN or b.data_ptr() % _ALIGN:
+        raise ValueError("fp8 inputs need 16-byte aligned data pointers (a view starting at an "
+                         f"offset that is not a multiple of {_ALIGN} elements is not): call "
+                         ".contiguous()")
     out = _native.empty((rows, n), a, out_dtype)
     if groups == 0 or k == 0:  # nothing to multiply: the product is zero
         return out.zero_()
