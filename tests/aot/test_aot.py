@@ -182,3 +182,36 @@ def test_wheel_tag_is_manylinux_and_auditwheel_agrees():
     out = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheels[0])],
                          capture_output=True, text=True, check=True).stdout
     assert f'is consistent with the following platform tag: "{tag}"' in " ".join(out.split()), out
+
+
+def test_every_sm80_choice_loads_on_99_kib_devices(manifest):
+    """8.6 / 8.9 allow 99 KiB a block: each sm80 (family, dtype, output,
+    layout, flavour) keeps an unbounded-rows config within it, beside any
+    larger one that only 8.0 (and the PTX path on 9.0) loads."""
+    limit = Arch.of(80).shared_limit
+    choices = {}
+    for r in manifest["variants"]:
+        if r["arch"] == 80:
+            key = (r["family"], r["dtype"], r["out_dtype"], r["layout"], r["flavour"])
+            fits = r["shared"] <= limit and r["config"]["max_rows"] == 0
+            choices[key] = choices.get(key, False) or fits
+    assert choices and all(choices.values()), [k for k, ok in choices.items() if not ok]
+
+
+def test_shared_estimate_covers_what_triton_allocates(manifest):
+    """Configs are fitted by the estimate: it must not undercount where a
+    limit binds (TMA variants and sm80's cp.async pipelines)."""
+    for r in manifest["variants"]:
+        if r["flavour"] == "tma" or r["arch"] == 80:
+            config = Config(**r["config"])
+            estimate = config.shared_estimate(DTYPES[r["dtype"]], DTYPES[r["out_dtype"]],
+                                              r["flavour"] == "tma")
+            assert r["shared"] <= estimate + 1024, (r["key"], r["shared"], estimate)
+
+
+def test_fp8_variants_are_opt_in_and_sm90_tma_only():
+    fp8 = [v for v in all_variants() if v.dtype == "float8_e4m3fn"]
+    assert {v.family for v in fp8} == {"scaled_ragged_m"}
+    assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
+    assert {v.out.name for v in fp8} == {"bfloat16", "float32"}
+    assert {v.layout for v in fp8} == {"rowwise", "blockwise"}
