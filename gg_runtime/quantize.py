@@ -6,19 +6,14 @@ from __future__ import annotations
 import torch
 
 from . import _native
+from .fp8 import FP8, blocks, sm90_only
 from .validate import check_tensor
 
 _LAUNCH = _native.launcher("quantize_fp8")
 DTYPES = _native.family_dtypes("quantize_fp8")
-FP8 = torch.float8_e4m3fn
 GRANULARITIES = ("rowwise", "1x128", "128x128")  # the family's layouts
-BLOCK = 128  # elements of a scale block's side
 E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-12  # an all-zero block's amax: scale 1e-12 / 448, q = 0
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check(x, granularity) -> None:
@@ -40,8 +35,8 @@ def _scale_shape(granularity: str, shape: tuple) -> tuple:
     if granularity == "rowwise":
         return (*groups, rows)
     if granularity == "1x128":
-        return (*groups, rows, _cdiv(cols, BLOCK))
-    return (*groups, _cdiv(rows, BLOCK), _cdiv(cols, BLOCK))
+        return (*groups, rows, blocks(cols))
+    return (*groups, blocks(rows), blocks(cols))
 
 
 def _rows(x: torch.Tensor) -> tuple:
@@ -57,17 +52,13 @@ def _rows(x: torch.Tensor) -> tuple:
 def _launch(granularity: str, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
     flat, ld = _rows(x)
     device = x.get_device()
-    try:
+    with sm90_only():
         # Input codes straight from the table: _native.target would map float32
         # to tf32 where torch allows TF32 matmuls, a distinction without meaning here.
         _LAUNCH(granularity, device, _native.current_stream(device),
                 _native.DTYPE_CODES[x.dtype], _native.DTYPE_CODES[FP8],
                 x_ptr=flat.data_ptr(), q_ptr=q.data_ptr(), scale_ptr=scale.data_ptr(),
                 R=flat.shape[0], C=flat.shape[1], group_rows=x.shape[-2], ldx=ld)
-    except _native.UnsupportedDeviceError as exc:
-        raise _native.UnsupportedDeviceError(
-            f"{exc} (fp8 kernels are built for compute capability 9.0, H100 and H200, only)"
-        ) from None
 
 
 def quantize_fp8(x, granularity: str = "rowwise") -> tuple:

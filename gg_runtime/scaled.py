@@ -7,18 +7,13 @@ from typing import Optional
 import torch
 
 from . import _native
+from .fp8 import FP8, blocks, sm90_only
 from .ragged import batch_offsets
 from .validate import check_offsets, check_same, check_tensor, require
 
 _LAUNCH = _native.launcher("scaled_ragged_m")
-FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float32)
-BLOCK = 128  # K (and weight N) elements per scale block
 _ALIGN = 16  # bytes: TMA's rule for bases and strides, which torch also sets for fp8
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check_scale(scale, name: str, shape: tuple, a) -> None:
@@ -49,7 +44,7 @@ def _scale_shapes(granularity: str, groups: int, rows: tuple, n: int, k: int) ->
     """(scale_a's, scale_b's) shape; rows: a's leading dimensions."""
     if granularity == "rowwise":
         return rows, (groups, n)
-    return rows + (_cdiv(k, BLOCK),), (groups, _cdiv(n, BLOCK), _cdiv(k, BLOCK))
+    return rows + (blocks(k),), (groups, blocks(n), blocks(k))
 
 
 def _check_layouts(a, b) -> None:
@@ -116,16 +111,12 @@ def _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype) -> torch.Tenso
     out = _native.empty((rows, n), a, out_dtype)
     if groups == 0 or k == 0:  # nothing to multiply: the product is zero
         return out.zero_()
-    try:
+    with sm90_only():
         _LAUNCH(granularity, *_native.target(a, out),
                 a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
                 offs_ptr=offs.data_ptr(), scale_a_ptr=scale_a.data_ptr(),
                 scale_b_ptr=scale_b.data_ptr(), T=rows, N=n, K=k, G=groups,
                 lda=a.stride(0), b_group_stride=b.stride(0), ldb=b.stride(2), ldc=n)
-    except _native.UnsupportedDeviceError as exc:
-        raise _native.UnsupportedDeviceError(
-            f"{exc} (fp8 kernels are built for compute capability 9.0, H100 and H200, only)"
-        ) from None
     return out
 
 
