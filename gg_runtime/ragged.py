@@ -38,10 +38,6 @@ def _row_major(x: torch.Tensor):
     return x, row_stride
 
 
-def _letter(transposed: bool) -> str:
-    return "t" if transposed else "n"
-
-
 def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
     """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
     a, lda = _row_major(a)
@@ -50,7 +46,7 @@ def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
     out = _native.empty((rows, n), a, out_dtype)
     if groups == 0:
         return out.zero_()
-    _RAGGED_M("n" + _letter(b_t), *_native.target(a, out),
+    _RAGGED_M("nt" if b_t else "nn", *_native.target(a, out),
               a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
               offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
               lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
