@@ -12,8 +12,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 
 from .families import FAMILIES
+from .kernels.ragged_ws import MAX_REGISTERS
 from .variants import Arch, Variant
 
 
@@ -33,13 +35,18 @@ def compile_variant(variant: Variant) -> Compiled:
     target = GPUTarget("cuda", variant.arch, 32)
     backend = CUDABackend(target)
     config = variant.config
-    options = backend.parse_options({"num_warps": config.num_warps, "num_stages": config.num_stages})
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.ws:  # the MMA warps get what the loader's warpgroup gives back
+        options["maxnreg"] = MAX_REGISTERS
+    options = backend.parse_options(options)
     constexprs = variant.constexprs()
     signature = dict(variant.signature())
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in variant.divisible_params()}
-    source = ASTSource(fn=FAMILIES[variant.family].kernel, signature=signature,
-                       constexprs=constexprs, attrs=attrs)
+    family = FAMILIES[variant.family]
+    source_type, kernel = (GluonASTSource, family.ws_kernel) if config.ws else \
+        (ASTSource, family.kernel)
+    source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     try:
         kernel = triton.compile(source, target=target, options=options.__dict__)
     except Exception as exc:  # Triton raises many types; the key is what the user needs

@@ -52,17 +52,21 @@ class Param:
 @dataclass(frozen=True)
 class Config:
     """Tile shape and schedule.  `max_rows` bounds the rows per group this config
-    is chosen for (the runtime takes the smallest bound that fits; 0 = no bound)."""
+    is chosen for (the runtime takes the smallest bound that fits; 0 = no bound).
+    `ws`: the family's warp-specialised Gluon kernel (Family.ws_kernel), with
+    num_warps MMA warps and a num_stages-deep ring fed by a loader warp."""
     BM: int
     BN: int
     BK: int
     num_warps: int
     num_stages: int
     max_rows: int = 0
+    ws: bool = False
 
     @property
     def tag(self) -> str:
-        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
+        ws = "_ws" if self.ws else ""
+        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}{ws}"
 
     def shared_estimate(self, dtype, out, tma: bool) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
@@ -108,6 +112,9 @@ class Family:
     # (arch, flavour) or (arch, flavour, layout) -> Configs, in place of
     # aot/variants.py's defaults for GEMMs (the layout's own entry first).
     configs: dict = field(default_factory=dict)
+    # A Gluon kernel with `kernel`'s parameters, run by the `ws` configs of the
+    # TMA flavour (16-bit inputs only); None: the family has none.
+    ws_kernel: object = None
 
     def __post_init__(self):
         self._check_abi()
@@ -129,10 +136,12 @@ class Family:
         """The description lists the kernel's parameters by name in order, so a
         swapped pair (two int64 strides, say) fails here, at build time."""
         described = [p.name for p in self.params]
-        declared = self.runtime_params()
-        if described != declared:
-            raise ValueError(f"family {self.name}: parameters {described} do not match the "
-                             f"kernel's runtime parameters {declared} (names and order)")
+        for kernel in filter(None, (self.kernel, self.ws_kernel)):
+            declared = [p.name for p in kernel.params if not p.is_constexpr]
+            if described != declared:
+                raise ValueError(f"family {self.name}: parameters {described} do not match "
+                                 f"{kernel.__name__}'s runtime parameters {declared} (names "
+                                 "and order)")
         for name in self.tma_layouts + self.aligned_layouts:
             if name not in self.layouts:
                 raise ValueError(f"family {self.name}: flavour layout {name!r} is not a layout")

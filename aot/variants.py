@@ -156,8 +156,15 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     tma = flavour == "tma"
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
-    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs]
+    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs
+                      if not c.ws or _runs_ws(family, flavour, dtype)]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
+
+
+def _runs_ws(family: str, flavour: str, dtype: DType) -> bool:
+    """Whether `ws` configs compile here: the family's Gluon kernel takes TMA,
+    16-bit inputs."""
+    return FAMILIES[family].ws_kernel is not None and flavour == "tma" and dtype.bytes == 2
 
 
 def out_dtypes(family: str, dtype: DType) -> tuple:
@@ -208,6 +215,8 @@ class Variant:
         values = dict(family.layouts[self.layout])
         values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK,
                       PRECISION=DTYPES[self.dtype].precision)
+        if c.ws:
+            values["STAGES"] = c.num_stages
         if family.dtype_constexpr:
             values["DTYPE"] = DTYPES[self.dtype].triton
         return values

@@ -2,6 +2,7 @@
 forward (grouped_mm 2-D x 3-D) and its dA."""
 from ..family import Family, Param
 from ..kernels.ragged import ragged_m_kernel
+from ..kernels.ragged_ws import ragged_m_ws_kernel
 
 # Ragged TMA descriptors clip rows with a 2**30-row dimension (kernels/ragged.py).
 RAGGED_ROWS_LIMIT = 2 ** 30
@@ -16,6 +17,7 @@ POINTERS = (
 FAMILY = Family(
     name="ragged_m",
     kernel=ragged_m_kernel,
+    ws_kernel=ragged_m_ws_kernel,
     params=POINTERS + (
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
         Param("N", "i32", "extent", aligned=True),

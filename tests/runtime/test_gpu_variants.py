@@ -89,6 +89,34 @@ def test_variant(variant):
         assert rel_error(out, ref) < allowed
 
 
+PERSISTENT = [v for v in RUNNABLE if v["family"] == "ragged_m" and v["flavour"] == "tma"]
+
+
+@pytest.mark.skipif(not PERSISTENT, reason="needs a GPU with ragged_m tma kernels")
+@pytest.mark.parametrize("variant", PERSISTENT, ids=[v["key"] for v in PERSISTENT])
+def test_ragged_m_many_groups_tiles_and_k_blocks(variant):
+    """Where test_variant's call is one tile per program, this one gives each
+    program many tiles of many groups (200 groups: several of the kernels'
+    64-group chunks, some empty, some of one row) and many K blocks (more than
+    any ring of stages), and rows past the last group, which must come out zero."""
+    dtype, out_dtype = getattr(torch, variant["dtype"]), getattr(torch, variant["out_dtype"])
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 160, (200,), generator=generator)
+    counts[::17] = 0
+    counts[5::31] = 1
+    counts = counts.tolist()
+    k, n = 1040, 784
+    a = randn(sum(counts) + 70, k, dtype=dtype)
+    b = (randn(200, n, k, dtype=dtype).transpose(1, 2) if variant["layout"] == "nt"
+         else randn(200, k, n, dtype=dtype))
+    offs = offsets_from_counts(counts, "cuda")
+    with forced(variant=variant["key"]):
+        out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
+    torch.cuda.synchronize()
+    assert rel_error(out, ref_grouped_mm(a, b, offs)) < tolerance(dtype, out_dtype)
+    assert torch.all(out[sum(counts):] == 0)
+
+
 def test_forcing_a_variant_that_cannot_run_is_an_error():
     if not RUNNABLE:
         pytest.skip("needs a GPU this wheel has kernels for")
