@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import expr
+from .kernels.ragged_ws import EPILOGUE_COLS
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
 TYPES = ("*T", "*O", "*fp32", "*i32", "*i64", "i32", "i64")
@@ -71,7 +72,8 @@ class Config:
     def shared_estimate(self, dtype, out, tma: bool) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
         what configs are fitted by: TMA pipelines keep num_stages A and B tiles,
-        the output tile a TMA store stages and, for tf32x3, one more A tile
+        the output tile a TMA store stages (the `ws` kernel at most
+        EPILOGUE_COLS columns of it at a time) and, for tf32x3, one more A tile
         (its split into high and low parts); sm80's cp.async pipelines keep
         num_stages - 1 tiles (sm90's non-TMA kernels up to twice that: far
         below its limit; the build refuses any variant over it).  dtype, out:
@@ -80,7 +82,8 @@ class Config:
         if not tma:
             return max(self.num_stages - 1, 1) * tiles
         split = self.BM * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
-        return self.num_stages * tiles + split + self.BM * self.BN * out.bytes
+        out_cols = min(self.BN, EPILOGUE_COLS) if self.ws else self.BN
+        return self.num_stages * tiles + split + self.BM * out_cols * out.bytes
 
 
 @dataclass(frozen=True)

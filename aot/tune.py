@@ -36,6 +36,9 @@ CANDIDATES = (
     Config(128, 128, 64, 8, 4), Config(128, 128, 64, 8, 3), Config(128, 128, 64, 4, 3),
     Config(128, 128, 64, 8, 2), Config(128, 256, 64, 8, 3), Config(128, 256, 64, 8, 2),
     Config(128, 128, 128, 8, 2), Config(256, 128, 64, 8, 3),
+    # The warp-specialised kernel (families with a ws_kernel, 16-bit inputs).
+    Config(128, 256, 64, 8, 4, ws=True), Config(128, 128, 64, 8, 5, ws=True),
+    Config(64, 256, 64, 4, 5, ws=True), Config(64, 128, 64, 4, 6, ws=True),
 )
 FAMILY = FAMILIES["ragged_m"]
 
@@ -74,8 +77,9 @@ def _time_config(config, problem, dtype_name, props, testing):
     run = compiled[(_programs(compiled, props, tiles), 1, 1)]
     # Triton's launcher takes every argument in declaration order, constexprs too (it skips them).
     constexprs = variant.constexprs()
+    kernel = FAMILY.ws_kernel if config.ws else FAMILY.kernel
     ordered = [args[p.name] for p in FAMILY.params]
-    ordered += [constexprs[name] for name in FAMILY.kernel.arg_names if name in constexprs]
+    ordered += [constexprs[name] for name in kernel.arg_names if name in constexprs]
     ms = testing.time_ms(lambda: run(*ordered))
     return 2 * tokens * n * k / ms / 1e9
 
@@ -107,7 +111,8 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
         echo(f"bucket rows<={max_rows or 'inf'}: {best.tag}")
     entries = [asdict(w) for w in _merge_repeats(winners)]
     # For the GEMM families that take aot/variants.py's defaults (not those with
-    # configs of their own).
+    # configs of their own; where a `ws` config cannot run, its tiles run
+    # without warp specialisation: aot/variants.py).
     table = {name: {"tma": entries} for name, family in FAMILIES.items() if not family.configs}
     table["measured"] = {"device": props.name, "dtype": dtype_name, "tflops": report}
     return table

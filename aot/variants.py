@@ -12,7 +12,7 @@ B as [N, K] -- the nn.Linear weight layout).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import triton.language as tl
@@ -156,14 +156,15 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     tma = flavour == "tma"
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
-    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs
-                      if not c.ws or _runs_ws(family, flavour, dtype)]
+    if not _runs_ws(family, flavour, dtype):
+        configs = [replace(c, ws=False) for c in configs]
+    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 
 def _runs_ws(family: str, flavour: str, dtype: DType) -> bool:
-    """Whether `ws` configs compile here: the family's Gluon kernel takes TMA,
-    16-bit inputs."""
+    """Whether `ws` configs compile here (the family's Gluon kernel takes TMA,
+    16-bit inputs); elsewhere their tiles run without warp specialisation."""
     return FAMILIES[family].ws_kernel is not None and flavour == "tma" and dtype.bytes == 2
 
 

@@ -30,6 +30,9 @@ from .ragged import RAGGED_MAX, RAGGED_ROWS
 
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGISTERS = gl.constexpr(40)
+# The epilogue stages the tile in shared memory this many columns at a time
+# (BN = 256: two halves), which leaves room for a fourth stage of the ring.
+EPILOGUE_COLS = gl.constexpr(128)
 # Every register a warp may have (warps x 32 x MAX_REGISTERS <= 64K): the default
 # partition gets what the loader's warpgroup gives back.
 MAX_REGISTERS = 168
@@ -100,6 +103,18 @@ def locate(t, starts, ends, group_tiles, tiles_end, n_tiles, BM: gl.constexpr, B
 
 
 @gluon.jit
+def column_parts(tile, PARTS: gl.constexpr):
+    """tile split into PARTS (1 or 2) column blocks, as a tuple.  The halves
+    differ in the top bit of the column, which wgmma's layout keeps within a
+    thread: no data moves."""
+    if PARTS == 1:
+        return (tile, )
+    else:
+        gl.static_assert(PARTS == 2, "the epilogue splits a tile in at most two")
+        return tile.reshape([tile.shape[0], 2, tile.shape[1] // 2]).permute((0, 2, 1)).split()
+
+
+@gluon.jit
 def first_step_past(start, end, step):
     """The first of start, start + step, ... that is >= end."""
     return start + (gl.maximum(end - start, 0) + step - 1) // step * step
@@ -152,7 +167,8 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, T, N, K
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
     acc_layout: gl.constexpr = accumulator_layout(BN, warps)
-    c_store = c_buf._reinterpret(c_desc.dtype, [1, 1, BM, BN], c_desc.layout)
+    EPI_N: gl.constexpr = c_buf.shape[1]
+    c_store = c_buf._reinterpret(c_desc.dtype, [1, 1, BM, EPI_N], c_desc.layout)
     count = 0
     tiles_before = 0
     rows_before = 0
@@ -179,12 +195,14 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, T, N, K
                 count += 1
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k_end > 0)
-            tma.store_wait(0)  # the previous tile's store has read c_buf
-            c_buf.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(
-                c_desc, [RAGGED_ROWS, end, RAGGED_ROWS - (end - start) + (off_m - start), off_n],
-                c_store)
+            row = RAGGED_ROWS - (end - start) + (off_m - start)
+            parts = column_parts(acc.to(c_desc.dtype), BN // EPI_N)
+            for i in gl.static_range(BN // EPI_N):
+                tma.store_wait(0)  # the previous store has read c_buf
+                c_buf.store(parts[i])
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_desc, [RAGGED_ROWS, end, row, off_n + i * EPI_N],
+                                                c_store)
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
     tma.store_wait(0)
@@ -212,12 +230,13 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, k_dim, N], [b_group_stride, ldb, 1],
                                             [1, BK, BN], shared_layout([1, BK, BN], dtype))
     # ragged.py's clipping descriptor: rows past a group's end are not stored.
+    EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     c_desc = tma.make_tensor_descriptor(c_ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, N],
-                                        [2 ** 34 - ldc, ldc, ldc, 1], [1, 1, BM, BN],
-                                        shared_layout([1, 1, BM, BN], out))
+                                        [2 ** 34 - ldc, ldc, ldc, 1], [1, 1, BM, EPI_N],
+                                        shared_layout([1, 1, BM, EPI_N], out))
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], shared_layout([BM, BK], dtype))
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
-    c_buf = gl.allocate_shared_memory(out, [BM, BN], shared_layout([BM, BN], out))
+    c_buf = gl.allocate_shared_memory(out, [BM, EPI_N], shared_layout([BM, EPI_N], out))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):

@@ -72,12 +72,17 @@ RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k,
            "scaled_ragged_m": run_scaled_ragged_m}
 
 
+def dtypes(variant) -> tuple:
+    """(input dtype, output dtype, whether TF32 is allowed) of a variant."""
+    tf32 = variant["dtype"] == "tf32"
+    dtype = torch.float32 if tf32 else getattr(torch, variant["dtype"])
+    return dtype, getattr(torch, variant["out_dtype"]), tf32
+
+
 @pytest.mark.skipif(not RUNNABLE, reason="needs a GPU this wheel has kernels for")
 @pytest.mark.parametrize("variant", RUNNABLE, ids=[v["key"] for v in RUNNABLE])
 def test_variant(variant):
-    tf32 = variant["dtype"] == "tf32"
-    dtype = torch.float32 if tf32 else getattr(torch, variant["dtype"])
-    out_dtype = getattr(torch, variant["out_dtype"])
+    dtype, out_dtype, tf32 = dtypes(variant)
     with forced(variant=variant["key"]), tf32_allowed(tf32):
         pairs = RUNNERS[variant["family"]](variant, dtype, out_dtype)
         assert last_variant() == variant["key"]
@@ -99,7 +104,7 @@ def test_ragged_m_many_groups_tiles_and_k_blocks(variant):
     program many tiles of many groups (200 groups: several of the kernels'
     64-group chunks, some empty, some of one row) and many K blocks (more than
     any ring of stages), and rows past the last group, which must come out zero."""
-    dtype, out_dtype = getattr(torch, variant["dtype"]), getattr(torch, variant["out_dtype"])
+    dtype, out_dtype, tf32 = dtypes(variant)
     generator = torch.Generator().manual_seed(0)
     counts = torch.randint(0, 160, (200,), generator=generator)
     counts[::17] = 0
@@ -110,10 +115,10 @@ def test_ragged_m_many_groups_tiles_and_k_blocks(variant):
     b = (randn(200, n, k, dtype=dtype).transpose(1, 2) if variant["layout"] == "nt"
          else randn(200, k, n, dtype=dtype))
     offs = offsets_from_counts(counts, "cuda")
-    with forced(variant=variant["key"]):
+    with forced(variant=variant["key"]), tf32_allowed(tf32):
         out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
     torch.cuda.synchronize()
-    assert rel_error(out, ref_grouped_mm(a, b, offs)) < tolerance(dtype, out_dtype)
+    assert rel_error(out, ref_grouped_mm(a, b, offs)) < tolerance(dtype, out_dtype, tf32)
     assert torch.all(out[sum(counts):] == 0)
 
 
