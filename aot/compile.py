@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from .families import FAMILIES
-from .kernels.ragged_ws import MAX_REGISTERS
+from .kernels.ragged_ws import max_registers
 from .variants import Arch, Variant
 
 
@@ -37,7 +37,7 @@ def compile_variant(variant: Variant) -> Compiled:
     config = variant.config
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.ws:  # the MMA warps get what the loader's warpgroup gives back
-        options["maxnreg"] = MAX_REGISTERS
+        options["maxnreg"] = max_registers(config)
     options = backend.parse_options(options)
     constexprs = variant.constexprs()
     signature = dict(variant.signature())

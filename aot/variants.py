@@ -164,8 +164,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
 
 def _runs_ws(family: str, flavour: str, dtype: DType) -> bool:
     """Whether `ws` configs compile here (the family's Gluon kernel takes TMA,
-    16-bit inputs); elsewhere their tiles run without warp specialisation."""
-    return FAMILIES[family].ws_kernel is not None and flavour == "tma" and dtype.bytes == 2
+    16- and 8-bit inputs); elsewhere their tiles run without warp specialisation."""
+    return FAMILIES[family].ws_kernel is not None and flavour == "tma" and dtype.bytes <= 2
 
 
 def out_dtypes(family: str, dtype: DType) -> tuple:

@@ -2,11 +2,13 @@
 b [T, N] -- the weight gradient of the MoE layer (grouped_mm 2-D x 2-D)."""
 from ..family import Family, Param
 from ..kernels.ragged import ragged_k_kernel
+from ..kernels.ragged_k_ws import ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
 
 FAMILY = Family(
     name="ragged_k",
     kernel=ragged_k_kernel,
+    ws_kernel=ragged_k_ws_kernel,
     params=POINTERS + (
         Param("M", "i32", "extent", aligned=True),
         Param("N", "i32", "extent", aligned=True),

@@ -5,11 +5,13 @@ of a [T, K] times b[g] stored [N, K], scaled rowwise or per 128-block
 alignment is what torch requires of fp8 inputs too."""
 from ..family import Config, Family, Param
 from ..kernels.ragged import scaled_ragged_m_kernel
+from ..kernels.scaled_ws import scaled_ragged_m_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
 
 FAMILY = Family(
     name="scaled_ragged_m",
     kernel=scaled_ragged_m_kernel,
+    ws_kernel=scaled_ragged_m_ws_kernel,
     params=POINTERS + (
         Param("scale_a_ptr", "*fp32", "scale"),
         Param("scale_b_ptr", "*fp32", "scale"),
@@ -28,13 +30,14 @@ FAMILY = Family(
     dtypes=("float8_e4m3fn",),
     out_dtypes=("bfloat16", "float32"),
     archs=(90,),
-    # Measured on an H200 (Triton's launcher, MoE shapes of bench/workloads.json):
-    # rowwise peaks with 128x256 tiles (decode: 64x128); blockwise, whose
-    # per-K-block scaling runs on the CUDA cores between MMAs, with 64x128 tiles,
-    # two programs per SM (one's scaling overlaps the other's MMAs).
+    # Measured on H100s (bench/RESULTS.md): decode takes 64x128 tiles of the
+    # Triton kernel; otherwise the warp-specialised kernel (kernels/scaled_ws.py),
+    # whose two MMA warpgroups take 64 rows each: 64x256 for rowwise, 64x128 for
+    # blockwise (whose block product and accumulator both live in registers).
     configs={(90, "tma", "rowwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                                      Config(128, 256, 128, 8, 3)),
-             (90, "tma", "blockwise"): (Config(64, 128, 128, 4, 4),)},
+                                      Config(128, 256, 128, 4, 4, ws=True)),
+             (90, "tma", "blockwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
+                                        Config(128, 128, 128, 4, 6, ws=True))},
     # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.
     tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
     rows="T // max(G, 1)",

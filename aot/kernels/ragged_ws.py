@@ -33,17 +33,29 @@ LOADER_REGISTERS = gl.constexpr(40)
 # The epilogue stages the tile in shared memory this many columns at a time
 # (BN = 256: two halves), which leaves room for a fourth stage of the ring.
 EPILOGUE_COLS = gl.constexpr(128)
-# Every register a warp may have (warps x 32 x MAX_REGISTERS <= 64K): the default
-# partition gets what the loader's warpgroup gives back.
-MAX_REGISTERS = 168
+
+
+def mma_partitions(config) -> int:
+    """The kernels' MMA partitions: one of num_warps warps covering BM rows
+    (ragged_m_ws_kernel), or two of BM / 2 rows each (scaled_ragged_m_ws_kernel)."""
+    return config.BM // (16 * config.num_warps)
+
+
+def max_registers(config) -> int:
+    """Registers per thread the kernel is compiled for (ptxas's maxnreg): all
+    warps of one program within an SM's 64K; at run time the MMA partitions
+    take what the loader's warpgroup gives back."""
+    warps = config.num_warps * mma_partitions(config) + 4  # the loader holds a warpgroup's
+    return 65536 // (32 * warps) // 8 * 8
 
 
 @gluon.constexpr_function
-def accumulator_layout(BN, num_warps):
+def accumulator_layout(BN, num_warps, input_bits=16):
     """wgmma's register layout: warps stacked along M, 16 rows each (a
-    warpgroup covers 64 rows), one instruction as wide as the tile."""
+    warpgroup covers 64 rows), one instruction as wide as the tile and 32
+    bytes deep."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                     instr_shape=[16, BN, 16])
+                                     instr_shape=[16, BN, 256 // input_bits])
 
 
 @gluon.constexpr_function
@@ -209,14 +221,12 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, T, N, K
 
 
 @gluon.jit
-def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                       B_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
-                       BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                       PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """ragged_m_kernel's contract (a [T, K] row-major, b [G, K, N] or, B_T,
-    [G, N, K], c [T, N] row-major), TMA only; USE_TMA and PRECISION (16-bit
-    inputs only) are taken for the common signature."""
-    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B_T: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+               PARTS: gl.constexpr):
+    """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
+    output tile is stored by PARTS MMA partitions of BM // PARTS rows each
+    (each has its c buffer, and each frees a ring slot: `empty` waits for all)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
@@ -231,20 +241,36 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
                                             [1, BK, BN], shared_layout([1, BK, BN], dtype))
     # ragged.py's clipping descriptor: rows past a group's end are not stored.
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
+    PART_M: gl.constexpr = BM // PARTS
     c_desc = tma.make_tensor_descriptor(c_ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, N],
-                                        [2 ** 34 - ldc, ldc, ldc, 1], [1, 1, BM, EPI_N],
-                                        shared_layout([1, 1, BM, EPI_N], out))
+                                        [2 ** 34 - ldc, ldc, ldc, 1], [1, 1, PART_M, EPI_N],
+                                        shared_layout([1, 1, PART_M, EPI_N], out))
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], shared_layout([BM, BK], dtype))
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
-    c_buf = gl.allocate_shared_memory(out, [BM, EPI_N], shared_layout([BM, EPI_N], out))
+    c_bufs = gl.allocate_shared_memory(out, [PARTS, PART_M, EPI_N],
+                                       shared_layout([PART_M, EPI_N], out))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=PARTS)
+    return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
+
+
+@gluon.jit
+def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                       B_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                       BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                       PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ragged_m_kernel's contract (a [T, K] row-major, b [G, K, N] or, B_T,
+    [G, N, K], c [T, N] row-major), TMA only; USE_TMA and PRECISION (16-bit
+    inputs only) are taken for the common signature."""
+    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
+        a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B_T, BM, BN, BK, STAGES, 1)
     gl.warp_specialize([
-        (mma_partition, (c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, T, N, K, G,
-                         B_T, BM, BN, BK, CHUNK, STAGES)),
+        (mma_partition, (c_desc, a_bufs, b_bufs, c_bufs.index(0), ready, empty, offs_ptr, T, N,
+                         K, G, B_T, BM, BN, BK, CHUNK, STAGES)),
         (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                           B_T, BM, BN, BK, CHUNK, STAGES)),
     ], [LOADER_WARPS], [LOADER_REGISTERS])

@@ -94,31 +94,42 @@ def test_variant(variant):
         assert rel_error(out, ref) < allowed
 
 
-PERSISTENT = [v for v in RUNNABLE if v["family"] == "ragged_m" and v["flavour"] == "tma"]
+PERSISTENT = [v for v in RUNNABLE
+              if v["family"] in ("ragged_m", "scaled_ragged_m") and v["flavour"] == "tma"]
+
+
+def many_groups() -> list:
+    """200 groups: several of the kernels' 64-group chunks, some empty, some of one row."""
+    counts = torch.randint(0, 160, (200,), generator=torch.Generator().manual_seed(0))
+    counts[::17] = 0
+    counts[5::31] = 1
+    return counts.tolist()
 
 
 @pytest.mark.skipif(not PERSISTENT, reason="needs a GPU with ragged_m tma kernels")
 @pytest.mark.parametrize("variant", PERSISTENT, ids=[v["key"] for v in PERSISTENT])
-def test_ragged_m_many_groups_tiles_and_k_blocks(variant):
+def test_persistent_many_groups_tiles_and_k_blocks(variant):
     """Where test_variant's call is one tile per program, this one gives each
-    program many tiles of many groups (200 groups: several of the kernels'
-    64-group chunks, some empty, some of one row) and many K blocks (more than
-    any ring of stages), and rows past the last group, which must come out zero."""
+    program many tiles of many groups and many K blocks (more than any ring of
+    stages), and (16-bit) rows past the last group, which must come out zero."""
     dtype, out_dtype, tf32 = dtypes(variant)
-    generator = torch.Generator().manual_seed(0)
-    counts = torch.randint(0, 160, (200,), generator=generator)
-    counts[::17] = 0
-    counts[5::31] = 1
-    counts = counts.tolist()
-    k, n = 1040, 784
-    a = randn(sum(counts) + 70, k, dtype=dtype)
-    b = (randn(200, n, k, dtype=dtype).transpose(1, 2) if variant["layout"] == "nt"
-         else randn(200, k, n, dtype=dtype))
-    offs = offsets_from_counts(counts, "cuda")
+    counts, k, n = many_groups(), 1040, 784
     with forced(variant=variant["key"]), tf32_allowed(tf32):
-        out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
+        if variant["family"] == "scaled_ragged_m":
+            a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, variant["layout"])
+            out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+            ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, variant["layout"])
+            allowed = FP8_TOLERANCE[out_dtype]
+        else:
+            a = randn(sum(counts) + 70, k, dtype=dtype)
+            b = (randn(200, n, k, dtype=dtype).transpose(1, 2) if variant["layout"] == "nt"
+                 else randn(200, k, n, dtype=dtype))
+            offs = offsets_from_counts(counts, "cuda")
+            out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
+            ref = ref_grouped_mm(a, b, offs)
+            allowed = tolerance(dtype, out_dtype, tf32)
     torch.cuda.synchronize()
-    assert rel_error(out, ref_grouped_mm(a, b, offs)) < tolerance(dtype, out_dtype, tf32)
+    assert rel_error(out, ref) < allowed
     assert torch.all(out[sum(counts):] == 0)
 
 

@@ -1,0 +1,153 @@
+"""ragged_k as a warp-specialised persistent kernel for sm90, written in Gluon.
+
+Same parameters, tile order and offset rules as ragged.py's ragged_k_kernel
+(its module docstring says how offsets are read): program p takes tiles p,
+p + P, ... of G groups' equal tile lists, m-tile fastest; a tile's K range is
+its group's rows [start, end) of a and b, read through ragged.py's clipping
+descriptors (rows past end load as zeros), and a group with no rows stores
+a zero tile.
+
+The partitions are ragged_ws.py's: a loader warp fills a STAGES-deep ring of
+(A, B) K blocks, the default partition runs asynchronous wgmmas on it (one
+in flight) and stores each tile through TMA in column parts.  A is stored
+[T, M]: its K blocks land as [BK, BM] and wgmma reads them transposed.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+
+from .ragged import RAGGED_MAX, RAGGED_ROWS
+from .ragged_ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, _max, accumulator_layout,
+                        column_parts, shared_layout)
+
+
+@gluon.jit
+def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr):
+    """ragged.py's ragged_descriptor: [BR, BC] blocks of a row-major [R, cols]
+    matrix, rows clipped to a group by the coordinates (see ragged.py)."""
+    block: gl.constexpr = [1, 1, BR, BC]
+    return tma.make_tensor_descriptor(ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, cols],
+                                      [2 ** 34 - ld, ld, ld, 1], block,
+                                      shared_layout(block, ptr.dtype.element_ty))
+
+
+@gluon.jit
+def group_row_range(offs_ptr, g, T, CHUNK: gl.constexpr):
+    """(e_{g-1}, e_g) of ragged.py's docstring, for one group g, in the calling
+    partition's warps."""
+    layout: gl.constexpr = gl.BlockedLayout([CHUNK // 32], [32], [gl.num_warps()], [0])
+    lane = gl.arange(0, CHUNK, layout)
+    before = 0
+    through = 0
+    for chunk in range(0, g + 1, CHUNK):
+        idx = chunk + lane
+        vals = gl.minimum(gl.maximum(gl.load(offs_ptr + idx, mask=idx <= g, other=0), 0), T)
+        before = gl.maximum(before, gl.max(gl.where(idx < g, vals, 0), 0))
+        through = gl.maximum(through, gl.max(vals, 0))
+    return before, through
+
+
+@gluon.jit
+def locate(tile, offs_ptr, M, N, T, BM: gl.constexpr, BN: gl.constexpr, CHUNK: gl.constexpr):
+    """(group, tile origin, group's row range) of a tile, as ragged_k_kernel."""
+    m_tiles = (M + BM - 1) // BM
+    tiles_per_group = m_tiles * ((N + BN - 1) // BN)
+    g = tile // tiles_per_group
+    in_group = tile % tiles_per_group
+    start, end = group_row_range(offs_ptr, g, T, CHUNK)
+    return g, in_group % m_tiles * BM, in_group // m_tiles * BN, start, end
+
+
+@gluon.jit
+def total_tiles(M, N, G, BM: gl.constexpr, BN: gl.constexpr):
+    return G * ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+
+
+@gluon.jit
+def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
+                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                   STAGES: gl.constexpr):
+    nbytes: gl.constexpr = (BM + BN) * BK * a_desc.dtype.primitive_bitwidth // 8
+    count = 0
+    for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
+        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, BM, BN, CHUNK)
+        rows = end - start
+        for k in range(0, rows, BK):  # none for an empty group
+            slot = count % STAGES
+            mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
+            bar = ready.index(slot)
+            # The full boxes land (zero-filled past end), so the byte count is fixed.
+            mbarrier.expect(bar, nbytes)
+            row = RAGGED_ROWS - rows + k  # row start + k of the group (ragged.py)
+            a_buf = a_bufs.index(slot)._reinterpret(a_desc.dtype, [1, 1, BK, BM], a_desc.layout)
+            b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, [1, 1, BK, BN], b_desc.layout)
+            tma.async_copy_global_to_shared(a_desc, [RAGGED_ROWS, end, row, off_m], bar, a_buf)
+            tma.async_copy_global_to_shared(b_desc, [RAGGED_ROWS, end, row, off_n], bar, b_buf)
+            count += 1
+
+
+@gluon.jit
+def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
+                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                  STAGES: gl.constexpr):
+    acc_layout: gl.constexpr = accumulator_layout(BN, gl.num_warps())
+    EPI_N: gl.constexpr = c_buf.shape[1]
+    c_store = c_buf._reinterpret(c_desc.dtype, [1, BM, EPI_N], c_desc.layout)
+    count = 0
+    for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
+        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, BM, BN, CHUNK)
+        rows = end - start
+        acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+        for k in range(0, rows, BK):  # the loader's count of K blocks
+            slot = count % STAGES
+            mbarrier.wait(ready.index(slot), count // STAGES & 1)
+            a = a_bufs.index(slot).permute((1, 0))  # [BK, BM] as [BM, BK]
+            acc = warpgroup_mma(a, b_bufs.index(slot), acc, is_async=True)
+            # One MMA in flight: the one before it is done with its slot.
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+            count += 1
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        # An empty group ran no MMA: nothing to free, its zero tile is stored.
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=rows > 0)
+        parts = column_parts(acc.to(c_desc.dtype), BN // EPI_N)
+        for i in gl.static_range(BN // EPI_N):
+            tma.store_wait(0)  # the previous store has read c_buf
+            c_buf.store(parts[i])
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [g, off_m, off_n + i * EPI_N], c_store)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
+                       USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                       BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
+                       STAGES: gl.constexpr):
+    """ragged_k_kernel's contract (a [M, T] stored as row-major [T, M], b [T, N]
+    row-major, c [G, M, N] with rows ldc apart and groups M * ldc apart), TMA
+    only; USE_TMA and PRECISION (16-bit inputs only) are taken for the common
+    signature."""
+    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    out: gl.constexpr = c_ptr.dtype.element_ty
+    a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+    b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
+    EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
+    c_desc = tma.make_tensor_descriptor(c_ptr, [G, M, N], [M * ldc, ldc, 1], [1, BM, EPI_N],
+                                        shared_layout([1, BM, EPI_N], out))
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], shared_layout([BK, BM], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], shared_layout([BK, BN], dtype))
+    c_buf = gl.allocate_shared_memory(out, [BM, EPI_N], shared_layout([BM, EPI_N], out))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (mma_partition, (c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
+                         BM, BN, BK, CHUNK, STAGES)),
+        (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
+                          BM, BN, BK, CHUNK, STAGES)),
+    ], [LOADER_WARPS], [LOADER_REGISTERS])
