@@ -18,7 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 from .ragged import RAGGED_MAX, RAGGED_ROWS
-from .ragged_ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, _max, accumulator_layout,
+from .ragged_ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
                         column_parts, shared_layout)
 
 
