@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from .families import FAMILIES
-from .kernels.ragged_ws import max_registers
+from .kernels.ws import max_registers
 from .variants import Arch, Variant
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import expr
-from .kernels.ragged_ws import EPILOGUE_COLS
+from .kernels.ws import EPILOGUE_COLS
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
 TYPES = ("*T", "*O", "*fp32", "*i32", "*i64", "i32", "i64")

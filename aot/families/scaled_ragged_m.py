@@ -5,7 +5,7 @@ of a [T, K] times b[g] stored [N, K], scaled rowwise or per 128-block
 alignment is what torch requires of fp8 inputs too."""
 from ..family import Config, Family, Param
 from ..kernels.ragged import scaled_ragged_m_kernel
-from ..kernels.scaled_ws import scaled_ragged_m_ws_kernel
+from ..kernels.ragged_ws import scaled_ragged_m_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
 
 FAMILY = Family(
@@ -31,7 +31,7 @@ FAMILY = Family(
     out_dtypes=("bfloat16", "float32"),
     archs=(90,),
     # Measured on H100s (bench/RESULTS.md): decode takes 64x128 tiles of the
-    # Triton kernel; otherwise the warp-specialised kernel (kernels/scaled_ws.py),
+    # Triton kernel; otherwise the warp-specialised kernel (kernels/ragged_ws.py),
     # whose two MMA warpgroups take 64 rows each: 64x256 for rowwise, 64x128 for
     # blockwise (whose block product and accumulator both live in registers).
     configs={(90, "tma", "rowwise"): (Config(64, 128, 128, 4, 4, max_rows=32),

@@ -7,7 +7,7 @@ its group's rows [start, end) of a and b, read through ragged.py's clipping
 descriptors (rows past end load as zeros), and a group with no rows stores
 a zero tile.
 
-The partitions are ragged_ws.py's: a loader warp fills a STAGES-deep ring of
+The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp fills a STAGES-deep ring of
 (A, B) K blocks, the default partition runs asynchronous wgmmas on it (one
 in flight) and stores each tile through TMA in column parts.  A is stored
 [T, M]: its K blocks land as [BK, BM] and wgmma reads them transposed.
@@ -18,7 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 from .ragged import RAGGED_MAX, RAGGED_ROWS
-from .ragged_ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
+from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
                         column_parts, shared_layout)
 
 

@@ -1,0 +1,199 @@
+"""What the warp-specialised persistent kernels for sm90 (Gluon) share:
+the ragged_m tile walk (kernels/ragged.py's order and offset rules: program p
+takes tiles p, p + P, ... of the list of every group's tiles, m-tile fastest,
+then the tiles of the rows past the last group, written with zeros), the
+loader partition, the ring of shared-memory stages and its barriers, register
+budgets and layouts.
+
+A loader partition (one warp) walks its program's tiles and, K block by K
+block, waits until a ring slot is free (`empty`), then has TMA fill it
+(`ready` completes when the bytes have landed).  MMA partitions wait for each
+slot, run asynchronous wgmma on it with one in flight, free the slot of the
+one before, and store each finished tile through TMA while the loader fills
+the ring with the next tile's first K blocks.  Triton 3.6's own compiler does
+not warp-specialise on sm90: there one program's warps both wait for loads and
+run MMAs, and each tile drains the pipeline.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from .ragged import RAGGED_MAX, RAGGED_ROWS
+
+LOADER_WARPS = gl.constexpr(1)
+LOADER_REGISTERS = gl.constexpr(40)
+# The epilogue stages the tile in shared memory this many columns at a time
+# (BN = 256: two halves), which leaves room for a fourth stage of the ring.
+EPILOGUE_COLS = gl.constexpr(128)
+
+
+def mma_partitions(config) -> int:
+    """The MMA partitions of a config's kernel: one of num_warps warps covering
+    BM rows, or two of BM / 2 rows each (kernels/ragged_ws.py)."""
+    return config.BM // (16 * config.num_warps)
+
+
+def max_registers(config) -> int:
+    """Registers per thread the kernel is compiled for (ptxas's maxnreg): all
+    warps of one program within an SM's 64K; at run time the MMA partitions
+    take what the loader's warpgroup gives back."""
+    warps = config.num_warps * mma_partitions(config) + 4  # the loader holds a warpgroup's
+    return 65536 // (32 * warps) // 8 * 8
+
+
+@gluon.constexpr_function
+def accumulator_layout(BN, num_warps, input_bits=16):
+    """wgmma's register layout: warps stacked along M, 16 rows each (a
+    warpgroup covers 64 rows), one instruction as wide as the tile and 32
+    bytes deep."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                     instr_shape=[16, BN, 256 // input_bits])
+
+
+@gluon.constexpr_function
+def shared_layout(block_shape, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
+
+
+@gluon.jit
+def _max(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def chunk_groups(offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM: gl.constexpr,
+                 CHUNK: gl.constexpr, WARPS: gl.constexpr):
+    """Groups chunk .. chunk + CHUNK as vectors: (starts, ends, tile counts,
+    cumulative tile ends).  Index G is the pseudo-group of the rows past the
+    last group; past it, empty groups.  WARPS: the calling partition's."""
+    layout: gl.constexpr = gl.BlockedLayout([CHUNK // 32], [32], [WARPS], [0])
+    idx = chunk + gl.arange(0, CHUNK, layout)
+    ends = gl.load(offs_ptr + idx, mask=idx < G, other=0)
+    ends = gl.where(idx >= G, T, ends)
+    starts = gl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
+    starts = gl.where(idx > G, T, starts)
+    ends = gl.associative_scan(gl.minimum(gl.maximum(ends, 0), T), 0, _max)
+    starts = gl.associative_scan(gl.minimum(gl.maximum(starts, 0), T), 0, _max)
+    ends = gl.maximum(ends, rows_before)
+    starts = gl.maximum(starts, rows_before)
+    group_tiles = (ends - starts + BM - 1) // BM * n_tiles
+    tiles_end = tiles_before + gl.associative_scan(group_tiles, 0, _add)
+    return starts, ends, group_tiles, tiles_end
+
+
+@gluon.jit
+def _pick(values, index):
+    """values[index] for a runtime index into a register vector."""
+    lanes = gl.arange(0, values.shape[0], values.type.layout)
+    return gl.sum(gl.where(lanes == index, values, 0), 0)
+
+
+@gluon.jit
+def locate(t, starts, ends, group_tiles, tiles_end, n_tiles, BM: gl.constexpr, BN: gl.constexpr):
+    """(chunk-local group, its row range, tile origin) of tile t of the chunk."""
+    local = gl.sum((tiles_end <= t).to(gl.int32), 0)
+    start = _pick(starts, local)
+    end = _pick(ends, local)
+    in_group = t - (_pick(tiles_end, local) - _pick(group_tiles, local))
+    m_tiles = (end - start + BM - 1) // BM
+    off_m = start + (in_group % m_tiles) * BM
+    off_n = (in_group // m_tiles) * BN
+    return local, start, end, off_m, off_n
+
+
+@gluon.jit
+def column_parts(tile, PARTS: gl.constexpr):
+    """tile split into PARTS (1 or 2) column blocks, as a tuple.  The halves
+    differ in the top bit of the column, which wgmma's layout keeps within a
+    thread: no data moves."""
+    if PARTS == 1:
+        return (tile, )
+    else:
+        gl.static_assert(PARTS == 2, "the epilogue splits a tile in at most two")
+        return tile.reshape([tile.shape[0], 2, tile.shape[1] // 2]).permute((0, 2, 1)).split()
+
+
+@gluon.jit
+def first_step_past(start, end, step):
+    """The first of start, start + step, ... that is >= end."""
+    return start + (gl.maximum(end - start, 0) + step - 1) // step * step
+
+
+@gluon.jit
+def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
+                   B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                   CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    n_tiles = (N + BN - 1) // BN
+    b_block: gl.constexpr = [1, BN, BK] if B_T else [1, BK, BN]
+    nbytes: gl.constexpr = (BM * BK + BN * BK) * a_desc.dtype.primitive_bitwidth // 8
+    count = 0
+    tiles_before = 0
+    rows_before = 0
+    for chunk in range(0, G + 1, CHUNK):
+        starts, ends, group_tiles, tiles_end = chunk_groups(
+            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, CHUNK,
+            gl.num_warps())
+        chunk_end = tiles_before + gl.sum(group_tiles, 0)
+        for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
+            local, start, end, off_m, off_n = locate(t, starts, ends, group_tiles, tiles_end,
+                                                     n_tiles, BM, BN)
+            g = chunk + local
+            k_end = gl.where(g < G, K, 0)
+            for k0 in range(0, k_end, BK):
+                slot = count % STAGES
+                mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
+                bar = ready.index(slot)
+                mbarrier.expect(bar, nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, k0], bar, a_bufs.index(slot))
+                b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, b_block, b_desc.layout)
+                if B_T:
+                    tma.async_copy_global_to_shared(b_desc, [g, off_n, k0], bar, b_buf)
+                else:
+                    tma.async_copy_global_to_shared(b_desc, [g, k0, off_n], bar, b_buf)
+                count += 1
+        tiles_before = chunk_end
+        rows_before = gl.max(ends, 0)
+
+
+@gluon.jit
+def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B_T: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+               PARTS: gl.constexpr):
+    """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
+    output tile is stored by PARTS MMA partitions of BM // PARTS rows each
+    (each has its c buffer, and each frees a ring slot: `empty` waits for all)."""
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    out: gl.constexpr = c_ptr.dtype.element_ty
+    k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
+    a_desc = tma.make_tensor_descriptor(a_ptr, [T, k_dim], [lda, 1], [BM, BK],
+                                        shared_layout([BM, BK], dtype))
+    b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
+    if B_T:
+        b_desc = tma.make_tensor_descriptor(b_ptr, [G, N, k_dim], [b_group_stride, ldb, 1],
+                                            [1, BN, BK], shared_layout([1, BN, BK], dtype))
+    else:
+        b_desc = tma.make_tensor_descriptor(b_ptr, [G, k_dim, N], [b_group_stride, ldb, 1],
+                                            [1, BK, BN], shared_layout([1, BK, BN], dtype))
+    # ragged.py's clipping descriptor: rows past a group's end are not stored.
+    EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
+    PART_M: gl.constexpr = BM // PARTS
+    c_desc = tma.make_tensor_descriptor(c_ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, N],
+                                        [2 ** 34 - ldc, ldc, ldc, 1], [1, 1, PART_M, EPI_N],
+                                        shared_layout([1, 1, PART_M, EPI_N], out))
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], shared_layout([BM, BK], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
+    c_bufs = gl.allocate_shared_memory(out, [PARTS, PART_M, EPI_N],
+                                       shared_layout([PART_M, EPI_N], out))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=PARTS)
+    return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
