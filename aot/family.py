@@ -54,8 +54,9 @@ class Param:
 class Config:
     """Tile shape and schedule.  `max_rows` bounds the rows per group this config
     is chosen for (the runtime takes the smallest bound that fits; 0 = no bound).
-    `ws`: the family's warp-specialised Gluon kernel (Family.ws_kernel), with
-    num_warps MMA warps and a num_stages-deep ring fed by a loader warp."""
+    `ws`: the family's warp-specialised Gluon kernel (Family.ws_kernel): a
+    loader warp feeds a num_stages-deep ring to BM / (16 x num_warps) MMA
+    partitions of num_warps warps each (aot/kernels/ws.py)."""
     BM: int
     BN: int
     BK: int
@@ -116,7 +117,7 @@ class Family:
     # aot/variants.py's defaults for GEMMs (the layout's own entry first).
     configs: dict = field(default_factory=dict)
     # A Gluon kernel with `kernel`'s parameters, run by the `ws` configs of the
-    # TMA flavour (16-bit inputs only); None: the family has none.
+    # TMA flavour (16-bit and fp8 inputs); None: the family has none.
     ws_kernel: object = None
 
     def __post_init__(self):
