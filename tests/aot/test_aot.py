@@ -215,3 +215,36 @@ def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
     assert {v.out.name for v in fp8} == {"bfloat16", "float32"}
     assert {v.layout for v in fp8} == {"rowwise", "blockwise"}
+
+
+def test_warp_specialised_variants_are_gluon_where_they_can_run():
+    """A `ws` config compiles the family's Gluon kernel only for TMA, 16- or
+    8-bit inputs of a family that has one; elsewhere its tiles compile as a
+    Triton config (no variant is lost), and a 16-bit ragged_m table entry of
+    each kind exists."""
+    for v in all_variants():
+        if v.config.ws:
+            assert FAMILIES[v.family].ws_kernel is not None, v.key
+            assert v.flavour == "tma" and DTYPES[v.dtype].bytes <= 2, v.key
+    keys = {v.key for v in all_variants()}
+    assert any(k.startswith("ragged_m.sm90.bfloat16.nt.tma.") and k.endswith("_ws") for k in keys)
+    assert any(k.startswith("ragged_m.sm90.float32.nt.tma.128x256") for k in keys)
+
+
+def test_warp_specialised_register_budget_fits_an_sm(manifest):
+    """The maxnreg a ws variant is compiled with, times the warps its kernel
+    launches (the build's count, from Triton), fits an SM's 64K registers: the
+    budget's count of MMA partitions matches the kernel's."""
+    from aot.kernels.ws import max_registers
+    ws = [r for r in manifest["variants"] if r["config"].get("ws")]
+    assert ws
+    for r in ws:
+        assert r["num_warps"] * 32 * max_registers(Config(**r["config"])) <= 65536, r["key"]
+        assert r["num_warps"] % 4 == 0, r["key"]  # whole warpgroups (setmaxnreg's unit)
+
+
+def test_warp_specialised_kernel_uses_mbarriers_and_partitions():
+    variant = next(v for v in all_variants() if v.config.ws and v.family == "ragged_m")
+    ptx = compile_variant(variant).ptx
+    assert "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx and "wgmma.mma_async" in ptx
+    assert "wgmma.wait_group.sync.aligned 1" in ptx  # one MMA group kept in flight
