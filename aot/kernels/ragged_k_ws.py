@@ -17,19 +17,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
-from .ragged import RAGGED_MAX, RAGGED_ROWS
-from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
-                        column_parts, shared_layout)
-
-
-@gluon.jit
-def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr):
-    """ragged.py's ragged_descriptor: [BR, BC] blocks of a row-major [R, cols]
-    matrix, rows clipped to a group by the coordinates (see ragged.py)."""
-    block: gl.constexpr = [1, 1, BR, BC]
-    return tma.make_tensor_descriptor(ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, cols],
-                                      [2 ** 34 - ld, ld, ld, 1], block,
-                                      shared_layout(block, ptr.dtype.element_ty))
+from .ragged import RAGGED_ROWS
+from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, column_parts,
+                 ragged_descriptor, shared_layout)
 
 
 @gluon.jit

@@ -163,6 +163,16 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
 
 
 @gluon.jit
+def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr):
+    """ragged.py's ragged_descriptor in Gluon: [BR, BC] blocks of a row-major [R, cols]
+    matrix, rows clipped to a group by the coordinates (see ragged.py)."""
+    block: gl.constexpr = [1, 1, BR, BC]
+    return tma.make_tensor_descriptor(ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, cols],
+                                      [2 ** 34 - ld, ld, ld, 1], block,
+                                      shared_layout(block, ptr.dtype.element_ty))
+
+
+@gluon.jit
 def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B_T: gl.constexpr,
                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                PARTS: gl.constexpr):
@@ -181,12 +191,10 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B
     else:
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, k_dim, N], [b_group_stride, ldb, 1],
                                             [1, BK, BN], shared_layout([1, BK, BN], dtype))
-    # ragged.py's clipping descriptor: rows past a group's end are not stored.
+    # Rows past a group's end are not stored.
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     PART_M: gl.constexpr = BM // PARTS
-    c_desc = tma.make_tensor_descriptor(c_ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, N],
-                                        [2 ** 34 - ldc, ldc, ldc, 1], [1, 1, PART_M, EPI_N],
-                                        shared_layout([1, 1, PART_M, EPI_N], out))
+    c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N)
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], shared_layout([BM, BK], dtype))
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
     c_bufs = gl.allocate_shared_memory(out, [PARTS, PART_M, EPI_N],
