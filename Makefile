@@ -7,9 +7,10 @@
 # make bench: run bench/ on a GPU machine (writes bench/results/).
 # make clean: remove every build output and environment made here.
 #
-# Environments: if $(PYTHON) already has triton==3.6.0, pybind11, setuptools, wheel
-# and click (as on the GPU machines, which have no network), it builds; otherwise
-# .venv-build is created from PyPI.  The test environment .venv-test is made by
+# Environments: if $(PYTHON) already has triton==3.6.0, torch, pybind11, setuptools,
+# wheel and click (as on the GPU machines, which have no network), it builds;
+# otherwise .venv-build is created from PyPI with $(TORCH_SPEC).  The torch of the
+# build is the one gg_runtime._torch_C (tensors read in C++) is built for.  The test environment .venv-test is made by
 # tests/make_test_env.py: $(PYTHON)'s own packages minus Triton when it has torch,
 # else $(TORCH_SPEC) from PyPI.
 
@@ -21,7 +22,7 @@ TEST_VENV := .venv-test
 AOT_DIR := build/aot/kernels
 JOBS ?= $(shell nproc)
 
-BUILD_CHECK := import triton, pybind11, setuptools, wheel, click; assert triton.__version__ == '$(TRITON_VERSION)'
+BUILD_CHECK := import triton, torch, pybind11, setuptools, wheel, click; assert triton.__version__ == '$(TRITON_VERSION)'
 BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(BUILD_VENV)/bin/python)
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
@@ -36,10 +37,10 @@ build: build-env
 	@ls -l dist/*.whl
 
 build-env:
-	@if [ "$(BUILD_PY)" = "$(BUILD_VENV)/bin/python" ] && [ ! -x $(BUILD_VENV)/bin/python ]; then \
-	  echo "creating $(BUILD_VENV) (triton==$(TRITON_VERSION), pybind11, click)"; \
-	  $(PYTHON) -m venv $(BUILD_VENV) && \
-	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" pybind11 "setuptools>=64" wheel click pytest auditwheel; \
+	@if [ "$(BUILD_PY)" = "$(BUILD_VENV)/bin/python" ] && ! $(BUILD_VENV)/bin/python -c "$(BUILD_CHECK)" 2>/dev/null; then \
+	  echo "making $(BUILD_VENV) (triton==$(TRITON_VERSION), $(TORCH_SPEC), pybind11, click)"; \
+	  { [ -x $(BUILD_VENV)/bin/python ] || $(PYTHON) -m venv $(BUILD_VENV); } && \
+	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" "$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel click pytest auditwheel; \
 	fi
 
 test: build-env test-env

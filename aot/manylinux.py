@@ -1,10 +1,12 @@
-"""The manylinux platform tag a built wheel can carry, read from its extension.
+"""The manylinux platform tag a built wheel can carry, read from its extensions.
 
-The extension links no CUDA and no torch library (it opens libcuda with dlopen
-and takes tensors as integers), so what ties it to a Linux is glibc: the
-newest GLIBC_2.N symbol version it needs makes it manylinux_2_N.  Any other
-shared library it needs beyond those every manylinux system has is refused.
-`auditwheel show` confirms the result where auditwheel is installed (tests/aot).
+gg_runtime._C links no CUDA and no torch library (it opens libcuda with dlopen
+and takes tensors as integers); gg_runtime._torch_C links torch's own
+libraries, which the torch dependency provides (torch is imported before it).
+So what ties the wheel to a Linux is glibc: the newest GLIBC_2.N symbol version
+they need makes it manylinux_2_N.  Any other shared library is refused.
+`auditwheel show` confirms the result where auditwheel is installed (tests/aot),
+told that torch's libraries come with torch.
 """
 from __future__ import annotations
 
@@ -20,29 +22,36 @@ SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "
                     "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2"}
 
 
-def extension_facts(wheel: Path) -> tuple:
-    """(needed libraries, glibc minor versions required) of the wheel's one
-    extension module, from `objdump -p` (binutils: present wherever it was linked)."""
+# Libraries of the torch dependency that gg_runtime._torch_C (only) may need.
+TORCH_LIBRARIES = {"libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so"}
+ALLOWED = {"gg_runtime/_C": SYSTEM_LIBRARIES, "gg_runtime/_torch_C": SYSTEM_LIBRARIES | TORCH_LIBRARIES}
+
+
+def extension_facts(wheel: Path) -> dict:
+    """{module path: (needed libraries, glibc minor versions required)} of the
+    wheel's extension modules, from `objdump -p` (binutils: present wherever
+    they were linked)."""
+    facts = {}
     with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory() as tmp:
-        names = [n for n in archive.namelist() if n.endswith(".so")]
-        if len(names) != 1:
-            raise ValueError(f"{wheel}: expected one extension module, found {names}")
-        path = archive.extract(names[0], tmp)
-        dump = subprocess.run(["objdump", "-p", path], capture_output=True, text=True,
-                              check=True).stdout
-    needed = set(re.findall(r"^\s*NEEDED\s+(\S+)$", dump, re.M))
-    glibc = [int(v) for v in re.findall(r"\bGLIBC_2\.(\d+)\b", dump)]
-    return needed, glibc
+        for name in (n for n in archive.namelist() if n.endswith(".so")):
+            dump = subprocess.run(["objdump", "-p", archive.extract(name, tmp)],
+                                  capture_output=True, text=True, check=True).stdout
+            needed = set(re.findall(r"^\s*NEEDED\s+(\S+)$", dump, re.M))
+            facts[name.split(".")[0]] = needed, [int(v) for v in re.findall(r"\bGLIBC_2\.(\d+)\b", dump)]
+    return facts
 
 
 def platform_tag(wheel: Path, machine: str = "x86_64") -> str:
-    needed, glibc = extension_facts(wheel)
-    unknown = needed - SYSTEM_LIBRARIES
-    if unknown:
-        raise ValueError(f"the extension needs libraries no manylinux policy allows: {unknown}")
-    if not glibc:
-        raise ValueError("the extension names no GLIBC symbol version")
-    return f"manylinux_2_{max(glibc)}_{machine}"
+    facts = extension_facts(wheel)
+    if set(facts) - set(ALLOWED) or "gg_runtime/_C" not in facts:
+        raise ValueError(f"{wheel}: unexpected extension modules {sorted(facts)}")
+    for module, (needed, glibc) in facts.items():
+        unknown = needed - ALLOWED[module]
+        if unknown:
+            raise ValueError(f"{module} needs libraries no manylinux policy allows: {unknown}")
+        if not glibc:
+            raise ValueError(f"{module} names no GLIBC symbol version")
+    return f"manylinux_2_{max(max(glibc) for _, glibc in facts.values())}_{machine}"
 
 
 def retag(wheel: Path) -> Path:

@@ -46,8 +46,8 @@ def synced(fn):
 rows = {
     "validation (classify)": lambda: classify(a, b, offs, None),
     "torch.empty": lambda: torch.empty(256, 128, device="cuda", dtype=torch.bfloat16),
-    "target (device, stream, dtypes)": lambda: _native.target(a, out),
-    "ragged_m launcher (dispatch + launch)": lambda: launch("nt", *_native.target(a, out), **named),
+    "target (device, stream, dtypes)": lambda: _native.target(a, out.dtype),
+    "ragged_m launcher (dispatch + launch)": lambda: launch("nt", *_native.target(a, out.dtype), **named),
     "ragged.ragged_m": lambda: ragged.ragged_m(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
     "gg_runtime.grouped_mm, autograd recording": lambda: gg_runtime.grouped_mm(a, w, offs),

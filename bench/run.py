@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import gg_runtime
-
+from gg_runtime._testing import python_host_path
 from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
                                 offsets_from_counts, ref_grouped_mm, ref_list,
                                 ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms)
@@ -288,16 +288,24 @@ def host_us(fn, calls=2000) -> float:
 def host_costs() -> dict:
     """Host time per call on a tiny problem, ours next to torch's, same inputs:
     plain, with autograd recording (weights that require grad), and the list
-    API with 128 groups against a loop of matmuls."""
+    API with 128 groups against a loop of matmuls.  Ours as shipped (tensors
+    read in C++ where the torch bridge is loaded), then (`python_` rows) as
+    under a torch the bridge was not built for."""
     a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
     w = b.detach().requires_grad_()
     As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
-    return {"grouped_mm_us": host_us(lambda: gg_runtime.grouped_mm(a, b, offs)),
-            "torch_grouped_mm_us": host_us(lambda: torch._grouped_mm(a, b, offs)),
-            "grouped_mm_autograd_us": host_us(lambda: gg_runtime.grouped_mm(a, w, offs)),
-            "torch_grouped_mm_autograd_us": host_us(lambda: torch._grouped_mm(a, w, offs)),
-            "grouped_gemm_128_groups_us": host_us(lambda: gg_runtime.grouped_gemm(As, Bs), 500),
-            "matmul_loop_128_groups_us": host_us(lambda: [x @ y for x, y in zip(As, Bs)], 500)}
+    ours = {"grouped_mm_us": lambda: gg_runtime.grouped_mm(a, b, offs),
+            "grouped_mm_autograd_us": lambda: gg_runtime.grouped_mm(a, w, offs),
+            "grouped_gemm_128_groups_us": lambda: gg_runtime.grouped_gemm(As, Bs)}
+    costs = {"bridge": gg_runtime.info()["build"]["torch_bridge"]}
+    for name, fn in ours.items():
+        costs[name] = host_us(fn)
+        with python_host_path():
+            costs[f"python_{name}"] = host_us(fn)
+    costs.update(torch_grouped_mm_us=host_us(lambda: torch._grouped_mm(a, b, offs)),
+                 torch_grouped_mm_autograd_us=host_us(lambda: torch._grouped_mm(a, w, offs)),
+                 matmul_loop_128_groups_us=host_us(lambda: [x @ y for x, y in zip(As, Bs)], 500))
+    return costs
 
 
 def cold_start() -> dict:
@@ -439,7 +447,8 @@ def main():
     if "host" in sections:
         report["host"] = host_costs()
         report["cold_start"] = cold_start()
-        print("host:", json.dumps({k: round(v, 1) for k, v in report["host"].items()}))
+        print("host:", json.dumps({k: round(v, 1) if isinstance(v, float) else v
+                                   for k, v in report["host"].items()}))
         print("cold start:", json.dumps(report["cold_start"]))
     (out / "results.json").write_text(json.dumps(report, indent=1))
 

@@ -1,6 +1,7 @@
 // Module gg_runtime._C: one generic launch entry taking a family's arguments by
 // name, and what the generated tables say.  No torch, no CUDA headers: tensors
-// are unpacked by the Python layer.
+// are unpacked by the Python layer, or by gg_runtime._torch_C, which reaches
+// run() through the capsule `runtime_api` (runtime_api.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,6 +11,7 @@
 #include "driver.h"
 #include "registry.h"
 #include "run.h"
+#include "runtime_api.h"
 
 namespace py = pybind11;
 
@@ -173,13 +175,39 @@ py::dict device_info(int device) {
   return d;
 }
 
+// The Python exceptions _C registers (set in PYBIND11_MODULE).
+PyObject* g_cuda_error = nullptr;
+PyObject* g_unsupported_device = nullptr;
+
+// run() for _torch_C, which has no pybind11 translators: the same Python
+// exception a _C.launch call raises for the same failure.
+bool run_raising_python(const gg::Call& call) {
+  try {
+    gg::run(call);
+    return true;
+  } catch (const gg::CudaError& e) {
+    PyErr_SetString(g_cuda_error, e.what());
+  } catch (const gg::UnsupportedDevice& e) {
+    PyErr_SetString(g_unsupported_device, e.what());
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return false;
+}
+
+const gg::RuntimeApi kRuntimeApi{gg::kRuntimeApiVersion, &run_raising_python, &gg::families};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gg_runtime's launcher for AOT-compiled Triton kernels";
   auto base = py::handle(PyExc_RuntimeError);
-  py::register_exception<gg::CudaError>(m, "CudaError", base);
-  py::register_exception<gg::UnsupportedDevice>(m, "UnsupportedDeviceError", base);
+  g_cuda_error = py::register_exception<gg::CudaError>(m, "CudaError", base).ptr();
+  g_unsupported_device =
+      py::register_exception<gg::UnsupportedDevice>(m, "UnsupportedDeviceError", base).ptr();
+  m.attr("runtime_api") = py::capsule(&kRuntimeApi, gg::kRuntimeApiCapsule);
 
   m.def("set_kernel_dir", &gg::set_kernel_dir);
   m.def("triton_version", &gg::triton_version);

@@ -1,8 +1,11 @@
-"""The compiled extension, its kernel folder, and the small facts the Python
-layer passes to it: dtype codes (from the generated tables), the caller's
-device and stream.  Every output tensor is allocated through `empty`."""
+"""The compiled extensions, their kernel folder, and the small facts the Python
+layer passes to them: dtype codes (from the generated tables), the caller's
+device and stream.  Every output the Python layer allocates goes through
+`empty`; `bridge` is the torch bridge, or None."""
 from __future__ import annotations
 
+import importlib
+import json
 from pathlib import Path
 
 import torch
@@ -56,14 +59,14 @@ def _stream_getter():
 current_stream = _stream_getter()
 
 
-def target(x: torch.Tensor, out: torch.Tensor) -> tuple:
+def target(x: torch.Tensor, out_dtype: torch.dtype) -> tuple:
     """(device, stream, input dtype code, output dtype code) of a call whose
-    inputs are like x, writing out."""
+    inputs are like x, writing out_dtype."""
     index = x.get_device()
     code = DTYPE_CODES[x.dtype]
     if x.dtype is torch.float32 and _tf32_allowed():
         code = _TF32
-    return index, current_stream(index), code, DTYPE_CODES[out.dtype]
+    return index, current_stream(index), code, DTYPE_CODES[out_dtype]
 
 
 def _tf32_allowed() -> bool:
@@ -73,6 +76,24 @@ def _tf32_allowed() -> bool:
     matmul = torch.backends.cuda.matmul
     precision = getattr(matmul, "fp32_precision", None)
     return precision == "tf32" if precision is not None else bool(matmul.allow_tf32)
+
+
+def _load_bridge():
+    """(gg_runtime._torch_C or None, why not): the hot paths of grouped_gemm
+    and grouped_mm reading tensors in C++.  It links libtorch, whose C++ ABI
+    holds within one torch release only, so it is loaded only under the torch
+    release (and C++ ABI) it was built with; elsewhere the Python twins run."""
+    path = Path(__file__).parent / "_torch_C.json"
+    if not path.exists():
+        return None, "the wheel was built without torch"
+    built = json.loads(path.read_text())
+    running = {"torch": torch.__version__.split("+")[0], "cxx11_abi": torch.compiled_with_cxx11_abi()}
+    if built != running:
+        return None, f"built for {built}, running {running}"
+    return importlib.import_module("gg_runtime._torch_C"), ""
+
+
+bridge, BRIDGE_ABSENT_REASON = _load_bridge()
 
 
 def empty(shape: tuple, like: torch.Tensor, dtype=None) -> torch.Tensor:

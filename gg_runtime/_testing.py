@@ -1,10 +1,11 @@
 """Test-only settings, kept off the hot-path signatures: force one compiled
-variant (by key) or the `basic` flavour, and see which variant ran."""
+variant (by key) or the `basic` flavour, see which variant ran, run the
+Python twins of the torch bridge."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from . import _C
+from . import _C, _native
 
 
 @contextmanager
@@ -22,3 +23,14 @@ def forced(variant: str = "", basic: bool = False):
 def last_variant() -> str:
     """Key of the variant this thread's last launch ran ('' if it launched nothing)."""
     return _C.last_variant()
+
+
+@contextmanager
+def python_host_path():
+    """Within the block tensors are read in Python (the twins that run where
+    gg_runtime._torch_C is not loaded), bridge or not.  Process-wide."""
+    bridge, _native.bridge = _native.bridge, None
+    try:
+        yield
+    finally:
+        _native.bridge = bridge

@@ -86,6 +86,10 @@ def grouped_gemm(As, Bs, trans_b: bool) -> list:
         return []
     ref = As[0]
     check_tensor(ref, "As[0]", 2, DTYPES)
+    if _native.bridge is not None:  # the same in C++, or None where this path must run
+        Cs = _native.bridge.grouped_gemm(As, Bs, trans_b, *_native.target(ref, ref.dtype))
+        if Cs is not None:
+            return Cs
     try:
         words = _group_words(As, Bs, trans_b, ref.dtype, ref.get_device())
     except (AttributeError, TypeError, ValueError):  # not a tensor, not 2-D
@@ -95,5 +99,5 @@ def grouped_gemm(As, Bs, trans_b: bool) -> list:
             _check_group(i, a, b, trans_b, ref)
         raise AssertionError("the fast and the full group checks disagree")
     Cs, words[_C_AT::_WIDTH] = _outputs(words[_M_AT::_WIDTH], words[_N_AT::_WIDTH], ref)
-    _LAUNCH("nt" if trans_b else "nn", *_native.target(ref, ref), group_table=words)
+    _LAUNCH("nt" if trans_b else "nn", *_native.target(ref, ref.dtype), group_table=words)
     return Cs

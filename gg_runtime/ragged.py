@@ -40,13 +40,18 @@ def _row_major(x: torch.Tensor):
 
 def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
     """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
+    out_dtype = out_dtype or a.dtype
+    if _native.bridge is not None:  # the same in C++, or None where this path must run
+        out = _native.bridge.ragged_m(a, b, offs, out_dtype, *_native.target(a, out_dtype))
+        if out is not None:
+            return out
     a, lda = _row_major(a)
     b, b_t, ldb = _layout(b)
     (rows, k), (groups, _, n) = a.shape, b.shape
     out = _native.empty((rows, n), a, out_dtype)
     if groups == 0:
         return out.zero_()
-    _RAGGED_M("nt" if b_t else "nn", *_native.target(a, out),
+    _RAGGED_M("nt" if b_t else "nn", *_native.target(a, out_dtype),
               a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
               offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
               lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
@@ -60,7 +65,7 @@ def ragged_k(a, b, offs, out_dtype=None) -> torch.Tensor:
     b, ldb = _row_major(b)
     a = a_rows.t()
     out = _native.empty((groups, m, n), a, out_dtype)
-    _RAGGED_K("tn", *_native.target(a, out),
+    _RAGGED_K("tn", *_native.target(a, out.dtype),
               a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
               offs_ptr=offs.data_ptr(), M=m, N=n, T=a.shape[1], G=groups,
               lda=lda, ldb=ldb, ldc=n)

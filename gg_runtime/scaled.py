@@ -112,7 +112,7 @@ def _launch(granularity, a, b, scale_a, scale_b, offs, out_dtype) -> torch.Tenso
     if groups == 0 or k == 0:  # nothing to multiply: the product is zero
         return out.zero_()
     with sm90_only():
-        _LAUNCH(granularity, *_native.target(a, out),
+        _LAUNCH(granularity, *_native.target(a, out.dtype),
                 a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
                 offs_ptr=offs.data_ptr(), scale_a_ptr=scale_a.data_ptr(),
                 scale_b_ptr=scale_b.data_ptr(), T=rows, N=n, K=k, G=groups,

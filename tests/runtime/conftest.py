@@ -45,6 +45,25 @@ def poison(monkeypatch):
         return like.new_empty(shape, dtype=dtype).fill_(float("nan"))
 
     monkeypatch.setattr(_native, "empty", poisoned_empty)
+    if _native.bridge is not None:
+        _native.bridge.set_poison(True)
+        yield
+        _native.bridge.set_poison(False)
+    else:
+        yield
+
+
+@pytest.fixture(params=["bridge", "python"])
+def host_path(request):
+    """The test runs with tensors read in C++ (gg_runtime._torch_C), then with
+    the Python twins that run wherever the bridge is not loaded."""
+    if request.param == "bridge":
+        if _native.bridge is None:
+            pytest.skip(f"the torch bridge is not loaded: {_native.BRIDGE_ABSENT_REASON}")
+        yield request.param
+    else:
+        with _testing.python_host_path():
+            yield request.param
 
 
 @pytest.fixture(params=[True, False], ids=["tma", "basic"])

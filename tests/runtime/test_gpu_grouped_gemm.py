@@ -8,7 +8,7 @@ from gg_runtime.testing import TOLERANCE, randn, ref_list, rel_error
 
 from conftest import device_arch, gpu, tma_runs_here
 
-pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+pytestmark = [gpu, pytest.mark.usefixtures("poison", "host_path")]
 DTYPES = [torch.float16, torch.bfloat16]
 
 

@@ -4,13 +4,14 @@ import pytest
 import torch
 
 import gg_runtime
+from gg_runtime import _native
 from gg_runtime._testing import last_variant
 from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
                                 skewed_counts)
 
 from conftest import device_arch, gpu
 
-pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+pytestmark = [gpu, pytest.mark.usefixtures("poison", "host_path")]
 DTYPES = [torch.float16, torch.bfloat16]
 
 
@@ -51,6 +52,26 @@ def test_ragged_m_edge_distributions(counts, allow_tma):
     k, n = 64, 72
     a = randn(sum(counts), k, dtype=torch.bfloat16)
     check(a, weights(len(counts), k, n, torch.bfloat16, "nk"), offsets_from_counts(counts, "cuda"))
+
+
+def test_bridge_runs_the_hot_paths_without_python(host_path, monkeypatch):
+    """Where the torch bridge is loaded, grouped_gemm and ragged-M grouped_mm
+    (either weight layout) allocate and launch in C++: the Python twins never run."""
+    if host_path != "bridge":
+        pytest.skip("about the bridge")
+
+    def python_twin_ran(*args, **kwargs):
+        raise AssertionError("the Python twin ran")
+
+    monkeypatch.setattr(_native, "empty", python_twin_ran)
+    counts = [7, 0, 130]
+    a = randn(sum(counts), 40, dtype=torch.bfloat16)
+    for layout in ("kn", "nk"):
+        check(a, weights(3, 40, 24, torch.bfloat16, layout), offsets_from_counts(counts, "cuda"))
+    As = [randn(m, 40, dtype=torch.float16) for m in counts]
+    Bs = [randn(40, n, dtype=torch.float16) for n in (24, 24, 56)]
+    for c, x, y in zip(gg_runtime.grouped_gemm(As, Bs), As, Bs):
+        assert rel_error(c, x.float() @ y.float()) < TOLERANCE[torch.float16]
 
 
 def test_ragged_m_uncovered_rows_are_zero(allow_tma):

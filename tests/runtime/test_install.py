@@ -66,6 +66,31 @@ def test_build_info():
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
     assert build["families"] == ["list", "quantize_fp8", "ragged_k", "ragged_m", "scaled_ragged_m"]
     assert build["variants"] == len(_C.variants()) > 0
+    assert build["torch_bridge"] == "loaded"
+
+
+def test_torch_bridge_loads_only_under_the_torch_it_was_built_for(monkeypatch):
+    """make build and make test use one torch, so the bridge is loaded here;
+    under another torch release the Python twins run and info() says why."""
+    from gg_runtime import _native
+    assert _native.bridge is not None, _native.BRIDGE_ABSENT_REASON
+    monkeypatch.setattr(torch, "__version__", "1.0.0+other")
+    bridge, reason = _native._load_bridge()
+    assert bridge is None and "'torch': '1.0.0'" in reason
+
+
+def test_torch_bridge_leaves_what_it_does_not_take_to_python():
+    """CPU tensors, subclasses, non-lists and zero groups get None: the Python
+    path runs and raises the error that names the argument (or zeroes)."""
+    from gg_runtime import _native
+    a = torch.randn(4, 8, dtype=torch.float16)
+    offs = torch.tensor([4], dtype=torch.int32)
+    assert _native.bridge.grouped_gemm([a], [a.t()], False, 0, 0, 0, 0) is None
+    assert _native.bridge.grouped_gemm(iter([a]), [a.t()], False, 0, 0, 0, 0) is None
+    assert _native.bridge.grouped_gemm([torch.nn.Parameter(a)], [1], False, 0, 0, 0, 0) is None
+    assert _native.bridge.ragged_m(a, torch.randn(0, 8, 8), offs, a.dtype, 0, 0, 0, 0) is None
+    with pytest.raises(TypeError, match="grouped_gemm takes 7 arguments"):
+        _native.bridge.grouped_gemm([a], [a])
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
