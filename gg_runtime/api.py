@@ -5,7 +5,7 @@ import torch
 
 from . import gemm_list, ragged, scaled
 from .cases import classify
-from .library import GroupedMM, grouped_mm_op
+from .library import grouped_mm_op, grouped_mm_with_autograd
 from .quantize import quantize_fp8  # noqa: F401  (public; documented in quantize.py)
 
 
@@ -61,7 +61,7 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
         return grouped_mm_op(a, b, offs, out_dtype)  # traced, or a tensor subclass
     case = classify(a, b, offs, out_dtype)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GroupedMM.apply(case, a, b, offs, out_dtype)
+        return grouped_mm_with_autograd(case, a, b, offs, out_dtype)
     return ragged.run(case, a, b, offs, out_dtype)
 
 

@@ -60,6 +60,22 @@ class GroupedMM(torch.autograd.Function):
         return None, grad_a, grad_b, None, None
 
 
+# What Function.apply's Python wrapper does for GroupedMM's arguments, by hand:
+# the generic wrapper took ~3.7 us of a ~23 us eager call with autograd on an
+# H100 host (bench/RESULTS.md).  Under functorch transforms the wrapper runs.
+_FUNCTION_APPLY = super(torch.autograd.Function, GroupedMM).apply
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+_unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+
+
+def grouped_mm_with_autograd(case: Case, a, b, offs, out_dtype):
+    """GroupedMM.apply(case, a, b, offs, out_dtype)."""
+    if _transforms_active is None or _unwrap_if_dead is None or _transforms_active():
+        return GroupedMM.apply(case, a, b, offs, out_dtype)
+    offs = None if offs is None else _unwrap_if_dead(offs)
+    return _FUNCTION_APPLY(case, _unwrap_if_dead(a), _unwrap_if_dead(b), offs, out_dtype)
+
+
 @torch.library.custom_op("gg_runtime::grouped_mm", mutates_args=())
 def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor],
                   out_dtype: Optional[torch.dtype]) -> torch.Tensor:
