@@ -74,6 +74,16 @@ def test_bridge_runs_the_hot_paths_without_python(host_path, monkeypatch):
         assert rel_error(c, x.float() @ y.float()) < TOLERANCE[torch.float16]
 
 
+def test_functorch_transforms_get_torch_error_not_a_wrong_gradient():
+    """The eager autograd path skips Function.apply's Python wrapper except
+    under functorch transforms, where the wrapper runs and refuses the call."""
+    a = randn(8, 16, dtype=torch.bfloat16)
+    b = weights(2, 16, 8, torch.bfloat16, "kn")
+    offs = torch.tensor([3, 8], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.grad(lambda x: gg_runtime.grouped_mm(x, b, offs).float().sum())(a.float().to(a.dtype))
+
+
 def test_ragged_m_uncovered_rows_are_zero(allow_tma):
     a = randn(100, 32, dtype=torch.float16)
     offs = torch.tensor([10, 40, 60], dtype=torch.int32, device="cuda")
