@@ -69,7 +69,8 @@ _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead
 
 
 def grouped_mm_with_autograd(case: Case, a, b, offs, out_dtype):
-    """GroupedMM.apply(case, a, b, offs, out_dtype)."""
+    """What GroupedMM.apply(case, a, b, offs, out_dtype) gives, without the
+    wrapper's generic Python work where no functorch transform is active."""
     if _transforms_active is None or _unwrap_if_dead is None or _transforms_active():
         return GroupedMM.apply(case, a, b, offs, out_dtype)
     offs = None if offs is None else _unwrap_if_dead(offs)

@@ -108,18 +108,20 @@ const at::Tensor* tensor_of(PyObject* object) {
 
 int64_t address(const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
 
-// Python passes the call's target as _native.target gives it.
-struct Target {
-  int device;
-  gg::cu::Stream stream;
-  int dtype, out_dtype;
-};
-
-bool read_target(PyObject* const* args, Target& t) {
-  t.device = static_cast<int>(PyLong_AsLong(args[0]));
-  t.stream = static_cast<gg::cu::Stream>(PyLong_AsVoidPtr(args[1]));
-  t.dtype = static_cast<int>(PyLong_AsLong(args[2]));
-  t.out_dtype = static_cast<int>(PyLong_AsLong(args[3]));
+// A call of `family` on the target Python gives as the last four of the
+// `expected` arguments: _native.target's (device, stream, dtype, out_dtype).
+bool begin_call(const char* function, PyObject* const* args, Py_ssize_t nargs,
+                Py_ssize_t expected, int family, gg::Call& call) {
+  if (nargs != expected) {
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", function, expected);
+    return false;
+  }
+  PyObject* const* target = args + expected - 4;
+  call.family = family;
+  call.device = static_cast<int>(PyLong_AsLong(target[0]));
+  call.stream = static_cast<gg::cu::Stream>(PyLong_AsVoidPtr(target[1]));
+  call.dtype = static_cast<int>(PyLong_AsLong(target[2]));
+  call.out_dtype = static_cast<int>(PyLong_AsLong(target[3]));
   return !PyErr_Occurred();
 }
 
@@ -209,11 +211,8 @@ std::vector<at::Tensor> outputs(std::vector<int64_t>& words, const at::Tensor& r
 // As[0] is checked (a 2-D CUDA tensor of a list-family dtype) by the caller.
 PyObject* grouped_gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  Target target{};
-  if (nargs != 7 || !read_target(args + 3, target)) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "grouped_gemm takes 7 arguments");
-    return nullptr;
-  }
+  gg::Call call{};
+  if (!begin_call("grouped_gemm", args, nargs, 7, g_list.family, call)) return nullptr;
   PyObject *as = args[0], *bs = args[1];
   const auto is_sequence = [](PyObject* o) { return PyList_CheckExact(o) || PyTuple_CheckExact(o); };
   if (!is_sequence(as) || !is_sequence(bs) || PySequence_Fast_GET_SIZE(as) == 0 ||
@@ -230,15 +229,9 @@ PyObject* grouped_gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   std::vector<at::Tensor> cs = outputs(words, *ref);
-  gg::Call call{};
-  call.family = g_list.family;
   call.args.assign(g_list.param_count, 0);
   call.groups = std::move(words);
   call.layout = trans_b ? "nt" : "nn";
-  call.device = target.device;
-  call.stream = target.stream;
-  call.dtype = target.dtype;
-  call.out_dtype = target.out_dtype;
   if (!g_api->run(call)) return nullptr;
   return wrap_list(cs);
   END_HANDLE_TH_ERRORS
@@ -248,11 +241,8 @@ PyObject* grouped_gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // Inputs classify() has checked as the ragged-M case; out_dtype a torch.dtype.
 PyObject* ragged_m(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  Target target{};
-  if (nargs != 8 || !read_target(args + 4, target)) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ragged_m takes 8 arguments");
-    return nullptr;
-  }
+  gg::Call call{};
+  if (!begin_call("ragged_m", args, nargs, 8, g_ragged_m.family, call)) return nullptr;
   const at::Tensor *a = tensor_of(args[0]), *b = tensor_of(args[1]), *offs = tensor_of(args[2]);
   if (a == nullptr || b == nullptr || offs == nullptr || !THPDtype_Check(args[3])) {
     Py_RETURN_NONE;
@@ -265,16 +255,10 @@ PyObject* ragged_m(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!nn && !(k <= 1 || row_stride == 1)) Py_RETURN_NONE;
   const auto out_type = reinterpret_cast<THPDtype*>(args[3])->scalar_type;
   at::Tensor out = new_output({rows, n}, a->options().dtype(out_type));
-  gg::Call call{};
-  call.family = g_ragged_m.family;
   call.args = g_ragged_m.args({address(*a), address(*b), address(out), address(*offs), rows, n,
                                k, groups, a->stride(0), b->stride(0),
                                nn ? row_stride : col_stride, n});
   call.layout = nn ? "nn" : "nt";
-  call.device = target.device;
-  call.stream = target.stream;
-  call.dtype = target.dtype;
-  call.out_dtype = target.out_dtype;
   if (!g_api->run(call)) return nullptr;
   return THPVariable_Wrap(std::move(out));
   END_HANDLE_TH_ERRORS
