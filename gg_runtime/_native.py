@@ -90,7 +90,10 @@ def _load_bridge():
     running = {"torch": torch.__version__.split("+")[0], "cxx11_abi": torch.compiled_with_cxx11_abi()}
     if built != running:
         return None, f"built for {built}, running {running}"
-    return importlib.import_module("gg_runtime._torch_C"), ""
+    try:
+        return importlib.import_module("gg_runtime._torch_C"), ""
+    except ImportError as error:  # e.g. a torch build of that release with other symbols
+        return None, f"import failed: {error}"
 
 
 bridge, BRIDGE_ABSENT_REASON = _load_bridge()
