@@ -24,7 +24,8 @@ SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "
 
 # Libraries of the torch dependency that gg_runtime._torch_C (only) may need.
 TORCH_LIBRARIES = {"libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so"}
-ALLOWED = {"gg_runtime/_C": SYSTEM_LIBRARIES, "gg_runtime/_torch_C": SYSTEM_LIBRARIES | TORCH_LIBRARIES}
+ALLOWED = {"gg_runtime/_C": SYSTEM_LIBRARIES,
+           "gg_runtime/_torch_C": SYSTEM_LIBRARIES | TORCH_LIBRARIES}
 
 
 def extension_facts(wheel: Path) -> dict:
@@ -37,7 +38,8 @@ def extension_facts(wheel: Path) -> dict:
             dump = subprocess.run(["objdump", "-p", archive.extract(name, tmp)],
                                   capture_output=True, text=True, check=True).stdout
             needed = set(re.findall(r"^\s*NEEDED\s+(\S+)$", dump, re.M))
-            facts[name.split(".")[0]] = needed, [int(v) for v in re.findall(r"\bGLIBC_2\.(\d+)\b", dump)]
+            glibc = [int(v) for v in re.findall(r"\bGLIBC_2\.(\d+)\b", dump)]
+            facts[name.split(".")[0]] = needed, glibc
     return facts
 
 

@@ -214,7 +214,9 @@ PyObject* grouped_gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   gg::Call call{};
   if (!begin_call("grouped_gemm", args, nargs, 7, g_list.family, call)) return nullptr;
   PyObject *as = args[0], *bs = args[1];
-  const auto is_sequence = [](PyObject* o) { return PyList_CheckExact(o) || PyTuple_CheckExact(o); };
+  const auto is_sequence = [](PyObject* o) {
+    return PyList_CheckExact(o) || PyTuple_CheckExact(o);
+  };
   if (!is_sequence(as) || !is_sequence(bs) || PySequence_Fast_GET_SIZE(as) == 0 ||
       PySequence_Fast_GET_SIZE(as) != PySequence_Fast_GET_SIZE(bs)) {
     Py_RETURN_NONE;
