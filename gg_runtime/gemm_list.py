@@ -81,7 +81,8 @@ def _outputs(ms: list, ns: list, ref):
 def grouped_gemm(As, Bs, trans_b: bool) -> list:
     require(isinstance(As, (list, tuple)) and isinstance(Bs, (list, tuple)),
             "As and Bs must be lists of tensors", TypeError)
-    require(len(As) == len(Bs), f"As has {len(As)} matrices but Bs has {len(Bs)}")
+    if len(As) != len(Bs):  # not require(): its message would be formatted on every call
+        raise ValueError(f"As has {len(As)} matrices but Bs has {len(Bs)}")
     if not As:
         return []
     ref = As[0]
