@@ -134,10 +134,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
             offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, CHUNK, warps)
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            local, start, end, off_m, off_n = locate(t, starts, ends, group_tiles, tiles_end,
-                                                     n_tiles, BM, BN)
-            g = chunk + local
-            k_end = gl.where(g < G, K, 0)
+            g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
+                                                        tiles_end, n_tiles, G, K, BM, BN)
             part_m = off_m + half * PART_M
             if part_m < end:
                 rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))

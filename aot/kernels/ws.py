@@ -94,8 +94,10 @@ def _pick(values, index):
 
 
 @gluon.jit
-def locate(t, starts, ends, group_tiles, tiles_end, n_tiles, BM: gl.constexpr, BN: gl.constexpr):
-    """(chunk-local group, its row range, tile origin) of tile t of the chunk."""
+def locate(t, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, K, BM: gl.constexpr,
+           BN: gl.constexpr):
+    """(group, its row range, tile origin, K to walk) of tile t of the chunk of
+    groups from `chunk`: the pseudo-group G (rows past the last group) walks none."""
     local = gl.sum((tiles_end <= t).to(gl.int32), 0)
     start = _pick(starts, local)
     end = _pick(ends, local)
@@ -103,7 +105,8 @@ def locate(t, starts, ends, group_tiles, tiles_end, n_tiles, BM: gl.constexpr, B
     m_tiles = (end - start + BM - 1) // BM
     off_m = start + (in_group % m_tiles) * BM
     off_n = (in_group // m_tiles) * BN
-    return local, start, end, off_m, off_n
+    g = chunk + local
+    return g, start, end, off_m, off_n, gl.where(g < G, K, 0)
 
 
 @gluon.jit
@@ -142,10 +145,8 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
             gl.num_warps())
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            local, start, end, off_m, off_n = locate(t, starts, ends, group_tiles, tiles_end,
-                                                     n_tiles, BM, BN)
-            g = chunk + local
-            k_end = gl.where(g < G, K, 0)
+            g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
+                                                        tiles_end, n_tiles, G, K, BM, BN)
             for k0 in range(0, k_end, BK):
                 slot = count % STAGES
                 mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
