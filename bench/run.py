@@ -288,9 +288,9 @@ def host_us(fn, calls=2000) -> float:
 def host_costs() -> dict:
     """Host time per call on a tiny problem, ours next to torch's, same inputs:
     plain, with autograd recording (weights that require grad), and the list
-    API with 128 groups against a loop of matmuls.  Ours as shipped (tensors
-    read in C++ where the torch bridge is loaded), then (`python_` rows) as
-    under a torch the bridge was not built for."""
+    API with 128 groups against a loop of matmuls and torch's fused 128-tensor
+    foreach op.  Ours as shipped (tensors read in C++ where the torch bridge is
+    loaded), then (`python_` rows) as under a torch the bridge was not built for."""
     a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
     w = b.detach().requires_grad_()
     As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
@@ -304,7 +304,10 @@ def host_costs() -> dict:
             costs[f"python_{name}"] = host_us(fn)
     costs.update(torch_grouped_mm_us=host_us(lambda: torch._grouped_mm(a, b, offs)),
                  torch_grouped_mm_autograd_us=host_us(lambda: torch._grouped_mm(a, w, offs)),
-                 matmul_loop_128_groups_us=host_us(lambda: [x @ y for x, y in zip(As, Bs)], 500))
+                 matmul_loop_128_groups_us=host_us(lambda: [x @ y for x, y in zip(As, Bs)], 500),
+                 # torch's fastest op with 128 new tensors out (one fused launch): what
+                 # torch itself pays to return that many tensors, a floor for the list API
+                 torch_foreach_128_groups_us=host_us(lambda: torch._foreach_add(As, 1.0)))
     return costs
 
 

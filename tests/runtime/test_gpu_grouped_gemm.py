@@ -85,6 +85,17 @@ def test_misaligned_rows_fall_back_to_basic():
     check(As, Bs, False, "basic")
 
 
+def test_flavour_rules_hold_for_every_group_with_work():
+    """One group with odd row strides among 40 aligned ones takes the call off
+    TMA; the same group with no rows (no tile touches it) does not."""
+    aligned = make_case([(32, 48, 64)] * 40, torch.float16, False, align=8)
+    odd = make_case([(32, 48, 64)], torch.float16, False, pad=3)
+    odd_empty = make_case([(0, 48, 64)], torch.float16, False, pad=3)
+    for (a, b), flavour in ((odd, "basic"), (odd_empty, "tma" if tma_runs_here() else "basic")):
+        As, Bs = (xs[:17] + extra + xs[17:] for xs, extra in zip(aligned, (a, b)))
+        check(As, Bs, False, flavour)
+
+
 def test_single_group(allow_tma):
     check(*make_case([(777, 333, 555)], torch.bfloat16, True), True)
 
