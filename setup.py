@@ -64,11 +64,11 @@ def torch_bridge(torch) -> Extension:
     abi = int(torch.compiled_with_cxx11_abi())
     return Extension(
         "gg_runtime._torch_C",
-        ["csrc/torch/bridge.cc"],
+        sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "torch").glob("*.cc")),
         include_dirs=cpp_extension.include_paths(),
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch", "torch_cpu", "torch_python"],
-        depends=sorted(str(p) for p in (ROOT / "csrc").glob("*.h")),
+        depends=sorted(str(p) for p in (ROOT / "csrc").glob("**/*.h")),
         define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(abi))],
         extra_compile_args=["-std=c++20", "-O2", "-Wall", "-fvisibility=hidden"],
         language="c++",

@@ -1,14 +1,15 @@
-"""grouped_mm with autograd: an autograd.Function in eager mode (little host
-time), and the torch.library custom op, with a fake implementation, that
-torch.compile traces.  Both run one backward: each gradient is one more
-grouped_mm of a known case on transposed views (no copies, no checks)."""
+"""grouped_mm with autograd: in eager mode a C++ autograd node (the torch
+bridge) or an autograd.Function, and the torch.library custom op, with a fake
+implementation, that torch.compile traces.  All run one backward: each
+gradient is one more grouped_mm of a known case on transposed views (no
+copies, no checks)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from . import ragged
+from . import _native, ragged
 from .cases import Case, case_of, classify, empty_output
 
 
@@ -68,11 +69,37 @@ _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 
 
+class _SavedContext:
+    """What GroupedMM.backward reads of its ctx, for the bridge's C++ node."""
+    __slots__ = ("case", "saved_tensors", "needs_input_grad")
+
+    def __init__(self, case, saved_tensors, needs_input_grad):
+        self.case, self.saved_tensors, self.needs_input_grad = case, saved_tensors, needs_input_grad
+
+
+def _bridge_backward(case, a, b, offs, grad, need_a: bool, need_b: bool):
+    """(grad_a, grad_b) for the bridge's node: GroupedMM.backward itself, so
+    both nodes compute (and refuse double backward) alike."""
+    ctx = _SavedContext(case, (a, b, offs), (False, need_a, need_b, False, False))
+    return GroupedMM.backward(ctx, grad)[1:3]
+
+
+# Cases whose forward returns a new tensor, not a view: the bridge's node is
+# given to such outputs only (Function.apply handles views of its own).
+_FRESH_OUTPUT = frozenset({Case.RAGGED_M, Case.RAGGED_K})
+
+
 def grouped_mm_with_autograd(case: Case, a, b, offs, out_dtype):
     """What GroupedMM.apply(case, a, b, offs, out_dtype) gives, without the
-    wrapper's generic Python work where no functorch transform is active."""
+    wrapper's generic Python work where no functorch transform is active: a
+    C++ node where the torch bridge is loaded, else the Function's C part."""
     if _transforms_active is None or _unwrap_if_dead is None or _transforms_active():
         return GroupedMM.apply(case, a, b, offs, out_dtype)
+    if _native.bridge is not None and case in _FRESH_OUTPUT:
+        out = _native.bridge.with_autograd(ragged.run, _bridge_backward, case, a, b, offs,
+                                           out_dtype)
+        if out is not None:
+            return out
     offs = None if offs is None else _unwrap_if_dead(offs)
     return _FUNCTION_APPLY(case, _unwrap_if_dead(a), _unwrap_if_dead(b), offs, out_dtype)
 

@@ -22,8 +22,12 @@
 #include <vector>
 
 #include "../runtime_api.h"
+#include "autograd.h"
+#include "python_tensors.h"
 
 namespace {
+
+using gg_bridge::tensor_of;
 
 const gg::RuntimeApi* g_api = nullptr;
 bool g_poison = false;  // tests: fill every output with NaN before the launch
@@ -98,12 +102,6 @@ void check_list_fields() {
     same = std::string(f.group_fields[i].name) == kListFields[i];
   }
   if (!same) throw std::runtime_error("the build's list group fields differ from bridge.cc's");
-}
-
-// The tensor behind a torch.Tensor or nn.Parameter, else nullptr: subclasses
-// (fake tensors, ...) may mean something else and take the Python twin.
-const at::Tensor* tensor_of(PyObject* object) {
-  return THPVariable_CheckExact(object) ? &THPVariable_Unpack(object) : nullptr;
 }
 
 int64_t address(const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
@@ -278,6 +276,11 @@ PyMethodDef kMethods[] = {
     {"ragged_m", reinterpret_cast<PyCFunction>(ragged_m), METH_FASTCALL,
      "ragged_m(a, b, offs, out_dtype, device, stream, dtype, out_dtype_code): the output, or "
      "None where ragged.ragged_m's Python path must run."},
+    {"with_autograd", reinterpret_cast<PyCFunction>(gg_bridge::with_autograd), METH_FASTCALL,
+     "with_autograd(forward, backward, case, a, b, offs, out_dtype): forward(case, a, b, offs, "
+     "out_dtype) without grad mode, its output given a C++ autograd node that calls "
+     "backward(case, a, b, offs, grad, need_a, need_b) -> (grad_a, grad_b); None where "
+     "Function.apply must run (forward-mode gradients, functorch wrappers, non-tensors)."},
     {"set_poison", set_poison, METH_O, "Tests: fill every output with NaN before its launch."},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -1,10 +1,13 @@
 """grouped_mm (MoE layout) on the GPU: float32 references, torch._grouped_mm,
 CUDA-graph replay with new offsets, autograd, torch.compile."""
+import gc
+import weakref
+
 import pytest
 import torch
 
 import gg_runtime
-from gg_runtime import _native
+from gg_runtime import _native, library
 from gg_runtime._testing import last_variant
 from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
                                 skewed_counts)
@@ -216,6 +219,96 @@ def test_autograd(case):
     for name, g, w in zip("ab", got, want):
         assert g.shape == w.shape
         assert rel_error(g, w) < 2e-2, name
+
+
+def small_moe(dtype=torch.bfloat16):
+    counts = [5, 0, 19]
+    a = randn(sum(counts), 32, dtype=dtype).requires_grad_()
+    b = weights(3, 32, 24, dtype, "nk").requires_grad_()
+    return a, b, offsets_from_counts(counts, "cuda")
+
+
+def test_eager_autograd_node_is_made_in_cpp_where_the_bridge_is_loaded(host_path, monkeypatch):
+    """Forward and backward of ragged M and ragged K without Function.apply."""
+    if host_path != "bridge":
+        pytest.skip("about the bridge")
+
+    def function_apply_ran(*args, **kwargs):
+        raise AssertionError("Function.apply ran")
+
+    monkeypatch.setattr(library, "_FUNCTION_APPLY", function_apply_ran)
+    monkeypatch.setattr(library.GroupedMM, "apply", function_apply_ran)
+    a, b, offs = small_moe()
+    for x, y in ((a, b), (a.detach().t().contiguous().requires_grad_(), a)):
+        out = gg_runtime.grouped_mm(x, y, offs)
+        grad = randn(*out.shape, dtype=out.dtype)
+        for name, g, w in zip("ab", torch.autograd.grad(out, (x, y), grad),
+                              loop_reference_grads(x, y, offs, grad)):
+            assert rel_error(g, w) < 2e-2, name
+
+
+def test_backward_twice_needs_retain_graph_and_sees_inplace_changes():
+    a, b, offs = small_moe()
+    out = gg_runtime.grouped_mm(a, b, offs)
+    out.float().sum().backward(retain_graph=True)
+    out.float().sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        out.float().sum().backward()
+    out = gg_runtime.grouped_mm(a, b, offs)
+    with torch.no_grad():
+        b.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.float().sum().backward()
+
+
+def test_gradient_of_b_alone_and_double_backward_refused():
+    a, b, offs = small_moe()
+    out = gg_runtime.grouped_mm(a, b, offs)
+    grad = randn(*out.shape, dtype=out.dtype)
+    (grad_b,) = torch.autograd.grad(out, b, grad)
+    assert rel_error(grad_b, loop_reference_grads(a, b, offs, grad)[1]) < 2e-2
+    out = gg_runtime.grouped_mm(a, b, offs)
+    (grad_a,) = torch.autograd.grad((out.float() ** 2).sum(), a, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_a.float().sum().backward()
+
+
+def test_saved_tensor_hooks_and_backward_errors_reach_the_caller(monkeypatch):
+    packed, unpacked = [], []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    def unpack(t):
+        unpacked.append(t)
+        return t
+
+    a, b, offs = small_moe()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = gg_runtime.grouped_mm(a, b, offs)
+    assert [t.data_ptr() for t in packed] == [x.data_ptr() for x in (a, b, offs)]
+    out.float().sum().backward()
+    assert len(unpacked) == 3
+
+    def broken(*args):
+        raise ValueError("broken backward")
+
+    monkeypatch.setattr(library, "backward", broken)
+    with pytest.raises(ValueError, match="broken backward"):
+        gg_runtime.grouped_mm(a, b, offs).float().sum().backward()
+
+
+def test_the_graph_lets_its_saved_inputs_go():
+    a, b, offs = small_moe()
+    out = gg_runtime.grouped_mm(a, b, offs)
+    alive = weakref.ref(a)
+    del a
+    gc.collect()
+    assert alive() is not None  # held by the graph
+    del out
+    gc.collect()
+    assert alive() is None
 
 
 class TinyMoE(torch.nn.Module):
