@@ -5,6 +5,7 @@ gradient is one more grouped_mm of a known case on transposed views (no
 copies, no checks)."""
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import torch
@@ -89,13 +90,22 @@ def _bridge_backward(case, a, b, offs, grad, need_a: bool, need_b: bool):
 _FRESH_OUTPUT = frozenset({Case.RAGGED_M, Case.RAGGED_K})
 
 
+def _compiled_autograd_on() -> bool:
+    """Whether compiled autograd is on (torch.compile under
+    torch._dynamo.config.compiled_autograd, or its context manager): it traces
+    every node of the backward, which GroupedMM's node allows and the bridge's
+    C++ node does not."""
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    return module is not None and bool(getattr(module, "compiled_autograd_enabled", False))
+
+
 def grouped_mm_with_autograd(case: Case, a, b, offs, out_dtype):
     """What GroupedMM.apply(case, a, b, offs, out_dtype) gives, without the
     wrapper's generic Python work where no functorch transform is active: a
     C++ node where the torch bridge is loaded, else the Function's C part."""
     if _transforms_active is None or _unwrap_if_dead is None or _transforms_active():
         return GroupedMM.apply(case, a, b, offs, out_dtype)
-    if _native.bridge is not None and case in _FRESH_OUTPUT:
+    if _native.bridge is not None and case in _FRESH_OUTPUT and not _compiled_autograd_on():
         out = _native.bridge.with_autograd(ragged.run, _bridge_backward, case, a, b, offs,
                                            out_dtype)
         if out is not None:
