@@ -56,9 +56,9 @@ class GroupedMMBackward : public Node {
   GroupedMMBackward(PyObject* backward, PyObject* case_of_call, const at::Tensor& a,
                     const at::Tensor& b, const at::Tensor* offs)
       : backward_(backward), case_(case_of_call), a_(a, false), b_(b, false) {
-    Py_INCREF(backward_);
-    Py_INCREF(case_);
     if (offs != nullptr) offs_ = SavedVariable(*offs, false);
+    Py_INCREF(backward_);  // last: a throw above leaves no reference behind
+    Py_INCREF(case_);
   }
 
   ~GroupedMMBackward() override {
@@ -157,7 +157,8 @@ PyObject* with_autograd(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* out = nullptr;
   {
     at::AutoGradMode no_grad(false);  // as Function.apply runs forward
-    out = PyObject_Vectorcall(forward, args + 2, 5, nullptr);  // forward(case, a, b, offs, out_dtype)
+    // forward(case, a, b, offs, out_dtype)
+    out = PyObject_Vectorcall(forward, args + 2, 5, nullptr);
   }
   if (out == nullptr) return nullptr;
   const at::Tensor* result = tensor_of(out);
