@@ -91,10 +91,9 @@ _FRESH_OUTPUT = frozenset({Case.RAGGED_M, Case.RAGGED_K})
 
 
 def _compiled_autograd_on() -> bool:
-    """Whether compiled autograd is on (torch.compile under
-    torch._dynamo.config.compiled_autograd, or its context manager): it traces
-    every node of the backward, which GroupedMM's node allows and the bridge's
-    C++ node does not."""
+    """Whether compiled autograd is on (inside its context manager,
+    torch._dynamo.compiled_autograd._enable): it traces every node of the
+    backward, which GroupedMM's node allows and the bridge's C++ node does not."""
     module = sys.modules.get("torch._dynamo.compiled_autograd")
     return module is not None and bool(getattr(module, "compiled_autograd_enabled", False))
 
