@@ -70,6 +70,17 @@ class GroupedMMBackward : public Node {
 
   std::string name() const override { return "GroupedMMBackward"; }
 
+  // Compiled autograd traces every node; this one calls Python it cannot
+  // trace.  library.py records GroupedMM's node instead while compiled
+  // autograd is on, so only a graph recorded before it was turned on gets here.
+  void compiled_args(torch::autograd::CompiledNodeArgs&) const override {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false,
+        "gg_runtime.grouped_mm: this call was recorded while compiled autograd was off, and "
+        "its node cannot be traced by compiled autograd; run the forward with compiled "
+        "autograd on too (its calls then record a traceable node)");
+  }
+
   void release_variables() override {
     a_.reset_data();
     b_.reset_data();

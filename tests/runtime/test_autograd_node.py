@@ -75,3 +75,14 @@ def test_errors_of_forward_and_backward_reach_the_caller():
         with_autograd(a, b, bwd=failing).sum().backward()
     with pytest.raises(RuntimeError, match=r"must return \(grad_a, grad_b\)"):
         with_autograd(a, b, bwd=lambda *args: (None,)).sum().backward()
+
+
+def test_backward_under_compiled_autograd_says_what_to_do():
+    """A node recorded with compiled autograd off cannot be traced by it."""
+    from torch._dynamo import compiled_autograd
+    a, b = inputs()
+    out = with_autograd(a, b)
+    torch._dynamo.reset()
+    with pytest.raises(NotImplementedError, match="run the forward with compiled autograd on"):
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            out.sum().backward()
