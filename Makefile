@@ -11,8 +11,8 @@
 # wheel and click (as on the GPU machines, which have no network), it builds;
 # otherwise .venv-build is created from PyPI with $(TORCH_SPEC).  The torch of the
 # build is the one gg_runtime._torch_C (tensors read in C++) is built for.  The
-# test environment .venv-test is made by tests/make_test_env.py: $(PYTHON)'s own packages minus Triton when it has torch,
-# else $(TORCH_SPEC) from PyPI.
+# test environment .venv-test is made by tests/make_test_env.py: $(PYTHON)'s own
+# packages minus Triton when it has torch, else $(TORCH_SPEC) from PyPI.
 
 PYTHON ?= python3
 TRITON_VERSION := 3.6.0
