@@ -7,8 +7,8 @@ The MMA work of a BM-row tile goes to PARTS partitions of num_warps warps,
 BM / PARTS rows each: BM = 16 x num_warps x PARTS.  One partition of two
 warpgroups (128 rows, 8 warps) shares every slot wait and release between
 them; two partitions of one warpgroup each (64 rows, 4 warps) run apart and
-free each slot separately, so one's CUDA-core work (blockwise fp8 scales each
-K block's product before adding it, which waits for that block's wgmma) runs
+free each slot separately, so one's CUDA-core work (blockwise fp8 rescales
+its accumulator between K blocks, which waits for the block's wgmma) runs
 while the other's MMAs do.  A partition whose rows all lie past its group's
 end (a group's last, short tile) skips its MMAs and store, leaving the tensor
 cores to the other.
@@ -22,6 +22,10 @@ from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, chunk_groups, column_parts,
                  first_step_past, load_partition, locate, ring_setup)
+
+# Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
+UNIT_FLOOR = gl.constexpr(2.0**-100)
+UNIT_RANGE = gl.constexpr(2.0**-60)
 
 # Registers of a second MMA partition's threads (the default partition gets
 # about as many: what is left of the 64K after it and the loader's warpgroup).
@@ -58,45 +62,88 @@ def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
 
 
 @gluon.jit
-def block_scales(scale_a_ptr, scale_b_ptr, g, rows, cols, row_ok, col_ok, k_blocks, n_blocks,
-                 block, off_n, BN: gl.constexpr):
-    """[rows, cols] factors of K block `block`: scale_a[row, block] x
-    scale_b[g, col // 128, block], as one column when the tile lies in one
-    128-column block (one FMA per element), else a full tile."""
-    scale_a = gl.load(scale_a_ptr + rows.to(gl.int64) * k_blocks + block, mask=row_ok, other=0.0)
-    weights = scale_b_ptr + g.to(gl.int64) * n_blocks * k_blocks + block
-    if SCALE_BLOCK % BN == 0:
-        scale = scale_a * gl.load(weights + (off_n // SCALE_BLOCK) * k_blocks)
-        return gl.expand_dims(scale, 1)
-    else:
-        scale_b = gl.load(weights + (cols // SCALE_BLOCK) * k_blocks, mask=col_ok, other=0.0)
-        return gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+def block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks, n_blocks, block,
+                 off_n, H: gl.constexpr, layout: gl.constexpr):
+    """[rows, the tile's H 128-column blocks] scales of K block `block`:
+    scale_a[row, block] x scale_b[g, column block, block].  Rows past the
+    group and column blocks past N (never stored) and blocks past k_end
+    (never added; all of the pseudo-group's, which has no scale_b) read 1."""
+    in_k = block * SCALE_BLOCK < k_end
+    scale_a = gl.load(scale_a_ptr + rows.to(gl.int64) * k_blocks + block, mask=row_ok & in_k,
+                      other=1.0)
+    col_block = off_n // SCALE_BLOCK + gl.arange(0, H, gl.SliceLayout(0, layout))
+    weights = scale_b_ptr + (g.to(gl.int64) * n_blocks + col_block) * k_blocks + block
+    scale_b = gl.load(weights, mask=(col_block < n_blocks) & in_k, other=1.0)
+    return gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+
+
+@gluon.jit
+def unit_of(scale, largest):
+    """The unit the accumulator is kept in while a block of this scale is
+    added: the scale, raised to UNIT_FLOOR or UNIT_RANGE x the largest scale
+    so far where it is smaller (zero included; NaN is kept).  The bound
+    keeps |accumulator| below 2^60 x the sum of the blocks' fp8 products (no
+    overflow, whatever the scales); a block so scaled adds at most the bound x
+    its product more than it should (far below float32's rounding of the
+    blocks that set the bound)."""
+    bound = gl.maximum(largest * UNIT_RANGE, UNIT_FLOOR)
+    return gl.where(gl.abs(scale) < bound, bound, scale)
+
+
+@gluon.jit
+def rescale(acc, factor, acc_layout: gl.constexpr):
+    """acc [M, BN] times factor [M, H], one factor per 128-column block (no data moves)."""
+    M: gl.constexpr = acc.shape[0]
+    H: gl.constexpr = factor.shape[1]
+    blocks = acc.reshape([M, H, acc.shape[1] // H]) * gl.expand_dims(factor, 2)
+    return gl.convert_layout(blocks.reshape([M, acc.shape[1]]), acc_layout, assert_trivial=True)
 
 
 @gluon.jit
 def accumulate_blockwise(a_bufs, b_bufs, ready, empty, count, k_end, scale_a_ptr, scale_b_ptr, g,
-                         rows, cols, row_ok, col_ok, K, N, off_n, half: gl.constexpr,
+                         acc_rows, acc_row_ok, K, N, off_n, half: gl.constexpr,
                          PART_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                          STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """accumulate() with each K block's product scaled before it is added."""
-    gl.static_assert(SCALE_BLOCK % BK == 0, "a K step must not straddle two scale blocks")
+    """accumulate() with each 128-deep K block's product scaled before it is
+    added, in one accumulator kept in units of the current block's scale
+    (unit_of): before block j's MMA adds its product the accumulator is
+    multiplied by unit[j-1] / unit[j], and at the end by the last unit.  One
+    multiply an element a block, as many as scaling a separate product tile
+    would take, without that tile's registers: 256-column tiles, whose wgmma
+    reads A once for twice the columns of a 128-column one."""
+    gl.static_assert(BK == SCALE_BLOCK, "one MMA a scale block")
+    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK
+    acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
+    # One unit per row and column block, in the layout of acc's column blocks.
+    layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
+    rows = gl.convert_layout(acc_rows, gl.SliceLayout(1, layout))
+    row_ok = gl.convert_layout(acc_row_ok, gl.SliceLayout(1, layout))
     k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
-    acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
+    unit = gl.full([PART_M, H], 1.0, gl.float32, layout)
+    largest = gl.zeros([PART_M, H], gl.float32, layout)
+    scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks, n_blocks, 0,
+                         off_n, H, layout)
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
+        # A block ahead: the loads' latency hides behind a whole MMA.
+        next_scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks,
+                                  n_blocks, k0 // SCALE_BLOCK + 1, off_n, H, layout)
+        largest = gl.maximum(largest, gl.abs(scale))
+        new_unit = unit_of(scale, largest)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k0 > 0)
+        acc = rescale(acc, unit / new_unit, acc_layout)
+        unit = new_unit
+        scale = next_scale
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, True)
-        part = warpgroup_mma(a, b, gl.zeros([PART_M, BN], gl.float32, acc_layout),
-                             use_acc=False, is_async=True)
-        # The scales load while the MMA runs.
-        scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, cols, row_ok, col_ok, k_blocks,
-                             n_blocks, k0 // SCALE_BLOCK, off_n, BN)
-        part = warpgroup_mma_wait(0, deps=(part, ))
-        mbarrier.arrive(empty.index(slot))
-        acc += part * scale
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc, ))  # leaves it in flight
         count += 1
-    return acc, count
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k_end > 0)
+    return rescale(acc, unit, acc_layout), count
 
 
 @gluon.jit
@@ -145,8 +192,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                 if SCALING == BLOCKWISE:
                     acc, count = accumulate_blockwise(
                         a_bufs, b_bufs, ready, empty, count, k_end, scale_a_ptr, scale_b_ptr, g,
-                        rows, cols, row_ok, col_ok, K, N, off_n, half, PART_M, BN, BK, STAGES,
-                        acc_layout)
+                        rows, row_ok, K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, B_T, BN, BK, STAGES, acc_layout)

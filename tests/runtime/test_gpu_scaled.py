@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import gg_runtime
+from gg_runtime import _C
+from gg_runtime._testing import forced
 from gg_runtime.testing import (FP8_TOLERANCE, fp8_moe_inputs, offsets_from_counts, quantize_ref,
                                 ref_scaled_grouped_mm, rel_error)
 
@@ -110,6 +112,47 @@ def test_unaligned_pointer_and_missing_kernels_are_errors():
             gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs)
     finally:
         gg_runtime.force_ptx(False)
+
+
+def blockwise_reference(a, b, scale_a, scale_b, counts):
+    """(result, the sum of its terms' magnitudes) in float64, K block by K block."""
+    out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64, device=a.device)
+    size = torch.zeros_like(out)
+    start = 0
+    for g, count in enumerate(counts):
+        rows = slice(start, start + count)
+        for j in range(scale_a.shape[1]):
+            ks = slice(128 * j, 128 * (j + 1))
+            scale = (scale_a[rows, j, None].double()
+                     * scale_b[g, :, j].double().repeat_interleave(128)[None, :b.shape[2]])
+            x, w = a[rows, ks].double(), b[g, ks].double()
+            out[rows] += (x @ w) * scale
+            size[rows] += (x.abs() @ w.abs()) * scale.abs()
+        start += count
+    return out, size
+
+
+@pytest.mark.parametrize("key", [v["key"] for v in _C.variants() if v["arch"] == 90
+                                 and v["family"] == "scaled_ragged_m"
+                                 and v["layout"] == "blockwise"])
+def test_blockwise_scales_far_apart(key):
+    """Scales from 1e-30 to 1e10 within one row and one weight block, and
+    zeros over nonzero fp8 data: every output element within float32's
+    rounding of its terms (the bf16 outputs: of their own rounding)."""
+    counts, n, k = [70, 0, 130], 384, 640
+    a, b, _, _, offs = fp8_moe_inputs(counts, n, k, "blockwise")
+    scale_a = 10 ** torch.empty(sum(counts), k // 128, device="cuda").uniform_(-30, 10)
+    scale_b = 10 ** torch.empty(len(counts), n // 128, k // 128, device="cuda").uniform_(-30, 10)
+    scale_a[::7, 1] = 0
+    scale_a[5] = 0
+    scale_b[2, 1, 3] = 0
+    ref, size = blockwise_reference(a, b, scale_a, scale_b, counts)
+    out_dtype = torch.float32 if "float32" in key else torch.bfloat16
+    with forced(key):
+        out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and torch.isfinite(out).all()
+    error = (out.double() - ref).abs()
+    assert (error <= (1e-3 if out_dtype == torch.float32 else 1e-2) * size + 1e-20).all()
 
 
 def test_grouped_mm_refuses_fp8():
