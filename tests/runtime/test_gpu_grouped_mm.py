@@ -324,7 +324,9 @@ def test_graphs_let_their_saved_inputs_go():
         out = gg_runtime.grouped_mm(a, b, offs)
         del a, out
     gc.collect()
-    assert torch.cuda.memory_allocated() == before
+    # At most: something an earlier test left may be freed meanwhile (seen once:
+    # 1.5 KB less); 20 inputs kept would be 20 x a's bytes more.
+    assert torch.cuda.memory_allocated() <= before
 
 
 class TinyMoE(torch.nn.Module):
