@@ -34,7 +34,8 @@ FAMILY = Family(
     # Triton kernel; otherwise the warp-specialised kernel (kernels/ragged_ws.py),
     # whose two MMA warpgroups take 64 rows each of a 128x256 tile (blockwise:
     # one accumulator rescaled between K blocks; 3 stages measured 0-20% faster
-    # than 4 on the large workloads, within 2% on the rest).
+    # than 4 on the large workloads, within 2% on the rest, before its partitions
+    # took turns).
     configs={(90, "tma", "rowwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
                                       Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", "blockwise"): (Config(64, 128, 128, 4, 4, max_rows=32),

@@ -9,9 +9,9 @@ warpgroups (128 rows, 8 warps) shares every slot wait and release between
 them; two partitions of one warpgroup each (64 rows, 4 warps) run apart and
 free each slot separately, so one's CUDA-core work (blockwise fp8 rescales
 its accumulator between K blocks, which waits for the block's wgmma; there
-the two take turns) runs while the other's MMAs do.  A partition whose rows all lie past its group's
-end (a group's last, short tile) skips its MMAs and store, leaving the tensor
-cores to the other.
+the two take turns) runs while the other's MMAs do.  A partition whose rows
+all lie past its group's end (a group's last, short tile) skips its MMAs and
+store, leaving the tensor cores to the other.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -217,8 +217,9 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                 col_ok = (cols < N) & (g < G)
                 if SCALING == BLOCKWISE:
                     acc, count = accumulate_blockwise(
-                        a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr, scale_b_ptr, g,
-                        rows, row_ok, K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout)
+                        a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
+                        scale_b_ptr, g, rows, row_ok, K, N, off_n, half, PART_M, BN, BK, STAGES,
+                        acc_layout)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, B_T, BN, BK, STAGES, acc_layout)
@@ -236,8 +237,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                     tma.async_copy_shared_to_global(
                         c_desc, [RAGGED_ROWS, end, row, off_n + i * EPI_N], c_store)
             else:
-                count = pass_blocks(ready, empty, turns, count, k_end, half, SCALING == BLOCKWISE, BK,
-                                    STAGES)
+                count = pass_blocks(ready, empty, turns, count, k_end, half,
+                                    SCALING == BLOCKWISE, BK, STAGES)
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
     tma.store_wait(0)
