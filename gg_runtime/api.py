@@ -81,7 +81,9 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat1
     - blockwise (DeepSeek-V3): scale_a [T, ceil(K/128)] (or [G, M, ceil(K/128)]),
       one per token and 128-wide K block; scale_b [G, ceil(N/128), ceil(K/128)],
       one per 128x128 weight block; each 128-wide K block's product is scaled
-      in float32 before it is accumulated.
+      in float32 before it is accumulated (a block whose scale product is
+      below 2^-100, or below 2^-60 of the largest so far of its row and column
+      block, may count at that bound: README, "fp8 on Hopper").
 
     quantize_fp8 makes both kinds of inputs.  out_dtype: torch.bfloat16 (None
     means it too) or torch.float32.  Traceable by torch.compile (the custom op
