@@ -112,7 +112,7 @@ def wait_turn(turns, half: gl.constexpr, count):
 
 @gluon.jit
 def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
-                         scale_b_ptr, g, acc_rows, acc_row_ok, K, N, off_n, half: gl.constexpr,
+                         scale_b_ptr, g, part_m, end, K, N, off_n, half: gl.constexpr,
                          PART_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                          STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """accumulate() with each 128-deep K block's product scaled before it is
@@ -132,8 +132,8 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     # One unit per row and column block, in the layout of acc's column blocks.
     layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
-    rows = gl.convert_layout(acc_rows, gl.SliceLayout(1, layout))
-    row_ok = gl.convert_layout(acc_row_ok, gl.SliceLayout(1, layout))
+    rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, layout))
+    row_ok = rows < end
     k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     unit = gl.full([PART_M, H], 1.0, gl.float32, layout)
@@ -218,7 +218,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                 if SCALING == BLOCKWISE:
                     acc, count = accumulate_blockwise(
                         a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
-                        scale_b_ptr, g, rows, row_ok, K, N, off_n, half, PART_M, BN, BK, STAGES,
+                        scale_b_ptr, g, part_m, end, K, N, off_n, half, PART_M, BN, BK, STAGES,
                         acc_layout)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
