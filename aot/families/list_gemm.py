@@ -2,6 +2,7 @@
 in a table the runtime copies to the GPU (grouped_gemm, the tutorial's problem)."""
 from ..family import Family, Param
 from ..kernels.list_gemm import GROUP_FIELDS, list_gemm_kernel
+from ..kernels.list_ws import list_gemm_ws_kernel
 
 _GROUP_FIELD = {
     "a": Param("a", "*T", "operand"), "b": Param("b", "*T", "operand"),
@@ -15,6 +16,7 @@ _GROUP_FIELD = {
 FAMILY = Family(
     name="list",
     kernel=list_gemm_kernel,
+    ws_kernel=list_gemm_ws_kernel,
     params=(
         Param("group_table", "*i64", "group_table"),
         Param("tile_ends", "*i64", "tile_prefix"),

@@ -105,6 +105,21 @@ def test_many_groups(allow_tma):
     check(*make_case(sizes, torch.float16, False), False)
 
 
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b_kn", "b_nk"])
+def test_programs_walk_tiles_of_many_groups(trans_b, allow_tma):
+    """~3,000 tiles of 400 groups of every size (no rows, K = 0, one tile, many)
+    with padded rows: each program takes tiles of many groups, so where the
+    warp-specialised kernel runs it makes the descriptors of each in turn."""
+    torch.manual_seed(7)
+    sizes = [[m, -(-n // 8) * 8, k // 8 * 8] for m, n, k in random_mnks(400, 600, zero_every=29)]
+    sizes[3][2] = 0
+    sizes[5] = [1, 8, 8]
+    key = check(*make_case(sizes, torch.bfloat16, trans_b, pad=8, align=8), trans_b,
+                "tma" if allow_tma else "basic")
+    if allow_tma and device_arch() == 90:
+        assert key.endswith("_ws"), key
+
+
 def test_zero_k_gives_zeros(allow_tma):
     As, Bs = make_case([(5, 7, 0), (16, 16, 16)], torch.bfloat16, False)
     Cs = gg_runtime.grouped_gemm(As, Bs)
