@@ -22,8 +22,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .list_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
 from .ragged_ws import operands
-from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, column_parts,
-                 first_step_past, shared_layout)
+from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
+                 claim_slot, column_parts, first_step_past, shared_layout)
 
 
 @gluon.jit
@@ -86,10 +86,7 @@ def load_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, ready, empt
     b_desc = tma.make_tensor_descriptor(b_ptr, b_shape, [group_field(group_table, g, LDB_), 1],
                                         b_block, shared_layout(b_block, DTYPE))
     for k0 in range(0, K, BK):
-        slot = count % STAGES
-        mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
-        bar = ready.index(slot)
-        mbarrier.expect(bar, nbytes)
+        slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
         tma.async_copy_global_to_shared(a_desc, [off_m, k0], bar, a_bufs.index(slot))
         if B_T:
             tma.async_copy_global_to_shared(b_desc, [off_n, k0], bar, b_bufs.index(slot))
@@ -204,14 +201,9 @@ def list_gemm_ws_kernel(group_table, tile_ends, G, DTYPE: gl.constexpr, B_T: gl.
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
-    a_bufs = gl.allocate_shared_memory(DTYPE, [STAGES, BM, BK], shared_layout([BM, BK], DTYPE))
-    b_bufs = gl.allocate_shared_memory(DTYPE, [STAGES] + b_tile, shared_layout(b_tile, DTYPE))
-    c_buf = gl.allocate_shared_memory(DTYPE, [BM, EPI_N], shared_layout([BM, EPI_N], DTYPE))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(DTYPE, DTYPE, [BM, BK], b_tile,
+                                                         [BM, EPI_N], 1, STAGES)
+    c_buf = c_bufs.index(0)
     gl.warp_specialize([
         (mma_partition, (group_table, tile_ends, G, a_bufs, b_bufs, c_buf, ready, empty, DTYPE,
                          B_T, BM, BN, BK, CHUNK, STAGES)),

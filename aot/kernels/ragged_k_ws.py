@@ -18,8 +18,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 from .ragged import RAGGED_ROWS
-from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, column_parts,
-                 ragged_descriptor, shared_layout)
+from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
+                 claim_slot, column_parts, ragged_descriptor, shared_layout)
 
 
 @gluon.jit
@@ -64,11 +64,7 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N,
         g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, BM, BN, CHUNK)
         rows = end - start
         for k in range(0, rows, BK):  # none for an empty group
-            slot = count % STAGES
-            mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
-            bar = ready.index(slot)
-            # The full boxes land (zero-filled past end), so the byte count is fixed.
-            mbarrier.expect(bar, nbytes)
+            slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
             row = RAGGED_ROWS - rows + k  # row start + k of the group (ragged.py)
             a_buf = a_bufs.index(slot)._reinterpret(a_desc.dtype, [1, 1, BK, BM], a_desc.layout)
             b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, [1, 1, BK, BN], b_desc.layout)
@@ -127,14 +123,9 @@ def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     c_desc = tma.make_tensor_descriptor(c_ptr, [G, M, N], [M * ldc, ldc, 1], [1, BM, EPI_N],
                                         shared_layout([1, BM, EPI_N], out))
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], shared_layout([BK, BM], dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], shared_layout([BK, BN], dtype))
-    c_buf = gl.allocate_shared_memory(out, [BM, EPI_N], shared_layout([BM, EPI_N], out))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, [BK, BM], [BK, BN],
+                                                         [BM, EPI_N], 1, STAGES)
+    c_buf = c_bufs.index(0)
     gl.warp_specialize([
         (mma_partition, (c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
                          BM, BN, BK, CHUNK, STAGES)),

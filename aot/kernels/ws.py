@@ -128,6 +128,18 @@ def first_step_past(start, end, step):
 
 
 @gluon.jit
+def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
+    """(slot, its ready barrier) for the loader's load number `count`: waits
+    until the slot's last reader has freed it, then has its barrier expect
+    nbytes (the full boxes land, zero-filled past the bounds)."""
+    slot = count % STAGES
+    mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
+    bar = ready.index(slot)
+    mbarrier.expect(bar, nbytes)
+    return slot, bar
+
+
+@gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                    B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                    CHUNK: gl.constexpr, STAGES: gl.constexpr):
@@ -148,10 +160,7 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
                                                         tiles_end, n_tiles, G, K, BM, BN)
             for k0 in range(0, k_end, BK):
-                slot = count % STAGES
-                mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, nbytes)
+                slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
                 tma.async_copy_global_to_shared(a_desc, [off_m, k0], bar, a_bufs.index(slot))
                 b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, b_block, b_desc.layout)
                 if B_T:
@@ -171,6 +180,25 @@ def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr):
     return tma.make_tensor_descriptor(ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, cols],
                                       [2 ** 34 - ld, ld, ld, 1], block,
                                       shared_layout(block, ptr.dtype.element_ty))
+
+
+@gluon.jit
+def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
+                  b_tile: gl.constexpr, c_tile: gl.constexpr, PARTS: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """A kernel's shared memory: STAGES ring slots of an A and a B tile, a
+    c_tile for each of PARTS MMA partitions to stage its stores in, and each
+    slot's barriers: `ready` (its TMA copies have landed) and `empty` (all
+    PARTS partitions are done reading it)."""
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_tile, shared_layout(a_tile, dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
+    c_bufs = gl.allocate_shared_memory(out, [PARTS] + c_tile, shared_layout(c_tile, out))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=PARTS)
+    return a_bufs, b_bufs, c_bufs, ready, empty
 
 
 @gluon.jit
@@ -196,13 +224,6 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     PART_M: gl.constexpr = BM // PARTS
     c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N)
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], shared_layout([BM, BK], dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
-    c_bufs = gl.allocate_shared_memory(out, [PARTS, PART_M, EPI_N],
-                                       shared_layout([PART_M, EPI_N], out))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=PARTS)
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, [BM, BK], b_tile,
+                                                         [PART_M, EPI_N], PARTS, STAGES)
     return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
