@@ -100,6 +100,9 @@ def load_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, ready, empt
 def load_partition(group_table, tile_ends, G, a_bufs, b_bufs, ready, empty, DTYPE: gl.constexpr,
                    B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                    CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    """The loader: each tile's descriptors, then its K blocks into the ring.
+    (The walk over the tiles is written out in both partitions: Gluon has no
+    generators.)"""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     count = 0
@@ -155,7 +158,7 @@ def mma_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, c_buf, ready
     stores have had that long to finish).  Returns the ring count after it."""
     acc = gl.zeros([BM, BN], gl.float32, accumulator_layout(BN, gl.num_warps()))
     acc = issue_block(a_bufs, b_bufs, ready, count, acc, B_T, BM, STAGES)
-    acc = warpgroup_mma_wait(1, deps=(acc, ))  # returns at once: the MMA runs on
+    acc = warpgroup_mma_wait(1, deps=(acc, ))  # one may stay in flight: no wait
     c_desc = store_descriptor(group_table, g, M, N, BM, c_buf.shape[1], DTYPE)
     for k0 in range(BK, K, BK):
         acc = issue_block(a_bufs, b_bufs, ready, count + 1, acc, B_T, BM, STAGES)
@@ -172,6 +175,7 @@ def mma_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, c_buf, ready
 def mma_partition(group_table, tile_ends, G, a_bufs, b_bufs, c_buf, ready, empty,
                   DTYPE: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    """The MMA partition: the loader's tiles in the same order, each stored."""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     count = 0
