@@ -211,10 +211,6 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                                                         tiles_end, n_tiles, G, K, BM, BN)
             part_m = off_m + half * PART_M
             if part_m < end:
-                rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
-                cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
-                row_ok = rows < end
-                col_ok = (cols < N) & (g < G)
                 if SCALING == BLOCKWISE:
                     acc, count = accumulate_blockwise(
                         a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
@@ -223,10 +219,12 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, B_T, BN, BK, STAGES, acc_layout)
-                if SCALING == ROWWISE:
-                    scale_a = gl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
-                    scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols, mask=col_ok,
-                                      other=0.0)
+                if SCALING == ROWWISE:  # indices made here, not live through the K loop
+                    rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
+                    cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
+                    scale_a = gl.load(scale_a_ptr + rows, mask=rows < end, other=0.0)
+                    scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols,
+                                      mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
                 row = RAGGED_ROWS - (end - start) + (part_m - start)
                 parts = column_parts(acc.to(c_desc.dtype), BN // EPI_N)
