@@ -39,13 +39,21 @@ def group_row_range(offs_ptr, g, T, CHUNK: gl.constexpr):
 
 
 @gluon.jit
-def locate(tile, offs_ptr, M, N, T, BM: gl.constexpr, BN: gl.constexpr, CHUNK: gl.constexpr):
-    """(group, tile origin, group's row range) of a tile, as ragged_k_kernel."""
+def locate(tile, offs_ptr, M, N, T, last_g, last_start, last_end, BM: gl.constexpr,
+           BN: gl.constexpr, CHUNK: gl.constexpr):
+    """(group, tile origin, group's row range) of a tile, as ragged_k_kernel.
+    The row range is read only when the group differs from the last tile's
+    (last_g, whose range is last_start, last_end): reading it is a round trip
+    to memory before the tile's first MMA, and a program's tiles stay in one
+    group for many tiles where groups have many."""
     m_tiles = (M + BM - 1) // BM
     tiles_per_group = m_tiles * ((N + BN - 1) // BN)
     g = tile // tiles_per_group
     in_group = tile % tiles_per_group
-    start, end = group_row_range(offs_ptr, g, T, CHUNK)
+    start = last_start
+    end = last_end
+    if g != last_g:
+        start, end = group_row_range(offs_ptr, g, T, CHUNK)
     return g, in_group % m_tiles * BM, in_group // m_tiles * BN, start, end
 
 
@@ -60,8 +68,12 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N,
                    STAGES: gl.constexpr):
     nbytes: gl.constexpr = (BM + BN) * BK * a_desc.dtype.primitive_bitwidth // 8
     count = 0
+    g = -1
+    start = 0
+    end = 0
     for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
-        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, BM, BN, CHUNK)
+        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, g, start, end, BM, BN,
+                                             CHUNK)
         rows = end - start
         for k in range(0, rows, BK):  # none for an empty group
             slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
@@ -81,8 +93,12 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
     EPI_N: gl.constexpr = c_buf.shape[1]
     c_store = c_buf._reinterpret(c_desc.dtype, [1, BM, EPI_N], c_desc.layout)
     count = 0
+    g = -1
+    start = 0
+    end = 0
     for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
-        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, BM, BN, CHUNK)
+        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, g, start, end, BM, BN,
+                                             CHUNK)
         rows = end - start
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
         for k in range(0, rows, BK):  # the loader's count of K blocks
