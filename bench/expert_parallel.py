@@ -46,7 +46,7 @@ def moe_one_gpu(x, weights, router):
 
 def moe_expert_parallel(x, local_weights, router, group):
     """The same layer with this rank's experts local_weights [experts / world, N, K]."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    world = dist.get_world_size(group)
     local = local_weights.shape[0]
     gate, expert = route(x, router)
     order = expert.argsort()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-import torch
-
 from . import _native
 from .validate import check_same, check_tensor, check_unit_inner_stride, require
 

@@ -17,13 +17,13 @@ the next tile's.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                               warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .list_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
 from .ragged_ws import operands
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, column_parts, first_step_past, shared_layout)
+                 claim_slot, first_step_past, shared_layout, store_tile)
 
 
 @gluon.jit
@@ -138,18 +138,6 @@ def issue_block(a_bufs, b_bufs, ready, count, acc, B_T: gl.constexpr, BM: gl.con
 
 
 @gluon.jit
-def store_tile(acc, c_desc, c_buf, off_m, off_n, DTYPE: gl.constexpr):
-    """Store a finished tile through c_buf, a column part at a time."""
-    EPI_N: gl.constexpr = c_buf.shape[1]
-    parts = column_parts(acc.to(DTYPE), acc.shape[1] // EPI_N)
-    for i in gl.static_range(acc.shape[1] // EPI_N):
-        tma.store_wait(0)  # the previous store has read c_buf
-        c_buf.store(parts[i])
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n + i * EPI_N], c_buf)
-
-
-@gluon.jit
 def mma_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, c_buf, ready, empty, count,
              DTYPE: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, STAGES: gl.constexpr):
@@ -167,7 +155,7 @@ def mma_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, c_buf, ready
         count += 1
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(empty.index(count % STAGES))
-    store_tile(acc, c_desc, c_buf, off_m, off_n, DTYPE)
+    store_tile(acc, c_desc, c_buf, (off_m, ), off_n)
     return count + 1
 
 
@@ -190,7 +178,7 @@ def mma_partition(group_table, tile_ends, G, a_bufs, b_bufs, c_buf, ready, empty
             else:  # no K blocks in the ring: a zero tile
                 c_desc = store_descriptor(group_table, g, M, N, BM, c_buf.shape[1], DTYPE)
                 zeros = gl.zeros([BM, BN], gl.float32, accumulator_layout(BN, gl.num_warps()))
-                store_tile(zeros, c_desc, c_buf, off_m, off_n, DTYPE)
+                store_tile(zeros, c_desc, c_buf, (off_m, ), off_n)
     tma.store_wait(0)
 
 

@@ -7,19 +7,20 @@ its group's rows [start, end) of a and b, read through ragged.py's clipping
 descriptors (rows past end load as zeros), and a group with no rows stores
 a zero tile.
 
-The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp fills a STAGES-deep ring of
-(A, B) K blocks, the default partition runs asynchronous wgmmas on it (one
-in flight) and stores each tile through TMA in column parts.  A is stored
+The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp
+fills a STAGES-deep ring of (A, B) K blocks, the default partition runs
+asynchronous wgmmas on it (one in flight) and stores each tile through TMA in
+column parts (ws.store_tile).  A is stored
 [T, M]: its K blocks land as [BK, BM] and wgmma reads them transposed.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                               warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .ragged import RAGGED_ROWS
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, column_parts, ragged_descriptor, shared_layout)
+                 claim_slot, ragged_descriptor, shared_layout, store_tile)
 
 
 @gluon.jit
@@ -90,8 +91,6 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                   STAGES: gl.constexpr):
     acc_layout: gl.constexpr = accumulator_layout(BN, gl.num_warps())
-    EPI_N: gl.constexpr = c_buf.shape[1]
-    c_store = c_buf._reinterpret(c_desc.dtype, [1, BM, EPI_N], c_desc.layout)
     count = 0
     g = -1
     start = 0
@@ -113,12 +112,7 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         # An empty group ran no MMA: nothing to free, its zero tile is stored.
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=rows > 0)
-        parts = column_parts(acc.to(c_desc.dtype), BN // EPI_N)
-        for i in gl.static_range(BN // EPI_N):
-            tma.store_wait(0)  # the previous store has read c_buf
-            c_buf.store(parts[i])
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [g, off_m, off_n + i * EPI_N], c_store)
+        store_tile(acc, c_desc, c_buf, (g, off_m), off_n)
     tma.store_wait(0)
 
 

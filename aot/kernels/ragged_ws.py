@@ -15,13 +15,13 @@ store, leaving the tensor cores to the other.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                               warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
-from .ws import (LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, chunk_groups, column_parts,
-                 first_step_past, load_partition, locate, ring_setup)
+from .ws import (LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, chunk_groups,
+                 first_step_past, load_partition, locate, ring_setup, store_tile)
 
 # Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
 UNIT_FLOOR = gl.constexpr(2.0**-100)
@@ -194,8 +194,6 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth)
     c_buf = c_bufs.index(half)
-    EPI_N: gl.constexpr = c_buf.shape[1]
-    c_store = c_buf._reinterpret(c_desc.dtype, [1, 1, PART_M, EPI_N], c_desc.layout)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
@@ -227,13 +225,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                                       mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
                 row = RAGGED_ROWS - (end - start) + (part_m - start)
-                parts = column_parts(acc.to(c_desc.dtype), BN // EPI_N)
-                for i in gl.static_range(BN // EPI_N):
-                    tma.store_wait(0)  # the previous store has read c_buf
-                    c_buf.store(parts[i])
-                    fence_async_shared()
-                    tma.async_copy_shared_to_global(
-                        c_desc, [RAGGED_ROWS, end, row, off_n + i * EPI_N], c_store)
+                store_tile(acc, c_desc, c_buf, (RAGGED_ROWS, end, row), off_n)
             else:
                 count = pass_blocks(ready, empty, turns, count, k_end, half,
                                     SCALING == BLOCKWISE, BK, STAGES)

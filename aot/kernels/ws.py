@@ -16,7 +16,7 @@ run MMAs, and each tile drains the pipeline.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 
@@ -119,6 +119,22 @@ def column_parts(tile, PARTS: gl.constexpr):
     else:
         gl.static_assert(PARTS == 2, "the epilogue splits a tile in at most two")
         return tile.reshape([tile.shape[0], 2, tile.shape[1] // 2]).permute((0, 2, 1)).split()
+
+
+@gluon.jit
+def store_tile(tile, c_desc, c_buf, origin, off_n):
+    """Store a finished tile through TMA, staged in c_buf (2-D, a column part
+    of the tile) one part at a time: part i goes to c_desc's block at
+    origin + (off_n + its first column, ); origin holds the row coordinates."""
+    EPI_N: gl.constexpr = c_buf.shape[1]
+    PARTS: gl.constexpr = tile.shape[1] // EPI_N
+    staged = c_buf._reinterpret(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+    parts = column_parts(tile.to(c_desc.dtype), PARTS)
+    for i in gl.static_range(PARTS):
+        tma.store_wait(0)  # the previous store has read c_buf
+        c_buf.store(parts[i])
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, origin + (off_n + i * EPI_N, ), staged)
 
 
 @gluon.jit
