@@ -168,6 +168,20 @@ def randn(*shape, dtype, device="cuda", scale=1.0):
     return (torch.randn(*shape, device=device) * scale).to(dtype)
 
 
+def operand(shape, row_major: bool, strided: bool, dtype, device="cuda"):
+    """A tensor of `shape` ([rows, cols] or [batch, rows, cols]) whose last two
+    dims are row-major or a transposed view of a row-major [cols, rows];
+    strided: taken from a wider tensor (padded rows, every other batch)."""
+    *batch, rows, cols = shape
+    inner = (rows, cols) if row_major else (cols, rows)
+    spread = 2 if strided else 1
+    full = torch.randn(*[b * spread for b in batch], inner[0], inner[1] * spread, device=device)
+    x = full.to(dtype)[..., : inner[1]]
+    if batch:
+        x = x[::spread]
+    return x if row_major else x.transpose(-2, -1)
+
+
 def offsets_from_counts(counts, device="cuda") -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.int32, device=device).cumsum(0).to(torch.int32)
 

@@ -9,27 +9,13 @@ import torch
 
 import gg_runtime
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import ref_grouped_mm, rel_error, tf32_allowed, tolerance
+from gg_runtime.testing import operand, ref_grouped_mm, rel_error, tf32_allowed, tolerance
 
 from conftest import gpu
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 M, N, K, G = 16, 32, 64, 4
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-def operand(shape, row_major: bool, strided: bool, dtype):
-    """A tensor of `shape` ([rows, cols] or [batch, rows, cols]) whose last two
-    dims are row-major or a transposed view of a row-major [cols, rows];
-    strided: taken from a wider tensor (padded rows, every other batch)."""
-    *batch, rows, cols = shape
-    inner = (rows, cols) if row_major else (cols, rows)
-    spread = 2 if strided else 1
-    full = torch.randn(*[b * spread for b in batch], inner[0], inner[1] * spread, device="cuda")
-    x = full.to(dtype)[..., : inner[1]]
-    if batch:
-        x = x[::spread]
-    return x if row_major else x.transpose(-2, -1)
 
 
 def offsets(groups, size, zero_size):
