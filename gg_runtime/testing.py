@@ -89,6 +89,31 @@ def ref_grouped_mm(a, b, offs=None):
     return out
 
 
+def group_parts(case: str, a, b, offs, out):
+    """(group, its part of grouped_mm's out, that part computed in float64)
+    for case 'ragged_m', 'ragged_k', 'ragged_n' or 'batched', group by group
+    (a wrong small group cannot hide in a large one's norm); for ragged M and N
+    then the part past the last group, which must be zero."""
+    a64, b64 = a.double(), b.double()
+    if case == "batched":
+        for g in range(a.shape[0]):
+            yield g, out[g], a64[g] @ b64[g]
+        return
+    ragged = {"ragged_m": a.shape[0], "ragged_k": a.shape[1], "ragged_n": b.shape[1]}[case]
+    start = 0
+    for g, end in enumerate(effective_ends(offs, ragged)):
+        if case == "ragged_m":
+            yield g, out[start:end], a64[start:end] @ b64[g]
+        elif case == "ragged_n":
+            yield g, out[:, start:end], a64[g] @ b64[:, start:end]
+        else:
+            yield g, out[g], a64[:, start:end] @ b64[start:end]
+        start = end
+    if case != "ragged_k":
+        past = out[start:] if case == "ragged_m" else out[:, start:]
+        yield "past the groups", past, torch.zeros_like(past, dtype=torch.float64)
+
+
 # ---------------------------------------------------------------- fp8
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -154,12 +179,16 @@ def fp8_moe_inputs(counts, n: int, k: int, granularity: str, device="cuda"):
     return a, b.transpose(1, 2), scale_a, scale_b, offsets_from_counts(counts, device)
 
 
-def ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity: str) -> torch.Tensor:
-    """scaled_grouped_mm in float32 on the dequantised inputs (b [G, K, N] K-major)."""
+def dequantized(a, b, scale_a, scale_b, granularity: str):
+    """float32 (a, b) of scaled_grouped_mm's inputs (b [G, K, N] K-major)."""
     a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
     a32 = dequantize_ref(a, scale_a, a_kind)
-    b32 = dequantize_ref(b.transpose(-2, -1), scale_b, b_kind).transpose(-2, -1)
-    return ref_grouped_mm(a32, b32, offs)
+    return a32, dequantize_ref(b.transpose(-2, -1), scale_b, b_kind).transpose(-2, -1)
+
+
+def ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity: str) -> torch.Tensor:
+    """scaled_grouped_mm in float32 on the dequantised inputs (b [G, K, N] K-major)."""
+    return ref_grouped_mm(*dequantized(a, b, scale_a, scale_b, granularity), offs)
 
 
 # ---------------------------------------------------------------- cases
@@ -196,6 +225,15 @@ def skewed_counts(total: int, groups: int, zero_groups: int = 0, generator=None)
     counts = (weights / weights.sum() * total).floor().long()
     counts[int(weights.argmax())] += total - int(counts.sum())
     return counts.tolist()
+
+
+def random_group_sizes(rng) -> list:
+    """Rows (or columns) per group drawn with rng (a random.Random): one
+    group, a few large ones (the warp-specialised bucket), or 7 to 1,200 small
+    ones; a fifth of them empty."""
+    many = rng.choice((rng.randint(7, 64), rng.randint(1000, 1200)))
+    groups, largest = rng.choice(((1, 700), (rng.randint(2, 6), 1500), (many, 9)))
+    return [0 if rng.random() < 0.2 else rng.randint(1, largest) for _ in range(groups)]
 
 
 def moe_inputs(counts, n: int, k: int, dtype, device="cuda"):

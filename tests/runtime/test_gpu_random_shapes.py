@@ -16,7 +16,8 @@ import torch
 import gg_runtime
 from gg_runtime import _testing
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import effective_ends, operand, rel_error, tf32_allowed, tolerance
+from gg_runtime.testing import (group_parts, operand, random_group_sizes, rel_error, tf32_allowed,
+                                tolerance)
 
 from conftest import gpu
 
@@ -32,21 +33,13 @@ def extent(rng: random.Random, aligned: bool, largest: int) -> int:
     return max(8, size // 8 * 8) if aligned else size
 
 
-def group_sizes(rng: random.Random) -> list:
-    """Rows (or columns) per group: one group, a few large ones (the
-    warp-specialised bucket), or up to 1,200 small ones; a fifth empty."""
-    many = rng.choice((rng.randint(7, 64), rng.randint(1000, 1200)))
-    groups, largest = rng.choice(((1, 700), (rng.randint(2, 6), 1500), (many, 9)))
-    return [0 if rng.random() < 0.2 else rng.randint(1, largest) for _ in range(groups)]
-
-
 def draw(seed: int) -> dict:
     rng = random.Random(seed)
     dtype = rng.choice(DTYPES)
     aligned = rng.random() < 0.5
     return {"case": rng.choice(CASES), "dtype": dtype,
             "out_dtype": torch.float32 if dtype != torch.float32 and rng.random() < 0.3 else None,
-            "sizes": group_sizes(rng), "m": extent(rng, aligned, 600),
+            "sizes": random_group_sizes(rng), "m": extent(rng, aligned, 600),
             "n": extent(rng, aligned, 600), "k": extent(rng, aligned, 900),
             "a_row_major": rng.random() < 0.5, "b_row_major": rng.random() < 0.5,
             "strided": rng.random() < 0.3, "python_host_path": rng.random() < 0.3}
@@ -66,29 +59,6 @@ def inputs(p: dict):
     return a, b, (None if p["case"] == "batched" else offs)
 
 
-def parts(case: str, a, b, offs, out):
-    """(group, its part of out, that part in float64), group by group; for
-    ragged M and N then the part past the last group, which must be zero."""
-    a64, b64 = a.double(), b.double()
-    if case == "batched":
-        for g in range(a.shape[0]):
-            yield g, out[g], a64[g] @ b64[g]
-        return
-    ragged = {"ragged_m": a.shape[0], "ragged_k": a.shape[1], "ragged_n": b.shape[1]}[case]
-    start = 0
-    for g, end in enumerate(effective_ends(offs, ragged)):
-        if case == "ragged_m":
-            yield g, out[start:end], a64[start:end] @ b64[g]
-        elif case == "ragged_n":
-            yield g, out[:, start:end], a64[g] @ b64[:, start:end]
-        else:
-            yield g, out[g], a64[:, start:end] @ b64[start:end]
-        start = end
-    if case != "ragged_k":
-        past = out[start:] if case == "ragged_m" else out[:, start:]
-        yield "past the groups", past, torch.zeros_like(past, dtype=torch.float64)
-
-
 @pytest.mark.parametrize("seed", range(SEEDS), ids=[f"seed_{s}" for s in range(SEEDS)])
 def test_random_problem(seed):
     p = draw(seed)
@@ -100,6 +70,6 @@ def test_random_problem(seed):
     where = f"{p} ran {last_variant()}"
     assert out.dtype == (p["out_dtype"] or p["dtype"]), where
     allowed = 2 * tolerance(p["dtype"], p["out_dtype"])
-    for group, got, want in parts(p["case"], a, b, offs, out):
+    for group, got, want in group_parts(p["case"], a, b, offs, out):
         if got.numel():
             assert rel_error(got.double(), want) < allowed, f"group {group} of {where}"

@@ -2,13 +2,16 @@
 dequantised inputs: both granularities, both output types, shapes that are
 multiples of no tile, empty and many groups, strided inputs, CUDA graphs, and
 the errors that need CUDA tensors."""
+import random
+
 import pytest
 import torch
 
 import gg_runtime
 from gg_runtime import _C
 from gg_runtime._testing import forced
-from gg_runtime.testing import (FP8_TOLERANCE, fp8_moe_inputs, offsets_from_counts, quantize_ref,
+from gg_runtime.testing import (FP8_TOLERANCE, dequantized, fp8_moe_inputs, group_parts,
+                                offsets_from_counts, quantize_ref, random_group_sizes,
                                 ref_scaled_grouped_mm, rel_error)
 
 from conftest import device_arch
@@ -41,6 +44,27 @@ def check(counts, n, k, granularity, out_dtype=torch.bfloat16, extra_rows=0):
 ])
 def test_ragged(granularity, out_dtype, counts, n, k):
     check(counts, n, k, granularity, out_dtype, extra_rows=9)
+
+
+@pytest.mark.parametrize("seed", range(24), ids=[f"seed_{s}" for s in range(24)])
+def test_random_problem(seed):
+    """Seeded random ragged problems (random_group_sizes: one to 1,200 groups,
+    empty ones, up to ~1,500 rows; N and K multiples of 16, not of 128), each
+    group's rows checked alone against float64 products of the dequantised
+    inputs (per group, twice the whole output's tolerance)."""
+    rng = random.Random(seed)
+    granularity = rng.choice(GRANULARITIES)
+    out_dtype = rng.choice((torch.bfloat16, torch.float32))
+    counts = random_group_sizes(rng)
+    widest = 80 if len(counts) <= 64 else 16  # 1,200 groups' weights stay within a few GB
+    n, k = 16 * rng.randint(1, widest), 16 * rng.randint(1, widest)
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, granularity)
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+    a32, b32 = dequantized(a, b, scale_a, scale_b, granularity)
+    where = f"{granularity}, {out_dtype}, groups {len(counts)}, rows {sum(counts)}, N {n}, K {k}"
+    for group, got, want in group_parts("ragged_m", a32, b32, offs, out):
+        if got.numel():
+            assert rel_error(got, want) < 2 * FP8_TOLERANCE[out_dtype], f"group {group}: {where}"
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
