@@ -10,8 +10,8 @@ a zero tile.
 The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp
 fills a STAGES-deep ring of (A, B) K blocks, the default partition runs
 asynchronous wgmmas on it (one in flight) and stores each tile through TMA in
-column parts (ws.store_tile).  A is stored
-[T, M]: its K blocks land as [BK, BM] and wgmma reads them transposed.
+column parts (ws.store_tile).  A is stored [T, M]: its K blocks land as
+[BK, BM] and wgmma reads them transposed.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -123,9 +123,10 @@ def column_parts(tile, PARTS: gl.constexpr):
 
 @gluon.jit
 def store_tile(tile, c_desc, c_buf, origin, off_n):
-    """Store a finished tile through TMA, staged in c_buf (2-D, a column part
-    of the tile) one part at a time: part i goes to c_desc's block at
-    origin + (off_n + its first column, ); origin holds the row coordinates."""
+    """Store a finished tile through TMA in column parts as wide as c_buf (2-D),
+    staging each in c_buf: part i goes to c_desc's block at coordinates
+    origin + (off_n + i x the part's width, ), origin being those before the
+    column (the group's and the rows')."""
     EPI_N: gl.constexpr = c_buf.shape[1]
     PARTS: gl.constexpr = tile.shape[1] // EPI_N
     staged = c_buf._reinterpret(c_desc.dtype, c_desc.block_shape, c_desc.layout)
