@@ -125,9 +125,10 @@ def bench_workload(w, ceil, with_seed) -> dict:
     return result
 
 
-def bench_wgrad(w) -> dict:
+def bench_wgrad(w, ceil) -> dict:
     """The weight gradient of a ragged workload (ragged K: x^T @ dy per expert)
-    next to torch._grouped_mm's, same inputs."""
+    next to torch._grouped_mm's, same inputs.  Its roofline floor counts x, dy
+    and the gradient written (G x K x N, empty experts' zeros too) once each."""
     dtype = DTYPES[w["dtype"]]
     x, _, offs = moe_inputs(w["m"], w["N"], w["K"], dtype)
     dy = torch.randn(x.shape[0], w["N"], device="cuda").to(dtype)
@@ -137,8 +138,11 @@ def bench_wgrad(w) -> dict:
                   "torch_grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs)}
     runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE[dtype], flops)
     ours, theirs = (runs.get(n, {}).get("ms") for n in ("gg_runtime", "torch_grouped_mm"))
+    traffic = x.element_size() * (x.numel() + dy.numel() + len(w["m"]) * w["K"] * w["N"])
+    floor_ms = max(flops / (ceil["matmul_tflops"] * 1e9), traffic / (ceil["copy_tbps"] * 1e9))
     return {"name": w["name"] + "_wgrad", "runs": runs,
-            "vs_torch": theirs / ours if ours and theirs else None}
+            "vs_torch": theirs / ours if ours and theirs else None,
+            "roofline_fraction": floor_ms / ours if ours else None}
 
 
 def bench_fp8(w) -> dict:
@@ -408,8 +412,8 @@ def main():
     ragged = [w for w in workloads if w["layout"] == "ragged"]
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "gg_runtime_build": gg_runtime.info()["build"], "date": time.strftime("%Y-%m-%d")}
+    ceil = report["ceilings"] = ceilings() if sections & {"workloads", "wgrad", "fp8"} else None
     if "workloads" in sections:
-        report["ceilings"] = ceil = ceilings()
         report["results"] = results = [bench_workload(w, ceil, seed_available()) for w in workloads]
         report["summary"] = summary(results)
         plot(results, out / "results.png")
@@ -417,9 +421,12 @@ def main():
         print("summary:", json.dumps({k: round(v, 3) if v else v
                                       for k, v in report["summary"].items()}))
     if "wgrad" in sections:
-        report["wgrad"] = wgrad = [bench_wgrad(w) for w in ragged]
+        report["wgrad"] = wgrad = [bench_wgrad(w, ceil) for w in ragged]
         print("weight gradient (ragged K), x torch:",
-              json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}))
+              json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}),
+              "geomean", fmt(geomean(r["vs_torch"] for r in wgrad)))
+        print("weight gradient, roof (x, dy and the gradient once; FLOPs at the dense rate):",
+              json.dumps({r["name"]: fmt(r["roofline_fraction"], "{:.0%}") for r in wgrad}))
     if "cases" in sections:
         report["cases"] = cases = bench_other_cases()
         print("other cases, TFLOP/s ours / torch:", json.dumps(
@@ -433,7 +440,7 @@ def main():
     if "fp8" in sections:
         report["fp8"] = fp8 = [bench_fp8(w) for w in ragged if w["dtype"] == "bfloat16"]
         print_fp8(fp8)
-        copy_tbps = report.get("ceilings", ceilings())["copy_tbps"]
+        copy_tbps = ceil["copy_tbps"]
         report["quantize"] = quantize = bench_quantize(copy_tbps)
         print(f"quantize_fp8 [16384, 7168] bf16, TB/s (x device copy {copy_tbps:.2f}):",
               json.dumps({g: f"{r['tbps']:.2f} ({r['vs_copy']:.0%})" for g, r in quantize.items()}))
