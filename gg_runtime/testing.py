@@ -62,56 +62,55 @@ def effective_ends(offs: torch.Tensor, total: int) -> list:
     return ends
 
 
+def group_slices(a, b, offs=None):
+    """(group, index of its part of grouped_mm's output, its a, its b) for each
+    group, the case told by the operands' dims and offsets read as
+    effective_ends; for ragged M and N then ("past the groups", index of the
+    part no group covers, None, None)."""
+    if a.dim() == 3 and b.dim() == 3:  # batched
+        for g in range(a.shape[0]):
+            yield g, g, a[g], b[g]
+        return
+    ragged = b.shape[1] if a.dim() == 3 else a.shape[0] if b.dim() == 3 else a.shape[1]
+    start = 0
+    for g, end in enumerate(effective_ends(offs, ragged)):
+        if a.dim() == 3:  # ragged N: columns of the output
+            yield g, (slice(None), slice(start, end)), a[g], b[:, start:end]
+        elif b.dim() == 3:  # ragged M: rows
+            yield g, slice(start, end), a[start:end], b[g]
+        else:  # ragged K: one output per group
+            yield g, g, a[:, start:end], b[start:end]
+        start = end
+    if a.dim() == 3:
+        yield "past the groups", (slice(None), slice(start, None)), None, None
+    elif b.dim() == 3:
+        yield "past the groups", slice(start, None), None, None
+
+
 def ref_grouped_mm(a, b, offs=None):
     """grouped_mm in float32, group by group."""
     a32, b32 = a.float(), b.float()
     if a.dim() == 3 and b.dim() == 3:
         return torch.bmm(a32, b32)
-    if a.dim() == 3:  # ragged N
-        out = torch.zeros(a.shape[1], b.shape[1], device=a.device)
-        start = 0
-        for g, end in enumerate(effective_ends(offs, b.shape[1])):
-            out[:, start:end] = a32[g] @ b32[:, start:end]
-            start = end
-        return out
-    if b.dim() == 3:  # ragged M
-        out = torch.zeros(a.shape[0], b.shape[2], device=a.device)
-        start = 0
-        for g, end in enumerate(effective_ends(offs, a.shape[0])):
-            out[start:end] = a32[start:end] @ b32[g]
-            start = end
-        return out
-    out = torch.zeros(offs.shape[0], a.shape[0], b.shape[1], device=a.device)  # ragged K
-    start = 0
-    for g, end in enumerate(effective_ends(offs, a.shape[1])):
-        out[g] = a32[:, start:end] @ b32[start:end]
-        start = end
+    shape = ((a.shape[1], b.shape[1]) if a.dim() == 3 else (a.shape[0], b.shape[2]) if b.dim() == 3
+             else (offs.shape[0], a.shape[0], b.shape[1]))
+    out = torch.zeros(shape, device=a.device)
+    for _, index, x, y in group_slices(a32, b32, offs):
+        if x is not None:
+            out[index] = x @ y
     return out
 
 
-def group_parts(case: str, a, b, offs, out):
+def group_parts(a, b, offs, out):
     """(group, its part of grouped_mm's out, that part computed in float64)
-    for case 'ragged_m', 'ragged_k', 'ragged_n' or 'batched', group by group
-    (a wrong small group cannot hide in a large one's norm); for ragged M and N
-    then the part past the last group, which must be zero."""
-    a64, b64 = a.double(), b.double()
-    if case == "batched":
-        for g in range(a.shape[0]):
-            yield g, out[g], a64[g] @ b64[g]
-        return
-    ragged = {"ragged_m": a.shape[0], "ragged_k": a.shape[1], "ragged_n": b.shape[1]}[case]
-    start = 0
-    for g, end in enumerate(effective_ends(offs, ragged)):
-        if case == "ragged_m":
-            yield g, out[start:end], a64[start:end] @ b64[g]
-        elif case == "ragged_n":
-            yield g, out[:, start:end], a64[g] @ b64[:, start:end]
+    group by group (a wrong small group cannot hide in a large one's norm);
+    for ragged M and N then the part past the last group, which must be zero."""
+    for g, index, x, y in group_slices(a, b, offs):
+        part = out[index]
+        if x is None:
+            yield g, part, torch.zeros_like(part, dtype=torch.float64)
         else:
-            yield g, out[g], a64[:, start:end] @ b64[start:end]
-        start = end
-    if case != "ragged_k":
-        past = out[start:] if case == "ragged_m" else out[:, start:]
-        yield "past the groups", past, torch.zeros_like(past, dtype=torch.float64)
+            yield g, part, x.double() @ y.double()
 
 
 # ---------------------------------------------------------------- fp8
