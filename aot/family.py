@@ -100,6 +100,9 @@ class Family:
     layouts: dict  # layout name -> the layout's constexprs
     tma_layouts: tuple  # layouts that get a `tma` flavour where the arch has TMA
     aligned_layouts: tuple = ()  # layouts that get an `aligned` flavour where the arch has one
+    # Layouts compiled only for archs with TMA, the only loads that read them
+    # well (the runtime copies such operands elsewhere).
+    tma_only_layouts: tuple = ()
     tiles: str = ""
     rows: str = ""
     group_fields: tuple = ()  # Param, in group-table word order
@@ -146,7 +149,7 @@ class Family:
                 raise ValueError(f"family {self.name}: parameters {described} do not match "
                                  f"{kernel.__name__}'s runtime parameters {declared} (names "
                                  "and order)")
-        for name in self.tma_layouts + self.aligned_layouts:
+        for name in self.tma_layouts + self.aligned_layouts + self.tma_only_layouts:
             if name not in self.layouts:
                 raise ValueError(f"family {self.name}: flavour layout {name!r} is not a layout")
         roles = [p.role for p in self.params]

@@ -117,8 +117,11 @@ LARGE_CONFIGS = {
 def flavours(family: str, layout: str, arch: Arch) -> tuple:
     """`basic` (any alignment) unless the family opts out; `tma` where the
     hardware has it, and `aligned` where a layout has no `tma`, each for the
-    layouts the family's description lists for it."""
+    layouts the family's description lists for it; none for a TMA-only
+    layout where the hardware has no TMA."""
     desc = FAMILIES[family]
+    if layout in desc.tma_only_layouts and not arch.tma:
+        return ()
     out = ["basic"] if desc.basic else []
     has_tma = arch.tma and layout in desc.tma_layouts
     if layout in desc.aligned_layouts and not has_tma:

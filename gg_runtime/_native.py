@@ -4,6 +4,7 @@ device and stream.  Every output the Python layer allocates goes through
 `empty`; `bridge` is the torch bridge, or None."""
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -67,6 +68,17 @@ def target(x: torch.Tensor, out_dtype: torch.dtype) -> tuple:
     if x.dtype is torch.float32 and _tf32_allowed():
         code = _TF32
     return index, current_stream(index), code, DTYPE_CODES[out_dtype]
+
+
+def runs_tma(device: int) -> bool:
+    """Whether calls on this device run the wheel's `tma` variants (its kernel
+    arch has them: sm90 cubins, not the sm80 path)."""
+    return _C.device_info(device)["kernel_arch"] in _tma_archs()
+
+
+@functools.cache
+def _tma_archs() -> frozenset:
+    return frozenset(v["arch"] for v in _C.variants() if v["flavour"] == "tma")
 
 
 def _tf32_allowed() -> bool:

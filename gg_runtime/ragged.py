@@ -27,15 +27,28 @@ def _layout(x: torch.Tensor):
 
 
 def _row_major(x: torch.Tensor):
-    """(x, ld) with unit inner stride, copying only when needed.  Ragged
-    operands go through here: a group's rows along the contiguous dimension
-    would start at any offset, which defeats TMA and vector loads (measured on
-    an H100: 94 against torch's 599 TFLOP/s on 3-D x 2-D before this copy)."""
+    """(x, ld) with unit inner stride, copying only when needed: ragged_k's
+    operands, whose groups' K ranges must be ranges of whole rows (TMA zeroes
+    rows past a group's end, not columns)."""
     row_stride, col_stride = x.stride()[-2:]
     if col_stride != 1 and x.shape[-1] > 1:
         x = x.contiguous()
         row_stride = x.stride(-2)
     return x, row_stride
+
+
+def _ragged_rows(a: torch.Tensor):
+    """_layout of ragged_m's a [T, K], read stored [K, T] only where TMA reads
+    it (sm90 kernels, 16-byte aligned row stride and base); elsewhere it is
+    copied to row-major first.  Element loads along a contiguous dimension
+    whose groups start anywhere ran 3.4x slower than the copy (sm90's basic
+    flavour) and 1.2x slower (the sm80 path) on an H100 (bench/RESULTS.md)."""
+    a, a_t, lda = _layout(a)
+    if a_t and (lda * a.element_size() % 16 or a.data_ptr() % 16
+                or not _native.runs_tma(a.get_device())):
+        a = a.contiguous()
+        return a, False, a.stride(0)
+    return a, a_t, lda
 
 
 def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
@@ -45,13 +58,14 @@ def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
         out = _native.bridge.ragged_m(a, b, offs, out_dtype, *_native.target(a, out_dtype))
         if out is not None:
             return out
-    a, lda = _row_major(a)
+    a, a_t, lda = _ragged_rows(a)
     b, b_t, ldb = _layout(b)
     (rows, k), (groups, _, n) = a.shape, b.shape
     out = _native.empty((rows, n), a, out_dtype)
     if groups == 0:
         return out.zero_()
-    _RAGGED_M("nt" if b_t else "nn", *_native.target(a, out_dtype),
+    layout = ("t" if a_t else "n") + ("t" if b_t else "n")  # aot/variants.py's names
+    _RAGGED_M(layout, *_native.target(a, out_dtype),
               a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
               offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
               lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)

@@ -28,11 +28,13 @@ FAMILY = Family(
         Param("ldb", "i64", "stride", aligned=True),
         Param("ldc", "i64", "stride", aligned=True),
     ),
-    # a [T, K] row-major (gg_runtime copies a column-major one); b [G, K, N]
-    # row-major ('n') or a transposed view of [G, N, K] ('t').
-    layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
-    tma_layouts=("nn", "nt"),
+    # a [T, K] row-major ('n') or a transposed view of [K, T] ('t', as 3-D x
+    # 2-D's b); b [G, K, N] row-major ('n') or a transposed view of [G, N, K] ('t').
+    # A 't' a is read in place by sm90's kernels only (gg_runtime/ragged.py).
+    layouts={a + b: {"A_T": a == "t", "B_T": b == "t"} for a in "nt" for b in "nt"},
+    tma_layouts=("nn", "nt", "tn", "tt"),
     aligned_layouts=("nn", "nt"),
+    tma_only_layouts=("tn", "tt"),
     float32_output=True,
     # Each group boundary adds at most one partial m-tile; +1 for the rows past
     # the last group (written with zeros).

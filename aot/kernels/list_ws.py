@@ -133,7 +133,7 @@ def issue_block(a_bufs, b_bufs, ready, count, acc, B_T: gl.constexpr, BM: gl.con
     """Wait for ring block `count` and start its MMA into acc (not waited for)."""
     slot = count % STAGES
     mbarrier.wait(ready.index(slot), count // STAGES & 1)
-    a, b = operands(a_bufs, b_bufs, slot, 0, BM, B_T)
+    a, b = operands(a_bufs, b_bufs, slot, 0, BM, False, B_T)
     return warpgroup_mma(a, b, acc, is_async=True)
 
 

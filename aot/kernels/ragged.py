@@ -50,10 +50,14 @@ def ragged_store(desc, tile, start, end, row, col, BR: tl.constexpr, BC: tl.cons
 
 @triton.jit
 def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                         B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                         A_T: tl.constexpr, B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr):
     k_dim = tl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
-                                       block_shape=[BM, BK])
+    if A_T:  # read through pointers (ragged_m_tile_tma)
+        a_desc = a_ptr
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
+                                           block_shape=[BM, BK])
     if B_T:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N, k_dim],
                                            strides=[b_group_stride, ldb, 1],
@@ -66,11 +70,21 @@ def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
 
 
 @triton.jit
-def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T: tl.constexpr,
+                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """A tile of ragged_m through TMA, but for a stored [K, T] A (A_T; a_desc
+    is then its pointer): TMA reads a box only from a 16-byte step along the
+    contiguous dimension, where a group's rows start anywhere."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    rows = off_m + tl.arange(0, BM)
     for k0 in range(0, k_end, BK):
-        a = a_desc.load([off_m, k0])
+        if A_T:
+            ks = k0 + tl.arange(0, BK)
+            at = ks.to(tl.int64)[None, :] * lda + rows[:, None]
+            a = tl.load(a_desc + at, mask=(rows < T)[:, None] & (ks < k_end)[None, :], other=0.0)
+        else:
+            a = a_desc.load([off_m, k0])
         if B_T:
             b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
         else:
@@ -81,15 +95,16 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T: tl.constexpr,
 
 @triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                    B_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                    A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                     PRECISION: tl.constexpr):
-    """a [T, K] row-major, b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N]
-    row-major.  (A's ragged rows along its contiguous dimension would defeat
-    TMA and vector loads: the caller copies such an A to row-major.)"""
+    """a [T, K] row-major (A_T=0) or stored as row-major [K, T] (A_T=1, as
+    3-D x 2-D's transposed b: a group's rows are then a column range, which
+    TMA takes at any offset), b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c
+    [T, N] row-major."""
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
+                     b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
                      PRECISION)
 
 
@@ -101,15 +116,16 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
     """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
     wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, True, USE_TMA, SCALING, BM, BN, BK, CHUNK,
+                     b_group_stride, ldb, ldc, False, True, USE_TMA, SCALING, BM, BN, BK, CHUNK,
                      PRECISION)
 
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                     SCALING: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+                     b_group_stride, ldb, ldc, A_T: tl.constexpr, B_T: tl.constexpr,
+                     USE_TMA: tl.constexpr, SCALING: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -129,7 +145,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                                              B_T, BM, BN, BK)
+                                              A_T, B_T, BM, BN, BK)
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     tiles_before = 0
     rows_before = 0
@@ -166,13 +182,13 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                                       SCALING, BM, BN, BK)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             elif USE_TMA:
-                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, B_T, BM, BN, BK,
-                                        PRECISION)
+                acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T, B_T,
+                                        BM, BN, BK, PRECISION)
                 ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
-                                     False, B_T, BM, BN, BK, PRECISION)
+                                     A_T, B_T, BM, BN, BK, PRECISION)
                 tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)

@@ -21,7 +21,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, chunk_groups,
-                 first_step_past, load_partition, locate, ring_setup, store_tile)
+                 first_step_past, load_partition, locate, ring_setup, row_alignment, store_rows,
+                 store_tile)
 
 # Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
 UNIT_FLOOR = gl.constexpr(2.0**-100)
@@ -33,9 +34,14 @@ MMA_REGISTERS = gl.constexpr(216)
 
 
 @gluon.jit
-def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, B_T: gl.constexpr):
-    """This partition's rows of slot's A block, and its B block as [BK, BN]."""
-    a = a_bufs.index(slot).slice(half * PART_M, PART_M)
+def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, A_T: gl.constexpr,
+             B_T: gl.constexpr):
+    """This partition's rows of slot's A block as [PART_M, BK], and its B block
+    as [BK, BN] (wgmma reads a transposed block as it is stored)."""
+    if A_T:
+        a = a_bufs.index(slot).slice(half * PART_M, PART_M, dim=1).permute((1, 0))
+    else:
+        a = a_bufs.index(slot).slice(half * PART_M, PART_M)
     if B_T:
         return a, b_bufs.index(slot).permute((1, 0))
     else:
@@ -44,14 +50,14 @@ def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, B_T
 
 @gluon.jit
 def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
-               PART_M: gl.constexpr, B_T: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-               STAGES: gl.constexpr, acc_layout: gl.constexpr):
+               PART_M: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, BN: gl.constexpr,
+               BK: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """(the tile's product over K, the ring count after it), one MMA in flight."""
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, B_T)
+        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, A_T, B_T)
         acc = warpgroup_mma(a, b, acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc, ))  # the MMA before is done with its slot
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k0 > 0)
@@ -154,7 +160,7 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
         acc = rescale(acc, unit / new_unit, acc_layout)
         unit = new_unit
         scale = next_scale
-        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, True)
+        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
         wait_turn(turns, half, count)
         acc = warpgroup_mma(a.slice(0, HALF_K, dim=1), b.slice(0, HALF_K), acc, is_async=True)
         acc = warpgroup_mma(a.slice(HALF_K, HALF_K, dim=1), b.slice(HALF_K, HALF_K), acc,
@@ -185,14 +191,24 @@ def pass_blocks(ready, empty, turns, count, k_end, half: gl.constexpr, TURNS: gl
 
 
 @gluon.jit
-def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_bufs, c_bufs, ready,
-                  empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, B_T: gl.constexpr,
-                  SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
+def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
+    """Store a tile at (row, off_n), row >= start, by TMA: rows past the group's
+    end are clipped (the ragged descriptor of kernels/ragged.py)."""
+    at = RAGGED_ROWS - (end - start) + (row - start)
+    store_tile(acc, c_desc, c_buf, (RAGGED_ROWS, end, at), off_n)
+
+
+@gluon.jit
+def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
+                  c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
+                  A_T: gl.constexpr,
+                  B_T: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this program."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth)
+    ALIGN: gl.constexpr = row_alignment(A_T, a_bufs.dtype)
     c_buf = c_bufs.index(half)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -202,11 +218,11 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
         starts, ends, group_tiles, tiles_end = chunk_groups(
-            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, CHUNK, warps)
+            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK, warps)
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
-                                                        tiles_end, n_tiles, G, K, BM, BN)
+                                                        tiles_end, n_tiles, G, K, BM, BN, ALIGN)
             part_m = off_m + half * PART_M
             if part_m < end:
                 if SCALING == BLOCKWISE:
@@ -216,7 +232,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                         acc_layout)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
-                                            PART_M, B_T, BN, BK, STAGES, acc_layout)
+                                            PART_M, A_T, B_T, BN, BK, STAGES, acc_layout)
                 if SCALING == ROWWISE:  # indices made here, not live through the K loop
                     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
                     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
@@ -224,8 +240,12 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
                     scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols,
                                       mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
-                row = RAGGED_ROWS - (end - start) + (part_m - start)
-                store_tile(acc, c_desc, c_buf, (RAGGED_ROWS, end, row), off_n)
+                if ALIGN == 1:
+                    store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
+                elif part_m >= start:
+                    store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
+                else:  # the group's first tile, begun before it (ws.tiled_rows)
+                    store_rows(acc, c_ptr, ldc, part_m, start, end, off_n, N)
             else:
                 count = pass_blocks(ready, empty, turns, count, k_end, half,
                                     SCALING == BLOCKWISE, BK, STAGES)
@@ -236,14 +256,15 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, a_bufs, b_buf
 
 @gluon.jit
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, B_T: gl.constexpr, SCALING: gl.constexpr,
+                        b_group_stride, ldb, ldc, A_T: gl.constexpr, B_T: gl.constexpr,
+                        SCALING: gl.constexpr,
                         BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                         CHUNK: gl.constexpr, STAGES: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // (16 * gl.num_warps())
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
-        a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B_T, BM, BN, BK, STAGES,
-        PARTS)
+        a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
+        STAGES, PARTS)
     if SCALING == BLOCKWISE:  # its two partitions take turns (accumulate_blockwise)
         gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -253,38 +274,38 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         turns = empty  # never used
     if PARTS == 1:
         gl.warp_specialize([
-            (mma_partition, (0, 1, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, offs_ptr,
-                             scale_a_ptr, scale_b_ptr, T, N, K, G, B_T, SCALING, BM, BN, BK,
-                             CHUNK, STAGES)),
+            (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, A_T, B_T,
+                             SCALING, BM, BN, BK, CHUNK, STAGES)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              B_T, BM, BN, BK, CHUNK, STAGES)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
         ], [LOADER_WARPS], [LOADER_REGISTERS])
     else:
         gl.static_assert(PARTS == 2, "one or two MMA partitions")
         gl.warp_specialize([
-            (mma_partition, (0, 2, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, offs_ptr,
-                             scale_a_ptr, scale_b_ptr, T, N, K, G, B_T, SCALING, BM, BN, BK,
-                             CHUNK, STAGES)),
-            (mma_partition, (1, 2, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, offs_ptr,
-                             scale_a_ptr, scale_b_ptr, T, N, K, G, B_T, SCALING, BM, BN, BK,
-                             CHUNK, STAGES)),
+            (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, A_T, B_T,
+                             SCALING, BM, BN, BK, CHUNK, STAGES)),
+            (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, A_T, B_T,
+                             SCALING, BM, BN, BK, CHUNK, STAGES)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              B_T, BM, BN, BK, CHUNK, STAGES)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
         ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
 
 
 @gluon.jit
 def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                       B_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
-                       BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                       PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """ragged_m_kernel's contract (a [T, K] row-major, b [G, K, N] or, B_T,
-    [G, N, K], c [T, N] row-major), TMA only; USE_TMA and PRECISION (16-bit
-    inputs only) are taken for the common signature."""
+                       A_T: gl.constexpr, B_T: gl.constexpr, USE_TMA: gl.constexpr,
+                       BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                       CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ragged_m_kernel's contract (a [T, K] or, A_T, stored [K, T]; b [G, K, N]
+    or, B_T, [G, N, K]; c [T, N] row-major), TMA only; USE_TMA and PRECISION
+    (16-bit inputs only) are taken for the common signature."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, B_T, NO_SCALES, BM, BN, BK, CHUNK, STAGES)
+                        b_group_stride, ldb, ldc, A_T, B_T, NO_SCALES, BM, BN, BK, CHUNK, STAGES)
 
 
 @gluon.jit
@@ -296,4 +317,5 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
     """scaled_ragged_m_kernel's contract (b K-major)."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, True, SCALING, BM, BN, BK, CHUNK, STAGES)
+                        b_group_stride, ldb, ldc, False, True, SCALING, BM, BN, BK, CHUNK,
+                        STAGES)

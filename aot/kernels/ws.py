@@ -65,12 +65,34 @@ def _add(a, b):
     return a + b
 
 
+@gluon.constexpr_function
+def row_alignment(A_T, dtype):
+    """tiled_rows' ALIGN: the elements in 16 bytes where A is stored [K, T]
+    (TMA starts a box along a contiguous dimension only at a 16-byte step,
+    and a group's rows start anywhere), else 1."""
+    return 128 // dtype.primitive_bitwidth if A_T else 1
+
+
+@gluon.jit
+def tiled_rows(start, end, ALIGN: gl.constexpr):
+    """(the first row of a group's m-tiles, the rows they span): the group's
+    first row rounded down to a multiple of ALIGN (row_alignment); an empty
+    group spans none.  Rows before the group's own first one are computed,
+    never stored (store_rows)."""
+    if ALIGN == 1:
+        return start, end - start
+    else:
+        first = start - start % ALIGN
+        return first, gl.where(end > start, end - first, 0)
+
+
 @gluon.jit
 def chunk_groups(offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM: gl.constexpr,
-                 CHUNK: gl.constexpr, WARPS: gl.constexpr):
+                 ALIGN: gl.constexpr, CHUNK: gl.constexpr, WARPS: gl.constexpr):
     """Groups chunk .. chunk + CHUNK as vectors: (starts, ends, tile counts,
     cumulative tile ends).  Index G is the pseudo-group of the rows past the
-    last group; past it, empty groups.  WARPS: the calling partition's."""
+    last group; past it, empty groups.  ALIGN: tiled_rows'.  WARPS: the
+    calling partition's."""
     layout: gl.constexpr = gl.BlockedLayout([CHUNK // 32], [32], [WARPS], [0])
     idx = chunk + gl.arange(0, CHUNK, layout)
     ends = gl.load(offs_ptr + idx, mask=idx < G, other=0)
@@ -81,7 +103,8 @@ def chunk_groups(offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM: 
     starts = gl.associative_scan(gl.minimum(gl.maximum(starts, 0), T), 0, _max)
     ends = gl.maximum(ends, rows_before)
     starts = gl.maximum(starts, rows_before)
-    group_tiles = (ends - starts + BM - 1) // BM * n_tiles
+    rows = tiled_rows(starts, ends, ALIGN)[1]
+    group_tiles = (rows + BM - 1) // BM * n_tiles
     tiles_end = tiles_before + gl.associative_scan(group_tiles, 0, _add)
     return starts, ends, group_tiles, tiles_end
 
@@ -95,15 +118,16 @@ def _pick(values, index):
 
 @gluon.jit
 def locate(t, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, K, BM: gl.constexpr,
-           BN: gl.constexpr):
+           BN: gl.constexpr, ALIGN: gl.constexpr):
     """(group, its row range, tile origin, K to walk) of tile t of the chunk of
     groups from `chunk`: the pseudo-group G (rows past the last group) walks none."""
     local = gl.sum((tiles_end <= t).to(gl.int32), 0)
     start = _pick(starts, local)
     end = _pick(ends, local)
     in_group = t - (_pick(tiles_end, local) - _pick(group_tiles, local))
-    m_tiles = (end - start + BM - 1) // BM
-    off_m = start + (in_group % m_tiles) * BM
+    first, rows = tiled_rows(start, end, ALIGN)
+    m_tiles = (rows + BM - 1) // BM
+    off_m = first + (in_group % m_tiles) * BM
     off_n = (in_group // m_tiles) * BN
     g = chunk + local
     return g, start, end, off_m, off_n, gl.where(g < G, K, 0)
@@ -139,6 +163,19 @@ def store_tile(tile, c_desc, c_buf, origin, off_n):
 
 
 @gluon.jit
+def store_rows(tile, c_ptr, ldc, row, first, end, off_n, N):
+    """Store a tile at (row, off_n) of a row-major C through registers, only
+    rows first .. end and columns below N: a group's first tile where it
+    begins before the group (tiled_rows), rows a TMA box cannot skip."""
+    layout: gl.constexpr = tile.type.layout
+    rows = row + gl.arange(0, tile.shape[0], gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, tile.shape[1], gl.SliceLayout(0, layout))
+    keep = gl.expand_dims((rows >= first) & (rows < end), 1) & gl.expand_dims(cols < N, 0)
+    at = gl.expand_dims(rows.to(gl.int64) * ldc, 1) + gl.expand_dims(cols, 0)
+    gl.store(c_ptr + at, tile.to(c_ptr.dtype.element_ty), mask=keep)
+
+
+@gluon.jit
 def first_step_past(start, end, step):
     """The first of start, start + step, ... that is >= end."""
     return start + (gl.maximum(end - start, 0) + step - 1) // step * step
@@ -158,8 +195,9 @@ def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
 
 @gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                   B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                   CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                   A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                   BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    ALIGN: gl.constexpr = row_alignment(A_T, a_desc.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
@@ -170,15 +208,16 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
         starts, ends, group_tiles, tiles_end = chunk_groups(
-            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, CHUNK,
+            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK,
             gl.num_warps())
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
-                                                        tiles_end, n_tiles, G, K, BM, BN)
+                                                        tiles_end, n_tiles, G, K, BM, BN, ALIGN)
             for k0 in range(0, k_end, BK):
                 slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
-                tma.async_copy_global_to_shared(a_desc, [off_m, k0], bar, a_bufs.index(slot))
+                a_origin = [k0, off_m] if A_T else [off_m, k0]
+                tma.async_copy_global_to_shared(a_desc, a_origin, bar, a_bufs.index(slot))
                 b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, b_block, b_desc.layout)
                 if B_T:
                     tma.async_copy_global_to_shared(b_desc, [g, off_n, k0], bar, b_buf)
@@ -219,17 +258,20 @@ def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
 
 
 @gluon.jit
-def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B_T: gl.constexpr,
-               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-               PARTS: gl.constexpr):
+def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T: gl.constexpr,
+               B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+               STAGES: gl.constexpr, PARTS: gl.constexpr):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
-    (each has its c buffer, and each frees a ring slot: `empty` waits for all)."""
+    (each has its c buffer, and each frees a ring slot: `empty` waits for all).
+    A_T: a is stored [K, T] and its blocks land as [BK, BM]."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
-    a_desc = tma.make_tensor_descriptor(a_ptr, [T, k_dim], [lda, 1], [BM, BK],
-                                        shared_layout([BM, BK], dtype))
+    a_tile: gl.constexpr = [BK, BM] if A_T else [BM, BK]
+    a_shape = [k_dim, T] if A_T else [T, k_dim]
+    a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
+                                        shared_layout(a_tile, dtype))
     b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
     if B_T:
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, N, k_dim], [b_group_stride, ldb, 1],
@@ -241,6 +283,6 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, B
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     PART_M: gl.constexpr = BM // PARTS
     c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N)
-    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, [BM, BK], b_tile,
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, b_tile,
                                                          [PART_M, EPI_N], PARTS, STAGES)
     return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty

@@ -11,7 +11,7 @@ from gg_runtime._testing import last_variant
 from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
                                 skewed_counts)
 
-from conftest import device_arch, gpu
+from conftest import device_arch, gpu, tma_runs_here
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison", "host_path")]
 DTYPES = [torch.float16, torch.bfloat16]
@@ -114,6 +114,23 @@ def test_ragged_m_zero_tokens_and_zero_k():
 def test_ragged_m_strided_a(allow_tma):
     a = randn(300, 96, dtype=torch.bfloat16)[:, :64]  # row stride 96
     check(a, weights(3, 64, 40, torch.bfloat16, "nk"), offsets_from_counts([100, 0, 180], "cuda"))
+
+
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+@pytest.mark.parametrize("tokens", [1504, 1501])
+def test_ragged_m_column_major_a(b_layout, tokens, allow_tma):
+    """a a transposed view of [K, T] (3-D x 2-D's b), groups starting at odd
+    rows: read in place where its row stride, T elements, is a multiple of
+    16 bytes, else copied to row-major first (gg_runtime/ragged.py)."""
+    # Groups of 1 and 3 rows, empty ones, the last 7 rows in none.
+    counts = [5, 0, 131, 3, 700, 0, 1, tokens - 847]
+    a = randn(136, tokens, dtype=torch.bfloat16).t()
+    flavour = "tma" if allow_tma else "basic"
+    check(a, weights(8, 136, 200, torch.bfloat16, b_layout), offsets_from_counts(counts, "cuda"),
+          flavour)
+    in_place = tokens % 8 == 0 and tma_runs_here()
+    layout = ("t" if in_place else "n") + ("n" if b_layout == "kn" else "t")
+    assert f".{layout}.{flavour}." in last_variant()
 
 
 def test_ragged_m_many_experts(allow_tma):

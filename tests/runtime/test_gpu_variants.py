@@ -40,12 +40,21 @@ def run_list(v, dtype, out_dtype):
     return list(zip(Cs, ref_list(As, Bs, trans_b)))
 
 
+def ragged_m_operands(v, rows, k, n, groups, dtype):
+    """(a [rows, K], b [G, K, N]) stored as the variant's layout says.  rows is
+    rounded up to a multiple of 16: gg_runtime reads a stored [K, T] a in place
+    only with a 16-byte aligned row stride, else copies it to row-major."""
+    rows += -rows % 16
+    a = matrix(rows, k, v["layout"][0] == "t", dtype)
+    b = (randn(groups, n, k, dtype=dtype).transpose(1, 2) if v["layout"][1] == "t"
+         else randn(groups, k, n, dtype=dtype))
+    return a, b
+
+
 def run_ragged_m(v, dtype, out_dtype):
     k, n = sizes(v, 112, 99), sizes(v, 144, 133)
     counts = [150, 0, 3, 260, 70]
-    a = matrix(sum(counts) + 9, k, v["layout"][0] == "t", dtype)
-    b = (randn(5, n, k, dtype=dtype).transpose(1, 2) if v["layout"][1] == "t"
-         else randn(5, k, n, dtype=dtype))
+    a, b = ragged_m_operands(v, sum(counts) + 9, k, n, len(counts), dtype)
     offs = offsets_from_counts(counts, "cuda")
     return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
 
@@ -129,9 +138,7 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
             ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, variant["layout"])
             allowed = FP8_TOLERANCE[out_dtype]
         else:
-            a = randn(sum(counts) + 70, k, dtype=dtype)
-            b = (randn(200, n, k, dtype=dtype).transpose(1, 2) if variant["layout"] == "nt"
-                 else randn(200, k, n, dtype=dtype))
+            a, b = ragged_m_operands(variant, sum(counts) + 70, k, n, len(counts), dtype)
             offs = offsets_from_counts(counts, "cuda")
             out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
             ref = ref_grouped_mm(a, b, offs)
