@@ -37,15 +37,21 @@ def _row_major(x: torch.Tensor):
     return x, row_stride
 
 
+def _tma_reads(x: torch.Tensor, ld: int) -> bool:
+    """Whether sm90's kernels read x, whose groups' rows lie along its
+    contiguous dimension, in place: TMA with a 16-byte aligned row stride and
+    base.  Elsewhere element loads along that dimension, where groups start
+    anywhere, ran 3.4x slower than copying x first (sm90's basic flavour) and
+    1.2x slower (the sm80 path) on an H100 (bench/RESULTS.md), so x is copied."""
+    return (ld * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0
+            and _native.runs_tma(x.get_device()))
+
+
 def _ragged_rows(a: torch.Tensor):
-    """_layout of ragged_m's a [T, K], read stored [K, T] only where TMA reads
-    it (sm90 kernels, 16-byte aligned row stride and base); elsewhere it is
-    copied to row-major first.  Element loads along a contiguous dimension
-    whose groups start anywhere ran 3.4x slower than the copy (sm90's basic
-    flavour) and 1.2x slower (the sm80 path) on an H100 (bench/RESULTS.md)."""
+    """_layout of ragged_m's a [T, K]: stored [K, T] only where _tma_reads,
+    else copied to row-major."""
     a, a_t, lda = _layout(a)
-    if a_t and (lda * a.element_size() % 16 or a.data_ptr() % 16
-                or not _native.runs_tma(a.get_device())):
+    if a_t and not _tma_reads(a, lda):
         a = a.contiguous()
         return a, False, a.stride(0)
     return a, a_t, lda
@@ -75,11 +81,14 @@ def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
 def ragged_k(a, b, offs, out_dtype=None) -> torch.Tensor:
     """out[G, M, N]; out[g] = a[:, rows of g] @ b[rows of g].  a [M, T], b [T, N]."""
     m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
-    a_rows, lda = _row_major(a.t())  # [T, M]: no copy for dB's a = x^T
     b, ldb = _row_major(b)
-    a = a_rows.t()
+    if a.stride(1) == 1 and a.stride(0) != 1 and _tma_reads(a, a.stride(0)):
+        layout, lda = "nn", a.stride(0)  # row-major [M, T], read in place
+    else:
+        a_rows, lda = _row_major(a.t())  # [T, M]: no copy for dB's a = x^T
+        layout, a = "tn", a_rows.t()
     out = _native.empty((groups, m, n), a, out_dtype)
-    _RAGGED_K("tn", *_native.target(a, out.dtype),
+    _RAGGED_K(layout, *_native.target(a, out.dtype),
               a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
               offs_ptr=offs.data_ptr(), M=m, N=n, T=a.shape[1], G=groups,
               lda=lda, ldb=ldb, ldc=n)

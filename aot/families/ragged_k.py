@@ -18,11 +18,13 @@ FAMILY = Family(
         Param("ldb", "i64", "stride", aligned=True),
         Param("ldc", "i64", "stride", aligned=True),
     ),
-    # a [M, T] as a transposed view of row-major [T, M], as in dB (gg_runtime
-    # copies any other a): each group's K range is then a range of whole rows.
-    layouts={"tn": {}},
-    tma_layouts=("tn",),
+    # a [M, T] as a transposed view of row-major [T, M], as in dB ('tn': each
+    # group's K range a range of whole rows), or row-major ('nn', read in place
+    # by sm90's kernels only; gg_runtime copies it elsewhere, and any other a).
+    layouts={"tn": {"A_T": True}, "nn": {"A_T": False}},
+    tma_layouts=("tn", "nn"),
     aligned_layouts=("tn",),
+    tma_only_layouts=("nn",),
     float32_output=True,
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",

@@ -210,12 +210,13 @@ def group_row_range(offs_ptr, g, T, CHUNK: tl.constexpr):
 
 @triton.jit
 def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
-                    USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """a [M, T] stored as row-major [T, M] (rows lda apart; as in dB = x^T dy),
-    b [T, N] row-major, c [G, M, N] with rows ldc apart and groups M * ldc
-    apart.  (A stored [M, T] would have its K ranges along the contiguous
-    dimension: the caller copies it.)
+                    A_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    """a [M, T] stored as row-major [T, M] (A_T, rows lda apart; as in dB = x^T
+    dy) or row-major (the TMA flavour reads it through pointers: a group's K
+    range along the contiguous dimension starts anywhere), b [T, N] row-major,
+    c [G, M, N] with rows ldc apart and groups M * ldc apart.
 
     Every group has the same tile count, so a tile's group is a division; its
     K range comes from the offsets.  A group with no rows stores zeros.
@@ -225,7 +226,8 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     m_tiles = tl.cdiv(M, BM)
     tiles_per_group = m_tiles * tl.cdiv(N, BN)
     if USE_TMA:  # descriptors built once
-        a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+        if A_T:
+            a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
         b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                            block_shape=[1, BM, BN])
@@ -237,12 +239,19 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
         if USE_TMA:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
+            rows = off_m + tl.arange(0, BM)
             for k0 in range(start, end, BK):
-                a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
+                if A_T:
+                    a = ragged_load(a_desc, start, end, k0, off_m, BK, BM).T
+                else:
+                    ks = k0 + tl.arange(0, BK)
+                    at = rows.to(tl.int64)[:, None] * lda + ks[None, :]
+                    a = tl.load(a_ptr + at, mask=(rows < M)[:, None] & (ks < end)[None, :],
+                                other=0.0)
                 b = ragged_load(b_desc, start, end, k0, off_n, BK, BN)
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
             c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
         else:
             acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
-                                 True, False, BM, BN, BK, PRECISION)
+                                 A_T, False, BM, BN, BK, PRECISION)
             tile_store(c_ptr + g.to(tl.int64) * M * ldc, acc, off_m, off_n, M, N, ldc, False, BM, BN)

@@ -10,17 +10,20 @@ a zero tile.
 The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp
 fills a STAGES-deep ring of (A, B) K blocks, the default partition runs
 asynchronous wgmmas on it (one in flight) and stores each tile through TMA in
-column parts (ws.store_tile).  A is stored [T, M]: its K blocks land as
-[BK, BM] and wgmma reads them transposed.
+column parts (ws.store_tile).  A stored [T, M] (A_T, dB's x^T) lands as
+[BK, BM] blocks that wgmma reads transposed; a row-major A [M, T] as [BM, BK]
+blocks from a 16-byte step at or before the group's first row
+(ws.tiled_rows), which the MMA partition clears outside the group.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from .ragged import RAGGED_ROWS
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, ragged_descriptor, shared_layout, store_tile)
+                 claim_slot, ragged_descriptor, row_alignment, shared_layout, store_tile,
+                 tiled_rows)
 
 
 @gluon.jit
@@ -65,8 +68,9 @@ def total_tiles(M, N, G, BM: gl.constexpr, BN: gl.constexpr):
 
 @gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
-                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                   CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    ALIGN: gl.constexpr = row_alignment(not A_T, a_desc.dtype)
     nbytes: gl.constexpr = (BM + BN) * BK * a_desc.dtype.primitive_bitwidth // 8
     count = 0
     g = -1
@@ -75,21 +79,50 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N,
     for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
         g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, g, start, end, BM, BN,
                                              CHUNK)
-        rows = end - start
-        for k in range(0, rows, BK):  # none for an empty group
+        first, span = tiled_rows(start, end, ALIGN)
+        for k in range(0, span, BK):  # none for an empty group
             slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
-            row = RAGGED_ROWS - rows + k  # row start + k of the group (ragged.py)
-            a_buf = a_bufs.index(slot)._reinterpret(a_desc.dtype, [1, 1, BK, BM], a_desc.layout)
+            # Row first + k of b (ragged.py's coordinates: rows past end load as zeros).
+            row = RAGGED_ROWS - (end - start) + (first - start) + k
+            if A_T:
+                a_buf = a_bufs.index(slot)._reinterpret(a_desc.dtype, [1, 1, BK, BM],
+                                                        a_desc.layout)
+                tma.async_copy_global_to_shared(a_desc, [RAGGED_ROWS, end, row, off_m], bar,
+                                                a_buf)
+            else:
+                tma.async_copy_global_to_shared(a_desc, [off_m, first + k], bar,
+                                                a_bufs.index(slot))
             b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, [1, 1, BK, BN], b_desc.layout)
-            tma.async_copy_global_to_shared(a_desc, [RAGGED_ROWS, end, row, off_m], bar, a_buf)
             tma.async_copy_global_to_shared(b_desc, [RAGGED_ROWS, end, row, off_n], bar, b_buf)
             count += 1
 
 
 @gluon.jit
+def clear_outside(a_buf, b_buf, k0, start, end):
+    """Zero the K block's columns of A and rows of B outside [start, end) in
+    shared memory, then make the partition's writes visible to its wgmmas:
+    a row-major A is read from a 16-byte step before the group's first row
+    (ws.tiled_rows) and past its end, where other groups' values, finite or
+    not, must add nothing."""
+    BK: gl.constexpr = a_buf.shape[1]
+    warps: gl.constexpr = gl.num_warps()
+    a_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BK, BK // 8], [warps, 1], [1, 0])
+    b_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [warps, 1], [1, 0])
+    cols = k0 + gl.arange(0, BK, gl.SliceLayout(0, a_layout))
+    a = a_buf.load(a_layout)
+    a_buf.store(gl.where(gl.expand_dims((cols >= start) & (cols < end), 0), a, 0.0))
+    rows = k0 + gl.arange(0, BK, gl.SliceLayout(1, b_layout))
+    b = b_buf.load(b_layout)
+    b_buf.store(gl.where(gl.expand_dims((rows >= start) & (rows < end), 1), b, 0.0))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
-                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    ALIGN: gl.constexpr = row_alignment(not A_T, a_bufs.dtype)
     acc_layout: gl.constexpr = accumulator_layout(BN, gl.num_warps())
     count = 0
     g = -1
@@ -98,12 +131,18 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
     for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
         g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, g, start, end, BM, BN,
                                              CHUNK)
-        rows = end - start
+        first, span = tiled_rows(start, end, ALIGN)
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-        for k in range(0, rows, BK):  # the loader's count of K blocks
+        for k in range(0, span, BK):  # the loader's count of K blocks
             slot = count % STAGES
             mbarrier.wait(ready.index(slot), count // STAGES & 1)
-            a = a_bufs.index(slot).permute((1, 0))  # [BK, BM] as [BM, BK]
+            if A_T:
+                a = a_bufs.index(slot).permute((1, 0))  # [BK, BM] as [BM, BK]
+            else:
+                k0 = first + k
+                if (k0 < start) | (k0 + BK > end):
+                    clear_outside(a_bufs.index(slot), b_bufs.index(slot), k0, start, end)
+                a = a_bufs.index(slot)
             acc = warpgroup_mma(a, b_bufs.index(slot), acc, is_async=True)
             # One MMA in flight: the one before it is done with its slot.
             acc = warpgroup_mma_wait(1, deps=(acc, ))
@@ -111,34 +150,39 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
             count += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         # An empty group ran no MMA: nothing to free, its zero tile is stored.
-        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=rows > 0)
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=span > 0)
         store_tile(acc, c_desc, c_buf, (g, off_m), off_n)
     tma.store_wait(0)
 
 
 @gluon.jit
 def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
-                       USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                       BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
-                       STAGES: gl.constexpr):
-    """ragged_k_kernel's contract (a [M, T] stored as row-major [T, M], b [T, N]
-    row-major, c [G, M, N] with rows ldc apart and groups M * ldc apart), TMA
-    only; USE_TMA and PRECISION (16-bit inputs only) are taken for the common
-    signature."""
+                       A_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                       BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                       PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ragged_k_kernel's contract (a [M, T] stored as row-major [T, M] (A_T) or
+    row-major, b [T, N] row-major, c [G, M, N] with rows ldc apart and groups
+    M * ldc apart), TMA only; USE_TMA and PRECISION (16-bit inputs only) are
+    taken for the common signature."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
-    a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+    a_tile: gl.constexpr = [BK, BM] if A_T else [BM, BK]
+    if A_T:
+        a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+    else:  # K blocks along a's rows: no clipping, clear_outside zeroes what is not the group's
+        a_desc = tma.make_tensor_descriptor(a_ptr, [M, T], [lda, 1], a_tile,
+                                            shared_layout(a_tile, dtype))
     b_desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     c_desc = tma.make_tensor_descriptor(c_ptr, [G, M, N], [M * ldc, ldc, 1], [1, BM, EPI_N],
                                         shared_layout([1, BM, EPI_N], out))
-    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, [BK, BM], [BK, BN],
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, [BK, BN],
                                                          [BM, EPI_N], 1, STAGES)
     c_buf = c_bufs.index(0)
     gl.warp_specialize([
         (mma_partition, (c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
-                         BM, BN, BK, CHUNK, STAGES)),
+                         A_T, BM, BN, BK, CHUNK, STAGES)),
         (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
-                          BM, BN, BK, CHUNK, STAGES)),
+                          A_T, BM, BN, BK, CHUNK, STAGES)),
     ], [LOADER_WARPS], [LOADER_REGISTERS])

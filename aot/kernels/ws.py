@@ -66,11 +66,12 @@ def _add(a, b):
 
 
 @gluon.constexpr_function
-def row_alignment(A_T, dtype):
-    """tiled_rows' ALIGN: the elements in 16 bytes where A is stored [K, T]
-    (TMA starts a box along a contiguous dimension only at a 16-byte step,
-    and a group's rows start anywhere), else 1."""
-    return 128 // dtype.primitive_bitwidth if A_T else 1
+def row_alignment(along_contiguous, dtype):
+    """tiled_rows' ALIGN: the elements in 16 bytes where groups' rows lie
+    along A's contiguous dimension (ragged_m's A stored [K, T], ragged_k's
+    row-major A [M, T]; TMA starts a box along a contiguous dimension only
+    at a 16-byte step, and a group's rows start anywhere), else 1."""
+    return 128 // dtype.primitive_bitwidth if along_contiguous else 1
 
 
 @gluon.jit

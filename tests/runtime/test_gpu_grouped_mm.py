@@ -167,6 +167,23 @@ def test_ragged_k(dtype, a_layout, allow_tma):
             assert torch.equal(out[g], torch.zeros_like(out[g]))
 
 
+@pytest.mark.parametrize("tokens", [1504, 1501])
+def test_ragged_k_row_major_a(tokens, allow_tma):
+    """a row-major [M, T] (3-D x 2-D's dA), groups starting at odd rows,
+    their values past the group (NaN, inf) never reaching it: read in place
+    where T elements are a multiple of 16 bytes, else (or without sm90
+    kernels) copied to [T, M] first (gg_runtime/ragged.py)."""
+    counts = [5, 0, 131, 3, 700, 0, 1, tokens - 847]  # the last 7 rows in no group
+    a = randn(72, tokens, dtype=torch.bfloat16)
+    b = randn(tokens, 136, dtype=torch.bfloat16)
+    a[:, -7:], b[-7:] = float("nan"), float("inf")
+    offs = offsets_from_counts(counts, "cuda")
+    out = check(a, b, offs, "tma" if allow_tma else "basic")
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    in_place = tokens % 8 == 0 and tma_runs_here()
+    assert f".{'nn' if in_place else 'tn'}." in last_variant()
+
+
 def test_ragged_k_no_rows_at_all():
     out = check(randn(8, 0, dtype=torch.bfloat16), randn(0, 16, dtype=torch.bfloat16),
                 torch.zeros(3, dtype=torch.int32, device="cuda"))

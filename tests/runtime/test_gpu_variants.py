@@ -59,12 +59,21 @@ def run_ragged_m(v, dtype, out_dtype):
     return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
 
 
+def ragged_k_a(v, m, total, dtype):
+    """a [M, T] stored as the variant's layout says: a row-major one ('nn') is
+    read in place only with a 16-byte aligned row stride (gg_runtime copies
+    it otherwise), so its T is rounded up to a multiple of 16."""
+    if v["layout"] == "tn":
+        return randn(total, m, dtype=dtype).t()
+    return randn(m, total + -total % 16, dtype=dtype)[:, :total]
+
+
 def run_ragged_k(v, dtype, out_dtype):
     m, n = sizes(v, 80, 67), sizes(v, 144, 131)
     counts = [150, 0, 33, 260]
     total = sizes(v, 448, sum(counts))
     counts[-1] += total - sum(counts)
-    a = randn(total, m, dtype=dtype).t() if v["layout"] == "tn" else randn(m, total, dtype=dtype)
+    a = ragged_k_a(v, m, total, dtype)
     b = randn(total, n, dtype=dtype)
     offs = offsets_from_counts(counts, "cuda")
     return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
@@ -126,8 +135,8 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
     counts, k, n = many_groups(), 1040, 784
     with forced(variant=variant["key"]), tf32_allowed(tf32):
         if variant["family"] == "ragged_k":
-            a, b = randn(sum(counts) + 70, 208, dtype=dtype).t(), randn(sum(counts) + 70, n,
-                                                                         dtype=dtype)
+            a = ragged_k_a(variant, 208, sum(counts) + 70, dtype)
+            b = randn(sum(counts) + 70, n, dtype=dtype)
             offs = offsets_from_counts(counts, "cuda")
             out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
             ref = ref_grouped_mm(a, b, offs)
