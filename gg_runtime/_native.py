@@ -72,13 +72,14 @@ def target(x: torch.Tensor, out_dtype: torch.dtype) -> tuple:
 
 def runs_tma(device: int) -> bool:
     """Whether calls on this device run the wheel's `tma` variants (its kernel
-    arch has them: sm90 cubins, not the sm80 path)."""
-    return _C.device_info(device)["kernel_arch"] in _tma_archs()
+    arch has them: sm90 cubins, not the sm80 path, which forcing PTX takes)."""
+    return _runs_tma(device, _C.force_ptx())
 
 
 @functools.cache
-def _tma_archs() -> frozenset:
-    return frozenset(v["arch"] for v in _C.variants() if v["flavour"] == "tma")
+def _runs_tma(device: int, force_ptx: bool) -> bool:
+    arch = _C.device_info(device)["kernel_arch"]
+    return any(v["arch"] == arch and v["flavour"] == "tma" for v in _C.variants())
 
 
 def _tf32_allowed() -> bool:
