@@ -37,7 +37,9 @@ FAMILY = Family(
     tma_only_layouts=("tn", "tt"),
     float32_output=True,
     # Each group boundary adds at most one partial m-tile; +1 for the rows past
-    # the last group (written with zeros).
+    # the last group (written with zeros).  (A stored [K, T] starts a group's
+    # tiles up to 7 rows early, ws.tiled_rows: at most 7G / BM more tiles,
+    # which only the grid's size sees; each program walks the real list.)
     tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
     rows="T // max(G, 1)",
 )

@@ -99,9 +99,9 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                     PRECISION: tl.constexpr):
     """a [T, K] row-major (A_T=0) or stored as row-major [K, T] (A_T=1, as
-    3-D x 2-D's transposed b: a group's rows are then a column range, which
-    TMA takes at any offset), b [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c
-    [T, N] row-major."""
+    3-D x 2-D's transposed b: a group's rows are then a range along the
+    contiguous dimension, which the TMA flavour reads through pointers), b
+    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major."""
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,

@@ -201,9 +201,8 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 @gluon.jit
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
                   c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
-                  A_T: gl.constexpr,
-                  B_T: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                  BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                  A_T: gl.constexpr, B_T: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this program."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
@@ -257,9 +256,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
 @gluon.jit
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, A_T: gl.constexpr, B_T: gl.constexpr,
-                        SCALING: gl.constexpr,
-                        BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                        SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                        BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // (16 * gl.num_warps())
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
