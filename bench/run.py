@@ -291,15 +291,18 @@ def host_us(fn, calls=2000) -> float:
 
 def host_costs() -> dict:
     """Host time per call on a tiny problem, ours next to torch's, same inputs:
-    plain, with autograd recording (weights that require grad), and the list
+    plain, with autograd recording (weights that require grad), the weight
+    gradient (ragged K of a.t() and an output-shaped dy), and the list
     API with 128 groups against a loop of matmuls and torch's fused 128-tensor
     foreach op.  Ours as shipped (tensors read in C++ where the torch bridge is
     loaded), then (`python_` rows) as under a torch the bridge was not built for."""
     a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
     w = b.detach().requires_grad_()
+    dy = torch.randn_like(gg_runtime.grouped_mm(a, b, offs))
     As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
     ours = {"grouped_mm_us": lambda: gg_runtime.grouped_mm(a, b, offs),
             "grouped_mm_autograd_us": lambda: gg_runtime.grouped_mm(a, w, offs),
+            "weight_gradient_us": lambda: gg_runtime.grouped_mm(a.t(), dy, offs),
             "grouped_gemm_128_groups_us": lambda: gg_runtime.grouped_gemm(As, Bs)}
     costs = {"bridge": gg_runtime.info()["build"]["torch_bridge"]}
     for name, fn in ours.items():
@@ -308,6 +311,7 @@ def host_costs() -> dict:
             costs[f"python_{name}"] = host_us(fn)
     costs.update(torch_grouped_mm_us=host_us(lambda: torch._grouped_mm(a, b, offs)),
                  torch_grouped_mm_autograd_us=host_us(lambda: torch._grouped_mm(a, w, offs)),
+                 torch_weight_gradient_us=host_us(lambda: torch._grouped_mm(a.t(), dy, offs)),
                  matmul_loop_128_groups_us=host_us(lambda: [x @ y for x, y in zip(As, Bs)], 500),
                  # torch's fastest op with 128 new tensors out (one fused launch): what
                  # torch itself pays to return that many tensors, a floor for the list API

@@ -80,6 +80,11 @@ def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
 
 def ragged_k(a, b, offs, out_dtype=None) -> torch.Tensor:
     """out[G, M, N]; out[g] = a[:, rows of g] @ b[rows of g].  a [M, T], b [T, N]."""
+    out_dtype = out_dtype or a.dtype
+    if _native.bridge is not None:  # the weight gradient's layout in C++, else None
+        out = _native.bridge.ragged_k(a, b, offs, out_dtype, *_native.target(a, out_dtype))
+        if out is not None:
+            return out
     m, n, groups = a.shape[0], b.shape[1], offs.shape[0]
     b, ldb = _row_major(b)
     if a.stride(1) == 1 and a.stride(0) != 1 and _tma_reads(a, a.stride(0)):

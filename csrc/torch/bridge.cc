@@ -5,7 +5,7 @@
 // C++ ABI is not stable across versions) and uses the Python twins otherwise.
 //
 // Each function does what its Python twin (gemm_list.grouped_gemm,
-// ragged.ragged_m) does for the inputs it takes, and returns None for every
+// ragged.ragged_m, ragged.ragged_k) does for the inputs it takes, and returns None for every
 // other input: the twin then runs, copying or raising the error that names
 // the argument.  Launches go through _C's runtime (runtime_api.h): one state
 // per process.
@@ -87,12 +87,15 @@ Binding<N> bind_family(const char* family, const std::array<const char*, N>& nam
 constexpr std::array<const char*, 12> kRaggedMParams{
     "a_ptr", "b_ptr", "c_ptr", "offs_ptr", "T", "N", "K", "G", "lda", "b_group_stride",
     "ldb", "ldc"};
+constexpr std::array<const char*, 11> kRaggedKParams{
+    "a_ptr", "b_ptr", "c_ptr", "offs_ptr", "M", "N", "T", "G", "lda", "ldb", "ldc"};
 // One group's words of the list family, in the kernel's order (checked at import).
 constexpr std::array<const char*, 9> kListFields{"a", "b", "c", "M", "N", "K", "lda", "ldb",
                                                  "ldc"};
 constexpr size_t kListC = 2, kListM = 3, kListN = 4;
 
 Binding<12> g_ragged_m;
+Binding<11> g_ragged_k;
 Binding<1> g_list;  // its one caller-given parameter: the group table
 
 void check_list_fields() {
@@ -237,30 +240,75 @@ PyObject* grouped_gemm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// A grouped_mm call's tensors and output dtype, as ragged_m and ragged_k take
+// them: (a, b, offs, out_dtype, device, stream, dtype, out_dtype_code).
+struct RaggedCall {
+  gg::Call call{};
+  const at::Tensor *a = nullptr, *b = nullptr, *offs = nullptr;
+  at::ScalarType out_type{};
+  bool read = false;  // three tensors and a torch.dtype were given; else the twin runs
+};
+
+// Reads a ragged call's arguments; false (an exception set) on a malformed call.
+bool read_ragged_call(const char* function, PyObject* const* args, Py_ssize_t nargs, int family,
+                      RaggedCall& r) {
+  if (!begin_call(function, args, nargs, 8, family, r.call)) return false;
+  r.a = tensor_of(args[0]);
+  r.b = tensor_of(args[1]);
+  r.offs = tensor_of(args[2]);
+  r.read = r.a != nullptr && r.b != nullptr && r.offs != nullptr && THPDtype_Check(args[3]);
+  if (r.read) r.out_type = reinterpret_cast<THPDtype*>(args[3])->scalar_type;
+  return true;
+}
+
+// Launches r.call (its args and layout set) writing `out`; returns it to Python.
+PyObject* launch_into(RaggedCall& r, at::Tensor out) {
+  if (!g_api->run(r.call)) return nullptr;
+  return THPVariable_Wrap(std::move(out));
+}
+
 // ragged_m(a, b, offs, out_dtype, device, stream, dtype, out_dtype_code) -> Tensor | None
 // Inputs classify() has checked as the ragged-M case; out_dtype a torch.dtype.
 PyObject* ragged_m(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  gg::Call call{};
-  if (!begin_call("ragged_m", args, nargs, 8, g_ragged_m.family, call)) return nullptr;
-  const at::Tensor *a = tensor_of(args[0]), *b = tensor_of(args[1]), *offs = tensor_of(args[2]);
-  if (a == nullptr || b == nullptr || offs == nullptr || !THPDtype_Check(args[3])) {
-    Py_RETURN_NONE;
-  }
-  const int64_t rows = a->size(0), k = a->size(1), groups = b->size(0), n = b->size(2);
-  if (groups == 0 || (a->stride(1) != 1 && k > 1)) Py_RETURN_NONE;  // the twin zeroes / copies
+  RaggedCall r;
+  if (!read_ragged_call("ragged_m", args, nargs, g_ragged_m.family, r)) return nullptr;
+  if (!r.read) Py_RETURN_NONE;
+  const at::Tensor &a = *r.a, &b = *r.b;
+  const int64_t rows = a.size(0), k = a.size(1), groups = b.size(0), n = b.size(2);
+  if (groups == 0 || (a.stride(1) != 1 && k > 1)) Py_RETURN_NONE;  // the twin zeroes / copies
   // b[g] is [K, N]: row-major (nn) or stored transposed (nt), as ragged._layout reads it.
-  const int64_t row_stride = b->stride(1), col_stride = b->stride(2);
+  const int64_t row_stride = b.stride(1), col_stride = b.stride(2);
   const bool nn = n <= 1 || col_stride == 1;
   if (!nn && !(k <= 1 || row_stride == 1)) Py_RETURN_NONE;
-  const auto out_type = reinterpret_cast<THPDtype*>(args[3])->scalar_type;
-  at::Tensor out = new_output({rows, n}, a->options().dtype(out_type));
-  call.args = g_ragged_m.args({address(*a), address(*b), address(out), address(*offs), rows, n,
-                               k, groups, a->stride(0), b->stride(0),
-                               nn ? row_stride : col_stride, n});
-  call.layout = nn ? "nn" : "nt";
-  if (!g_api->run(call)) return nullptr;
-  return THPVariable_Wrap(std::move(out));
+  at::Tensor out = new_output({rows, n}, a.options().dtype(r.out_type));
+  r.call.args = g_ragged_m.args({address(a), address(b), address(out), address(*r.offs), rows,
+                                 n, k, groups, a.stride(0), b.stride(0),
+                                 nn ? row_stride : col_stride, n});
+  r.call.layout = nn ? "nn" : "nt";
+  return launch_into(r, std::move(out));
+  END_HANDLE_TH_ERRORS
+}
+
+// ragged_k(a, b, offs, out_dtype, device, stream, dtype, out_dtype_code) -> Tensor | None
+// Inputs classify() has checked as the ragged-K case; out_dtype a torch.dtype.
+// Takes the weight gradient's layout, which ragged.ragged_k reads as 'tn'
+// without a copy: a [M, T] a transposed view of a row-major [T, M] (x.t()), b
+// [T, N] row-major.  Every other layout is the twin's (it reads a row-major a
+// in place where TMA can, else copies).
+PyObject* ragged_k(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  RaggedCall r;
+  if (!read_ragged_call("ragged_k", args, nargs, g_ragged_k.family, r)) return nullptr;
+  if (!r.read) Py_RETURN_NONE;
+  const at::Tensor &a = *r.a, &b = *r.b;
+  const int64_t m = a.size(0), tokens = a.size(1), n = b.size(1), groups = r.offs->size(0);
+  if (a.stride(0) != 1 || (b.stride(1) != 1 && n > 1)) Py_RETURN_NONE;
+  at::Tensor out = new_output({groups, m, n}, a.options().dtype(r.out_type));
+  r.call.args = g_ragged_k.args({address(a), address(b), address(out), address(*r.offs), m, n,
+                                 tokens, groups, a.stride(1), b.stride(0), n});
+  r.call.layout = "tn";
+  return launch_into(r, std::move(out));
   END_HANDLE_TH_ERRORS
 }
 
@@ -276,6 +324,9 @@ PyMethodDef kMethods[] = {
     {"ragged_m", reinterpret_cast<PyCFunction>(ragged_m), METH_FASTCALL,
      "ragged_m(a, b, offs, out_dtype, device, stream, dtype, out_dtype_code): the output, or "
      "None where ragged.ragged_m's Python path must run."},
+    {"ragged_k", reinterpret_cast<PyCFunction>(ragged_k), METH_FASTCALL,
+     "ragged_k(a, b, offs, out_dtype, device, stream, dtype, out_dtype_code): the output, or "
+     "None where ragged.ragged_k's Python path must run."},
     {"with_autograd", reinterpret_cast<PyCFunction>(gg_bridge::with_autograd), METH_FASTCALL,
      "with_autograd(forward, backward, case, a, b, offs, out_dtype): forward(case, a, b, offs, "
      "out_dtype) without grad mode, its output given a C++ autograd node that calls "
@@ -299,6 +350,7 @@ PyMODINIT_FUNC PyInit__torch_C() {
   }
   try {
     g_ragged_m = bind_family("ragged_m", kRaggedMParams);
+    g_ragged_k = bind_family("ragged_k", kRaggedKParams);
     g_list = bind_family("list", std::array<const char*, 1>{"group_table"});
     check_list_fields();
   } catch (const std::exception& e) {

@@ -57,8 +57,9 @@ def test_ragged_m_edge_distributions(counts, allow_tma):
 
 
 def test_bridge_runs_the_hot_paths_without_python(host_path, monkeypatch):
-    """Where the torch bridge is loaded, grouped_gemm and ragged-M grouped_mm
-    (either weight layout) allocate and launch in C++: the Python twins never run."""
+    """Where the torch bridge is loaded, grouped_gemm, ragged-M grouped_mm
+    (either weight layout) and the weight gradient (ragged K of x.t() and dy)
+    allocate and launch in C++: the Python twins never run."""
     if host_path != "bridge":
         pytest.skip("about the bridge")
 
@@ -70,6 +71,7 @@ def test_bridge_runs_the_hot_paths_without_python(host_path, monkeypatch):
     a = randn(sum(counts), 40, dtype=torch.bfloat16)
     for layout in ("kn", "nk"):
         check(a, weights(3, 40, 24, torch.bfloat16, layout), offsets_from_counts(counts, "cuda"))
+    check(a.t(), randn(sum(counts), 24, dtype=torch.bfloat16), offsets_from_counts(counts, "cuda"))
     As = [randn(m, 40, dtype=torch.float16) for m in counts]
     Bs = [randn(40, n, dtype=torch.float16) for n in (24, 24, 56)]
     for c, x, y in zip(gg_runtime.grouped_gemm(As, Bs), As, Bs):
