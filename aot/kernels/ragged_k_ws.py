@@ -12,8 +12,8 @@ fills a STAGES-deep ring of (A, B) K blocks, the default partition runs
 asynchronous wgmmas on it (one in flight) and stores each tile through TMA in
 column parts (ws.store_tile).  A stored [T, M] (A_T, dB's x^T) lands as
 [BK, BM] blocks that wgmma reads transposed; a row-major A [M, T] as [BM, BK]
-blocks from a 16-byte step at or before the group's first row
-(ws.tiled_rows), which the MMA partition clears outside the group.
+blocks from a multiple of BK columns at or before the group's first row
+(k_block_step, ws.tiled_rows), which the MMA partition clears outside the group.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -22,7 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .ragged import RAGGED_ROWS
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, ragged_descriptor, row_alignment, shared_layout, store_tile,
+                 claim_slot, ragged_descriptor, shared_layout, store_tile,
                  tiled_rows)
 
 
@@ -66,11 +66,21 @@ def total_tiles(M, N, G, BM: gl.constexpr, BN: gl.constexpr):
     return G * ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
 
 
+@gluon.constexpr_function
+def k_block_step(A_T, BK):
+    """tiled_rows' ALIGN: a row-major A's K blocks start at a multiple of BK
+    columns (TMA could start them at any 16 bytes): from 16-byte steps the
+    kernel ran 12-15% slower on an H100 (bench/RESULTS.md; likely because each
+    64-byte row of a box then straddles one more 32-byte sector).  The
+    boundary blocks this adds are cleared."""
+    return 1 if A_T else BK
+
+
 @gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
                    A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                    CHUNK: gl.constexpr, STAGES: gl.constexpr):
-    ALIGN: gl.constexpr = row_alignment(not A_T, a_desc.dtype)
+    ALIGN: gl.constexpr = k_block_step(A_T, BK)
     nbytes: gl.constexpr = (BM + BN) * BK * a_desc.dtype.primitive_bitwidth // 8
     count = 0
     g = -1
@@ -101,8 +111,8 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N,
 def clear_outside(a_buf, b_buf, k0, start, end):
     """Zero the K block's columns of A and rows of B outside [start, end) in
     shared memory, then make the partition's writes visible to its wgmmas:
-    a row-major A is read from a 16-byte step before the group's first row
-    (ws.tiled_rows) and past its end, where other groups' values, finite or
+    a row-major A is read from a BK step before the group's first row
+    (k_block_step) and past its end, where other groups' values, finite or
     not, must add nothing."""
     BK: gl.constexpr = a_buf.shape[1]
     warps: gl.constexpr = gl.num_warps()
@@ -122,7 +132,7 @@ def clear_outside(a_buf, b_buf, k0, start, end):
 def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
                   A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   CHUNK: gl.constexpr, STAGES: gl.constexpr):
-    ALIGN: gl.constexpr = row_alignment(not A_T, a_bufs.dtype)
+    ALIGN: gl.constexpr = k_block_step(A_T, BK)
     acc_layout: gl.constexpr = accumulator_layout(BN, gl.num_warps())
     count = 0
     g = -1

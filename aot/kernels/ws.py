@@ -68,16 +68,18 @@ def _add(a, b):
 @gluon.constexpr_function
 def row_alignment(along_contiguous, dtype):
     """tiled_rows' ALIGN: the elements in 16 bytes where groups' rows lie
-    along A's contiguous dimension (ragged_m's A stored [K, T], ragged_k's
-    row-major A [M, T]; TMA starts a box along a contiguous dimension only
-    at a 16-byte step, and a group's rows start anywhere), else 1."""
+    along A's contiguous dimension (ragged_m's A stored [K, T]; TMA starts a
+    box along a contiguous dimension only at a 16-byte step, and a group's
+    rows start anywhere), else 1.  (ragged_k's row-major A takes a wider step:
+    ragged_k_ws.k_block_step.)"""
     return 128 // dtype.primitive_bitwidth if along_contiguous else 1
 
 
 @gluon.jit
 def tiled_rows(start, end, ALIGN: gl.constexpr):
     """(the first row of a group's m-tiles, the rows they span): the group's
-    first row rounded down to a multiple of ALIGN (row_alignment); an empty
+    first row rounded down to a multiple of ALIGN (row_alignment, or
+    ragged_k_ws.k_block_step); an empty
     group spans none.  Rows before the group's own first one are computed,
     never stored (store_rows)."""
     if ALIGN == 1:
