@@ -22,8 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .ragged import RAGGED_ROWS
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, ragged_descriptor, shared_layout, store_tile,
-                 tiled_rows)
+                 claim_slot, ragged_descriptor, shared_layout, store_tile, tiled_rows)
 
 
 @gluon.jit

@@ -79,9 +79,8 @@ def row_alignment(along_contiguous, dtype):
 def tiled_rows(start, end, ALIGN: gl.constexpr):
     """(the first row of a group's m-tiles, the rows they span): the group's
     first row rounded down to a multiple of ALIGN (row_alignment, or
-    ragged_k_ws.k_block_step); an empty
-    group spans none.  Rows before the group's own first one are computed,
-    never stored (store_rows)."""
+    ragged_k_ws.k_block_step); an empty group spans none.  Rows before the
+    group's own first one are computed, never stored (store_rows)."""
     if ALIGN == 1:
         return start, end - start
     else:
