@@ -7,8 +7,8 @@
 // Each function does what its Python twin (gemm_list.grouped_gemm,
 // ragged.ragged_m, ragged.ragged_k) does for the inputs it takes, and returns
 // None for every other input: the twin then runs, copying or raising the
-// error that names the argument.  Launches go through _C's runtime (runtime_api.h): one state
-// per process.
+// error that names the argument.  Launches go through _C's runtime
+// (runtime_api.h): one state per process.
 #include <Python.h>
 
 #include <ATen/ATen.h>
