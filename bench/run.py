@@ -27,8 +27,8 @@ import torch
 import gg_runtime
 from gg_runtime._testing import python_host_path
 from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
-                                offsets_from_counts, ref_grouped_mm, ref_list,
-                                ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms)
+                                moe_layer, moe_layer_inputs, offsets_from_counts, ref_grouped_mm,
+                                ref_list, ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms)
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -135,13 +135,17 @@ def bench_wgrad(w, ceil) -> dict:
     ref = ref_grouped_mm(x.t(), dy, offs)
     flops = 2 * x.shape[0] * w["N"] * w["K"]
     candidates = {"gg_runtime": lambda: gg_runtime.grouped_mm(x.t(), dy, offs),
-                  "torch_grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs)}
+                  "torch_grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs),
+                  # as the gradient of a weight passed as w.transpose(1, 2) is computed
+                  "gg_runtime_transposed": lambda: gg_runtime.grouped_mm(dy.t(), x, offs).mT}
     runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE[dtype], flops)
     ours, theirs = (runs.get(n, {}).get("ms") for n in ("gg_runtime", "torch_grouped_mm"))
     traffic = x.element_size() * (x.numel() + dy.numel() + len(w["m"]) * w["K"] * w["N"])
     floor_ms = max(flops / (ceil["matmul_tflops"] * 1e9), traffic / (ceil["copy_tbps"] * 1e9))
+    transposed = runs.get("gg_runtime_transposed", {}).get("ms")
     return {"name": w["name"] + "_wgrad", "runs": runs,
             "vs_torch": theirs / ours if ours and theirs else None,
+            "transposed_vs_torch": theirs / transposed if transposed and theirs else None,
             "roofline_fraction": floor_ms / ours if ours else None}
 
 
@@ -241,6 +245,89 @@ def bench_moe_model() -> list:
                     times[name] = min(times[name], time_ms(lambda: model(x)))
         rows.append({"tokens": tokens, "ms": times, "vs_torch": times["torch"] / times["gg_runtime"]})
     return rows
+
+
+# torchtitan-style MoE layers (tokens, hidden, expert intermediate, experts, top-k):
+# coarse experts first, then fine-grained ones.
+TRAINING_LAYERS = {
+    "mixtral_8x7b": (8192, 4096, 14336, 8, 2),
+    "gpt_oss_20b": (16384, 2880, 2880, 32, 4),
+    "dsv3_ep8_slice": (8192, 7168, 2048, 32, 8),
+    "olmoe": (16384, 2048, 1024, 64, 8),
+    "qwen3_30b_a3b": (16384, 2048, 768, 128, 8),
+}
+TRAINING_MMS = {"torch": torch._grouped_mm, "gg_runtime": gg_runtime.grouped_mm}
+
+
+def bench_training(name: str, shape: tuple) -> dict:
+    """One MoE layer (gg_runtime.testing.moe_layer) trained as a model would
+    be, with torch._grouped_mm and with gg_runtime.grouped_mm, same inputs:
+    forward (autograd recording), forward + backward (gradients of x, the
+    router and both expert weights, set to None before each step, as
+    optimizer.zero_grad does), and the peak memory of one such step above
+    what was allocated before it.  gg_runtime's output and gradients are
+    checked against torch's layer first."""
+    tokens, hidden, inter, experts, top_k = shape
+    inputs = moe_layer_inputs(tokens, hidden, inter, experts)
+    dy = torch.randn_like(inputs["x"])
+
+    def forward(mm):
+        return moe_layer(mm, **inputs, top_k=top_k)
+
+    def step(mm):
+        for t in inputs.values():
+            t.grad = None
+        forward(mm).backward(dy)
+
+    results = {}
+    for impl, mm in TRAINING_MMS.items():
+        step(mm)
+        results[impl] = [forward(mm).detach()] + [t.grad for t in inputs.values()]
+    errors = {key: rel_error(ours, theirs.float()) for key, ours, theirs in
+              zip(["out"] + list(inputs), results["gg_runtime"], results["torch"])}
+    row = {"name": name, "shape": dict(zip(("T", "H", "I", "E", "k"), shape)),
+           "rel_error_vs_torch": errors}
+    if max(errors.values()) > TOLERANCE[torch.bfloat16]:
+        row["error"] = f"gg_runtime's layer differs from torch's: {errors}"
+        return row
+    del results
+    for impl, mm in TRAINING_MMS.items():
+        row[impl] = {"forward_ms": time_ms(lambda: forward(mm)),
+                     "train_step_ms": time_ms(lambda: step(mm)),
+                     "peak_step_gb": peak_gb(lambda: step(mm))}
+    ours, theirs = row["gg_runtime"], row["torch"]
+    row["forward_vs_torch"] = theirs["forward_ms"] / ours["forward_ms"]
+    row["train_step_vs_torch"] = theirs["train_step_ms"] / ours["train_step_ms"]
+    row["peak_vs_torch"] = ours["peak_step_gb"] / theirs["peak_step_gb"]
+    return row
+
+
+def peak_gb(fn) -> float:
+    """GB allocated at the peak of fn() above what was allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 1e9
+
+
+def print_training(rows):
+    print("\nMoE layer training (bf16): ms and GB, torch / gg_runtime, and the ratio x torch "
+          "(peak: ours / torch's)")
+    head = f"{'layer':16} {'forward':>15} {'x':>5} {'fwd+bwd':>15} {'x':>5} {'peak GB':>11} {'x':>5}"
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:16} {r['error']}")
+            continue
+        t, g = r["torch"], r["gg_runtime"]
+        print(f"{r['name']:16} {t['forward_ms']:7.2f}/{g['forward_ms']:<7.2f} "
+              f"{r['forward_vs_torch']:5.2f} {t['train_step_ms']:7.2f}/{g['train_step_ms']:<7.2f} "
+              f"{r['train_step_vs_torch']:5.2f} {t['peak_step_gb']:5.2f}/{g['peak_step_gb']:<5.2f} "
+              f"{r['peak_vs_torch']:5.2f}")
+    print("geomeans x torch:", json.dumps({k: fmt(geomean(r.get(k) for r in rows)) for k in
+                                          ("forward_vs_torch", "train_step_vs_torch")}))
 
 
 SM80_PROXY_WORKLOADS = ("mixtral_up_8e_8k", "dsv3_down_32e_8k", "qwen3_up_128e_32k",
@@ -396,7 +483,7 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
-SECTIONS = ("workloads", "wgrad", "fp16", "cases", "fp8", "model", "proxy", "host")
+SECTIONS = ("workloads", "wgrad", "training", "fp16", "cases", "fp8", "model", "proxy", "host")
 
 
 def main():
@@ -429,8 +516,15 @@ def main():
         print("weight gradient (ragged K), x torch:",
               json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}),
               "geomean", fmt(geomean(r["vs_torch"] for r in wgrad)))
+        print("weight gradient computed transposed (dy^T x, as for w.transpose(1, 2)), x torch:",
+              json.dumps({r["name"]: fmt(r["transposed_vs_torch"]) for r in wgrad}),
+              "geomean", fmt(geomean(r["transposed_vs_torch"] for r in wgrad)))
         print("weight gradient, roof (x, dy and the gradient once; FLOPs at the dense rate):",
               json.dumps({r["name"]: fmt(r["roofline_fraction"], "{:.0%}") for r in wgrad}))
+    if "training" in sections:
+        report["training"] = training = [bench_training(name, shape) for name, shape in
+                                         TRAINING_LAYERS.items() if args.only in name]
+        print_training(training)
     if "cases" in sections:
         report["cases"] = cases = bench_other_cases()
         print("other cases, TFLOP/s ours / torch:", json.dumps(

@@ -14,34 +14,38 @@ from . import _native, ragged
 from .cases import Case, case_of, classify, empty_output
 
 
-def backward(case: Case, a, b, offs, grad, need_a: bool, need_b: bool, mm):
-    """(grad_a, grad_b) of grouped_mm(a, b, offs) for the output gradient grad;
-    mm(case, x, y, offs) computes one grouped_mm of a known case.  A float32
-    gradient of a 16-bit product (out_dtype=float32) is rounded to the inputs'
-    dtype first: the kernels take one input dtype."""
+def stored_transposed(x) -> bool:
+    """Whether x's last two dimensions are stored transposed (column-major
+    matrices, as b = w.transpose(1, 2) for nn.Linear-style weights w)."""
+    return x.shape[-1] > 1 and x.shape[-2] > 1 and x.stride(-2) == 1 and x.stride(-1) != 1
+
+
+def input_gradient(x, left, right, offs, mm):
+    """The gradient of input x, left @ right, in x's layout: where x is stored
+    transposed it is computed as (right^T @ left^T)^T, whose product the
+    kernels write row-major, so it comes back with x's strides and autograd
+    need not copy it into x's layout (AccumulateGrad copies a gradient whose
+    strides differ from its parameter's)."""
+    if stored_transposed(x):
+        return mm(right.mT, left.mT, offs).mT
+    return mm(left, right, offs)
+
+
+def backward(a, b, offs, grad, need_a: bool, need_b: bool, mm):
+    """(grad_a, grad_b) of grouped_mm(a, b, offs) for the output gradient grad:
+    grad_a = grad @ b^T and grad_b = a^T @ grad as grouped products (ragged M's
+    dB is ragged K, and so on), each on transposed views, no copies.
+    mm(x, y, offs) computes one grouped_mm, its case told by the dimensions.
+    A float32 gradient of a 16-bit product (out_dtype=float32) is rounded to
+    the inputs' dtype first: the kernels take one input dtype."""
     grad = grad.to(a.dtype)
-    grad_a = grad_b = None
-    if case is Case.RAGGED_M:  # out[T, N]
-        if need_a:
-            grad_a = mm(Case.RAGGED_M, grad, b.transpose(-2, -1), offs)
-        if need_b:
-            grad_b = mm(Case.RAGGED_K, a.t(), grad, offs)  # [G, K, N]
-    elif case is Case.RAGGED_K:  # out[G, M, N]
-        if need_a:
-            grad_a = mm(Case.RAGGED_M, b, grad.transpose(-2, -1), offs).t()  # [T, M] -> [M, T]
-        if need_b:
-            grad_b = mm(Case.RAGGED_M, a.t(), grad, offs)  # [T, N]
-    elif case is Case.RAGGED_N:  # out[M, T]
-        if need_a:
-            grad_a = mm(Case.RAGGED_K, grad, b.t(), offs)  # [G, M, K]
-        if need_b:
-            grad_b = mm(Case.RAGGED_M, grad.t(), a, offs).t()  # [T, K] -> [K, T]
-    else:
-        if need_a:
-            grad_a = mm(Case.BATCHED, grad, b.transpose(-2, -1), None)
-        if need_b:
-            grad_b = mm(Case.BATCHED, a.transpose(-2, -1), grad, None)
+    grad_a = input_gradient(a, grad, b.mT, offs, mm) if need_a else None
+    grad_b = input_gradient(b, a.mT, grad, offs, mm) if need_b else None
     return grad_a, grad_b
+
+
+def _run(x, y, offs):
+    return ragged.run(case_of(x, y), x, y, offs)
 
 
 class GroupedMM(torch.autograd.Function):
@@ -57,8 +61,7 @@ class GroupedMM(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         a, b, offs = ctx.saved_tensors
-        grad_a, grad_b = backward(ctx.case, a, b, offs, grad, *ctx.needs_input_grad[1:3],
-                                  ragged.run)
+        grad_a, grad_b = backward(a, b, offs, grad, *ctx.needs_input_grad[1:3], _run)
         return None, grad_a, grad_b, None, None
 
 
@@ -130,15 +133,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b, offs)
 
 
-def _traced_mm(case, x, y, offs):
+def _traced_mm(x, y, offs):
     # Gradients as calls of the op, so that compiled graphs keep them.
     return torch.ops.gg_runtime.grouped_mm(x, y, offs, None)
 
 
 def _op_backward(ctx, grad):
     a, b, offs = ctx.saved_tensors
-    grad_a, grad_b = backward(case_of(a, b), a, b, offs, grad, *ctx.needs_input_grad[:2],
-                              _traced_mm)
+    grad_a, grad_b = backward(a, b, offs, grad, *ctx.needs_input_grad[:2], _traced_mm)
     return grad_a, grad_b, None, None
 
 

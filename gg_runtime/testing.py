@@ -250,6 +250,41 @@ def list_inputs(mnks, dtype, device="cuda"):
     return As, Bs
 
 
+def moe_layer_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype=torch.bfloat16,
+                     device="cuda") -> dict:
+    """Tokens x [T, H] and the parameters of moe_layer, in the layouts models
+    keep them: router [H, E], w13 [E, 2I, H] (gate rows, then up rows) and
+    w2 [E, H, I] (nn.Linear-style), each requiring grad."""
+    def param(*shape, fan_in):
+        return randn(*shape, dtype=dtype, device=device, scale=fan_in ** -0.5).requires_grad_()
+
+    return {"x": randn(tokens, hidden, dtype=dtype, device=device).requires_grad_(),
+            "router": param(hidden, experts, fan_in=hidden),
+            "w13": param(experts, 2 * inter, hidden, fan_in=hidden),
+            "w2": param(experts, hidden, inter, fan_in=inter)}
+
+
+def moe_layer(mm, x, router, w13, w2, top_k: int) -> torch.Tensor:
+    """A torchtitan-style token-choice MoE layer whose grouped products are
+    mm (torch._grouped_mm or gg_runtime.grouped_mm): router top-k, token
+    slots sorted by expert, rows gathered, up projection, SwiGLU, down
+    projection, scaled by the routing weight, added back per token.  Routing
+    stays on the GPU (no host sync) and is computed in float32, so a float32
+    copy of the layer picks the same experts."""
+    experts = w13.shape[0]
+    scores = torch.softmax(x.float() @ router.float(), dim=-1)
+    weights, chosen = torch.topk(scores, top_k, dim=-1)
+    order = chosen.flatten().argsort(stable=True)
+    token = order // top_k
+    counts = torch.zeros(experts, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, chosen.flatten(), torch.ones_like(chosen.flatten(), dtype=torch.int32))
+    offs = counts.cumsum(0, dtype=torch.int32)
+    gate, up = mm(x[token], w13.transpose(1, 2), offs).chunk(2, dim=-1)
+    y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs)
+    y = y * weights.flatten()[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, token, y)
+
+
 # ---------------------------------------------------------------- timing
 
 _flush = None
