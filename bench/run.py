@@ -137,15 +137,19 @@ def bench_wgrad(w, ceil) -> dict:
     candidates = {"gg_runtime": lambda: gg_runtime.grouped_mm(x.t(), dy, offs),
                   "torch_grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs),
                   # as the gradient of a weight passed as w.transpose(1, 2) is computed
-                  "gg_runtime_transposed": lambda: gg_runtime.grouped_mm(dy.t(), x, offs).mT}
+                  # (by both libraries: in that weight's layout)
+                  "gg_runtime_transposed": lambda: gg_runtime.grouped_mm(dy.t(), x, offs).mT,
+                  "torch_grouped_mm_transposed": lambda: torch._grouped_mm(dy.t(), x, offs).mT}
     runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE[dtype], flops)
     ours, theirs = (runs.get(n, {}).get("ms") for n in ("gg_runtime", "torch_grouped_mm"))
     traffic = x.element_size() * (x.numel() + dy.numel() + len(w["m"]) * w["K"] * w["N"])
     floor_ms = max(flops / (ceil["matmul_tflops"] * 1e9), traffic / (ceil["copy_tbps"] * 1e9))
-    transposed = runs.get("gg_runtime_transposed", {}).get("ms")
+    transposed, theirs_transposed = (runs.get(n, {}).get("ms") for n in (
+        "gg_runtime_transposed", "torch_grouped_mm_transposed"))
     return {"name": w["name"] + "_wgrad", "runs": runs,
             "vs_torch": theirs / ours if ours and theirs else None,
-            "transposed_vs_torch": theirs / transposed if transposed and theirs else None,
+            "transposed_vs_torch": (theirs_transposed / transposed
+                                    if transposed and theirs_transposed else None),
             "roofline_fraction": floor_ms / ours if ours else None}
 
 
@@ -516,7 +520,7 @@ def main():
         print("weight gradient (ragged K), x torch:",
               json.dumps({r["name"]: fmt(r["vs_torch"]) for r in wgrad}),
               "geomean", fmt(geomean(r["vs_torch"] for r in wgrad)))
-        print("weight gradient computed transposed (dy^T x, as for w.transpose(1, 2)), x torch:",
+        print("weight gradient computed transposed (dy^T x, as for w.transpose(1, 2)), x torch's:",
               json.dumps({r["name"]: fmt(r["transposed_vs_torch"]) for r in wgrad}),
               "geomean", fmt(geomean(r["transposed_vs_torch"] for r in wgrad)))
         print("weight gradient, roof (x, dy and the gradient once; FLOPs at the dense rate):",
