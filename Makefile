@@ -4,25 +4,34 @@
 #             everywhere, GPU tests where a GPU is present), then the GPU tests
 #             once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path) where a
 #             GPU is present.
-# make bench: run bench/ on a GPU machine (writes bench/results/).
+# make bench: run bench/ on a GPU machine (writes bench/results/), in the build's
+#             environment (the one with torch).
 # make clean: remove every build output and environment made here.
 #
-# Environments: if $(PYTHON) already has triton==3.6.0, torch, pybind11, setuptools,
-# wheel and click (as on the GPU machines, which have no network), it builds;
-# otherwise .venv-build is created from PyPI with $(TORCH_SPEC).  The torch of the
-# build is the one gg_runtime._torch_C (tensors read in C++) is built for.  The
-# test environment .venv-test is made by tests/make_test_env.py: $(PYTHON)'s own
-# packages minus Triton when it has torch, else $(TORCH_SPEC) from PyPI.
+# Environments, two for the build, so that no torch release can conflict with the
+# pinned kernel compiler (torch pins its own Triton):
+# - the kernel compiler (AOT step, build-time tests): $(PYTHON) if it already has
+#   triton==$(TRITON_VERSION), click and pytest (as on the GPU machines, which have no
+#   network), else .venv-aot made from the package index;
+# - the extension (setup.py, pybind11, the torch bridge): $(PYTHON) if it has torch,
+#   pybind11, setuptools and wheel, else .venv-build with $(TORCH_SPEC).  Its torch is
+#   the one gg_runtime._torch_C (tensors read in C++) is built for.
+# The test environment .venv-test is made by tests/make_test_env.py: $(PYTHON)'s own
+# packages minus Triton when it has torch, else $(TORCH_SPEC) from the package index
+# (whose torch may bring Triton: the runtime neither needs nor loads it, tested).
 
 PYTHON ?= python3
 TRITON_VERSION := 3.6.0
 TORCH_SPEC ?= torch==2.13.0
+AOT_VENV := .venv-aot
 BUILD_VENV := .venv-build
 TEST_VENV := .venv-test
 AOT_DIR := build/aot/kernels
 JOBS ?= $(shell nproc)
 
-BUILD_CHECK := import triton, torch, pybind11, setuptools, wheel, click; assert triton.__version__ == '$(TRITON_VERSION)'
+AOT_CHECK := import triton, click, pytest; assert triton.__version__ == '$(TRITON_VERSION)'
+BUILD_CHECK := import torch, pybind11, setuptools, wheel
+AOT_PY = $(shell $(PYTHON) -c "$(AOT_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(AOT_VENV)/bin/python)
 BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(BUILD_VENV)/bin/python)
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
@@ -30,24 +39,31 @@ HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 .PHONY: build test bench clean build-env test-env
 
 build: build-env
-	$(BUILD_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
+	$(AOT_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
 	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
+	@echo "building the extensions and the wheel (C++, about a minute per core)"
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
-	$(BUILD_PY) -m aot manylinux dist/gg_runtime-*.whl
+	$(AOT_PY) -m aot manylinux dist/gg_runtime-*.whl
 	@ls -l dist/*.whl
 
-build-env:
-	@if [ "$(BUILD_PY)" = "$(BUILD_VENV)/bin/python" ] && ! $(BUILD_VENV)/bin/python -c "$(BUILD_CHECK)" 2>/dev/null; then \
-	  echo "making $(BUILD_VENV) (triton==$(TRITON_VERSION), $(TORCH_SPEC), pybind11, click)"; \
-	  { [ -x $(BUILD_VENV)/bin/python ] || $(PYTHON) -m venv $(BUILD_VENV); } && \
-	  $(BUILD_VENV)/bin/pip install -q "triton==$(TRITON_VERSION)" "$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel click pytest auditwheel; \
+# venv [packages]: make the environment unless it exists and passes its check.
+define make_env
+	@if [ "$(1)" = "$(2)/bin/python" ] && ! $(2)/bin/python -c "$(3)" 2>/dev/null; then \
+	  echo "making $(2) ($(4))"; \
+	  { [ -x $(2)/bin/python ] || $(PYTHON) -m venv $(2); } && \
+	  $(2)/bin/pip install -q $(4); \
 	fi
+endef
+
+build-env:
+	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest auditwheel)
+	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel)
 
 test: build-env test-env
 	@ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 	$(PYTHON) -m pip install -q --no-deps --no-index --upgrade --target \
 	  "$$($(TEST_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" dist/gg_runtime-*.whl
-	$(BUILD_PY) -m pytest -q tests/aot
+	$(AOT_PY) -m pytest -q tests/aot
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
 	@if $(TEST_PY) -c "$(HAS_GPU)"; then \
 	  echo "GPU tests again, on the sm80 PTX compiled by the driver (GG_RUNTIME_FORCE_PTX=1):"; \
@@ -57,10 +73,10 @@ test: build-env test-env
 test-env:
 	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
 
-bench:
+bench: build-env
 	rm -rf build/bench-site
 	$(PYTHON) -m pip install -q --no-deps --no-index --target build/bench-site dist/gg_runtime-*.whl
-	PYTHONPATH=build/bench-site $(PYTHON) bench/run.py
+	PYTHONPATH=build/bench-site $(BUILD_PY) bench/run.py
 
 clean:
-	rm -rf build dist *.egg-info $(BUILD_VENV) $(TEST_VENV)
+	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV)
