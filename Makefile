@@ -29,7 +29,7 @@ TEST_VENV := .venv-test
 AOT_DIR := build/aot/kernels
 JOBS ?= $(shell nproc)
 
-AOT_CHECK := import triton, click, pytest; assert triton.__version__ == '$(TRITON_VERSION)'
+AOT_CHECK := import triton, click, pytest, wheel; assert triton.__version__ == '$(TRITON_VERSION)'
 BUILD_CHECK := import torch, pybind11, setuptools, wheel
 AOT_PY = $(shell $(PYTHON) -c "$(AOT_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(AOT_VENV)/bin/python)
 BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) || echo $(BUILD_VENV)/bin/python)
@@ -56,7 +56,7 @@ define make_env
 endef
 
 build-env:
-	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest auditwheel)
+	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest wheel auditwheel)
 	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel)
 
 test: build-env test-env

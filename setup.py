@@ -71,6 +71,7 @@ def torch_bridge(torch) -> Extension:
         depends=sorted(str(p) for p in (ROOT / "csrc").glob("**/*.h")),
         define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(abi))],
         extra_compile_args=["-std=c++20", "-O2", "-Wall", "-fvisibility=hidden"],
+        extra_link_args=["-s"],  # no debug info in the wheel (Python's flags add -g)
         language="c++",
     )
 
@@ -85,6 +86,7 @@ extension = Pybind11Extension(
     depends=[str(AOT_DIR / "kernel_table.inc")] + sorted(str(p) for p in (ROOT / "csrc").glob("*.h")),
     cxx_std=20,
     extra_compile_args=["-O2", "-Wall"],
+    extra_link_args=["-s"],
     libraries=["dl"],
 )
 
@@ -95,7 +97,8 @@ setup(
     packages=["gg_runtime"],
     ext_modules=[extension] + ([torch_bridge(TORCH)] if TORCH is not None else []),
     cmdclass={"build_py": BuildPyWithKernels},
-    install_requires=["torch>=2.4"],
+    install_requires=["torch>=2.5", "click"],
+    entry_points={"console_scripts": ["gg-runtime = gg_runtime.cli:run"]},
     python_requires=">=3.9",
     zip_safe=False,
 )

@@ -39,8 +39,14 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
     # A build-local cache keeps rebuilds fast without touching ~/.triton.
     os.environ.setdefault("TRITON_CACHE_DIR", str((out / "triton-cache").resolve()))
     started = time.time()
+
+    def progress(done: int):
+        if done % 25 == 0 or done == len(variants):
+            click.echo(f"  {done}/{len(variants)} variants compiled, {time.time() - started:.0f} s")
+
+    click.echo(f"compiling {len(variants)} variants with {jobs} jobs (Triton {triton.__version__})")
     try:
-        records = compile_all(variants, kernels, jobs, keep_ptx)
+        records = compile_all(variants, kernels, jobs, keep_ptx, progress)
     except CompileError as exc:
         raise click.ClickException(str(exc)) from exc
     codegen.write_outputs(records, kernels, triton.__version__)

@@ -88,16 +88,21 @@ def _compile_to(args) -> dict:
     return compiled.record
 
 
-def compile_all(variants: list, out_dir: Path, jobs: int, keep_ptx: bool = False) -> list:
+def compile_all(variants: list, out_dir: Path, jobs: int, keep_ptx: bool = False,
+                progress=None) -> list:
     """Compile every variant into out_dir; records come back in variant order.
-    PTX is written for the archs that ship it (record["ptx"]), and for all with keep_ptx."""
+    PTX is written for the archs that ship it (record["ptx"]), and for all with
+    keep_ptx.  progress(done) is called after each variant, in order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.pop("TRITON_OVERRIDE_ARCH", None)  # it would silently retarget every compile
     work = [(v, out_dir, keep_ptx) for v in variants]
-    if jobs <= 1:
-        return [_compile_to(w) for w in work]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_compile_to, work))
+    records = []
+    with ProcessPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        for record in pool.map(_compile_to, work):
+            records.append(record)
+            if progress:
+                progress(len(records))
+    return records
 
 
 def ptx_entry_params(ptx: str) -> list:

@@ -46,11 +46,9 @@ std::string supported_list() {
   return out;
 }
 
+// Set from GG_RUNTIME_FORCE_PTX by gg_runtime/settings.py at import (its one reader).
 std::atomic<bool>& force_ptx_setting() {
-  static std::atomic<bool> on{[] {
-    const char* value = std::getenv("GG_RUNTIME_FORCE_PTX");
-    return value != nullptr && std::string(value) == "1";
-  }()};
+  static std::atomic<bool> on{false};
   return on;
 }
 

@@ -1,6 +1,4 @@
-"""`python -m gg_runtime`: print the build and the current device's support."""
-import json
+"""`python -m gg_runtime`: the gg-runtime command (gg_runtime/cli.py)."""
+from .cli import run
 
-from .info import info
-
-print(json.dumps(info(), indent=2, default=str))
+run()

@@ -109,28 +109,57 @@ def test_info_without_gpu():
 
 
 def test_force_ptx_setting():
-    """The Python call and the environment variable set one process-wide switch."""
-    assert _C.force_ptx() is (os.environ.get("GG_RUNTIME_FORCE_PTX") == "1")
+    """The Python call and the environment variable set one process-wide switch;
+    each accepts only its documented values."""
     before = _C.force_ptx()
     try:
         gg_runtime.force_ptx(True)
         assert _C.force_ptx() is True
         gg_runtime.force_ptx(False)
         assert _C.force_ptx() is False
+        for wrong in ("no", 1, None):
+            with pytest.raises(TypeError, match="must be a bool"):
+                gg_runtime.force_ptx(wrong)
+        assert _C.force_ptx() is False
     finally:
         gg_runtime.force_ptx(before)
     code = "import gg_runtime; from gg_runtime import _C; print(_C.force_ptx())"
-    for value, expected in (("1", "True"), ("0", "False")):
+    for value, expected in (("1", "True"), ("true", "True"), ("ON", "True"), ("yes", "True"),
+                            ("0", "False"), ("false", "False"), ("off", "False"), ("", "False")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True, env={**os.environ, "GG_RUNTIME_FORCE_PTX": value})
-        assert out.stdout.strip() == expected
+        assert out.stdout.strip() == expected, value
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "GG_RUNTIME_FORCE_PTX": "maybe"})
+    assert out.returncode != 0 and "GG_RUNTIME_FORCE_PTX='maybe'" in out.stderr
 
 
-def test_cli_reports_build():
-    out = subprocess.run([sys.executable, "-m", "gg_runtime"], capture_output=True, text=True,
-                         check=True)
-    report = json.loads(out.stdout)
+def cli(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "gg_runtime", *args], capture_output=True,
+                          text=True, **kwargs)
+
+
+def test_cli_info_table_and_json():
+    report = json.loads(cli("info", "--json", check=True).stdout)
     assert report["build"]["triton_version"] == _C.triton_version()
+    table = cli(check=True).stdout  # no command: info, as a table
+    assert table.startswith("build:\n") and f"triton_version  {_C.triton_version()}" in table
+    assert "device:" in table
+
+
+def test_cli_help_and_unknown_flags():
+    assert "info" in cli("--help", check=True).stdout
+    for args in (["--bogus"], ["info", "--bogus"], ["nosuchcommand"]):
+        out = cli(*args)
+        assert out.returncode == 2 and "Error" in out.stderr, args
+
+
+def test_cli_exits_quietly_when_its_pipe_closes():
+    proc = subprocess.Popen([sys.executable, "-m", "gg_runtime", "info", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command writes (as `| head -0`)
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() == 1 and "Traceback" not in stderr, stderr
 
 
 def test_call_on_cpu_tensors_is_a_clear_error():
