@@ -5,7 +5,7 @@
 No Triton and no source checkout on its path.  If the Python running this
 already has torch and pytest (the GPU machines, which have no network), the
 environment links that Python's packages except Triton; otherwise it installs
-TORCH_SPEC and pytest from the package index.
+TORCH_SPEC, click and pytest from the package index.
 """
 import importlib.util
 import os
@@ -18,6 +18,8 @@ import venv
 from pathlib import Path
 
 HIDDEN_PREFIXES = ("triton", "gg_runtime", "__pycache__")
+# What the wheel needs at run time (torch first, installed as TORCH_SPEC) and pytest.
+RUNTIME_AND_TEST_PACKAGES = ("torch", "click", "pytest")
 
 
 def env_site_packages(env: Path) -> Path:
@@ -45,15 +47,15 @@ def main(env_dir: str, torch_spec: str) -> None:
     if done.exists():
         return
     shutil.rmtree(env, ignore_errors=True)
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("pytest"):
+    if all(importlib.util.find_spec(name) for name in RUNTIME_AND_TEST_PACKAGES):
         print(f"creating {env}: {sys.executable}'s packages without Triton")
         venv.create(env, with_pip=False)
         link_base_packages(env)
     else:
         print(f"creating {env}: {torch_spec} and pytest from the package index")
         venv.create(env, with_pip=True)
-        subprocess.run([env / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, "pytest"],
-                       check=True)
+        subprocess.run([env / "bin" / "python", "-m", "pip", "install", "-q", torch_spec,
+                        *RUNTIME_AND_TEST_PACKAGES[1:]], check=True)
     done.write_text("")
 
 
