@@ -22,10 +22,12 @@ def stored_transposed(x) -> bool:
 
 def input_gradient(x, left, right, offs, mm):
     """The gradient of input x, left @ right, in x's layout: where x is stored
-    transposed it is computed as (right^T @ left^T)^T, whose product the
-    kernels write row-major, so it comes back with x's strides and autograd
-    need not copy it into x's layout (AccumulateGrad copies a gradient whose
-    strides differ from its parameter's)."""
+    transposed it is computed as (right^T @ left^T)^T, so it comes back with
+    x's strides and autograd need not copy it into x's layout (AccumulateGrad
+    copies a gradient whose strides differ from its parameter's).  Every case
+    writes its output row-major but ragged N (3-D x 2-D), which writes a
+    transposed view: the four gradients made by a ragged-N product come back
+    in the other layout (README, known gap)."""
     if stored_transposed(x):
         return mm(right.mT, left.mT, offs).mT
     return mm(left, right, offs)
