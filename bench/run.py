@@ -1,7 +1,7 @@
 """Side-by-side benchmark of every workload in bench/workloads.json (a copy of
 shared/bench/workloads.json) on one GPU, in one process.
 
-    make bench                      # or: python bench/run.py [--quick]
+    make bench                      # or: python bench/run.py [--sections a,b] [--only NAME]
 
 Columns: gg_runtime, torch._grouped_mm (ragged workloads), a cuBLAS loop, the
 tutorial's kernel under Triton JIT (fp16 only, when triton is importable), and
