@@ -52,7 +52,7 @@ def main(env_dir: str, torch_spec: str) -> None:
         venv.create(env, with_pip=False)
         link_base_packages(env)
     else:
-        print(f"creating {env}: {torch_spec} and pytest from the package index")
+        print(f"creating {env}: {torch_spec}, click and pytest from the package index")
         venv.create(env, with_pip=True)
         subprocess.run([env / "bin" / "python", "-m", "pip", "install", "-q", torch_spec,
                         *RUNTIME_AND_TEST_PACKAGES[1:]], check=True)
