@@ -11,7 +11,7 @@
 # Environments, two for the build, so that no torch release can conflict with the
 # pinned kernel compiler (torch pins its own Triton):
 # - the kernel compiler (AOT step, build-time tests): $(PYTHON) if it already has
-#   triton==$(TRITON_VERSION), click and pytest (as on the GPU machines, which have no
+#   triton==$(TRITON_VERSION), click, pytest and wheel (as on the GPU machines, which have no
 #   network), else .venv-aot made from the package index;
 # - the extension (setup.py, pybind11, the torch bridge): $(PYTHON) if it has torch,
 #   pybind11, setuptools and wheel, else .venv-build with $(TORCH_SPEC).  Its torch is

@@ -101,6 +101,14 @@ def ref_grouped_mm(a, b, offs=None):
     return out
 
 
+def ref_grouped_mm_grads(a, b, offs, grad):
+    """(grad_a, grad_b) of ref_grouped_mm(a, b, offs) for the output gradient
+    grad, in float32."""
+    a32 = a.detach().float().requires_grad_()
+    b32 = b.detach().float().requires_grad_()
+    return torch.autograd.grad(ref_grouped_mm(a32, b32, offs), (a32, b32), grad.float())
+
+
 def group_parts(a, b, offs, out):
     """(group, its part of grouped_mm's out, that part computed in float64)
     group by group (a wrong small group cannot hide in a large one's norm);

@@ -8,7 +8,7 @@ import torch
 import gg_runtime
 from gg_runtime import library
 from gg_runtime.testing import (moe_layer, moe_layer_inputs, offsets_from_counts, operand,
-                                ref_grouped_mm, rel_error)
+                                ref_grouped_mm, ref_grouped_mm_grads, rel_error)
 
 from conftest import gpu
 
@@ -38,12 +38,6 @@ def with_autograd(route: str):
     return torch.compile(gg_runtime.grouped_mm, fullgraph=True, backend=route)
 
 
-def reference_gradients(a, b, offs, grad):
-    a32 = a.detach().float().requires_grad_()
-    b32 = b.detach().float().requires_grad_()
-    return torch.autograd.grad(ref_grouped_mm(a32, b32, offs), (a32, b32), grad.float())
-
-
 def written_by_ragged_n(case: str, name: str, row_major: bool) -> bool:
     """The four gradients whose product in the input's layout is 3-D x 2-D
     (ragged N), which the kernels write only as a transposed view of [T, M]
@@ -66,7 +60,7 @@ def test_gradients_have_their_inputs_strides(case, a_row_major, b_row_major, rou
     grad = torch.randn(out.shape, device="cuda").to(out.dtype)
     got = torch.autograd.grad(out, (a, b), grad)
     for name, x, row_major, g, want in zip("ab", (a, b), (a_row_major, b_row_major), got,
-                                           reference_gradients(a, b, offs, grad)):
+                                           ref_grouped_mm_grads(a, b, offs, grad)):
         assert rel_error(g, want) < 2e-2, name
         if written_by_ragged_n(case, name, row_major):
             assert (g.mT if row_major else g).is_contiguous(), (name, g.stride())
@@ -94,10 +88,10 @@ def copies_in_gradient_nodes(backward) -> list:
     return copies
 
 
-def moe_layer_step(mm=gg_runtime.grouped_mm):
+def moe_layer_step():
     """A small MoE layer's forward; returns its backward and the inputs."""
     inputs = moe_layer_inputs(300, 64, 48, 4)
-    out = moe_layer(mm, **inputs, top_k=2)
+    out = moe_layer(gg_runtime.grouped_mm, **inputs, top_k=2)
     grad = torch.randn_like(out)
     return (lambda: out.backward(grad)), inputs
 

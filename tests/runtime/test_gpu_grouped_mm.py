@@ -8,8 +8,8 @@ import torch
 import gg_runtime
 from gg_runtime import _native, library
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm, rel_error,
-                                skewed_counts)
+from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
+                                ref_grouped_mm_grads, rel_error, skewed_counts)
 
 from conftest import device_arch, gpu, tma_runs_here
 
@@ -226,13 +226,6 @@ def test_cuda_graph_replay_with_new_offsets():
         assert rel_error(out, ref_grouped_mm(a, b, offs)) < TOLERANCE[torch.bfloat16], counts
 
 
-def loop_reference_grads(a, b, offs, grad):
-    a32 = a.detach().float().requires_grad_()
-    b32 = b.detach().float().requires_grad_()
-    out = ref_grouped_mm(a32, b32, offs)
-    return torch.autograd.grad(out, (a32, b32), grad.float())
-
-
 @pytest.mark.parametrize("case", ["ragged_m", "ragged_k", "batched"])
 def test_autograd(case):
     dtype = torch.bfloat16
@@ -250,7 +243,7 @@ def test_autograd(case):
     out = gg_runtime.grouped_mm(a, b, offs)
     grad = randn(*out.shape, dtype=dtype)
     got = torch.autograd.grad(out, (a, b), grad)
-    want = loop_reference_grads(a, b, offs, grad)
+    want = ref_grouped_mm_grads(a, b, offs, grad)
     for name, g, w in zip("ab", got, want):
         assert g.shape == w.shape
         assert rel_error(g, w) < 2e-2, name
@@ -278,7 +271,7 @@ def test_eager_autograd_node_is_made_in_cpp_where_the_bridge_is_loaded(host_path
         out = gg_runtime.grouped_mm(x, y, offs)
         grad = randn(*out.shape, dtype=out.dtype)
         for name, g, w in zip("ab", torch.autograd.grad(out, (x, y), grad),
-                              loop_reference_grads(x, y, offs, grad)):
+                              ref_grouped_mm_grads(x, y, offs, grad)):
             assert rel_error(g, w) < 2e-2, name
 
 
@@ -301,7 +294,7 @@ def test_gradient_of_b_alone_and_double_backward_refused():
     out = gg_runtime.grouped_mm(a, b, offs)
     grad = randn(*out.shape, dtype=out.dtype)
     (grad_b,) = torch.autograd.grad(out, b, grad)
-    assert rel_error(grad_b, loop_reference_grads(a, b, offs, grad)[1]) < 2e-2
+    assert rel_error(grad_b, ref_grouped_mm_grads(a, b, offs, grad)[1]) < 2e-2
     out = gg_runtime.grouped_mm(a, b, offs)
     (grad_a,) = torch.autograd.grad((out.float() ** 2).sum(), a, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
@@ -340,7 +333,7 @@ def test_backward_under_compiled_autograd():
     from torch._dynamo import compiled_autograd
     a, b, offs = small_moe()
     grad = randn(a.shape[0], b.shape[2], dtype=a.dtype)
-    want = loop_reference_grads(a, b, offs, grad)
+    want = ref_grouped_mm_grads(a, b, offs, grad)
     torch._dynamo.reset()
     with compiled_autograd._enable(torch.compile(backend="eager")):
         gg_runtime.grouped_mm(a, b, offs).backward(grad)
