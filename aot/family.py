@@ -24,6 +24,8 @@ ROLES = {
     "output": "pointer to the output the kernel writes (TMA: 16-byte aligned base)",
     "offsets": "pointer to int32 cumulative group end offsets, read on the GPU",
     "scale": "pointer to float32 scale factors the kernel reads",
+    "bias": "pointer to values the epilogue adds, read only where the flag after it is 1",
+    "flag": "0 or 1",
     "extent": "a size; must fit the parameter's type",
     "stride": "an element stride (TMA: a positive multiple of 16 bytes)",
     "count": "the number of groups",

@@ -18,7 +18,8 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What the runtime does with a kernel parameter (aot/family.py ROLES).
 enum class Role {
-  kOperand, kOutput, kOffsets, kScale, kExtent, kStride, kCount, kGroupTable, kTilePrefix
+  kOperand, kOutput, kOffsets, kScale, kBias, kFlag, kExtent, kStride, kCount, kGroupTable,
+  kTilePrefix
 };
 
 inline const char* role_name(Role role) {
@@ -27,6 +28,8 @@ inline const char* role_name(Role role) {
     case Role::kOutput: return "output";
     case Role::kOffsets: return "offsets";
     case Role::kScale: return "scale";
+    case Role::kBias: return "bias";
+    case Role::kFlag: return "flag";
     case Role::kExtent: return "extent";
     case Role::kStride: return "stride";
     case Role::kCount: return "count";

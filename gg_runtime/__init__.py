@@ -1,10 +1,10 @@
 """gg_runtime: grouped GEMM for NVIDIA GPUs from ahead-of-time compiled Triton
 kernels.  No Triton, compiler or warm-up at run time."""
 from ._native import CudaError, UnsupportedDeviceError
-from .api import grouped_gemm, grouped_mm, quantize_fp8, scaled_grouped_mm
+from .api import gmm, grouped_gemm, grouped_mm, quantize_fp8, scaled_grouped_mm
 from .info import info
 from .settings import force_ptx
 
 __version__ = "0.1.0"
-__all__ = ["grouped_gemm", "grouped_mm", "scaled_grouped_mm", "quantize_fp8", "info",
+__all__ = ["grouped_gemm", "grouped_mm", "gmm", "scaled_grouped_mm", "quantize_fp8", "info",
            "force_ptx", "CudaError", "UnsupportedDeviceError"]

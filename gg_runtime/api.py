@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import gemm_list, ragged, scaled
-from .cases import classify
+from .cases import check_tensors, classify
 from .library import grouped_mm_op, grouped_mm_with_autograd
 from .quantize import quantize_fp8  # noqa: F401  (public; documented in quantize.py)
 
@@ -25,8 +25,9 @@ def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
     return gemm_list.grouped_gemm(As, Bs, trans_b)
 
 
-def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
-    """Grouped matrix product with the semantics of torch._grouped_mm.
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> torch.Tensor:
+    """Grouped matrix product with the semantics, argument names and positions
+    of torch._grouped_mm and F.grouped_mm (a and b below are mat_a and mat_b).
 
     - a [T, K], b [G, K, N], offs [G] -> [T, N]  (ragged M: MoE forward, dA)
       Group g is rows offs[g-1]:offs[g] of a (offs[-1] taken as 0), times b[g].
@@ -43,8 +44,14 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
     GPU only: nothing waits for the host, so the call can be captured in a CUDA
     graph and replayed with new offsets.
 
+    bias (torch refuses one): None, or [G, N] in the output's dtype where b is
+    3-D (ragged M, batched): bias[g] is added to every row of group g in the
+    float32 accumulator, before the one rounding to the output's dtype.
+    Differentiable: its gradient is each group's sum of output-gradient rows.
+
     Edges, defined rather than undefined:
-    - Rows of a ragged-M output past offs[-1] belong to no group and are zero.
+    - Rows of a ragged-M output past offs[-1] belong to no group and are zero
+      (no bias either).
     - Offsets are read as e_g = clamp(max(offs[0..g]), 0, T): out-of-range
       values are clamped to the T rows (columns) that exist and a decreasing
       offset makes its group empty.  No offset makes a kernel read or write out
@@ -53,21 +60,61 @@ def grouped_mm(a, b, offs=None, *, out_dtype=None) -> torch.Tensor:
     float16, bfloat16 or float32 (TF32 where torch allows it for matmuls,
     otherwise tf32x3), any operand row- or column-major and strided, one CUDA
     device, fp32 accumulation.  out_dtype: None (the inputs' dtype), the
-    inputs' dtype, or torch.float32 (the accumulator unrounded).  Differentiable
-    in a and b (eager: an autograd.Function); traceable by torch.compile (the
-    custom op torch.ops.gg_runtime.grouped_mm).
+    inputs' dtype, or torch.float32 (the accumulator unrounded).  Meta tensors
+    give the output's shape, dtype and strides; CPU tensors are refused
+    (ValueError: no CPU kernels).  Differentiable in a, b and bias (eager: an
+    autograd.Function); traceable by torch.compile (the custom op
+    torch.ops.gg_runtime.grouped_mm(mat_a, mat_b, offs, bias, out_dtype)).
     """
-    if torch.compiler.is_compiling() or type(a) is not torch.Tensor or type(b) is not torch.Tensor:
-        return grouped_mm_op(a, b, offs, out_dtype)  # traced, or a tensor subclass
-    case = classify(a, b, offs, out_dtype)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return grouped_mm_with_autograd(case, a, b, offs, out_dtype)
-    return ragged.run(case, a, b, offs, out_dtype)
+    a, b = mat_a, mat_b
+    check_tensors(a, b)
+    if (torch.compiler.is_compiling() or type(a) is not torch.Tensor
+            or type(b) is not torch.Tensor or a.is_meta):
+        return grouped_mm_op(a, b, offs, bias, out_dtype)  # traced, a subclass, or shapes only
+    case = classify(a, b, offs, bias, out_dtype)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return grouped_mm_with_autograd(case, a, b, offs, bias, out_dtype)
+    return ragged.run(case, a, b, offs, out_dtype, bias)
 
 
-def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat16):
+def gmm(a, b, batch_sizes, trans_b: bool = False) -> torch.Tensor:
+    """megablocks' / grouped_gemm's `gmm(a, b, batch_sizes, trans_b)`: grouped_mm
+    of a [T, K] with b [G, K, N] ([G, N, K] with trans_b), group g being the
+    next batch_sizes[g] rows of a.  Differentiable in a and b, as grouped_mm.
+
+    batch_sizes: per-group row counts, int32 or int64, 1-D with G entries, on
+    the CPU (megablocks' convention) or on a's device.  CPU counts are checked
+    (no negative count, their sum equal to T) and copied to the GPU: that copy
+    synchronises the host with the device (not capturable in a CUDA graph).
+    Counts on the GPU are not checked (no host sync): their running sums are
+    read as grouped_mm reads offs.
+    """
+    check_tensors(a, b)
+    if not isinstance(batch_sizes, torch.Tensor):
+        raise TypeError(f"batch_sizes must be a torch.Tensor, got {type(batch_sizes).__name__}")
+    if batch_sizes.dtype not in (torch.int32, torch.int64) or batch_sizes.dim() != 1:
+        raise TypeError(f"batch_sizes must be a 1-D int32 or int64 tensor, got "
+                        f"{batch_sizes.dtype} of shape {tuple(batch_sizes.shape)}")
+    if not isinstance(trans_b, bool):
+        raise TypeError(f"trans_b must be a bool, got {type(trans_b).__name__}")
+    if batch_sizes.shape[0] != b.shape[0]:
+        raise ValueError(f"batch_sizes has {batch_sizes.shape[0]} entries but b has "
+                         f"{b.shape[0]} groups")
+    if batch_sizes.device.type == "cpu":
+        if bool((batch_sizes < 0).any()) or int(batch_sizes.sum()) != a.shape[0]:
+            raise ValueError(f"batch_sizes must be counts >= 0 summing to a's {a.shape[0]} "
+                             f"rows, got {batch_sizes.tolist()}")
+        batch_sizes = batch_sizes.to(a.device)
+    offs = torch.cumsum(batch_sizes, 0, dtype=torch.int32)
+    return grouped_mm(a, b.transpose(-2, -1) if trans_b else b, offs)
+
+
+def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
+                      out_dtype=torch.bfloat16, use_fast_accum: bool = False):
     """fp8 grouped matrix product with float32 scales, in torch._scaled_grouped_mm's
-    argument order; Hopper (compute capability 9.0) only.
+    argument names and order; Hopper (compute capability 9.0) only.  a and b
+    below are mat_a and mat_b.
 
     - a [T, K], b [G, K, N], offs [G] -> [T, N]  (ragged M, as grouped_mm)
     - a [G, M, K], b [G, K, N], offs None -> [G, M, N]  (batched)
@@ -85,12 +132,20 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=torch.bfloat1
       below 2^-100, or below 2^-60 of the largest so far of its row and column
       block, may count at that bound: README, "fp8 on Hopper").
 
-    quantize_fp8 makes both kinds of inputs.  out_dtype: torch.bfloat16 (None
-    means it too) or torch.float32.  Traceable by torch.compile (the custom op
-    torch.ops.gg_runtime.scaled_grouped_mm).  offs as in grouped_mm (int32, on the GPU, graph
-    capturable); groups are not padded.  Not differentiable (fp8 training is
-    not supported): inputs that require grad are refused.
+    bias (torch refuses one): None or [G, N] in out_dtype, added to group g's
+    rows after the scales, before the rounding.  scale_result: None or a
+    one-element float32 tensor on a's device that multiplies the output
+    (applied as a factor of scale_a).  use_fast_accum: a bool, accepted for
+    torch's signature; it does not change the kernels' accumulation (README,
+    "fp8 on Hopper", says what that is).  quantize_fp8 makes both kinds of
+    inputs.  out_dtype: torch.bfloat16 (None means it too) or torch.float32.
+    Traceable by torch.compile (the custom op
+    torch.ops.gg_runtime.scaled_grouped_mm).  offs as in grouped_mm (int32, on
+    the GPU, graph capturable); groups are not padded.  Not differentiable (fp8
+    training is not supported): inputs that require grad are refused.
     """
-    if torch.compiler.is_compiling():
-        return scaled.scaled_grouped_mm_op(a, b, scale_a, scale_b, offs, out_dtype)
-    return scaled.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype)
+    args = (mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
+    check_tensors(mat_a, mat_b)
+    if torch.compiler.is_compiling() or mat_a.is_meta:
+        return scaled.scaled_grouped_mm_op(*args)
+    return scaled.scaled_grouped_mm(*args)

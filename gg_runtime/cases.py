@@ -8,7 +8,7 @@ import enum
 import torch
 
 from ._native import family_dtypes
-from .validate import check_offsets, check_out_dtype, check_same, check_tensor, require
+from .validate import check_bias, check_offsets, check_out_dtype, check_same, check_tensor, require
 
 
 class Case(enum.Enum):
@@ -47,11 +47,12 @@ def empty_output(case: Case, a, b, offs, out_dtype) -> torch.Tensor:
     return a.new_empty(output_shape(case, a, b, offs), dtype=dtype)
 
 
-def _is_plain_ragged_m(a, b, offs, out_dtype) -> bool:
+def _is_plain_ragged_m(a, b, offs, bias, out_dtype) -> bool:
     """The MoE forward call, well formed: True only where _full_checks passes
     with RAGGED_M.  One combined test on the hot path."""
     if not (type(a) is torch.Tensor and type(b) is torch.Tensor and type(offs) is torch.Tensor
-            and out_dtype is None and a.dim() == 2 and b.dim() == 3 and offs.dim() == 1):
+            and bias is None and out_dtype is None and a.dim() == 2 and b.dim() == 3
+            and offs.dim() == 1):
         return False
     device = a.get_device()
     return (a.dtype is b.dtype and a.dtype in DTYPES and offs.dtype is torch.int32
@@ -61,45 +62,55 @@ def _is_plain_ragged_m(a, b, offs, out_dtype) -> bool:
 
 
 def _shapes(a, b) -> str:
-    return f"a is {tuple(a.shape)} and b is {tuple(b.shape)}"
+    return f"mat_a is {tuple(a.shape)} and mat_b is {tuple(b.shape)}"
 
 
-def _full_checks(a, b, offs, out_dtype) -> Case:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        raise TypeError("a and b must be torch.Tensors")
+def check_tensors(a, b) -> None:
+    """Both operands are tensors (before anything else reads them)."""
+    for x, name in ((a, "mat_a"), (b, "mat_b")):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _full_checks(a, b, offs, bias, out_dtype) -> Case:
+    check_tensors(a, b)
     dims = (a.dim(), b.dim())
     if dims[0] not in (2, 3) or dims[1] not in (2, 3):
-        raise ValueError(f"a and b must be 2-D or 3-D: {_shapes(a, b)}")
-    check_tensor(a, "a", dims[0], DTYPES)
-    check_tensor(b, "b", dims[1], DTYPES)
-    check_same(b, "b", a, "a")
+        raise ValueError(f"mat_a and mat_b must be 2-D or 3-D: {_shapes(a, b)}")
+    check_tensor(a, "mat_a", dims[0], DTYPES)
+    check_tensor(b, "mat_b", dims[1], DTYPES)
+    check_same(b, "mat_b", a, "mat_a")
     check_out_dtype(out_dtype, a.dtype)
     case = _BY_DIMS[dims]
     if case is Case.RAGGED_M:
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"K differs: {_shapes(a, b)} (expected [T, K] and [G, K, N])")
-        require(offs is not None, "offs is required when a is 2-D and b is 3-D (ragged M)")
-        check_offsets(offs, "b", b.shape[0], a)
+        require(offs is not None, "offs is required when mat_a is 2-D and mat_b is 3-D (ragged M)")
+        check_offsets(offs, "mat_b", b.shape[0], a)
     elif case is Case.RAGGED_K:
         if a.shape[1] != b.shape[0]:
             raise ValueError(f"T differs: {_shapes(a, b)} (expected [M, T] and [T, N])")
-        require(offs is not None, "offs is required when a and b are 2-D (ragged K)")
+        require(offs is not None, "offs is required when mat_a and mat_b are 2-D (ragged K)")
         check_offsets(offs, "offs", offs.shape[0] if isinstance(offs, torch.Tensor) else 0, a)
     elif case is Case.RAGGED_N:
         if a.shape[2] != b.shape[0]:
             raise ValueError(f"K differs: {_shapes(a, b)} (expected [G, M, K] and [K, T])")
-        require(offs is not None, "offs is required when a is 3-D and b is 2-D (ragged N)")
-        check_offsets(offs, "a", a.shape[0], a)
+        require(offs is not None, "offs is required when mat_a is 3-D and mat_b is 2-D (ragged N)")
+        check_offsets(offs, "mat_a", a.shape[0], a)
     elif case is Case.BATCHED:
-        require(offs is None, "offs must be None when a and b are 3-D (batched)")
+        require(offs is None, "offs must be None when mat_a and mat_b are 3-D (batched)")
         if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
             raise ValueError(f"G or K differs: {_shapes(a, b)} (expected [G, M, K] and [G, K, N])")
+    if bias is not None:
+        require(b.dim() == 3, "bias is supported where mat_b is 3-D, one matrix per group "
+                "(ragged M and batched): mat_b is 2-D here")
+        check_bias(bias, (b.shape[0], b.shape[2]), out_dtype or a.dtype, a)
     return case
 
 
-def classify(a, b, offs, out_dtype) -> Case:
+def classify(a, b, offs, bias, out_dtype) -> Case:
     """The call's case, after every check of grouped_mm's inputs: raises
     TypeError / ValueError naming the argument otherwise."""
-    if _is_plain_ragged_m(a, b, offs, out_dtype):
+    if _is_plain_ragged_m(a, b, offs, bias, out_dtype):
         return Case.RAGGED_M
-    return _full_checks(a, b, offs, out_dtype)
+    return _full_checks(a, b, offs, bias, out_dtype)

@@ -33,17 +33,31 @@ def input_gradient(x, left, right, offs, mm):
     return mm(left, right, offs)
 
 
-def backward(a, b, offs, grad, need_a: bool, need_b: bool, mm):
-    """(grad_a, grad_b) of grouped_mm(a, b, offs) for the output gradient grad:
-    grad_a = grad @ b^T and grad_b = a^T @ grad as grouped products (ragged M's
-    dB is ragged K, and so on), each on transposed views, no copies.
+def bias_gradient(grad, offs, mm):
+    """[G, N]: the sum of each group's rows of grad, in grad's dtype.  Batched
+    (3-D grad): over M.  Ragged M: a ragged-K product of a row of ones with
+    grad, so the kernels' reading of offs decides which rows a group has.
+    The row of ones is a transposed view (of [T, 8]): the weight gradient's
+    layout, with a 16-byte row stride."""
+    if grad.dim() == 3:
+        return grad.sum(1)
+    ones = grad.new_ones(grad.shape[0], 8).t()[:1]
+    return mm(ones, grad, offs)[:, 0]
+
+
+def backward(a, b, offs, grad, need_a: bool, need_b: bool, mm, need_bias: bool = False):
+    """(grad_a, grad_b, grad_bias) of grouped_mm(a, b, offs, bias) for the
+    output gradient grad: grad_a = grad @ b^T and grad_b = a^T @ grad as
+    grouped products (ragged M's dB is ragged K, and so on), each on
+    transposed views, no copies; grad_bias as bias_gradient.
     mm(x, y, offs) computes one grouped_mm, its case told by the dimensions.
     A float32 gradient of a 16-bit product (out_dtype=float32) is rounded to
-    the inputs' dtype first: the kernels take one input dtype."""
+    the inputs' dtype for grad_a and grad_b: the kernels take one input dtype."""
+    grad_bias = bias_gradient(grad, offs, mm) if need_bias else None
     grad = grad.to(a.dtype)
     grad_a = input_gradient(a, grad, b.mT, offs, mm) if need_a else None
     grad_b = input_gradient(b, a.mT, grad, offs, mm) if need_b else None
-    return grad_a, grad_b
+    return grad_a, grad_b, grad_bias
 
 
 def _run(x, y, offs):
@@ -54,17 +68,18 @@ class GroupedMM(torch.autograd.Function):
     """Eager autograd for inputs classify() has checked."""
 
     @staticmethod
-    def forward(ctx, case, a, b, offs, out_dtype):
+    def forward(ctx, case, a, b, offs, bias, out_dtype):
         ctx.case = case
         ctx.save_for_backward(a, b, offs)
-        return ragged.run(case, a, b, offs, out_dtype)
+        return ragged.run(case, a, b, offs, out_dtype, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         a, b, offs = ctx.saved_tensors
-        grad_a, grad_b = backward(a, b, offs, grad, *ctx.needs_input_grad[1:3], _run)
-        return None, grad_a, grad_b, None, None
+        _, need_a, need_b, _, need_bias, _ = ctx.needs_input_grad
+        grad_a, grad_b, grad_bias = backward(a, b, offs, grad, need_a, need_b, _run, need_bias)
+        return None, grad_a, grad_b, None, grad_bias, None
 
 
 # What Function.apply's Python wrapper does for GroupedMM's arguments, by hand:
@@ -86,8 +101,8 @@ class _SavedContext:
 def _bridge_backward(case, a, b, offs, grad, need_a: bool, need_b: bool):
     """(grad_a, grad_b) for the bridge's node: GroupedMM.backward itself, so
     both nodes compute (and refuse double backward) alike."""
-    ctx = _SavedContext(case, (a, b, offs), (False, need_a, need_b, False, False))
-    return GroupedMM.backward(ctx, grad)[1:3]
+    ctx = _SavedContext(case, (a, b, offs), (False, need_a, need_b, False, False, False))
+    return GroupedMM.backward(ctx, grad)[1:3]  # no bias: the bridge takes none
 
 
 # Cases whose forward returns a new tensor, not a view: the bridge's node is
@@ -103,47 +118,53 @@ def _compiled_autograd_on() -> bool:
     return module is not None and bool(getattr(module, "compiled_autograd_enabled", False))
 
 
-def grouped_mm_with_autograd(case: Case, a, b, offs, out_dtype):
-    """What GroupedMM.apply(case, a, b, offs, out_dtype) gives, without the
-    wrapper's generic Python work where no functorch transform is active: a
-    C++ node where the torch bridge is loaded, else the Function's C part."""
+def grouped_mm_with_autograd(case: Case, a, b, offs, bias, out_dtype):
+    """What GroupedMM.apply(case, a, b, offs, bias, out_dtype) gives, without
+    the wrapper's generic Python work where no functorch transform is active: a
+    C++ node where the torch bridge is loaded (no bias), else the Function's C
+    part."""
     if _transforms_active is None or _unwrap_if_dead is None or _transforms_active():
-        return GroupedMM.apply(case, a, b, offs, out_dtype)
-    if _native.bridge is not None and case in _FRESH_OUTPUT and not _compiled_autograd_on():
+        return GroupedMM.apply(case, a, b, offs, bias, out_dtype)
+    if (_native.bridge is not None and bias is None and case in _FRESH_OUTPUT
+            and not _compiled_autograd_on()):
         out = _native.bridge.with_autograd(ragged.run, _bridge_backward, case, a, b, offs,
                                            out_dtype)
         if out is not None:
             return out
-    offs = None if offs is None else _unwrap_if_dead(offs)
-    return _FUNCTION_APPLY(case, _unwrap_if_dead(a), _unwrap_if_dead(b), offs, out_dtype)
+    offs, bias = (None if x is None else _unwrap_if_dead(x) for x in (offs, bias))
+    return _FUNCTION_APPLY(case, _unwrap_if_dead(a), _unwrap_if_dead(b), offs, bias, out_dtype)
 
 
 @torch.library.custom_op("gg_runtime::grouped_mm", mutates_args=())
-def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor],
-                  out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+def grouped_mm_op(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Tensor] = None,
+                  bias: Optional[torch.Tensor] = None,
+                  out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     # No device_types: a CPU tensor reaches classify() and gets its clear error.
-    return ragged.run(classify(a, b, offs, out_dtype), a, b, offs, out_dtype)
+    case = classify(mat_a, mat_b, offs, bias, out_dtype)
+    return ragged.run(case, mat_a, mat_b, offs, out_dtype, bias)
 
 
 @grouped_mm_op.register_fake
-def _grouped_mm_fake(a, b, offs, out_dtype):
-    return empty_output(classify(a, b, offs, out_dtype), a, b, offs, out_dtype)
+def _grouped_mm_fake(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    case = classify(mat_a, mat_b, offs, bias, out_dtype)
+    return empty_output(case, mat_a, mat_b, offs, out_dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, offs, _ = inputs
+    a, b, offs, _, _ = inputs
     ctx.save_for_backward(a, b, offs)
 
 
 def _traced_mm(x, y, offs):
     # Gradients as calls of the op, so that compiled graphs keep them.
-    return torch.ops.gg_runtime.grouped_mm(x, y, offs, None)
+    return torch.ops.gg_runtime.grouped_mm(x, y, offs)
 
 
 def _op_backward(ctx, grad):
     a, b, offs = ctx.saved_tensors
-    grad_a, grad_b = backward(a, b, offs, grad, *ctx.needs_input_grad[:2], _traced_mm)
-    return grad_a, grad_b, None, None
+    need_a, need_b, _, need_bias, _ = ctx.needs_input_grad
+    grad_a, grad_b, grad_bias = backward(a, b, offs, grad, need_a, need_b, _traced_mm, need_bias)
+    return grad_a, grad_b, None, grad_bias, None
 
 
 grouped_mm_op.register_autograd(_op_backward, setup_context=_setup_context)

@@ -57,10 +57,11 @@ def _ragged_rows(a: torch.Tensor):
     return a, a_t, lda
 
 
-def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
-    """out[T, N]; rows offs[g-1]:offs[g] of a times b[g].  a [T, K], b [G, K, N]."""
+def ragged_m(a, b, offs, out_dtype=None, bias=None) -> torch.Tensor:
+    """out[T, N]; rows offs[g-1]:offs[g] of a times b[g], plus bias[g] where
+    given.  a [T, K], b [G, K, N], bias [G, N]."""
     out_dtype = out_dtype or a.dtype
-    if _native.bridge is not None:  # the same in C++, or None where this path must run
+    if _native.bridge is not None and bias is None:  # the same in C++, or None: run this
         out = _native.bridge.ragged_m(a, b, offs, out_dtype, *_native.target(a, out_dtype))
         if out is not None:
             return out
@@ -71,11 +72,19 @@ def ragged_m(a, b, offs, out_dtype=None) -> torch.Tensor:
     if groups == 0:
         return out.zero_()
     layout = ("t" if a_t else "n") + ("t" if b_t else "n")  # aot/variants.py's names
+    bias = None if bias is None else bias.contiguous()
     _RAGGED_M(layout, *_native.target(a, out_dtype),
               a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
               offs_ptr=offs.data_ptr(), T=rows, N=n, K=k, G=groups,
-              lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n)
+              lda=lda, b_group_stride=b.stride(0), ldb=ldb, ldc=n, **bias_arguments(bias))
     return out
+
+
+def bias_arguments(bias) -> dict:
+    """The bias parameters of the ragged_m families for a contiguous bias or None."""
+    if bias is None:
+        return {"bias_ptr": 0, "has_bias": 0}  # never read
+    return {"bias_ptr": bias.data_ptr(), "has_bias": 1}
 
 
 def ragged_k(a, b, offs, out_dtype=None) -> torch.Tensor:
@@ -112,14 +121,15 @@ def batch_offsets(groups: int, size: int, device) -> torch.Tensor:
     return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * size
 
 
-def batched(a, b, offs=None, out_dtype=None) -> torch.Tensor:
-    """out[G, M, N] = a[g] @ b[g] (offs is None in this case).  Mapped onto the
-    ragged kernels without copies when a's batches are stacked rows ([G*M, K])
-    or stacked columns (a transposed view of [G, K, M], as in the backward)."""
+def batched(a, b, offs=None, out_dtype=None, bias=None) -> torch.Tensor:
+    """out[G, M, N] = a[g] @ b[g] (+ bias[g]; offs is None in this case).  Mapped
+    onto the ragged kernels without copies when a's batches are stacked rows
+    ([G*M, K]) or, without bias, stacked columns (a transposed view of [G, K, M],
+    as in the backward)."""
     groups, m, k = a.shape
     n = b.shape[2]
-    stacked_columns = (m > 1 and k > 1 and a.stride(1) == 1 and a.stride(0) == k * a.stride(2)
-                       and b.is_contiguous())
+    stacked_columns = (bias is None and m > 1 and k > 1 and a.stride(1) == 1
+                       and a.stride(0) == k * a.stride(2) and b.is_contiguous())
     if stacked_columns:
         offs = batch_offsets(groups, k, a.device)
         return ragged_k(a.transpose(1, 2).reshape(groups * k, m).t(), b.reshape(groups * k, n),
@@ -127,13 +137,16 @@ def batched(a, b, offs=None, out_dtype=None) -> torch.Tensor:
     if not (a.shape[-1] <= 1 or a.stride(-1) == 1) or a.stride(0) != m * a.stride(1):
         a = a.contiguous()
     offs = batch_offsets(groups, m, a.device)
-    return ragged_m(a.reshape(groups * m, k), b, offs, out_dtype).view(groups, m, n)
+    return ragged_m(a.reshape(groups * m, k), b, offs, out_dtype, bias).view(groups, m, n)
 
 
 _LAUNCH = {Case.RAGGED_M: ragged_m, Case.RAGGED_K: ragged_k, Case.RAGGED_N: ragged_n,
            Case.BATCHED: batched}
 
 
-def run(case: Case, a, b, offs, out_dtype=None) -> torch.Tensor:
-    """grouped_mm of checked inputs of this case; out_dtype None: a's dtype."""
-    return _LAUNCH[case](a, b, offs, out_dtype)
+def run(case: Case, a, b, offs, out_dtype=None, bias=None) -> torch.Tensor:
+    """grouped_mm of checked inputs of this case; out_dtype None: a's dtype.
+    bias only where classify() allowed it (ragged M, batched)."""
+    if bias is None:
+        return _LAUNCH[case](a, b, offs, out_dtype)
+    return _LAUNCH[case](a, b, offs, out_dtype, bias)

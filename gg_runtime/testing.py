@@ -87,26 +87,27 @@ def group_slices(a, b, offs=None):
         yield "past the groups", slice(start, None), None, None
 
 
-def ref_grouped_mm(a, b, offs=None):
-    """grouped_mm in float32, group by group."""
+def ref_grouped_mm(a, b, offs=None, bias=None):
+    """grouped_mm in float32, group by group (bias[g] added to group g's rows)."""
     a32, b32 = a.float(), b.float()
-    if a.dim() == 3 and b.dim() == 3:
-        return torch.bmm(a32, b32)
-    shape = ((a.shape[1], b.shape[1]) if a.dim() == 3 else (a.shape[0], b.shape[2]) if b.dim() == 3
-             else (offs.shape[0], a.shape[0], b.shape[1]))
+    shape = {(3, 3): lambda: (a.shape[0], a.shape[1], b.shape[2]),
+             (3, 2): lambda: (a.shape[1], b.shape[1]),
+             (2, 3): lambda: (a.shape[0], b.shape[2]),
+             (2, 2): lambda: (offs.shape[0], a.shape[0], b.shape[1])}[(a.dim(), b.dim())]()
     out = torch.zeros(shape, device=a.device)
-    for _, index, x, y in group_slices(a32, b32, offs):
+    for g, index, x, y in group_slices(a32, b32, offs):
         if x is not None:
-            out[index] = x @ y
+            out[index] = x @ y if bias is None else x @ y + bias[g].float()
     return out
 
 
-def ref_grouped_mm_grads(a, b, offs, grad):
-    """(grad_a, grad_b) of ref_grouped_mm(a, b, offs) for the output gradient
-    grad, in float32."""
-    a32 = a.detach().float().requires_grad_()
-    b32 = b.detach().float().requires_grad_()
-    return torch.autograd.grad(ref_grouped_mm(a32, b32, offs), (a32, b32), grad.float())
+def ref_grouped_mm_grads(a, b, offs, grad, bias=None):
+    """(grad_a, grad_b) of ref_grouped_mm(a, b, offs), and grad_bias where bias
+    is given, for the output gradient grad, in float32."""
+    inputs = [x.detach().float().requires_grad_() for x in (a, b) + (() if bias is None
+                                                                      else (bias,))]
+    out = ref_grouped_mm(*inputs[:2], offs, *inputs[2:])
+    return torch.autograd.grad(out, inputs, grad.float())
 
 
 def group_parts(a, b, offs, out):

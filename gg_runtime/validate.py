@@ -20,8 +20,9 @@ def check_tensor(x, name: str, ndim: int, dtypes: tuple) -> None:
     if x.dtype not in dtypes:
         names = " or ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must be {names}, got {x.dtype}")
-    if not x.is_cuda:
-        raise ValueError(f"{name} must be on a CUDA device, got {x.device}")
+    if not (x.is_cuda or x.is_meta):  # meta tensors: shapes only (the op's fake kernel)
+        raise ValueError(f"{name} must be on a CUDA device, got {x.device} (gg_runtime has "
+                         "no CPU kernels)")
 
 
 def check_same(x, name: str, ref, ref_name: str) -> None:
@@ -58,3 +59,16 @@ def check_out_dtype(out_dtype, dtype) -> None:
     if out_dtype is not None and out_dtype != dtype and out_dtype != torch.float32:
         raise TypeError(f"out_dtype={out_dtype} is not supported: give None, the inputs' dtype "
                         f"({dtype}) or torch.float32")
+
+
+def check_bias(bias, shape: tuple, dtype, like) -> None:
+    """A per-group bias: a tensor of the output's dtype, on like's device, of shape [G, N]."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if bias.dtype != dtype:
+        raise TypeError(f"bias must have the output's dtype ({dtype}), got {bias.dtype}")
+    if bias.get_device() != like.get_device():
+        raise ValueError(f"bias is on {bias.device} but the inputs are on {like.device}")
+    if tuple(bias.shape) != shape:
+        raise ValueError(f"bias must have shape {shape} (one row of N values per group), got "
+                         f"{tuple(bias.shape)}")

@@ -1,5 +1,5 @@
-"""ragged_m: out[T, N], rows offs[g-1]:offs[g] of a [T, K] times b[g] -- the MoE
-forward (grouped_mm 2-D x 3-D) and its dA."""
+"""ragged_m: out[T, N], rows offs[g-1]:offs[g] of a [T, K] times b[g], plus
+bias[g] where given -- the MoE forward (grouped_mm 2-D x 3-D) and its dA."""
 from ..family import Family, Param
 from ..kernels.ragged import ragged_m_kernel
 from ..kernels.ragged_ws import ragged_m_ws_kernel
@@ -12,6 +12,12 @@ POINTERS = (
     Param("b_ptr", "*T", "operand", aligned=True),
     Param("c_ptr", "*O", "output", aligned=True),
     Param("offs_ptr", "*i32", "offsets"),
+)
+# ragged_m's last parameters: an optional per-group bias [G, N] in the output's
+# dtype, added to the accumulator before the store.
+BIAS = (
+    Param("bias_ptr", "*O", "bias"),
+    Param("has_bias", "i32", "flag"),
 )
 
 FAMILY = Family(
@@ -27,7 +33,7 @@ FAMILY = Family(
         Param("b_group_stride", "i64", "stride", aligned=True),
         Param("ldb", "i64", "stride", aligned=True),
         Param("ldc", "i64", "stride", aligned=True),
-    ),
+    ) + BIAS,
     # a [T, K] row-major ('n') or a transposed view of [K, T] ('t', as 3-D x
     # 2-D's b); b [G, K, N] row-major ('n') or a transposed view of [G, N, K] ('t').
     # A 't' a is read in place by sm90's kernels only (gg_runtime/ragged.py).

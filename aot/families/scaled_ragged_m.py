@@ -6,7 +6,7 @@ alignment is what torch requires of fp8 inputs too."""
 from ..family import Config, Family, Param
 from ..kernels.ragged import scaled_ragged_m_kernel
 from ..kernels.ragged_ws import scaled_ragged_m_ws_kernel
-from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
+from .ragged_m import BIAS, POINTERS, RAGGED_ROWS_LIMIT
 
 FAMILY = Family(
     name="scaled_ragged_m",
@@ -23,7 +23,7 @@ FAMILY = Family(
         Param("b_group_stride", "i64", "stride"),
         Param("ldb", "i64", "stride"),
         Param("ldc", "i64", "stride"),
-    ),
+    ) + BIAS,
     layouts={"rowwise": {"SCALING": 1}, "blockwise": {"SCALING": 2}},
     tma_layouts=("rowwise", "blockwise"),
     basic=False,

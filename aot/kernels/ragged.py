@@ -7,7 +7,7 @@ For valid offsets this is the usual meaning; for decreasing or out-of-range
 offsets it keeps every access in bounds and every output row owned by at most
 one group.
 
-ragged_m: out[T, N], rows of group g = a[rows] @ b[g]   (forward, dA; fp8 with scales)
+ragged_m: out[T, N], rows of group g = a[rows] @ b[g] (+ bias[g])   (forward, dA; fp8 with scales)
 ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 """
 import triton
@@ -94,37 +94,51 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T: tl.co
 
 
 @triton.jit
+def add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN: tl.constexpr):
+    """acc + bias[g, off_n:off_n + BN] (bias [G, N] row-major) where has_bias;
+    the rows past the last group (g == G) get none."""
+    if has_bias != 0:
+        cols = off_n + tl.arange(0, BN)
+        bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=(cols < N) & (g < G), other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                    A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
+                    bias_ptr, has_bias, A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                     PRECISION: tl.constexpr):
     """a [T, K] row-major (A_T=0) or stored as row-major [K, T] (A_T=1, as
     3-D x 2-D's transposed b: a group's rows are then a range along the
     contiguous dimension, which the TMA flavour reads through pointers), b
-    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major."""
+    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major; bias [G, N]
+    row-major, read where has_bias is 1."""
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, A_T, B_T, USE_TMA, NO_SCALES, BM, BN, BK, CHUNK,
-                     PRECISION)
+                     b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, USE_TMA, NO_SCALES,
+                     BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
 def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
-                           lda, b_group_stride, ldb, ldc, SCALING: tl.constexpr,
-                           USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                           BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+                           lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
+                           SCALING: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                           PRECISION: tl.constexpr):
     """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
-    wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says."""
+    wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says
+    (+ bias[g] where has_bias)."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, False, True, USE_TMA, SCALING, BM, BN, BK, CHUNK,
-                     PRECISION)
+                     b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, USE_TMA, SCALING,
+                     BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, A_T: tl.constexpr, B_T: tl.constexpr,
-                     USE_TMA: tl.constexpr, SCALING: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T: tl.constexpr,
+                     B_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                      PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
@@ -180,15 +194,17 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                 acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
                                       tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
                                       SCALING, BM, BN, BK)
-                ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             elif USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T, B_T,
                                         BM, BN, BK, PRECISION)
-                ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
                                      A_T, B_T, BM, BN, BK, PRECISION)
+            acc = add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN)
+            if USE_TMA:
+                ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
+            else:
                 tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)

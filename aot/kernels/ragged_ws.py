@@ -200,9 +200,10 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 
 @gluon.jit
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
-                  c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
-                  A_T: gl.constexpr, B_T: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                  c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
+                  has_bias, T, N, K, G, A_T: gl.constexpr, B_T: gl.constexpr,
+                  SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this program."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
@@ -239,6 +240,11 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols,
                                       mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+                if has_bias != 0:
+                    cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
+                    bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols,
+                                   mask=(cols < N) & (g < G), other=0.0)
+                    acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
                 if ALIGN == 1:
                     store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
                 elif part_m >= start:
@@ -255,9 +261,10 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
 
 @gluon.jit
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, A_T: gl.constexpr, B_T: gl.constexpr,
-                        SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                        BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T: gl.constexpr,
+                        B_T: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr,
+                        BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                        STAGES: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // (16 * gl.num_warps())
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
@@ -273,8 +280,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     if PARTS == 1:
         gl.warp_specialize([
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, A_T, B_T,
-                             SCALING, BM, BN, BK, CHUNK, STAGES)),
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
+                             K, G, A_T, B_T, SCALING, BM, BN, BK, CHUNK, STAGES)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
         ], [LOADER_WARPS], [LOADER_REGISTERS])
@@ -282,11 +289,11 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.static_assert(PARTS == 2, "one or two MMA partitions")
         gl.warp_specialize([
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, A_T, B_T,
-                             SCALING, BM, BN, BK, CHUNK, STAGES)),
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
+                             K, G, A_T, B_T, SCALING, BM, BN, BK, CHUNK, STAGES)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, A_T, B_T,
-                             SCALING, BM, BN, BK, CHUNK, STAGES)),
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
+                             K, G, A_T, B_T, SCALING, BM, BN, BK, CHUNK, STAGES)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
         ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
@@ -294,8 +301,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
 
 @gluon.jit
 def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                       A_T: gl.constexpr, B_T: gl.constexpr, USE_TMA: gl.constexpr,
-                       BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                       bias_ptr, has_bias, A_T: gl.constexpr, B_T: gl.constexpr,
+                       USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                        CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
     """ragged_m_kernel's contract (a [T, K] or, A_T, stored [K, T]; b [G, K, N]
     or, B_T, [G, N, K]; c [T, N] row-major), TMA only; USE_TMA and PRECISION
@@ -303,17 +310,18 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, A_T, B_T, NO_SCALES, BM, BN, BK, CHUNK, STAGES)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, NO_SCALES, BM, BN,
+                        BK, CHUNK, STAGES)
 
 
 @gluon.jit
 def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
-                              lda, b_group_stride, ldb, ldc, SCALING: gl.constexpr,
-                              USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                              BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
-                              STAGES: gl.constexpr):
+                              lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
+                              SCALING: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                              BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                              PRECISION: gl.constexpr, STAGES: gl.constexpr):
     """scaled_ragged_m_kernel's contract (b K-major)."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, False, True, SCALING, BM, BN, BK, CHUNK,
-                        STAGES)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING, BM, BN,
+                        BK, CHUNK, STAGES)

@@ -84,9 +84,9 @@ Binding<N> bind_family(const char* family, const std::array<const char*, N>& nam
   return b;
 }
 
-constexpr std::array<const char*, 12> kRaggedMParams{
+constexpr std::array<const char*, 14> kRaggedMParams{
     "a_ptr", "b_ptr", "c_ptr", "offs_ptr", "T", "N", "K", "G", "lda", "b_group_stride",
-    "ldb", "ldc"};
+    "ldb", "ldc", "bias_ptr", "has_bias"};
 constexpr std::array<const char*, 11> kRaggedKParams{
     "a_ptr", "b_ptr", "c_ptr", "offs_ptr", "M", "N", "T", "G", "lda", "ldb", "ldc"};
 // One group's words of the list family, in the kernel's order (checked at import).
@@ -94,7 +94,7 @@ constexpr std::array<const char*, 9> kListFields{"a", "b", "c", "M", "N", "K", "
                                                  "ldc"};
 constexpr size_t kListC = 2, kListM = 3, kListN = 4;
 
-Binding<12> g_ragged_m;
+Binding<14> g_ragged_m;
 Binding<11> g_ragged_k;
 Binding<1> g_list;  // its one caller-given parameter: the group table
 
@@ -284,7 +284,7 @@ PyObject* ragged_m(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   at::Tensor out = new_output({rows, n}, a.options().dtype(r.out_type));
   r.call.args = g_ragged_m.args({address(a), address(b), address(out), address(*r.offs), rows,
                                  n, k, groups, a.stride(0), b.stride(0),
-                                 nn ? row_stride : col_stride, n});
+                                 nn ? row_stride : col_stride, n, 0, 0});  // no bias
   r.call.layout = nn ? "nn" : "nt";
   return launch_into(r, std::move(out));
   END_HANDLE_TH_ERRORS

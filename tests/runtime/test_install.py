@@ -180,7 +180,7 @@ def test_families_match_the_shipped_manifest():
 
 
 RAGGED_M_EMPTY = dict(a_ptr=0, b_ptr=0, c_ptr=0, offs_ptr=0, T=0, N=8, K=8, G=2, lda=8,
-                      b_group_stride=64, ldb=8, ldc=8)
+                      b_group_stride=64, ldb=8, ldc=8, bias_ptr=0, has_bias=0)
 
 
 def test_launchers_take_arguments_by_name():
@@ -197,7 +197,7 @@ def test_launchers_take_arguments_by_name():
         ragged_m("nn", 0, 0, 0, 0, **RAGGED_M_EMPTY, ldd=3)
     with pytest.raises(TypeError, match="argument lda: expected an int, got float"):
         ragged_m("nn", 0, 0, 0, 0, **{**RAGGED_M_EMPTY, "lda": 2.5})
-    with pytest.raises(TypeError, match="ragged_m takes 12 values, got 2"):
+    with pytest.raises(TypeError, match="ragged_m takes 14 values, got 2"):
         _C.launch(list(FAMILIES).index("ragged_m"), "nn", 0, 0, 0, 0, 1, 2)
     with pytest.raises(ValueError, match="group words is not a multiple of 9"):
         list_gemm("nn", 0, 0, 0, 0, group_table=[1, 2, 3])

@@ -15,6 +15,12 @@ def scales(*shape):
     return cuda(*shape, dtype=torch.float32)
 
 
+def check(a, b, scale_a, scale_b, offs, out_dtype=torch.bfloat16, bias=None,
+          scale_result=None, use_fast_accum=False):
+    """_check in torch's argument order, with the optional arguments by name."""
+    return _check(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
+
+
 def inputs(t=10, g=2, n=32, k=256):
     """Valid rowwise inputs: a [T, K], b [G, K, N] K-major, scales, offs."""
     return (cuda(t, k, dtype=FP8), cuda(g, n, k, dtype=FP8).transpose(1, 2), scales(t),
@@ -23,10 +29,13 @@ def inputs(t=10, g=2, n=32, k=256):
 
 def test_valid_inputs_pass():
     a, b, scale_a, scale_b, offs = inputs()
-    assert _check(a, b, scale_a, scale_b, offs, torch.bfloat16) == "rowwise"
-    assert _check(a, b, scales(10, 2), scales(2, 1, 2), offs, torch.float32) == "blockwise"
+    assert check(a, b, scale_a, scale_b, offs) == "rowwise"
+    assert check(a, b, scales(10, 2), scales(2, 1, 2), offs, torch.float32) == "blockwise"
     batched_a = cuda(2, 5, 256, dtype=FP8)
-    assert _check(batched_a, b, scales(2, 5), scale_b, None, torch.bfloat16) == "rowwise"
+    assert check(batched_a, b, scales(2, 5), scale_b, None) == "rowwise"
+    assert check(a, b, scale_a, scale_b, offs, bias=cuda(2, 32), scale_result=scales(1),
+                 use_fast_accum=True) == "rowwise"
+    assert check(a, b, scale_a, scale_b, offs, torch.float32, bias=scales(2, 32)) == "rowwise"
 
 
 # Each case replaces some of the valid inputs (a, b, scale_a, scale_b, offs);
@@ -34,7 +43,7 @@ def test_valid_inputs_pass():
 CASES = {
     "b row-major": (lambda: {"b": cuda(2, 256, 32, dtype=FP8)}, ValueError, "K-major"),
     "a bf16": (lambda: {"a": cuda(10, 256, dtype=torch.bfloat16)}, TypeError,
-               "a must be float8_e4m3fn"),
+               "mat_a must be float8_e4m3fn"),
     "scale_a float64": (lambda: {"scale_a": cuda(10, dtype=torch.float64)}, TypeError,
                         "scale_a must be float32"),
     "scale_b short": (lambda: {"scale_b": scales(2, 16)}, ValueError,
@@ -52,8 +61,20 @@ CASES = {
     "offs short": (lambda: {"offs": torch.empty(1, dtype=torch.int32, device="cuda")},
                    ValueError, "offs has 1 entries"),
     "a on cpu": (lambda: {"a": torch.empty(10, 256, dtype=FP8)}, ValueError,
-                 "a must be on a CUDA device"),
+                 "mat_a must be on a CUDA device"),
     "a 4-D": (lambda: {"a": cuda(10, 256, 1, 1, dtype=FP8)}, ValueError, "2-D x 2-D"),
+    "bias shape": (lambda: {"bias": cuda(2, 16)}, ValueError, r"bias must have shape \(2, 32\)"),
+    "bias dtype": (lambda: {"bias": scales(2, 32)}, TypeError,
+                   r"bias must have the output's dtype \(torch.bfloat16\)"),
+    "bias on cpu": (lambda: {"bias": torch.empty(2, 32, dtype=torch.bfloat16)}, ValueError,
+                    "bias is on cpu"),
+    "bias a list": (lambda: {"bias": [1.0]}, TypeError, "bias must be a torch.Tensor or None"),
+    "scale_result 2 values": (lambda: {"scale_result": scales(2)}, ValueError,
+                              "scale_result must be one float32 value"),
+    "scale_result a float": (lambda: {"scale_result": 2.0}, TypeError,
+                             "scale_result must be a torch.Tensor or None"),
+    "use_fast_accum None": (lambda: {"use_fast_accum": None}, TypeError,
+                            "use_fast_accum must be a bool"),
 }
 
 
@@ -63,28 +84,30 @@ def test_refused(name):
     args = dict(zip(("a", "b", "scale_a", "scale_b", "offs"), inputs()))
     args.update(replace())
     with pytest.raises(error, match=message):
-        _check(*args.values(), torch.bfloat16)
+        check(**args)
 
 
 def test_out_dtype_and_gradients_refused():
     a, b, scale_a, scale_b, offs = inputs()
     with pytest.raises(TypeError, match="out_dtype must be torch.bfloat16 or torch.float32"):
-        _check(a, b, scale_a, scale_b, offs, torch.float16)
+        check(a, b, scale_a, scale_b, offs, torch.float16)
     with pytest.raises(RuntimeError, match="not differentiable"):
-        _check(a, b, scale_a.requires_grad_(), scale_b, offs, torch.bfloat16)
+        check(a, b, scale_a.requires_grad_(), scale_b, offs)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        check(*inputs(), bias=cuda(2, 32).requires_grad_())
 
 
 def test_weight_gradient_case_refused():
     with pytest.raises(ValueError, match="2-D x 2-D, are not supported"):
-        _check(cuda(8, 32, dtype=FP8), cuda(32, 16, dtype=FP8), scales(8), scales(16),
-               torch.empty(2, dtype=torch.int32, device="cuda"), torch.bfloat16)
+        check(cuda(8, 32, dtype=FP8), cuda(32, 16, dtype=FP8), scales(8), scales(16),
+              torch.empty(2, dtype=torch.int32, device="cuda"))
 
 
 def test_fake_implementation_shapes():
     from gg_runtime.scaled import scaled_grouped_mm_op
     a, b, scale_a, scale_b, offs = inputs()
-    out = scaled_grouped_mm_op(a, b, scale_a, scale_b, offs, None)
+    out = scaled_grouped_mm_op(a, b, scale_a, scale_b, offs, None, None, None, False)
     assert out.shape == (10, 32) and out.dtype == torch.bfloat16
     batched = scaled_grouped_mm_op(cuda(2, 5, 256, dtype=FP8), b, scales(2, 5), scale_b, None,
-                                   torch.float32)
+                                   None, None, torch.float32, False)
     assert batched.shape == (2, 5, 32) and batched.dtype == torch.float32

@@ -66,18 +66,18 @@ def test_wrong_rank():
 
 GROUPED_MM_ERRORS = [
     (lambda: (cuda(10, 8), cuda(3, 9, 5), offsets(3)), ValueError, r"K differs"),
-    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError, r"offs has 2 entries but b has 3"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError, r"offs has 2 entries but mat_b has 3"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), None), ValueError, r"offs is required"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).long()), TypeError, r"offs must be int32"),
     (lambda: (cuda(8, 10), cuda(9, 5), offsets(3)), ValueError, r"T differs"),
     (lambda: (cuda(2, 8, 4), cuda(2, 4, 5), offsets(2)), ValueError, r"offs must be None"),
     (lambda: (cuda(2, 8, 4), cuda(3, 4, 5), None), ValueError, r"G or K differs"),
-    (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"offs is required when a is 3-D"),
+    (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"offs is required when mat_a is 3-D"),
     (lambda: (cuda(2, 8, 4), cuda(5, 6), offsets(2)), ValueError, r"K differs"),
-    (lambda: (cuda(2, 8, 4), cuda(4, 6), offsets(3)), ValueError, r"offs has 3 entries but a has 2"),
+    (lambda: (cuda(2, 8, 4), cuda(4, 6), offsets(3)), ValueError, r"offs has 3 entries but mat_a has 2"),
     (lambda: (cuda(10, 8, dtype=torch.float64), cuda(3, 8, 5), offsets(3)), TypeError,
-     r"a must be float16 or bfloat16 or float32, got torch.float64"),
-    (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError, r"b has dtype"),
+     r"mat_a must be float16 or bfloat16 or float32, got torch.float64"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError, r"mat_b has dtype"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), strided_offsets(3)), ValueError, r"offs must be contiguous"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).cpu()), ValueError, r"offs is on cpu"),
 ]
@@ -87,7 +87,7 @@ GROUPED_MM_ERRORS = [
 def test_grouped_mm_errors(fake, args, error, message):
     a, b, offs = args()
     with pytest.raises(error, match=message):
-        classify(a, b, offs, None)
+        classify(a, b, offs, None, None)
 
 
 @gpu
@@ -101,12 +101,12 @@ def test_grouped_mm_errors_on_the_fast_path(args, error, message):
 
 def test_grouped_mm_out_dtype_refused(fake):
     with pytest.raises(TypeError, match="out_dtype=torch.float16 is not supported"):
-        classify(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float16)
+        classify(cuda(10, 8), cuda(3, 8, 5), offsets(3), None, torch.float16)
 
 
 def test_grouped_mm_cpu_tensor():
     a = torch.empty(10, 8, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="a must be on a CUDA device"):
+    with pytest.raises(ValueError, match="mat_a must be on a CUDA device"):
         gg_runtime.grouped_mm(a, torch.empty(3, 8, 5, dtype=torch.bfloat16),
                               torch.zeros(3, dtype=torch.int32))
 
@@ -120,19 +120,19 @@ def test_grouped_mm_cpu_tensor():
 ])
 def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected, out_dtype):
     offs = offsets(groups) if groups else None
-    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs, out_dtype)
+    out = torch.ops.gg_runtime.grouped_mm(cuda(*a_shape), cuda(*b_shape), offs, None, out_dtype)
     assert tuple(out.shape) == expected and out.dtype == (out_dtype or torch.bfloat16)
 
 
 def test_fake_implementation_validates(fake):
     with pytest.raises(ValueError, match="K differs"):
-        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3), None)
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3))
     with pytest.raises(TypeError, match="out_dtype=torch.float16 is not supported"):
-        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), torch.float16)
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), None, torch.float16)
 
 
 def test_grouped_mm_cpu_tensor_with_grad_is_a_clear_error():
     a = torch.empty(10, 8, dtype=torch.bfloat16, requires_grad=True)
-    with pytest.raises(ValueError, match="a must be on a CUDA device"):
+    with pytest.raises(ValueError, match="mat_a must be on a CUDA device"):
         gg_runtime.grouped_mm(a, torch.empty(3, 8, 5, dtype=torch.bfloat16),
                               torch.zeros(3, dtype=torch.int32))
