@@ -51,7 +51,7 @@ rows = {
     "ragged.ragged_m": lambda: ragged.ragged_m(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
     "gg_runtime.grouped_mm, autograd recording": lambda: gg_runtime.grouped_mm(a, w, offs),
-    "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs),
+    "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs, None, None),
     "torch._grouped_mm": lambda: torch._grouped_mm(a, b, offs),
     "torch._grouped_mm, autograd recording": lambda: torch._grouped_mm(a, w, offs),
     "grouped_gemm(128): group words": lambda: gemm_list._group_words(As, Bs, False, torch.float16, 0),

@@ -154,8 +154,10 @@ def bench_wgrad(w, ceil) -> dict:
 
 
 def bench_fp8(w) -> dict:
-    """fp8 on a ragged bf16 workload's shapes: ours rowwise and blockwise next
-    to torch._scaled_grouped_mm (rowwise) and our bf16 grouped_mm."""
+    """fp8 on a ragged bf16 workload's shapes, each accumulation (use_fast_accum
+    True: '_fast', and False): ours rowwise and blockwise next to
+    torch._scaled_grouped_mm (rowwise) with the same use_fast_accum, and our
+    bf16 grouped_mm."""
     flops = 2 * sum(w["m"]) * w["N"] * w["K"]
     a, b, offs = moe_inputs(w["m"], w["N"], w["K"], torch.bfloat16)
     ref = ref_grouped_mm(a, b, offs)
@@ -164,18 +166,74 @@ def bench_fp8(w) -> dict:
     for granularity in ("rowwise", "blockwise"):
         inputs = fp8_moe_inputs(w["m"], w["N"], w["K"], granularity)
         ref = ref_scaled_grouped_mm(*inputs, granularity)
-        candidates = {f"gg_fp8_{granularity}": lambda x=inputs: gg_runtime.scaled_grouped_mm(*x)}
-        if granularity == "rowwise":
-            candidates["torch_scaled_grouped_mm"] = lambda x=inputs: torch._scaled_grouped_mm(
-                *x[:4], offs=x[4], out_dtype=torch.bfloat16)
+        candidates = {}
+        for fast, suffix in ((True, "_fast"), (False, "")):
+            candidates[f"gg_fp8_{granularity}{suffix}"] = (
+                lambda x=inputs, f=fast: gg_runtime.scaled_grouped_mm(*x, use_fast_accum=f))
+            if granularity == "rowwise":
+                candidates[f"torch_scaled_grouped_mm{suffix}"] = (
+                    lambda x=inputs, f=fast: torch._scaled_grouped_mm(
+                        *x[:4], offs=x[4], out_dtype=torch.bfloat16, use_fast_accum=f))
         runs.update(measure(candidates, lambda out, r=ref: rel_error(out, r),
                             FP8_TOLERANCE[torch.bfloat16], flops))
     ms = {name: run.get("ms") for name, run in runs.items()}
     ratio = lambda x, y: ms[y] / ms[x] if ms.get(x) and ms.get(y) else None  # noqa: E731
     return {"name": w["name"], "runs": runs,
-            "rowwise_vs_bf16": ratio("gg_fp8_rowwise", "gg_bf16"),
+            "rowwise_fast_vs_bf16": ratio("gg_fp8_rowwise_fast", "gg_bf16"),
+            "rowwise_fast_vs_torch_fast": ratio("gg_fp8_rowwise_fast",
+                                                "torch_scaled_grouped_mm_fast"),
+            "blockwise_fast_vs_rowwise_fast": ratio("gg_fp8_blockwise_fast",
+                                                    "gg_fp8_rowwise_fast"),
             "rowwise_vs_torch": ratio("gg_fp8_rowwise", "torch_scaled_grouped_mm"),
             "blockwise_vs_rowwise": ratio("gg_fp8_blockwise", "gg_fp8_rowwise")}
+
+
+def bench_bias(w) -> dict:
+    """A ragged bf16 workload with a per-group bias [G, N]: ours fused in the
+    epilogue, next to ours without bias and to torch._grouped_mm followed by
+    torch adding each row's group's bias (torch's grouped_mm refuses bias)."""
+    flops = 2 * sum(w["m"]) * w["N"] * w["K"]
+    a, b, offs = moe_inputs(w["m"], w["N"], w["K"], torch.bfloat16)
+    bias = torch.randn(len(w["m"]), w["N"], device="cuda").to(torch.bfloat16)
+    row_group = torch.repeat_interleave(torch.arange(len(w["m"]), device="cuda"),
+                                        torch.tensor(w["m"], device="cuda"))
+    ref = ref_grouped_mm(a, b, offs, bias)
+    runs = measure({"gg_bias": lambda: gg_runtime.grouped_mm(a, b, offs, bias),
+                    "torch_grouped_mm_then_add": lambda: torch._grouped_mm(a, b, offs)
+                    + bias[row_group]},
+                   lambda out: rel_error(out, ref), TOLERANCE[torch.bfloat16], flops)
+    runs.update(measure({"gg": lambda: gg_runtime.grouped_mm(a, b, offs)},
+                        lambda out: rel_error(out, ref_grouped_mm(a, b, offs)),
+                        TOLERANCE[torch.bfloat16], flops))
+    ms = {name: run.get("ms") for name, run in runs.items()}
+    ok = all(ms.values())
+    return {"name": w["name"], "runs": runs,
+            "bias_cost": ms["gg_bias"] / ms["gg"] if ok else None,
+            "vs_torch_then_add": ms["torch_grouped_mm_then_add"] / ms["gg_bias"] if ok else None}
+
+
+def fp8_accumulation_errors(k_values=(512, 2048, 7168, 16384)) -> list:
+    """Relative error against float64 of the dequantised inputs, rowwise fp8,
+    one group of 2048 x 2048 per K: ours (float32 and bfloat16 output) and
+    torch._scaled_grouped_mm (bfloat16) with use_fast_accum False and True."""
+    rows = []
+    for k in k_values:
+        a, b, scale_a, scale_b, offs = fp8_moe_inputs([2048], 2048, k, "rowwise")
+        ref = (a.double() * scale_a.double()[:, None]) @ (
+            b[0].double() * scale_b[0].double()[None, :])
+        row = {"K": k}
+        for out_dtype in (torch.float32, torch.bfloat16):
+            out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+            row[f"gg_{str(out_dtype).removeprefix('torch.')}"] = rel_error(out, ref)
+        for fast in (False, True):
+            try:
+                out = torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs,
+                                               out_dtype=torch.bfloat16, use_fast_accum=fast)
+                row[f"torch_fast_accum_{fast}"] = rel_error(out, ref)
+            except RuntimeError as error:  # a torch build without it
+                row[f"torch_fast_accum_{fast}"] = str(error)[:80]
+        rows.append(row)
+    return rows
 
 
 def bench_fp16(w) -> dict:
@@ -440,19 +498,25 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
+FP8_COLUMNS = {"row fast": "gg_fp8_rowwise_fast", "blk fast": "gg_fp8_blockwise_fast",
+               "torch fast": "torch_scaled_grouped_mm_fast", "row": "gg_fp8_rowwise",
+               "blk": "gg_fp8_blockwise", "torch": "torch_scaled_grouped_mm",
+               "ours bf16": "gg_bf16"}
+FP8_RATIOS = ("rowwise_fast_vs_bf16", "rowwise_fast_vs_torch_fast",
+              "blockwise_fast_vs_rowwise_fast", "rowwise_vs_torch", "blockwise_vs_rowwise")
+
+
 def print_fp8(rows):
-    print(f"\nfp8, TFLOP/s: {'workload':24} {'rowwise':>8} {'blockwise':>9} {'torch fp8':>9} "
-          f"{'ours bf16':>9} {'row/bf16':>8} {'row/torch':>9} {'block/row':>9}")
+    print(f"\nfp8, TFLOP/s ('fast': use_fast_accum=True, ours and torch's): {'workload':24} "
+          + " ".join(f"{c:>10}" for c in FP8_COLUMNS))
     for r in rows:
         t = {k: v.get("tflops") for k, v in r["runs"].items()}
-        print(f"{'':14}{r['name']:24} {fmt(t.get('gg_fp8_rowwise'), '{:.0f}'):>8} "
-              f"{fmt(t.get('gg_fp8_blockwise'), '{:.0f}'):>9} "
-              f"{fmt(t.get('torch_scaled_grouped_mm'), '{:.0f}'):>9} "
-              f"{fmt(t.get('gg_bf16'), '{:.0f}'):>9} {fmt(r['rowwise_vs_bf16']):>8} "
-              f"{fmt(r['rowwise_vs_torch']):>9} {fmt(r['blockwise_vs_rowwise']):>9}")
-    print(" " * 14 + "geomeans:", json.dumps({k: fmt(geomean(r[k] for r in rows)) for k in
-                                              ("rowwise_vs_bf16", "rowwise_vs_torch",
-                                               "blockwise_vs_rowwise")}))
+        print(f"{'':14}{r['name']:24} "
+              + " ".join(f"{fmt(t.get(run), '{:.0f}'):>10}" for run in FP8_COLUMNS.values()))
+    print(" " * 14 + "ratios:", json.dumps({k: {r["name"]: fmt(r[k]) for r in rows}
+                                            for k in FP8_RATIOS}))
+    print(" " * 14 + "geomeans:", json.dumps({k: fmt(geomean(r[k] for r in rows))
+                                              for k in FP8_RATIOS}))
 
 
 def summary(results) -> dict:
@@ -487,7 +551,8 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
-SECTIONS = ("workloads", "wgrad", "training", "fp16", "cases", "fp8", "model", "proxy", "host")
+SECTIONS = ("workloads", "wgrad", "training", "bias", "fp16", "cases", "fp8", "model", "proxy",
+            "host")
 
 
 def main():
@@ -529,6 +594,14 @@ def main():
         report["training"] = training = [bench_training(name, shape) for name, shape in
                                          TRAINING_LAYERS.items() if args.only in name]
         print_training(training)
+    if "bias" in sections:
+        report["bias"] = bias = [bench_bias(w) for w in ragged if w["dtype"] == "bfloat16"]
+        print("per-group bias, ours with / without:", json.dumps(
+            {r["name"]: fmt(r["bias_cost"]) for r in bias}), "geomean",
+            fmt(geomean(r["bias_cost"] for r in bias)))
+        print("per-group bias, x torch._grouped_mm then add:", json.dumps(
+            {r["name"]: fmt(r["vs_torch_then_add"]) for r in bias}), "geomean",
+            fmt(geomean(r["vs_torch_then_add"] for r in bias)))
     if "cases" in sections:
         report["cases"] = cases = bench_other_cases()
         print("other cases, TFLOP/s ours / torch:", json.dumps(
@@ -542,6 +615,10 @@ def main():
     if "fp8" in sections:
         report["fp8"] = fp8 = [bench_fp8(w) for w in ragged if w["dtype"] == "bfloat16"]
         print_fp8(fp8)
+        report["fp8_accumulation"] = accumulation = fp8_accumulation_errors()
+        print("fp8 rowwise, relative error against float64:",
+              json.dumps([{k: f"{v:.2e}" if isinstance(v, float) else v for k, v in row.items()}
+                          for row in accumulation]))
         copy_tbps = ceil["copy_tbps"]
         report["quantize"] = quantize = bench_quantize(copy_tbps)
         print(f"quantize_fp8 [16384, 7168] bf16, TB/s (x device copy {copy_tbps:.2f}):",

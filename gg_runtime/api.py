@@ -135,9 +135,11 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
     bias (torch refuses one): None or [G, N] in out_dtype, added to group g's
     rows after the scales, before the rounding.  scale_result: None or a
     one-element float32 tensor on a's device that multiplies the output
-    (applied as a factor of scale_a).  use_fast_accum: a bool, accepted for
-    torch's signature; it does not change the kernels' accumulation (README,
-    "fp8 on Hopper", says what that is).  quantize_fp8 makes both kinds of
+    (applied as a factor of scale_a).  use_fast_accum, as torch's: False
+    (torch's default) adds each 128-deep K step's product to the float32
+    accumulator on the CUDA cores; True lets the tensor cores accumulate all
+    of K in their own precision, which loses bits as K grows and runs faster
+    (the warp-specialised kernels).  quantize_fp8 makes both kinds of
     inputs.  out_dtype: torch.bfloat16 (None means it too) or torch.float32.
     Traceable by torch.compile (the custom op
     torch.ops.gg_runtime.scaled_grouped_mm).  offs as in grouped_mm (int32, on

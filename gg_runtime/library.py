@@ -136,16 +136,15 @@ def grouped_mm_with_autograd(case: Case, a, b, offs, bias, out_dtype):
 
 
 @torch.library.custom_op("gg_runtime::grouped_mm", mutates_args=())
-def grouped_mm_op(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Tensor] = None,
-                  bias: Optional[torch.Tensor] = None,
-                  out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def grouped_mm_op(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     # No device_types: a CPU tensor reaches classify() and gets its clear error.
     case = classify(mat_a, mat_b, offs, bias, out_dtype)
     return ragged.run(case, mat_a, mat_b, offs, out_dtype, bias)
 
 
 @grouped_mm_op.register_fake
-def _grouped_mm_fake(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+def _grouped_mm_fake(mat_a, mat_b, offs, bias, out_dtype):
     case = classify(mat_a, mat_b, offs, bias, out_dtype)
     return empty_output(case, mat_a, mat_b, offs, out_dtype)
 
@@ -157,7 +156,7 @@ def _setup_context(ctx, inputs, output):
 
 def _traced_mm(x, y, offs):
     # Gradients as calls of the op, so that compiled graphs keep them.
-    return torch.ops.gg_runtime.grouped_mm(x, y, offs)
+    return torch.ops.gg_runtime.grouped_mm(x, y, offs, None, None)
 
 
 def _op_backward(ctx, grad):

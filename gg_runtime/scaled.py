@@ -122,9 +122,10 @@ def _check(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast
     return granularity
 
 
-def _launch(granularity, a, b, scale_a, scale_b, offs, bias, out_dtype) -> torch.Tensor:
+def _launch(layout, a, b, scale_a, scale_b, offs, bias, out_dtype) -> torch.Tensor:
     """out[T, N] of a [T, K] (row-major), b [G, K, N] (K-major), int32 end
-    offsets, bias [G, N] contiguous or None."""
+    offsets, bias [G, N] contiguous or None; layout: the family's (granularity,
+    '_fast' for fast accumulation)."""
     (rows, k), (groups, _, n) = a.shape, b.shape
     if a.data_ptr() % _ALIGN or b.data_ptr() % _ALIGN:
         raise ValueError("fp8 inputs need 16-byte aligned data pointers (a view starting at an "
@@ -138,7 +139,7 @@ def _launch(granularity, a, b, scale_a, scale_b, offs, bias, out_dtype) -> torch
     if groups == 0 or k == 0:  # nothing to multiply: the product is zero
         return out.zero_()
     with sm90_only():
-        _LAUNCH(granularity, *_native.target(a, out.dtype),
+        _LAUNCH(layout, *_native.target(a, out.dtype),
                 a_ptr=a.data_ptr(), b_ptr=b.data_ptr(), c_ptr=out.data_ptr(),
                 offs_ptr=offs.data_ptr(), scale_a_ptr=scale_a.data_ptr(),
                 scale_b_ptr=scale_b.data_ptr(), T=rows, N=n, K=k, G=groups,
@@ -157,18 +158,19 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, bias=None, scale_result
     out_dtype = out_dtype or torch.bfloat16
     granularity = _check(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype,
                          use_fast_accum)
+    layout = granularity + ("_fast" if use_fast_accum else "")
     if scale_result is not None:
         scale_a = scale_a * scale_result.reshape(())
     scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
     bias = None if bias is None else bias.contiguous()
     if a.dim() == 2:
-        return _launch(granularity, a, b, scale_a, scale_b, offs, bias, out_dtype)
+        return _launch(layout, a, b, scale_a, scale_b, offs, bias, out_dtype)
     groups, m, k = a.shape
     if a.stride(0) != m * a.stride(1):  # batches not stacked rows: one copy makes them so
         a = a.contiguous()
     offs = ragged.batch_offsets(groups, m, a.device)
     flat_scale_a = scale_a.reshape(groups * m, *scale_a.shape[2:])
-    out = _launch(granularity, a.reshape(groups * m, k), b, flat_scale_a, scale_b, offs, bias,
+    out = _launch(layout, a.reshape(groups * m, k), b, flat_scale_a, scale_b, offs, bias,
                   out_dtype)
     return out.view(_output_shape(a, b))
 

@@ -24,8 +24,11 @@ FAMILY = Family(
         Param("ldb", "i64", "stride"),
         Param("ldc", "i64", "stride"),
     ) + BIAS,
-    layouts={"rowwise": {"SCALING": 1}, "blockwise": {"SCALING": 2}},
-    tma_layouts=("rowwise", "blockwise"),
+    # '<granularity>_fast': torch's use_fast_accum=True (kernels/scaled.py).
+    layouts={f"{granularity}{suffix}": {"SCALING": scaling, "FAST_ACCUM": bool(suffix)}
+             for granularity, scaling in (("rowwise", 1), ("blockwise", 2))
+             for suffix in ("", "_fast")},
+    tma_layouts=("rowwise", "blockwise", "rowwise_fast", "blockwise_fast"),
     basic=False,
     dtypes=("float8_e4m3fn",),
     out_dtypes=("bfloat16", "float32"),
@@ -36,10 +39,14 @@ FAMILY = Family(
     # one accumulator rescaled between K blocks; 3 stages measured 0-20% faster
     # than 4 on the large workloads, within 2% on the rest, before its partitions
     # took turns).
-    configs={(90, "tma", "rowwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                                      Config(128, 256, 128, 4, 4, ws=True)),
-             (90, "tma", "blockwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                                        Config(128, 256, 128, 4, 3, ws=True))},
+    # Without fast accumulation the Triton kernel only (its partial accumulator
+    # doubles the tile's registers: 128x128 tiles); untuned.
+    configs={(90, "tma", "rowwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
+                                           Config(128, 256, 128, 4, 4, ws=True)),
+             (90, "tma", "blockwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
+                                             Config(128, 256, 128, 4, 3, ws=True)),
+             (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
+                           Config(128, 128, 128, 8, 4))},
     # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.
     tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
     rows="T // max(G, 1)",

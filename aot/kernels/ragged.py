@@ -117,28 +117,28 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, USE_TMA, NO_SCALES,
-                     BM, BN, BK, CHUNK, PRECISION)
+                     False, BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
 def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
                            lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
-                           SCALING: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                           SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                            PRECISION: tl.constexpr):
     """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
     wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says
-    (+ bias[g] where has_bias)."""
+    (+ bias[g] where has_bias), FAST_ACCUM as scaled.py says."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, USE_TMA, SCALING,
-                     BM, BN, BK, CHUNK, PRECISION)
+                     FAST_ACCUM, BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T: tl.constexpr,
                      B_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     FAST_ACCUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                      PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
@@ -193,7 +193,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             if SCALING != NO_SCALES:
                 acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
                                       tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
-                                      SCALING, BM, BN, BK)
+                                      SCALING, FAST_ACCUM, BM, BN, BK)
             elif USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T, B_T,
                                         BM, BN, BK, PRECISION)

@@ -317,11 +317,14 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
 @gluon.jit
 def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
                               lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
-                              SCALING: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
-                              BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                              PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """scaled_ragged_m_kernel's contract (b K-major)."""
+                              SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
+                              USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                              BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
+                              STAGES: gl.constexpr):
+    """scaled_ragged_m_kernel's contract (b K-major) with FAST_ACCUM: its
+    warpgroups accumulate every product in the tensor cores."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    gl.static_assert(FAST_ACCUM, "the warp-specialised kernel accumulates in the tensor cores")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING, BM, BN,
                         BK, CHUNK, STAGES)

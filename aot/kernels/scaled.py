@@ -10,6 +10,13 @@ BLOCKWISE  out = sum over 128-wide K blocks j of
            [G, ceil(N/128), ceil(K/128)] (128x128 weight blocks), both
            row-major; each block's product is scaled in float32 before it is
            added (the DeepSeek-V3 recipe).
+
+FAST_ACCUM (torch's use_fast_accum): the tensor cores accumulate a tile's
+products over all of K, in their own precision, which loses bits as K grows.
+Without it each K step's product (BK = 128 deep) is added to the float32
+accumulator by the CUDA cores (rowwise: Triton's partial accumulator,
+max_num_imprecise_acc; blockwise: every block's product is scaled and added
+so).
 """
 import triton
 import triton.language as tl
@@ -29,7 +36,8 @@ def _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN: tl.constexpr, BK: tl.con
 
 @triton.jit
 def scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr, g, off_m, off_n, end, N, K, k_end,
-                    SCALING: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                    SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr):
     """The float32 tile at (off_m, off_n) of group g (a valid index) with its
     scales applied; rows >= end and columns >= N read scale 0."""
     rows = off_m + tl.arange(0, BM)
@@ -40,7 +48,10 @@ def scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr, g, off_m, off_n, e
     if SCALING == ROWWISE:
         for k0 in range(0, k_end, BK):
             a, b = _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN, BK)
-            acc = tl.dot(a, b, acc)
+            if FAST_ACCUM:
+                acc = tl.dot(a, b, acc)
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BK)
         scale_a = tl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
         scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
         acc = acc * scale_a[:, None] * scale_b[None, :]

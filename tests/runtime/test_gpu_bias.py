@@ -107,7 +107,7 @@ def test_bias_through_the_custom_op(backend):
     bias = randn(3, 48, dtype=torch.bfloat16)
     inputs = [x.detach().requires_grad_() for x in (a, b, bias)]
     if backend == "custom_op":
-        out = torch.ops.gg_runtime.grouped_mm(inputs[0], inputs[1], offs, inputs[2])
+        out = torch.ops.gg_runtime.grouped_mm(inputs[0], inputs[1], offs, inputs[2], None)
     else:
         fn = torch.compile(gg_runtime.grouped_mm, backend="aot_eager", fullgraph=True)
         out = fn(inputs[0], inputs[1], offs, inputs[2])

@@ -29,7 +29,7 @@ def with_autograd(route: str):
     if route == "eager":
         return gg_runtime.grouped_mm
     if route == "custom_op":
-        return lambda a, b, offs: torch.ops.gg_runtime.grouped_mm(a, b, offs)
+        return lambda a, b, offs: torch.ops.gg_runtime.grouped_mm(a, b, offs, None, None)
     if route == "inductor":
         # Inductor generates Triton kernels for what surrounds the op: it needs
         # Triton, which the runtime's test environment leaves out on purpose.

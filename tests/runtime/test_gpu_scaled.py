@@ -205,3 +205,18 @@ def test_out_dtype_none_is_bfloat16():
     a, b, scale_a, scale_b, offs = fp8_moe_inputs([5, 6], 32, 64, "rowwise")
     out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, None)
     assert out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("granularity", ["rowwise", "blockwise"])
+def test_use_fast_accum_false_keeps_float32_accuracy_at_large_k(granularity):
+    """use_fast_accum=False adds each K step's product on the CUDA cores: its
+    error against float64 stays at the per-step level as K grows, where the
+    tensor cores' own accumulation (True) loses bits."""
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs([300], 256, 16384, granularity)
+    ref = dequantized(a, b, scale_a, scale_b, granularity)
+    ref = ref[0].double() @ ref[1][0].double()
+    errors = {fast: rel_error(gg_runtime.scaled_grouped_mm(
+        a, b, scale_a, scale_b, offs, out_dtype=torch.float32, use_fast_accum=fast), ref)
+        for fast in (False, True)}
+    assert errors[False] < 6e-4, errors
+    assert errors[True] > 2 * errors[False], errors

@@ -129,5 +129,6 @@ def test_fake_strides_match_the_real_output(case):
     real = gg_runtime.grouped_mm(a, b, offs)
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fake = torch.ops.gg_runtime.grouped_mm(mode.from_tensor(a), mode.from_tensor(b),
-                                               None if offs is None else mode.from_tensor(offs))
+                                               None if offs is None else mode.from_tensor(offs),
+                                               None, None)
     assert fake.shape == real.shape and fake.stride() == real.stride()

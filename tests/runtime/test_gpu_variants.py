@@ -79,11 +79,18 @@ def run_ragged_k(v, dtype, out_dtype):
     return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
 
 
+def scaled_call(v, counts, n, k, out_dtype):
+    """(out, ref) of scaled_grouped_mm on the variant's layout: its granularity,
+    '_fast' for use_fast_accum."""
+    granularity = v["layout"].removesuffix("_fast")
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, granularity)
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype,
+                                       use_fast_accum=v["layout"].endswith("_fast"))
+    return out, ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity)
+
+
 def run_scaled_ragged_m(v, dtype, out_dtype):
-    counts = [150, 0, 3, 260, 70]
-    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, 144, 208, v["layout"])
-    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
-    return [(out, ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, v["layout"]))]
+    return [scaled_call(v, [150, 0, 3, 260, 70], 144, 208, out_dtype)]
 
 
 RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k,
@@ -142,9 +149,7 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
             ref = ref_grouped_mm(a, b, offs)
             allowed = tolerance(dtype, out_dtype, tf32)
         elif variant["family"] == "scaled_ragged_m":
-            a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, variant["layout"])
-            out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
-            ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, variant["layout"])
+            out, ref = scaled_call(variant, counts, n, k, out_dtype)
             allowed = FP8_TOLERANCE[out_dtype]
         else:
             a, b = ragged_m_operands(variant, sum(counts) + 70, k, n, len(counts), dtype)

@@ -126,7 +126,7 @@ def test_fake_implementation_shapes(fake, a_shape, b_shape, groups, expected, ou
 
 def test_fake_implementation_validates(fake):
     with pytest.raises(ValueError, match="K differs"):
-        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3))
+        torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 9, 5), offsets(3), None, None)
     with pytest.raises(TypeError, match="out_dtype=torch.float16 is not supported"):
         torch.ops.gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), None, torch.float16)
 
