@@ -6,6 +6,10 @@
 #             GPU is present.
 # make bench: run bench/ on a GPU machine (writes bench/results/), in the build's
 #             environment (the one with torch).
+# make test-torch TORCH_SPEC=torch==X: the runtime tests of that wheel under torch X from
+#             the package index, in its own environment (.venv-torch-X); CI runs it for
+#             the oldest and the newest torch the wheel's metadata allows
+#             (make test-torch-range).
 # make clean: remove every build output and environment made here.
 #
 # Environments, two for the build, so that no torch release can conflict with the
@@ -23,6 +27,9 @@
 PYTHON ?= python3
 TRITON_VERSION := 3.6.0
 TORCH_SPEC ?= torch==2.13.0
+# The torch range the wheel's Requires-Dist states (setup.py), tested by make test-torch-range.
+OLDEST_TORCH := torch==2.5.1
+NEWEST_TORCH := torch==2.15.0
 AOT_VENV := .venv-aot
 BUILD_VENV := .venv-build
 TEST_VENV := .venv-test
@@ -36,7 +43,16 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build test bench clean build-env test-env
+.PHONY: build test bench clean build-env test-env test-torch test-torch-range
+
+# venv: install the wheel into that environment's site-packages (no dependencies:
+# the environment has them).
+define install_wheel
+	$(PYTHON) -m pip install -q --no-deps --no-index --upgrade --target \
+	  "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	  dist/gg_runtime-*.whl
+endef
+WHEEL_CHECK := @ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 
 build: build-env
 	$(AOT_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
@@ -60,9 +76,8 @@ build-env:
 	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel)
 
 test: build-env test-env
-	@ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
-	$(PYTHON) -m pip install -q --no-deps --no-index --upgrade --target \
-	  "$$($(TEST_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" dist/gg_runtime-*.whl
+	$(WHEEL_CHECK)
+	$(call install_wheel,$(TEST_VENV))
 	$(AOT_PY) -m pytest -q tests/aot
 	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
 	@if $(TEST_PY) -c "$(HAS_GPU)"; then \
@@ -73,10 +88,21 @@ test: build-env test-env
 test-env:
 	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
 
+TORCH_VENV = .venv-$(subst ==,-,$(TORCH_SPEC))
+test-torch:
+	$(WHEEL_CHECK)
+	$(PYTHON) tests/make_test_env.py $(TORCH_VENV) "$(TORCH_SPEC)" --index
+	$(call install_wheel,$(TORCH_VENV))
+	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TORCH_VENV)/bin/python -m pytest -q .
+
+test-torch-range:
+	$(MAKE) test-torch TORCH_SPEC=$(OLDEST_TORCH)
+	$(MAKE) test-torch TORCH_SPEC=$(NEWEST_TORCH)
+
 bench: build-env
 	rm -rf build/bench-site
 	$(PYTHON) -m pip install -q --no-deps --no-index --target build/bench-site dist/gg_runtime-*.whl
 	PYTHONPATH=build/bench-site $(BUILD_PY) bench/run.py
 
 clean:
-	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV)
+	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV) .venv-torch-*

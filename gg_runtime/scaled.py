@@ -9,7 +9,8 @@ import torch
 from . import _native
 from .fp8 import FP8, blocks, sm90_only
 from . import ragged
-from .validate import check_bias, check_offsets, check_same, check_tensor, require
+from .validate import (check_bias, check_companion, check_offsets, check_same, check_tensor,
+                       require)
 
 _LAUNCH = _native.launcher("scaled_ragged_m")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -17,15 +18,7 @@ _ALIGN = 16  # bytes: TMA's rule for bases and strides, which torch also sets fo
 
 
 def _check_scale(scale, name: str, shape: tuple, a) -> None:
-    if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(scale).__name__}")
-    if scale.dtype != torch.float32:
-        raise TypeError(f"{name} must be float32, got {scale.dtype}")
-    if scale.get_device() != a.get_device():
-        raise ValueError(f"{name} is on {scale.device} but mat_a is on {a.device}")
-    if tuple(scale.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} for these inputs, got "
-                         f"{tuple(scale.shape)}")
+    check_companion(scale, name, shape, torch.float32, a, "float32", "for these inputs")
 
 
 def _granularity(a, scale_a) -> str:

@@ -61,14 +61,22 @@ def check_out_dtype(out_dtype, dtype) -> None:
                         f"({dtype}) or torch.float32")
 
 
+def check_companion(x, name: str, shape: tuple, dtype, like, dtype_text: str,
+                    shape_text: str) -> None:
+    """A tensor that goes with the operands (a scale, a bias): of `dtype`
+    (dtype_text names it), on like's (mat_a's) device, of `shape` (shape_text
+    says why)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype_text}, got {x.dtype}")
+    if x.get_device() != like.get_device():
+        raise ValueError(f"{name} is on {x.device} but mat_a is on {like.device}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} {shape_text}, got {tuple(x.shape)}")
+
+
 def check_bias(bias, shape: tuple, dtype, like) -> None:
-    """A per-group bias: a tensor of the output's dtype, on like's device, of shape [G, N]."""
-    if not isinstance(bias, torch.Tensor):
-        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
-    if bias.dtype != dtype:
-        raise TypeError(f"bias must have the output's dtype ({dtype}), got {bias.dtype}")
-    if bias.get_device() != like.get_device():
-        raise ValueError(f"bias is on {bias.device} but the inputs are on {like.device}")
-    if tuple(bias.shape) != shape:
-        raise ValueError(f"bias must have shape {shape} (one row of N values per group), got "
-                         f"{tuple(bias.shape)}")
+    """A per-group bias [G, N] of the output's dtype."""
+    check_companion(bias, "bias", shape, dtype, like, f"of the output's dtype ({dtype})",
+                    "(one row of N values per group)")

@@ -1,11 +1,12 @@
 """Create the clean environment `make test` installs the wheel into.
 
-    python tests/make_test_env.py ENV_DIR TORCH_SPEC
+    python tests/make_test_env.py ENV_DIR TORCH_SPEC [--index]
 
 No Triton and no source checkout on its path.  If the Python running this
 already has torch and pytest (the GPU machines, which have no network), the
-environment links that Python's packages except Triton; otherwise it installs
-TORCH_SPEC, click and pytest from the package index.
+environment links that Python's packages except Triton; otherwise, or with
+--index (make test-torch: a given torch release), it installs TORCH_SPEC,
+click and pytest from the package index.
 """
 import importlib.util
 import os
@@ -41,13 +42,13 @@ def link_base_packages(env: Path) -> None:
     (env_site_packages(env) / "linked.pth").write_text(f"import site; site.addsitedir({str(linked)!r})\n")
 
 
-def main(env_dir: str, torch_spec: str) -> None:
+def main(env_dir: str, torch_spec: str, from_index: bool) -> None:
     env = Path(env_dir).resolve()
     done = env / "complete"  # written last: a half-made environment is made again
     if done.exists():
         return
     shutil.rmtree(env, ignore_errors=True)
-    if all(importlib.util.find_spec(name) for name in RUNTIME_AND_TEST_PACKAGES):
+    if not from_index and all(importlib.util.find_spec(name) for name in RUNTIME_AND_TEST_PACKAGES):
         print(f"creating {env}: {sys.executable}'s packages without Triton")
         venv.create(env, with_pip=False)
         link_base_packages(env)
@@ -60,4 +61,4 @@ def main(env_dir: str, torch_spec: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1], sys.argv[2], "--index" in sys.argv[3:])
