@@ -1,5 +1,6 @@
 # make build: AOT-compile every kernel variant (sm80 + sm90) and build the wheel in dist/.
-# make test:  the build-time tests (need Triton), then install the wheel into a clean
+# make test:  the style checks (ruff, clang-format; where the compiler's environment has
+#             them), the build-time tests (need Triton), then install the wheel into a clean
 #             environment without Triton and run the runtime tests (CPU tests
 #             everywhere, GPU tests where a GPU is present), then the GPU tests
 #             once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path) where a
@@ -43,7 +44,13 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build test bench clean build-env test-env test-torch test-torch-range
+.PHONY: build test bench clean build-env test-env test-torch test-torch-range lint
+
+# Style tools, pinned (their rules and output change between releases); installed with
+# the kernel compiler's environment where make creates it.
+LINT_PACKAGES := ruff==0.17.6 clang-format==23.1.5
+LINT_BIN = $(dir $(AOT_PY))
+CXX_SOURCES = csrc/*.cc csrc/*.h csrc/torch/*.cc csrc/torch/*.h
 
 # venv: install the wheel into that environment's site-packages (no dependencies:
 # the environment has them).
@@ -72,10 +79,17 @@ define make_env
 endef
 
 build-env:
-	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest wheel auditwheel)
+	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest wheel auditwheel $(LINT_PACKAGES))
 	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel)
 
-test: build-env test-env
+# ruff.toml and .clang-format say what is checked.
+lint: build-env
+	@if [ -x $(LINT_BIN)ruff ] && [ -x $(LINT_BIN)clang-format ]; then \
+	  $(LINT_BIN)ruff check . && $(LINT_BIN)clang-format --dry-run --Werror $(CXX_SOURCES) && \
+	  echo "style: ruff and clang-format pass"; \
+	else echo "style NOT checked: $(AOT_PY)'s environment has no ruff / clang-format"; fi
+
+test: build-env test-env lint
 	$(WHEEL_CHECK)
 	$(call install_wheel,$(TEST_VENV))
 	$(AOT_PY) -m pytest -q tests/aot

@@ -83,7 +83,8 @@ extension = Pybind11Extension(
     sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cc")),
     include_dirs=[str(AOT_DIR)],
     # The generated table is #included: a new one must rebuild the extension.
-    depends=[str(AOT_DIR / "kernel_table.inc")] + sorted(str(p) for p in (ROOT / "csrc").glob("*.h")),
+    depends=[str(AOT_DIR / "kernel_table.inc")]
+    + sorted(str(p) for p in (ROOT / "csrc").glob("*.h")),
     cxx_std=20,
     extra_compile_args=["-O2", "-Wall"],
     extra_link_args=["-s"],

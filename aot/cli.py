@@ -79,4 +79,5 @@ def tune(dtype: str):
     from .tune import tune as run_tuning
     from .tune import write_table
 
-    click.echo(f"wrote {write_table(run_tuning(dtype, echo=click.echo))}; run `make build` to compile it")
+    table = write_table(run_tuning(dtype, echo=click.echo))
+    click.echo(f"wrote {table}; run `make build` to compile it")

@@ -73,7 +73,8 @@ def _time_config(config, problem, dtype_name, props, testing):
     args = dict(a_ptr=a, b_ptr=b, c_ptr=c, offs_ptr=offs, T=tokens, N=n, K=k, G=experts,
                 lda=a.stride(0), b_group_stride=b.stride(0), ldb=b.stride(2), ldc=c.stride(0))
     sizes = {name: v for name, v in args.items() if isinstance(v, int)}
-    tiles = expr.evaluate(FAMILY.tiles, {**sizes, "BM": config.BM, "BN": config.BN, "BK": config.BK})
+    block = {"BM": config.BM, "BN": config.BN, "BK": config.BK}
+    tiles = expr.evaluate(FAMILY.tiles, {**sizes, **block})
     run = compiled[(_programs(compiled, props, tiles), 1, 1)]
     # Triton's launcher takes every argument in declaration order, constexprs too (it skips them).
     constexprs = variant.constexprs()
@@ -88,7 +89,8 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
     import torch
     import triton
 
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     props = torch.cuda.get_device_properties(0)
     if (props.major, props.minor) != (9, 0):
         raise RuntimeError(f"tuning writes sm90.json and needs a 9.0 GPU, not {props.name}")
@@ -102,7 +104,8 @@ def tune(dtype_name: str = "bfloat16", echo=print) -> dict:
             except Exception as exc:  # a config that does not fit is skipped, and said
                 echo(f"  {config.tag}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
-            echo(f"  rows<={max_rows or 'inf'} {problem}: {config.tag} {scores[config]:.0f} TFLOP/s")
+            echo(f"  rows<={max_rows or 'inf'} {problem}: {config.tag} "
+                 f"{scores[config]:.0f} TFLOP/s")
         if not scores:
             raise RuntimeError(f"no candidate config ran for rows<={max_rows}")
         best = max(scores, key=scores.get)

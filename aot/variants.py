@@ -42,7 +42,7 @@ class Arch:
         return max(self.shared_limit, self.shared_max)
 
     @staticmethod
-    def of(arch: int) -> "Arch":
+    def of(arch: int) -> Arch:
         return next(a for a in ARCHS if a.arch == arch)
 
 

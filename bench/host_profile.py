@@ -47,14 +47,17 @@ rows = {
     "validation (classify)": lambda: classify(a, b, offs, None, None),
     "torch.empty": lambda: torch.empty(256, 128, device="cuda", dtype=torch.bfloat16),
     "target (device, stream, dtypes)": lambda: _native.target(a, out.dtype),
-    "ragged_m launcher (dispatch + launch)": lambda: launch("nt", *_native.target(a, out.dtype), **named),
+    "ragged_m launcher (dispatch + launch)":
+        lambda: launch("nt", *_native.target(a, out.dtype), **named),
     "ragged.ragged_m": lambda: ragged.ragged_m(a, b, offs),
     "gg_runtime.grouped_mm": lambda: gg_runtime.grouped_mm(a, b, offs),
     "gg_runtime.grouped_mm, autograd recording": lambda: gg_runtime.grouped_mm(a, w, offs),
-    "torch.ops.gg_runtime.grouped_mm": lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs, None, None),
+    "torch.ops.gg_runtime.grouped_mm":
+        lambda: torch.ops.gg_runtime.grouped_mm(a, b, offs, None, None),
     "torch._grouped_mm": lambda: torch._grouped_mm(a, b, offs),
     "torch._grouped_mm, autograd recording": lambda: torch._grouped_mm(a, w, offs),
-    "grouped_gemm(128): group words": lambda: gemm_list._group_words(As, Bs, False, torch.float16, 0),
+    "grouped_gemm(128): group words":
+        lambda: gemm_list._group_words(As, Bs, False, torch.float16, 0),
     "grouped_gemm(128): outputs": lambda: gemm_list._outputs(ms, ns, As[0]),
     "gg_runtime.grouped_gemm, 128 groups": lambda: gg_runtime.grouped_gemm(As, Bs),
     "  the same, synchronised each call": synced(lambda: gg_runtime.grouped_gemm(As, Bs)),

@@ -43,7 +43,8 @@ def ceilings() -> dict:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     copy_ms = time_ms(lambda: dst.copy_(src))
-    return {"matmul_tflops": 2 * n ** 3 / matmul_ms / 1e9, "copy_tbps": 2 * src.numel() / copy_ms / 1e9}
+    return {"matmul_tflops": 2 * n ** 3 / matmul_ms / 1e9,
+            "copy_tbps": 2 * src.numel() / copy_ms / 1e9}
 
 
 def group_sizes(w) -> list:
@@ -299,13 +300,15 @@ def bench_moe_model() -> list:
     rows = []
     for tokens in (2048, 8192):
         x = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16)
-        models = {"gg_runtime": moe_model(gg_runtime.grouped_mm), "torch": moe_model(torch._grouped_mm)}
+        models = {"gg_runtime": moe_model(gg_runtime.grouped_mm),
+                  "torch": moe_model(torch._grouped_mm)}
         times = {name: float("inf") for name in models}
         with torch.no_grad():
             for _ in range(3):
                 for name, model in models.items():
                     times[name] = min(times[name], time_ms(lambda: model(x)))
-        rows.append({"tokens": tokens, "ms": times, "vs_torch": times["torch"] / times["gg_runtime"]})
+        rows.append({"tokens": tokens, "ms": times,
+                     "vs_torch": times["torch"] / times["gg_runtime"]})
     return rows
 
 
@@ -377,7 +380,8 @@ def peak_gb(fn) -> float:
 def print_training(rows):
     print("\nMoE layer training (bf16): ms and GB, torch / gg_runtime, and the ratio x torch "
           "(peak: ours / torch's)")
-    head = f"{'layer':16} {'forward':>15} {'x':>5} {'fwd+bwd':>15} {'x':>5} {'peak GB':>11} {'x':>5}"
+    head = (f"{'layer':16} {'forward':>15} {'x':>5} {'fwd+bwd':>15} {'x':>5} {'peak GB':>11} "
+            f"{'x':>5}")
     print(head + "\n" + "-" * len(head))
     for r in rows:
         if "error" in r:
@@ -417,8 +421,8 @@ def sm80_proxy(workloads) -> list:
                     row[flavour] = flops / time_ms(lambda: gg_runtime.grouped_mm(a, b, offs)) / 1e9
         finally:
             gg_runtime.force_ptx(False)
-        row["cublas_loop"] = flops / time_ms(lambda: [a[s:e] @ b[g] for g, (s, e) in
-                                                     enumerate(zip([0] + bounds[:-1], bounds))]) / 1e9
+        ranges = list(enumerate(zip([0] + bounds[:-1], bounds)))
+        row["cublas_loop"] = flops / time_ms(lambda: [a[s:e] @ b[g] for g, (s, e) in ranges]) / 1e9
         rows.append(row)
     return rows
 
@@ -479,17 +483,17 @@ def fmt(x, spec="{:.2f}"):
 
 
 def print_table(results, ceil):
-    print(f"\nceilings: dense bf16 {ceil['matmul_tflops']:.0f} TFLOP/s, copy {ceil['copy_tbps']:.2f} TB/s")
+    print(f"\nceilings: dense bf16 {ceil['matmul_tflops']:.0f} TFLOP/s, "
+          f"copy {ceil['copy_tbps']:.2f} TB/s")
     head = f"{'workload':24} {'ours':>7} {'torch':>7} {'loop':>7} {'seed':>7} {'dense':>7} " \
            f"{'x torch':>8} {'x dense':>8} {'x loop':>7} {'roof':>6}"
     print(head + "\n" + "-" * len(head))
     for r in results:
         t = {k: v.get("tflops") for k, v in r["runs"].items()}
-        print(f"{r['name']:24} {fmt(t.get('gg_runtime'), '{:.0f}'):>7} "
-              f"{fmt(t.get('torch_grouped_mm'), '{:.0f}'):>7} {fmt(t.get('cublas_loop'), '{:.0f}'):>7} "
-              f"{fmt(t.get('seed_basic_jit'), '{:.0f}'):>7} {fmt(t.get('dense_same_flops'), '{:.0f}'):>7} "
-              f"{fmt(r.get('vs_torch')):>8} {fmt(r.get('vs_dense')):>8} {fmt(r.get('vs_cublas_loop')):>7} "
-              f"{fmt(r.get('roofline_fraction'), '{:.0%}'):>6}")
+        rates = " ".join(f"{fmt(t.get(name), '{:.0f}'):>7}" for name in (
+            "gg_runtime", "torch_grouped_mm", "cublas_loop", "seed_basic_jit", "dense_same_flops"))
+        print(f"{r['name']:24} {rates} {fmt(r.get('vs_torch')):>8} {fmt(r.get('vs_dense')):>8} "
+              f"{fmt(r.get('vs_cublas_loop')):>7} {fmt(r.get('roofline_fraction'), '{:.0%}'):>6}")
     print("(TFLOP/s; x = speed ratio of gg_runtime; roof = roofline floor / our time)")
 
 
@@ -525,7 +529,8 @@ def summary(results) -> dict:
     roof = [r["roofline_fraction"] for r in moe if r.get("roofline_fraction")]
     return {"moe_bf16_geomean_vs_torch": geomean(vs_torch),
             "moe_bf16_min_vs_torch": min(vs_torch, default=None),
-            "moe_bf16_geomean_roofline": geomean(roof), "moe_bf16_min_roofline": min(roof, default=None)}
+            "moe_bf16_geomean_roofline": geomean(roof),
+            "moe_bf16_min_roofline": min(roof, default=None)}
 
 
 def plot(results, path):
@@ -556,7 +561,8 @@ SECTIONS = ("workloads", "wgrad", "training", "bias", "fp16", "cases", "fp8", "m
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--workloads", default=str(HERE / "workloads.json"))
     parser.add_argument("--only", default="", help="run workloads whose name contains this")
     parser.add_argument("--out", default=str(HERE / "results"))

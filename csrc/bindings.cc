@@ -70,9 +70,8 @@ gg::Call gather(int family, const py::args& values) {
     }
   }
   if (next != values.size() || next != caller_params(f).size()) {
-    throw py::type_error(std::string(f.name) + " takes " +
-                         std::to_string(caller_params(f).size()) + " values, got " +
-                         std::to_string(values.size()));
+    throw py::type_error(std::string(f.name) + " takes " + std::to_string(caller_params(f).size()) +
+                         " values, got " + std::to_string(values.size()));
   }
   return call;
 }
@@ -215,11 +214,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("families", &families,
         "Each family, in index order: its parameters and group fields (name, kind, role, "
         "tma_limit), the parameters a caller gives, and its dtypes.");
-  m.def("dtypes", [] {
-    py::list out;
-    for (const gg::DTypeInfo& d : gg::dtypes()) out.append(d.name);
-    return out;
-  }, "The dtype names, in the order of their codes.");
+  m.def(
+      "dtypes",
+      [] {
+        py::list out;
+        for (const gg::DTypeInfo& d : gg::dtypes()) out.append(d.name);
+        return out;
+      },
+      "The dtype names, in the order of their codes.");
   m.def("device_info", &device_info, py::arg("device"));
   m.def("launch", &launch,
         "launch(family_index, layout, device, stream, dtype, out_dtype, *values): one call of a "
@@ -230,8 +232,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("force_ptx", &gg::force_ptx);
   m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("basic_only"),
         "Test-only: force the variant with this key, or ('', True) only `basic` variants.");
-  m.def("last_variant", [] {
-    const gg::KernelInfo* k = gg::last_variant();
-    return std::string(k == nullptr ? "" : k->key);
-  }, "Key of the variant this thread's last launch ran ('' if it launched nothing).");
+  m.def(
+      "last_variant",
+      [] {
+        const gg::KernelInfo* k = gg::last_variant();
+        return std::string(k == nullptr ? "" : k->key);
+      },
+      "Key of the variant this thread's last launch ran ('' if it launched nothing).");
 }

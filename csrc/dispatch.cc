@@ -76,8 +76,8 @@ DeviceProps query(int device) {
 
 bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d) {
   return k.family == r.family && k.arch == r.arch && k.dtype == r.dtype &&
-         k.out_dtype == r.out_dtype &&
-         std::strcmp(k.layout, r.layout) == 0 && k.shared <= d.shared_optin;
+         k.out_dtype == r.out_dtype && std::strcmp(k.layout, r.layout) == 0 &&
+         k.shared <= d.shared_optin;
 }
 
 long rows_bound(const KernelInfo& k) { return k.max_rows == 0 ? LONG_MAX : k.max_rows; }
@@ -93,9 +93,9 @@ bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
 }
 
 std::string describe(const Request& r, const DeviceProps& d) {
-  return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(r.arch) +
-         ", " + dtypes()[r.dtype].name + " -> " + dtypes()[r.out_dtype].name + ", layout " +
-         r.layout + " on " + d.name;
+  return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(r.arch) + ", " +
+         dtypes()[r.dtype].name + " -> " + dtypes()[r.out_dtype].name + ", layout " + r.layout +
+         " on " + d.name;
 }
 
 size_t best_variant(const Request& r, const DeviceProps& d, bool basic_only) {

@@ -46,7 +46,7 @@ struct Request {
   int out_dtype;
   const char* layout;
   unsigned flavours_ok;  // bit f: the input meets flavours()[f]'s rule
-  long rows;    // typical rows per group, picks the config bucket
+  long rows;             // typical rows per group, picks the config bucket
 };
 
 // Index into kernel_table() of the variant to run; throws if none fits.  A

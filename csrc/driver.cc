@@ -69,8 +69,8 @@ std::string error_text(const cu::Api& api, cu::Result result) {
   const char* text = nullptr;
   api.cuGetErrorName(result, &name);
   api.cuGetErrorString(result, &text);
-  return std::string(name ? name : "CUDA_ERROR_UNKNOWN") + " (" +
-         (text ? text : "no description") + ", code " + std::to_string(result) + ")";
+  return std::string(name ? name : "CUDA_ERROR_UNKNOWN") + " (" + (text ? text : "no description") +
+         ", code " + std::to_string(result) + ")";
 }
 
 const cu::Api* g_api = nullptr;

@@ -185,8 +185,8 @@ void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu
   std::vector<void*> params;
   params.reserve(slots.size());
   for (uint64_t& slot : slots) params.push_back(&slot);
-  const cu::Result result = cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps,
-                                                  1, 1, info.shared, stream, params.data(), nullptr);
+  const cu::Result result = cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1,
+                                                  1, info.shared, stream, params.data(), nullptr);
   if (result != cu::kSuccess) fail(result, std::string("launching ") + info.key);
 }
 

@@ -5,10 +5,10 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <tuple>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 

@@ -18,23 +18,43 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What the runtime does with a kernel parameter (aot/family.py ROLES).
 enum class Role {
-  kOperand, kOutput, kOffsets, kScale, kBias, kFlag, kExtent, kStride, kCount, kGroupTable,
+  kOperand,
+  kOutput,
+  kOffsets,
+  kScale,
+  kBias,
+  kFlag,
+  kExtent,
+  kStride,
+  kCount,
+  kGroupTable,
   kTilePrefix
 };
 
 inline const char* role_name(Role role) {
   switch (role) {  // -Wswitch flags a role without a name
-    case Role::kOperand: return "operand";
-    case Role::kOutput: return "output";
-    case Role::kOffsets: return "offsets";
-    case Role::kScale: return "scale";
-    case Role::kBias: return "bias";
-    case Role::kFlag: return "flag";
-    case Role::kExtent: return "extent";
-    case Role::kStride: return "stride";
-    case Role::kCount: return "count";
-    case Role::kGroupTable: return "group_table";
-    case Role::kTilePrefix: return "tile_prefix";
+    case Role::kOperand:
+      return "operand";
+    case Role::kOutput:
+      return "output";
+    case Role::kOffsets:
+      return "offsets";
+    case Role::kScale:
+      return "scale";
+    case Role::kBias:
+      return "bias";
+    case Role::kFlag:
+      return "flag";
+    case Role::kExtent:
+      return "extent";
+    case Role::kStride:
+      return "stride";
+    case Role::kCount:
+      return "count";
+    case Role::kGroupTable:
+      return "group_table";
+    case Role::kTilePrefix:
+      return "tile_prefix";
   }
   return "?";
 }
@@ -104,10 +124,10 @@ struct KernelInfo {
   const char* kernel_name;  // PTX entry
   int family;               // index into families()
   int arch;
-  int dtype;                // index into dtypes(): the inputs' type
-  int out_dtype;            // index into dtypes(): the output's type
-  const char* layout;       // a layout name of the family description
-  int flavour;              // index into flavours(), which are in order of preference
+  int dtype;           // index into dtypes(): the inputs' type
+  int out_dtype;       // index into dtypes(): the output's type
+  const char* layout;  // a layout name of the family description
+  int flavour;         // index into flavours(), which are in order of preference
   int block_m, block_n, block_k;
   int max_rows;  // rows-per-group bound this config is meant for, 0 = none
   int num_warps;

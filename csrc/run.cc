@@ -21,8 +21,8 @@ constexpr int64_t kTmaAlignBytes = 16;
 // of two (the low bits of the OR), a sign (the minimum) or a bound (the
 // maximum), so one summary decides a rule for all the values at once.
 struct Values {
-  int64_t bits = 0;        // OR of the values
-  int64_t byte_bits = 0;   // OR of value * element bytes (strides in bytes)
+  int64_t bits = 0;       // OR of the values
+  int64_t byte_bits = 0;  // OR of value * element bytes (strides in bytes)
   int64_t min = std::numeric_limits<int64_t>::max();
   int64_t max = std::numeric_limits<int64_t>::min();
 
@@ -50,9 +50,12 @@ bool tma_allows(const ParamInfo& p, const Values& v) {
 
 bool meets(Rule rule, const ParamInfo& p, const Values& v) {
   switch (rule) {
-    case Rule::kTma: return tma_allows(p, v);
-    case Rule::kAligned: return !p.aligned || v.bits % 16 == 0;
-    case Rule::kNone: return true;
+    case Rule::kTma:
+      return tma_allows(p, v);
+    case Rule::kAligned:
+      return !p.aligned || v.bits % 16 == 0;
+    case Rule::kNone:
+      return true;
   }
   return false;
 }
@@ -85,7 +88,7 @@ const KernelInfo& unit_tiles() {
 struct Survey {
   bool empty = true;
   unsigned flavours_ok = ~0u;  // bit f: every value meets flavours()[f]'s rule
-  long rows = 0;  // per group, the bucket key
+  long rows = 0;               // per group, the bucket key
 };
 
 Survey survey_call(const FamilyInfo& f, const Call& c, int element_bytes) {
@@ -148,12 +151,17 @@ int64_t stage_group_table(const FamilyInfo& f, const KernelInfo& k, const Call& 
   upload_async(c.stream, buffer->ptr(), words.data(), bytes);
   for (size_t i = 0; i < f.param_count; ++i) {
     switch (f.params[i].role) {
-      case Role::kGroupTable: args[i] = static_cast<int64_t>(buffer->ptr()); break;
+      case Role::kGroupTable:
+        args[i] = static_cast<int64_t>(buffer->ptr());
+        break;
       case Role::kTilePrefix:
         args[i] = static_cast<int64_t>(buffer->ptr() + c.groups.size() * sizeof(int64_t));
         break;
-      case Role::kCount: args[i] = static_cast<int64_t>(groups); break;
-      default: break;
+      case Role::kCount:
+        args[i] = static_cast<int64_t>(groups);
+        break;
+      default:
+        break;
     }
   }
   return tiles;
@@ -170,23 +178,23 @@ void run(const Call& c) {
   }
   // TMA's stride rule, checked against the narrower type, holds for both.
   const int element_bytes = std::min(dtypes()[c.dtype].bytes, dtypes()[c.out_dtype].bytes);
-  const Survey s = f.has_group_table() ? survey_groups(f, c, element_bytes)
-                                       : survey_call(f, c, element_bytes);
+  const Survey s =
+      f.has_group_table() ? survey_groups(f, c, element_bytes) : survey_call(f, c, element_bytes);
   if (s.empty) return;
   DeviceScope scope(c.device);
   const DeviceProps& props = device_props(c.device);
   const KernelPath path = kernel_path(props);
   if (path.arch == 0) throw UnsupportedDevice(unsupported_reason(c.device, props));
   if (f.has_group_table()) refuse_capture(f, c.stream);
-  const Request request{path.arch, c.family, c.dtype, c.out_dtype, c.layout.c_str(),
-                        s.flavours_ok, s.rows};
+  const Request request{path.arch,        c.family,      c.dtype, c.out_dtype,
+                        c.layout.c_str(), s.flavours_ok, s.rows};
   const size_t index = pick_variant(request, props);
   const KernelInfo& k = kernel_table()[index];
   const ReadyKernel ready = ready_kernel(index, path.ptx, c.device, props.shared_optin);
   std::vector<int64_t> args(c.args);
   std::optional<StreamBuffer> table;
-  const int64_t tiles = f.has_group_table() ? stage_group_table(f, k, c, args, table)
-                                            : f.tiles(args.data(), k);
+  const int64_t tiles =
+      f.has_group_table() ? stage_group_table(f, k, c, args, table) : f.tiles(args.data(), k);
   if (tiles > std::numeric_limits<int32_t>::max()) {  // kernels number tiles in int32
     throw std::invalid_argument("more than 2**31 output tiles in one call; split the problem");
   }

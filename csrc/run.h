@@ -12,7 +12,7 @@
 namespace gg {
 
 struct Call {
-  int family;  // index into families()
+  int family;     // index into families()
   int dtype;      // index into dtypes(): the inputs'
   int out_dtype;  // index into dtypes(): the output's
   std::string layout;

@@ -100,7 +100,8 @@ def _load_bridge():
     if not path.exists():
         return None, "the wheel was built without torch"
     built = json.loads(path.read_text())
-    running = {"torch": torch.__version__.split("+")[0], "cxx11_abi": torch.compiled_with_cxx11_abi()}
+    running = {"torch": torch.__version__.split("+")[0],
+               "cxx11_abi": torch.compiled_with_cxx11_abi()}
     if built != running:
         return None, f"built for {built}, running {running}"
     try:

@@ -15,7 +15,8 @@ def build_info() -> dict:
         "families": sorted({v["family"] for v in variants}),
         "variants": len(variants),
         # Whether tensors are read in C++ (gg_runtime._torch_C) or in Python.
-        "torch_bridge": "loaded" if _native.bridge else f"not loaded: {_native.BRIDGE_ABSENT_REASON}",
+        "torch_bridge": ("loaded" if _native.bridge
+                         else f"not loaded: {_native.BRIDGE_ABSENT_REASON}"),
     }
 
 

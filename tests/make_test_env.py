@@ -39,7 +39,8 @@ def link_base_packages(env: Path) -> None:
                 continue
             (linked / entry).symlink_to(Path(base) / entry)
     # addsitedir also runs the .pth files of the linked packages.
-    (env_site_packages(env) / "linked.pth").write_text(f"import site; site.addsitedir({str(linked)!r})\n")
+    pth = f"import site; site.addsitedir({str(linked)!r})\n"
+    (env_site_packages(env) / "linked.pth").write_text(pth)
 
 
 def main(env_dir: str, torch_spec: str, from_index: bool) -> None:

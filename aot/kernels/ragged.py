@@ -123,7 +123,8 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
 @triton.jit
 def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G,
                            lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
-                           SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                           SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr,
+                           USE_TMA: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                            PRECISION: tl.constexpr):
     """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
@@ -138,7 +139,8 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T: tl.constexpr,
                      B_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr,
-                     FAST_ACCUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     FAST_ACCUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, CHUNK: tl.constexpr,
                      PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
@@ -270,4 +272,5 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
         else:
             acc = tile_mma_basic(a_ptr, b_ptr, off_m, off_n, start, end, M, N, lda, ldb,
                                  A_T, False, BM, BN, BK, PRECISION)
-            tile_store(c_ptr + g.to(tl.int64) * M * ldc, acc, off_m, off_n, M, N, ldc, False, BM, BN)
+            c_group = c_ptr + g.to(tl.int64) * M * ldc
+            tile_store(c_group, acc, off_m, off_n, M, N, ldc, False, BM, BN)

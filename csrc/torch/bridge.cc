@@ -85,13 +85,12 @@ Binding<N> bind_family(const char* family, const std::array<const char*, N>& nam
 }
 
 constexpr std::array<const char*, 14> kRaggedMParams{
-    "a_ptr", "b_ptr", "c_ptr", "offs_ptr", "T", "N", "K", "G", "lda", "b_group_stride",
-    "ldb", "ldc", "bias_ptr", "has_bias"};
+    "a_ptr", "b_ptr", "c_ptr",          "offs_ptr", "T",   "N",        "K",
+    "G",     "lda",   "b_group_stride", "ldb",      "ldc", "bias_ptr", "has_bias"};
 constexpr std::array<const char*, 11> kRaggedKParams{
     "a_ptr", "b_ptr", "c_ptr", "offs_ptr", "M", "N", "T", "G", "lda", "ldb", "ldc"};
 // One group's words of the list family, in the kernel's order (checked at import).
-constexpr std::array<const char*, 9> kListFields{"a", "b", "c", "M", "N", "K", "lda", "ldb",
-                                                 "ldc"};
+constexpr std::array<const char*, 9> kListFields{"a", "b", "c", "M", "N", "K", "lda", "ldb", "ldc"};
 constexpr size_t kListC = 2, kListM = 3, kListN = 4;
 
 Binding<14> g_ragged_m;
@@ -111,8 +110,8 @@ int64_t address(const at::Tensor& t) { return reinterpret_cast<int64_t>(t.data_p
 
 // A call of `family` on the target Python gives as the last four of the
 // `expected` arguments: _native.target's (device, stream, dtype, out_dtype).
-bool begin_call(const char* function, PyObject* const* args, Py_ssize_t nargs,
-                Py_ssize_t expected, int family, gg::Call& call) {
+bool begin_call(const char* function, PyObject* const* args, Py_ssize_t nargs, Py_ssize_t expected,
+                int family, gg::Call& call) {
   if (nargs != expected) {
     PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", function, expected);
     return false;
@@ -136,8 +135,8 @@ at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& options) {
 // outputs are not differentiable), which costs a fraction of one.
 at::Tensor slice(const at::Tensor& buffer, int64_t rows, int64_t cols, int64_t row_stride,
                  int64_t offset) {
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(buffer.storage()), buffer.key_set(), buffer.dtype());
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(buffer.storage()),
+                                                          buffer.key_set(), buffer.dtype());
   const std::array<int64_t, 2> sizes{rows, cols}, strides{row_stride, 1};
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, std::make_optional(offset));
   return t;
@@ -154,8 +153,8 @@ PyObject* wrap_list(std::vector<at::Tensor>& tensors) {
 
 // The group words (c left 0) as gemm_list._group_words makes them, or false
 // where a group fails gemm_list's combined test.
-bool group_words(PyObject** as, PyObject** bs, size_t groups, bool trans_b,
-                 const at::Tensor& ref, std::vector<int64_t>& words) {
+bool group_words(PyObject** as, PyObject** bs, size_t groups, bool trans_b, const at::Tensor& ref,
+                 std::vector<int64_t>& words) {
   words.reserve(groups * kListFields.size());
   const int device = ref.get_device();
   for (size_t g = 0; g < groups; ++g) {
@@ -165,13 +164,12 @@ bool group_words(PyObject** as, PyObject** bs, size_t groups, bool trans_b,
     const int64_t m = a->size(0), k = a->size(1), b_rows = b->size(0), b_cols = b->size(1);
     const int64_t n = trans_b ? b_rows : b_cols, b_k = trans_b ? b_cols : b_rows;
     if (a->scalar_type() != ref.scalar_type() || b->scalar_type() != ref.scalar_type() ||
-        !a->is_cuda() || !b->is_cuda() || a->get_device() != device ||
-        b->get_device() != device || k != b_k || (a->stride(1) != 1 && k > 1) ||
-        (b->stride(1) != 1 && b_cols > 1)) {
+        !a->is_cuda() || !b->is_cuda() || a->get_device() != device || b->get_device() != device ||
+        k != b_k || (a->stride(1) != 1 && k > 1) || (b->stride(1) != 1 && b_cols > 1)) {
       return false;
     }
-    words.insert(words.end(), {address(*a), address(*b), 0, m, n, k, a->stride(0),
-                               b->stride(0), n});  // C_i is contiguous
+    words.insert(words.end(), {address(*a), address(*b), 0, m, n, k, a->stride(0), b->stride(0),
+                               n});  // C_i is contiguous
   }
   return true;
 }
@@ -282,9 +280,9 @@ PyObject* ragged_m(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const bool nn = n <= 1 || col_stride == 1;
   if (!nn && !(k <= 1 || row_stride == 1)) Py_RETURN_NONE;
   at::Tensor out = new_output({rows, n}, a.options().dtype(r.out_type));
-  r.call.args = g_ragged_m.args({address(a), address(b), address(out), address(*r.offs), rows,
-                                 n, k, groups, a.stride(0), b.stride(0),
-                                 nn ? row_stride : col_stride, n, 0, 0});  // no bias
+  r.call.args = g_ragged_m.args({address(a), address(b), address(out), address(*r.offs), rows, n, k,
+                                 groups, a.stride(0), b.stride(0), nn ? row_stride : col_stride, n,
+                                 0, 0});  // no bias
   r.call.layout = nn ? "nn" : "nt";
   return launch_into(r, std::move(out));
   END_HANDLE_TH_ERRORS

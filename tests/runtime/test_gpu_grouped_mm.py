@@ -85,7 +85,8 @@ def test_functorch_transforms_get_torch_error_not_a_wrong_gradient():
     b = weights(2, 16, 8, torch.bfloat16, "kn")
     offs = torch.tensor([3, 8], dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="functorch transforms"):
-        torch.func.grad(lambda x: gg_runtime.grouped_mm(x, b, offs).float().sum())(a.float().to(a.dtype))
+        loss = lambda x: gg_runtime.grouped_mm(x, b, offs).float().sum()  # noqa: E731
+        torch.func.grad(loss)(a.float().to(a.dtype))
 
 
 def test_ragged_m_uncovered_rows_are_zero(allow_tma):

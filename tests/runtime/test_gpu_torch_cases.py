@@ -59,7 +59,8 @@ LAYOUTS = [(a, b, s) for a in (True, False) for b in (True, False) for s in (Fal
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_row_major, b_row_major, strided", LAYOUTS,
-                         ids=[f"a{'RC'[not a]}-b{'RC'[not b]}{'-strided' * s}" for a, b, s in LAYOUTS])
+                         ids=[f"a{'RC'[not a]}-b{'RC'[not b]}{'-strided' * s}"
+                              for a, b, s in LAYOUTS])
 @pytest.mark.parametrize("case", CASES)
 def test_torch_case(case, a_row_major, b_row_major, strided, dtype):
     for zero_size in (False, True) if case in ("2d_3d", "3d_2d") else (False,):

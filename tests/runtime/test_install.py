@@ -14,6 +14,8 @@ from gg_runtime import _C
 
 from conftest import HAS_GPU
 
+MANIFEST = Path(gg_runtime.__file__).parent / "_kernels" / "manifest.json"
+
 
 def test_imported_from_installed_wheel_not_source():
     assert "site-packages" in gg_runtime.__file__ or "dist-packages" in gg_runtime.__file__
@@ -58,7 +60,7 @@ def test_wheel_contents_match_manifest():
 
 
 def test_kernel_table_matches_shipped_manifest():
-    manifest = json.loads((Path(gg_runtime.__file__).parent / "_kernels" / "manifest.json").read_text())
+    manifest = json.loads(MANIFEST.read_text())
     table = _C.variants()
     assert [v["key"] for v in table] == [r["key"] for r in manifest["variants"]]
     for row, record in zip(table, manifest["variants"]):
@@ -185,7 +187,7 @@ def test_call_on_cpu_tensors_is_a_clear_error():
 def test_families_match_the_shipped_manifest():
     """The extension's parameter lists (names, roles, in ABI order) are those the
     build recorded for every variant of the family."""
-    manifest = json.loads((Path(gg_runtime.__file__).parent / "_kernels" / "manifest.json").read_text())
+    manifest = json.loads(MANIFEST.read_text())
     families = _C.families()
     for record in manifest["variants"]:
         params = families[record["family"]]["params"]

@@ -35,7 +35,8 @@ def test_list_trans_b_reads_k_from_second_dim(fake):
 
 
 def test_list_dtype_mismatch(fake):
-    with pytest.raises(TypeError, match=r"Bs\[0\] has dtype torch.float16 but As\[0\] has torch.bfloat16"):
+    with pytest.raises(TypeError,
+                       match=r"Bs\[0\] has dtype torch.float16 but As\[0\] has torch.bfloat16"):
         check_list([cuda(4, 8)], [cuda(8, 3, dtype=torch.float16)])
 
 
@@ -66,7 +67,8 @@ def test_wrong_rank():
 
 GROUPED_MM_ERRORS = [
     (lambda: (cuda(10, 8), cuda(3, 9, 5), offsets(3)), ValueError, r"K differs"),
-    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError, r"offs has 2 entries but mat_b has 3"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError,
+     r"offs has 2 entries but mat_b has 3"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), None), ValueError, r"offs is required"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).long()), TypeError, r"offs must be int32"),
     (lambda: (cuda(8, 10), cuda(9, 5), offsets(3)), ValueError, r"T differs"),
@@ -74,11 +76,14 @@ GROUPED_MM_ERRORS = [
     (lambda: (cuda(2, 8, 4), cuda(3, 4, 5), None), ValueError, r"G or K differs"),
     (lambda: (cuda(2, 8, 4), cuda(4, 5), None), ValueError, r"offs is required when mat_a is 3-D"),
     (lambda: (cuda(2, 8, 4), cuda(5, 6), offsets(2)), ValueError, r"K differs"),
-    (lambda: (cuda(2, 8, 4), cuda(4, 6), offsets(3)), ValueError, r"offs has 3 entries but mat_a has 2"),
+    (lambda: (cuda(2, 8, 4), cuda(4, 6), offsets(3)), ValueError,
+     r"offs has 3 entries but mat_a has 2"),
     (lambda: (cuda(10, 8, dtype=torch.float64), cuda(3, 8, 5), offsets(3)), TypeError,
      r"mat_a must be float16 or bfloat16 or float32, got torch.float64"),
-    (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError, r"mat_b has dtype"),
-    (lambda: (cuda(10, 8), cuda(3, 8, 5), strided_offsets(3)), ValueError, r"offs must be contiguous"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5, dtype=torch.float16), offsets(3)), TypeError,
+     r"mat_b has dtype"),
+    (lambda: (cuda(10, 8), cuda(3, 8, 5), strided_offsets(3)), ValueError,
+     r"offs must be contiguous"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).cpu()), ValueError, r"offs is on cpu"),
 ]
 
