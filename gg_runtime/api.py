@@ -139,7 +139,7 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
     (torch's default) adds each 128-deep K step's product to the float32
     accumulator on the CUDA cores; True lets the tensor cores accumulate all
     of K in their own precision, which loses bits as K grows and runs faster
-    (the warp-specialised kernels).  quantize_fp8 makes both kinds of
+    (twice as wide tiles).  quantize_fp8 makes both kinds of
     inputs.  out_dtype: torch.bfloat16 (None means it too) or torch.float32.
     Traceable by torch.compile (the custom op
     torch.ops.gg_runtime.scaled_grouped_mm).  offs as in grouped_mm (int32, on

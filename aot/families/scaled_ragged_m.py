@@ -39,12 +39,16 @@ FAMILY = Family(
     # one accumulator rescaled between K blocks; 3 stages measured 0-20% faster
     # than 4 on the large workloads, within 2% on the rest, before its partitions
     # took turns).
-    # Without fast accumulation the Triton kernel only (its partial accumulator
-    # doubles the tile's registers: 128x128 tiles); untuned.
+    # Without fast accumulation the partial accumulator doubles a tile's
+    # registers: 128-column tiles.  Rowwise: the warp-specialised kernel's two
+    # 64-row partitions (faster than the Triton kernel's 128x128 tiles beyond
+    # decode: bench/RESULTS.md); blockwise: the Triton kernel's (untuned).
     configs={(90, "tma", "rowwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
                                            Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", "blockwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
                                              Config(128, 256, 128, 4, 3, ws=True)),
+             (90, "tma", "rowwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
+                                      Config(128, 128, 128, 4, 4, ws=True)),
              (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
                            Config(128, 128, 128, 8, 4))},
     # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.

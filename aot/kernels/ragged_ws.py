@@ -51,14 +51,20 @@ def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, A_T
 @gluon.jit
 def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
                PART_M: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """(the tile's product over K, the ring count after it), one MMA in flight."""
+               BK: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr,
+               FAST_ACCUM: gl.constexpr):
+    """(the tile's product over K, the ring count after it), one MMA in flight.
+    fp8 without FAST_ACCUM: each BK-deep step's product is added to acc in
+    float32 (the compiler's partial accumulator, as many registers again)."""
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, A_T, B_T)
-        acc = warpgroup_mma(a, b, acc, is_async=True)
+        if FAST_ACCUM:
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+        else:
+            acc = warpgroup_mma(a, b, acc, max_num_imprecise_acc=BK, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc, ))  # the MMA before is done with its slot
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k0 > 0)
         count += 1
@@ -202,8 +208,8 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
                   c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
                   has_bias, T, N, K, G, A_T: gl.constexpr, B_T: gl.constexpr,
-                  SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                  SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this program."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
@@ -232,7 +238,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                         acc_layout)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
-                                            PART_M, A_T, B_T, BN, BK, STAGES, acc_layout)
+                                            PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
+                                            FAST_ACCUM)
                 if SCALING == ROWWISE:  # indices made here, not live through the K loop
                     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
                     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
@@ -263,7 +270,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
 @gluon.jit
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T: gl.constexpr,
-                        B_T: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr,
+                        B_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
+                        BM: gl.constexpr,
                         BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                         STAGES: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
@@ -282,7 +290,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.warp_specialize([
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, BM, BN, BK, CHUNK, STAGES)),
+                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
         ], [LOADER_WARPS], [LOADER_REGISTERS])
@@ -291,10 +299,10 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.warp_specialize([
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, BM, BN, BK, CHUNK, STAGES)),
+                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, BM, BN, BK, CHUNK, STAGES)),
+                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
         ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
@@ -311,8 +319,8 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, NO_SCALES, BM, BN,
-                        BK, CHUNK, STAGES)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, NO_SCALES, True,
+                        BM, BN, BK, CHUNK, STAGES)
 
 
 @gluon.jit
@@ -322,10 +330,11 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
                               USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                               BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
                               STAGES: gl.constexpr):
-    """scaled_ragged_m_kernel's contract (b K-major) with FAST_ACCUM: its
-    warpgroups accumulate every product in the tensor cores."""
+    """scaled_ragged_m_kernel's contract (b K-major); blockwise with FAST_ACCUM
+    only (without it, the Triton kernel's)."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    gl.static_assert(FAST_ACCUM, "the warp-specialised kernel accumulates in the tensor cores")
+    gl.static_assert(FAST_ACCUM or SCALING == ROWWISE,
+                     "blockwise without fast accumulation is the Triton kernel's")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING, BM, BN,
-                        BK, CHUNK, STAGES)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING,
+                        FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)

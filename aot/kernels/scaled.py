@@ -14,7 +14,7 @@ BLOCKWISE  out = sum over 128-wide K blocks j of
 FAST_ACCUM (torch's use_fast_accum): the tensor cores accumulate a tile's
 products over all of K, in their own precision, which loses bits as K grows.
 Without it each K step's product (BK = 128 deep) is added to the float32
-accumulator by the CUDA cores (rowwise: Triton's partial accumulator,
+accumulator by the CUDA cores (rowwise: the compiler's partial accumulator,
 max_num_imprecise_acc; blockwise: every block's product is scaled and added
 so).
 """
