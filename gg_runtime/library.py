@@ -45,7 +45,7 @@ def bias_gradient(grad, offs, mm):
     return mm(ones, grad, offs)[:, 0]
 
 
-def backward(a, b, offs, grad, need_a: bool, need_b: bool, mm, need_bias: bool = False):
+def backward(a, b, offs, grad, need_a: bool, need_b: bool, mm, need_bias: bool):
     """(grad_a, grad_b, grad_bias) of grouped_mm(a, b, offs, bias) for the
     output gradient grad: grad_a = grad @ b^T and grad_b = a^T @ grad as
     grouped products (ragged M's dB is ragged K, and so on), each on
