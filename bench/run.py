@@ -28,7 +28,8 @@ import gg_runtime
 from gg_runtime._testing import python_host_path
 from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
                                 moe_layer, moe_layer_inputs, offsets_from_counts, ref_grouped_mm,
-                                ref_list, ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms)
+                                ref_list, ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms,
+                                with_added_bias)
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -321,10 +322,12 @@ TRAINING_LAYERS = {
     "olmoe": (16384, 2048, 1024, 64, 8),
     "qwen3_30b_a3b": (16384, 2048, 768, 128, 8),
 }
-TRAINING_MMS = {"torch": torch._grouped_mm, "gg_runtime": gg_runtime.grouped_mm}
+# With experts' biases too (as gpt-oss has): torch's grouped_mm refuses bias, so its layer adds it.
+TRAINING_WITH_BIAS = ("gpt_oss_20b",)
+TRAINING_MMS = {"torch": with_added_bias(torch._grouped_mm), "gg_runtime": gg_runtime.grouped_mm}
 
 
-def bench_training(name: str, shape: tuple) -> dict:
+def bench_training(name: str, shape: tuple, bias: bool = False) -> dict:
     """One MoE layer (gg_runtime.testing.moe_layer) trained as a model would
     be, with torch._grouped_mm and with gg_runtime.grouped_mm, same inputs:
     forward (autograd recording), forward + backward (gradients of x, the
@@ -333,7 +336,7 @@ def bench_training(name: str, shape: tuple) -> dict:
     what was allocated before it.  gg_runtime's output and gradients are
     checked against torch's layer first."""
     tokens, hidden, inter, experts, top_k = shape
-    inputs = moe_layer_inputs(tokens, hidden, inter, experts)
+    inputs = moe_layer_inputs(tokens, hidden, inter, experts, bias=bias)
     dy = torch.randn_like(inputs["x"])
 
     def forward(mm):
@@ -350,7 +353,8 @@ def bench_training(name: str, shape: tuple) -> dict:
         results[impl] = [forward(mm).detach()] + [t.grad for t in inputs.values()]
     errors = {key: rel_error(ours, theirs.float()) for key, ours, theirs in
               zip(["out"] + list(inputs), results["gg_runtime"], results["torch"])}
-    row = {"name": name, "shape": dict(zip(("T", "H", "I", "E", "k"), shape)),
+    row = {"name": name + (" (bias)" if bias else ""),
+           "shape": dict(zip(("T", "H", "I", "E", "k"), shape)),
            "rel_error_vs_torch": errors}
     if max(errors.values()) > TOLERANCE[torch.bfloat16]:
         row["error"] = f"gg_runtime's layer differs from torch's: {errors}"
@@ -380,20 +384,22 @@ def peak_gb(fn) -> float:
 def print_training(rows):
     print("\nMoE layer training (bf16): ms and GB, torch / gg_runtime, and the ratio x torch "
           "(peak: ours / torch's)")
-    head = (f"{'layer':16} {'forward':>15} {'x':>5} {'fwd+bwd':>15} {'x':>5} {'peak GB':>11} "
+    head = (f"{'layer':20} {'forward':>15} {'x':>5} {'fwd+bwd':>15} {'x':>5} {'peak GB':>11} "
             f"{'x':>5}")
     print(head + "\n" + "-" * len(head))
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:16} {r['error']}")
+            print(f"{r['name']:20} {r['error']}")
             continue
         t, g = r["torch"], r["gg_runtime"]
-        print(f"{r['name']:16} {t['forward_ms']:7.2f}/{g['forward_ms']:<7.2f} "
+        print(f"{r['name']:20} {t['forward_ms']:7.2f}/{g['forward_ms']:<7.2f} "
               f"{r['forward_vs_torch']:5.2f} {t['train_step_ms']:7.2f}/{g['train_step_ms']:<7.2f} "
               f"{r['train_step_vs_torch']:5.2f} {t['peak_step_gb']:5.2f}/{g['peak_step_gb']:<5.2f} "
               f"{r['peak_vs_torch']:5.2f}")
-    print("geomeans x torch:", json.dumps({k: fmt(geomean(r.get(k) for r in rows)) for k in
-                                          ("forward_vs_torch", "train_step_vs_torch")}))
+    plain = [r for r in rows if not r["name"].endswith("(bias)")]
+    print("geomeans x torch, layers without bias:",
+          json.dumps({k: fmt(geomean(r.get(k) for r in plain))
+                      for k in ("forward_vs_torch", "train_step_vs_torch")}))
 
 
 SM80_PROXY_WORKLOADS = ("mixtral_up_8e_8k", "dsv3_down_32e_8k", "qwen3_up_128e_32k",
@@ -597,8 +603,10 @@ def main():
         print("weight gradient, roof (x, dy and the gradient once; FLOPs at the dense rate):",
               json.dumps({r["name"]: fmt(r["roofline_fraction"], "{:.0%}") for r in wgrad}))
     if "training" in sections:
-        report["training"] = training = [bench_training(name, shape) for name, shape in
-                                         TRAINING_LAYERS.items() if args.only in name]
+        layers = [(name, shape, False) for name, shape in TRAINING_LAYERS.items()]
+        layers += [(name, TRAINING_LAYERS[name], True) for name in TRAINING_WITH_BIAS]
+        report["training"] = training = [bench_training(*layer) for layer in layers
+                                         if args.only in layer[0]]
         print_training(training)
     if "bias" in sections:
         report["bias"] = bias = [bench_bias(w) for w in ragged if w["dtype"] == "bfloat16"]

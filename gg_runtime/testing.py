@@ -260,26 +260,47 @@ def list_inputs(mnks, dtype, device="cuda"):
 
 
 def moe_layer_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype=torch.bfloat16,
-                     device="cuda") -> dict:
+                     device="cuda", bias: bool = False) -> dict:
     """Tokens x [T, H] and the parameters of moe_layer, in the layouts models
     keep them: router [H, E], w13 [E, 2I, H] (gate rows, then up rows) and
-    w2 [E, H, I] (nn.Linear-style), each requiring grad."""
+    w2 [E, H, I] (nn.Linear-style), with bias the experts' biases b13 [E, 2I]
+    and b2 [E, H] (as gpt-oss has), each requiring grad."""
     def param(*shape, fan_in):
         return randn(*shape, dtype=dtype, device=device, scale=fan_in ** -0.5).requires_grad_()
 
-    return {"x": randn(tokens, hidden, dtype=dtype, device=device).requires_grad_(),
-            "router": param(hidden, experts, fan_in=hidden),
-            "w13": param(experts, 2 * inter, hidden, fan_in=hidden),
-            "w2": param(experts, hidden, inter, fan_in=inter)}
+    inputs = {"x": randn(tokens, hidden, dtype=dtype, device=device).requires_grad_(),
+              "router": param(hidden, experts, fan_in=hidden),
+              "w13": param(experts, 2 * inter, hidden, fan_in=hidden),
+              "w2": param(experts, hidden, inter, fan_in=inter)}
+    if bias:
+        inputs.update(b13=param(experts, 2 * inter, fan_in=hidden),
+                      b2=param(experts, hidden, fan_in=inter))
+    return inputs
 
 
-def moe_layer(mm, x, router, w13, w2, top_k: int) -> torch.Tensor:
+def with_added_bias(mm):
+    """mm(a, b, offs, bias) for a grouped product that takes no bias
+    (torch._grouped_mm refuses one): mm(a, b, offs), then bias[g] added to
+    the rows of each group g (found on the GPU from offs), in float32 so that
+    the bias gradient, a sum over the group's rows, is not summed in bf16."""
+    def run(a, b, offs, bias=None):
+        out = mm(a, b, offs)
+        if bias is None:
+            return out
+        rows = torch.arange(a.shape[0], dtype=offs.dtype, device=a.device)
+        group = torch.searchsorted(offs, rows, right=True).clamp(max=bias.shape[0] - 1)
+        return (out.float() + bias.float()[group]).to(out.dtype)
+    return run
+
+
+def moe_layer(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Tensor:
     """A torchtitan-style token-choice MoE layer whose grouped products are
-    mm (torch._grouped_mm or gg_runtime.grouped_mm): router top-k, token
-    slots sorted by expert, rows gathered, up projection, SwiGLU, down
-    projection, scaled by the routing weight, added back per token.  Routing
-    stays on the GPU (no host sync) and is computed in float32, so a float32
-    copy of the layer picks the same experts."""
+    mm(a, b, offs, bias) (gg_runtime.grouped_mm, or with_added_bias of
+    torch._grouped_mm): router top-k, token slots sorted by expert, rows
+    gathered, up projection (+ b13), SwiGLU, down projection (+ b2), scaled by
+    the routing weight, added back per token.  Routing stays on the GPU (no
+    host sync) and is computed in float32, so a float32 copy of the layer
+    picks the same experts."""
     experts = w13.shape[0]
     scores = torch.softmax(x.float() @ router.float(), dim=-1)
     weights, chosen = torch.topk(scores, top_k, dim=-1)
@@ -288,8 +309,8 @@ def moe_layer(mm, x, router, w13, w2, top_k: int) -> torch.Tensor:
     counts = torch.zeros(experts, dtype=torch.int32, device=x.device)
     counts.scatter_add_(0, chosen.flatten(), torch.ones_like(chosen.flatten(), dtype=torch.int32))
     offs = counts.cumsum(0, dtype=torch.int32)
-    gate, up = mm(x[token], w13.transpose(1, 2), offs).chunk(2, dim=-1)
-    y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs)
+    gate, up = mm(x[token], w13.transpose(1, 2), offs, b13).chunk(2, dim=-1)
+    y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs, b2)
     y = y * weights.flatten()[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, token, y)
 

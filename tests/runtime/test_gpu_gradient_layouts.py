@@ -88,16 +88,17 @@ def copies_in_gradient_nodes(backward) -> list:
     return copies
 
 
-def moe_layer_step():
+def moe_layer_step(bias=False):
     """A small MoE layer's forward; returns its backward and the inputs."""
-    inputs = moe_layer_inputs(300, 64, 48, 4)
+    inputs = moe_layer_inputs(300, 64, 48, 4, bias=bias)
     out = moe_layer(gg_runtime.grouped_mm, **inputs, top_k=2)
     grad = torch.randn_like(out)
     return (lambda: out.backward(grad)), inputs
 
 
-def test_moe_layer_backward_copies_no_gradient():
-    backward, inputs = moe_layer_step()
+@pytest.mark.parametrize("bias", [False, True])
+def test_moe_layer_backward_copies_no_gradient(bias):
+    backward, inputs = moe_layer_step(bias)
     assert copies_in_gradient_nodes(backward) == []
     for name, t in inputs.items():
         assert t.grad is not None and t.grad.stride() == t.stride(), name
@@ -112,12 +113,13 @@ def test_the_copy_check_sees_a_gradient_in_the_wrong_layout(monkeypatch):
     assert len(copies) >= 2 and all("AccumulateGrad" in node for _, node in copies), copies
 
 
-def test_moe_layer_matches_float32_reference():
-    """The layer's output and every gradient (x, router, both expert weights)
-    against the same layer in float32, whose grouped product is a loop over
-    the groups; the routing is computed in float32 in both, so both pick the
-    same experts."""
-    inputs = moe_layer_inputs(300, 64, 48, 4)
+@pytest.mark.parametrize("bias", [False, True])
+def test_moe_layer_matches_float32_reference(bias):
+    """The layer's output and every gradient (x, router, both expert weights,
+    their biases) against the same layer in float32, whose grouped product is
+    a loop over the groups; the routing is computed in float32 in both, so
+    both pick the same experts."""
+    inputs = moe_layer_inputs(300, 64, 48, 4, bias=bias)
     refs = {name: t.detach().float().requires_grad_() for name, t in inputs.items()}
     outs = [moe_layer(mm, **x, top_k=2) for mm, x in ((gg_runtime.grouped_mm, inputs),
                                                        (ref_grouped_mm, refs))]
