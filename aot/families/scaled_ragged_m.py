@@ -39,18 +39,16 @@ FAMILY = Family(
     # one accumulator rescaled between K blocks; 3 stages measured 0-20% faster
     # than 4 on the large workloads, within 2% on the rest, before its partitions
     # took turns).
-    # Without fast accumulation the partial accumulator doubles a tile's
-    # registers: 128-column tiles.  Rowwise: the warp-specialised kernel's two
-    # 64-row partitions (faster than the Triton kernel's 128x128 tiles beyond
-    # decode: bench/RESULTS.md); blockwise: the Triton kernel's (untuned).
+    # Without fast accumulation a second register tile holds each K step's
+    # product: 128-column tiles of the warp-specialised kernel, two 64-row
+    # partitions (rowwise: faster than the Triton kernel's 128x128 tiles beyond
+    # decode, bench/RESULTS.md); untuned.
     configs={(90, "tma", "rowwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
                                            Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", "blockwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
                                              Config(128, 256, 128, 4, 3, ws=True)),
-             (90, "tma", "rowwise"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                                      Config(128, 128, 128, 4, 4, ws=True)),
              (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                           Config(128, 128, 128, 8, 4))},
+                           Config(128, 128, 128, 4, 4, ws=True))},
     # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.
     tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
     rows="T // max(G, 1)",

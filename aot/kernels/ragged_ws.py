@@ -180,6 +180,37 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
 
 
 @gluon.jit
+def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, scale_a_ptr,
+                                  scale_b_ptr, g, part_m, end, K, N, off_n, half: gl.constexpr,
+                                  PART_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                                  STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """accumulate_blockwise() without fast accumulation: each 128-deep K
+    block's product is made from zero by the tensor cores, then scaled and
+    added to the float32 accumulator by the CUDA cores (the DeepSeek-V3
+    recipe), while the other partition's MMA runs."""
+    gl.static_assert(BK == SCALE_BLOCK, "one MMA a scale block")
+    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK
+    acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
+    layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
+    rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, layout))
+    row_ok = rows < end
+    k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
+    n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
+    for k0 in range(0, k_end, BK):
+        slot = count % STAGES
+        scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks, n_blocks,
+                             k0 // SCALE_BLOCK, off_n, H, layout)
+        mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
+        product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+        product = warpgroup_mma_wait(0, deps=(product, ))
+        mbarrier.arrive(empty.index(slot))
+        acc = acc + rescale(product, scale, acc_layout)
+        count += 1
+    return acc, count
+
+
+@gluon.jit
 def pass_blocks(ready, empty, turns, count, k_end, half: gl.constexpr, TURNS: gl.constexpr,
                 BK: gl.constexpr, STAGES: gl.constexpr):
     """Free the tile's slots unread (each once it is filled, so that a slot is
@@ -231,7 +262,11 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                                                         tiles_end, n_tiles, G, K, BM, BN, ALIGN)
             part_m = off_m + half * PART_M
             if part_m < end:
-                if SCALING == BLOCKWISE:
+                if SCALING == BLOCKWISE and not FAST_ACCUM:
+                    acc, count = accumulate_blockwise_promoted(
+                        a_bufs, b_bufs, ready, empty, count, k_end, scale_a_ptr, scale_b_ptr, g,
+                        part_m, end, K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout)
+                elif SCALING == BLOCKWISE:
                     acc, count = accumulate_blockwise(
                         a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
                         scale_b_ptr, g, part_m, end, K, N, off_n, half, PART_M, BN, BK, STAGES,
@@ -261,7 +296,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     store_rows(acc, c_ptr, ldc, part_m, start, end, off_n, N)
             else:
                 count = pass_blocks(ready, empty, turns, count, k_end, half,
-                                    SCALING == BLOCKWISE, BK, STAGES)
+                                    SCALING == BLOCKWISE and FAST_ACCUM, BK, STAGES)
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
     tma.store_wait(0)
@@ -279,7 +314,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
         STAGES, PARTS)
-    if SCALING == BLOCKWISE:  # its two partitions take turns (accumulate_blockwise)
+    if SCALING == BLOCKWISE and FAST_ACCUM:  # its partitions take turns (accumulate_blockwise)
         gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
@@ -330,11 +365,8 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
                               USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                               BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
                               STAGES: gl.constexpr):
-    """scaled_ragged_m_kernel's contract (b K-major); blockwise with FAST_ACCUM
-    only (without it, the Triton kernel's)."""
+    """scaled_ragged_m_kernel's contract (b K-major)."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    gl.static_assert(FAST_ACCUM or SCALING == ROWWISE,
-                     "blockwise without fast accumulation is the Triton kernel's")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING,
                         FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)

@@ -222,8 +222,7 @@ def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
     assert {v.out.name for v in fp8} == {"bfloat16", "float32"}
     assert {v.layout for v in fp8} == {"rowwise", "blockwise", "rowwise_fast", "blockwise_fast"}
-    # Blockwise without fast accumulation is the Triton kernel's alone.
-    assert {v.layout for v in fp8 if v.config.ws} == {"rowwise_fast", "blockwise_fast", "rowwise"}
+    assert {v.layout for v in fp8 if v.config.ws} == {v.layout for v in fp8}
 
 
 def test_warp_specialised_variants_are_gluon_where_they_can_run():
