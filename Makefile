@@ -59,6 +59,10 @@ define install_wheel
 	  "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
 	  dist/gg_runtime-*.whl
 endef
+# venv: the runtime tests against the wheel installed there.
+define runtime_tests
+	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(1)/bin/python -m pytest -q .
+endef
 WHEEL_CHECK := @ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 
 build: build-env
@@ -93,7 +97,7 @@ test: build-env test-env lint
 	$(WHEEL_CHECK)
 	$(call install_wheel,$(TEST_VENV))
 	$(AOT_PY) -m pytest -q tests/aot
-	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TEST_PY) -m pytest -q .
+	$(call runtime_tests,$(TEST_VENV))
 	@if $(TEST_PY) -c "$(HAS_GPU)"; then \
 	  echo "GPU tests again, on the sm80 PTX compiled by the driver (GG_RUNTIME_FORCE_PTX=1):"; \
 	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
@@ -107,7 +111,7 @@ test-torch:
 	$(WHEEL_CHECK)
 	$(PYTHON) tests/make_test_env.py $(TORCH_VENV) "$(TORCH_SPEC)" --index
 	$(call install_wheel,$(TORCH_VENV))
-	cd tests/runtime && GG_WHEEL="$$(ls ../../dist/gg_runtime-*.whl)" ../../$(TORCH_VENV)/bin/python -m pytest -q .
+	$(call runtime_tests,$(TORCH_VENV))
 
 test-torch-range:
 	$(MAKE) test-torch TORCH_SPEC=$(OLDEST_TORCH)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 
 from . import gemm_list, ragged, scaled
-from .cases import check_tensors, classify
+from .cases import classify
 from .library import grouped_mm_op, grouped_mm_with_autograd
 from .quantize import quantize_fp8  # noqa: F401  (public; documented in quantize.py)
+from .validate import check_tensors
 
 
 def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
@@ -67,9 +68,9 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> torch.Tens
     torch.ops.gg_runtime.grouped_mm(mat_a, mat_b, offs, bias, out_dtype)).
     """
     a, b = mat_a, mat_b
-    check_tensors(a, b)
     if (torch.compiler.is_compiling() or type(a) is not torch.Tensor
             or type(b) is not torch.Tensor or a.is_meta):
+        check_tensors(a, b)  # the dispatcher's own error would not name the argument
         return grouped_mm_op(a, b, offs, bias, out_dtype)  # traced, a subclass, or shapes only
     case = classify(a, b, offs, bias, out_dtype)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
@@ -147,7 +148,6 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
     training is not supported): inputs that require grad are refused.
     """
     args = (mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
-    check_tensors(mat_a, mat_b)
-    if torch.compiler.is_compiling() or mat_a.is_meta:
+    if torch.compiler.is_compiling() or getattr(mat_a, "is_meta", False):
         return scaled.scaled_grouped_mm_op(*args)
     return scaled.scaled_grouped_mm(*args)

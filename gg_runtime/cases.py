@@ -8,7 +8,8 @@ import enum
 import torch
 
 from ._native import family_dtypes
-from .validate import check_bias, check_offsets, check_out_dtype, check_same, check_tensor, require
+from .validate import (check_bias, check_offsets, check_out_dtype, check_same, check_tensor,
+                       check_tensors, require)
 
 
 class Case(enum.Enum):
@@ -63,13 +64,6 @@ def _is_plain_ragged_m(a, b, offs, bias, out_dtype) -> bool:
 
 def _shapes(a, b) -> str:
     return f"mat_a is {tuple(a.shape)} and mat_b is {tuple(b.shape)}"
-
-
-def check_tensors(a, b) -> None:
-    """Both operands are tensors (before anything else reads them)."""
-    for x, name in ((a, "mat_a"), (b, "mat_b")):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
 def _full_checks(a, b, offs, bias, out_dtype) -> Case:

@@ -6,11 +6,10 @@ from typing import Optional
 
 import torch
 
-from . import _native
+from . import _native, ragged
 from .fp8 import FP8, blocks, sm90_only
-from . import ragged
 from .validate import (check_bias, check_companion, check_offsets, check_same, check_tensor,
-                       require)
+                       check_tensors, require)
 
 _LAUNCH = _native.launcher("scaled_ragged_m")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -76,8 +75,7 @@ def _check_scale_result(scale_result, a) -> None:
 
 def _check(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum) -> str:
     """Every check of scaled_grouped_mm's inputs; returns the granularity."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        raise TypeError("mat_a and mat_b must be torch.Tensors")
+    check_tensors(a, b)
     if (a.dim(), b.dim()) not in ((2, 3), (3, 3)):
         raise ValueError("scaled_grouped_mm takes mat_a [T, K] with mat_b [G, K, N] and offs, or "
                          f"mat_a [G, M, K] with mat_b [G, K, N]; got mat_a {tuple(a.shape)}, "

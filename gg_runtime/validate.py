@@ -12,6 +12,13 @@ def require(condition: bool, message: str, error=ValueError) -> None:
         raise error(message)
 
 
+def check_tensors(a, b) -> None:
+    """The two operands are tensors (before anything else reads them)."""
+    for x, name in ((a, "mat_a"), (b, "mat_b")):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
 def check_tensor(x, name: str, ndim: int, dtypes: tuple) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
