@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <set>
+#include <string>
 #include <vector>
 
 #include "dispatch.h"
@@ -174,38 +176,47 @@ py::dict device_info(int device) {
   return d;
 }
 
-// The Python exceptions _C registers (set in PYBIND11_MODULE).
-PyObject* g_cuda_error = nullptr;
-PyObject* g_unsupported_device = nullptr;
-
-// run() for _torch_C, which has no pybind11 translators: the same Python
-// exception a _C.launch call raises for the same failure.
-bool run_raising_python(const gg::Call& call) {
+// run() for _ops, status and message instead of an exception.
+gg::RunStatus run_reporting(const gg::Call& call, std::string* error) {
   try {
     gg::run(call);
-    return true;
+    return gg::RunStatus::kOk;
   } catch (const gg::CudaError& e) {
-    PyErr_SetString(g_cuda_error, e.what());
+    *error = e.what();
+    return gg::RunStatus::kCudaError;
   } catch (const gg::UnsupportedDevice& e) {
-    PyErr_SetString(g_unsupported_device, e.what());
+    *error = e.what();
+    return gg::RunStatus::kUnsupportedDevice;
   } catch (const std::invalid_argument& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
+    *error = e.what();
+    return gg::RunStatus::kInvalidArgument;
   } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    *error = e.what();
+    return gg::RunStatus::kOther;
   }
-  return false;
 }
 
-const gg::RuntimeApi kRuntimeApi{gg::kRuntimeApiVersion, &run_raising_python, &gg::families};
+bool runs_tma(int device) {
+  static const std::set<int> tma_archs = [] {
+    std::set<int> archs;
+    for (const gg::KernelInfo& k : gg::kernel_table()) {
+      if (std::string(gg::flavours()[k.flavour].name) == "tma") archs.insert(k.arch);
+    }
+    return archs;
+  }();
+  return tma_archs.count(gg::kernel_path(gg::device_props(device)).arch) > 0;
+}
+
+const gg::RuntimeApi kRuntimeApi{gg::kRuntimeApiVersion, &run_reporting, &gg::families,
+                                 &gg::dtypes, &runs_tma};
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gg_runtime's launcher for AOT-compiled Triton kernels";
   auto base = py::handle(PyExc_RuntimeError);
-  g_cuda_error = py::register_exception<gg::CudaError>(m, "CudaError", base).ptr();
-  g_unsupported_device =
-      py::register_exception<gg::UnsupportedDevice>(m, "UnsupportedDeviceError", base).ptr();
+  py::register_exception<gg::CudaError>(m, "CudaError", base);
+  py::register_exception<gg::UnsupportedDevice>(m, "UnsupportedDeviceError", base);
   m.attr("runtime_api") = py::capsule(&kRuntimeApi, gg::kRuntimeApiCapsule);
 
   m.def("set_kernel_dir", &gg::set_kernel_dir);

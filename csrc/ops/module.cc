@@ -1,0 +1,63 @@
+// Module gg_runtime._ops: registers the torch operators gg_runtime::* (their
+// schemas, and one kernel each for CUDA, Meta (shapes only, for torch.compile)
+// and CPU (which only raises the error that names the argument)), and takes
+// the runtime from gg_runtime._C when Python imports it.
+#include <Python.h>
+
+#include "ops.h"
+
+namespace {
+
+using gg::ops::grouped_gemm;
+using gg::ops::grouped_mm;
+using gg::ops::quantize_fp8;
+using gg::ops::scaled_grouped_mm;
+
+template <typename Library>
+void implement(Library& m) {
+  m.impl("grouped_mm", TORCH_BOX(&grouped_mm));
+  m.impl("scaled_grouped_mm", TORCH_BOX(&scaled_grouped_mm));
+  m.impl("quantize_fp8", TORCH_BOX(&quantize_fp8));
+  m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
+}
+
+PyObject* set_poison(PyObject*, PyObject* on) {
+  gg::ops::set_poison(PyObject_IsTrue(on) == 1);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kMethods[] = {
+    {"set_poison", set_poison, METH_O, "Tests: fill every output with NaN before its launch."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_ops",
+                       "gg_runtime's torch operators (torch.ops.gg_runtime)", -1, kMethods,
+                       nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(gg_runtime, m) {
+  m.def("grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None, "
+        "ScalarType? out_dtype=None, bool tf32=False) -> Tensor");
+  m.def("scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scale_b, "
+        "Tensor? offs=None, Tensor? bias=None, Tensor? scale_result=None, "
+        "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
+  m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
+  m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement(m); }
+STABLE_TORCH_LIBRARY_IMPL(gg_runtime, Meta, m) { implement(m); }
+STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CPU, m) { implement(m); }
+
+PyMODINIT_FUNC PyInit__ops() {
+  const auto* api =
+      static_cast<const gg::RuntimeApi*>(PyCapsule_Import(gg::kRuntimeApiCapsule, 0));
+  if (api == nullptr) return nullptr;
+  if (api->version != gg::kRuntimeApiVersion) {
+    PyErr_SetString(PyExc_ImportError, "gg_runtime._C and _ops come from different builds");
+    return nullptr;
+  }
+  gg::ops::set_runtime(api);
+  return PyModule_Create(&kModule);
+}

@@ -1,0 +1,227 @@
+#include "op_support.h"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+namespace gg::ops {
+namespace {
+
+const RuntimeApi* g_runtime = nullptr;
+bool g_poison = false;
+
+std::string join(torch::headeronly::IntHeaderOnlyArrayRef values) {
+  std::string out = "(";
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return out + (values.size() == 1 ? ",)" : ")");
+}
+
+std::string dtype_list(std::initializer_list<ScalarType> dtypes) {
+  std::string out;
+  for (ScalarType type : dtypes) {
+    std::string name = dtype_name(type).substr(6);  // without "torch."
+    out += (out.empty() ? "" : " or ") + name;
+  }
+  return out;
+}
+
+// libtorch_cuda's current-stream getter (not in libtorch_cpu, which this
+// library links): looked up once in the already loaded library; null where
+// torch has no CUDA (then there is no GPU to launch on either).
+using StreamGetter = int32_t (*)(int32_t, void**);
+StreamGetter stream_getter() {
+  static const StreamGetter getter = [] {
+    void* cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return cuda ? reinterpret_cast<StreamGetter>(dlsym(cuda, "aoti_torch_get_current_cuda_stream"))
+                : nullptr;
+  }();
+  return getter;
+}
+
+}  // namespace
+
+std::string shape_of(const Tensor& t) { return join(t.sizes()); }
+std::string strides_of(const Tensor& t) { return join(t.strides()); }
+
+std::string dtype_name(ScalarType type) {
+  switch (type) {
+    case ScalarType::Half:
+      return "torch.float16";
+    case ScalarType::BFloat16:
+      return "torch.bfloat16";
+    case ScalarType::Float:
+      return "torch.float32";
+    case ScalarType::Double:
+      return "torch.float64";
+    case ScalarType::Float8_e4m3fn:
+      return "torch.float8_e4m3fn";
+    case ScalarType::Int:
+      return "torch.int32";
+    case ScalarType::Long:
+      return "torch.int64";
+    default:
+      return "torch.dtype(" + std::to_string(static_cast<int>(type)) + ")";
+  }
+}
+
+std::string device_of(const Tensor& t) {
+  if (t.is_cuda()) return "cuda:" + std::to_string(t.get_device_index());
+  return is_meta(t) ? "meta" : t.is_cpu() ? "cpu" : "a device that is not CUDA";
+}
+
+void check_tensor(const Tensor& t, const char* name, int64_t dims,
+                  std::initializer_list<ScalarType> dtypes) {
+  if (t.dim() != dims) value_error(name, " must be ", dims, "-D, got shape ", shape_of(t));
+  bool known = false;
+  for (ScalarType type : dtypes) known = known || t.scalar_type() == type;
+  if (!known) {
+    type_error(name, " must be ", dtype_list(dtypes), ", got ", dtype_name(t.scalar_type()));
+  }
+  if (!t.is_cuda() && !is_meta(t)) {
+    value_error(name, " must be on a CUDA device, got ", device_of(t),
+                " (gg_runtime has no CPU kernels)");
+  }
+}
+
+void check_same(const Tensor& x, const char* name, const Tensor& ref, const char* ref_name) {
+  if (x.scalar_type() != ref.scalar_type()) {
+    type_error(name, " has dtype ", dtype_name(x.scalar_type()), " but ", ref_name, " has ",
+               dtype_name(ref.scalar_type()));
+  }
+  if (x.device() != ref.device()) {
+    value_error(name, " is on ", device_of(x), " but ", ref_name, " is on ", device_of(ref));
+  }
+}
+
+void check_companion(const Tensor& x, const char* name, std::initializer_list<int64_t> shape,
+                     ScalarType dtype, const Tensor& like, const std::string& why) {
+  if (x.scalar_type() != dtype) {
+    type_error(name, " must be ", dtype_name(dtype).substr(6), " ", why, ", got ",
+               dtype_name(x.scalar_type()));
+  }
+  if (x.device() != like.device()) {
+    value_error(name, " is on ", device_of(x), " but mat_a is on ", device_of(like));
+  }
+  const std::vector<int64_t> expected(shape);
+  const auto sizes = x.sizes();
+  if (std::vector<int64_t>(sizes.begin(), sizes.end()) != expected) {
+    value_error(name, " must have shape ", join(expected), " ", why, ", got ", shape_of(x));
+  }
+}
+
+void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups,
+                   const Tensor& like) {
+  if (offs.scalar_type() != ScalarType::Int) {
+    type_error("offs must be int32, got ", dtype_name(offs.scalar_type()));
+  }
+  if (offs.dim() != 1) value_error("offs must be 1-D, got shape ", shape_of(offs));
+  if (offs.device() != like.device()) {
+    value_error("offs is on ", device_of(offs), " but the inputs are on ", device_of(like));
+  }
+  if (offs.size(0) != groups) {
+    value_error("offs has ", offs.size(0), " entries but ", groups_name, " has ", groups,
+                " groups");
+  }
+  if (offs.size(0) > 1 && offs.stride(0) != 1) value_error("offs must be contiguous");
+}
+
+Matrix matrix_of(const Tensor& x) {
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  const int64_t row_stride = x.stride(-2), col_stride = x.stride(-1);
+  if (cols <= 1 || col_stride == 1) return {x, false, row_stride};
+  if (rows <= 1 || row_stride == 1) return {x, true, col_stride};
+  Tensor copy = torch::stable::contiguous(x);
+  return {copy, false, copy.stride(-2)};
+}
+
+Matrix row_major(const Tensor& x) {
+  if (x.stride(-1) != 1 && x.size(-1) > 1) {
+    Tensor copy = torch::stable::contiguous(x);
+    return {copy, false, copy.stride(-2)};
+  }
+  return {x, false, x.stride(-2)};
+}
+
+Tensor new_output(const Tensor& like, const std::vector<int64_t>& shape, ScalarType dtype) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= std::max<int64_t>(shape[i], 1);
+  }
+  const torch::stable::Device device = like.device();
+  AtenTensorHandle handle = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      static_cast<int64_t>(shape.size()), shape.data(), strides.data(),
+      static_cast<int32_t>(dtype), static_cast<int32_t>(device.type()), device.index(), &handle));
+  Tensor out(handle);
+  if (g_poison && !is_meta(out)) {
+    torch::stable::fill_(out, std::numeric_limits<double>::quiet_NaN());
+  }
+  return out;
+}
+
+Tensor new_output(const Tensor& like, std::initializer_list<int64_t> shape, ScalarType dtype) {
+  return new_output(like, std::vector<int64_t>(shape), dtype);
+}
+
+void set_poison(bool on) { g_poison = on; }
+
+void set_runtime(const RuntimeApi* api) { g_runtime = api; }
+
+const RuntimeApi& runtime() { return *g_runtime; }
+
+bool runs_tma(const Tensor& t) { return t.is_cuda() && g_runtime->runs_tma(t.get_device_index()); }
+
+int dtype_code(ScalarType type, bool tf32) {
+  const std::string name =
+      type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);
+  const auto dtypes = g_runtime->dtypes();
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (name == dtypes[i].name) return static_cast<int>(i);
+  }
+  type_error("gg_runtime has no kernels for ", dtype_name(type));
+}
+
+Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32) {
+  const int device = like.get_device_index();
+  void* stream = nullptr;
+  const StreamGetter getter = stream_getter();
+  if (getter == nullptr || getter(device, &stream) != 0) {
+    throw std::runtime_error("gg_runtime: torch's current CUDA stream is not available");
+  }
+  return {device, stream, dtype_code(like.scalar_type(), tf32), dtype_code(out_dtype)};
+}
+
+void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
+         const std::string& layout, const Target& target) {
+  Call call{};
+  call.family = family;
+  call.dtype = target.dtype;
+  call.out_dtype = target.out_dtype;
+  call.layout = layout;
+  call.device = target.device;
+  call.stream = static_cast<cu::Stream>(target.stream);
+  call.args = std::move(args);
+  call.groups = std::move(groups);
+  std::string error;
+  switch (g_runtime->run(call, &error)) {
+    case RunStatus::kOk:
+      return;
+    case RunStatus::kInvalidArgument:
+      throw std::invalid_argument(error);
+    case RunStatus::kUnsupportedDevice:
+      throw std::runtime_error(kUnsupportedDeviceTag + error);
+    case RunStatus::kCudaError:
+      throw std::runtime_error(kCudaErrorTag + error);
+    case RunStatus::kOther:
+      throw std::runtime_error(error);
+  }
+}
+
+}  // namespace gg::ops

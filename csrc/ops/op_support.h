@@ -1,0 +1,122 @@
+// What every torch operator of gg_runtime._ops uses: argument errors that
+// name the argument, reading tensors, making outputs, and launching a kernel
+// family through _C's runtime.  Only torch's stable ABI (torch/csrc/stable,
+// torch/headeronly) is used, so one binary serves every torch release from
+// the one it targets (TORCH_TARGET_VERSION, setup.py) onward.
+#pragma once
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "../runtime_api.h"
+
+namespace gg::ops {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+// Errors reach Python through torch's translation of C++ exceptions:
+// std::invalid_argument becomes ValueError.  TypeError has no such C++
+// exception, so its message carries kTypeErrorTag and gg_runtime/_ops.py
+// raises it as TypeError; CudaError and UnsupportedDeviceError likewise.
+inline constexpr char kTypeErrorTag[] = "[gg_runtime TypeError] ";
+inline constexpr char kCudaErrorTag[] = "[gg_runtime CudaError] ";
+inline constexpr char kUnsupportedDeviceTag[] = "[gg_runtime UnsupportedDeviceError] ";
+
+// Text of any streamable values, concatenated.
+template <typename... Parts>
+std::string text(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+template <typename... Parts>
+[[noreturn]] void value_error(const Parts&... parts) {
+  throw std::invalid_argument(text(parts...));
+}
+
+template <typename... Parts>
+[[noreturn]] void type_error(const Parts&... parts) {
+  throw std::invalid_argument(text(kTypeErrorTag, parts...));
+}
+
+// Python's spelling, for messages: "(3, 4)", "torch.bfloat16", "cuda:0".
+std::string shape_of(const Tensor& t);
+std::string strides_of(const Tensor& t);
+std::string dtype_name(ScalarType type);
+std::string device_of(const Tensor& t);
+
+inline bool is_meta(const Tensor& t) {
+  return t.device().type() == torch::headeronly::DeviceType::Meta;
+}
+
+// `name` is of one of `dtypes` (their names listed in the message), `dims`-D,
+// on a CUDA device (or meta: shapes only).
+void check_tensor(const Tensor& t, const char* name, int64_t dims,
+                  std::initializer_list<ScalarType> dtypes);
+// x has ref's dtype and device.
+void check_same(const Tensor& x, const char* name, const Tensor& ref, const char* ref_name);
+// A tensor that goes with the operands (a scale, a bias): of `dtype`, on
+// like's device, of `shape` (`why` says which).
+void check_companion(const Tensor& x, const char* name, std::initializer_list<int64_t> shape,
+                     ScalarType dtype, const Tensor& like, const std::string& why);
+// offs: int32, 1-D, `groups` entries (`groups_name` has them), contiguous, on like's device.
+void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups,
+                   const Tensor& like);
+
+// Rows and columns of x's last two dimensions as a matrix: row-major (element
+// (r, c) at r * ld + c) or stored transposed (at c * ld + r).  Copies only
+// when neither dimension is contiguous.
+struct Matrix {
+  Tensor t;
+  bool transposed;
+  int64_t ld;
+};
+Matrix matrix_of(const Tensor& x);
+// x with a unit inner stride (copied where it has none), and its row stride.
+Matrix row_major(const Tensor& x);
+
+// A new output on like's device (NaN-filled under set_poison, for tests).
+Tensor new_output(const Tensor& like, std::initializer_list<int64_t> shape, ScalarType dtype);
+Tensor new_output(const Tensor& like, const std::vector<int64_t>& shape, ScalarType dtype);
+void set_poison(bool on);
+
+inline int64_t address(const Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
+
+// The runtime lent by _C (set once when gg_runtime._ops is imported).
+void set_runtime(const RuntimeApi* api);
+const RuntimeApi& runtime();
+// Whether sm90's TMA kernels run on this device.
+bool runs_tma(const Tensor& t);
+
+// Where and how a call runs: its device's current stream, the runtime's codes
+// of the input and output dtypes (float32 inputs take `tf32` where asked).
+struct Target {
+  int device;
+  void* stream;
+  int dtype;
+  int out_dtype;
+};
+Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32 = false);
+int dtype_code(ScalarType type, bool tf32 = false);
+
+// Launches one call of a family (a generated gg::family struct, filled by
+// name) on `target`; errors raise as described above.
+void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
+         const std::string& layout, const Target& target);
+
+template <typename Family>
+void launch(const Family& args, const std::string& layout, const Target& target) {
+  run(Family::kIndex, args.abi(), {}, layout, target);
+}
+
+}  // namespace gg::ops

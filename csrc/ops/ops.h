@@ -1,0 +1,32 @@
+// The torch operators of gg_runtime._ops, one function per operator (its
+// schema in module.cc).  Each does all of its op's host work: checks,
+// case and layout, outputs, arguments, launch.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "op_support.h"
+
+namespace gg::ops {
+
+// torch._grouped_mm's cases; tf32: float32 inputs may use TF32 products.
+Tensor grouped_mm(Tensor mat_a, Tensor mat_b, std::optional<Tensor> offs,
+                  std::optional<Tensor> bias, std::optional<ScalarType> out_dtype, bool tf32);
+
+// torch._scaled_grouped_mm's ragged M and batched cases in fp8, rowwise or
+// 128-block scales.
+Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scale_b,
+                         std::optional<Tensor> offs, std::optional<Tensor> bias,
+                         std::optional<Tensor> scale_result, std::optional<ScalarType> out_dtype,
+                         bool use_fast_accum);
+
+// (q, scale) with x ~ q * scale.
+std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
+
+// C_i = A_i @ B_i (B_i^T with trans_b) for every i, one launch.
+std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs, bool trans_b);
+
+}  // namespace gg::ops
