@@ -18,9 +18,10 @@
 # - the kernel compiler (AOT step, build-time tests): $(PYTHON) if it already has
 #   triton==$(TRITON_VERSION), click, pytest and wheel (as on the GPU machines, which have no
 #   network), else .venv-aot made from the package index;
-# - the extension (setup.py, pybind11, the torch bridge): $(PYTHON) if it has torch,
-#   pybind11, setuptools and wheel, else .venv-build with $(TORCH_SPEC).  Its torch is
-#   the one gg_runtime._torch_C (tensors read in C++) is built for.
+# - the extensions (setup.py: pybind11, the torch operators on torch's stable ABI):
+#   $(PYTHON) if it has torch, pybind11, setuptools and wheel, else .venv-build with
+#   $(TORCH_SPEC).  Only that torch's headers matter: the operators are compiled for
+#   the oldest torch the wheel allows (setup.py) and load under every later one.
 # The test environment .venv-test is made by tests/make_test_env.py: $(PYTHON)'s own
 # packages minus Triton when it has torch, else $(TORCH_SPEC) from the package index
 # (whose torch may bring Triton: the runtime neither needs nor loads it, tested).
@@ -29,7 +30,7 @@ PYTHON ?= python3
 TRITON_VERSION := 3.6.0
 TORCH_SPEC ?= torch==2.13.0
 # The torch range the wheel's Requires-Dist states (setup.py), tested by make test-torch-range.
-OLDEST_TORCH := torch==2.5.1
+OLDEST_TORCH := torch==2.10.0
 NEWEST_TORCH := torch==2.15.0
 AOT_VENV := .venv-aot
 BUILD_VENV := .venv-build
@@ -50,7 +51,7 @@ HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 # the kernel compiler's environment where make creates it.
 LINT_PACKAGES := ruff==0.17.6 clang-format==23.1.5
 LINT_BIN = $(dir $(AOT_PY))
-CXX_SOURCES = csrc/*.cc csrc/*.h csrc/torch/*.cc csrc/torch/*.h
+CXX_SOURCES = csrc/*.cc csrc/*.h csrc/ops/*.cc csrc/ops/*.h
 
 # venv: install the wheel into that environment's site-packages (no dependencies:
 # the environment has them).

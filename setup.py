@@ -1,8 +1,8 @@
-"""Builds the wheel: the pybind11 extension from csrc/ plus the kernel table
+"""Builds the wheel: the torch-free pybind11 core from csrc/ with the kernel table
 and cubins that `python -m aot build` wrote (GG_AOT_DIR, default build/aot/kernels),
-and, where torch is installed, the torch bridge from csrc/torch/ (built
-against that torch; the package loads it only under the same version).
-Needs no GPU and no Triton; `make build` runs both steps."""
+and the torch operators from csrc/ops/ on torch's stable ABI (one binary for
+every torch release from OLDEST_TORCH on).  Needs torch's headers, no GPU and
+no Triton; `make build` runs both steps."""
 import json
 import os
 import shutil
@@ -13,9 +13,6 @@ from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent.resolve()
-# The torch release and C++ ABI the bridge was built against, shipped beside it
-# (gg_runtime/_native.py reads it).
-TORCH_BUILT_FILE = "_torch_C.json"
 AOT_DIR = Path(os.environ.get("GG_AOT_DIR", ROOT / "build" / "aot" / "kernels")).resolve()
 
 
@@ -41,43 +38,42 @@ class BuildPyWithKernels(build_py):
             names.update(name for name in (record["cubin"], record["ptx"]) if name)
         for name in sorted(names):
             shutil.copy2(AOT_DIR / name, target / name)
-        if TORCH is not None:
-            built = {"torch": TORCH.__version__.split("+")[0],
-                     "cxx11_abi": TORCH.compiled_with_cxx11_abi()}
-            (target.parent / TORCH_BUILT_FILE).write_text(json.dumps(built))
 
 
-def torch_or_none():
+# The oldest torch whose stable ABI has what csrc/ops uses: the operators are
+# compiled against it (TORCH_TARGET_VERSION), so the one binary loads under it
+# and every later release; the wheel's metadata requires it.
+OLDEST_TORCH = (2, 10)
+
+
+def torch_operators() -> Extension:
+    """gg_runtime._ops: the torch operators (csrc/ops/) on torch's stable ABI,
+    built against the installed torch's headers for OLDEST_TORCH.  Needs no
+    rpath: torch is imported (its libraries loaded) before it."""
     try:
-        import torch
+        from torch.utils import cpp_extension
     except ImportError:
-        print("setup.py: torch is not installed: building without gg_runtime._torch_C "
-              "(grouped_gemm and grouped_mm then read tensors in Python)")
-        return None
-    return torch
-
-
-def torch_bridge(torch) -> Extension:
-    """gg_runtime._torch_C: links libtorch; needs no rpath, as torch is imported
-    (and its libraries loaded) before it."""
-    from torch.utils import cpp_extension
-    abi = int(torch.compiled_with_cxx11_abi())
+        raise SystemExit("setup.py: building gg_runtime needs torch >= "
+                         f"{'.'.join(map(str, OLDEST_TORCH))} (its headers and libraries)"
+                         ) from None
+    major, minor = OLDEST_TORCH
     return Extension(
-        "gg_runtime._torch_C",
-        sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "torch").glob("*.cc")),
-        include_dirs=cpp_extension.include_paths(),
+        "gg_runtime._ops",
+        sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "ops").glob("*.cc")),
+        include_dirs=[str(AOT_DIR), *cpp_extension.include_paths()],
         library_dirs=cpp_extension.library_paths(),
-        libraries=["c10", "torch", "torch_cpu", "torch_python"],
-        depends=sorted(str(p) for p in (ROOT / "csrc").glob("**/*.h")),
-        define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(abi))],
-        extra_compile_args=["-std=c++20", "-O2", "-Wall", "-fvisibility=hidden"],
+        libraries=["stdc++", "c10", "torch_cpu"],  # stdc++ first: c10 must not provide it
+        depends=[str(AOT_DIR / "family_args.h")]
+        + sorted(str(p) for p in (ROOT / "csrc").glob("**/*.h")),
+        define_macros=[("TORCH_TARGET_VERSION", f"0x{major:02x}{minor:02x}000000000000")],
+        extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Werror=missing-field-initializers",
+                            "-fvisibility=hidden"],
         extra_link_args=["-s"],  # no debug info in the wheel (Python's flags add -g)
         language="c++",
     )
 
 
 require_aot_outputs()
-TORCH = torch_or_none()
 extension = Pybind11Extension(
     "gg_runtime._C",
     sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cc")),
@@ -102,9 +98,9 @@ setup(
                  "Operating System :: POSIX :: Linux", "Environment :: GPU :: NVIDIA CUDA",
                  "Topic :: Scientific/Engineering :: Artificial Intelligence"],
     packages=["gg_runtime"],
-    ext_modules=[extension] + ([torch_bridge(TORCH)] if TORCH is not None else []),
+    ext_modules=[extension, torch_operators()],
     cmdclass={"build_py": BuildPyWithKernels},
-    install_requires=["torch>=2.5", "click"],
+    install_requires=[f"torch>={'.'.join(map(str, OLDEST_TORCH))}", "click"],
     entry_points={"console_scripts": ["gg-runtime = gg_runtime.cli:run"]},
     python_requires=">=3.9",
     zip_safe=False,

@@ -133,7 +133,9 @@ def _family_struct(index: int, family) -> list:
                   f"    void append_to(std::vector<int64_t>& table) const {{ "
                   f"table.insert(table.end(), {{{words}}}); }}",
                   "  };", f"  static constexpr size_t kGroupWidth = {len(family.group_fields)};",
-                  "  std::vector<int64_t> abi() const { return std::vector<int64_t>(kParamCount, 0); }"]
+                  "  std::vector<int64_t> abi() const {",
+                  "    return std::vector<int64_t>(kParamCount, 0);  // the runtime fills them",
+                  "  }"]
     else:
         values = ", ".join(p.name for p in family.params)
         lines += [*_fields(family.params),
@@ -149,6 +151,10 @@ def family_args_source() -> str:
              "namespace gg::family {"]
     for index, family in enumerate(FAMILIES.values()):
         lines += _family_struct(index, family)
+    lines += ["// Every family in index order: the runtime's table must agree (checked at import).",
+              "struct Key { const char* name; size_t param_count; };",
+              "inline constexpr Key kAll[] = {",
+              *(f"    {{{_string(f.name)}, {len(f.params)}}}," for f in FAMILIES.values()), "};"]
     return "\n".join(lines + ["}  // namespace gg::family"]) + "\n"
 
 

@@ -1,8 +1,8 @@
 """The manylinux platform tag a built wheel can carry, read from its extensions.
 
-gg_runtime._C links no CUDA and no torch library (it opens libcuda with dlopen
-and takes tensors as integers); gg_runtime._torch_C links torch's own
-libraries, which the torch dependency provides (torch is imported before it).
+gg_runtime._C links no CUDA and no torch library (it opens libcuda with dlopen);
+gg_runtime._ops links the two torch libraries that export torch's stable ABI,
+which the torch dependency provides (torch is imported before it).
 So what ties the wheel to a Linux is glibc: the newest GLIBC_2.N symbol version
 they need makes it manylinux_2_N.  Any other shared library is refused.
 `auditwheel show` confirms the result where auditwheel is installed (tests/aot),
@@ -22,10 +22,10 @@ SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "
                     "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2"}
 
 
-# Libraries of the torch dependency that gg_runtime._torch_C (only) may need.
-TORCH_LIBRARIES = {"libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so"}
+# Libraries of the torch dependency that gg_runtime._ops (only) may need.
+TORCH_LIBRARIES = {"libc10.so", "libtorch_cpu.so"}
 ALLOWED = {"gg_runtime/_C": SYSTEM_LIBRARIES,
-           "gg_runtime/_torch_C": SYSTEM_LIBRARIES | TORCH_LIBRARIES}
+           "gg_runtime/_ops": SYSTEM_LIBRARIES | TORCH_LIBRARIES}
 
 
 def extension_facts(wheel: Path) -> dict:
@@ -45,7 +45,7 @@ def extension_facts(wheel: Path) -> dict:
 
 def platform_tag(wheel: Path, machine: str = "x86_64") -> str:
     facts = extension_facts(wheel)
-    if set(facts) - set(ALLOWED) or "gg_runtime/_C" not in facts:
+    if set(facts) != set(ALLOWED):
         raise ValueError(f"{wheel}: unexpected extension modules {sorted(facts)}")
     for module, (needed, glibc) in facts.items():
         unknown = needed - ALLOWED[module]

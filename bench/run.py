@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 import gg_runtime
-from gg_runtime._testing import python_host_path
 from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
                                 moe_layer, moe_layer_inputs, offsets_from_counts, ref_grouped_mm,
                                 ref_list, ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms,
@@ -453,8 +452,9 @@ def host_costs() -> dict:
     plain, with autograd recording (weights that require grad), the weight
     gradient (ragged K of a.t() and an output-shaped dy), and the list
     API with 128 groups against a loop of matmuls and torch's fused 128-tensor
-    foreach op.  Ours as shipped (tensors read in C++ where the torch bridge is
-    loaded), then (`python_` rows) as under a torch the bridge was not built for."""
+    foreach op.  Where ours goes: `op_` rows call the operator
+    torch.ops.gg_runtime.grouped_mm directly (no Python wrapper), `empty_op_`
+    rows on meta tensors (dispatch, checks, allocation; no launch)."""
     a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
     w = b.detach().requires_grad_()
     dy = torch.randn_like(gg_runtime.grouped_mm(a, b, offs))
@@ -463,11 +463,12 @@ def host_costs() -> dict:
             "grouped_mm_autograd_us": lambda: gg_runtime.grouped_mm(a, w, offs),
             "weight_gradient_us": lambda: gg_runtime.grouped_mm(a.t(), dy, offs),
             "grouped_gemm_128_groups_us": lambda: gg_runtime.grouped_gemm(As, Bs)}
-    costs = {"bridge": gg_runtime.info()["build"]["torch_bridge"]}
-    for name, fn in ours.items():
-        costs[name] = host_us(fn)
-        with python_host_path():
-            costs[f"python_{name}"] = host_us(fn)
+    op = torch.ops.gg_runtime.grouped_mm.default
+    meta = [x.to("meta") for x in (a, b, offs)]
+    ours.update(op_grouped_mm_us=lambda: op(a, b, offs, None, None, False),
+                op_grouped_mm_autograd_us=lambda: op(a, w, offs, None, None, False),
+                empty_op_grouped_mm_us=lambda: op(*meta, None, None, False))
+    costs = {name: host_us(fn) for name, fn in ours.items()}
     costs.update(torch_grouped_mm_us=host_us(lambda: torch._grouped_mm(a, b, offs)),
                  torch_grouped_mm_autograd_us=host_us(lambda: torch._grouped_mm(a, w, offs)),
                  torch_weight_gradient_us=host_us(lambda: torch._grouped_mm(a.t(), dy, offs)),

@@ -1,7 +1,7 @@
-// Module gg_runtime._C: one generic launch entry taking a family's arguments by
-// name, and what the generated tables say.  No torch, no CUDA headers: tensors
-// are unpacked by the Python layer, or by gg_runtime._torch_C, which reaches
-// run() through the capsule `runtime_api` (runtime_api.h).
+// Module gg_runtime._C: what the generated tables say, the process-wide
+// settings, and the capsule `runtime_api` (runtime_api.h) through which the
+// torch operators (gg_runtime._ops, csrc/ops/) reach run().  No torch, no CUDA
+// headers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -20,85 +20,6 @@ namespace py = pybind11;
 namespace {
 
 // The parameters a caller gives, in ABI order.
-std::vector<const gg::ParamInfo*> caller_params(const gg::FamilyInfo& f) {
-  std::vector<const gg::ParamInfo*> out;
-  for (const gg::ParamInfo& p : f.param_list()) {
-    if (f.caller_gives(p)) out.push_back(&p);
-  }
-  return out;
-}
-
-int64_t to_int64(PyObject* value, const char* name) {
-  const long long v = PyLong_AsLongLong(value);
-  if (v == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::type_error(std::string("argument ") + name + ": expected an int, got " +
-                         Py_TYPE(value)->tp_name);
-  }
-  return v;
-}
-
-// A list or tuple of ints, read without pybind11's per-element casters: the
-// group table of a call with many groups has thousands of words.
-std::vector<int64_t> to_int64_vector(PyObject* value, const char* name) {
-  if (!PyList_Check(value) && !PyTuple_Check(value)) {
-    throw py::type_error(std::string("argument ") + name + ": expected a list of ints, got " +
-                         Py_TYPE(value)->tp_name);
-  }
-  const Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
-  PyObject** items = PySequence_Fast_ITEMS(value);
-  std::vector<int64_t> out(static_cast<size_t>(size));
-  for (Py_ssize_t i = 0; i < size; ++i) out[i] = to_int64(items[i], name);
-  return out;
-}
-
-// The call's values in ABI order from the values of the parameters a caller
-// gives, in that order (gg_runtime/_native.py names them for the caller).
-gg::Call gather(int family, const py::args& values) {
-  const gg::FamilyInfo& f = gg::families()[family];
-  gg::Call call{};
-  call.family = family;
-  call.args.assign(f.param_count, 0);
-  size_t next = 0;
-  for (size_t i = 0; i < f.param_count; ++i) {
-    const gg::ParamInfo& p = f.params[i];
-    if (!f.caller_gives(p)) continue;
-    if (next == values.size()) break;
-    PyObject* value = values[next++].ptr();
-    if (p.role == gg::Role::kGroupTable) {
-      call.groups = to_int64_vector(value, p.name);
-    } else {
-      call.args[i] = to_int64(value, p.name);
-    }
-  }
-  if (next != values.size() || next != caller_params(f).size()) {
-    throw py::type_error(std::string(f.name) + " takes " + std::to_string(caller_params(f).size()) +
-                         " values, got " + std::to_string(values.size()));
-  }
-  return call;
-}
-
-int dtype_code(int code) {
-  if (code < 0 || code >= static_cast<int>(gg::dtypes().size())) {
-    throw std::invalid_argument("unknown dtype code " + std::to_string(code));
-  }
-  return code;
-}
-
-void launch(int family, const std::string& layout, int device, uintptr_t stream, int dtype,
-            int out_dtype, const py::args& values) {
-  if (family < 0 || family >= static_cast<int>(gg::families().size())) {
-    throw std::invalid_argument("unknown family index " + std::to_string(family));
-  }
-  gg::Call call = gather(family, values);
-  call.dtype = dtype_code(dtype);
-  call.out_dtype = dtype_code(out_dtype);
-  call.layout = layout;
-  call.device = device;
-  call.stream = reinterpret_cast<gg::cu::Stream>(stream);
-  gg::run(call);
-}
-
 py::list variants() {
   py::list out;
   for (const gg::KernelInfo& k : gg::kernel_table()) {
@@ -152,9 +73,6 @@ py::dict families() {
     py::dict d;
     d["params"] = describe_params(f.param_list());
     d["group_fields"] = describe_params(f.group_field_list());
-    py::list given;
-    for (const gg::ParamInfo* p : caller_params(f)) given.append(p->name);
-    d["caller_params"] = given;
     d["dtypes"] = family_dtypes(static_cast<int>(i));
     out[f.name] = d;
   }
@@ -207,8 +125,8 @@ bool runs_tma(int device) {
   return tma_archs.count(gg::kernel_path(gg::device_props(device)).arch) > 0;
 }
 
-const gg::RuntimeApi kRuntimeApi{gg::kRuntimeApiVersion, &run_reporting, &gg::families,
-                                 &gg::dtypes, &runs_tma};
+const gg::RuntimeApi kRuntimeApi{gg::kRuntimeApiVersion, &run_reporting, &gg::families, &gg::dtypes,
+                                 &runs_tma};
 
 }  // namespace
 
@@ -224,7 +142,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("variants", &variants, "Every compiled variant, as in the generated kernel table.");
   m.def("families", &families,
         "Each family, in index order: its parameters and group fields (name, kind, role, "
-        "tma_limit), the parameters a caller gives, and its dtypes.");
+        "tma_limit) and its dtypes.");
   m.def(
       "dtypes",
       [] {
@@ -234,10 +152,6 @@ PYBIND11_MODULE(_C, m) {
       },
       "The dtype names, in the order of their codes.");
   m.def("device_info", &device_info, py::arg("device"));
-  m.def("launch", &launch,
-        "launch(family_index, layout, device, stream, dtype, out_dtype, *values): one call of a "
-        "kernel family, the values of its caller_params in order (gg_runtime._native.launcher "
-        "names them).");
   m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");
   m.def("force_ptx", &gg::force_ptx);

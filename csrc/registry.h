@@ -96,11 +96,6 @@ struct FamilyInfo {
   SizeFn rows;   // rows per group, the tuned-table bucket key (likewise)
 
   bool has_group_table() const { return group_field_count > 0; }
-  // Whether a caller names parameter p: with a group table the runtime fills
-  // the tile prefix and the group count (the table itself comes as a list).
-  bool caller_gives(const ParamInfo& p) const {
-    return !has_group_table() || (p.role != Role::kTilePrefix && p.role != Role::kCount);
-  }
   std::span<const ParamInfo> param_list() const { return {params, param_count}; }
   std::span<const ParamInfo> group_field_list() const { return {group_fields, group_field_count}; }
 };

@@ -20,9 +20,9 @@ inline constexpr char kRuntimeApiCapsule[] = "gg_runtime._C.runtime_api";
 
 enum class RunStatus : int {
   kOk,
-  kInvalidArgument,   // a value the kernel cannot take (std::invalid_argument)
-  kUnsupportedDevice, // no kernel for this GPU (UnsupportedDevice)
-  kCudaError,         // a driver or launch failure (CudaError)
+  kInvalidArgument,    // a value the kernel cannot take (std::invalid_argument)
+  kUnsupportedDevice,  // no kernel for this GPU (UnsupportedDevice)
+  kCudaError,          // a driver or launch failure (CudaError)
   kOther,
 };
 

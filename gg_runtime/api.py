@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from . import gemm_list, ragged, scaled
-from .cases import classify
-from .library import grouped_mm_op, grouped_mm_with_autograd
-from .quantize import quantize_fp8  # noqa: F401  (public; documented in quantize.py)
-from .validate import check_tensors
+from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
+from ._native import OPS, call, tf32_allowed
 
 
 def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
@@ -23,7 +20,9 @@ def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
     reason this call cannot be captured in a CUDA graph (grouped_mm can).
     Not differentiable.
     """
-    return gemm_list.grouped_gemm(As, Bs, trans_b)
+    if isinstance(As, (list, tuple)) and isinstance(Bs, (list, tuple)) and not As and not Bs:
+        return []  # nothing to dispatch on
+    return call(OPS.grouped_gemm.default, As, Bs, trans_b)
 
 
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> torch.Tensor:
@@ -63,20 +62,13 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> torch.Tens
     device, fp32 accumulation.  out_dtype: None (the inputs' dtype), the
     inputs' dtype, or torch.float32 (the accumulator unrounded).  Meta tensors
     give the output's shape, dtype and strides; CPU tensors are refused
-    (ValueError: no CPU kernels).  Differentiable in a, b and bias (eager: an
-    autograd.Function); traceable by torch.compile (the custom op
-    torch.ops.gg_runtime.grouped_mm(mat_a, mat_b, offs, bias, out_dtype)).
+    (ValueError: no CPU kernels).  Differentiable in a, b and bias, traceable
+    by torch.compile: it is the operator torch.ops.gg_runtime.grouped_mm(mat_a,
+    mat_b, offs, bias, out_dtype, tf32) with its gradients registered
+    (gg_runtime/autograd.py).
     """
-    a, b = mat_a, mat_b
-    if (torch.compiler.is_compiling() or type(a) is not torch.Tensor
-            or type(b) is not torch.Tensor or a.is_meta):
-        check_tensors(a, b)  # the dispatcher's own error would not name the argument
-        return grouped_mm_op(a, b, offs, bias, out_dtype)  # traced, a subclass, or shapes only
-    case = classify(a, b, offs, bias, out_dtype)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-        return grouped_mm_with_autograd(case, a, b, offs, bias, out_dtype)
-    return ragged.run(case, a, b, offs, out_dtype, bias)
+    tf32 = getattr(mat_a, "dtype", None) is torch.float32 and tf32_allowed()
+    return call(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype, tf32)
 
 
 def gmm(a, b, batch_sizes, trans_b: bool = False) -> torch.Tensor:
@@ -91,7 +83,9 @@ def gmm(a, b, batch_sizes, trans_b: bool = False) -> torch.Tensor:
     Counts on the GPU are not checked (no host sync): their running sums are
     read as grouped_mm reads offs.
     """
-    check_tensors(a, b)
+    for x, name in ((a, "a"), (b, "b")):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not isinstance(batch_sizes, torch.Tensor):
         raise TypeError(f"batch_sizes must be a torch.Tensor, got {type(batch_sizes).__name__}")
     if batch_sizes.dtype not in (torch.int32, torch.int64) or batch_sizes.dim() != 1:
@@ -147,7 +141,31 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
     the GPU, graph capturable); groups are not padded.  Not differentiable (fp8
     training is not supported): inputs that require grad are refused.
     """
-    args = (mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
-    if torch.compiler.is_compiling() or getattr(mat_a, "is_meta", False):
-        return scaled.scaled_grouped_mm_op(*args)
-    return scaled.scaled_grouped_mm(*args)
+    if not isinstance(use_fast_accum, bool):  # the operator's schema would take None
+        raise TypeError(f"use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in
+                                       (mat_a, mat_b, scale_a, scale_b, bias, scale_result)):
+        raise RuntimeError("scaled_grouped_mm is not differentiable: fp8 training is not "
+                           "supported (run it under torch.no_grad() or detach the inputs)")
+    return call(OPS.scaled_grouped_mm.default, mat_a, mat_b, scale_a, scale_b, offs, bias,
+                scale_result, out_dtype, use_fast_accum)
+
+
+def quantize_fp8(x, granularity: str = "rowwise") -> tuple:
+    """(q, scale) with x ~ q * scale, torch._scaled_grouped_mm's convention:
+    scale = max(amax(|x|) over the elements it covers, 1e-12) / 448 and
+    q = x / scale clamped to [-448, 448] (saturating), rounded to nearest even
+    float8_e4m3fn; an all-zero block gives q = 0.  Exactly what float32 torch
+    computes by these formulas on CUDA.
+
+    x is [T, K] (activations) or [G, N, K] (weights, group by group): float16,
+    bfloat16 or float32 on a CUDA device, any strides (a last dimension without
+    unit stride is copied first).  granularity and the scale it gives:
+    - "rowwise": [T] or [G, N], one per row;
+    - "1x128": [T, ceil(K/128)] or [G, N, ceil(K/128)], per row and 128 columns;
+    - "128x128": [ceil(T/128), ceil(K/128)] or [G, ceil(N/128), ceil(K/128)],
+      per 128 x 128 block, no block spanning two groups.
+    q is contiguous, of x's shape.  One launch, no host sync; not
+    differentiable.  sm90 (H100, H200) only, as the fp8 GEMMs.
+    """
+    return call(OPS.quantize_fp8.default, x, granularity)

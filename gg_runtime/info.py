@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C, _native
+from . import _C
 
 
 def build_info() -> dict:
@@ -14,9 +14,6 @@ def build_info() -> dict:
         "dtypes": sorted({v["dtype"] for v in variants}),
         "families": sorted({v["family"] for v in variants}),
         "variants": len(variants),
-        # Whether tensors are read in C++ (gg_runtime._torch_C) or in Python.
-        "torch_bridge": ("loaded" if _native.bridge
-                         else f"not loaded: {_native.BRIDGE_ABSENT_REASON}"),
     }
 
 

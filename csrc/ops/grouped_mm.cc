@@ -87,8 +87,7 @@ Case classify(const Tensor& a, const Tensor& b, const std::optional<Tensor>& off
       value_error("bias is supported where mat_b is 3-D, one matrix per group (ragged M and ",
                   "batched): mat_b is 2-D here");
     }
-    check_companion(*bias, "bias", {b.size(0), b.size(2)}, out_dtype, a,
-                    text("(one row of N values per group, of the output's dtype)"));
+    check_bias(*bias, b.size(0), b.size(2), out_dtype, a);
   }
   return c;
 }
@@ -113,11 +112,20 @@ Tensor ragged_m(const Tensor& a_in, const Tensor& b_in, const Tensor& offs,
   if (is_meta(out)) return out;
   const std::optional<Tensor> bias_rows =
       bias.has_value() ? std::optional(torch::stable::contiguous(*bias)) : std::nullopt;
-  const family::RaggedM args{
-      .a_ptr = address(a.t), .b_ptr = address(b.t), .c_ptr = address(out),
-      .offs_ptr = address(offs), .T = rows, .N = n, .K = k, .G = groups, .lda = a.ld,
-      .b_group_stride = b.t.stride(0), .ldb = b.ld, .ldc = n,
-      .bias_ptr = bias_rows ? address(*bias_rows) : 0, .has_bias = bias_rows ? 1 : 0};
+  const family::RaggedM args{.a_ptr = address(a.t),
+                             .b_ptr = address(b.t),
+                             .c_ptr = address(out),
+                             .offs_ptr = address(offs),
+                             .T = rows,
+                             .N = n,
+                             .K = k,
+                             .G = groups,
+                             .lda = a.ld,
+                             .b_group_stride = b.t.stride(0),
+                             .ldb = b.ld,
+                             .ldc = n,
+                             .bias_ptr = bias_rows ? address(*bias_rows) : 0,
+                             .has_bias = bias_rows ? 1 : 0};
   launch(args, text(a.transposed ? "t" : "n", b.transposed ? "t" : "n"),
          target_of(a.t, out_dtype, tf32));
   return out;
@@ -128,18 +136,25 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
   const Matrix b = row_major(b_in);
   // a [M, T]: read in place where it is row-major and TMA can ('nn'), else as
   // a transposed view of row-major [T, M] ('tn'; no copy for dB's a = x^T).
-  const bool in_place = a_in.stride(1) == 1 && a_in.stride(0) != 1 &&
-                        tma_reads(a_in, a_in.stride(0));
+  const bool in_place =
+      a_in.stride(1) == 1 && a_in.stride(0) != 1 && tma_reads(a_in, a_in.stride(0));
   const Matrix a = in_place ? Matrix{a_in, false, a_in.stride(0)}
                             : row_major(torch::stable::transpose(a_in, 0, 1));
   const Tensor a_mt = in_place ? a.t : torch::stable::transpose(a.t, 0, 1);
   const int64_t m = a_mt.size(0), n = b.t.size(1), groups = offs.size(0);
   Tensor out = new_output(a_mt, {groups, m, n}, out_dtype);
   if (is_meta(out)) return out;
-  const family::RaggedK args{
-      .a_ptr = address(a.t), .b_ptr = address(b.t), .c_ptr = address(out),
-      .offs_ptr = address(offs), .M = m, .N = n, .T = a_mt.size(1), .G = groups, .lda = a.ld,
-      .ldb = b.ld, .ldc = n};
+  const family::RaggedK args{.a_ptr = address(a.t),
+                             .b_ptr = address(b.t),
+                             .c_ptr = address(out),
+                             .offs_ptr = address(offs),
+                             .M = m,
+                             .N = n,
+                             .T = a_mt.size(1),
+                             .G = groups,
+                             .lda = a.ld,
+                             .ldb = b.ld,
+                             .ldc = n};
   launch(args, in_place ? "nn" : "tn", target_of(a.t, out_dtype, tf32));
   return out;
 }
@@ -152,18 +167,6 @@ Tensor ragged_n(const Tensor& a, const Tensor& b, const Tensor& offs, ScalarType
       ragged_m(torch::stable::transpose(b, 0, 1), torch::stable::transpose(a, 1, 2), offs,
                std::nullopt, out_dtype, tf32),
       0, 1);
-}
-
-// [size, 2 * size, ...]: made on the device, so no host sync.
-Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size) {
-  const Tensor sizes = torch::stable::full({groups}, static_cast<double>(size), ScalarType::Int,
-                                           std::nullopt, like.device());
-  std::array<StableIValue, 3> stack{torch::stable::detail::from(sizes),
-                                    torch::stable::detail::from(int64_t{0}),
-                                    torch::stable::detail::from(std::optional(ScalarType::Int))};
-  STABLE_TORCH_ERROR_CODE_CHECK(
-      torch_call_dispatcher("aten::cumsum", "", stack.data(), TORCH_ABI_VERSION));
-  return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
 // a[g] @ b[g] (+ bias[g]) on the ragged kernels without copies where a's
@@ -181,8 +184,7 @@ Tensor batched(const Tensor& a_in, const Tensor& b, const std::optional<Tensor>&
                     torch::stable::reshape(b, {groups * k, n}), batch_offsets(a_in, groups, k),
                     out_dtype, tf32);
   }
-  const bool stacked_rows =
-      (k <= 1 || a_in.stride(2) == 1) && a_in.stride(0) == m * a_in.stride(1);
+  const bool stacked_rows = (k <= 1 || a_in.stride(2) == 1) && a_in.stride(0) == m * a_in.stride(1);
   const Tensor a = stacked_rows ? a_in : torch::stable::contiguous(a_in);
   const Tensor out = ragged_m(torch::stable::reshape(a, {groups * m, k}), b,
                               batch_offsets(a, groups, m), bias, out_dtype, tf32);

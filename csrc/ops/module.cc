@@ -3,6 +3,9 @@
 // and CPU (which only raises the error that names the argument)), and takes
 // the runtime from gg_runtime._C when Python imports it.
 #include <Python.h>
+#include <family_args.h>
+
+#include <string>
 
 #include "ops.h"
 
@@ -21,6 +24,19 @@ void implement(Library& m) {
   m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
 }
 
+// Whether the runtime's families are those the operators were generated for.
+bool same_families(const gg::RuntimeApi& api) {
+  const auto families = api.families();
+  if (families.size() != std::size(gg::family::kAll)) return false;
+  for (size_t i = 0; i < families.size(); ++i) {
+    const gg::family::Key& key = gg::family::kAll[i];
+    if (key.name != std::string(families[i].name) || key.param_count != families[i].param_count) {
+      return false;
+    }
+  }
+  return true;
+}
+
 PyObject* set_poison(PyObject*, PyObject* on) {
   gg::ops::set_poison(PyObject_IsTrue(on) == 1);
   Py_RETURN_NONE;
@@ -30,18 +46,26 @@ PyMethodDef kMethods[] = {
     {"set_poison", set_poison, METH_O, "Tests: fill every output with NaN before its launch."},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_ops",
-                       "gg_runtime's torch operators (torch.ops.gg_runtime)", -1, kMethods,
-                       nullptr, nullptr, nullptr, nullptr};
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT,
+                       "_ops",
+                       "gg_runtime's torch operators (torch.ops.gg_runtime)",
+                       -1,
+                       kMethods,
+                       nullptr,
+                       nullptr,
+                       nullptr,
+                       nullptr};
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY(gg_runtime, m) {
-  m.def("grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None, "
-        "ScalarType? out_dtype=None, bool tf32=False) -> Tensor");
-  m.def("scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scale_b, "
-        "Tensor? offs=None, Tensor? bias=None, Tensor? scale_result=None, "
-        "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
+  m.def(
+      "grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None, "
+      "ScalarType? out_dtype=None, bool tf32=False) -> Tensor");
+  m.def(
+      "scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scale_b, "
+      "Tensor? offs=None, Tensor? bias=None, Tensor? scale_result=None, "
+      "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
 }
@@ -51,10 +75,9 @@ STABLE_TORCH_LIBRARY_IMPL(gg_runtime, Meta, m) { implement(m); }
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CPU, m) { implement(m); }
 
 PyMODINIT_FUNC PyInit__ops() {
-  const auto* api =
-      static_cast<const gg::RuntimeApi*>(PyCapsule_Import(gg::kRuntimeApiCapsule, 0));
+  const auto* api = static_cast<const gg::RuntimeApi*>(PyCapsule_Import(gg::kRuntimeApiCapsule, 0));
   if (api == nullptr) return nullptr;
-  if (api->version != gg::kRuntimeApiVersion) {
+  if (api->version != gg::kRuntimeApiVersion || !same_families(*api)) {
     PyErr_SetString(PyExc_ImportError, "gg_runtime._C and _ops come from different builds");
     return nullptr;
   }

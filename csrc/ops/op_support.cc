@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string_view>
@@ -12,14 +13,6 @@ namespace {
 
 const RuntimeApi* g_runtime = nullptr;
 bool g_poison = false;
-
-std::string join(torch::headeronly::IntHeaderOnlyArrayRef values) {
-  std::string out = "(";
-  for (size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + (values.size() == 1 ? ",)" : ")");
-}
 
 std::string dtype_list(std::initializer_list<ScalarType> dtypes) {
   std::string out;
@@ -45,8 +38,25 @@ StreamGetter stream_getter() {
 
 }  // namespace
 
-std::string shape_of(const Tensor& t) { return join(t.sizes()); }
-std::string strides_of(const Tensor& t) { return join(t.strides()); }
+Shape sizes_of(const Tensor& t) {
+  const auto sizes = t.sizes();
+  return Shape(sizes.begin(), sizes.end());
+}
+
+std::string tuple_text(const Shape& values) {
+  std::string out = "(";
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return out + (values.size() == 1 ? ",)" : ")");
+}
+
+std::string shape_of(const Tensor& t) { return tuple_text(sizes_of(t)); }
+
+std::string strides_of(const Tensor& t) {
+  const auto strides = t.strides();
+  return tuple_text(Shape(strides.begin(), strides.end()));
+}
 
 std::string dtype_name(ScalarType type) {
   switch (type) {
@@ -98,20 +108,26 @@ void check_same(const Tensor& x, const char* name, const Tensor& ref, const char
   }
 }
 
-void check_companion(const Tensor& x, const char* name, std::initializer_list<int64_t> shape,
-                     ScalarType dtype, const Tensor& like, const std::string& why) {
+void check_companion(const Tensor& x, const char* name, const Shape& shape, ScalarType dtype,
+                     const Tensor& like, const std::string& dtype_text,
+                     const std::string& shape_text) {
   if (x.scalar_type() != dtype) {
-    type_error(name, " must be ", dtype_name(dtype).substr(6), " ", why, ", got ",
-               dtype_name(x.scalar_type()));
+    type_error(name, " must be ", dtype_text, ", got ", dtype_name(x.scalar_type()));
   }
   if (x.device() != like.device()) {
     value_error(name, " is on ", device_of(x), " but mat_a is on ", device_of(like));
   }
-  const std::vector<int64_t> expected(shape);
-  const auto sizes = x.sizes();
-  if (std::vector<int64_t>(sizes.begin(), sizes.end()) != expected) {
-    value_error(name, " must have shape ", join(expected), " ", why, ", got ", shape_of(x));
+  if (sizes_of(x) != shape) {
+    value_error(name, " must have shape ", tuple_text(shape), " ", shape_text, ", got ",
+                shape_of(x));
   }
+}
+
+void check_bias(const Tensor& bias, int64_t groups, int64_t n, ScalarType out_dtype,
+                const Tensor& like) {
+  check_companion(bias, "bias", {groups, n}, out_dtype, like,
+                  text("of the output's dtype (", dtype_name(out_dtype), ")"),
+                  "(one row of N values per group)");
 }
 
 void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups,
@@ -147,7 +163,7 @@ Matrix row_major(const Tensor& x) {
   return {x, false, x.stride(-2)};
 }
 
-Tensor new_output(const Tensor& like, const std::vector<int64_t>& shape, ScalarType dtype) {
+Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
   std::vector<int64_t> strides(shape.size());
   int64_t step = 1;
   for (size_t i = shape.size(); i-- > 0;) {
@@ -157,8 +173,8 @@ Tensor new_output(const Tensor& like, const std::vector<int64_t>& shape, ScalarT
   const torch::stable::Device device = like.device();
   AtenTensorHandle handle = nullptr;
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
-      static_cast<int64_t>(shape.size()), shape.data(), strides.data(),
-      static_cast<int32_t>(dtype), static_cast<int32_t>(device.type()), device.index(), &handle));
+      static_cast<int64_t>(shape.size()), shape.data(), strides.data(), static_cast<int32_t>(dtype),
+      static_cast<int32_t>(device.type()), device.index(), &handle));
   Tensor out(handle);
   if (g_poison && !is_meta(out)) {
     torch::stable::fill_(out, std::numeric_limits<double>::quiet_NaN());
@@ -166,11 +182,18 @@ Tensor new_output(const Tensor& like, const std::vector<int64_t>& shape, ScalarT
   return out;
 }
 
-Tensor new_output(const Tensor& like, std::initializer_list<int64_t> shape, ScalarType dtype) {
-  return new_output(like, std::vector<int64_t>(shape), dtype);
-}
-
 void set_poison(bool on) { g_poison = on; }
+
+Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size) {
+  const Tensor sizes = torch::stable::full({groups}, static_cast<double>(size), ScalarType::Int,
+                                           std::nullopt, like.device());
+  std::array<StableIValue, 3> stack{torch::stable::detail::from(sizes),
+                                    torch::stable::detail::from(int64_t{0}),
+                                    torch::stable::detail::from(std::optional(ScalarType::Int))};
+  STABLE_TORCH_ERROR_CODE_CHECK(
+      torch_call_dispatcher("aten::cumsum", "", stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
 
 void set_runtime(const RuntimeApi* api) { g_runtime = api; }
 
@@ -179,8 +202,7 @@ const RuntimeApi& runtime() { return *g_runtime; }
 bool runs_tma(const Tensor& t) { return t.is_cuda() && g_runtime->runs_tma(t.get_device_index()); }
 
 int dtype_code(ScalarType type, bool tf32) {
-  const std::string name =
-      type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);
+  const std::string name = type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);
   const auto dtypes = g_runtime->dtypes();
   for (size_t i = 0; i < dtypes.size(); ++i) {
     if (name == dtypes[i].name) return static_cast<int>(i);

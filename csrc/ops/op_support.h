@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../runtime_api.h"
 
@@ -49,7 +50,11 @@ template <typename... Parts>
   throw std::invalid_argument(text(kTypeErrorTag, parts...));
 }
 
-// Python's spelling, for messages: "(3, 4)", "torch.bfloat16", "cuda:0".
+using Shape = std::vector<int64_t>;
+Shape sizes_of(const Tensor& t);
+
+// Python's spelling, for messages: "(3, 4)", "(3,)", "torch.bfloat16", "cuda:0".
+std::string tuple_text(const Shape& values);
 std::string shape_of(const Tensor& t);
 std::string strides_of(const Tensor& t);
 std::string dtype_name(ScalarType type);
@@ -65,13 +70,17 @@ void check_tensor(const Tensor& t, const char* name, int64_t dims,
                   std::initializer_list<ScalarType> dtypes);
 // x has ref's dtype and device.
 void check_same(const Tensor& x, const char* name, const Tensor& ref, const char* ref_name);
-// A tensor that goes with the operands (a scale, a bias): of `dtype`, on
-// like's device, of `shape` (`why` says which).
-void check_companion(const Tensor& x, const char* name, std::initializer_list<int64_t> shape,
-                     ScalarType dtype, const Tensor& like, const std::string& why);
+// A tensor that goes with the operands (a scale, a bias): of `dtype`
+// (dtype_text names it), on like's (mat_a's) device, of `shape` (shape_text
+// says why).
+void check_companion(const Tensor& x, const char* name, const Shape& shape, ScalarType dtype,
+                     const Tensor& like, const std::string& dtype_text,
+                     const std::string& shape_text);
+// A per-group bias [G, N] of the output's dtype.
+void check_bias(const Tensor& bias, int64_t groups, int64_t n, ScalarType out_dtype,
+                const Tensor& like);
 // offs: int32, 1-D, `groups` entries (`groups_name` has them), contiguous, on like's device.
-void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups,
-                   const Tensor& like);
+void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups, const Tensor& like);
 
 // Rows and columns of x's last two dimensions as a matrix: row-major (element
 // (r, c) at r * ld + c) or stored transposed (at c * ld + r).  Copies only
@@ -86,9 +95,12 @@ Matrix matrix_of(const Tensor& x);
 Matrix row_major(const Tensor& x);
 
 // A new output on like's device (NaN-filled under set_poison, for tests).
-Tensor new_output(const Tensor& like, std::initializer_list<int64_t> shape, ScalarType dtype);
-Tensor new_output(const Tensor& like, const std::vector<int64_t>& shape, ScalarType dtype);
+Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype);
 void set_poison(bool on);
+
+// [size, 2 * size, ...] (int32) on like's device, made there: no host sync.
+// The end offsets of `groups` batches of `size` rows, for the ragged kernels.
+Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size);
 
 inline int64_t address(const Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
 

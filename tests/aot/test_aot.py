@@ -171,7 +171,7 @@ def test_wheel_tag_is_manylinux_and_auditwheel_agrees():
     """make build retags the wheel from the glibc its extensions need; where
     auditwheel is installed (the build environment `make build` creates) its
     symbol versions must give exactly that tag, and the only libraries outside
-    the manylinux policy must be torch's own (gg_runtime._torch_C's, which the
+    the manylinux policy must be torch's own (gg_runtime._ops's, which the
     torch dependency provides)."""
     import importlib.util
     import json

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 _REPO = str(Path(__file__).resolve().parents[2])
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _REPO]
 
-from gg_runtime import _C, _native, _testing  # noqa: E402
+from gg_runtime import _C, _testing  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
@@ -39,31 +39,10 @@ def cuda(*shape, dtype=torch.bfloat16):
 
 
 @pytest.fixture
-def poison(monkeypatch):
+def poison():
     """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
-    def poisoned_empty(shape, like, dtype=None):
-        return like.new_empty(shape, dtype=dtype).fill_(float("nan"))
-
-    monkeypatch.setattr(_native, "empty", poisoned_empty)
-    if _native.bridge is not None:
-        _native.bridge.set_poison(True)
+    with _testing.poisoned():
         yield
-        _native.bridge.set_poison(False)
-    else:
-        yield
-
-
-@pytest.fixture(params=["bridge", "python"])
-def host_path(request):
-    """The test runs with tensors read in C++ (gg_runtime._torch_C), then with
-    the Python twins that run wherever the bridge is not loaded."""
-    if request.param == "bridge":
-        if _native.bridge is None:
-            pytest.skip(f"the torch bridge is not loaded: {_native.BRIDGE_ABSENT_REASON}")
-        yield request.param
-    else:
-        with _testing.python_host_path():
-            yield request.param
 
 
 @pytest.fixture(params=[True, False], ids=["tma", "basic"])

@@ -11,7 +11,7 @@ from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, offset
 
 from conftest import gpu, tma_runs_here
 
-pytestmark = [gpu, pytest.mark.usefixtures("poison", "host_path")]
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 
 
 def ragged_inputs(counts, k, n, dtype, a_row_major=True, b_row_major=False):

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime import library
+from gg_runtime import autograd
 from gg_runtime.testing import (moe_layer, moe_layer_inputs, offsets_from_counts, operand,
                                 ref_grouped_mm, ref_grouped_mm_grads, rel_error)
 
 from conftest import gpu
 
-pytestmark = [gpu, pytest.mark.usefixtures("poison", "host_path")]
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 COUNTS = [37, 0, 91, 5]  # T = 133: no tile's multiple, an empty group, rows in no group
 M, K, N = 48, 72, 40
 
@@ -107,7 +107,7 @@ def test_moe_layer_backward_copies_no_gradient(bias):
 def test_the_copy_check_sees_a_gradient_in_the_wrong_layout(monkeypatch):
     """With every gradient computed row-major, AccumulateGrad copies the
     expert weights' gradients: the check above can fail."""
-    monkeypatch.setattr(library, "stored_transposed", lambda x: False)
+    monkeypatch.setattr(autograd, "stored_transposed", lambda x: False)
     backward, _ = moe_layer_step()
     copies = copies_in_gradient_nodes(backward)
     assert len(copies) >= 2 and all("AccumulateGrad" in node for _, node in copies), copies

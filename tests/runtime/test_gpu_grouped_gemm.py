@@ -8,7 +8,7 @@ from gg_runtime.testing import TOLERANCE, randn, ref_list, rel_error
 
 from conftest import device_arch, gpu, tma_runs_here
 
-pytestmark = [gpu, pytest.mark.usefixtures("poison", "host_path")]
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 DTYPES = [torch.float16, torch.bfloat16]
 
 

@@ -8,7 +8,7 @@ import torch
 
 from gg_runtime import _C
 from gg_runtime._testing import forced, last_variant
-from gg_runtime.quantize import quantize_fp8
+from gg_runtime import quantize_fp8
 from gg_runtime.testing import quantize_ref, randn, tf32_allowed
 
 from conftest import device_arch

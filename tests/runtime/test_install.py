@@ -70,51 +70,26 @@ def test_kernel_table_matches_shipped_manifest():
     assert _C.triton_version() == manifest["triton_version"]
 
 
-def bridge_built_for_this_torch() -> bool:
-    """Whether the wheel's torch bridge was built for the running torch release
-    and C++ ABI (make test: yes; make test-torch under another release: no)."""
-    built = json.loads((Path(gg_runtime.__file__).parent / "_torch_C.json").read_text())
-    return built == {"torch": torch.__version__.split("+")[0],
-                     "cxx11_abi": torch.compiled_with_cxx11_abi()}
-
-
 def test_build_info():
     build = gg_runtime.info()["build"]
     assert build["archs"] == ["sm80", "sm90"]
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
     assert build["families"] == ["list", "quantize_fp8", "ragged_k", "ragged_m", "scaled_ragged_m"]
     assert build["variants"] == len(_C.variants()) > 0
-    if bridge_built_for_this_torch():
-        assert build["torch_bridge"] == "loaded"
-    else:
-        assert build["torch_bridge"].startswith("not loaded: built for"), build["torch_bridge"]
 
 
-def test_torch_bridge_loads_only_under_the_torch_it_was_built_for(monkeypatch):
-    """Under the torch release the bridge was built for it is loaded; under
-    another the Python twins run and info() says why."""
-    from gg_runtime import _native
-    assert (_native.bridge is not None) == bridge_built_for_this_torch(), \
-        _native.BRIDGE_ABSENT_REASON
-    monkeypatch.setattr(torch, "__version__", "1.0.0+other")
-    bridge, reason = _native._load_bridge()
-    assert bridge is None and "'torch': '1.0.0'" in reason
-
-
-@pytest.mark.skipif(not bridge_built_for_this_torch(),
-                    reason="the torch bridge loads only under the torch it was built for")
-def test_torch_bridge_leaves_what_it_does_not_take_to_python():
-    """CPU tensors, subclasses, non-lists and zero groups get None: the Python
-    path runs and raises the error that names the argument (or zeroes)."""
-    from gg_runtime import _native
-    a = torch.randn(4, 8, dtype=torch.float16)
-    offs = torch.tensor([4], dtype=torch.int32)
-    assert _native.bridge.grouped_gemm([a], [a.t()], False, 0, 0, 0, 0) is None
-    assert _native.bridge.grouped_gemm(iter([a]), [a.t()], False, 0, 0, 0, 0) is None
-    assert _native.bridge.grouped_gemm([torch.nn.Parameter(a)], [1], False, 0, 0, 0, 0) is None
-    assert _native.bridge.ragged_m(a, torch.randn(0, 8, 8), offs, a.dtype, 0, 0, 0, 0) is None
-    with pytest.raises(TypeError, match="grouped_gemm takes 7 arguments"):
-        _native.bridge.grouped_gemm([a], [a])
+def test_operators_are_registered_for_cuda_meta_and_cpu():
+    """The stable-ABI library registered every operator under the running
+    torch (any release from the wheel's oldest): shapes come from meta tensors,
+    CPU tensors get the error that names the argument."""
+    for name in ("grouped_mm", "scaled_grouped_mm", "quantize_fp8", "grouped_gemm"):
+        assert hasattr(torch.ops.gg_runtime, name), name
+    a = torch.empty(7, 16, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(3, 16, 5, dtype=torch.bfloat16, device="meta")
+    offs = torch.empty(3, dtype=torch.int32, device="meta")
+    assert gg_runtime.grouped_mm(a, b, offs).shape == (7, 5)
+    with pytest.raises(ValueError, match="mat_a must be on a CUDA device, got cpu"):
+        gg_runtime.grouped_mm(torch.randn(7, 16), torch.randn(3, 16, 5), torch.ones(3, dtype=torch.int32))
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
@@ -193,32 +168,3 @@ def test_families_match_the_shipped_manifest():
         params = families[record["family"]]["params"]
         assert [(name, role) for name, _, role, *_ in params] == \
             [(name, role) for name, _, role in record["params"]], record["key"]
-
-
-RAGGED_M_EMPTY = dict(a_ptr=0, b_ptr=0, c_ptr=0, offs_ptr=0, T=0, N=8, K=8, G=2, lda=8,
-                      b_group_stride=64, ldb=8, ldc=8, bias_ptr=0, has_bias=0)
-
-
-def test_launchers_take_arguments_by_name():
-    """A call with no output tiles returns before touching a device (so this
-    runs without a GPU); a missing, extra or mistyped value is an error first."""
-    from gg_runtime._native import FAMILIES, launcher
-    ragged_m, list_gemm = launcher("ragged_m"), launcher("list")
-    assert FAMILIES["ragged_m"]["caller_params"] == list(RAGGED_M_EMPTY)
-    assert FAMILIES["list"]["caller_params"] == ["group_table"]
-    ragged_m("nn", 0, 0, 0, 0, **RAGGED_M_EMPTY)
-    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'ldc'"):
-        ragged_m("nn", 0, 0, 0, 0, **{k: v for k, v in RAGGED_M_EMPTY.items() if k != "ldc"})
-    with pytest.raises(TypeError, match="unexpected keyword argument 'ldd'"):
-        ragged_m("nn", 0, 0, 0, 0, **RAGGED_M_EMPTY, ldd=3)
-    with pytest.raises(TypeError, match="argument lda: expected an int, got float"):
-        ragged_m("nn", 0, 0, 0, 0, **{**RAGGED_M_EMPTY, "lda": 2.5})
-    with pytest.raises(TypeError, match="ragged_m takes 14 values, got 2"):
-        _C.launch(list(FAMILIES).index("ragged_m"), "nn", 0, 0, 0, 0, 1, 2)
-    with pytest.raises(ValueError, match="group words is not a multiple of 9"):
-        list_gemm("nn", 0, 0, 0, 0, group_table=[1, 2, 3])
-    list_gemm("nn", 0, 0, 0, 0, group_table=[0, 0, 0, 0, 5, 5, 5, 5, 5])  # M = 0
-    with pytest.raises(ValueError, match="group 0: M = 4294967296 does not fit in int32"):
-        list_gemm("nn", 0, 0, 0, 0, group_table=[0, 0, 0, 2 ** 32, 5, 5, 5, 5, 5])
-    with pytest.raises(TypeError, match="argument group_table: expected an int, got str"):
-        list_gemm("nn", 0, 0, 0, 0, group_table=[0, 0, 0, "1", 5, 5, 5, 5, 5])

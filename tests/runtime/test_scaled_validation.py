@@ -3,7 +3,7 @@ argument.  Runs on CPU: fake CUDA tensors carry shapes, dtypes and strides."""
 import pytest
 import torch
 
-from gg_runtime.scaled import _check
+import gg_runtime
 
 from conftest import cuda
 
@@ -17,8 +17,9 @@ def scales(*shape):
 
 def check(a, b, scale_a, scale_b, offs, out_dtype=torch.bfloat16, bias=None,
           scale_result=None, use_fast_accum=False):
-    """_check in torch's argument order, with the optional arguments by name."""
-    return _check(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
+    """scaled_grouped_mm in torch's argument order, with the optional arguments by name."""
+    return gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, bias, scale_result,
+                                        out_dtype, use_fast_accum)
 
 
 def inputs(t=10, g=2, n=32, k=256):
@@ -29,13 +30,13 @@ def inputs(t=10, g=2, n=32, k=256):
 
 def test_valid_inputs_pass():
     a, b, scale_a, scale_b, offs = inputs()
-    assert check(a, b, scale_a, scale_b, offs) == "rowwise"
-    assert check(a, b, scales(10, 2), scales(2, 1, 2), offs, torch.float32) == "blockwise"
+    assert check(a, b, scale_a, scale_b, offs).shape == (10, 32)
+    assert check(a, b, scales(10, 2), scales(2, 1, 2), offs, torch.float32).dtype == torch.float32
     batched_a = cuda(2, 5, 256, dtype=FP8)
-    assert check(batched_a, b, scales(2, 5), scale_b, None) == "rowwise"
+    assert check(batched_a, b, scales(2, 5), scale_b, None).shape == (2, 5, 32)
     assert check(a, b, scale_a, scale_b, offs, bias=cuda(2, 32), scale_result=scales(1),
-                 use_fast_accum=True) == "rowwise"
-    assert check(a, b, scale_a, scale_b, offs, torch.float32, bias=scales(2, 32)) == "rowwise"
+                 use_fast_accum=True).shape == (10, 32)
+    assert check(a, b, scale_a, scale_b, offs, torch.float32, bias=scales(2, 32)).shape == (10, 32)
 
 
 # Each case replaces some of the valid inputs (a, b, scale_a, scale_b, offs);
@@ -60,15 +61,17 @@ CASES = {
     "no offs": (lambda: {"offs": None}, ValueError, "offs is required"),
     "offs short": (lambda: {"offs": torch.empty(1, dtype=torch.int32, device="cuda")},
                    ValueError, "offs has 1 entries"),
-    "a on cpu": (lambda: {"a": torch.empty(10, 256, dtype=FP8)}, ValueError,
-                 "mat_a must be on a CUDA device"),
+    # Fake tensors: torch's fake mode compares devices before any kernel runs.
+    "a on cpu": (lambda: {"a": torch.empty(10, 256, dtype=FP8)}, (ValueError, RuntimeError),
+                 "mat_a must be on a CUDA device|same device"),
     "a 4-D": (lambda: {"a": cuda(10, 256, 1, 1, dtype=FP8)}, ValueError, "2-D x 2-D"),
     "bias shape": (lambda: {"bias": cuda(2, 16)}, ValueError, r"bias must have shape \(2, 32\)"),
     "bias dtype": (lambda: {"bias": scales(2, 32)}, TypeError,
                    r"bias must be of the output's dtype \(torch.bfloat16\)"),
-    "bias on cpu": (lambda: {"bias": torch.empty(2, 32, dtype=torch.bfloat16)}, ValueError,
-                    "bias is on cpu"),
-    "bias a list": (lambda: {"bias": [1.0]}, TypeError, "bias must be a torch.Tensor, got list"),
+    "bias on cpu": (lambda: {"bias": torch.empty(2, 32, dtype=torch.bfloat16)},
+                    (ValueError, RuntimeError), "bias is on cpu|same device"),
+    "bias a list": (lambda: {"bias": [1.0]}, TypeError,
+                    "bias must be a torch.Tensor or None, got list"),
     "scale_result 2 values": (lambda: {"scale_result": scales(2)}, ValueError,
                               "scale_result must be one float32 value"),
     "scale_result a float": (lambda: {"scale_result": 2.0}, TypeError,
@@ -104,10 +107,9 @@ def test_weight_gradient_case_refused():
 
 
 def test_fake_implementation_shapes():
-    from gg_runtime.scaled import scaled_grouped_mm_op
     a, b, scale_a, scale_b, offs = inputs()
-    out = scaled_grouped_mm_op(a, b, scale_a, scale_b, offs, None, None, None, False)
+    out = torch.ops.gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, None, None, None, False)
     assert out.shape == (10, 32) and out.dtype == torch.bfloat16
-    batched = scaled_grouped_mm_op(cuda(2, 5, 256, dtype=FP8), b, scales(2, 5), scale_b, None,
+    batched = torch.ops.gg_runtime.scaled_grouped_mm(cuda(2, 5, 256, dtype=FP8), b, scales(2, 5), scale_b, None,
                                    None, None, torch.float32, False)
     assert batched.shape == (2, 5, 32) and batched.dtype == torch.float32

@@ -1,0 +1,98 @@
+// gg_runtime::quantize_fp8: float16 / bfloat16 / float32 -> float8_e4m3fn
+// with float32 scales (the quantize_fp8 kernel family), the inputs of
+// scaled_grouped_mm in one call each.  Checks, outputs, one launch.  Meta
+// tensors run the same code without the launch.
+#include <family_args.h>
+
+#include <vector>
+
+#include "fp8.h"
+#include "op_support.h"
+#include "ops.h"
+
+namespace gg::ops {
+namespace {
+
+// The dtypes the quantize_fp8 family is built for (aot/variants.py), in its order.
+const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16,
+                                                ScalarType::Float};
+// The family's layouts.
+const std::vector<std::string> kGranularities{"rowwise", "1x128", "128x128"};
+
+// An all-zero block's amax is floored at 1e-12, so its scale is 1e-12 / 448 in
+// float32 as torch computes scale.fill_(1e-12).div_(448) (CUDA multiplies by
+// the float32 reciprocal there; for these values both round alike).
+constexpr float kEmptyScale = 1e-12f / 448.0f;
+
+void check(const Tensor& x, const std::string& granularity) {
+  bool known = false;
+  for (const std::string& g : kGranularities) known = known || g == granularity;
+  if (!known) {
+    value_error("granularity must be one of rowwise, 1x128, 128x128, got '", granularity, "'");
+  }
+  if (x.dim() != 2 && x.dim() != 3) {
+    value_error("x must be 2-D [T, K] (activations) or 3-D [G, N, K] (weights), got shape ",
+                shape_of(x));
+  }
+  check_tensor(x, "x", x.dim(), kDTypes);
+}
+
+// The scales of x of this shape: per row, per row and 128 columns, or per
+// 128 x 128 block of each group's [N, K].
+Shape scale_shape(const std::string& granularity, Shape shape) {
+  const int64_t cols = shape.back();
+  shape.pop_back();
+  const int64_t rows = shape.back();
+  shape.pop_back();  // the groups, if any, are left
+  if (granularity == "rowwise") {
+    shape.push_back(rows);
+  } else if (granularity == "1x128") {
+    shape.insert(shape.end(), {rows, blocks(cols)});
+  } else {
+    shape.insert(shape.end(), {blocks(rows), blocks(cols)});
+  }
+  return shape;
+}
+
+// x as [R, C] with unit inner stride, groups stacked, and its row stride;
+// copies only where no such view exists.
+Matrix rows_of(const Tensor& x_in) {
+  const Tensor x =
+      x_in.stride(-1) != 1 && x_in.size(-1) > 1 ? torch::stable::contiguous(x_in) : x_in;
+  const int64_t cols = x.size(-1);
+  // A copy where 3-D groups are not stacked rows.
+  const Tensor flat = torch::stable::reshape(x, {x.numel() / cols, cols});
+  // A single row's stride is arbitrary: C keeps the aligned flavour's rule.
+  return {flat, false, flat.size(0) > 1 ? flat.stride(0) : cols};
+}
+
+void launch_quantize(const std::string& granularity, const Tensor& x, const Tensor& q,
+                     const Tensor& scale) {
+  const Matrix flat = rows_of(x);
+  const family::QuantizeFp8 args{.x_ptr = address(flat.t),
+                                 .q_ptr = address(q),
+                                 .scale_ptr = address(scale),
+                                 .R = flat.t.size(0),
+                                 .C = flat.t.size(1),
+                                 .group_rows = x.size(-2),
+                                 .ldx = flat.ld};
+  // The input's own dtype code (tf32=false): TF32 has no meaning here.
+  sm90_only([&] { launch(args, granularity, target_of(x, kFp8, /*tf32=*/false)); });
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity) {
+  check(x, granularity);
+  const Shape shape = sizes_of(x);
+  Tensor q = new_output(x, shape, kFp8);
+  Tensor scale = new_output(x, scale_shape(granularity, shape), ScalarType::Float);
+  if (q.numel() > 0) {
+    if (!is_meta(q)) launch_quantize(granularity, x, q, scale);
+  } else if (scale.numel() > 0) {  // rowwise scales of empty rows: an all-zero row's
+    torch::stable::fill_(scale, static_cast<double>(kEmptyScale));
+  }
+  return {q, scale};
+}
+
+}  // namespace gg::ops

@@ -1,0 +1,64 @@
+"""grouped_mm's gradients, registered as the autograd formula of the operator
+torch.ops.gg_runtime.grouped_mm: the one route in eager mode, under
+torch.compile and under functorch transforms.  Each gradient is one more
+grouped_mm of a known case on transposed views (no copies), computed in the
+layout of the input it belongs to."""
+from __future__ import annotations
+
+import torch
+
+from ._native import OPS
+
+
+def stored_transposed(x) -> bool:
+    """Whether x's last two dimensions are stored transposed (column-major
+    matrices, as b = w.transpose(1, 2) for nn.Linear-style weights w)."""
+    return x.shape[-1] > 1 and x.shape[-2] > 1 and x.stride(-2) == 1 and x.stride(-1) != 1
+
+
+def input_gradient(x, left, right, offs, tf32: bool):
+    """The gradient of input x, left @ right, in x's layout: where x is stored
+    transposed it is computed as (right^T @ left^T)^T, so it comes back with
+    x's strides and autograd need not copy it into x's layout (AccumulateGrad
+    copies a gradient whose strides differ from its parameter's).  Every case
+    writes its output row-major but ragged N (3-D x 2-D), which writes a
+    transposed view: the four gradients made by a ragged-N product come back
+    in the other layout (README, known gap)."""
+    if stored_transposed(x):
+        return OPS.grouped_mm.default(right.mT, left.mT, offs, None, None, tf32).mT
+    return OPS.grouped_mm.default(left, right, offs, None, None, tf32)
+
+
+def bias_gradient(grad, offs, tf32: bool):
+    """[G, N]: the sum of each group's rows of grad, in grad's dtype.  Batched
+    (3-D grad): over M.  Ragged M: a ragged-K product of a row of ones with
+    grad, so the kernels' reading of offs decides which rows a group has.
+    The row of ones is a transposed view (of [T, 8]): the weight gradient's
+    layout, with a 16-byte row stride."""
+    if grad.dim() == 3:
+        return grad.sum(1)
+    ones = grad.new_ones(grad.shape[0], 8).t()[:1]
+    return OPS.grouped_mm.default(ones, grad, offs, None, None, tf32)[:, 0]
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, offs, _, _, tf32 = inputs
+    ctx.save_for_backward(a, b, offs)
+    ctx.tf32 = tf32
+
+
+def _backward(ctx, grad):
+    """grad_a = grad @ b^T and grad_b = a^T @ grad as grouped products (ragged
+    M's dB is ragged K, and so on); grad_bias as bias_gradient.  A float32
+    gradient of a 16-bit product (out_dtype=float32) is rounded to the inputs'
+    dtype for grad_a and grad_b: the kernels take one input dtype."""
+    a, b, offs = ctx.saved_tensors
+    need_a, need_b, _, need_bias, _, _ = ctx.needs_input_grad
+    grad_bias = bias_gradient(grad, offs, ctx.tf32) if need_bias else None
+    grad = grad.to(a.dtype)
+    grad_a = input_gradient(a, grad, b.mT, offs, ctx.tf32) if need_a else None
+    grad_b = input_gradient(b, a.mT, grad, offs, ctx.tf32) if need_b else None
+    return grad_a, grad_b, None, grad_bias, None, None
+
+
+torch.library.register_autograd("gg_runtime::grouped_mm", _backward, setup_context=_setup_context)
