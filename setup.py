@@ -62,13 +62,16 @@ def torch_operators() -> Extension:
         sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "ops").glob("*.cc")),
         include_dirs=[str(AOT_DIR), *cpp_extension.include_paths()],
         library_dirs=cpp_extension.library_paths(),
-        libraries=["stdc++", "c10", "torch_cpu"],  # stdc++ first: c10 must not provide it
+        libraries=["torch_cpu"],  # exports the stable ABI's C functions
         depends=[str(AOT_DIR / "family_args.h")]
         + sorted(str(p) for p in (ROOT / "csrc").glob("**/*.h")),
         define_macros=[("TORCH_TARGET_VERSION", f"0x{major:02x}{minor:02x}000000000000")],
         extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Werror=missing-field-initializers",
                             "-fvisibility=hidden"],
-        extra_link_args=["-s"],  # no debug info in the wheel (Python's flags add -g)
+        # No debug info in the wheel (Python's flags add -g).  Where a toolchain links
+        # its C++ library statically, keep that copy's symbols out of the process's
+        # namespace (two copies in one process crash).
+        extra_link_args=["-s", "-Wl,--exclude-libs,ALL"],
         language="c++",
     )
 

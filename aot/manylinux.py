@@ -23,7 +23,7 @@ SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "
 
 
 # Libraries of the torch dependency that gg_runtime._ops (only) may need.
-TORCH_LIBRARIES = {"libc10.so", "libtorch_cpu.so"}
+TORCH_LIBRARIES = {"libtorch_cpu.so"}
 ALLOWED = {"gg_runtime/_C": SYSTEM_LIBRARIES,
            "gg_runtime/_ops": SYSTEM_LIBRARIES | TORCH_LIBRARIES}
 

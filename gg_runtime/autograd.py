@@ -51,14 +51,18 @@ def _backward(ctx, grad):
     """grad_a = grad @ b^T and grad_b = a^T @ grad as grouped products (ragged
     M's dB is ragged K, and so on); grad_bias as bias_gradient.  A float32
     gradient of a 16-bit product (out_dtype=float32) is rounded to the inputs'
-    dtype for grad_a and grad_b: the kernels take one input dtype."""
+    dtype for grad_a and grad_b: the kernels take one input dtype.  The
+    dispatcher drops trailing arguments equal to their defaults, so
+    needs_input_grad (and the gradients returned) cover the arguments given."""
     a, b, offs = ctx.saved_tensors
-    need_a, need_b, _, need_bias, _, _ = ctx.needs_input_grad
+    given = len(ctx.needs_input_grad)
+    need_a, need_b = ctx.needs_input_grad[:2]
+    need_bias = given > 3 and ctx.needs_input_grad[3]
     grad_bias = bias_gradient(grad, offs, ctx.tf32) if need_bias else None
     grad = grad.to(a.dtype)
     grad_a = input_gradient(a, grad, b.mT, offs, ctx.tf32) if need_a else None
     grad_b = input_gradient(b, a.mT, grad, offs, ctx.tf32) if need_b else None
-    return grad_a, grad_b, None, grad_bias, None, None
+    return (grad_a, grad_b, None, grad_bias, None, None)[:given]
 
 
 torch.library.register_autograd("gg_runtime::grouped_mm", _backward, setup_context=_setup_context)

@@ -109,7 +109,7 @@ Tensor ragged_m(const Tensor& a_in, const Tensor& b_in, const Tensor& offs,
   const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0), n = b.t.size(2);
   Tensor out = new_output(a.t, {rows, n}, out_dtype);
   if (groups == 0) return torch::stable::zero_(out);
-  if (is_meta(out)) return out;
+  if (shapes_only(out)) return out;
   const std::optional<Tensor> bias_rows =
       bias.has_value() ? std::optional(torch::stable::contiguous(*bias)) : std::nullopt;
   const family::RaggedM args{.a_ptr = address(a.t),
@@ -143,7 +143,7 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
   const Tensor a_mt = in_place ? a.t : torch::stable::transpose(a.t, 0, 1);
   const int64_t m = a_mt.size(0), n = b.t.size(1), groups = offs.size(0);
   Tensor out = new_output(a_mt, {groups, m, n}, out_dtype);
-  if (is_meta(out)) return out;
+  if (shapes_only(out)) return out;
   const family::RaggedK args{.a_ptr = address(a.t),
                              .b_ptr = address(b.t),
                              .c_ptr = address(out),

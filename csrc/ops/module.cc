@@ -6,6 +6,7 @@
 #include <family_args.h>
 
 #include <string>
+#include <utility>
 
 #include "ops.h"
 
@@ -16,12 +17,30 @@ using gg::ops::grouped_mm;
 using gg::ops::quantize_fp8;
 using gg::ops::scaled_grouped_mm;
 
-template <typename Library>
+// An operator as its Meta kernel: the same function in a ShapesOnly scope.
+template <auto op>
+struct Meta;
+template <typename Result, typename... Args, Result (*op)(Args...)>
+struct Meta<op> {
+  static Result call(Args... args) {
+    gg::ops::ShapesOnly scope;
+    return op(std::move(args)...);
+  }
+};
+
+template <bool kShapesOnly, typename Library>
 void implement(Library& m) {
-  m.impl("grouped_mm", TORCH_BOX(&grouped_mm));
-  m.impl("scaled_grouped_mm", TORCH_BOX(&scaled_grouped_mm));
-  m.impl("quantize_fp8", TORCH_BOX(&quantize_fp8));
-  m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
+  if constexpr (kShapesOnly) {
+    m.impl("grouped_mm", TORCH_BOX(&Meta<&grouped_mm>::call));
+    m.impl("scaled_grouped_mm", TORCH_BOX(&Meta<&scaled_grouped_mm>::call));
+    m.impl("quantize_fp8", TORCH_BOX(&Meta<&quantize_fp8>::call));
+    m.impl("grouped_gemm", TORCH_BOX(&Meta<&grouped_gemm>::call));
+  } else {
+    m.impl("grouped_mm", TORCH_BOX(&grouped_mm));
+    m.impl("scaled_grouped_mm", TORCH_BOX(&scaled_grouped_mm));
+    m.impl("quantize_fp8", TORCH_BOX(&quantize_fp8));
+    m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
+  }
 }
 
 // Whether the runtime's families are those the operators were generated for.
@@ -70,9 +89,9 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement(m); }
-STABLE_TORCH_LIBRARY_IMPL(gg_runtime, Meta, m) { implement(m); }
-STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CPU, m) { implement(m); }
+STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }
+STABLE_TORCH_LIBRARY_IMPL(gg_runtime, Meta, m) { implement<true>(m); }
+STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CPU, m) { implement<false>(m); }
 
 PyMODINIT_FUNC PyInit__ops() {
   const auto* api = static_cast<const gg::RuntimeApi*>(PyCapsule_Import(gg::kRuntimeApiCapsule, 0));

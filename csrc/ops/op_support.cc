@@ -13,6 +13,7 @@ namespace {
 
 const RuntimeApi* g_runtime = nullptr;
 bool g_poison = false;
+thread_local bool t_shapes_only = false;
 
 std::string dtype_list(std::initializer_list<ScalarType> dtypes) {
   std::string out;
@@ -172,11 +173,11 @@ Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
   }
   const torch::stable::Device device = like.device();
   AtenTensorHandle handle = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
       static_cast<int64_t>(shape.size()), shape.data(), strides.data(), static_cast<int32_t>(dtype),
       static_cast<int32_t>(device.type()), device.index(), &handle));
   Tensor out(handle);
-  if (g_poison && !is_meta(out)) {
+  if (g_poison && !shapes_only(out)) {
     torch::stable::fill_(out, std::numeric_limits<double>::quiet_NaN());
   }
   return out;
@@ -184,13 +185,17 @@ Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
 
 void set_poison(bool on) { g_poison = on; }
 
+ShapesOnly::ShapesOnly() : outer_(t_shapes_only) { t_shapes_only = true; }
+ShapesOnly::~ShapesOnly() { t_shapes_only = outer_; }
+bool in_shapes_only() { return t_shapes_only; }
+
 Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size) {
   const Tensor sizes = torch::stable::full({groups}, static_cast<double>(size), ScalarType::Int,
                                            std::nullopt, like.device());
   std::array<StableIValue, 3> stack{torch::stable::detail::from(sizes),
                                     torch::stable::detail::from(int64_t{0}),
                                     torch::stable::detail::from(std::optional(ScalarType::Int))};
-  STABLE_TORCH_ERROR_CODE_CHECK(
+  TORCH_ERROR_CODE_CHECK(
       torch_call_dispatcher("aten::cumsum", "", stack.data(), TORCH_ABI_VERSION));
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
@@ -199,7 +204,9 @@ void set_runtime(const RuntimeApi* api) { g_runtime = api; }
 
 const RuntimeApi& runtime() { return *g_runtime; }
 
-bool runs_tma(const Tensor& t) { return t.is_cuda() && g_runtime->runs_tma(t.get_device_index()); }
+bool runs_tma(const Tensor& t) {
+  return t.is_cuda() && !in_shapes_only() && g_runtime->runs_tma(t.get_device_index());
+}
 
 int dtype_code(ScalarType type, bool tf32) {
   const std::string name = type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);

@@ -64,6 +64,24 @@ inline bool is_meta(const Tensor& t) {
   return t.device().type() == torch::headeronly::DeviceType::Meta;
 }
 
+// Within a ShapesOnly scope (the operators' Meta kernels, which torch.compile's
+// fake tensors reach: they say "cuda" but have no data) an operator makes its
+// outputs and launches nothing; data addresses read as 0.
+class ShapesOnly {
+ public:
+  ShapesOnly();
+  ~ShapesOnly();
+  ShapesOnly(const ShapesOnly&) = delete;
+  ShapesOnly& operator=(const ShapesOnly&) = delete;
+
+ private:
+  bool outer_;
+};
+bool in_shapes_only();
+
+// Whether an operator's output t carries shapes only (no launch for it).
+inline bool shapes_only(const Tensor& t) { return is_meta(t) || in_shapes_only(); }
+
 // `name` is of one of `dtypes` (their names listed in the message), `dims`-D,
 // on a CUDA device (or meta: shapes only).
 void check_tensor(const Tensor& t, const char* name, int64_t dims,
@@ -102,7 +120,9 @@ void set_poison(bool on);
 // The end offsets of `groups` batches of `size` rows, for the ragged kernels.
 Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size);
 
-inline int64_t address(const Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
+inline int64_t address(const Tensor& t) {
+  return shapes_only(t) ? 0 : reinterpret_cast<int64_t>(t.data_ptr());
+}
 
 // The runtime lent by _C (set once when gg_runtime._ops is imported).
 void set_runtime(const RuntimeApi* api);

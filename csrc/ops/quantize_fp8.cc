@@ -88,7 +88,7 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity) {
   Tensor q = new_output(x, shape, kFp8);
   Tensor scale = new_output(x, scale_shape(granularity, shape), ScalarType::Float);
   if (q.numel() > 0) {
-    if (!is_meta(q)) launch_quantize(granularity, x, q, scale);
+    if (!shapes_only(q)) launch_quantize(granularity, x, q, scale);
   } else if (scale.numel() > 0) {  // rowwise scales of empty rows: an all-zero row's
     torch::stable::fill_(scale, static_cast<double>(kEmptyScale));
   }

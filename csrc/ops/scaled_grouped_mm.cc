@@ -116,7 +116,7 @@ std::string check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const
 // x * y, y 0-dim (the stable ABI wraps no mul).
 Tensor multiply(const Tensor& x, const Tensor& y) {
   std::array<StableIValue, 2> stack{torch::stable::detail::from(x), torch::stable::detail::from(y)};
-  STABLE_TORCH_ERROR_CODE_CHECK(
+  TORCH_ERROR_CODE_CHECK(
       torch_call_dispatcher("aten::mul", "Tensor", stack.data(), TORCH_ABI_VERSION));
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
@@ -128,7 +128,7 @@ Tensor ragged_rows(const std::string& layout, const Tensor& a, const Tensor& b,
                    const Tensor& scale_a, const Tensor& scale_b, const Tensor& offs,
                    const std::optional<Tensor>& bias, ScalarType out_dtype) {
   const int64_t rows = a.size(0), k = a.size(1), groups = b.size(0), n = b.size(2);
-  if (!is_meta(a) && (address(a) % kAlign || address(b) % kAlign)) {
+  if (!shapes_only(a) && (address(a) % kAlign || address(b) % kAlign)) {
     value_error("fp8 inputs need 16-byte aligned data pointers (a view starting at an offset ",
                 "that is not a multiple of ", kAlign, " elements is not): call .contiguous()");
   }
@@ -139,7 +139,7 @@ Tensor ragged_rows(const std::string& layout, const Tensor& a, const Tensor& b,
   }
   Tensor out = new_output(a, {rows, n}, out_dtype);
   if (groups == 0 || k == 0) return torch::stable::zero_(out);  // the product is zero
-  if (is_meta(out)) return out;
+  if (shapes_only(out)) return out;
   const family::ScaledRaggedM args{.a_ptr = address(a),
                                    .b_ptr = address(b),
                                    .c_ptr = address(out),

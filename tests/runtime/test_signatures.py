@@ -102,7 +102,7 @@ def test_scaled_meta_tensors_give_shapes():
      r"bias must be of the output's dtype \(torch.bfloat16\)"),
     # Fake tensors: torch's fake mode compares devices before any kernel runs.
     (lambda: torch.empty(3, 5, dtype=torch.bfloat16), (ValueError, RuntimeError),
-     "bias is on cpu|same device"),
+     "bias is on cpu|same device|different devices"),
     (lambda: 1.0, TypeError, "bias must be a torch.Tensor or None, got float"),
 ])
 def test_bias_errors(fake, bias, error, message):
