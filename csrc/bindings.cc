@@ -54,18 +54,6 @@ py::list describe_params(std::span<const gg::ParamInfo> params) {
 }
 
 // Names of the input dtypes the table has variants of `family` for.
-py::list family_dtypes(int family) {
-  std::vector<bool> seen(gg::dtypes().size(), false);
-  for (const gg::KernelInfo& k : gg::kernel_table()) {
-    if (k.family == family) seen[k.dtype] = true;
-  }
-  py::list out;
-  for (size_t i = 0; i < seen.size(); ++i) {
-    if (seen[i]) out.append(gg::dtypes()[i].name);
-  }
-  return out;
-}
-
 py::dict families() {
   py::dict out;
   for (size_t i = 0; i < gg::families().size(); ++i) {
@@ -73,7 +61,6 @@ py::dict families() {
     py::dict d;
     d["params"] = describe_params(f.param_list());
     d["group_fields"] = describe_params(f.group_field_list());
-    d["dtypes"] = family_dtypes(static_cast<int>(i));
     out[f.name] = d;
   }
   return out;
@@ -142,15 +129,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("variants", &variants, "Every compiled variant, as in the generated kernel table.");
   m.def("families", &families,
         "Each family, in index order: its parameters and group fields (name, kind, role, "
-        "tma_limit) and its dtypes.");
-  m.def(
-      "dtypes",
-      [] {
-        py::list out;
-        for (const gg::DTypeInfo& d : gg::dtypes()) out.append(d.name);
-        return out;
-      },
-      "The dtype names, in the order of their codes.");
+        "tma_limit).");
   m.def("device_info", &device_info, py::arg("device"));
   m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");

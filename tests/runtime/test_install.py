@@ -89,7 +89,8 @@ def test_operators_are_registered_for_cuda_meta_and_cpu():
     offs = torch.empty(3, dtype=torch.int32, device="meta")
     assert gg_runtime.grouped_mm(a, b, offs).shape == (7, 5)
     with pytest.raises(ValueError, match="mat_a must be on a CUDA device, got cpu"):
-        gg_runtime.grouped_mm(torch.randn(7, 16), torch.randn(3, 16, 5), torch.ones(3, dtype=torch.int32))
+        gg_runtime.grouped_mm(torch.randn(7, 16), torch.randn(3, 16, 5),
+                              torch.ones(3, dtype=torch.int32))
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")

@@ -108,8 +108,9 @@ def test_weight_gradient_case_refused():
 
 def test_fake_implementation_shapes():
     a, b, scale_a, scale_b, offs = inputs()
-    out = torch.ops.gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, None, None, None, False)
+    op = torch.ops.gg_runtime.scaled_grouped_mm
+    out = op(a, b, scale_a, scale_b, offs, None, None, None, False)
     assert out.shape == (10, 32) and out.dtype == torch.bfloat16
-    batched = torch.ops.gg_runtime.scaled_grouped_mm(cuda(2, 5, 256, dtype=FP8), b, scales(2, 5), scale_b, None,
-                                   None, None, torch.float32, False)
+    batched = op(cuda(2, 5, 256, dtype=FP8), b, scales(2, 5), scale_b, None, None, None,
+                 torch.float32, False)
     assert batched.shape == (2, 5, 32) and batched.dtype == torch.float32

@@ -112,7 +112,8 @@ def test_bias_errors(fake, bias, error, message):
 
 def test_bias_takes_the_output_dtype(fake):
     offs = cuda(3, dtype=torch.int32)
-    gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offs, cuda(3, 5, dtype=torch.float32), torch.float32)
+    gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offs, cuda(3, 5, dtype=torch.float32),
+                          torch.float32)
     with pytest.raises(TypeError, match="output's dtype"):
         gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offs, cuda(3, 5), torch.float32)
 
