@@ -14,6 +14,13 @@ from . import _C
 KERNEL_DIR = Path(__file__).parent / "_kernels"
 _C.set_kernel_dir(str(KERNEL_DIR))
 
+# The operators use torch 2.10's stable ABI; an older torch (installed past the
+# wheel's requirement) would fail to load them with an undefined symbol.
+OLDEST_TORCH = (2, 10)
+if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < OLDEST_TORCH:
+    raise ImportError(f"gg_runtime needs torch >= {'.'.join(map(str, OLDEST_TORCH))}, found "
+                      f"{torch.__version__}")
+
 from . import _ops  # noqa: E402, F401  (registers torch.ops.gg_runtime; needs _C's runtime)
 
 CudaError = _C.CudaError

@@ -169,3 +169,17 @@ def test_families_match_the_shipped_manifest():
         params = families[record["family"]]["params"]
         assert [(name, role) for name, _, role, *_ in params] == \
             [(name, role) for name, _, role in record["params"]], record["key"]
+
+
+def test_oldest_torch_is_required_and_checked_at_import():
+    """The wheel's metadata and the import-time check name the same oldest torch
+    (the stable ABI the operators target); an older one is a clear ImportError."""
+    from importlib.metadata import requires
+
+    from gg_runtime._native import OLDEST_TORCH
+    oldest = ".".join(map(str, OLDEST_TORCH))
+    assert f"torch>={oldest}" in requires("gg_runtime")
+    code = "import torch; torch.__version__ = '2.9.1+cu128'; import gg_runtime"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert f"ImportError: gg_runtime needs torch >= {oldest}, found 2.9.1+cu128" in out.stderr
