@@ -17,30 +17,26 @@ using gg::ops::grouped_mm;
 using gg::ops::quantize_fp8;
 using gg::ops::scaled_grouped_mm;
 
-// An operator as its Meta kernel: the same function in a ShapesOnly scope.
-template <auto op>
-struct Meta;
-template <typename Result, typename... Args, Result (*op)(Args...)>
-struct Meta<op> {
-  static Result call(Args... args) {
-    gg::ops::ShapesOnly scope;
-    return op(std::move(args)...);
-  }
-};
+using Boxed = void (*)(StableIValue*, uint64_t, uint64_t);
+
+// A boxed operator as its Meta kernel: the same function in a ShapesOnly scope.
+template <Boxed op>
+void shapes_only(StableIValue* stack, uint64_t args, uint64_t outputs) {
+  gg::ops::ShapesOnly scope;
+  op(stack, args, outputs);
+}
+
+template <Boxed op, bool kShapesOnly>
+constexpr Boxed kernel() {
+  return kShapesOnly ? &shapes_only<op> : op;
+}
 
 template <bool kShapesOnly, typename Library>
 void implement(Library& m) {
-  if constexpr (kShapesOnly) {
-    m.impl("grouped_mm", TORCH_BOX(&Meta<&grouped_mm>::call));
-    m.impl("scaled_grouped_mm", TORCH_BOX(&Meta<&scaled_grouped_mm>::call));
-    m.impl("quantize_fp8", TORCH_BOX(&Meta<&quantize_fp8>::call));
-    m.impl("grouped_gemm", TORCH_BOX(&Meta<&grouped_gemm>::call));
-  } else {
-    m.impl("grouped_mm", TORCH_BOX(&grouped_mm));
-    m.impl("scaled_grouped_mm", TORCH_BOX(&scaled_grouped_mm));
-    m.impl("quantize_fp8", TORCH_BOX(&quantize_fp8));
-    m.impl("grouped_gemm", TORCH_BOX(&grouped_gemm));
-  }
+  m.impl("grouped_mm", kernel<TORCH_BOX(&grouped_mm), kShapesOnly>());
+  m.impl("scaled_grouped_mm", kernel<TORCH_BOX(&scaled_grouped_mm), kShapesOnly>());
+  m.impl("quantize_fp8", kernel<TORCH_BOX(&quantize_fp8), kShapesOnly>());
+  m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
 }
 
 // Whether the runtime's families are those the operators were generated for.
