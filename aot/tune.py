@@ -9,10 +9,8 @@ then compiles those configs for every sm90 `tma` family.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import asdict
-from pathlib import Path
 
 from . import expr
 from .compile import compile_variant
@@ -44,13 +42,10 @@ FAMILY = FAMILIES["ragged_m"]
 
 
 def _testing():
-    """gg_runtime/testing.py (inputs, timer), loaded on its own: it needs torch
-    only, and the package around it needs a built extension."""
-    path = Path(__file__).resolve().parents[1] / "gg_runtime" / "testing.py"
-    spec = importlib.util.spec_from_file_location("gg_runtime_testing", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """bench/problems.py (inputs, timer): `python -m aot tune` runs from the
+    repository root, where bench/ is a namespace package."""
+    from bench import problems
+    return problems
 
 
 def _programs(compiled, props, tiles):

@@ -18,7 +18,7 @@ start = time.perf_counter()
 import gg_runtime  # noqa: E402
 
 imported = time.perf_counter()
-from gg_runtime.testing import moe_inputs, ref_grouped_mm, rel_error  # noqa: E402
+from problems import moe_inputs, ref_grouped_mm, rel_error  # noqa: E402
 
 a, b, offs = moe_inputs([300, 0, 212, 500], 512, 1024, torch.bfloat16)
 made = time.perf_counter()

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from run import TRAINING_LAYERS, TRAINING_MMS
-from gg_runtime.testing import moe_layer, moe_layer_inputs
+from problems import moe_layer, moe_layer_inputs
 
 
 def kernel_ms(step, steps=3) -> dict:

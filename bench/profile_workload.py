@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import gg_runtime
-from gg_runtime.testing import moe_inputs
+from problems import moe_inputs
 
 HERE = Path(__file__).resolve().parent
 name = sys.argv[1]

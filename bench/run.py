@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import gg_runtime
-from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
+from problems import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
                                 moe_layer, moe_layer_inputs, offsets_from_counts, ref_grouped_mm,
                                 ref_list, ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms,
                                 with_added_bias)
@@ -327,7 +327,7 @@ TRAINING_MMS = {"torch": with_added_bias(torch._grouped_mm), "gg_runtime": gg_ru
 
 
 def bench_training(name: str, shape: tuple, bias: bool = False) -> dict:
-    """One MoE layer (gg_runtime.testing.moe_layer) trained as a model would
+    """One MoE layer (problems.moe_layer) trained as a model would
     be, with torch._grouped_mm and with gg_runtime.grouped_mm, same inputs:
     forward (autograd recording), forward + backward (gradients of x, the
     router and both expert weights, set to None before each step, as

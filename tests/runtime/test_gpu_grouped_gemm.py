@@ -4,7 +4,7 @@ import torch
 
 import gg_runtime
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import TOLERANCE, randn, ref_list, rel_error
+from problems import TOLERANCE, randn, ref_list, rel_error
 
 from conftest import device_arch, gpu, tma_runs_here
 

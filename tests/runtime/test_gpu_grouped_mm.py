@@ -8,7 +8,7 @@ import torch
 import gg_runtime
 from gg_runtime import autograd
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
+from problems import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
                                 ref_grouped_mm_grads, rel_error, skewed_counts)
 
 from conftest import device_arch, gpu, tma_runs_here

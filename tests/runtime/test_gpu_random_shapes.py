@@ -14,7 +14,7 @@ import torch
 
 import gg_runtime
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import (group_parts, operand, random_group_sizes, rel_error, tf32_allowed,
+from problems import (group_parts, operand, random_group_sizes, rel_error, tf32_allowed,
                                 tolerance)
 
 from conftest import gpu

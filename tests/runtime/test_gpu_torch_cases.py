@@ -9,7 +9,7 @@ import torch
 
 import gg_runtime
 from gg_runtime._testing import last_variant
-from gg_runtime.testing import operand, ref_grouped_mm, rel_error, tf32_allowed, tolerance
+from problems import operand, ref_grouped_mm, rel_error, tf32_allowed, tolerance
 
 from conftest import gpu
 

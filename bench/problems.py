@@ -1,6 +1,6 @@
-"""Case generators, float32 references and a timer, shared by the tests, the
-benchmark and `aot tune` (which loads this file on its own: it imports torch
-only).  Not needed to use gg_runtime."""
+"""Case generators, float32 references and a timer, shared by the tests
+(tests/runtime/conftest.py puts this folder on their path), the benchmark and
+`aot tune`.  It imports torch only: not part of the gg_runtime package."""
 from __future__ import annotations
 
 import contextlib
