@@ -346,3 +346,36 @@ def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+# Test hooks of the runtime (process-wide, not for concurrent use); gg_runtime is
+# imported when they run, so that `aot tune` can use this file without it.
+
+@contextlib.contextmanager
+def forced(variant: str = "", basic: bool = False):
+    """Within the block every launch runs exactly `variant` (an error if it
+    cannot run the call), or with basic=True only `basic` variants."""
+    from gg_runtime import _C
+    _C.set_override(variant, basic)
+    try:
+        yield
+    finally:
+        _C.set_override("", False)
+
+
+def last_variant() -> str:
+    """Key of the variant this thread's last launch ran ('' if it launched nothing)."""
+    from gg_runtime import _C
+    return _C.last_variant()
+
+
+@contextlib.contextmanager
+def poisoned():
+    """Within the block every output the operators allocate starts as NaN, so
+    elements a kernel fails to write show."""
+    from gg_runtime import _ops
+    _ops.set_poison(True)
+    try:
+        yield
+    finally:
+        _ops.set_poison(False)

@@ -410,7 +410,7 @@ def sm80_proxy(workloads) -> list:
     GPU without a cubin of its own takes; on an H100 a proxy for an A100, whose
     own figures this does not measure): the `aligned` flavour (vectorised,
     cp.async loads) against `basic` (masked scalar loads) and a cuBLAS loop."""
-    from gg_runtime._testing import forced, last_variant
+    from problems import forced, last_variant
     rows = []
     for w in (w for w in workloads if w["name"] in SM80_PROXY_WORKLOADS):
         a, b, offs = moe_inputs(w["m"], w["N"], w["K"], DTYPES[w["dtype"]])

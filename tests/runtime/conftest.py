@@ -11,7 +11,8 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _REPO]
 # Case generators and references shared with the benchmark (bench/problems.py).
 sys.path.append(str(Path(_REPO) / "bench"))
 
-from gg_runtime import _C, _testing  # noqa: E402
+from gg_runtime import _C  # noqa: E402
+from problems import forced, poisoned  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
@@ -43,7 +44,7 @@ def cuda(*shape, dtype=torch.bfloat16):
 @pytest.fixture
 def poison():
     """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
-    with _testing.poisoned():
+    with poisoned():
         yield
 
 
@@ -53,7 +54,7 @@ def allow_tma(request):
     sm90 has `tma` variants, so elsewhere one run suffices."""
     if request.param and not tma_runs_here():
         pytest.skip("no tma kernels for this GPU's path")
-    with _testing.forced(basic=not request.param):
+    with forced(basic=not request.param):
         yield request.param
 
 

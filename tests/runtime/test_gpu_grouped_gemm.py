@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime._testing import last_variant
+from problems import last_variant
 from problems import TOLERANCE, randn, ref_list, rel_error
 
 from conftest import device_arch, gpu, tma_runs_here

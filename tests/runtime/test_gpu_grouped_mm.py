@@ -7,7 +7,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import autograd
-from gg_runtime._testing import last_variant
+from problems import last_variant
 from problems import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
                                 ref_grouped_mm_grads, rel_error, skewed_counts)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gg_runtime import _C
-from gg_runtime._testing import forced, last_variant
+from problems import forced, last_variant
 from gg_runtime import quantize_fp8
 from problems import quantize_ref, randn, tf32_allowed
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime._testing import last_variant
+from problems import last_variant
 from problems import (group_parts, operand, random_group_sizes, rel_error, tf32_allowed,
                                 tolerance)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime._testing import last_variant
+from problems import last_variant
 from problems import operand, ref_grouped_mm, rel_error, tf32_allowed, tolerance
 
 from conftest import gpu
