@@ -27,9 +27,10 @@ CudaError = _C.CudaError
 UnsupportedDeviceError = _C.UnsupportedDeviceError
 OPS = torch.ops.gg_runtime
 
-# csrc/ops/op_support.h's tags: the C++ exceptions that torch does not turn
-# into these classes itself.
-_TAGGED = {"[gg_runtime TypeError] ": TypeError, "[gg_runtime CudaError] ": CudaError,
+# csrc/ops/op_support.h's tags: the class each error of the operators is raised
+# as (torch releases differ in what they make of a C++ exception).
+_TAGGED = {"[gg_runtime ValueError] ": ValueError, "[gg_runtime TypeError] ": TypeError,
+           "[gg_runtime CudaError] ": CudaError,
            "[gg_runtime UnsupportedDeviceError] ": UnsupportedDeviceError}
 # torch's dispatcher's own message for an argument of the wrong type, and how
 # gg_runtime's messages name the types.

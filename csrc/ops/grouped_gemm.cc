@@ -1,5 +1,5 @@
 // gg_runtime::grouped_gemm: independent C_i = A_i @ B_i (B_i^T with trans_b)
-// of any sizes on the list kernel family, in one launch.  The checks of every
+// of any sizes on the grouped_gemm kernel family, in one launch.  The checks of every
 // group (messages name the group), the group table, the outputs, the launch:
 // here and nowhere else.  Meta tensors run the same code without the launch
 // (torch.compile's fake kernel).
@@ -18,9 +18,9 @@
 namespace gg::ops {
 namespace {
 
-using Group = family::List::Group;
+using Group = family::GroupedGemm::Group;
 
-// The dtypes the list family is built for (aot/families/list_gemm.py).
+// The dtypes the grouped_gemm family is built for (aot/families/grouped_gemm.py).
 const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16};
 
 // With mixed N every C_i starts at a multiple of this many elements (128
@@ -146,7 +146,7 @@ std::vector<Tensor> outputs(std::vector<Group>& groups, const Tensor& ref) {
 
 std::vector<int64_t> table_of(const std::vector<Group>& groups) {
   std::vector<int64_t> table;
-  table.reserve(groups.size() * family::List::kGroupWidth);
+  table.reserve(groups.size() * family::GroupedGemm::kGroupWidth);
   for (const Group& g : groups) g.append_to(table);
   return table;
 }
@@ -165,8 +165,8 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
   for (const Tensor& c : cs) {
     if (shapes_only(c)) return cs;
   }
-  run(family::List::kIndex, family::List{}.abi(), table_of(groups), trans_b ? "nt" : "nn",
-      target_of(ref, ref.scalar_type()));
+  run(family::GroupedGemm::kIndex, family::GroupedGemm{}.abi(), table_of(groups),
+      trans_b ? "nt" : "nn", target_of(ref, ref.scalar_type()));
   return cs;
 }
 

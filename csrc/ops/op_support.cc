@@ -243,7 +243,7 @@ void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
     case RunStatus::kOk:
       return;
     case RunStatus::kInvalidArgument:
-      throw std::invalid_argument(error);
+      throw std::invalid_argument(kValueErrorTag + error);
     case RunStatus::kUnsupportedDevice:
       throw std::runtime_error(kUnsupportedDeviceTag + error);
     case RunStatus::kCudaError:

@@ -24,10 +24,11 @@ namespace gg::ops {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-// Errors reach Python through torch's translation of C++ exceptions:
-// std::invalid_argument becomes ValueError.  TypeError has no such C++
-// exception, so its message carries kTypeErrorTag and gg_runtime/_ops.py
-// raises it as TypeError; CudaError and UnsupportedDeviceError likewise.
+// Errors reach Python as whatever torch's release makes of a C++ exception
+// thrown by a stable-ABI kernel (ValueError for std::invalid_argument up to
+// 2.13, RuntimeError for every exception in 2.15), so each message starts with
+// a tag naming the Python class, which gg_runtime/_native.py raises.
+inline constexpr char kValueErrorTag[] = "[gg_runtime ValueError] ";
 inline constexpr char kTypeErrorTag[] = "[gg_runtime TypeError] ";
 inline constexpr char kCudaErrorTag[] = "[gg_runtime CudaError] ";
 inline constexpr char kUnsupportedDeviceTag[] = "[gg_runtime UnsupportedDeviceError] ";
@@ -42,7 +43,7 @@ std::string text(const Parts&... parts) {
 
 template <typename... Parts>
 [[noreturn]] void value_error(const Parts&... parts) {
-  throw std::invalid_argument(text(parts...));
+  throw std::invalid_argument(text(kValueErrorTag, parts...));
 }
 
 template <typename... Parts>

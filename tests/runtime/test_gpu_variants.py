@@ -93,7 +93,7 @@ def run_scaled_ragged_m(v, dtype, out_dtype):
     return [scaled_call(v, [150, 0, 3, 260, 70], 144, 208, out_dtype)]
 
 
-RUNNERS = {"list": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k,
+RUNNERS = {"grouped_gemm": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k,
            "scaled_ragged_m": run_scaled_ragged_m}
 
 
@@ -166,7 +166,7 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
 def test_forcing_a_variant_that_cannot_run_is_an_error():
     if not RUNNABLE:
         pytest.skip("needs a GPU this wheel has kernels for")
-    list_key = next(v["key"] for v in RUNNABLE if v["family"] == "list")
+    list_key = next(v["key"] for v in RUNNABLE if v["family"] == "grouped_gemm")
     a = randn(8, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match="cannot run this problem"), forced(variant=list_key):
         gg_runtime.grouped_mm(a, randn(1, 8, 8, dtype=torch.float16),

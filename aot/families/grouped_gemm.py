@@ -1,8 +1,8 @@
-"""list: independent C_g = A_g @ B_g of any sizes, per-group pointers and strides
+"""grouped_gemm: independent C_g = A_g @ B_g of any sizes, per-group pointers and strides
 in a table the runtime copies to the GPU (grouped_gemm, the tutorial's problem)."""
 from ..family import Family, Param
-from ..kernels.list_gemm import GROUP_FIELDS, list_gemm_kernel
-from ..kernels.list_ws import list_gemm_ws_kernel
+from ..kernels.grouped_gemm import GROUP_FIELDS, grouped_gemm_kernel
+from ..kernels.grouped_gemm_ws import grouped_gemm_ws_kernel
 
 _GROUP_FIELD = {
     "a": Param("a", "*T", "operand"), "b": Param("b", "*T", "operand"),
@@ -14,9 +14,9 @@ _GROUP_FIELD = {
 }
 
 FAMILY = Family(
-    name="list",
-    kernel=list_gemm_kernel,
-    ws_kernel=list_gemm_ws_kernel,
+    name="grouped_gemm",
+    kernel=grouped_gemm_kernel,
+    ws_kernel=grouped_gemm_ws_kernel,
     params=(
         Param("group_table", "*i64", "group_table"),
         Param("tile_ends", "*i64", "tile_prefix"),

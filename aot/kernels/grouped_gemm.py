@@ -1,4 +1,4 @@
-"""List layout kernel (the tutorial's problem): G independent C_g = A_g @ B_g with
+"""grouped_gemm's kernel (the tutorial's problem): G independent C_g = A_g @ B_g with
 per-group pointers, sizes and leading dimensions, all any value.
 
 Metadata is int64 words the runtime copies to the GPU in one copy:
@@ -25,7 +25,7 @@ LDA_, LDB_, LDC_ = _word("lda"), _word("ldb"), _word("ldc")
 
 
 @triton.jit
-def list_gemm_kernel(group_table, tile_ends, G,
+def grouped_gemm_kernel(group_table, tile_ends, G,
                      DTYPE: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                      PRECISION: tl.constexpr):

@@ -1,8 +1,8 @@
-"""The list layout (kernels/list_gemm.py's contract: per-group pointers, sizes
+"""grouped_gemm (kernels/grouped_gemm.py's contract: per-group pointers, sizes
 and leading dimensions in a group table, the host's tile prefix) as a
 warp-specialised persistent kernel for sm90, in Gluon.
 
-Same tile walk as list_gemm_kernel: program p takes tiles p, p + P, ... of the
+Same tile walk as grouped_gemm_kernel: program p takes tiles p, p + P, ... of the
 list of every group's tiles, m-tile fastest.  The partitions are those of
 kernels/ws.py: a loader warp fills a STAGES-deep ring of (A, B) K blocks, the
 MMA partition runs asynchronous wgmma on it, one MMA in flight, and stores
@@ -20,7 +20,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .list_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
+from .grouped_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
 from .ragged_ws import operands
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
                  claim_slot, first_step_past, shared_layout, store_tile)
@@ -183,11 +183,11 @@ def mma_partition(group_table, tile_ends, G, a_bufs, b_bufs, c_buf, ready, empty
 
 
 @gluon.jit
-def list_gemm_ws_kernel(group_table, tile_ends, G, DTYPE: gl.constexpr, B_T: gl.constexpr,
+def grouped_gemm_ws_kernel(group_table, tile_ends, G, DTYPE: gl.constexpr, B_T: gl.constexpr,
                         USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                         BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
                         STAGES: gl.constexpr):
-    """list_gemm_kernel's contract, TMA only (16-byte aligned bases and leading
+    """grouped_gemm_kernel's contract, TMA only (16-byte aligned bases and leading
     dimensions, host-checked); USE_TMA and PRECISION (16-bit inputs only) are
     taken for the common signature."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
