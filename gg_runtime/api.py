@@ -1,13 +1,16 @@
 """The public functions.  Shapes first, then what happens at the edges."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
 from ._native import OPS, call, tf32_allowed
 
 
-def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
+def grouped_gemm(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], *,
+                 trans_b: bool = False) -> list[torch.Tensor]:
     """[M_i, K_i] @ [K_i, N_i] -> [M_i, N_i] for every i, in one launch.
 
     As[i] is [M_i, K_i]; Bs[i] is [K_i, N_i], or [N_i, K_i] with trans_b=True
@@ -25,7 +28,9 @@ def grouped_gemm(As, Bs, *, trans_b: bool = False) -> list:
     return call(OPS.grouped_gemm.default, As, Bs, trans_b)
 
 
-def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> torch.Tensor:
+def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Grouped matrix product with the semantics, argument names and positions
     of torch._grouped_mm and F.grouped_mm (a and b below are mat_a and mat_b).
 
@@ -71,7 +76,8 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> torch.Tens
     return call(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype, tf32)
 
 
-def gmm(a, b, batch_sizes, trans_b: bool = False) -> torch.Tensor:
+def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor,
+        trans_b: bool = False) -> torch.Tensor:
     """megablocks' / grouped_gemm's `gmm(a, b, batch_sizes, trans_b)`: grouped_mm
     of a [T, K] with b [G, K, N] ([G, N, K] with trans_b), group g being the
     next batch_sizes[g] rows of a.  Differentiable in a and b, as grouped_mm.
@@ -105,8 +111,11 @@ def gmm(a, b, batch_sizes, trans_b: bool = False) -> torch.Tensor:
     return grouped_mm(a, b.transpose(-2, -1) if trans_b else b, offs)
 
 
-def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
-                      out_dtype=torch.bfloat16, use_fast_accum: bool = False):
+def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.Tensor,
+                      scale_b: torch.Tensor, offs: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None, scale_result: torch.Tensor | None = None,
+                      out_dtype: torch.dtype | None = torch.bfloat16,
+                      use_fast_accum: bool = False) -> torch.Tensor:
     """fp8 grouped matrix product with float32 scales, in torch._scaled_grouped_mm's
     argument names and order; Hopper (compute capability 9.0) only.  a and b
     below are mat_a and mat_b.
@@ -151,7 +160,8 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
                 scale_result, out_dtype, use_fast_accum)
 
 
-def quantize_fp8(x, granularity: str = "rowwise") -> tuple:
+def quantize_fp8(x: torch.Tensor,
+                 granularity: str = "rowwise") -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale) with x ~ q * scale, torch._scaled_grouped_mm's convention:
     scale = max(amax(|x|) over the elements it covers, 1e-12) / 448 and
     q = x / scale clamped to [-448, 448] (saturating), rounded to nearest even
