@@ -3,9 +3,7 @@
 #include <dlfcn.h>
 
 #include <array>
-#include <cmath>
 #include <limits>
-#include <string_view>
 #include <vector>
 
 namespace gg::ops {
@@ -37,11 +35,14 @@ StreamGetter stream_getter() {
   return getter;
 }
 
-}  // namespace
-
-Shape sizes_of(const Tensor& t) {
-  const auto sizes = t.sizes();
-  return Shape(sizes.begin(), sizes.end());
+// The runtime's code of a dtype (float32 with TF32 products: `tf32`).
+int dtype_code(ScalarType type, bool tf32 = false) {
+  const std::string name = type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);
+  const auto dtypes = g_runtime->dtypes();
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (name == dtypes[i].name) return static_cast<int>(i);
+  }
+  type_error("gg_runtime has no kernels for ", dtype_name(type));
 }
 
 std::string tuple_text(const Shape& values) {
@@ -50,6 +51,13 @@ std::string tuple_text(const Shape& values) {
     out += (i ? ", " : "") + std::to_string(values[i]);
   }
   return out + (values.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+Shape sizes_of(const Tensor& t) {
+  const auto sizes = t.sizes();
+  return Shape(sizes.begin(), sizes.end());
 }
 
 std::string shape_of(const Tensor& t) { return tuple_text(sizes_of(t)); }
@@ -202,19 +210,8 @@ Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size) {
 
 void set_runtime(const RuntimeApi* api) { g_runtime = api; }
 
-const RuntimeApi& runtime() { return *g_runtime; }
-
 bool runs_tma(const Tensor& t) {
   return t.is_cuda() && !in_shapes_only() && g_runtime->runs_tma(t.get_device_index());
-}
-
-int dtype_code(ScalarType type, bool tf32) {
-  const std::string name = type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);
-  const auto dtypes = g_runtime->dtypes();
-  for (size_t i = 0; i < dtypes.size(); ++i) {
-    if (name == dtypes[i].name) return static_cast<int>(i);
-  }
-  type_error("gg_runtime has no kernels for ", dtype_name(type));
 }
 
 Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32) {

@@ -55,7 +55,6 @@ using Shape = std::vector<int64_t>;
 Shape sizes_of(const Tensor& t);
 
 // Python's spelling, for messages: "(3, 4)", "(3,)", "torch.bfloat16", "cuda:0".
-std::string tuple_text(const Shape& values);
 std::string shape_of(const Tensor& t);
 std::string strides_of(const Tensor& t);
 std::string dtype_name(ScalarType type);
@@ -127,7 +126,6 @@ inline int64_t address(const Tensor& t) {
 
 // The runtime lent by _C (set once when gg_runtime._ops is imported).
 void set_runtime(const RuntimeApi* api);
-const RuntimeApi& runtime();
 // Whether sm90's TMA kernels run on this device.
 bool runs_tma(const Tensor& t);
 
@@ -140,7 +138,6 @@ struct Target {
   int out_dtype;
 };
 Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32 = false);
-int dtype_code(ScalarType type, bool tf32 = false);
 
 // Launches one call of a family (a generated gg::family struct, filled by
 // name) on `target`; errors raise as described above.
