@@ -77,7 +77,7 @@ build: build-env
 # venv [packages]: make the environment unless it exists and passes its check.
 define make_env
 	@if [ "$(1)" = "$(2)/bin/python" ] && ! $(2)/bin/python -c "$(3)" 2>/dev/null; then \
-	  echo "making $(2) ($(4))"; \
+	  echo 'making $(2) with $(4)'; \
 	  { [ -x $(2)/bin/python ] || $(PYTHON) -m venv $(2); } && \
 	  $(2)/bin/pip install -q $(4); \
 	fi

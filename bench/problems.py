@@ -293,26 +293,47 @@ def with_added_bias(mm):
     return run
 
 
+def route_top_k(x, router, top_k: int):
+    """The router's choice, in float32 (so a float32 copy of the layer picks
+    the same experts): (weights [T, k], expert ids [T, k])."""
+    return torch.topk(torch.softmax(x.float() @ router.float(), dim=-1), top_k, dim=-1)
+
+
+def sorted_by_expert(chosen, experts: int):
+    """(token slots sorted by expert, the groups' end offsets), on the GPU."""
+    order = chosen.flatten().argsort(stable=True)
+    counts = torch.zeros(experts, dtype=torch.int32, device=chosen.device)
+    counts.scatter_add_(0, chosen.flatten(), torch.ones_like(chosen.flatten(), dtype=torch.int32))
+    return order, counts.cumsum(0, dtype=torch.int32)
+
+
 def moe_layer(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Tensor:
     """A torchtitan-style token-choice MoE layer whose grouped products are
     mm(a, b, offs, bias) (gg_runtime.grouped_mm, or with_added_bias of
     torch._grouped_mm): router top-k, token slots sorted by expert, rows
     gathered, up projection (+ b13), SwiGLU, down projection (+ b2), scaled by
-    the routing weight, added back per token.  Routing stays on the GPU (no
-    host sync) and is computed in float32, so a float32 copy of the layer
-    picks the same experts."""
-    experts = w13.shape[0]
-    scores = torch.softmax(x.float() @ router.float(), dim=-1)
-    weights, chosen = torch.topk(scores, top_k, dim=-1)
-    order = chosen.flatten().argsort(stable=True)
+    the routing weight, added back per token (index_add_: bf16 atomics).
+    Routing stays on the GPU (no host sync)."""
+    weights, chosen = route_top_k(x, router, top_k)
+    order, offs = sorted_by_expert(chosen, w13.shape[0])
     token = order // top_k
-    counts = torch.zeros(experts, dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, chosen.flatten(), torch.ones_like(chosen.flatten(), dtype=torch.int32))
-    offs = counts.cumsum(0, dtype=torch.int32)
     gate, up = mm(x[token], w13.transpose(1, 2), offs, b13).chunk(2, dim=-1)
     y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs, b2)
     y = y * weights.flatten()[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, token, y)
+
+
+def moe_layer_no_atomics(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Tensor:
+    """moe_layer with the combine through the inverse permutation: the sorted
+    outputs put back in slot order (index_select), scaled and summed over each
+    token's k slots; no atomics.  Same grouped products and SwiGLU."""
+    weights, chosen = route_top_k(x, router, top_k)
+    order, offs = sorted_by_expert(chosen, w13.shape[0])
+    inverse = order.argsort()
+    gate, up = mm(x[order // top_k], w13.transpose(1, 2), offs, b13).chunk(2, dim=-1)
+    y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs, b2)
+    y = y.index_select(0, inverse).view(*chosen.shape, -1)
+    return (y * weights.to(y.dtype).unsqueeze(-1)).sum(1)
 
 
 # ---------------------------------------------------------------- timing

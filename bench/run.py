@@ -20,15 +20,16 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 import gg_runtime
 from problems import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
-                                moe_layer, moe_layer_inputs, offsets_from_counts, ref_grouped_mm,
-                                ref_list, ref_scaled_grouped_mm, rel_error, skewed_counts, time_ms,
-                                with_added_bias)
+                      moe_layer, moe_layer_inputs, moe_layer_no_atomics, offsets_from_counts,
+                      ref_grouped_mm, ref_list, ref_scaled_grouped_mm, rel_error, route_top_k,
+                      skewed_counts, time_ms, with_added_bias)
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -370,6 +371,95 @@ def bench_training(name: str, shape: tuple, bias: bool = False) -> dict:
     return row
 
 
+# The layers of the fused-experts comparison (issue: fused MoE experts): the
+# router, then the experts as torchtitan writes them (index_add_), without
+# atomics (the baseline), the same with gg_runtime.grouped_mm, and
+# gg_runtime.moe_experts.
+def fused_layer(x, router, w13, w2, top_k: int, b13=None, b2=None):
+    weights, chosen = route_top_k(x, router, top_k)
+    return gg_runtime.moe_experts(x, chosen, weights, w13, w2, b13=b13, b2=b2)
+
+
+EXPERTS_LAYERS = {
+    "torchtitan": partial(moe_layer, with_added_bias(torch._grouped_mm)),
+    "no_atomics": partial(moe_layer_no_atomics, with_added_bias(torch._grouped_mm)),
+    "no_atomics_gg_mm": partial(moe_layer_no_atomics, gg_runtime.grouped_mm),
+    "moe_experts": fused_layer,
+}
+
+
+def bench_experts(name: str, shape: tuple) -> dict:
+    """One MoE layer, each of EXPERTS_LAYERS on the same inputs: forward,
+    forward + backward (all gradients), peak memory of a step and the memory
+    the forward keeps for backward (allocated after it, less its output).
+    Ratios against the no-atomics torch layer.  Outputs and gradients are
+    checked against that layer's first."""
+    tokens, hidden, inter, experts, top_k = shape
+    inputs = moe_layer_inputs(tokens, hidden, inter, experts)
+    dy = torch.randn_like(inputs["x"])
+
+    def forward(layer):
+        return layer(**inputs, top_k=top_k)
+
+    def step(layer):
+        for t in inputs.values():
+            t.grad = None
+        forward(layer).backward(dy)
+
+    row = {"name": name, "shape": dict(zip(("T", "H", "I", "E", "k"), shape)), "errors": {}}
+    results = {}
+    for impl, layer in EXPERTS_LAYERS.items():
+        step(layer)
+        results[impl] = [forward(layer).detach()] + [t.grad for t in inputs.values()]
+    for impl in EXPERTS_LAYERS:
+        row["errors"][impl] = max(rel_error(ours, theirs.float()) for ours, theirs in
+                                  zip(results[impl], results["no_atomics"]))
+    del results
+    if max(row["errors"].values()) > TOLERANCE[torch.bfloat16]:
+        row["error"] = f"a layer differs from the no-atomics torch layer: {row['errors']}"
+        return row
+    for impl, layer in EXPERTS_LAYERS.items():
+        row[impl] = {"forward_ms": time_ms(lambda: forward(layer)),
+                     "train_step_ms": time_ms(lambda: step(layer)),
+                     "peak_step_gb": peak_gb(lambda: step(layer)),
+                     "saved_gb": saved_gb(lambda: forward(layer))}
+    base = row["no_atomics"]
+    for impl in EXPERTS_LAYERS:
+        r = row[impl]
+        r["forward_x"] = base["forward_ms"] / r["forward_ms"]
+        r["train_step_x"] = base["train_step_ms"] / r["train_step_ms"]
+        r["saved_x"] = r["saved_gb"] / base["saved_gb"]
+    return row
+
+
+def saved_gb(forward) -> float:
+    """GB the forward leaves allocated (what autograd keeps for backward), its output aside."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = forward()
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
+    del out
+    return kept / 1e9
+
+
+def print_experts(rows):
+    print("\nMoE experts (bf16), x the no-atomics torch layer: forward, forward+backward, "
+          "memory kept for backward")
+    head = f"{'layer':16}" + "".join(f" {impl:>24}" for impl in EXPERTS_LAYERS)
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:16} {r['error']}")
+            continue
+        cells = [f"{r[i]['forward_x']:.2f} {r[i]['train_step_x']:.2f} {r[i]['saved_x']:.2f}"
+                 for i in EXPERTS_LAYERS]
+        print(f"{r['name']:16}" + "".join(f" {c:>24}" for c in cells))
+        print(f"{'  ms, GB':16}" + "".join(
+            f" {r[i]['forward_ms']:7.2f} {r[i]['train_step_ms']:7.2f} {r[i]['saved_gb']:6.2f}"
+            for i in EXPERTS_LAYERS))
+
+
 def peak_gb(fn) -> float:
     """GB allocated at the peak of fn() above what was allocated before it."""
     torch.cuda.synchronize()
@@ -563,8 +653,8 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
-SECTIONS = ("workloads", "wgrad", "training", "bias", "fp16", "cases", "fp8", "model", "proxy",
-            "host")
+SECTIONS = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8", "model",
+            "proxy", "host")
 
 
 def main():
@@ -609,6 +699,10 @@ def main():
         report["training"] = training = [bench_training(*layer) for layer in layers
                                          if args.only in layer[0]]
         print_training(training)
+    if "experts" in sections:
+        report["experts"] = experts = [bench_experts(name, shape) for name, shape in
+                                       TRAINING_LAYERS.items() if args.only in name]
+        print_experts(experts)
     if "bias" in sections:
         report["bias"] = bias = [bench_bias(w) for w in ragged if w["dtype"] == "bfloat16"]
         print("per-group bias, ours with / without:", json.dumps(

@@ -16,6 +16,8 @@ using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
 using gg::ops::quantize_fp8;
 using gg::ops::scaled_grouped_mm;
+using gg::ops::swiglu;
+using gg::ops::swiglu_backward;
 
 using Boxed = void (*)(StableIValue*, uint64_t, uint64_t);
 
@@ -37,6 +39,8 @@ void implement(Library& m) {
   m.impl("scaled_grouped_mm", kernel<TORCH_BOX(&scaled_grouped_mm), kShapesOnly>());
   m.impl("quantize_fp8", kernel<TORCH_BOX(&quantize_fp8), kShapesOnly>());
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
+  m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
+  m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
 }
 
 // Whether the runtime's families are those the operators were generated for.
@@ -83,6 +87,10 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
+  m.def("swiglu(Tensor gu, bool interleaved=False) -> Tensor");
+  m.def(
+      "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False) -> "
+      "(Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

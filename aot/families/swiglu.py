@@ -1,0 +1,38 @@
+"""swiglu: the SwiGLU between an MoE layer's grouped products (moe_experts),
+forward and backward (aot/kernels/swiglu.py): gu [R, 2C] -> h [R, C]; and
+gu, the gradient of h, the rows' routing weights -> the gradient of gu, the
+scaled h and each row's dot product of h with its gradient.  Memory-bound
+and made of plain loads: every arch, `aligned` (16-byte vectors) where the
+pointers and I allow it, else `basic`."""
+from ..family import Config, Family, Param
+from ..kernels.swiglu import swiglu_kernel
+
+# A program takes BM rows and walks them BN columns at a time.  4 warps over
+# 8 x 256 elements: 16 an element of each tensor a thread, in 16-byte vectors.
+CONFIGS = (Config(8, 256, 16, 4, 1),)
+
+FAMILY = Family(
+    name="swiglu",
+    kernel=swiglu_kernel,
+    params=(
+        Param("gu_ptr", "*T", "operand", aligned=True),
+        Param("grad_ptr", "*T", "operand", aligned=True),
+        Param("scale_ptr", "*fp32", "scale"),
+        Param("h_ptr", "*T", "output", aligned=True),
+        Param("dgu_ptr", "*T", "output", aligned=True),
+        Param("dot_ptr", "*fp32", "output"),
+        Param("R", "i32", "extent"),
+        Param("C", "i32", "extent", aligned=True),
+    ),
+    layouts={f"{direction}_{gate_up}": {"BACKWARD": direction == "backward",
+                                         "INTERLEAVED": gate_up == "interleaved"}
+             for direction in ("forward", "backward")
+             for gate_up in ("concatenated", "interleaved")},
+    tma_layouts=(),
+    aligned_layouts=("forward_concatenated", "forward_interleaved", "backward_concatenated",
+                     "backward_interleaved"),
+    dtypes=("float16", "bfloat16"),
+    configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
+    tiles="cdiv(R, BM)",
+    rows="C",
+)

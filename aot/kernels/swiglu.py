@@ -1,0 +1,104 @@
+"""SwiGLU between an MoE layer's two grouped products, row by row, in one
+pass each way; float32 arithmetic, one rounding per output.
+
+gu [R, 2C] (row-major, row stride 2C) holds each row's gate and up halves:
+concatenated (gate columns 0..C, up columns C..2C) or INTERLEAVED (gate at even
+columns, up at odd).
+
+forward:   h[r]   = silu(gate[r]) * up[r]                        -> h [R, C]
+backward:  with dh = grad[r] * scale[r] (grad [R, C] the gradient of h before
+           the routing weight scale [R] float32 is applied):
+           dgu[r] = (dh * up * s * (1 + gate * (1 - s)), dh * gate * s)  (s = sigmoid(gate)),
+                    in gu's layout                               -> dgu [R, 2C]
+           hs[r]  = h[r] * scale[r]   (the down projection's input, scaled:
+                    its weight gradient is grad^T hs)             -> h [R, C]
+           dot[r] = sum_i grad[r, i] * h[r, i]   (h rounded as the forward
+                    rounded it: the routing weight's gradient)    -> dot [R] float32
+Outputs are contiguous.  Each program takes BM rows and walks their columns
+BN at a time (the row sum needs the whole row); memory-bound.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED: tl.constexpr, BM: tl.constexpr,
+                BN: tl.constexpr):
+    """The gate and up halves of rows x columns c0 .. c0 + BN, as float32 [BM, BN] each."""
+    cols = c0 + tl.arange(0, BN)
+    col_ok = cols < C
+    base = gu_ptr + rows.to(tl.int64)[:, None] * (2 * C)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if INTERLEAVED:
+        pairs = 2 * c0 + tl.arange(0, 2 * BN)
+        both = tl.load(base + pairs[None, :], mask=row_ok[:, None] & (pairs < 2 * C)[None, :],
+                       other=0.0)
+        gate, up = tl.split(tl.reshape(both, (BM, BN, 2)))
+    else:
+        gate = tl.load(base + cols[None, :], mask=mask, other=0.0)
+        up = tl.load(base + C + cols[None, :], mask=mask, other=0.0)
+    return gate.to(tl.float32), up.to(tl.float32)
+
+
+@triton.jit
+def store_gate_and_up(dgu_ptr, d_gate, d_up, rows, c0, row_ok, C, INTERLEAVED: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr):
+    cols = c0 + tl.arange(0, BN)
+    col_ok = cols < C
+    base = dgu_ptr + rows.to(tl.int64)[:, None] * (2 * C)
+    d_gate = d_gate.to(dgu_ptr.dtype.element_ty)
+    d_up = d_up.to(dgu_ptr.dtype.element_ty)
+    if INTERLEAVED:
+        pairs = 2 * c0 + tl.arange(0, 2 * BN)
+        both = tl.reshape(tl.join(d_gate, d_up), (BM, 2 * BN))
+        tl.store(base + pairs[None, :], both, mask=row_ok[:, None] & (pairs < 2 * C)[None, :])
+    else:
+        mask = row_ok[:, None] & col_ok[None, :]
+        tl.store(base + cols[None, :], d_gate, mask=mask)
+        tl.store(base + C + cols[None, :], d_up, mask=mask)
+
+
+@triton.jit
+def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C,
+                  BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """Persistent: program p takes row tiles p, p + P, ... (the runtime
+    launches min(`tiles`, one wave) programs).  In the forward (BACKWARD=0)
+    grad_ptr, scale_ptr, dgu_ptr and dot_ptr are not read or written.  USE_TMA,
+    BK, CHUNK and PRECISION (GEMM constexprs every variant receives) are unused."""
+    for tile in range(tl.program_id(0), tl.cdiv(R, BM), tl.num_programs(0)):
+        swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, tile * BM, R, C,
+                    BACKWARD, INTERLEAVED, BM, BN)
+
+
+@triton.jit
+def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C,
+                BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, BM: tl.constexpr,
+                BN: tl.constexpr):
+    """Rows row0 .. row0 + BM, BN columns at a time."""
+    rows = row0 + tl.arange(0, BM)
+    row_ok = rows < R
+    h_rows = h_ptr + rows.to(tl.int64)[:, None] * C
+    if BACKWARD:
+        scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        grad_rows = grad_ptr + rows.to(tl.int64)[:, None] * C
+        dot = tl.zeros((BM,), dtype=tl.float32)
+    for c0 in range(0, C, BN):
+        cols = c0 + tl.arange(0, BN)
+        col_ok = cols < C
+        mask = row_ok[:, None] & col_ok[None, :]
+        gate, up = gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED, BM, BN)
+        sig = tl.sigmoid(gate)
+        h = (gate * sig * up).to(h_ptr.dtype.element_ty).to(tl.float32)
+        if BACKWARD:
+            grad = tl.load(grad_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dot += tl.sum(grad * h, axis=1)
+            dh = grad * scale
+            d_gate = dh * up * sig * (1.0 + gate * (1.0 - sig))
+            store_gate_and_up(dgu_ptr, d_gate, dh * gate * sig, rows, c0, row_ok, C, INTERLEAVED,
+                              BM, BN)
+            h = h * scale
+        tl.store(h_rows + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
+    if BACKWARD:
+        tl.store(dot_ptr + rows, dot, mask=row_ok)

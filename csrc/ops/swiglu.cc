@@ -1,0 +1,89 @@
+// gg_runtime::swiglu and swiglu_backward: the SwiGLU between moe_experts'
+// grouped products (the swiglu kernel family), one launch each way.  Checks,
+// outputs, launch; Meta tensors run the same code without the launch.
+#include <family_args.h>
+
+#include <string>
+#include <tuple>
+
+#include "op_support.h"
+#include "ops.h"
+
+namespace gg::ops {
+namespace {
+
+// The dtypes the swiglu family is built for (aot/families/swiglu.py).
+const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16};
+
+// x as the kernel reads it: contiguous (copied where it is not).
+Tensor dense(const Tensor& x) {
+  const bool row_major = x.size(-1) <= 1 || x.stride(-1) == 1;
+  const bool packed = x.size(0) <= 1 || x.stride(0) == x.size(-1);
+  return row_major && packed ? x : torch::stable::contiguous(x);
+}
+
+// gu [R, 2C]: each row's gate and up halves; returns C.
+int64_t check_gate_up(const Tensor& gu) {
+  check_tensor(gu, "gu", 2, kDTypes);
+  if (gu.size(1) % 2 != 0) {
+    value_error("gu must be [R, 2C] (each row's gate and up halves), got shape ", shape_of(gu));
+  }
+  return gu.size(1) / 2;
+}
+
+std::string layout_of(const char* direction, bool interleaved) {
+  return std::string(direction) + (interleaved ? "_interleaved" : "_concatenated");
+}
+
+}  // namespace
+
+Tensor swiglu(Tensor gu_in, bool interleaved) {
+  const int64_t c = check_gate_up(gu_in);
+  Tensor h = new_output(gu_in, {gu_in.size(0), c}, gu_in.scalar_type());
+  if (h.numel() == 0 || shapes_only(h)) return h;
+  const Tensor gu = dense(gu_in);
+  // The backward's pointers are not read: gu and h stand in.
+  const family::Swiglu args{.gu_ptr = address(gu),
+                            .grad_ptr = address(gu),
+                            .scale_ptr = address(gu),
+                            .h_ptr = address(h),
+                            .dgu_ptr = address(h),
+                            .dot_ptr = address(h),
+                            .R = gu.size(0),
+                            .C = c};
+  launch(args, layout_of("forward", interleaved), target_of(gu, gu.scalar_type()));
+  return h;
+}
+
+std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in, Tensor scale_in,
+                                                   bool interleaved) {
+  const int64_t c = check_gate_up(gu_in);
+  const int64_t rows = gu_in.size(0);
+  check_tensor(grad_in, "grad", 2, kDTypes);
+  check_same(grad_in, "grad", gu_in, "gu");
+  if (grad_in.size(0) != rows || grad_in.size(1) != c) {
+    value_error("grad must have shape (", rows, ", ", c, ") (gu's rows, half its columns), got ",
+                shape_of(grad_in));
+  }
+  check_companion(scale_in, "scale", {rows}, ScalarType::Float, gu_in, "float32",
+                  "(one routing weight per row)");
+  Tensor dgu = new_output(gu_in, {rows, 2 * c}, gu_in.scalar_type());
+  Tensor h = new_output(gu_in, {rows, c}, gu_in.scalar_type());
+  Tensor dot = new_output(gu_in, {rows}, ScalarType::Float);
+  if (h.numel() == 0) torch::stable::fill_(dot, 0.0);  // the sum over no columns
+  if (h.numel() == 0 || shapes_only(h)) return {dgu, h, dot};
+  const Tensor gu = dense(gu_in), grad = dense(grad_in);
+  const Tensor scale = torch::stable::contiguous(scale_in);
+  const family::Swiglu args{.gu_ptr = address(gu),
+                            .grad_ptr = address(grad),
+                            .scale_ptr = address(scale),
+                            .h_ptr = address(h),
+                            .dgu_ptr = address(dgu),
+                            .dot_ptr = address(dot),
+                            .R = rows,
+                            .C = c};
+  launch(args, layout_of("backward", interleaved), target_of(gu, gu.scalar_type()));
+  return {dgu, h, dot};
+}
+
+}  // namespace gg::ops

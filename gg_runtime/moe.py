@@ -1,0 +1,261 @@
+"""The experts of an MoE layer as one differentiable function: routing on the
+GPU, gathered rows, the two grouped products with SwiGLU between them (one
+kernel each way, torch.ops.gg_runtime.swiglu / swiglu_backward), and the
+weighted combine of each token's k outputs, forward and backward, with no
+bf16 atomics and no host sync.
+
+What the autograd function keeps for backward is the routing, the inputs
+and the up projection's output; everything else is recomputed.  Every
+gather, scatter and combine is a permutation or a sum over the k slots of a
+token (index_select both ways), never an index_add."""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .autograd import bias_gradient, input_gradient
+from ._native import OPS
+
+GATE_UP_LAYOUTS = ("concatenated", "interleaved")
+
+
+def route(topk_ids: torch.Tensor, experts: int):
+    """The token slots (t * k + j) sorted by expert, stably, with ids outside
+    [0, experts) sorted last (dropped: past the last group), the groups' end
+    offsets (int32 [experts]) and the inverse permutation (slot -> sorted row).
+    GPU only: nothing waits for the host."""
+    flat = topk_ids.reshape(-1)
+    expert = torch.where((flat >= 0) & (flat < experts), flat, experts).long()
+    order = expert.argsort(stable=True)
+    counts = torch.zeros(experts + 1, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, expert, torch.ones_like(expert, dtype=torch.int32))
+    offs = counts[:experts].cumsum(0, dtype=torch.int32)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return order, offs, inverse
+
+
+def _mm(a, b, offs, bias=None):
+    return OPS.grouped_mm.default(a, b, offs, bias, None, False)
+
+
+class _Experts(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved):
+        tokens, hidden = x.shape
+        k = topk_ids.shape[1]
+        order, offs, inverse = route(topk_ids, w13.shape[0])
+        gu = _mm(x.index_select(0, order // k), w13.mT, offs, b13)
+        ys = _mm(OPS.swiglu.default(gu, interleaved), w2.mT, offs, b2)
+        y = ys.index_select(0, inverse).view(tokens, k, hidden)
+        weights = topk_weights.to(x.dtype)
+        ctx.save_for_backward(x, weights, w13, w2, b2, order, offs, inverse, gu)
+        ctx.interleaved = interleaved
+        ctx.weights_dtype = topk_weights.dtype
+        return torch.bmm(weights.unsqueeze(1), y).squeeze(1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        """The gradient of each sorted row's down projection before its routing
+        weight (dys) gives dh; one kernel then gives d(gu), h scaled by the
+        weight (so that dW2 = dys^T (w h)) and the weight's gradient <dys, y>
+        = <dh, h> (+ <dys, b2>); the rest are grouped products, and permutations
+        and sums over each token's k slots for dx and d(topk_weights)."""
+        x, weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
+        need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2, _ = ctx.needs_input_grad
+        tokens, k = weights.shape
+        token = order // k
+        dys = grad.to(x.dtype).index_select(0, token)
+        scale = weights.reshape(-1).index_select(0, order).float()
+        dgu, hs, dot = OPS.swiglu_backward.default(gu, _mm(dys, w2, offs), scale,
+                                                   ctx.interleaved)
+        dx = d_weights = dw13 = dw2 = db13 = db2 = None
+        if need_weights:
+            if b2 is not None:
+                dot += _bias_term(dys, b2, offs)
+            d_weights = dot.index_select(0, inverse).view(tokens, k).to(ctx.weights_dtype)
+        if need_x:
+            dxs = _mm(dgu, w13, offs)
+            dx = dxs.index_select(0, inverse).view(tokens, k, x.shape[1]).sum(1)
+        if need_w13:
+            dw13 = input_gradient(w13, dgu.mT, x.index_select(0, token), offs, False)
+        if need_w2:
+            dw2 = input_gradient(w2, dys.mT, hs, offs, False)
+        if need_b13:
+            db13 = bias_gradient(dgu, offs, False)
+        if need_b2:
+            db2 = bias_gradient(dys * scale.to(dys.dtype).unsqueeze(1), offs, False)
+        return dx, None, d_weights, dw13, dw2, db13, db2, None
+
+
+def _bias_term(dys, b2, offs):
+    """<grad row, b2[group of the row]> per sorted row: the routing weight's
+    gradient through the down projection's bias (0 past the last group)."""
+    rows = torch.arange(dys.shape[0], dtype=offs.dtype, device=dys.device)
+    group = torch.searchsorted(offs, rows, right=True)
+    bias = torch.cat([b2, b2.new_zeros(1, b2.shape[1])]).float()
+    return (dys.float() * bias[group]).sum(-1)
+
+
+def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
+                b13: torch.Tensor | None = None, b2: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]): the
+    experts of a token-choice MoE layer, each a SwiGLU MLP, given the router's
+    choice.
+
+    - x [T, H]: the tokens, float16 or bfloat16, on a CUDA device.
+    - topk_ids [T, k] (int32 or int64) and topk_weights [T, k] (floating, any
+      dtype; rounded to x's dtype for the combine): the router's top k.  An
+      id outside [0, E) marks a dropped slot: it adds nothing and its weight
+      gets a zero gradient (-1 as expert parallelism marks other ranks' experts).
+    - w13 [E, 2I, H]: each expert's gate and up projections in nn.Linear's
+      [out, in] layout (transformers' gate_up_proj); gate_up says how their rows
+      are laid out: "concatenated" (gate rows, then up rows: Qwen3-MoE,
+      Mixtral, DeepSeek) or "interleaved" (gate, up, gate, ...: gpt-oss).
+    - w2 [E, H, I]: the down projections, [out, in] (transformers' down_proj).
+    - b13 [E, 2I], b2 [E, H]: optional biases of the two projections (gpt-oss).
+
+    expert_e(v) = w2[e] @ (silu(g) * u) (+ b2[e]), with g and u the gate and up
+    halves of w13[e] @ v (+ b13[e]); float32 accumulation.  The weights may
+    be strided views (w13 as a transposed view of [E, H, 2I], say); their
+    gradients come back in their layouts.
+
+    Differentiable in x, topk_weights, w13, w2 and the biases (not twice).
+    Nothing waits for the host (CUDA-graph capturable); traceable by
+    torch.compile.  Returns [T, H] in x's dtype.
+    """
+    _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, b13, b2)
+    return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved")
+
+
+def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, b13, b2):
+    """TypeError / ValueError naming the argument, before anything launches."""
+    given = {"x": x, "topk_ids": topk_ids, "topk_weights": topk_weights, "w13": w13, "w2": w2}
+    for name, value in given.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    for name, value in (("b13", b13), ("b2", b2)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+        if value is not None:
+            given[name] = value
+    if gate_up not in GATE_UP_LAYOUTS:
+        raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be float16 or bfloat16, got {x.dtype}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if not topk_weights.is_floating_point():
+        raise TypeError(f"topk_weights must be a floating-point tensor, got {topk_weights.dtype}")
+    for name in ("w13", "w2", "b13", "b2"):
+        if name in given and given[name].dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype ({x.dtype}), got {given[name].dtype}")
+    for name, value in given.items():
+        if value.device != x.device:
+            raise ValueError(f"{name} is on {value.device} but x is on {x.device}")
+    if x.device.type not in ("cuda", "meta"):
+        raise ValueError(f"x must be on a CUDA device, got {x.device} (gg_runtime has no CPU "
+                         f"kernels)")
+    _check_shapes(x, topk_ids, topk_weights, w13, w2, b13, b2)
+
+
+def _check_shapes(x, topk_ids, topk_weights, w13, w2, b13, b2):
+    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"x must be [T, H] and topk_ids [T, k], got shapes {tuple(x.shape)} "
+                         f"and {tuple(topk_ids.shape)}")
+    if topk_ids.shape[1] < 1 or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_weights must have topk_ids' shape [T, k] with k >= 1, got "
+                         f"{tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}")
+    hidden = x.shape[1]
+    if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
+        raise ValueError(f"w13 must be [E, 2I, H] with H = {hidden} (x's columns), got "
+                         f"{tuple(w13.shape)}")
+    experts, inter = w13.shape[0], w13.shape[1] // 2
+    expected = {"w2": (w2, (experts, hidden, inter)), "b13": (b13, (experts, 2 * inter)),
+                "b2": (b2, (experts, hidden))}
+    for name, (value, shape) in expected.items():
+        if value is not None and tuple(value.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (from w13 [E, 2I, H] and x), got "
+                             f"{tuple(value.shape)}")
+
+
+class MoEExperts(torch.nn.Module):
+    """The experts of a token-choice MoE layer (moe_experts) as a module, with
+    the parameter names and layouts of transformers' fused experts:
+    gate_up_proj [E, 2I, H], down_proj [E, H, I] (and, with bias=True,
+    gate_up_proj_bias [E, 2I], down_proj_bias [E, H]).  forward(hidden_states
+    [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H], as
+    transformers calls its experts module."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 gate_up: str = "concatenated", bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        if gate_up not in GATE_UP_LAYOUTS:
+            raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+        self.gate_up = gate_up
+        factory = {"device": device, "dtype": dtype}
+        self.gate_up_proj = torch.nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
+        self.down_proj = torch.nn.Parameter(
+            torch.empty(num_experts, hidden_size, intermediate_size, **factory))
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if bias:
+            self.gate_up_proj_bias = torch.nn.Parameter(
+                torch.empty(num_experts, 2 * intermediate_size, **factory))
+            self.down_proj_bias = torch.nn.Parameter(
+                torch.empty(num_experts, hidden_size, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """nn.Linear's initialisation, expert by expert."""
+        for weight in (self.gate_up_proj, self.down_proj):
+            bound = weight.shape[-1] ** -0.5
+            torch.nn.init.uniform_(weight, -bound, bound)
+        for bias, weight in ((self.gate_up_proj_bias, self.gate_up_proj),
+                             (self.down_proj_bias, self.down_proj)):
+            if bias is not None:
+                bound = weight.shape[-1] ** -0.5
+                torch.nn.init.uniform_(bias, -bound, bound)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+                           self.down_proj, gate_up=self.gate_up, b13=self.gate_up_proj_bias,
+                           b2=self.down_proj_bias)
+
+
+def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor,
+                                 top_k_index: torch.Tensor,
+                                 top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The forward of a transformers experts module (Qwen3-MoE, Mixtral,
+    DeepSeek, OLMoE, ...: its gate_up_proj, down_proj and their biases, in the
+    layout its is_transposed and is_concatenated flags give) through
+    moe_experts; an entry for transformers' ExpertsInterface:
+
+        from transformers.integrations.moe import ExpertsInterface
+        ExpertsInterface.register("gg_runtime", gg_runtime.transformers_experts_forward)
+        model.config._experts_implementation = "gg_runtime"
+
+    Ids transformers uses as expert-parallel sentinels (>= the number of
+    experts) are dropped slots, as in its grouped_mm implementation.  Experts
+    without a gate, or whose activation is not SiLU-gated (gpt-oss's clamped
+    one), are refused with a ValueError."""
+    gated = getattr(module, "has_gate", True)
+    apply_gate = getattr(type(module), "_apply_gate", None)
+    if not gated or getattr(apply_gate, "__name__", "_default_apply_gate") != "_default_apply_gate":
+        raise ValueError(f"{type(module).__name__}: moe_experts runs SwiGLU experts only "
+                         f"(silu(gate) * up), not this module's own gating")
+    activation = getattr(module, "act_fn", None)
+    if activation is not None and type(activation).__name__ not in ("SiLU", "SiLUActivation"):
+        raise ValueError(f"{type(module).__name__}: moe_experts runs SwiGLU experts only, this "
+                         f"module's activation is {type(activation).__name__}")
+    transposed = getattr(module, "is_transposed", False)
+    weights = [module.gate_up_proj, module.down_proj]
+    w13, w2 = (w.mT if transposed else w for w in weights)
+    has_bias = getattr(module, "has_bias", False)
+    return moe_experts(hidden_states, top_k_index, top_k_weights, w13, w2,
+                       gate_up="concatenated" if getattr(module, "is_concatenated", True)
+                       else "interleaved",
+                       b13=module.gate_up_proj_bias if has_bias else None,
+                       b2=module.down_proj_bias if has_bias else None)

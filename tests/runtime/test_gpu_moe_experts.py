@@ -1,0 +1,223 @@
+"""moe_experts and MoEExperts against a float32 layer computed expert by
+expert, output and every gradient, no worse than twice the error of the same
+layer computed in the inputs' dtype by torch; edges (dropped slots, empty
+experts, T = 0, k up to 16, E up to 512), layouts, torch.compile, CUDA graphs.
+And the SwiGLU operators it uses, against float32."""
+import pytest
+import torch
+
+import gg_runtime
+from problems import randn, rel_error
+
+from conftest import gpu
+
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+
+
+def swiglu_ref(gu, interleaved):
+    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False):
+    """The experts expert by expert, in the inputs' dtype (what torch gives
+    without gg_runtime; float32 inputs for the reference)."""
+    out = torch.zeros_like(x)
+    for e in range(w13.shape[0]):
+        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
+        y = swiglu_ref(gu, interleaved) @ w2[e].T + (0 if b2 is None else b2[e])
+        out = out.index_add(0, token, y * topk_weights[token, slot, None].to(x.dtype))
+    return out
+
+
+def make_inputs(tokens, hidden, inter, experts, k, dtype=torch.bfloat16, bias=False, seed=0):
+    torch.manual_seed(seed)
+    scores = torch.rand(tokens, experts, device="cuda")
+    weights, ids = scores.topk(k, dim=-1)
+    inputs = {"x": randn(tokens, hidden, dtype=dtype),
+              "topk_ids": ids, "topk_weights": weights.softmax(-1),
+              "w13": randn(experts, 2 * inter, hidden, dtype=dtype, scale=hidden ** -0.5),
+              "w2": randn(experts, hidden, inter, dtype=dtype, scale=inter ** -0.5)}
+    if bias:
+        inputs.update(b13=randn(experts, 2 * inter, dtype=dtype, scale=0.1),
+                      b2=randn(experts, hidden, dtype=dtype, scale=0.1))
+    return inputs
+
+
+DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
+
+
+def outputs_and_grads(fn, inputs, grad):
+    """fn's output and the gradients of every differentiable input given."""
+    leaves = {n: t.detach().clone().requires_grad_() if n in DIFFERENTIABLE else t
+              for n, t in inputs.items()}
+    out = fn(**leaves)
+    out.backward(grad)
+    return [out] + [leaves[n].grad for n in DIFFERENTIABLE if n in leaves]
+
+
+def check_against_reference(inputs, gate_up="concatenated", fn=None):
+    interleaved = gate_up == "interleaved"
+    fn = fn or (lambda **kw: gg_runtime.moe_experts(**kw, gate_up=gate_up))
+    grad = randn(*inputs["x"].shape, dtype=inputs["x"].dtype)
+    ours = outputs_and_grads(fn, inputs, grad)
+    as_float = {n: t.float() if t.is_floating_point() else t for n, t in inputs.items()}
+    ref = outputs_and_grads(lambda **kw: layer_ref(**kw, interleaved=interleaved), as_float,
+                            grad.float())
+    torchs = outputs_and_grads(lambda **kw: layer_ref(**kw, interleaved=interleaved), inputs,
+                               grad)
+    names = ["out"] + [n for n in DIFFERENTIABLE if n in inputs]
+    for name, got, want, theirs in zip(names, ours, ref, torchs):
+        assert got.dtype == want.dtype or got.dtype == inputs["x"].dtype, name
+        ours_error, torch_error = rel_error(got, want), rel_error(theirs, want)
+        assert ours_error <= 2 * torch_error + 1e-3, (name, ours_error, torch_error)
+    return ours
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_matches_float32_layer(dtype, gate_up, bias):
+    check_against_reference(make_inputs(133, 72, 40, 6, 2, dtype, bias), gate_up)
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 32, 1, 1), (257, 128, 96, 24, 16), (40, 64, 32, 512, 8),
+                                   (1000, 256, 176, 64, 6)],
+                         ids=["one_token_one_expert", "k16", "e512", "fine_grained"])
+def test_shapes(shape):
+    check_against_reference(make_inputs(*shape))
+
+
+def test_no_tokens():
+    inputs = make_inputs(0, 64, 32, 4, 2)
+    out = gg_runtime.moe_experts(**inputs)
+    assert out.shape == (0, 64)
+
+
+def test_all_tokens_on_one_expert_and_empty_experts():
+    inputs = make_inputs(300, 64, 48, 16, 1)
+    inputs["topk_ids"] = torch.full_like(inputs["topk_ids"], 7)
+    check_against_reference(inputs)
+
+
+def test_dropped_slots_add_nothing():
+    """-1 (and any id outside [0, E)) drops the slot: the output is that of the
+    other slots and the dropped weight's gradient is zero."""
+    inputs = make_inputs(97, 64, 48, 8, 4)
+    ids = inputs["topk_ids"]
+    dropped = torch.rand(ids.shape, device="cuda") < 0.3
+    ids[dropped] = -1
+    ids[0, 0] = 8  # past the last expert: dropped too
+    dropped[0, 0] = True
+    out, *grads = check_against_reference(inputs)
+    d_weights = grads[1]
+    assert torch.all(d_weights[dropped] == 0)
+
+
+def test_strided_inputs_and_gradient_layouts():
+    """x a column slice, topk_weights float32 and strided, w13 a transposed view
+    of an [E, H, 2I] tensor: every gradient comes back with its input's strides."""
+    inputs = make_inputs(150, 64, 40, 8, 3)
+    inputs["x"] = torch.cat([inputs["x"], inputs["x"]], 1)[:, 3:67]
+    inputs["topk_weights"] = torch.cat([inputs["topk_weights"]] * 2, 1)[:, ::2]
+    inputs["w13"] = inputs["w13"].mT.contiguous().mT
+    inputs["w2"] = inputs["w2"].mT.contiguous().mT
+    out, dx, d_weights, dw13, dw2 = check_against_reference(inputs)
+    for grad, name in ((dw13, "w13"), (dw2, "w2")):
+        assert grad.stride() == inputs[name].stride(), name
+
+
+def test_module_forward_and_parameters():
+    experts = gg_runtime.MoEExperts(8, 64, 32, bias=True, device="cuda", dtype=torch.bfloat16)
+    names = {n: tuple(p.shape) for n, p in experts.named_parameters()}
+    assert names == {"gate_up_proj": (8, 64, 64), "down_proj": (8, 64, 32),
+                     "gate_up_proj_bias": (8, 64), "down_proj_bias": (8, 64)}
+    inputs = make_inputs(50, 64, 32, 8, 2)
+    out = experts(inputs["x"], inputs["topk_ids"], inputs["topk_weights"])
+    want = layer_ref(inputs["x"].float(), inputs["topk_ids"], inputs["topk_weights"],
+                     experts.gate_up_proj.float(), experts.down_proj.float(),
+                     experts.gate_up_proj_bias.float(), experts.down_proj_bias.float())
+    assert rel_error(out, want) < 2e-2
+
+
+def test_cuda_graph_replay_with_new_routing():
+    inputs = make_inputs(128, 64, 32, 8, 2)
+    static = {n: t.clone() for n, t in inputs.items()}
+    gg_runtime.moe_experts(**static)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gg_runtime.moe_experts(**static)
+    fresh = make_inputs(128, 64, 32, 8, 2, seed=1)
+    for name in ("x", "topk_ids", "topk_weights"):
+        static[name].copy_(fresh[name])
+    graph.replay()
+    want = layer_ref(**{n: t.float() if t.is_floating_point() else t for n, t in static.items()})
+    assert rel_error(out, want) < 2e-2
+
+
+def test_torch_compile_fullgraph():
+    """Traced whole, forward and backward (aot_eager: inductor needs Triton)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(gg_runtime.moe_experts, fullgraph=True, backend="aot_eager")
+    check_against_reference(make_inputs(90, 64, 48, 8, 2), fn=compiled)
+
+
+def swiglu_backward_ref(gu, grad, scale, interleaved):
+    """(d gu, h * scale, <grad, h> per row) by autograd in float32, h rounded as the kernel does."""
+    gu = gu.float().requires_grad_()
+    h = swiglu_ref(gu, interleaved)
+    (h * scale[:, None]).backward(grad.float())
+    rounded = h.detach().to(grad.dtype).float()
+    return gu.grad, rounded * scale[:, None], (grad.float() * rounded).sum(-1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["concatenated", "interleaved"])
+@pytest.mark.parametrize("rows,cols", [(1, 8), (77, 40), (300, 256), (33, 1000)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_swiglu_operators(rows, cols, interleaved, dtype):
+    gu = randn(rows, 2 * cols, dtype=dtype) * 3
+    grad = randn(rows, cols, dtype=dtype)
+    scale = torch.rand(rows, device="cuda")
+    h = torch.ops.gg_runtime.swiglu(gu, interleaved)
+    assert rel_error(h, swiglu_ref(gu.float(), interleaved)) < 1e-2
+    got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved)
+    for name, g, want in zip(("dgu", "hs", "dot"), got, swiglu_backward_ref(gu, grad, scale,
+                                                                           interleaved)):
+        assert g.shape == want.shape and g.is_contiguous(), name
+        assert rel_error(g, want) < (1e-4 if name == "dot" else 1e-2), name
+
+
+def test_swiglu_operators_strided_and_empty():
+    gu = randn(50, 200, dtype=torch.bfloat16)[:, 20:180]  # row stride 200
+    assert rel_error(torch.ops.gg_runtime.swiglu(gu, False), swiglu_ref(gu.float(), False)) < 1e-2
+    empty = torch.ops.gg_runtime.swiglu_backward(gu[:0], gu[:0, :80], torch.rand(0, device="cuda"))
+    assert [tuple(t.shape) for t in empty] == [(0, 160), (0, 80), (0,)]
+
+
+def test_transformers_qwen3_moe_experts():
+    """A small Qwen3-MoE from transformers with gg_runtime as its experts
+    implementation (ExpertsInterface) against its own grouped_mm one: logits
+    and the experts' weight gradients."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.integrations.moe import ExpertsInterface
+    ExpertsInterface.register("gg_runtime", gg_runtime.transformers_experts_forward)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 40), device="cuda")
+    results = {}
+    for implementation in ("grouped_mm", "gg_runtime"):
+        model.config._experts_implementation = implementation
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.float().square().mean().backward()
+        experts = model.model.layers[0].mlp.experts
+        results[implementation] = (logits.detach(), experts.gate_up_proj.grad.clone(),
+                                   experts.down_proj.grad.clone())
+    for ours, theirs in zip(results["gg_runtime"], results["grouped_mm"]):
+        assert rel_error(ours, theirs.float()) < 2e-2

@@ -1,0 +1,104 @@
+"""moe_experts refuses bad input with a message naming the argument, before
+any launch, and gives the output's shape on fake tensors (torch.compile's
+tracing).  Runs on CPU."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime._native import call
+
+from conftest import cuda
+
+T, H, INTER, E, K = 10, 16, 8, 4, 2
+
+
+def args(**changes):
+    given = {"x": cuda(T, H), "topk_ids": torch.zeros(T, K, dtype=torch.int64, device="cuda"),
+             "topk_weights": cuda(T, K, dtype=torch.float32), "w13": cuda(E, 2 * INTER, H),
+             "w2": cuda(E, H, INTER)}
+    given.update(changes)
+    return given
+
+
+def test_fake_tensors_give_the_output_shape(fake):
+    out = gg_runtime.moe_experts(**args())
+    assert out.shape == (T, H) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+
+
+# (changes, error, message); changes is made inside the test, under the fake mode.
+BAD = [
+    (lambda: {"x": None}, TypeError, "x must be a torch.Tensor, got NoneType"),
+    (lambda: {"b2": 3}, TypeError, "b2 must be a torch.Tensor or None, got int"),
+    (lambda: {"x": cuda(T, H, dtype=torch.float32)}, TypeError, "x must be float16 or bfloat16"),
+    (lambda: {"topk_ids": cuda(T, K, dtype=torch.float32)}, TypeError,
+     "topk_ids must be int32 or int64"),
+    (lambda: {"topk_weights": torch.zeros(T, K, dtype=torch.int64, device="cuda")}, TypeError,
+     "topk_weights must be a floating-point tensor"),
+    (lambda: {"w2": cuda(E, H, INTER, dtype=torch.float16)}, TypeError, "w2 must have x's dtype"),
+    (lambda: {"topk_ids": torch.zeros(T + 1, K, dtype=torch.int64, device="cuda")}, ValueError,
+     r"x must be \[T, H\] and topk_ids \[T, k\]"),
+    (lambda: {"topk_weights": cuda(T, K + 1)}, ValueError,
+     "topk_weights must have topk_ids' shape"),
+    (lambda: {"topk_ids": torch.zeros(T, 0, dtype=torch.int64, device="cuda"),
+              "topk_weights": cuda(T, 0)}, ValueError, "with k >= 1"),
+    (lambda: {"w13": cuda(E, 2 * INTER + 1, H)}, ValueError,
+     r"w13 must be \[E, 2I, H\] with H = 16"),
+    (lambda: {"w2": cuda(E, H, INTER + 1)}, ValueError, r"w2 must have shape \(4, 16, 8\)"),
+    (lambda: {"b13": cuda(E, INTER)}, ValueError, r"b13 must have shape \(4, 16\)"),
+    (lambda: {"w2": torch.empty(E, H, INTER, dtype=torch.bfloat16, device="meta")}, ValueError,
+     "w2 is on meta but x is on cuda"),
+]
+
+
+@pytest.mark.parametrize("changes,error,message", BAD, ids=[m[:30] for _, _, m in BAD])
+def test_bad_arguments(fake, changes, error, message):
+    with pytest.raises(error, match=message):
+        gg_runtime.moe_experts(**args(**changes()))
+
+
+def test_gate_up_layout_names(fake):
+    with pytest.raises(ValueError, match="gate_up must be one of"):
+        gg_runtime.moe_experts(**args(), gate_up="split")
+    with pytest.raises(ValueError, match="gate_up must be one of"):
+        gg_runtime.MoEExperts(E, H, INTER, gate_up="split")
+
+
+def test_cpu_tensors_are_refused():
+    given = {"x": torch.zeros(T, H, dtype=torch.bfloat16),
+             "topk_ids": torch.zeros(T, K, dtype=torch.int64), "topk_weights": torch.zeros(T, K),
+             "w13": torch.zeros(E, 2 * INTER, H, dtype=torch.bfloat16),
+             "w2": torch.zeros(E, H, INTER, dtype=torch.bfloat16)}
+    with pytest.raises(ValueError, match="x must be on a CUDA device, got cpu"):
+        gg_runtime.moe_experts(**given)
+
+
+def test_swiglu_operators_check_their_inputs(fake):
+    ops = torch.ops.gg_runtime
+    with pytest.raises(ValueError, match=r"gu must be \[R, 2C\]"):
+        call(ops.swiglu.default, cuda(4, 7), False)
+    with pytest.raises(ValueError, match=r"grad must have shape \(4, 3\)"):
+        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 6), cuda(4, dtype=torch.float32),
+             False)
+    with pytest.raises(TypeError, match="scale must be float32"):
+        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 3), cuda(4), False)
+    h = torch.ops.gg_runtime.swiglu(cuda(4, 6), True)
+    dgu, hs, dot = torch.ops.gg_runtime.swiglu_backward(cuda(4, 6), cuda(4, 3),
+                                                        cuda(4, dtype=torch.float32))
+    assert [tuple(t.shape) for t in (h, dgu, hs, dot)] == [(4, 3), (4, 6), (4, 3), (4,)]
+
+
+class NotSwiGLU(torch.nn.Module):
+    """Stands for an experts module whose gating is its own (gpt-oss)."""
+    has_gate = True
+
+    def _apply_gate(self, gate_up):
+        return gate_up
+
+
+def test_transformers_experts_forward_refuses_other_gating():
+    with pytest.raises(ValueError, match="NotSwiGLU: moe_experts runs SwiGLU experts only"):
+        gg_runtime.transformers_experts_forward(NotSwiGLU(), None, None, None)
+    ungated = torch.nn.Module()
+    ungated.has_gate = False
+    with pytest.raises(ValueError, match="SwiGLU experts only"):
+        gg_runtime.transformers_experts_forward(ungated, None, None, None)
