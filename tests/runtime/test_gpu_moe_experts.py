@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import gg_runtime
-from problems import randn, rel_error
+from gg_runtime import _C
+from problems import forced, last_variant, randn, rel_error
 
-from conftest import gpu
+from conftest import device_arch, gpu
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 
@@ -221,3 +222,31 @@ def test_transformers_qwen3_moe_experts():
                                    experts.down_proj.grad.clone())
     for ours, theirs in zip(results["gg_runtime"], results["grouped_mm"]):
         assert rel_error(ours, theirs.float()) < 2e-2
+
+
+SWIGLU_VARIANTS = [v for v in _C.variants() if v["family"] == "swiglu" and
+                   v["arch"] == device_arch()]
+
+
+@pytest.mark.skipif(not SWIGLU_VARIANTS, reason="needs a GPU this wheel has kernels for")
+@pytest.mark.parametrize("variant", SWIGLU_VARIANTS, ids=[v["key"] for v in SWIGLU_VARIANTS])
+def test_swiglu_variant(variant):
+    """Each compiled SwiGLU variant, forced, on more row tiles than one wave
+    of programs (each program takes several) and columns that are no
+    multiple of the tile (of 16 for `basic`)."""
+    dtype = getattr(torch, variant["dtype"])
+    direction, gate_up = variant["layout"].split("_")
+    interleaved = gate_up == "interleaved"
+    cols = 45 if variant["flavour"] == "basic" else 48
+    gu, grad = randn(20000, 2 * cols, dtype=dtype) * 3, randn(20000, cols, dtype=dtype)
+    scale = torch.rand(20000, device="cuda")
+    with forced(variant=variant["key"]):
+        if direction == "forward":
+            got = [torch.ops.gg_runtime.swiglu(gu, interleaved)]
+            want = [swiglu_ref(gu.float(), interleaved)]
+        else:
+            got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved)
+            want = swiglu_backward_ref(gu, grad, scale, interleaved)
+        assert last_variant() == variant["key"]
+    for g, w in zip(got, want):
+        assert rel_error(g, w) < 1e-2
