@@ -542,17 +542,22 @@ def host_costs() -> dict:
     plain, with autograd recording (weights that require grad), the weight
     gradient (ragged K of a.t() and an output-shaped dy), and the list
     API with 128 groups against a loop of matmuls and torch's fused 128-tensor
-    foreach op.  Where ours goes: `op_` rows call the operator
-    torch.ops.gg_runtime.grouped_mm directly (no Python wrapper), `empty_op_`
-    rows on meta tensors (dispatch, checks, allocation; no launch)."""
+    foreach op; moe_experts' whole forward (256 tokens, top-2 of 8 experts, no
+    autograd recording), to set against one torch._grouped_mm call.  Where
+    ours goes: `op_` rows call the operator torch.ops.gg_runtime.grouped_mm
+    directly (no Python wrapper), `empty_op_` rows on meta tensors (dispatch,
+    checks, allocation; no launch)."""
     a, b, offs = moe_inputs([32] * 8, 128, 128, torch.bfloat16)
     w = b.detach().requires_grad_()
     dy = torch.randn_like(gg_runtime.grouped_mm(a, b, offs))
     As, Bs = list_inputs([(16, 16, 32)] * 128, torch.float16)
+    weights, chosen = torch.rand(256, 8, device="cuda").topk(2, dim=-1)
+    w13, w2 = b.new_empty(8, 128, 128).normal_(), b.new_empty(8, 128, 64).normal_()
     ours = {"grouped_mm_us": lambda: gg_runtime.grouped_mm(a, b, offs),
             "grouped_mm_autograd_us": lambda: gg_runtime.grouped_mm(a, w, offs),
             "weight_gradient_us": lambda: gg_runtime.grouped_mm(a.t(), dy, offs),
-            "grouped_gemm_128_groups_us": lambda: gg_runtime.grouped_gemm(As, Bs)}
+            "grouped_gemm_128_groups_us": lambda: gg_runtime.grouped_gemm(As, Bs),
+            "moe_experts_forward_us": lambda: gg_runtime.moe_experts(a, chosen, weights, w13, w2)}
     op = torch.ops.gg_runtime.grouped_mm.default
     meta = [x.to("meta") for x in (a, b, offs)]
     ours.update(op_grouped_mm_us=lambda: op(a, b, offs, None, None, False),

@@ -70,22 +70,24 @@ class _Experts(torch.autograd.Function):
         scale = weights.reshape(-1).index_select(0, order).float()
         dgu, hs, dot = OPS.swiglu_backward.default(gu, _mm(dys, w2, offs), scale,
                                                    ctx.interleaved)
-        dx = d_weights = dw13 = dw2 = db13 = db2 = None
+        # Each intermediate goes as soon as its last use is done: the weights'
+        # gradients are allocated while this node's saved tensors still live.
+        d_weights = dw2 = db2 = dx = dw13 = db13 = None
         if need_weights:
             if b2 is not None:
                 dot += _bias_term(dys, b2, offs)
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(ctx.weights_dtype)
-        if need_x:
-            dxs = _mm(dgu, w13, offs)
-            dx = dxs.index_select(0, inverse).view(tokens, k, x.shape[1]).sum(1)
-        if need_w13:
-            dw13 = input_gradient(w13, dgu.mT, x.index_select(0, token), offs, False)
         if need_w2:
             dw2 = input_gradient(w2, dys.mT, hs, offs, False)
+        if need_b2:
+            db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
+        del dys, hs, dot
+        if need_x:
+            dx = _mm(dgu, w13, offs).index_select(0, inverse).view(tokens, k, x.shape[1]).sum(1)
+        if need_w13:
+            dw13 = input_gradient(w13, dgu.mT, x.index_select(0, token), offs, False)
         if need_b13:
             db13 = bias_gradient(dgu, offs, False)
-        if need_b2:
-            db2 = bias_gradient(dys * scale.to(dys.dtype).unsqueeze(1), offs, False)
         return dx, None, d_weights, dw13, dw2, db13, db2, None
 
 
