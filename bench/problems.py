@@ -324,13 +324,15 @@ def moe_layer(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Te
 
 
 def moe_layer_no_atomics(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Tensor:
-    """moe_layer with the combine through the inverse permutation: the sorted
-    outputs put back in slot order (index_select), scaled and summed over each
-    token's k slots; no atomics.  Same grouped products and SwiGLU."""
+    """moe_layer with the gather and the combine through index_select (the
+    sorted outputs put back in slot order by the inverse permutation, scaled
+    and summed over each token's k slots): no atomics in the forward.  Same
+    grouped products and SwiGLU."""
     weights, chosen = route_top_k(x, router, top_k)
     order, offs = sorted_by_expert(chosen, w13.shape[0])
     inverse = order.argsort()
-    gate, up = mm(x[order // top_k], w13.transpose(1, 2), offs, b13).chunk(2, dim=-1)
+    gate, up = mm(x.index_select(0, order // top_k), w13.transpose(1, 2), offs,
+                  b13).chunk(2, dim=-1)
     y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs, b2)
     y = y.index_select(0, inverse).view(*chosen.shape, -1)
     return (y * weights.to(y.dtype).unsqueeze(-1)).sum(1)
