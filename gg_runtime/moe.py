@@ -19,6 +19,11 @@ from ._native import OPS
 GATE_UP_LAYOUTS = ("concatenated", "interleaved")
 
 
+def _check_gate_up(gate_up):
+    if gate_up not in GATE_UP_LAYOUTS:
+        raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+
+
 def route(topk_ids: torch.Tensor, experts: int):
     """The token slots (t * k + j) sorted by expert, stably, with ids outside
     [0, experts) sorted last (dropped: past the last group), the groups' end
@@ -143,8 +148,7 @@ def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, b13, b2):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
         if value is not None:
             given[name] = value
-    if gate_up not in GATE_UP_LAYOUTS:
-        raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+    _check_gate_up(gate_up)
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"x must be float16 or bfloat16, got {x.dtype}")
     if topk_ids.dtype not in (torch.int32, torch.int64):
@@ -194,8 +198,7 @@ class MoEExperts(torch.nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  gate_up: str = "concatenated", bias: bool = False, device=None, dtype=None):
         super().__init__()
-        if gate_up not in GATE_UP_LAYOUTS:
-            raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+        _check_gate_up(gate_up)
         self.gate_up = gate_up
         factory = {"device": device, "dtype": dtype}
         self.gate_up_proj = torch.nn.Parameter(

@@ -3,12 +3,12 @@ forward and backward (aot/kernels/swiglu.py): gu [R, 2C] -> h [R, C]; and
 gu, the gradient of h, the rows' routing weights -> the gradient of gu, the
 scaled h and each row's dot product of h with its gradient.  Memory-bound
 and made of plain loads: every arch, `aligned` (16-byte vectors) where the
-pointers and I allow it, else `basic`."""
+pointers and C allow it, else `basic`."""
 from ..family import Config, Family, Param
 from ..kernels.swiglu import swiglu_kernel
 
 # A program takes BM rows and walks them BN columns at a time.  4 warps over
-# 8 x 256 elements: 16 an element of each tensor a thread, in 16-byte vectors.
+# 8 x 256 elements: 16 elements of each tensor a thread, in 16-byte vectors.
 CONFIGS = (Config(8, 256, 16, 4, 1),)
 
 FAMILY = Family(
