@@ -6,6 +6,7 @@ import torch
 
 import gg_runtime
 from gg_runtime._native import call
+from gg_runtime.moe import route
 
 from conftest import cuda
 
@@ -102,3 +103,22 @@ def test_transformers_experts_forward_refuses_other_gating():
     ungated.has_gate = False
     with pytest.raises(ValueError, match="SwiGLU experts only"):
         gg_runtime.transformers_experts_forward(ungated, None, None, None)
+
+
+def test_route_sorts_slots_by_expert_with_dropped_ones_last():
+    """The routing on its own (plain torch ops: it runs on CPU tensors too)."""
+    ids = torch.tensor([[2, 0], [-1, 2], [0, 7], [1, 2]])
+    order, offs, inverse = route(ids, 4)
+    assert order.tolist() == [1, 4, 6, 0, 3, 7, 2, 5]  # stable within an expert
+    assert offs.tolist() == [2, 3, 6, 6] and offs.dtype == torch.int32
+    assert torch.equal(order[inverse], torch.arange(8))
+
+
+def test_module_parameters_and_shapes(fake):
+    experts = gg_runtime.MoEExperts(E, H, INTER, gate_up="interleaved", bias=True,
+                                    device="cuda", dtype=torch.bfloat16)
+    shapes = {name: tuple(p.shape) for name, p in experts.named_parameters()}
+    assert shapes == {"gate_up_proj": (E, 2 * INTER, H), "down_proj": (E, H, INTER),
+                      "gate_up_proj_bias": (E, 2 * INTER), "down_proj_bias": (E, H)}
+    given = args()
+    assert experts(given["x"], given["topk_ids"], given["topk_weights"]).shape == (T, H)
