@@ -122,3 +122,26 @@ def test_module_parameters_and_shapes(fake):
                       "gate_up_proj_bias": (E, 2 * INTER), "down_proj_bias": (E, H)}
     given = args()
     assert experts(given["x"], given["topk_ids"], given["topk_weights"]).shape == (T, H)
+
+
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
+def test_backward_gives_every_gradient_in_its_inputs_layout(gate_up):
+    """Backward on meta tensors (the operators' Meta kernels; the autograd
+    engine runs there without a GPU): every gradient has its input's shape,
+    dtype and strides, weights given as transposed views and routing weights
+    in float32 included."""
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    leaves = {"x": meta(T, H), "topk_weights": meta(T, K, dtype=torch.float32),
+              "w13": meta(E, H, 2 * INTER).mT, "w2": meta(E, H, INTER),
+              "b13": meta(E, 2 * INTER), "b2": meta(E, H)}
+    for leaf in leaves.values():
+        leaf.requires_grad_()
+    out = gg_runtime.moe_experts(leaves["x"], meta(T, K, dtype=torch.int64),
+                                 leaves["topk_weights"], leaves["w13"], leaves["w2"],
+                                 gate_up=gate_up, b13=leaves["b13"], b2=leaves["b2"])
+    grads = torch.autograd.grad(out, list(leaves.values()), torch.ones_like(out))
+    for (name, leaf), grad in zip(leaves.items(), grads):
+        assert (grad.shape, grad.dtype, grad.stride()) == \
+            (leaf.shape, leaf.dtype, leaf.stride()), name
