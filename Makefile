@@ -22,9 +22,10 @@
 #   $(PYTHON) if it has torch, pybind11, setuptools and wheel, else .venv-build with
 #   $(TORCH_SPEC).  Only that torch's headers matter: the operators are compiled for
 #   the oldest torch the wheel allows (setup.py) and load under every later one.
-# The test environment .venv-test is made by tests/make_test_env.py: $(PYTHON)'s own
-# packages minus Triton when it has torch, else $(TORCH_SPEC) from the package index
-# (whose torch may bring Triton: the runtime neither needs nor loads it, tested).
+# The test environment .venv-test is made by tests/make_test_env.py: the build
+# environment's packages minus Triton when it has torch, click and pytest, else
+# $(TORCH_SPEC) from the package index (whose torch may bring Triton: the runtime neither
+# needs nor loads it, tested).
 
 PYTHON ?= python3
 TRITON_VERSION := 3.6.0
@@ -85,7 +86,7 @@ endef
 
 build-env:
 	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest wheel auditwheel $(LINT_PACKAGES))
-	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel)
+	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel click pytest)
 
 # ruff.toml and .clang-format say what is checked.
 lint: build-env
@@ -104,8 +105,10 @@ test: build-env test-env lint
 	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
 	else echo "no GPU here: the sm80 PTX pass of the GPU tests is skipped"; fi
 
-test-env:
-	$(PYTHON) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
+# The test environment links the build environment's packages (its torch) rather than
+# installing a second copy of torch.
+test-env: build-env
+	$(BUILD_PY) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
 
 TORCH_VENV = .venv-$(subst ==,-,$(TORCH_SPEC))
 test-torch:
@@ -114,9 +117,13 @@ test-torch:
 	$(call install_wheel,$(TORCH_VENV))
 	$(call runtime_tests,$(TORCH_VENV))
 
+# Each environment holds a whole torch with its CUDA libraries: removed once tested, so
+# that a small disk (CI's) holds one at a time.
 test-torch-range:
 	$(MAKE) test-torch TORCH_SPEC=$(OLDEST_TORCH)
+	rm -rf .venv-$(subst ==,-,$(OLDEST_TORCH))
 	$(MAKE) test-torch TORCH_SPEC=$(NEWEST_TORCH)
+	rm -rf .venv-$(subst ==,-,$(NEWEST_TORCH))
 
 bench: build-env
 	rm -rf build/bench-site

@@ -3,8 +3,9 @@
     python tests/make_test_env.py ENV_DIR TORCH_SPEC [--index]
 
 No Triton and no source checkout on its path.  If the Python running this
-already has torch and pytest (the GPU machines, which have no network), the
-environment links that Python's packages except Triton; otherwise, or with
+already has torch, click and pytest (the build environment, or the GPU machines'
+python3, which have no network), the environment links that Python's packages
+except Triton; otherwise, or with
 --index (make test-torch: a given torch release), it installs TORCH_SPEC,
 click and pytest from the package index.
 """
