@@ -17,11 +17,17 @@ from .autograd import bias_gradient, input_gradient
 from ._native import OPS
 
 GATE_UP_LAYOUTS = ("concatenated", "interleaved")
+# silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
+# GPT_OSS_LIMIT): (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
+ACTIVATIONS = ("swiglu", "gpt_oss")
+GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
 
 
-def _check_gate_up(gate_up):
+def _check_choices(gate_up, activation):
     if gate_up not in GATE_UP_LAYOUTS:
         raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 def route(topk_ids: torch.Tensor, experts: int):
@@ -46,16 +52,16 @@ def _mm(a, b, offs, bias=None):
 
 class _Experts(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved):
+    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
         tokens, hidden = x.shape
         k = topk_ids.shape[1]
         order, offs, inverse = route(topk_ids, w13.shape[0])
         gu = _mm(x.index_select(0, order // k), w13.mT, offs, b13)
-        ys = _mm(OPS.swiglu.default(gu, interleaved), w2.mT, offs, b2)
+        ys = _mm(OPS.swiglu.default(gu, interleaved, activation), w2.mT, offs, b2)
         y = ys.index_select(0, inverse).view(tokens, k, hidden)
         weights = topk_weights.to(x.dtype)
         ctx.save_for_backward(x, weights, w13, w2, b2, order, offs, inverse, gu)
-        ctx.interleaved = interleaved
+        ctx.interleaved, ctx.activation = interleaved, activation
         ctx.weights_dtype = topk_weights.dtype
         return torch.bmm(weights.unsqueeze(1), y).squeeze(1)
 
@@ -68,13 +74,13 @@ class _Experts(torch.autograd.Function):
         = <dh, h> (+ <dys, b2>); the rest are grouped products, and permutations
         and sums over each token's k slots for dx and d(topk_weights)."""
         x, weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
-        need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2, _ = ctx.needs_input_grad
+        need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         tokens, k = weights.shape
         token = order // k
         dys = grad.to(x.dtype).index_select(0, token)
         scale = weights.reshape(-1).index_select(0, order).float()
         dgu, hs, dot = OPS.swiglu_backward.default(gu, _mm(dys, w2, offs), scale,
-                                                   ctx.interleaved)
+                                                   ctx.interleaved, ctx.activation)
         # Each intermediate goes as soon as its last use is done: the weights'
         # gradients are allocated while this node's saved tensors still live.
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
@@ -93,7 +99,7 @@ class _Experts(torch.autograd.Function):
             dw13 = input_gradient(w13, dgu.mT, x.index_select(0, token), offs, False)
         if need_b13:
             db13 = bias_gradient(dgu, offs, False)
-        return dx, None, d_weights, dw13, dw2, db13, db2, None
+        return dx, None, d_weights, dw13, dw2, db13, db2, None, None
 
 
 def _bias_term(dys, b2, offs):
@@ -107,9 +113,10 @@ def _bias_term(dys, b2, offs):
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
-                b13: torch.Tensor | None = None, b2: torch.Tensor | None = None) -> torch.Tensor:
+                activation: str = "swiglu", b13: torch.Tensor | None = None,
+                b2: torch.Tensor | None = None) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]): the
-    experts of a token-choice MoE layer, each a SwiGLU MLP, given the router's
+    experts of a token-choice MoE layer, each a gated MLP, given the router's
     choice.
 
     - x [T, H]: the tokens, float16 or bfloat16, on a CUDA device.
@@ -122,9 +129,12 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
       are laid out: "concatenated" (gate rows, then up rows: Qwen3-MoE,
       Mixtral, DeepSeek) or "interleaved" (gate, up, gate, ...: gpt-oss).
     - w2 [E, H, I]: the down projections, [out, in] (transformers' down_proj).
+    - activation: "swiglu", act(g, u) = silu(g) * u, or "gpt_oss", gpt-oss's
+      clamped form (clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g'), g' = min(g, 7)
+      (gradients zero where a clamp holds, as torch.clamp's).
     - b13 [E, 2I], b2 [E, H]: optional biases of the two projections (gpt-oss).
 
-    expert_e(v) = w2[e] @ (silu(g) * u) (+ b2[e]), with g and u the gate and up
+    expert_e(v) = w2[e] @ act(g, u) (+ b2[e]), with g and u the gate and up
     halves of w13[e] @ v (+ b13[e]); float32 accumulation.  The weights may
     be strided views (w13 as a transposed view of [E, H, 2I], say); their
     gradients come back in their layouts.
@@ -133,11 +143,12 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Nothing waits for the host (CUDA-graph capturable); traceable by
     torch.compile.  Returns [T, H] in x's dtype.
     """
-    _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, b13, b2)
-    return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved")
+    _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, activation, b13, b2)
+    return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved",
+                          activation)
 
 
-def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, b13, b2):
+def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, activation, b13, b2):
     """TypeError / ValueError naming the argument, before anything launches."""
     given = {"x": x, "topk_ids": topk_ids, "topk_weights": topk_weights, "w13": w13, "w2": w2}
     for name, value in given.items():
@@ -148,7 +159,7 @@ def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, b13, b2):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
         if value is not None:
             given[name] = value
-    _check_gate_up(gate_up)
+    _check_choices(gate_up, activation)
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"x must be float16 or bfloat16, got {x.dtype}")
     if topk_ids.dtype not in (torch.int32, torch.int64):
@@ -196,10 +207,11 @@ class MoEExperts(torch.nn.Module):
     transformers calls its experts module."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
-                 gate_up: str = "concatenated", bias: bool = False, device=None, dtype=None):
+                 gate_up: str = "concatenated", activation: str = "swiglu", bias: bool = False,
+                 device=None, dtype=None):
         super().__init__()
-        _check_gate_up(gate_up)
-        self.gate_up = gate_up
+        _check_choices(gate_up, activation)
+        self.gate_up, self.activation = gate_up, activation
         factory = {"device": device, "dtype": dtype}
         self.gate_up_proj = torch.nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
@@ -226,8 +238,8 @@ class MoEExperts(torch.nn.Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
-                           self.down_proj, gate_up=self.gate_up, b13=self.gate_up_proj_bias,
-                           b2=self.down_proj_bias)
+                           self.down_proj, gate_up=self.gate_up, activation=self.activation,
+                           b13=self.gate_up_proj_bias, b2=self.down_proj_bias)
 
 
 def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor,
@@ -243,24 +255,39 @@ def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.T
         model.config._experts_implementation = "gg_runtime"
 
     Ids transformers uses as expert-parallel sentinels (>= the number of
-    experts) are dropped slots, as in its grouped_mm implementation.  Experts
-    without a gate, or whose activation is not SiLU-gated (gpt-oss's clamped
-    one), are refused with a ValueError."""
-    gated = getattr(module, "has_gate", True)
-    apply_gate = getattr(type(module), "_apply_gate", None)
-    if not gated or getattr(apply_gate, "__name__", "_default_apply_gate") != "_default_apply_gate":
-        raise ValueError(f"{type(module).__name__}: moe_experts runs SwiGLU experts only "
-                         f"(silu(gate) * up), not this module's own gating")
-    activation = getattr(module, "act_fn", None)
-    if activation is not None and type(activation).__name__ not in ("SiLU", "SiLUActivation"):
-        raise ValueError(f"{type(module).__name__}: moe_experts runs SwiGLU experts only, this "
-                         f"module's activation is {type(activation).__name__}")
+    experts) are dropped slots, as in its grouped_mm implementation.
+    gpt-oss's experts (GptOssExperts, alpha 1.702 and limit 7.0) run with
+    activation="gpt_oss"; other experts without a gate, or whose activation is
+    not SiLU-gated, are refused with a ValueError."""
+    activation = _activation_of(module)
     transposed = getattr(module, "is_transposed", False)
     weights = [module.gate_up_proj, module.down_proj]
     w13, w2 = (w.mT if transposed else w for w in weights)
     has_bias = getattr(module, "has_bias", False)
     return moe_experts(hidden_states, top_k_index, top_k_weights, w13, w2,
                        gate_up="concatenated" if getattr(module, "is_concatenated", True)
-                       else "interleaved",
+                       else "interleaved", activation=activation,
                        b13=module.gate_up_proj_bias if has_bias else None,
                        b2=module.down_proj_bias if has_bias else None)
+
+
+def _activation_of(module) -> str:
+    """moe_experts' activation for a transformers experts module, or a ValueError."""
+    name = type(module).__name__
+    apply_gate = getattr(type(module), "_apply_gate", None)
+    own_gate = getattr(apply_gate, "__name__", "_default_apply_gate") != "_default_apply_gate"
+    if name == "GptOssExperts":
+        constants = (getattr(module, "alpha", None), getattr(module, "limit", None))
+        if constants != (GPT_OSS_ALPHA, GPT_OSS_LIMIT):
+            raise ValueError(f"{name}: moe_experts runs gpt-oss's activation with alpha "
+                             f"{GPT_OSS_ALPHA} and limit {GPT_OSS_LIMIT}, this module has "
+                             f"(alpha, limit) = {constants}")
+        return "gpt_oss"
+    if not getattr(module, "has_gate", True) or own_gate:
+        raise ValueError(f"{name}: moe_experts runs SwiGLU experts (silu(gate) * up) and "
+                         f"gpt-oss's, not this module's own gating")
+    activation = getattr(module, "act_fn", None)
+    if activation is not None and type(activation).__name__ not in ("SiLU", "SiLUActivation"):
+        raise ValueError(f"{name}: moe_experts runs SwiGLU experts only, this module's "
+                         f"activation is {type(activation).__name__}")
+    return "swiglu"

@@ -1,5 +1,6 @@
 """swiglu: the SwiGLU between an MoE layer's grouped products (moe_experts),
-forward and backward (aot/kernels/swiglu.py): gu [R, 2C] -> h [R, C]; and
+forward and backward (aot/kernels/swiglu.py), plain or gpt-oss's clamped
+form: gu [R, 2C] -> h [R, C]; and
 gu, the gradient of h, the rows' routing weights -> the gradient of gu, the
 scaled h and each row's dot product of h with its gradient.  Memory-bound
 and made of plain loads: every arch, `aligned` (16-byte vectors) where the
@@ -10,6 +11,14 @@ from ..kernels.swiglu import swiglu_kernel
 # A program takes BM rows and walks them BN columns at a time.  4 warps over
 # 8 x 256 elements: 16 elements of each tensor a thread, in 16-byte vectors.
 CONFIGS = (Config(8, 256, 16, 4, 1),)
+
+# DIRECTION_GATEUP_ACTIVATION, as csrc/ops/swiglu.cc names them.
+LAYOUTS = {f"{direction}_{gate_up}_{activation}": {"BACKWARD": direction == "backward",
+                                                    "INTERLEAVED": gate_up == "interleaved",
+                                                    "GPT_OSS": activation == "gpt_oss"}
+           for direction in ("forward", "backward")
+           for gate_up in ("concatenated", "interleaved")
+           for activation in ("swiglu", "gpt_oss")}
 
 FAMILY = Family(
     name="swiglu",
@@ -24,13 +33,9 @@ FAMILY = Family(
         Param("R", "i32", "extent"),
         Param("C", "i32", "extent", aligned=True),
     ),
-    layouts={f"{direction}_{gate_up}": {"BACKWARD": direction == "backward",
-                                         "INTERLEAVED": gate_up == "interleaved"}
-             for direction in ("forward", "backward")
-             for gate_up in ("concatenated", "interleaved")},
+    layouts=LAYOUTS,
     tma_layouts=(),
-    aligned_layouts=("forward_concatenated", "forward_interleaved", "backward_concatenated",
-                     "backward_interleaved"),
+    aligned_layouts=tuple(LAYOUTS),
     dtypes=("float16", "bfloat16"),
     configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
     tiles="cdiv(R, BM)",

@@ -5,11 +5,14 @@ gu [R, 2C] (row-major, row stride 2C) holds each row's gate and up halves:
 concatenated (gate columns 0..C, up columns C..2C) or INTERLEAVED (gate at even
 columns, up at odd).
 
-forward:   h[r]   = silu(gate[r]) * up[r]                        -> h [R, C]
+forward:   h[r]   = act(gate[r], up[r])                           -> h [R, C]
+           GPT_OSS=0: act(g, u) = silu(g) * u
+           GPT_OSS=1: gpt-oss's clamped form, g' = min(g, LIMIT), u' = clamp(u, -LIMIT, LIMIT),
+                      act(g, u) = (u' + 1) * g' * sigmoid(ALPHA * g')
 backward:  with dh = grad[r] * scale[r] (grad [R, C] the gradient of h before
            the routing weight scale [R] float32 is applied):
-           dgu[r] = (dh * up * s * (1 + gate * (1 - s)), dh * gate * s)  (s = sigmoid(gate)),
-                    in gu's layout                               -> dgu [R, 2C]
+           dgu[r] = (dh * d act / d gate, dh * d act / d up), zero where a clamp
+                    is active (as torch.clamp's gradient), in gu's layout -> dgu [R, 2C]
            hs[r]  = h[r] * scale[r]   (the down projection's input, scaled:
                     its weight gradient is grad^T hs)             -> h [R, C]
            dot[r] = sum_i grad[r, i] * h[r, i]   (h rounded as the forward
@@ -19,6 +22,10 @@ BN at a time (the row sum needs the whole row); memory-bound.
 """
 import triton
 import triton.language as tl
+
+# gpt-oss's activation constants (its experts' alpha and limit).
+GPT_OSS_ALPHA = tl.constexpr(1.702)
+GPT_OSS_LIMIT = tl.constexpr(7.0)
 
 
 @triton.jit
@@ -41,6 +48,23 @@ def gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED: tl.constexpr, BM: tl.c
 
 
 @triton.jit
+def activate(gate, up, GPT_OSS: tl.constexpr):
+    """(act(gate, up), d act / d gate, d act / d up), float32."""
+    if GPT_OSS:
+        gate_c = tl.minimum(gate, GPT_OSS_LIMIT)
+        up_c = tl.minimum(tl.maximum(up, -GPT_OSS_LIMIT), GPT_OSS_LIMIT)
+        sig = tl.sigmoid(GPT_OSS_ALPHA * gate_c)
+        glu = gate_c * sig
+        d_glu = sig * (1.0 + GPT_OSS_ALPHA * gate_c * (1.0 - sig))
+        d_gate = tl.where(gate <= GPT_OSS_LIMIT, (up_c + 1.0) * d_glu, 0.0)
+        d_up = tl.where((up >= -GPT_OSS_LIMIT) & (up <= GPT_OSS_LIMIT), glu, 0.0)
+        return (up_c + 1.0) * glu, d_gate, d_up
+    else:
+        sig = tl.sigmoid(gate)
+        return gate * sig * up, up * sig * (1.0 + gate * (1.0 - sig)), gate * sig
+
+
+@triton.jit
 def store_gate_and_up(dgu_ptr, d_gate, d_up, rows, c0, row_ok, C, INTERLEAVED: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr):
     cols = c0 + tl.arange(0, BN)
@@ -60,7 +84,8 @@ def store_gate_and_up(dgu_ptr, d_gate, d_up, rows, c0, row_ok, C, INTERLEAVED: t
 
 @triton.jit
 def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C,
-                  BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr,
+                  BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, GPT_OSS: tl.constexpr,
+                  USE_TMA: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                   PRECISION: tl.constexpr):
     """Persistent: program p takes row tiles p, p + P, ... (the runtime
@@ -69,13 +94,13 @@ def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C,
     BK, CHUNK and PRECISION (GEMM constexprs every variant receives) are unused."""
     for tile in range(tl.program_id(0), tl.cdiv(R, BM), tl.num_programs(0)):
         swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, tile * BM, R, C,
-                    BACKWARD, INTERLEAVED, BM, BN)
+                    BACKWARD, INTERLEAVED, GPT_OSS, BM, BN)
 
 
 @triton.jit
 def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C,
-                BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr):
+                BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, GPT_OSS: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
     """Rows row0 .. row0 + BM, BN columns at a time."""
     rows = row0 + tl.arange(0, BM)
     row_ok = rows < R
@@ -89,14 +114,13 @@ def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C
         col_ok = cols < C
         mask = row_ok[:, None] & col_ok[None, :]
         gate, up = gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED, BM, BN)
-        sig = tl.sigmoid(gate)
-        h = (gate * sig * up).to(h_ptr.dtype.element_ty).to(tl.float32)
+        h, d_gate, d_up = activate(gate, up, GPT_OSS)
+        h = h.to(h_ptr.dtype.element_ty).to(tl.float32)
         if BACKWARD:
             grad = tl.load(grad_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             dot += tl.sum(grad * h, axis=1)
             dh = grad * scale
-            d_gate = dh * up * sig * (1.0 + gate * (1.0 - sig))
-            store_gate_and_up(dgu_ptr, d_gate, dh * gate * sig, rows, c0, row_ok, C, INTERLEAVED,
+            store_gate_and_up(dgu_ptr, dh * d_gate, dh * d_up, rows, c0, row_ok, C, INTERLEAVED,
                               BM, BN)
             h = h * scale
         tl.store(h_rows + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)

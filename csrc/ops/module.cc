@@ -87,10 +87,10 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
-  m.def("swiglu(Tensor gu, bool interleaved=False) -> Tensor");
+  m.def("swiglu(Tensor gu, bool interleaved=False, str activation='swiglu') -> Tensor");
   m.def(
-      "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False) -> "
-      "(Tensor, Tensor, Tensor)");
+      "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False, "
+      "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

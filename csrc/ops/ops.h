@@ -29,10 +29,11 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
 // C_i = A_i @ B_i (B_i^T with trans_b) for every i, one launch.
 std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs, bool trans_b);
 
-// SwiGLU of each row's gate and up halves (gu [R, 2C] -> [R, C]), and its
-// backward: (d gu, h scaled by the row's weight, each row's dot of grad and h).
-Tensor swiglu(Tensor gu, bool interleaved);
+// SwiGLU (activation "swiglu", or gpt-oss's clamped "gpt_oss") of each row's
+// gate and up halves (gu [R, 2C] -> [R, C]), and its backward: (d gu, h scaled
+// by the row's weight, each row's dot of grad and h).
+Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
-                                                   bool interleaved);
+                                                   bool interleaved, std::string activation);
 
 }  // namespace gg::ops

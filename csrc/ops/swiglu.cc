@@ -31,14 +31,25 @@ int64_t check_gate_up(const Tensor& gu) {
   return gu.size(1) / 2;
 }
 
-std::string layout_of(const char* direction, bool interleaved) {
-  return std::string(direction) + (interleaved ? "_interleaved" : "_concatenated");
+// The activations the family is built for (aot/families/swiglu.py).
+const std::initializer_list<const char*> kActivations{"swiglu", "gpt_oss"};
+
+void check_activation(const std::string& activation) {
+  bool known = false;
+  for (const char* name : kActivations) known = known || activation == name;
+  if (!known) value_error("activation must be 'swiglu' or 'gpt_oss', got '", activation, "'");
+}
+
+// The variant's layout: DIRECTION_GATEUP_ACTIVATION.
+std::string layout_of(const char* direction, bool interleaved, const std::string& activation) {
+  return std::string(direction) + (interleaved ? "_interleaved_" : "_concatenated_") + activation;
 }
 
 }  // namespace
 
-Tensor swiglu(Tensor gu_in, bool interleaved) {
+Tensor swiglu(Tensor gu_in, bool interleaved, std::string activation) {
   const int64_t c = check_gate_up(gu_in);
+  check_activation(activation);
   Tensor h = new_output(gu_in, {gu_in.size(0), c}, gu_in.scalar_type());
   if (h.numel() == 0 || shapes_only(h)) return h;
   const Tensor gu = dense(gu_in);
@@ -51,13 +62,14 @@ Tensor swiglu(Tensor gu_in, bool interleaved) {
                             .dot_ptr = address(h),
                             .R = gu.size(0),
                             .C = c};
-  launch(args, layout_of("forward", interleaved), target_of(gu, gu.scalar_type()));
+  launch(args, layout_of("forward", interleaved, activation), target_of(gu, gu.scalar_type()));
   return h;
 }
 
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in, Tensor scale_in,
-                                                   bool interleaved) {
+                                                   bool interleaved, std::string activation) {
   const int64_t c = check_gate_up(gu_in);
+  check_activation(activation);
   const int64_t rows = gu_in.size(0);
   check_tensor(grad_in, "grad", 2, kDTypes);
   check_same(grad_in, "grad", gu_in, "gu");
@@ -82,7 +94,7 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
                             .dot_ptr = address(dot),
                             .R = rows,
                             .C = c};
-  launch(args, layout_of("backward", interleaved), target_of(gu, gu.scalar_type()));
+  launch(args, layout_of("backward", interleaved, activation), target_of(gu, gu.scalar_type()));
   return {dgu, h, dot};
 }
 

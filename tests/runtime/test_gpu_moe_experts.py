@@ -15,19 +15,24 @@ from conftest import device_arch, gpu
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 
 
-def swiglu_ref(gu, interleaved):
+def swiglu_ref(gu, interleaved, activation="swiglu"):
+    """The activation as torch writes it (gpt-oss's as transformers does)."""
     gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
+    if activation == "gpt_oss":
+        gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
+        return (up + 1) * gate * torch.sigmoid(gate * 1.702)
     return torch.nn.functional.silu(gate) * up
 
 
-def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False):
+def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
+              activation="swiglu"):
     """The experts expert by expert, in the inputs' dtype (what torch gives
     without gg_runtime; float32 inputs for the reference)."""
     out = torch.zeros_like(x)
     for e in range(w13.shape[0]):
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
-        y = swiglu_ref(gu, interleaved) @ w2[e].T + (0 if b2 is None else b2[e])
+        y = swiglu_ref(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
         out = out.index_add(0, token, y * topk_weights[token, slot, None].to(x.dtype))
     return out
 
@@ -58,16 +63,17 @@ def outputs_and_grads(fn, inputs, grad):
     return [out] + [leaves[n].grad for n in DIFFERENTIABLE if n in leaves]
 
 
-def check_against_reference(inputs, gate_up="concatenated", fn=None):
-    interleaved = gate_up == "interleaved"
-    fn = fn or (lambda **kw: gg_runtime.moe_experts(**kw, gate_up=gate_up))
+def check_against_reference(inputs, gate_up="concatenated", fn=None, activation="swiglu"):
+    fn = fn or (lambda **kw: gg_runtime.moe_experts(**kw, gate_up=gate_up, activation=activation))
     grad = randn(*inputs["x"].shape, dtype=inputs["x"].dtype)
     ours = outputs_and_grads(fn, inputs, grad)
     as_float = {n: t.float() if t.is_floating_point() else t for n, t in inputs.items()}
-    ref = outputs_and_grads(lambda **kw: layer_ref(**kw, interleaved=interleaved), as_float,
-                            grad.float())
-    torchs = outputs_and_grads(lambda **kw: layer_ref(**kw, interleaved=interleaved), inputs,
-                               grad)
+
+    def reference(**kw):
+        return layer_ref(**kw, interleaved=gate_up == "interleaved", activation=activation)
+
+    ref = outputs_and_grads(reference, as_float, grad.float())
+    torchs = outputs_and_grads(reference, inputs, grad)
     names = ["out"] + [n for n in DIFFERENTIABLE if n in inputs]
     for name, got, want, theirs in zip(names, ours, ref, torchs):
         assert got.dtype == want.dtype or got.dtype == inputs["x"].dtype, name
@@ -81,6 +87,17 @@ def check_against_reference(inputs, gate_up="concatenated", fn=None):
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_matches_float32_layer(dtype, gate_up, bias):
     check_against_reference(make_inputs(133, 72, 40, 6, 2, dtype, bias), gate_up)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_gpt_oss_activation(dtype, gate_up, bias):
+    """gpt-oss's clamped activation, with w13 scaled so that many gate and up
+    values lie past the clamps (their gradients are zero there)."""
+    inputs = make_inputs(133, 72, 40, 6, 2, dtype, bias)
+    inputs["w13"] = inputs["w13"] * 6
+    check_against_reference(inputs, gate_up, activation="gpt_oss")
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 32, 1, 1), (257, 128, 96, 24, 16), (40, 64, 32, 512, 8),
@@ -165,27 +182,28 @@ def test_torch_compile_fullgraph():
     check_against_reference(make_inputs(90, 64, 48, 8, 2), fn=compiled)
 
 
-def swiglu_backward_ref(gu, grad, scale, interleaved):
+def swiglu_backward_ref(gu, grad, scale, interleaved, activation="swiglu"):
     """(d gu, h * scale, <grad, h> per row) by autograd in float32, h rounded as the kernel does."""
     gu = gu.float().requires_grad_()
-    h = swiglu_ref(gu, interleaved)
+    h = swiglu_ref(gu, interleaved, activation)
     (h * scale[:, None]).backward(grad.float())
     rounded = h.detach().to(grad.dtype).float()
     return gu.grad, rounded * scale[:, None], (grad.float() * rounded).sum(-1)
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["concatenated", "interleaved"])
 @pytest.mark.parametrize("rows,cols", [(1, 8), (77, 40), (300, 256), (33, 1000)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_swiglu_operators(rows, cols, interleaved, dtype):
-    gu = randn(rows, 2 * cols, dtype=dtype) * 3
+def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
+    gu = randn(rows, 2 * cols, dtype=dtype) * 4  # past gpt-oss's clamps at 7 often
     grad = randn(rows, cols, dtype=dtype)
     scale = torch.rand(rows, device="cuda")
-    h = torch.ops.gg_runtime.swiglu(gu, interleaved)
-    assert rel_error(h, swiglu_ref(gu.float(), interleaved)) < 1e-2
-    got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved)
-    for name, g, want in zip(("dgu", "hs", "dot"), got, swiglu_backward_ref(gu, grad, scale,
-                                                                           interleaved)):
+    h = torch.ops.gg_runtime.swiglu(gu, interleaved, activation)
+    assert rel_error(h, swiglu_ref(gu.float(), interleaved, activation)) < 1e-2
+    got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
+    wants = swiglu_backward_ref(gu, grad, scale, interleaved, activation)
+    for name, g, want in zip(("dgu", "hs", "dot"), got, wants):
         assert g.shape == want.shape and g.is_contiguous(), name
         assert rel_error(g, want) < (1e-4 if name == "dot" else 1e-2), name
 
@@ -197,20 +215,13 @@ def test_swiglu_operators_strided_and_empty():
     assert [tuple(t.shape) for t in empty] == [(0, 160), (0, 80), (0,)]
 
 
-def test_transformers_qwen3_moe_experts():
-    """A small Qwen3-MoE from transformers with gg_runtime as its experts
-    implementation (ExpertsInterface) against its own grouped_mm one: logits
-    and the experts' weight gradients."""
-    transformers = pytest.importorskip("transformers")
+def compare_with_transformers_grouped_mm(model, vocab):
+    """The model's logits and its first layer's experts' weight gradients
+    with gg_runtime as its experts implementation (ExpertsInterface) against
+    transformers' own grouped_mm implementation."""
     from transformers.integrations.moe import ExpertsInterface
     ExpertsInterface.register("gg_runtime", gg_runtime.transformers_experts_forward)
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])
-    torch.manual_seed(0)
-    model = transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
-    ids = torch.randint(0, 128, (2, 40), device="cuda")
+    ids = torch.randint(0, vocab, (2, 40), device="cuda")
     results = {}
     for implementation in ("grouped_mm", "gg_runtime"):
         model.config._experts_implementation = implementation
@@ -224,6 +235,33 @@ def test_transformers_qwen3_moe_experts():
         assert rel_error(ours, theirs.float()) < 2e-2
 
 
+def test_transformers_qwen3_moe_experts():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    compare_with_transformers_grouped_mm(model, 128)
+
+
+def test_transformers_gpt_oss_experts():
+    """gpt-oss: interleaved gate/up, biases, the clamped activation."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GptOssConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+        num_experts_per_tok=2, layer_types=["full_attention"] * 2)
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config).to("cuda", torch.bfloat16)
+    with torch.no_grad():  # weights large enough that the clamps act
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.normal_(0, 0.5)
+            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
+    compare_with_transformers_grouped_mm(model, 128)
+
+
 SWIGLU_VARIANTS = [v for v in _C.variants() if v["family"] == "swiglu" and
                    v["arch"] == device_arch()]
 
@@ -235,18 +273,18 @@ def test_swiglu_variant(variant):
     of programs (each program takes several) and columns that are no
     multiple of the tile (of 16 for `basic`)."""
     dtype = getattr(torch, variant["dtype"])
-    direction, gate_up = variant["layout"].split("_")
+    direction, gate_up, activation = variant["layout"].split("_", 2)
     interleaved = gate_up == "interleaved"
     cols = 45 if variant["flavour"] == "basic" else 48
-    gu, grad = randn(20000, 2 * cols, dtype=dtype) * 3, randn(20000, cols, dtype=dtype)
+    gu, grad = randn(20000, 2 * cols, dtype=dtype) * 4, randn(20000, cols, dtype=dtype)
     scale = torch.rand(20000, device="cuda")
     with forced(variant=variant["key"]):
         if direction == "forward":
-            got = [torch.ops.gg_runtime.swiglu(gu, interleaved)]
-            want = [swiglu_ref(gu.float(), interleaved)]
+            got = [torch.ops.gg_runtime.swiglu(gu, interleaved, activation)]
+            want = [swiglu_ref(gu.float(), interleaved, activation)]
         else:
-            got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved)
-            want = swiglu_backward_ref(gu, grad, scale, interleaved)
+            got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
+            want = swiglu_backward_ref(gu, grad, scale, interleaved, activation)
         assert last_variant() == variant["key"]
     for g, w in zip(got, want):
         assert rel_error(g, w) < 1e-2

@@ -57,11 +57,17 @@ def test_bad_arguments(fake, changes, error, message):
         gg_runtime.moe_experts(**args(**changes()))
 
 
-def test_gate_up_layout_names(fake):
+def test_gate_up_layout_and_activation_names(fake):
     with pytest.raises(ValueError, match="gate_up must be one of"):
         gg_runtime.moe_experts(**args(), gate_up="split")
     with pytest.raises(ValueError, match="gate_up must be one of"):
         gg_runtime.MoEExperts(E, H, INTER, gate_up="split")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        gg_runtime.moe_experts(**args(), activation="gelu")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        gg_runtime.MoEExperts(E, H, INTER, activation="gelu")
+    out = gg_runtime.moe_experts(**args(), gate_up="interleaved", activation="gpt_oss")
+    assert out.shape == (T, H)
 
 
 def test_cpu_tensors_are_refused():
@@ -77,6 +83,11 @@ def test_swiglu_operators_check_their_inputs(fake):
     ops = torch.ops.gg_runtime
     with pytest.raises(ValueError, match=r"gu must be \[R, 2C\]"):
         call(ops.swiglu.default, cuda(4, 7), False)
+    with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss', got 'relu'"):
+        call(ops.swiglu.default, cuda(4, 6), False, "relu")
+    with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
+        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 3), cuda(4, dtype=torch.float32),
+             False, "relu")
     with pytest.raises(ValueError, match=r"grad must have shape \(4, 3\)"):
         call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 6), cuda(4, dtype=torch.float32),
              False)
@@ -89,20 +100,55 @@ def test_swiglu_operators_check_their_inputs(fake):
 
 
 class NotSwiGLU(torch.nn.Module):
-    """Stands for an experts module whose gating is its own (gpt-oss)."""
+    """Stands for an experts module whose gating is its own (DeepSeek-V4's clamped SiLU, say)."""
     has_gate = True
 
     def _apply_gate(self, gate_up):
         return gate_up
 
 
-def test_transformers_experts_forward_refuses_other_gating():
-    with pytest.raises(ValueError, match="NotSwiGLU: moe_experts runs SwiGLU experts only"):
-        gg_runtime.transformers_experts_forward(NotSwiGLU(), None, None, None)
+class GptOssExperts(NotSwiGLU):
+    """Stands for transformers' gpt-oss experts (its name, constants and layout flags)."""
+    is_transposed, is_concatenated, has_bias = True, False, True
+
+    def __init__(self, alpha=1.702, limit=7.0):
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+        self.gate_up_proj = torch.nn.Parameter(cuda(E, H, 2 * INTER))
+        self.down_proj = torch.nn.Parameter(cuda(E, INTER, H))
+        self.gate_up_proj_bias = torch.nn.Parameter(cuda(E, 2 * INTER))
+        self.down_proj_bias = torch.nn.Parameter(cuda(E, H))
+
+
+def test_transformers_experts_forward_refuses_other_gating(fake):
+    with pytest.raises(ValueError, match="NotSwiGLU: moe_experts runs SwiGLU experts"):
+        gg_runtime.transformers_experts_forward(NotSwiGLU(), *args_for_module())
     ungated = torch.nn.Module()
     ungated.has_gate = False
-    with pytest.raises(ValueError, match="SwiGLU experts only"):
-        gg_runtime.transformers_experts_forward(ungated, None, None, None)
+    with pytest.raises(ValueError, match="SwiGLU experts"):
+        gg_runtime.transformers_experts_forward(ungated, *args_for_module())
+    with pytest.raises(ValueError, match=r"GptOssExperts: .* \(alpha, limit\) = \(1.702, 5.0\)"):
+        gg_runtime.transformers_experts_forward(GptOssExperts(limit=5.0), *args_for_module())
+
+
+def test_transformers_experts_forward_runs_gpt_oss_with_its_activation(fake, monkeypatch):
+    seen = {}
+
+    def record(*given, **options):
+        seen.update(options, w13=given[3], w2=given[4])
+        return given[0]
+
+    monkeypatch.setattr(gg_runtime.moe, "moe_experts", record)
+    module = GptOssExperts()
+    gg_runtime.transformers_experts_forward(module, *args_for_module())
+    assert seen["activation"] == "gpt_oss" and seen["gate_up"] == "interleaved"
+    assert seen["w13"].shape == (E, 2 * INTER, H) and seen["w2"].shape == (E, H, INTER)
+    assert seen["b13"] is module.gate_up_proj_bias and seen["b2"] is module.down_proj_bias
+
+
+def args_for_module():
+    given = args()
+    return given["x"], given["topk_ids"], given["topk_weights"]
 
 
 def test_route_sorts_slots_by_expert_with_dropped_ones_last():
