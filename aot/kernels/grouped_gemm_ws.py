@@ -20,6 +20,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from .gluon_api import tma_load
 from .grouped_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
 from .ragged_ws import operands
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
@@ -87,11 +88,11 @@ def load_tile(group_table, g, M, N, K, off_m, off_n, a_bufs, b_bufs, ready, empt
                                         b_block, shared_layout(b_block, DTYPE))
     for k0 in range(0, K, BK):
         slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
-        tma.async_copy_global_to_shared(a_desc, [off_m, k0], bar, a_bufs.index(slot))
+        tma_load(a_desc, [off_m, k0], bar, a_bufs.index(slot))
         if B_T:
-            tma.async_copy_global_to_shared(b_desc, [off_n, k0], bar, b_bufs.index(slot))
+            tma_load(b_desc, [off_n, k0], bar, b_bufs.index(slot))
         else:
-            tma.async_copy_global_to_shared(b_desc, [k0, off_n], bar, b_bufs.index(slot))
+            tma_load(b_desc, [k0, off_n], bar, b_bufs.index(slot))
         count += 1
     return count
 

@@ -20,6 +20,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from .gluon_api import thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
                  claim_slot, ragged_descriptor, shared_layout, store_tile, tiled_rows)
@@ -94,15 +95,13 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N,
             # Row first + k of b (ragged.py's coordinates: rows past end load as zeros).
             row = RAGGED_ROWS - (end - start) + (first - start) + k
             if A_T:
-                a_buf = a_bufs.index(slot)._reinterpret(a_desc.dtype, [1, 1, BK, BM],
-                                                        a_desc.layout)
-                tma.async_copy_global_to_shared(a_desc, [RAGGED_ROWS, end, row, off_m], bar,
-                                                a_buf)
+                a_buf = a_bufs.index(slot).reinterpret(a_desc.dtype, [1, 1, BK, BM],
+                                                       a_desc.layout)
+                tma_load(a_desc, [RAGGED_ROWS, end, row, off_m], bar, a_buf)
             else:
-                tma.async_copy_global_to_shared(a_desc, [off_m, first + k], bar,
-                                                a_bufs.index(slot))
-            b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, [1, 1, BK, BN], b_desc.layout)
-            tma.async_copy_global_to_shared(b_desc, [RAGGED_ROWS, end, row, off_n], bar, b_buf)
+                tma_load(a_desc, [off_m, first + k], bar, a_bufs.index(slot))
+            b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, [1, 1, BK, BN], b_desc.layout)
+            tma_load(b_desc, [RAGGED_ROWS, end, row, off_n], bar, b_buf)
             count += 1
 
 
@@ -124,7 +123,7 @@ def clear_outside(a_buf, b_buf, k0, start, end):
     b = b_buf.load(b_layout)
     b_buf.store(gl.where(gl.expand_dims((rows >= start) & (rows < end), 1), b, 0.0))
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 @gluon.jit

@@ -18,6 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from .gluon_api import tma_load, tma_store
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 
 LOADER_WARPS = gl.constexpr(1)
@@ -155,13 +156,13 @@ def store_tile(tile, c_desc, c_buf, origin, off_n):
     column (the group's and the rows')."""
     EPI_N: gl.constexpr = c_buf.shape[1]
     PARTS: gl.constexpr = tile.shape[1] // EPI_N
-    staged = c_buf._reinterpret(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+    staged = c_buf.reinterpret(c_desc.dtype, c_desc.block_shape, c_desc.layout)
     parts = column_parts(tile.to(c_desc.dtype), PARTS)
     for i in gl.static_range(PARTS):
         tma.store_wait(0)  # the previous store has read c_buf
         c_buf.store(parts[i])
         fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, origin + (off_n + i * EPI_N, ), staged)
+        tma_store(c_desc, origin + (off_n + i * EPI_N, ), staged)
 
 
 @gluon.jit
@@ -219,12 +220,12 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
             for k0 in range(0, k_end, BK):
                 slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
                 a_origin = [k0, off_m] if A_T else [off_m, k0]
-                tma.async_copy_global_to_shared(a_desc, a_origin, bar, a_bufs.index(slot))
-                b_buf = b_bufs.index(slot)._reinterpret(b_desc.dtype, b_block, b_desc.layout)
+                tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
+                b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_block, b_desc.layout)
                 if B_T:
-                    tma.async_copy_global_to_shared(b_desc, [g, off_n, k0], bar, b_buf)
+                    tma_load(b_desc, [g, off_n, k0], bar, b_buf)
                 else:
-                    tma.async_copy_global_to_shared(b_desc, [g, k0, off_n], bar, b_buf)
+                    tma_load(b_desc, [g, k0, off_n], bar, b_buf)
                 count += 1
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
