@@ -26,10 +26,13 @@ def ptx_types(params) -> list:
 
 
 def cubin_arch(cubin: bytes) -> int:
-    """SM version from a CUDA ELF header: the low byte of e_flags (0x50 = sm_80, 0x5a = sm_90a)."""
+    """SM version from a CUDA ELF header's e_flags (0x50 = sm_80, 0x5a = sm_90a): its low
+    byte up to ELF ABI version 7, the byte above from version 8 (ptxas 12.9's sm_90a
+    cubins, Triton 3.9's)."""
     assert cubin[:4] == b"\x7fELF"
     (e_flags,) = struct.unpack_from("<I", cubin, 0x30)
-    return e_flags & 0xFF
+    abi_version = cubin[8]
+    return (e_flags >> 8 if abi_version >= 8 else e_flags) & 0xFF
 
 
 @pytest.fixture(scope="module")
