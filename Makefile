@@ -1,4 +1,6 @@
-# make build: AOT-compile every kernel variant (sm80 + sm90) and build the wheel in dist/.
+# make build: AOT-compile every kernel variant (sm80 + sm90; make kernels, skipped where
+#             build/aot/kernels already holds them, compiled elsewhere from these sources
+#             by the pinned Triton) and build the wheel in dist/.
 # make test:  the style checks (ruff, clang-format; where the compiler's environment has
 #             them), the build-time tests (need Triton), then install the wheel into a clean
 #             environment without Triton and run the runtime tests (CPU tests
@@ -46,7 +48,8 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build test bench clean build-env test-env test-torch test-torch-range lint
+.PHONY: build kernels test bench clean build-env aot-env ext-env test-env test-torch \
+	test-torch-range lint
 
 # Style tools, pinned (their rules and output change between releases); installed with
 # the kernel compiler's environment where make creates it.
@@ -67,13 +70,20 @@ define runtime_tests
 endef
 WHEEL_CHECK := @ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 
-build: build-env
-	$(AOT_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
+build: ext-env
+	@$(PYTHON) -m aot.prebuilt $(AOT_DIR) $(TRITON_VERSION) || $(MAKE) kernels
 	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
 	@echo "building the extensions and the wheel (C++, about a minute per core)"
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
-	$(AOT_PY) -m aot manylinux dist/gg_runtime-*.whl
+	$(BUILD_PY) -m aot.manylinux dist/gg_runtime-*.whl
 	@ls -l dist/*.whl
+
+# Compile every kernel variant with the pinned Triton.  make build skips this where
+# $(AOT_DIR) already holds kernels that Triton compiled from these sources
+# (aot/prebuilt.py): compiled on another machine and copied here, as on a GPU machine
+# without network and without the pinned Triton.
+kernels: aot-env
+	$(AOT_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
 
 # venv [packages]: make the environment unless it exists and passes its check.
 define make_env
@@ -84,8 +94,12 @@ define make_env
 	fi
 endef
 
-build-env:
+build-env: aot-env ext-env
+
+aot-env:
 	$(call make_env,$(AOT_PY),$(AOT_VENV),$(AOT_CHECK),"triton==$(TRITON_VERSION)" click pytest wheel auditwheel $(LINT_PACKAGES))
+
+ext-env:
 	$(call make_env,$(BUILD_PY),$(BUILD_VENV),$(BUILD_CHECK),"$(TORCH_SPEC)" pybind11 "setuptools>=64" wheel click pytest)
 
 # ruff.toml and .clang-format say what is checked.
@@ -107,7 +121,7 @@ test: build-env test-env lint
 
 # The test environment links the build environment's packages (its torch) rather than
 # installing a second copy of torch.
-test-env: build-env
+test-env: ext-env
 	$(BUILD_PY) tests/make_test_env.py $(TEST_VENV) "$(TORCH_SPEC)"
 
 TORCH_VENV = .venv-$(subst ==,-,$(TORCH_SPEC))
@@ -125,7 +139,7 @@ test-torch-range:
 	$(MAKE) test-torch TORCH_SPEC=$(NEWEST_TORCH)
 	rm -rf .venv-$(subst ==,-,$(NEWEST_TORCH))
 
-bench: build-env
+bench: ext-env
 	rm -rf build/bench-site
 	$(PYTHON) -m pip install -q --no-deps --no-index --target build/bench-site dist/gg_runtime-*.whl
 	PYTHONPATH=build/bench-site $(BUILD_PY) bench/run.py

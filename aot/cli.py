@@ -49,19 +49,10 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
         records = compile_all(variants, kernels, jobs, keep_ptx, progress)
     except CompileError as exc:
         raise click.ClickException(str(exc)) from exc
-    codegen.write_outputs(records, kernels, triton.__version__)
+    codegen.write_outputs(records, kernels, triton.__version__, partial=bool(only))
     size = sum(r["cubin_size"] for r in records)
     click.echo(f"compiled {len(records)} variants ({size / 1e6:.1f} MB of cubins) "
                f"in {time.time() - started:.0f} s with {jobs} jobs -> {kernels}")
-
-
-@main.command()
-@click.argument("wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def manylinux(wheel: Path):
-    """Retag a built wheel manylinux_2_N from the glibc its extension needs."""
-    from .manylinux import retag
-
-    click.echo(retag(wheel))
 
 
 @main.command(name="list")

@@ -1,4 +1,6 @@
-"""The manylinux platform tag a built wheel can carry, read from its extensions.
+"""The manylinux platform tag a built wheel can carry, read from its extensions;
+`python -m aot.manylinux WHEEL` retags the wheel with it (make build; needs the
+`wheel` package, no Triton).
 
 gg_runtime._C links no CUDA and no torch library (it opens libcuda with dlopen);
 gg_runtime._ops links the two torch libraries that export torch's stable ABI,
@@ -63,3 +65,7 @@ def retag(wheel: Path) -> Path:
                           f"--platform-tag={tag}", str(wheel)],
                          capture_output=True, text=True, check=True)
     return wheel.parent / out.stdout.strip().splitlines()[-1]
+
+
+if __name__ == "__main__":
+    print(retag(Path(sys.argv[1])))

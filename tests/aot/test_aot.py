@@ -156,7 +156,8 @@ def test_cubins_match_manifest(manifest):
 
 
 def test_kernel_table_is_deterministic(manifest, tmp_path):
-    codegen.write_outputs(manifest["variants"], tmp_path, manifest["triton_version"])
+    codegen.write_outputs(manifest["variants"], tmp_path, manifest["triton_version"],
+                          partial=False)
     assert (tmp_path / "kernel_table.inc").read_text() == (KERNELS / "kernel_table.inc").read_text()
     table = (tmp_path / "kernel_table.inc").read_text()
     assert table.count("\n    {.key = ") == len(manifest["variants"])
@@ -259,3 +260,37 @@ def test_warp_specialised_kernel_uses_mbarriers_and_partitions():
     ptx = compile_variant(variant).ptx
     assert "setmaxnreg" in ptx and "mbarrier.try_wait" in ptx and "wgmma.mma_async" in ptx
     assert "wgmma.wait_group.sync.aligned 1" in ptx  # one MMA group kept in flight
+
+
+def test_prebuilt_kernels_are_reused_only_when_current(manifest, tmp_path):
+    """aot.prebuilt (make build's first question) accepts the build's own
+    kernels for its Triton, and refuses another Triton, a partial build, other
+    sources and a missing manifest, saying which."""
+    import triton
+
+    from aot.prebuilt import reason_to_compile
+    from aot.sources import sources_digest
+
+    assert manifest["sources_sha256"] == sources_digest() and not manifest["partial"]
+    assert reason_to_compile(KERNELS, triton.__version__) == ""
+    assert "compiled by Triton" in reason_to_compile(KERNELS, "0.0.1")
+    assert reason_to_compile(tmp_path, triton.__version__).startswith("no ")
+    for change, reason in (({"partial": True}, "partial build"),
+                           ({"sources_sha256": "0" * 64}, "other sources")):
+        (tmp_path / "manifest.json").write_text(json.dumps({**manifest, **change}))
+        assert reason in reason_to_compile(tmp_path, triton.__version__)
+
+
+def test_sources_digest_follows_every_file(tmp_path):
+    from aot.sources import sources_digest
+
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.py").write_text("a")
+    before = sources_digest(tmp_path)
+    (tmp_path / "kernels" / "k.py").write_text("b")
+    changed = sources_digest(tmp_path)
+    (tmp_path / "kernels" / "k.py").write_text("a")
+    (tmp_path / "tuning.json").write_text("{}")
+    assert len({before, changed, sources_digest(tmp_path)}) == 3
+    (tmp_path / "tuning.json").unlink()
+    assert sources_digest(tmp_path) == before
