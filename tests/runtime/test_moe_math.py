@@ -1,0 +1,136 @@
+"""moe_experts' autograd function (gg_runtime/moe.py: routing, permutations,
+the weighted combine and every gradient formula) in float64 on CPU, its
+operators stood in for by float64 references (grouped_mm, swiglu,
+swiglu_backward as their contracts say), against torch's autograd through a
+layer computed expert by expert.  The kernels themselves are checked on the
+GPU (test_gpu_moe_experts.py); this checks the composition, on every
+machine."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import gg_runtime.autograd
+import gg_runtime.moe
+from gg_runtime.moe import GPT_OSS_ALPHA, GPT_OSS_LIMIT, _Experts
+
+DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
+
+
+def activation_ref(gu, interleaved, activation):
+    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
+    if activation == "gpt_oss":
+        gate, up = gate.clamp(max=GPT_OSS_LIMIT), up.clamp(-GPT_OSS_LIMIT, GPT_OSS_LIMIT)
+        return (up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA)
+    return torch.nn.functional.silu(gate) * up
+
+
+def grouped_mm_ref(a, b, offs, bias=None, out_dtype=None, tf32=False):
+    """The two forms moe.py uses: ragged M (2-D x 3-D; rows past the last
+    group are zeros) and ragged K (2-D x 2-D -> [G, M, N])."""
+    ends = offs.long().tolist()
+    starts = [0] + ends[:-1]
+    if b.dim() == 3:
+        out = a.new_zeros(a.shape[0], b.shape[-1])
+        for g, (start, end) in enumerate(zip(starts, ends)):
+            out[start:end] = a[start:end] @ b[g] + (0 if bias is None else bias[g])
+        return out
+    return torch.stack([a[:, start:end] @ b[start:end] for start, end in zip(starts, ends)])
+
+
+def swiglu_backward_ref(gu, grad, scale, interleaved=False, activation="swiglu"):
+    gu = gu.detach().requires_grad_()
+    with torch.enable_grad():
+        h = activation_ref(gu, interleaved, activation)
+        (h * scale[:, None]).backward(grad)
+    h = h.detach()
+    return gu.grad, h * scale[:, None], (grad * h).sum(-1)
+
+
+def default(fn):
+    return SimpleNamespace(default=fn)
+
+
+REFERENCE_OPS = SimpleNamespace(
+    grouped_mm=default(grouped_mm_ref),
+    swiglu=default(lambda gu, interleaved=False, activation="swiglu":
+                   activation_ref(gu, interleaved, activation)),
+    swiglu_backward=default(swiglu_backward_ref))
+
+
+@pytest.fixture
+def reference_ops(monkeypatch):
+    for module in (gg_runtime.moe, gg_runtime.autograd):
+        monkeypatch.setattr(module, "OPS", REFERENCE_OPS)
+
+
+def layer_ref(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
+    out = torch.zeros_like(x)
+    for e in range(w13.shape[0]):
+        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
+        y = activation_ref(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
+        out = out.index_add(0, token, y * topk_weights[token, slot, None])
+    return out
+
+
+def inputs(tokens, hidden, inter, experts, k, bias, transposed, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+    given = {"x": randn(tokens, hidden),
+             "topk_ids": torch.randint(0, experts, (tokens, k), generator=gen),
+             "topk_weights": torch.rand(tokens, k, generator=gen, dtype=torch.float64),
+             "w13": randn(experts, 2 * inter, hidden, scale=4 * hidden ** -0.5),
+             "w2": randn(experts, hidden, inter, scale=inter ** -0.5),
+             "b13": randn(experts, 2 * inter) if bias else None,
+             "b2": randn(experts, hidden) if bias else None}
+    if transposed:  # weights as transposed views: their gradients keep those strides
+        given["w13"] = given["w13"].mT.contiguous().mT
+        given["w2"] = given["w2"].mT.contiguous().mT
+    return given
+
+
+def outputs_and_grads(fn, given, grad):
+    leaves = {n: t.clone().requires_grad_() if n in DIFFERENTIABLE and t is not None else t
+              for n, t in given.items()}  # clone keeps a dense tensor's strides
+    out = fn(**leaves)
+    out.backward(grad)
+    grads = {n: leaves[n].grad for n in DIFFERENTIABLE if leaves[n] is not None}
+    return out, grads, leaves
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["concatenated", "interleaved"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("shape", [(37, 12, 6, 5, 3), (20, 8, 4, 1, 1), (64, 8, 4, 16, 8)],
+                         ids=["k3", "one_expert", "k8_empty_experts"])
+def test_matches_autograd_of_the_expert_loop(reference_ops, shape, bias, interleaved, activation):
+    given = inputs(*shape, bias=bias, transposed=shape[0] == 37)
+    given["topk_ids"][::7, 0] = -1  # dropped slots
+    given["topk_ids"][1, -1] = shape[3]  # past the last expert: dropped too
+    grad = torch.randn(shape[0], shape[1], dtype=torch.float64)
+
+    def ours(x, topk_ids, topk_weights, w13, w2, b13, b2):
+        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved,
+                              activation)
+
+    def theirs(**given):
+        return layer_ref(**given, interleaved=interleaved, activation=activation)
+
+    out, grads, leaves = outputs_and_grads(ours, given, grad)
+    want, want_grads, _ = outputs_and_grads(theirs, given, grad)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    assert grads.keys() == want_grads.keys()
+    for name, got in grads.items():
+        # Backward takes the routing weights in float32 (swiglu_backward's scale):
+        # relative errors of 1e-8 or so, a wrong formula's of 1.
+        want_grad = want_grads[name]
+        assert (got - want_grad).norm() <= 1e-7 * want_grad.norm(), name
+        assert got.stride() == leaves[name].stride(), name
+    if shape[0] == 37:
+        assert leaves["w13"].stride(-2) == 1 and leaves["w2"].stride(-2) == 1
+    dropped = (given["topk_ids"] < 0) | (given["topk_ids"] >= shape[3])
+    assert torch.all(grads["topk_weights"][dropped] == 0)
