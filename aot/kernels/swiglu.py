@@ -85,9 +85,8 @@ def store_gate_and_up(dgu_ptr, d_gate, d_up, rows, c0, row_ok, C, INTERLEAVED: t
 @triton.jit
 def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C,
                   BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, GPT_OSS: tl.constexpr,
-                  USE_TMA: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """Persistent: program p takes row tiles p, p + P, ... (the runtime
     launches min(`tiles`, one wave) programs).  In the forward (BACKWARD=0)
     grad_ptr, scale_ptr, dgu_ptr and dot_ptr are not read or written.  USE_TMA,

@@ -8,33 +8,12 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
+from moe_reference import activation_ref, layer_ref
 from problems import forced, last_variant, randn, rel_error
 
 from conftest import device_arch, gpu
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
-
-
-def swiglu_ref(gu, interleaved, activation="swiglu"):
-    """The activation as torch writes it (gpt-oss's as transformers does)."""
-    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
-    if activation == "gpt_oss":
-        gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
-        return (up + 1) * gate * torch.sigmoid(gate * 1.702)
-    return torch.nn.functional.silu(gate) * up
-
-
-def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
-              activation="swiglu"):
-    """The experts expert by expert, in the inputs' dtype (what torch gives
-    without gg_runtime; float32 inputs for the reference)."""
-    out = torch.zeros_like(x)
-    for e in range(w13.shape[0]):
-        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
-        y = swiglu_ref(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
-        out = out.index_add(0, token, y * topk_weights[token, slot, None].to(x.dtype))
-    return out
 
 
 def make_inputs(tokens, hidden, inter, experts, k, dtype=torch.bfloat16, bias=False, seed=0):
@@ -185,7 +164,7 @@ def test_torch_compile_fullgraph():
 def swiglu_backward_ref(gu, grad, scale, interleaved, activation="swiglu"):
     """(d gu, h * scale, <grad, h> per row) by autograd in float32, h rounded as the kernel does."""
     gu = gu.float().requires_grad_()
-    h = swiglu_ref(gu, interleaved, activation)
+    h = activation_ref(gu, interleaved, activation)
     (h * scale[:, None]).backward(grad.float())
     rounded = h.detach().to(grad.dtype).float()
     return gu.grad, rounded * scale[:, None], (grad.float() * rounded).sum(-1)
@@ -200,7 +179,7 @@ def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
     grad = randn(rows, cols, dtype=dtype)
     scale = torch.rand(rows, device="cuda")
     h = torch.ops.gg_runtime.swiglu(gu, interleaved, activation)
-    assert rel_error(h, swiglu_ref(gu.float(), interleaved, activation)) < 1e-2
+    assert rel_error(h, activation_ref(gu.float(), interleaved, activation)) < 1e-2
     got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
     wants = swiglu_backward_ref(gu, grad, scale, interleaved, activation)
     for name, g, want in zip(("dgu", "hs", "dot"), got, wants):
@@ -210,7 +189,8 @@ def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
 
 def test_swiglu_operators_strided_and_empty():
     gu = randn(50, 200, dtype=torch.bfloat16)[:, 20:180]  # row stride 200
-    assert rel_error(torch.ops.gg_runtime.swiglu(gu, False), swiglu_ref(gu.float(), False)) < 1e-2
+    h = torch.ops.gg_runtime.swiglu(gu, False)
+    assert rel_error(h, activation_ref(gu.float(), False)) < 1e-2
     empty = torch.ops.gg_runtime.swiglu_backward(gu[:0], gu[:0, :80], torch.rand(0, device="cuda"))
     assert [tuple(t.shape) for t in empty] == [(0, 160), (0, 80), (0,)]
 
@@ -281,7 +261,7 @@ def test_swiglu_variant(variant):
     with forced(variant=variant["key"]):
         if direction == "forward":
             got = [torch.ops.gg_runtime.swiglu(gu, interleaved, activation)]
-            want = [swiglu_ref(gu.float(), interleaved, activation)]
+            want = [activation_ref(gu.float(), interleaved, activation)]
         else:
             got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
             want = swiglu_backward_ref(gu, grad, scale, interleaved, activation)

@@ -12,17 +12,10 @@ import torch
 
 import gg_runtime.autograd
 import gg_runtime.moe
-from gg_runtime.moe import GPT_OSS_ALPHA, GPT_OSS_LIMIT, _Experts
+from gg_runtime.moe import _Experts
+from moe_reference import activation_ref, layer_ref
 
 DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
-
-
-def activation_ref(gu, interleaved, activation):
-    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
-    if activation == "gpt_oss":
-        gate, up = gate.clamp(max=GPT_OSS_LIMIT), up.clamp(-GPT_OSS_LIMIT, GPT_OSS_LIMIT)
-        return (up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA)
-    return torch.nn.functional.silu(gate) * up
 
 
 def grouped_mm_ref(a, b, offs, bias=None, out_dtype=None, tf32=False):
@@ -62,16 +55,6 @@ REFERENCE_OPS = SimpleNamespace(
 def reference_ops(monkeypatch):
     for module in (gg_runtime.moe, gg_runtime.autograd):
         monkeypatch.setattr(module, "OPS", REFERENCE_OPS)
-
-
-def layer_ref(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
-    out = torch.zeros_like(x)
-    for e in range(w13.shape[0]):
-        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
-        y = activation_ref(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
-        out = out.index_add(0, token, y * topk_weights[token, slot, None])
-    return out
 
 
 def inputs(tokens, hidden, inter, experts, k, bias, transposed, seed=0):
