@@ -117,3 +117,25 @@ def test_matches_autograd_of_the_expert_loop(reference_ops, shape, bias, interle
         assert leaves["w13"].stride(-2) == 1 and leaves["w2"].stride(-2) == 1
     dropped = (given["topk_ids"] < 0) | (given["topk_ids"] >= shape[3])
     assert torch.all(grads["topk_weights"][dropped] == 0)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_activation_checkpointing(reference_ops, use_reentrant):
+    """Under torch.utils.checkpoint (what MoE training wraps layers in) the
+    gradients are the same: the forward runs again in backward and its saved
+    tensors go through checkpoint's hooks."""
+    given = inputs(29, 8, 4, 6, 2, bias=True, transposed=False)
+    grad = torch.randn(29, 8, dtype=torch.float64)
+
+    def plain(x, topk_ids, topk_weights, w13, w2, b13, b2):
+        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, False, "swiglu")
+
+    def checkpointed(**given):
+        return torch.utils.checkpoint.checkpoint(plain, *given.values(),
+                                                 use_reentrant=use_reentrant)
+
+    out, grads, _ = outputs_and_grads(checkpointed, given, grad)
+    want, want_grads, _ = outputs_and_grads(plain, given, grad)
+    assert torch.equal(out, want)
+    for name, got in grads.items():
+        assert torch.equal(got, want_grads[name]), name
