@@ -226,6 +226,17 @@ def test_transformers_qwen3_moe_experts():
     compare_with_transformers_grouped_mm(model, 128)
 
 
+def test_transformers_mixtral_experts():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=6,
+        num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config).to("cuda", torch.bfloat16)
+    compare_with_transformers_grouped_mm(model, 128)
+
+
 def test_transformers_gpt_oss_experts():
     """gpt-oss: interleaved gate/up, biases, the clamped activation."""
     transformers = pytest.importorskip("transformers")
