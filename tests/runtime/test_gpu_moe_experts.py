@@ -196,7 +196,7 @@ def test_swiglu_operators_strided_and_empty():
 
 
 def compare_with_transformers_grouped_mm(model, vocab):
-    """The model's logits and its first layer's experts' weight gradients
+    """The model's logits and its first experts module's weight gradients
     with gg_runtime as its experts implementation (ExpertsInterface) against
     transformers' own grouped_mm implementation."""
     from transformers.integrations.moe import ExpertsInterface
@@ -208,7 +208,7 @@ def compare_with_transformers_grouped_mm(model, vocab):
         model.zero_grad()
         logits = model(ids).logits
         logits.float().square().mean().backward()
-        experts = model.model.layers[0].mlp.experts
+        experts = next(m for m in model.modules() if hasattr(m, "gate_up_proj"))  # the first
         results[implementation] = (logits.detach(), experts.gate_up_proj.grad.clone(),
                                    experts.down_proj.grad.clone())
     for ours, theirs in zip(results["gg_runtime"], results["grouped_mm"]):
