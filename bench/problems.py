@@ -307,33 +307,49 @@ def sorted_by_expert(chosen, experts: int):
     return order, counts.cumsum(0, dtype=torch.int32)
 
 
-def moe_layer(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Tensor:
+# gpt-oss's activation constants (transformers' GptOssExperts alpha and limit).
+GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
+
+
+def gated_activation(gu, interleaved: bool = False, activation: str = "swiglu"):
+    """act(gate, up) of each row of gu [R, 2I] as transformers writes it:
+    "swiglu" silu(gate) * up, "gpt_oss" gpt-oss's clamped form; gate and up
+    the halves of a row, or its even and odd columns (interleaved)."""
+    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
+    if activation == "gpt_oss":
+        gate, up = gate.clamp(max=GPT_OSS_LIMIT), up.clamp(min=-GPT_OSS_LIMIT, max=GPT_OSS_LIMIT)
+        return (up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA)
+    return torch.nn.functional.silu(gate) * up
+
+
+def moe_layer(mm, x, router, w13, w2, top_k: int, b13=None, b2=None, activation="swiglu",
+              interleaved=False) -> torch.Tensor:
     """A torchtitan-style token-choice MoE layer whose grouped products are
     mm(a, b, offs, bias) (gg_runtime.grouped_mm, or with_added_bias of
     torch._grouped_mm): router top-k, token slots sorted by expert, rows
-    gathered, up projection (+ b13), SwiGLU, down projection (+ b2), scaled by
-    the routing weight, added back per token (index_add_: bf16 atomics).
-    Routing stays on the GPU (no host sync)."""
+    gathered, up projection (+ b13), gated_activation, down projection (+ b2),
+    scaled by the routing weight, added back per token (index_add_: bf16
+    atomics).  Routing stays on the GPU (no host sync)."""
     weights, chosen = route_top_k(x, router, top_k)
     order, offs = sorted_by_expert(chosen, w13.shape[0])
     token = order // top_k
-    gate, up = mm(x[token], w13.transpose(1, 2), offs, b13).chunk(2, dim=-1)
-    y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs, b2)
+    gu = mm(x[token], w13.transpose(1, 2), offs, b13)
+    y = mm(gated_activation(gu, interleaved, activation), w2.transpose(1, 2), offs, b2)
     y = y * weights.flatten()[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, token, y)
 
 
-def moe_layer_no_atomics(mm, x, router, w13, w2, top_k: int, b13=None, b2=None) -> torch.Tensor:
+def moe_layer_no_atomics(mm, x, router, w13, w2, top_k: int, b13=None, b2=None,
+                         activation="swiglu", interleaved=False) -> torch.Tensor:
     """moe_layer with the gather and the combine through index_select (the
     sorted outputs put back in slot order by the inverse permutation, scaled
     and summed over each token's k slots): no atomics in the forward.  Same
-    grouped products and SwiGLU."""
+    grouped products and activation."""
     weights, chosen = route_top_k(x, router, top_k)
     order, offs = sorted_by_expert(chosen, w13.shape[0])
     inverse = order.argsort()
-    gate, up = mm(x.index_select(0, order // top_k), w13.transpose(1, 2), offs,
-                  b13).chunk(2, dim=-1)
-    y = mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs, b2)
+    gu = mm(x.index_select(0, order // top_k), w13.transpose(1, 2), offs, b13)
+    y = mm(gated_activation(gu, interleaved, activation), w2.transpose(1, 2), offs, b2)
     y = y.index_select(0, inverse).view(*chosen.shape, -1)
     return (y * weights.to(y.dtype).unsqueeze(-1)).sum(1)
 

@@ -375,9 +375,12 @@ def bench_training(name: str, shape: tuple, bias: bool = False) -> dict:
 # router, then the experts as torchtitan writes them (index_add_), without
 # atomics (the baseline), the same with gg_runtime.grouped_mm, and
 # gg_runtime.moe_experts.
-def fused_layer(x, router, w13, w2, top_k: int, b13=None, b2=None):
+def fused_layer(x, router, w13, w2, top_k: int, b13=None, b2=None, activation="swiglu",
+                interleaved=False):
     weights, chosen = route_top_k(x, router, top_k)
-    return gg_runtime.moe_experts(x, chosen, weights, w13, w2, b13=b13, b2=b2)
+    return gg_runtime.moe_experts(x, chosen, weights, w13, w2, b13=b13, b2=b2,
+                                  activation=activation,
+                                  gate_up="interleaved" if interleaved else "concatenated")
 
 
 EXPERTS_LAYERS = {
@@ -388,18 +391,26 @@ EXPERTS_LAYERS = {
 }
 
 
-def bench_experts(name: str, shape: tuple) -> dict:
+# The experts section's rows besides TRAINING_LAYERS' (SwiGLU, no bias): gpt-oss-20b
+# as it is, with its experts' biases, interleaved gate/up and clamped activation.
+EXPERTS_OWN_ACTIVATION = {"gpt_oss_20b_as_is": ("gpt_oss_20b", {"bias": True,
+                                                                  "activation": "gpt_oss",
+                                                                  "interleaved": True})}
+
+
+def bench_experts(name: str, shape: tuple, bias=False, **activation) -> dict:
     """One MoE layer, each of EXPERTS_LAYERS on the same inputs: forward,
     forward + backward (all gradients), peak memory of a step and the memory
     the forward keeps for backward (allocated after it, less its output).
     Ratios against the no-atomics torch layer.  Outputs and gradients are
-    checked against that layer's first."""
+    checked against that layer's first.  activation: the layers' activation
+    and interleaved arguments (problems.moe_layer)."""
     tokens, hidden, inter, experts, top_k = shape
-    inputs = moe_layer_inputs(tokens, hidden, inter, experts)
+    inputs = moe_layer_inputs(tokens, hidden, inter, experts, bias=bias)
     dy = torch.randn_like(inputs["x"])
 
     def forward(layer):
-        return layer(**inputs, top_k=top_k)
+        return layer(**inputs, top_k=top_k, **activation)
 
     def step(layer):
         for t in inputs.values():
@@ -705,8 +716,11 @@ def main():
                                          if args.only in layer[0]]
         print_training(training)
     if "experts" in sections:
-        report["experts"] = experts = [bench_experts(name, shape) for name, shape in
-                                       TRAINING_LAYERS.items() if args.only in name]
+        rows = [(name, shape, {}) for name, shape in TRAINING_LAYERS.items()]
+        rows += [(name, TRAINING_LAYERS[layer], options)
+                 for name, (layer, options) in EXPERTS_OWN_ACTIVATION.items()]
+        report["experts"] = experts = [bench_experts(name, shape, **options)
+                                       for name, shape, options in rows if args.only in name]
         print_experts(experts)
     if "bias" in sections:
         report["bias"] = bias = [bench_bias(w) for w in ragged if w["dtype"] == "bfloat16"]

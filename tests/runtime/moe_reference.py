@@ -2,18 +2,7 @@
 expert: the reference of moe_experts' tests (in float32 or float64 for the
 truth, in the inputs' dtype for torch's own error)."""
 import torch
-
-# gpt-oss's activation constants (transformers' GptOssExperts alpha and limit).
-GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
-
-
-def activation_ref(gu, interleaved, activation="swiglu"):
-    """act(gate, up) of each row of gu [R, 2I], as transformers writes it."""
-    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else gu.chunk(2, dim=-1)
-    if activation == "gpt_oss":
-        gate, up = gate.clamp(max=GPT_OSS_LIMIT), up.clamp(min=-GPT_OSS_LIMIT, max=GPT_OSS_LIMIT)
-        return (up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA)
-    return torch.nn.functional.silu(gate) * up
+from problems import gated_activation
 
 
 def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
@@ -24,6 +13,6 @@ def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved
     for e in range(w13.shape[0]):
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
-        y = activation_ref(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
+        y = gated_activation(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
         out = out.index_add(0, token, y * topk_weights[token, slot, None].to(x.dtype))
     return out

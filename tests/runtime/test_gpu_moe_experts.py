@@ -8,7 +8,8 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
-from moe_reference import activation_ref, layer_ref
+from moe_reference import layer_ref
+from problems import gated_activation
 from problems import forced, last_variant, randn, rel_error
 
 from conftest import device_arch, gpu
@@ -164,7 +165,7 @@ def test_torch_compile_fullgraph():
 def swiglu_backward_ref(gu, grad, scale, interleaved, activation="swiglu"):
     """(d gu, h * scale, <grad, h> per row) by autograd in float32, h rounded as the kernel does."""
     gu = gu.float().requires_grad_()
-    h = activation_ref(gu, interleaved, activation)
+    h = gated_activation(gu, interleaved, activation)
     (h * scale[:, None]).backward(grad.float())
     rounded = h.detach().to(grad.dtype).float()
     return gu.grad, rounded * scale[:, None], (grad.float() * rounded).sum(-1)
@@ -179,7 +180,7 @@ def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
     grad = randn(rows, cols, dtype=dtype)
     scale = torch.rand(rows, device="cuda")
     h = torch.ops.gg_runtime.swiglu(gu, interleaved, activation)
-    assert rel_error(h, activation_ref(gu.float(), interleaved, activation)) < 1e-2
+    assert rel_error(h, gated_activation(gu.float(), interleaved, activation)) < 1e-2
     got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
     wants = swiglu_backward_ref(gu, grad, scale, interleaved, activation)
     for name, g, want in zip(("dgu", "hs", "dot"), got, wants):
@@ -190,7 +191,7 @@ def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
 def test_swiglu_operators_strided_and_empty():
     gu = randn(50, 200, dtype=torch.bfloat16)[:, 20:180]  # row stride 200
     h = torch.ops.gg_runtime.swiglu(gu, False)
-    assert rel_error(h, activation_ref(gu.float(), False)) < 1e-2
+    assert rel_error(h, gated_activation(gu.float(), False)) < 1e-2
     empty = torch.ops.gg_runtime.swiglu_backward(gu[:0], gu[:0, :80], torch.rand(0, device="cuda"))
     assert [tuple(t.shape) for t in empty] == [(0, 160), (0, 80), (0,)]
 
@@ -272,7 +273,7 @@ def test_swiglu_variant(variant):
     with forced(variant=variant["key"]):
         if direction == "forward":
             got = [torch.ops.gg_runtime.swiglu(gu, interleaved, activation)]
-            want = [activation_ref(gu.float(), interleaved, activation)]
+            want = [gated_activation(gu.float(), interleaved, activation)]
         else:
             got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
             want = swiglu_backward_ref(gu, grad, scale, interleaved, activation)

@@ -13,7 +13,8 @@ import torch
 import gg_runtime.autograd
 import gg_runtime.moe
 from gg_runtime.moe import _Experts
-from moe_reference import activation_ref, layer_ref
+from moe_reference import layer_ref
+from problems import gated_activation, moe_layer, moe_layer_no_atomics, route_top_k
 
 DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 
@@ -34,7 +35,7 @@ def grouped_mm_ref(a, b, offs, bias=None, out_dtype=None, tf32=False):
 def swiglu_backward_ref(gu, grad, scale, interleaved=False, activation="swiglu"):
     gu = gu.detach().requires_grad_()
     with torch.enable_grad():
-        h = activation_ref(gu, interleaved, activation)
+        h = gated_activation(gu, interleaved, activation)
         (h * scale[:, None]).backward(grad)
     h = h.detach()
     return gu.grad, h * scale[:, None], (grad * h).sum(-1)
@@ -47,7 +48,7 @@ def default(fn):
 REFERENCE_OPS = SimpleNamespace(
     grouped_mm=default(grouped_mm_ref),
     swiglu=default(lambda gu, interleaved=False, activation="swiglu":
-                   activation_ref(gu, interleaved, activation)),
+                   gated_activation(gu, interleaved, activation)),
     swiglu_backward=default(swiglu_backward_ref))
 
 
@@ -139,3 +140,20 @@ def test_activation_checkpointing(reference_ops, use_reentrant):
     assert torch.equal(out, want)
     for name, got in grads.items():
         assert torch.equal(got, want_grads[name]), name
+
+
+@pytest.mark.parametrize("activation,interleaved", [("swiglu", False), ("gpt_oss", True)])
+@pytest.mark.parametrize("layer", [moe_layer, moe_layer_no_atomics],
+                         ids=["torchtitan", "no_atomics"])
+def test_bench_torch_layers_compute_the_layer(layer, activation, interleaved):
+    """make bench's torch layers (the anchors of the experts section) with a
+    float64 grouped product, router included, against the expert loop."""
+    given = inputs(41, 8, 4, 6, 2, bias=True, transposed=False)
+    router = torch.randn(8, 6, dtype=torch.float64)
+    weights, ids = route_top_k(given["x"], router, 2)
+    params = {n: given[n] for n in ("x", "w13", "w2", "b13", "b2")}
+    out = layer(grouped_mm_ref, router=router, top_k=2, activation=activation,
+                interleaved=interleaved, **params)
+    want = layer_ref(topk_ids=ids, topk_weights=weights.double(), interleaved=interleaved,
+                     activation=activation, **params)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
