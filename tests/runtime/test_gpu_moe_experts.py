@@ -216,42 +216,38 @@ def compare_with_transformers_grouped_mm(model, vocab):
         assert rel_error(ours, theirs.float()) < 2e-2
 
 
-def test_transformers_qwen3_moe_experts():
+# Small models of the MoE families transformers runs through ExpertsInterface:
+# (config class, model class, the config's own arguments, the std gate_up_proj is
+# drawn with or None for the model's own initialisation).  gpt-oss: interleaved
+# gate/up, biases and the clamped activation, weights large enough that the clamps act.
+SMALL_MODELS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"intermediate_size": 128, "moe_intermediate_size": 48, "num_experts": 8,
+                   "decoder_sparse_step": 1, "mlp_only_layers": []}, None),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"intermediate_size": 96, "num_local_experts": 6}, None),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                {"intermediate_size": 48, "num_local_experts": 8,
+                 "layer_types": ["full_attention"] * 2}, 0.5),
+}
+SMALL_MODEL_ARGS = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                    "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize("family", SMALL_MODELS)
+def test_transformers_models(family):
     transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])
+    config_class, model_class, own_args, gate_up_std = SMALL_MODELS[family]
+    config = getattr(transformers, config_class)(**SMALL_MODEL_ARGS, **own_args)
     torch.manual_seed(0)
-    model = transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
-    compare_with_transformers_grouped_mm(model, 128)
-
-
-def test_transformers_mixtral_experts():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=6,
-        num_experts_per_tok=2)
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config).to("cuda", torch.bfloat16)
-    compare_with_transformers_grouped_mm(model, 128)
-
-
-def test_transformers_gpt_oss_experts():
-    """gpt-oss: interleaved gate/up, biases, the clamped activation."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GptOssConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
-        num_experts_per_tok=2, layer_types=["full_attention"] * 2)
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(config).to("cuda", torch.bfloat16)
-    with torch.no_grad():  # weights large enough that the clamps act
-        for layer in model.model.layers:
-            layer.mlp.experts.gate_up_proj.normal_(0, 0.5)
-            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
-    compare_with_transformers_grouped_mm(model, 128)
+    model = getattr(transformers, model_class)(config).to("cuda", torch.bfloat16)
+    if gate_up_std is not None:
+        with torch.no_grad():
+            for experts in (m for m in model.modules() if hasattr(m, "gate_up_proj")):
+                experts.gate_up_proj.normal_(0, gate_up_std)
+                experts.gate_up_proj_bias.normal_(0, gate_up_std)
+    compare_with_transformers_grouped_mm(model, SMALL_MODEL_ARGS["vocab_size"])
 
 
 SWIGLU_VARIANTS = [v for v in _C.variants() if v["family"] == "swiglu" and
