@@ -1,13 +1,15 @@
 """The experts of an MoE layer as one differentiable function: routing on the
 GPU, gathered rows, the two grouped products with SwiGLU between them (one
 kernel each way, torch.ops.gg_runtime.swiglu / swiglu_backward), and the
-weighted combine of each token's k outputs, forward and backward, with no
-bf16 atomics and no host sync.
+weighted combine of each token's k outputs (one kernel,
+torch.ops.gg_runtime.combine, reading the down projection's rows through the
+inverse permutation), forward and backward, with no bf16 atomics and no host
+sync.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output; everything else is recomputed.  Every
 gather, scatter and combine is a permutation or a sum over the k slots of a
-token (index_select both ways), never an index_add."""
+token, never an index_add."""
 from __future__ import annotations
 
 import torch
@@ -53,17 +55,15 @@ def _mm(a, b, offs, bias=None):
 class _Experts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
-        tokens, hidden = x.shape
-        k = topk_ids.shape[1]
+        tokens, k = topk_ids.shape
         order, offs, inverse = route(topk_ids, w13.shape[0])
         gu = _mm(x.index_select(0, order // k), w13.mT, offs, b13)
         ys = _mm(OPS.swiglu.default(gu, interleaved, activation), w2.mT, offs, b2)
-        y = ys.index_select(0, inverse).view(tokens, k, hidden)
-        weights = topk_weights.to(x.dtype)
+        weights = topk_weights.float()
         ctx.save_for_backward(x, weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.interleaved, ctx.activation = interleaved, activation
         ctx.weights_dtype = topk_weights.dtype
-        return torch.bmm(weights.unsqueeze(1), y).squeeze(1)
+        return OPS.combine.default(ys, inverse.view(tokens, k), weights, offs)
 
     @staticmethod
     @once_differentiable
@@ -78,7 +78,7 @@ class _Experts(torch.autograd.Function):
         tokens, k = weights.shape
         token = order // k
         dys = grad.to(x.dtype).index_select(0, token)
-        scale = weights.reshape(-1).index_select(0, order).float()
+        scale = weights.reshape(-1).index_select(0, order)
         dgu, hs, dot = OPS.swiglu_backward.default(gu, _mm(dys, w2, offs), scale,
                                                    ctx.interleaved, ctx.activation)
         # Each intermediate goes as soon as its last use is done: the weights'
@@ -93,8 +93,9 @@ class _Experts(torch.autograd.Function):
         if need_b2:
             db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
         del dys, hs, dot
-        if need_x:
-            dx = _mm(dgu, w13, offs).index_select(0, inverse).view(tokens, k, x.shape[1]).sum(1)
+        if need_x:  # each token's k rows summed: a combine with unit weights
+            ones = torch.ones_like(weights)
+            dx = OPS.combine.default(_mm(dgu, w13, offs), inverse.view(tokens, k), ones, offs)
         if need_w13:
             dw13 = input_gradient(w13, dgu.mT, x.index_select(0, token), offs, False)
         if need_b13:

@@ -12,6 +12,7 @@
 
 namespace {
 
+using gg::ops::combine;
 using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
 using gg::ops::quantize_fp8;
@@ -41,6 +42,7 @@ void implement(Library& m) {
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
   m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
+  m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
 }
 
 // Whether the runtime's families are those the operators were generated for.
@@ -91,6 +93,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False, "
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
+  m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

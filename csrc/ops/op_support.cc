@@ -124,7 +124,7 @@ void check_companion(const Tensor& x, const char* name, const Shape& shape, Scal
     type_error(name, " must be ", dtype_text, ", got ", dtype_name(x.scalar_type()));
   }
   if (x.device() != like.device()) {
-    value_error(name, " is on ", device_of(x), " but mat_a is on ", device_of(like));
+    value_error(name, " is on ", device_of(x), " but the inputs are on ", device_of(like));
   }
   if (sizes_of(x) != shape) {
     value_error(name, " must have shape ", tuple_text(shape), " ", shape_text, ", got ",
@@ -170,6 +170,12 @@ Matrix row_major(const Tensor& x) {
     return {copy, false, copy.stride(-2)};
   }
   return {x, false, x.stride(-2)};
+}
+
+Tensor dense(const Tensor& x) {
+  const bool row_major = x.size(-1) <= 1 || x.stride(-1) == 1;
+  const bool packed = x.size(0) <= 1 || x.stride(0) == x.size(-1);
+  return row_major && packed ? x : torch::stable::contiguous(x);
 }
 
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {

@@ -111,6 +111,8 @@ struct Matrix {
 Matrix matrix_of(const Tensor& x);
 // x with a unit inner stride (copied where it has none), and its row stride.
 Matrix row_major(const Tensor& x);
+// A 2-D x contiguous (copied where it is not), as the memory-bound kernels read it.
+Tensor dense(const Tensor& x);
 
 // A new output on like's device (NaN-filled under set_poison, for tests).
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype);

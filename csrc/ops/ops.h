@@ -36,4 +36,8 @@ Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
                                                    bool interleaved, std::string activation);
 
+// out[t] = sum_j weights[t, j] * rows[index[t, j]] over the slots whose row lies
+// within the groups (offs[-1]); the others are dropped slots and add nothing.
+Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
+
 }  // namespace gg::ops

@@ -15,13 +15,6 @@ namespace {
 // The dtypes the swiglu family is built for (aot/families/swiglu.py).
 const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16};
 
-// x as the kernel reads it: contiguous (copied where it is not).
-Tensor dense(const Tensor& x) {
-  const bool row_major = x.size(-1) <= 1 || x.stride(-1) == 1;
-  const bool packed = x.size(0) <= 1 || x.stride(0) == x.size(-1);
-  return row_major && packed ? x : torch::stable::contiguous(x);
-}
-
 // gu [R, 2C]: each row's gate and up halves; returns C.
 int64_t check_gate_up(const Tensor& gu) {
   check_tensor(gu, "gu", 2, kDTypes);

@@ -6,13 +6,26 @@ from problems import gated_activation
 
 
 def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
-              activation="swiglu"):
+              activation="swiglu", gu_dtype=None):
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) in x's dtype;
-    ids outside [0, E) add nothing."""
+    ids outside [0, E) add nothing.  gu_dtype: the up projection rounded to it
+    before the activation, as the implementations store it."""
     out = torch.zeros_like(x)
     for e in range(w13.shape[0]):
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         gu = x[token] @ w13[e].T + (0 if b13 is None else b13[e])
+        gu = gu if gu_dtype is None else gu.to(gu_dtype).to(x.dtype)
         y = gated_activation(gu, interleaved, activation) @ w2[e].T + (0 if b2 is None else b2[e])
         out = out.index_add(0, token, y * topk_weights[token, slot, None].to(x.dtype))
     return out
+
+
+def combine_ref(rows, index, weights, offs):
+    """torch.ops.gg_runtime.combine's contract, in float32 (float64 for float64
+    rows): sum_j weights[t, j] * rows[index[t, j]] over the slots whose row lies
+    within the groups (below offs[-1]); the others add nothing, whatever their weight."""
+    dtype = torch.promote_types(rows.dtype, torch.float32)
+    end = min(int(offs[-1]), rows.shape[0]) if len(offs) else 0
+    kept = (index >= 0) & (index < end)
+    picked = rows.to(dtype)[index.clamp(0, max(rows.shape[0] - 1, 0))]
+    return (torch.where(kept, weights.to(dtype), 0)[..., None] * picked).sum(1)

@@ -99,6 +99,24 @@ def test_swiglu_operators_check_their_inputs(fake):
     assert [tuple(t.shape) for t in (h, dgu, hs, dot)] == [(4, 3), (4, 6), (4, 3), (4,)]
 
 
+def test_combine_operator_checks_its_inputs(fake):
+    ops = torch.ops.gg_runtime
+    index = torch.zeros(4, 2, dtype=torch.int64, device="cuda")
+    weights, offs = cuda(4, 2, dtype=torch.float32), cuda(3, dtype=torch.int32)
+    with pytest.raises(TypeError, match="rows must be float16 or bfloat16"):
+        call(ops.combine.default, cuda(8, 6, dtype=torch.float32), index, weights, offs)
+    with pytest.raises(TypeError, match="index must be int64"):
+        call(ops.combine.default, cuda(8, 6), index.int(), weights, offs)
+    with pytest.raises(TypeError, match="weights must be float32"):
+        call(ops.combine.default, cuda(8, 6), index, cuda(4, 2), offs)
+    with pytest.raises(ValueError, match=r"weights must have shape \(4, 2\)"):
+        call(ops.combine.default, cuda(8, 6), index, cuda(4, 3, dtype=torch.float32), offs)
+    with pytest.raises(TypeError, match="offs must be int32"):
+        call(ops.combine.default, cuda(8, 6), index, weights, offs.long())
+    out = ops.combine(cuda(8, 6), index, weights, offs)
+    assert out.shape == (4, 6) and out.dtype == torch.bfloat16
+
+
 class NotSwiGLU(torch.nn.Module):
     """Stands for an experts module whose gating is its own (DeepSeek-V4's clamped SiLU, say)."""
     has_gate = True
