@@ -37,14 +37,14 @@ def route(topk_ids: torch.Tensor, experts: int):
     [0, experts) sorted last (dropped: past the last group), the groups' end
     offsets (int32 [experts]) and the inverse permutation (slot -> sorted row).
     GPU only: nothing waits for the host."""
-    flat = topk_ids.reshape(-1)
-    expert = torch.where((flat >= 0) & (flat < experts), flat, experts).long()
-    order = expert.argsort(stable=True)
-    counts = torch.zeros(experts + 1, dtype=torch.int32, device=flat.device)
-    counts.scatter_add_(0, expert, torch.ones_like(expert, dtype=torch.int32))
-    offs = counts[:experts].cumsum(0, dtype=torch.int32)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
+    # Ids outside [0, experts) become `experts`: clamped into [-1, experts], then
+    # -1 wraps to experts.  (Few ops: each costs host time on every forward.)
+    expert = topk_ids.reshape(-1).clamp(-1, experts).remainder_(experts + 1)
+    sorted_expert, order = expert.sort(stable=True)
+    ends = torch.arange(1, experts + 1, dtype=expert.dtype, device=expert.device)
+    offs = torch.searchsorted(sorted_expert, ends, out_int32=True)
+    slots = torch.arange(order.numel(), device=order.device)
+    inverse = torch.empty_like(order).scatter_(0, order, slots)
     return order, offs, inverse
 
 

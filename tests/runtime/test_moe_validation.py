@@ -171,11 +171,13 @@ def args_for_module():
 
 def test_route_sorts_slots_by_expert_with_dropped_ones_last():
     """The routing on its own (plain torch ops: it runs on CPU tensors too)."""
-    ids = torch.tensor([[2, 0], [-1, 2], [0, 7], [1, 2]])
-    order, offs, inverse = route(ids, 4)
-    assert order.tolist() == [1, 4, 6, 0, 3, 7, 2, 5]  # stable within an expert
-    assert offs.tolist() == [2, 3, 6, 6] and offs.dtype == torch.int32
-    assert torch.equal(order[inverse], torch.arange(8))
+    for dtype in (torch.int64, torch.int32):
+        ids = torch.tensor([[2, 0], [-1, 2], [0, 7], [1, 2], [-300, 3], [4, 2**31 - 1]],
+                           dtype=dtype)
+        order, offs, inverse = route(ids, 4)
+        assert order.tolist() == [1, 4, 6, 0, 3, 7, 9, 2, 5, 8, 10, 11]  # stable; dropped last
+        assert offs.tolist() == [2, 3, 6, 7] and offs.dtype == torch.int32
+        assert torch.equal(order[inverse], torch.arange(12))
 
 
 def test_module_parameters_and_shapes(fake):
