@@ -127,7 +127,9 @@ def _family_struct(index: int, family) -> list:
     name = _struct_name(family.name)
     lines = [f"struct {name} {{", f"  static constexpr int kIndex = {index};",
              f"  static constexpr const char* kName = {_string(family.name)};",
-             f"  static constexpr size_t kParamCount = {len(family.params)};"]
+             f"  static constexpr size_t kParamCount = {len(family.params)};",
+             *(f"  static constexpr int64_t {name} = {value};"
+               for name, value in family.constants.items())]
     if family.has_group_table:
         words = ", ".join(p.name for p in family.group_fields)
         lines += ["  struct Group {", *("  " + f for f in _fields(family.group_fields)),

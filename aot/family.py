@@ -124,6 +124,9 @@ class Family:
     # A Gluon kernel with `kernel`'s parameters, run by the `ws` configs of the
     # TMA flavour (16-bit and fp8 inputs); None: the family has none.
     ws_kernel: object = None
+    # Integer constants the family's operator needs (a scratch size, a limit),
+    # emitted into its generated C++ struct (family_args.h) under these names.
+    constants: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._check_abi()

@@ -32,13 +32,27 @@ def _check_choices(gate_up, activation):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
+# The route kernels' bins: one per expert and one for dropped slots
+# (aot/families/route.py; its operator refuses more experts).
+MAX_ROUTED_EXPERTS = 1023
+
+
 def route(topk_ids: torch.Tensor, experts: int):
     """The token slots (t * k + j) sorted by expert, stably, with ids outside
     [0, experts) sorted last (dropped: past the last group), the groups' end
     offsets (int32 [experts]) and the inverse permutation (slot -> sorted row).
-    GPU only: nothing waits for the host."""
+    On the GPU, nothing waits for the host: three kernels (torch.ops.gg_runtime.
+    route), or torch's sort past MAX_ROUTED_EXPERTS experts."""
+    if experts > MAX_ROUTED_EXPERTS:
+        return route_by_sort(topk_ids, experts)
+    ids = topk_ids.reshape(-1)
+    return OPS.route.default(ids if ids.dtype == torch.int64 else ids.long(), experts)
+
+
+def route_by_sort(topk_ids: torch.Tensor, experts: int):
+    """route's results from torch's ops (any device, any number of experts)."""
     # Ids outside [0, experts) become `experts`: clamped into [-1, experts], then
-    # -1 wraps to experts.  (Few ops: each costs host time on every forward.)
+    # -1 wraps to experts.
     expert = topk_ids.reshape(-1).clamp(-1, experts).remainder_(experts + 1)
     sorted_expert, order = expert.sort(stable=True)
     ends = torch.arange(1, experts + 1, dtype=expert.dtype, device=expert.device)

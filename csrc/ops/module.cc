@@ -16,6 +16,7 @@ using gg::ops::combine;
 using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
 using gg::ops::quantize_fp8;
+using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
 using gg::ops::swiglu;
 using gg::ops::swiglu_backward;
@@ -43,6 +44,7 @@ void implement(Library& m) {
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
   m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
+  m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
 }
 
 // Whether the runtime's families are those the operators were generated for.
@@ -94,6 +96,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False, "
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
+  m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

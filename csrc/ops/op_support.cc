@@ -191,8 +191,9 @@ Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
       static_cast<int64_t>(shape.size()), shape.data(), strides.data(), static_cast<int32_t>(dtype),
       static_cast<int32_t>(device.type()), device.index(), &handle));
   Tensor out(handle);
-  if (g_poison && !shapes_only(out)) {
-    torch::stable::fill_(out, std::numeric_limits<double>::quiet_NaN());
+  if (g_poison && !shapes_only(out)) {  // integers: -1, a value no output index takes
+    const bool integer = dtype == ScalarType::Int || dtype == ScalarType::Long;
+    torch::stable::fill_(out, integer ? -1.0 : std::numeric_limits<double>::quiet_NaN());
   }
   return out;
 }
@@ -220,14 +221,28 @@ bool runs_tma(const Tensor& t) {
   return t.is_cuda() && !in_shapes_only() && g_runtime->runs_tma(t.get_device_index());
 }
 
-Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32) {
-  const int device = like.get_device_index();
+namespace {
+
+void* current_stream(int device) {
   void* stream = nullptr;
   const StreamGetter getter = stream_getter();
   if (getter == nullptr || getter(device, &stream) != 0) {
     throw std::runtime_error("gg_runtime: torch's current CUDA stream is not available");
   }
-  return {device, stream, dtype_code(like.scalar_type(), tf32), dtype_code(out_dtype)};
+  return stream;
+}
+
+}  // namespace
+
+Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32) {
+  const int device = like.get_device_index();
+  return {device, current_stream(device), dtype_code(like.scalar_type(), tf32),
+          dtype_code(out_dtype)};
+}
+
+Target target_of(const Tensor& like, ScalarType dtype, ScalarType out_dtype) {
+  const int device = like.get_device_index();
+  return {device, current_stream(device), dtype_code(dtype), dtype_code(out_dtype)};
 }
 
 void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,

@@ -140,6 +140,9 @@ struct Target {
   int out_dtype;
 };
 Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32 = false);
+// The same for a family whose variants are compiled per `dtype`, not like's
+// (integer work: its pointers' types are fixed).
+Target target_of(const Tensor& like, ScalarType dtype, ScalarType out_dtype);
 
 // Launches one call of a family (a generated gg::family struct, filled by
 // name) on `target`; errors raise as described above.

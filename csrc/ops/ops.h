@@ -40,4 +40,9 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tenso
 // within the groups (offs[-1]); the others are dropped slots and add nothing.
 Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 
+// (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
+// ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the
+// inverse permutation.
+std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts);
+
 }  // namespace gg::ops

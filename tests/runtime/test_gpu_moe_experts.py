@@ -10,6 +10,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
+from gg_runtime.moe import MAX_ROUTED_EXPERTS, route_by_sort
 from moe_reference import combine_ref, layer_ref
 from problems import gated_activation
 from problems import forced, last_variant, poisoned, randn, rel_error
@@ -88,8 +89,9 @@ def test_gpt_oss_activation(dtype, gate_up, bias):
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 32, 1, 1), (257, 128, 96, 24, 16), (40, 64, 32, 512, 8),
-                                   (1000, 256, 176, 64, 6)],
-                         ids=["one_token_one_expert", "k16", "e512", "fine_grained"])
+                                   (1000, 256, 176, 64, 6), (60, 32, 16, 1100, 4)],
+                         ids=["one_token_one_expert", "k16", "e512", "fine_grained",
+                              "e1100_routed_by_sort"])
 def test_shapes(shape):
     check_against_reference(make_inputs(*shape))
 
@@ -356,3 +358,25 @@ def test_combine_variant(variant):
         got = torch.ops.gg_runtime.combine(rows, index, weights, offs)
         assert last_variant() == variant["key"]
     assert rel_error(got, combine_ref(rows, index, weights, offs)) < 1e-2
+
+
+@pytest.mark.parametrize("slots,experts", [(1, 1), (1023, 8), (1024, 128), (1025, 3),
+                                           (131079, 128), (70000, MAX_ROUTED_EXPERTS), (500, 0)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_route_operator(slots, experts, dtype):
+    """The route kernels (all three phases: one variant each) against torch's
+    stable sort, exactly: ids in and out of [0, E) (-1, E, far past), chunks
+    of slots whole and partial, more chunks than one scan step."""
+    torch.manual_seed(slots)
+    ids = torch.randint(-2, experts + 3, (slots,), device="cuda", dtype=dtype)
+    ids[::97] = 2**31 - 1
+    with poisoned():
+        got = gg_runtime.moe.route(ids, experts)
+    for name, g, want in zip(("order", "offs", "inverse"), got, route_by_sort(ids, experts)):
+        assert g.dtype == want.dtype and torch.equal(g, want), name
+
+
+def test_route_operator_without_slots():
+    order, offs, inverse = gg_runtime.moe.route(torch.zeros(0, 8, dtype=torch.int64,
+                                                            device="cuda"), 5)
+    assert order.numel() == inverse.numel() == 0 and torch.equal(offs, torch.zeros_like(offs))

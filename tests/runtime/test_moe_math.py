@@ -1,7 +1,7 @@
 """moe_experts' autograd function (gg_runtime/moe.py: routing, permutations,
 the weighted combine and every gradient formula) in float64 on CPU, its
 operators stood in for by float64 references (grouped_mm, swiglu,
-swiglu_backward, combine as their contracts say), against torch's autograd through a
+swiglu_backward, combine, route as their contracts say), against torch's autograd through a
 layer computed expert by expert.  The kernels themselves are checked on the
 GPU (test_gpu_moe_experts.py); this checks the composition, on every
 machine."""
@@ -50,7 +50,8 @@ REFERENCE_OPS = SimpleNamespace(
     swiglu=default(lambda gu, interleaved=False, activation="swiglu":
                    gated_activation(gu, interleaved, activation)),
     swiglu_backward=default(swiglu_backward_ref),
-    combine=default(combine_ref))
+    combine=default(combine_ref),
+    route=default(gg_runtime.moe.route_by_sort))
 
 
 @pytest.fixture

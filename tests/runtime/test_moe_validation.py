@@ -6,7 +6,7 @@ import torch
 
 import gg_runtime
 from gg_runtime._native import call
-from gg_runtime.moe import route
+from gg_runtime.moe import MAX_ROUTED_EXPERTS, route_by_sort
 
 from conftest import cuda
 
@@ -117,6 +117,21 @@ def test_combine_operator_checks_its_inputs(fake):
     assert out.shape == (4, 6) and out.dtype == torch.bfloat16
 
 
+def test_route_operator_checks_its_inputs(fake):
+    ops = torch.ops.gg_runtime
+    ids = torch.zeros(37, dtype=torch.int64, device="cuda")
+    with pytest.raises(TypeError, match="ids must be int64"):
+        call(ops.route.default, ids.int(), 4)
+    with pytest.raises(ValueError, match="ids must be 1-D"):
+        call(ops.route.default, ids.view(1, 37), 4)
+    with pytest.raises(ValueError, match=rf"experts must be in \[0, {MAX_ROUTED_EXPERTS}\], got "
+                                         rf"{MAX_ROUTED_EXPERTS + 1}"):
+        call(ops.route.default, ids, MAX_ROUTED_EXPERTS + 1)
+    order, offs, inverse = ops.route(ids, 5)
+    assert [(tuple(t.shape), t.dtype) for t in (order, offs, inverse)] == [
+        ((37,), torch.int64), ((5,), torch.int32), ((37,), torch.int64)]
+
+
 class NotSwiGLU(torch.nn.Module):
     """Stands for an experts module whose gating is its own (DeepSeek-V4's clamped SiLU, say)."""
     has_gate = True
@@ -170,11 +185,12 @@ def args_for_module():
 
 
 def test_route_sorts_slots_by_expert_with_dropped_ones_last():
-    """The routing on its own (plain torch ops: it runs on CPU tensors too)."""
+    """The routing by torch's sort (the route kernels' reference, and what runs
+    past MAX_ROUTED_EXPERTS experts): it runs on CPU tensors too."""
     for dtype in (torch.int64, torch.int32):
         ids = torch.tensor([[2, 0], [-1, 2], [0, 7], [1, 2], [-300, 3], [4, 2**31 - 1]],
                            dtype=dtype)
-        order, offs, inverse = route(ids, 4)
+        order, offs, inverse = route_by_sort(ids, 4)
         assert order.tolist() == [1, 4, 6, 0, 3, 7, 9, 2, 5, 8, 10, 11]  # stable; dropped last
         assert offs.tolist() == [2, 3, 6, 7] and offs.dtype == torch.int32
         assert torch.equal(order[inverse], torch.arange(12))

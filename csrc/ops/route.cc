@@ -1,0 +1,46 @@
+// gg_runtime::route: moe_experts' routing (the route kernel family): the token
+// slots sorted by expert, stably, with the groups' end offsets and the inverse
+// permutation, in three launches on the GPU (no host sync).  Checks, outputs,
+// scratch, launches; Meta tensors run the same code without the launches.
+#include <family_args.h>
+
+#include <tuple>
+
+#include "op_support.h"
+#include "ops.h"
+
+namespace gg::ops {
+
+std::tuple<Tensor, Tensor, Tensor> route(Tensor ids_in, int64_t experts) {
+  using Family = family::Route;
+  check_tensor(ids_in, "ids", 1, {ScalarType::Long});
+  if (experts < 0 || experts > Family::kBins - 1) {
+    value_error("experts must be in [0, ", Family::kBins - 1, "], got ", experts);
+  }
+  const int64_t slots = ids_in.size(0);
+  Tensor order = new_output(ids_in, {slots}, ScalarType::Long);
+  Tensor inverse = new_output(ids_in, {slots}, ScalarType::Long);
+  Tensor offs = new_output(ids_in, {experts}, ScalarType::Int);
+  if (shapes_only(order)) return {order, offs, inverse};
+  if (slots == 0) {  // every group empty; no launch
+    torch::stable::fill_(offs, 0.0);
+    return {order, offs, inverse};
+  }
+  const int64_t chunks = (slots + Family::kSlotsPerChunk - 1) / Family::kSlotsPerChunk;
+  // Each chunk's counts per bin, then the totals (a row more): the kernel's scratch.
+  const Tensor hist = new_output(ids_in, {chunks + 1, Family::kBins}, ScalarType::Int);
+  const Tensor ids = torch::stable::contiguous(ids_in);
+  const Family args{.ids_ptr = address(ids),
+                    .hist_ptr = address(hist),
+                    .order_ptr = address(order),
+                    .inverse_ptr = address(inverse),
+                    .offs_ptr = address(offs),
+                    .N = slots,
+                    .E = experts,
+                    .CHUNKS = chunks};
+  const Target target = target_of(ids, ScalarType::Half, ScalarType::Half);
+  for (const char* phase : {"count", "scan", "place"}) launch(args, phase, target);
+  return {order, offs, inverse};
+}
+
+}  // namespace gg::ops
