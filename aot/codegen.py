@@ -81,8 +81,8 @@ def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
         out_dtype=dtype_index[r["out_dtype"]], layout=_string(r["layout"]),
         flavour=list(FLAVOURS).index(r["flavour"]),
         block_m=c["BM"], block_n=c["BN"], block_k=c["BK"], max_rows=c["max_rows"],
-        num_warps=r["num_warps"], shared=r["shared"], scratch_size=r["scratch_size"],
-        scratch_align=r["scratch_align"]) + ","
+        num_warps=r["num_warps"], num_ctas=r["num_ctas"], shared=r["shared"],
+        scratch_size=r["scratch_size"], scratch_align=r["scratch_align"]) + ","
 
 
 def kernel_table_source(records: list, triton_version: str) -> str:

@@ -38,7 +38,7 @@ def compile_variant(variant: Variant) -> Compiled:
     # FP fusion (FMA contraction) stated, not left to the release's default (3.10
     # turns it off).
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages,
-               "enable_fp_fusion": True}
+               "num_ctas": config.ctas, "enable_fp_fusion": True}
     if config.ws:  # the MMA warps get what the loader's warpgroup gives back
         options["maxnreg"] = max_registers(config)
     options = backend.parse_options(options)
@@ -55,8 +55,8 @@ def compile_variant(variant: Variant) -> Compiled:
     except Exception as exc:  # Triton raises many types; the key is what the user needs
         raise CompileError(f"compiling {variant.key} failed:\n{exc}") from exc
     meta = kernel.metadata
-    if meta.num_ctas != 1:
-        raise CompileError(f"{variant.key}: num_ctas={meta.num_ctas}; the launcher supports 1")
+    if meta.num_ctas != config.ctas:  # the runtime launches clusters of the config's size
+        raise CompileError(f"{variant.key}: num_ctas={meta.num_ctas}, the config's {config.ctas}")
     limit = Arch.of(variant.arch).shared_ceiling
     if meta.shared > limit:  # it could never load: fix the config (aot/variants.py _fitted)
         raise CompileError(f"{variant.key}: {meta.shared} bytes of shared memory, sm{variant.arch} "

@@ -58,7 +58,9 @@ class Config:
     is chosen for (the runtime takes the smallest bound that fits; 0 = no bound).
     `ws`: the family's warp-specialised Gluon kernel (Family.ws_kernel): a
     loader warp feeds a num_stages-deep ring to BM / (16 x num_warps) MMA
-    partitions of num_warps warps each (aot/kernels/ws.py)."""
+    partitions of num_warps warps each (aot/kernels/ws.py).  `ctas`: a `ws`
+    kernel's program is a cluster of that many CTAs (2: Triton >= 3.8), each
+    holding BM / ctas of the tile's rows, B's block multicast to all."""
     BM: int
     BN: int
     BK: int
@@ -66,11 +68,13 @@ class Config:
     num_stages: int
     max_rows: int = 0
     ws: bool = False
+    ctas: int = 1
 
     @property
     def tag(self) -> str:
         ws = "_ws" if self.ws else ""
-        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}{ws}"
+        cluster = f"_c{self.ctas}" if self.ctas > 1 else ""
+        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}{ws}{cluster}"
 
     def shared_estimate(self, dtype, out, tma: bool) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
@@ -81,12 +85,13 @@ class Config:
         num_stages - 1 tiles (sm90's non-TMA kernels up to twice that: far
         below its limit; the build refuses any variant over it).  dtype, out:
         aot/variants.py DTypes."""
-        tiles = (self.BM + self.BN) * self.BK * dtype.bytes
+        rows = self.BM // self.ctas  # a CTA's
+        tiles = (rows + self.BN) * self.BK * dtype.bytes
         if not tma:
             return max(self.num_stages - 1, 1) * tiles
-        split = self.BM * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
+        split = rows * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
         out_cols = min(self.BN, EPILOGUE_COLS) if self.ws else self.BN
-        return self.num_stages * tiles + split + self.BM * out_cols * out.bytes
+        return self.num_stages * tiles + split + rows * out_cols * out.bytes
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,12 @@ class Family:
     @property
     def has_group_table(self) -> bool:
         return bool(self.group_fields)
+
+    @property
+    def takes_clusters(self) -> bool:
+        """Whether ws_kernel runs as a cluster of CTAs (it takes CTAS: Config.ctas)."""
+        return self.ws_kernel is not None and any(
+            p.name == "CTAS" for p in self.ws_kernel.params if p.is_constexpr)
 
     def runtime_params(self) -> list:
         """The kernel's non-constexpr parameters, in declaration order."""

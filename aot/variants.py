@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .families import FAMILIES
 from .family import Config
+from .kernels.gluon_api import CLUSTERS
 
 __all__ = ["ARCHS", "DTYPES", "FLAVOURS", "Arch", "Config", "DType", "Variant", "all_variants"]
 
@@ -159,6 +160,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     tma = flavour == "tma"
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
+    if not _runs_clustered(family, flavour, dtype, layout):
+        configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False) for c in configs]
     fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs]
@@ -169,6 +172,15 @@ def _runs_ws(family: str, flavour: str, dtype: DType) -> bool:
     """Whether `ws` configs compile here (the family's Gluon kernel takes TMA,
     16- and 8-bit inputs); elsewhere their tiles run without warp specialisation."""
     return FAMILIES[family].ws_kernel is not None and flavour == "tma" and dtype.bytes <= 2
+
+
+def _runs_clustered(family: str, flavour: str, dtype: DType, layout: str) -> bool:
+    """Whether configs with ctas > 1 compile here: a ws kernel that takes
+    clusters (kernels/ragged_ws.py: 16-bit inputs, a row-major a) under a
+    Triton that launches them (kernels/gluon_api.py); elsewhere they are left out."""
+    desc = FAMILIES[family]
+    return (CLUSTERS and desc.takes_clusters and _runs_ws(family, flavour, dtype)
+            and dtype.bytes == 2 and not desc.layouts[layout].get("A_T", False))
 
 
 def out_dtypes(family: str, dtype: DType) -> tuple:
@@ -221,6 +233,8 @@ class Variant:
                       PRECISION=DTYPES[self.dtype].precision)
         if c.ws:
             values["STAGES"] = c.num_stages
+            if family.takes_clusters:
+                values["CTAS"] = c.ctas
         if family.dtype_constexpr:
             values["DTYPE"] = DTYPES[self.dtype].triton
         return values

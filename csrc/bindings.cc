@@ -36,6 +36,7 @@ py::list variants() {
     d["block"] = py::make_tuple(k.block_m, k.block_n, k.block_k);
     d["max_rows"] = k.max_rows;
     d["num_warps"] = k.num_warps;
+    d["num_ctas"] = k.num_ctas;
     d["shared"] = k.shared;
     d["scratch_size"] = k.scratch_size;
     d["scratch_align"] = k.scratch_align;

@@ -44,6 +44,28 @@ struct MemPoolProps {
 };
 static_assert(sizeof(MemPoolProps) == 88, "CUmemPoolProps layout");
 constexpr int kPoolAttrReleaseThreshold = 4;
+// CUlaunchAttribute (an id, padding, a 64-byte value) and CUlaunchConfig, for
+// cuLaunchKernelEx: a cluster's shape and how the scheduler places clusters.
+constexpr int kLaunchAttrClusterDimension = 4;
+constexpr int kLaunchAttrClusterSchedulingPolicy = 5;
+constexpr int kClusterSchedulingSpread = 1;
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    unsigned int cluster_dim[3];
+    int scheduling_policy;
+    char bytes[64];
+  } value;
+};
+static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute layout");
+struct LaunchConfig {
+  unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  Stream stream;
+  LaunchAttribute* attrs;
+  unsigned int attr_count;
+};
+static_assert(sizeof(LaunchConfig) == 56, "CUlaunchConfig layout");
 // cuMemHostAlloc and cuEventCreate flags
 constexpr unsigned kHostAllocPortable = 1;
 constexpr unsigned kEventDisableTiming = 2;
@@ -66,6 +88,10 @@ struct Api {
   Result (*cuKernelGetFunction)(Function* function, Kernel kernel);
   Result (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int* blocks, Function function,
                                                         int block_size, size_t dynamic_shared);
+  Result (*cuOccupancyMaxActiveClusters)(int* clusters, Function function,
+                                         const LaunchConfig* config);
+  Result (*cuLaunchKernelEx)(const LaunchConfig* config, Function function, void** params,
+                             void** extra);
   Result (*cuLaunchKernel)(Function function, unsigned int grid_x, unsigned int grid_y,
                            unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                            unsigned int block_z, unsigned int shared_bytes, Stream stream,

@@ -46,6 +46,8 @@ cu::Api load_api() {
   resolve(get, "cuKernelGetFunction", api.cuKernelGetFunction);
   resolve(get, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
           api.cuOccupancyMaxActiveBlocksPerMultiprocessor);
+  resolve(get, "cuOccupancyMaxActiveClusters", api.cuOccupancyMaxActiveClusters);
+  resolve(get, "cuLaunchKernelEx", api.cuLaunchKernelEx);
   resolve(get, "cuLaunchKernel", api.cuLaunchKernel);
   resolve(get, "cuMemAllocAsync", api.cuMemAllocAsync);
   resolve(get, "cuMemFreeAsync", api.cuMemFreeAsync);
@@ -122,6 +124,25 @@ DeviceScope::DeviceScope(int device) {
 
 DeviceScope::~DeviceScope() {
   if (switched_) cuda().cuCtxSetCurrent(previous_);
+}
+
+ClusterLaunch::ClusterLaunch(int ctas, int warps, int shared, unsigned programs,
+                             cu::Stream stream) {
+  // Grid x counts CTAs, a multiple of the cluster size the cubin requires;
+  // clusters spread over the GPCs, as Triton's own launcher asks.
+  attrs[0].id = cu::kLaunchAttrClusterDimension;
+  attrs[0].value.cluster_dim[0] = static_cast<unsigned>(ctas);
+  attrs[0].value.cluster_dim[1] = attrs[0].value.cluster_dim[2] = 1;
+  attrs[1].id = cu::kLaunchAttrClusterSchedulingPolicy;
+  attrs[1].value.scheduling_policy = cu::kClusterSchedulingSpread;
+  config.grid_x = programs * static_cast<unsigned>(ctas);
+  config.grid_y = config.grid_z = 1;
+  config.block_x = 32 * static_cast<unsigned>(warps);
+  config.block_y = config.block_z = 1;
+  config.shared_bytes = static_cast<unsigned>(shared);
+  config.stream = stream;
+  config.attrs = attrs;
+  config.attr_count = 2;
 }
 
 }  // namespace gg

@@ -59,6 +59,16 @@ class PerDevice {
   std::vector<std::unique_ptr<T>> values_;
 };
 
+// cuLaunchKernelEx's description of `programs` clusters of `ctas` CTAs of
+// `warps` warps and `shared` bytes of dynamic shared memory each, on `stream`.
+struct ClusterLaunch {
+  ClusterLaunch(int ctas, int warps, int shared, unsigned programs, cu::Stream stream);
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points into attrs
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  cu::LaunchAttribute attrs[2] = {};
+  cu::LaunchConfig config = {};
+};
+
 // Makes the device's primary context current for the scope, restoring the
 // caller's context afterwards (torch's current device must not change).
 class DeviceScope {

@@ -172,8 +172,8 @@ void upload_async(cu::Stream stream, cu::DevicePtr dst, const void* src, size_t 
 size_t scratch_bytes(const KernelInfo& info, unsigned programs) {
   if (info.scratch_size == 0) return 0;
   const size_t align = info.scratch_align > 0 ? info.scratch_align : 1;
-  const size_t per_program = (info.scratch_size + align - 1) / align * align;
-  return per_program * programs;
+  const size_t per_cta = (info.scratch_size + align - 1) / align * align;
+  return per_cta * info.num_ctas * programs;
 }
 
 void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,
@@ -185,8 +185,14 @@ void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu
   std::vector<void*> params;
   params.reserve(slots.size());
   for (uint64_t& slot : slots) params.push_back(&slot);
-  const cu::Result result = cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1,
-                                                  1, info.shared, stream, params.data(), nullptr);
+  cu::Result result = cu::kSuccess;
+  if (info.num_ctas == 1) {
+    result = cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1, 1, info.shared,
+                                   stream, params.data(), nullptr);
+  } else {
+    const ClusterLaunch clusters(info.num_ctas, info.num_warps, info.shared, programs, stream);
+    result = cuda().cuLaunchKernelEx(&clusters.config, function, params.data(), nullptr);
+  }
   if (result != cu::kSuccess) fail(result, std::string("launching ") + info.key);
 }
 

@@ -60,7 +60,8 @@ void upload_async(cu::Stream stream, cu::DevicePtr dst, const void* src, size_t 
 // Bytes of global scratch the variant needs for `programs` programs.
 size_t scratch_bytes(const KernelInfo& info, unsigned programs);
 
-// Launch `programs` programs of the variant on `stream`, appending the global
+// Launch `programs` programs of the variant (clusters of info.num_ctas CTAs
+// where that is > 1) on `stream`, appending the global
 // and profile scratch pointers Triton adds to every kernel.  Zero programs
 // launch nothing.  Throws CudaError naming the variant on any failure.
 void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,

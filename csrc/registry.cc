@@ -52,6 +52,28 @@ cu::Kernel load_kernel(const KernelInfo& info, bool from_ptx) {
   return kernel;  // the library lives as long as the process
 }
 
+// Programs of the variant the device runs at once: blocks per SM times SMs,
+// or the clusters the driver can place (not every SM pairs into a cluster).
+int resident_programs(const KernelInfo& info, cu::Function function, cu::Device device,
+                      const std::string& where) {
+  const cu::Api& api = cuda();
+  if (info.num_ctas > 1) {
+    const ClusterLaunch launch(info.num_ctas, info.num_warps, info.shared, 1, nullptr);
+    int clusters = 0;
+    check(api.cuOccupancyMaxActiveClusters(&clusters, function, &launch.config),
+          "cluster occupancy of " + where);
+    return clusters;
+  }
+  int blocks = 0;
+  check(api.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, 32 * info.num_warps,
+                                                        info.shared),
+        "occupancy of " + where);
+  int sms = 0;
+  check(api.cuDeviceGetAttribute(&sms, cu::kAttrMultiprocessorCount, device),
+        "multiprocessor count");
+  return blocks * sms;
+}
+
 ReadyKernel configure(const KernelInfo& info, cu::Kernel kernel, int device,
                       int device_shared_optin) {
   const cu::Api& api = cuda();
@@ -67,12 +89,9 @@ ReadyKernel configure(const KernelInfo& info, cu::Kernel kernel, int device,
         "setting shared memory of " + where);
   cu::Function function = nullptr;  // needs the device's context to be current
   check(api.cuKernelGetFunction(&function, kernel), "cuKernelGetFunction for " + where);
-  int blocks = 0;
-  check(api.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, 32 * info.num_warps,
-                                                        info.shared),
-        "occupancy of " + where);
-  if (blocks < 1) throw UnsupportedDevice(where + ": the kernel does not fit on the device");
-  return ReadyKernel{function, blocks};
+  const int wave = resident_programs(info, function, handle, where);
+  if (wave < 1) throw UnsupportedDevice(where + ": the kernel does not fit on the device");
+  return ReadyKernel{function, wave};
 }
 
 }  // namespace

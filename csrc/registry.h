@@ -126,8 +126,9 @@ struct KernelInfo {
   int block_m, block_n, block_k;
   int max_rows;  // rows-per-group bound this config is meant for, 0 = none
   int num_warps;
-  int shared;  // dynamic shared memory, bytes
-  int scratch_size;
+  int num_ctas;      // CTAs per program: a program > 1 is a cluster of them (cuLaunchKernelEx)
+  int shared;        // dynamic shared memory of each CTA, bytes
+  int scratch_size;  // global scratch of each CTA
   int scratch_align;
 };
 
@@ -148,7 +149,7 @@ void set_kernel_dir(const std::string& dir);
 // from its cubin or (from_ptx) from its PTX through the driver's compiler.
 struct ReadyKernel {
   cu::Function function;
-  int max_programs_per_sm;  // occupancy with the kernel's shared memory
+  int wave;  // programs the device holds at once (occupancy with the kernel's shared memory)
 };
 ReadyKernel ready_kernel(size_t index, bool from_ptx, int device, int device_shared_optin);
 

@@ -198,8 +198,7 @@ void run(const Call& c) {
   if (tiles > std::numeric_limits<int32_t>::max()) {  // kernels number tiles in int32
     throw std::invalid_argument("more than 2**31 output tiles in one call; split the problem");
   }
-  const int64_t wave = int64_t{props.sm_count} * ready.max_programs_per_sm;
-  const auto programs = static_cast<unsigned>(std::min(tiles, wave));
+  const auto programs = static_cast<unsigned>(std::min<int64_t>(tiles, ready.wave));
   std::vector<uint64_t> slots = pack_args(f.param_list(), args);
   std::optional<StreamBuffer> graph_memory;
   const cu::DevicePtr scratch =

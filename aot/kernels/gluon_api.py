@@ -8,7 +8,7 @@ once, when this module is imported by the compiler's Python; every kernel
 module that uses one of these imports this one."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 _RENAMED = hasattr(tma, "async_load")
 HAS_BARRIER = gl.constexpr(hasattr(gl, "barrier"))
@@ -33,3 +33,33 @@ def thread_barrier():
         gl.barrier()
     else:
         gl.thread_barrier()
+
+
+# What 2-CTA clusters need, from Triton 3.8 on (a Gluon program is then a
+# whole cluster; aot/kernels/ws.py): a TMA copy that lands in every CTA of the
+# cluster (the compiler has the loaders of the cluster's CTAs meet before each
+# such copy, so it lands only in slots every CTA has freed) and barriers one
+# per CTA.  Defined only where the release has them, so that Triton 3.6 never
+# reads their names.
+CLUSTERS = _RENAMED and hasattr(mbarrier, "allocate_mbarrier")
+if CLUSTERS:
+
+    @gluon.jit
+    def tma_load_multicast(desc, coord, barrier, buffer):
+        """tma_load into buffer in every CTA of the cluster (issued by CTA 0)."""
+        tma.async_load(desc, coord, barrier, buffer, multicast=True)
+
+    @gluon.jit
+    def cluster_barriers(count: gl.constexpr):
+        """count barriers in each CTA, each CTA's own ([count, CTAs])."""
+        return mbarrier.allocate_mbarrier(batch=count)
+
+else:
+
+    @gluon.jit
+    def tma_load_multicast(desc, coord, barrier, buffer):
+        gl.static_assert(False, "TMA multicast needs Triton 3.8 or later")
+
+    @gluon.jit
+    def cluster_barriers(count: gl.constexpr):
+        gl.static_assert(False, "clusters need Triton 3.8 or later")

@@ -240,11 +240,13 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                   c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
                   has_bias, T, N, K, G, A_T: gl.constexpr, B_T: gl.constexpr,
                   SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
-    """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this program."""
+                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
+                  CTAS: gl.constexpr):
+    """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
+    program (in a cluster, PARTS = 1: each CTA's share of the tile's rows)."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
-    acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth)
+    acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
     ALIGN: gl.constexpr = row_alignment(A_T, a_bufs.dtype)
     c_buf = c_bufs.index(half)
     pid = gl.program_id(0)
@@ -255,7 +257,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
         starts, ends, group_tiles, tiles_end = chunk_groups(
-            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK, warps)
+            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK, warps,
+            CTAS)
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
@@ -308,12 +311,16 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
                         B_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
                         BM: gl.constexpr,
                         BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                        STAGES: gl.constexpr):
+                        STAGES: gl.constexpr, CTAS: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
-    PARTS: gl.constexpr = BM // (16 * gl.num_warps())
+    PARTS: gl.constexpr = BM // CTAS // (16 * gl.num_warps())
+    # A cluster's CTAs split the tile's rows; a partition's rows within a CTA,
+    # blockwise scales and rows that do not start a TMA box are not split.
+    gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T),
+                     "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a")
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS)
+        STAGES, PARTS, CTAS)
     if SCALING == BLOCKWISE and FAST_ACCUM:  # its partitions take turns (accumulate_blockwise)
         gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -325,21 +332,24 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.warp_specialize([
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)),
+                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES,
+                             CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS)),
         ], [LOADER_WARPS], [LOADER_REGISTERS])
     else:
         gl.static_assert(PARTS == 2, "one or two MMA partitions")
         gl.warp_specialize([
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)),
+                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES,
+                             CTAS)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)),
+                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES,
+                             CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS)),
         ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
 
 
@@ -347,15 +357,17 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
 def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                        bias_ptr, has_bias, A_T: gl.constexpr, B_T: gl.constexpr,
                        USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                       CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
+                       CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr,
+                       CTAS: gl.constexpr):
     """ragged_m_kernel's contract (a [T, K] or, A_T, stored [K, T]; b [G, K, N]
     or, B_T, [G, N, K]; c [T, N] row-major), TMA only; USE_TMA and PRECISION
-    (16-bit inputs only) are taken for the common signature."""
+    (16-bit inputs only) are taken for the common signature.  CTAS: the
+    cluster's CTAs (ws.py), which the program's BM rows are split between."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     # The scale pointers are never read without scales: offs_ptr stands in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, NO_SCALES, True,
-                        BM, BN, BK, CHUNK, STAGES)
+                        BM, BN, BK, CHUNK, STAGES, CTAS)
 
 
 @gluon.jit
@@ -364,9 +376,9 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
                               SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
                               USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                               BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
-                              STAGES: gl.constexpr):
-    """scaled_ragged_m_kernel's contract (b K-major)."""
+                              STAGES: gl.constexpr, CTAS: gl.constexpr):
+    """scaled_ragged_m_kernel's contract (b K-major); CTAS as ragged_m_ws_kernel's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING,
-                        FAST_ACCUM, BM, BN, BK, CHUNK, STAGES)
+                        FAST_ACCUM, BM, BN, BK, CHUNK, STAGES, CTAS)

@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from .gluon_api import tma_load, tma_store
+from .gluon_api import cluster_barriers, tma_load, tma_load_multicast, tma_store
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 
 LOADER_WARPS = gl.constexpr(1)
@@ -30,8 +30,8 @@ EPILOGUE_COLS = gl.constexpr(128)
 
 def mma_partitions(config) -> int:
     """The MMA partitions of a config's kernel: one of num_warps warps covering
-    BM rows, or two of BM / 2 rows each (kernels/ragged_ws.py)."""
-    return config.BM // (16 * config.num_warps)
+    a CTA's BM / ctas rows, or two of half as many each (kernels/ragged_ws.py)."""
+    return config.BM // config.ctas // (16 * config.num_warps)
 
 
 def max_registers(config) -> int:
@@ -42,18 +42,45 @@ def max_registers(config) -> int:
     return 65536 // (32 * warps) // 8 * 8
 
 
+# A program of a kernel compiled for a cluster of CTAS CTAs (CTAS = 2, Triton
+# >= 3.8) is the whole cluster: its tiles and layouts are the cluster's, each
+# CTA holding a part.  An output tile's rows, and A's, are split between the
+# CTAs; B's block is the same for both and lands in both by one multicast TMA
+# copy, which halves the L2 traffic per output element.  Each layout below
+# takes CTAS and, for CTAS > 1, says how the CTAs divide it (cga_layout, a
+# Triton 3.8 field, whose bases here say for each dimension whether it is
+# split (1) or not (0); the layouts of CTAS = 1 are built without it).
+
+
 @gluon.constexpr_function
-def accumulator_layout(BN, num_warps, input_bits=16):
+def accumulator_layout(BN, num_warps, input_bits=16, CTAS=1):
     """wgmma's register layout: warps stacked along M, 16 rows each (a
     warpgroup covers 64 rows), one instruction as wide as the tile and 32
-    bytes deep."""
+    bytes deep; in a cluster, rows split between the CTAs."""
+    if CTAS == 1:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                         instr_shape=[16, BN, 256 // input_bits])
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                     instr_shape=[16, BN, 256 // input_bits])
+                                     instr_shape=[16, BN, 256 // input_bits],
+                                     cga_layout=[[1, 0]])
 
 
 @gluon.constexpr_function
-def shared_layout(block_shape, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
+def shared_layout(block_shape, dtype, CTAS=1, split_dim=None):
+    """TMA's and wgmma's swizzled layout of a block; in a cluster, dimension
+    split_dim split between the CTAs, or (None) a copy in each."""
+    if CTAS == 1:
+        return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
+    split = [[int(d == split_dim) for d in range(len(block_shape))]]
+    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype, cga_layout=split)
+
+
+@gluon.constexpr_function
+def vector_layout(size, warps, CTAS=1):
+    """A 1-D layout of `size` elements over `warps` warps, whole in every CTA."""
+    if CTAS == 1:
+        return gl.BlockedLayout([size // 32], [32], [warps], [0])
+    return gl.BlockedLayout([size // 32], [32], [warps], [0], cga_layout=[[0]])
 
 
 @gluon.jit
@@ -91,12 +118,13 @@ def tiled_rows(start, end, ALIGN: gl.constexpr):
 
 @gluon.jit
 def chunk_groups(offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM: gl.constexpr,
-                 ALIGN: gl.constexpr, CHUNK: gl.constexpr, WARPS: gl.constexpr):
+                 ALIGN: gl.constexpr, CHUNK: gl.constexpr, WARPS: gl.constexpr,
+                 CTAS: gl.constexpr = 1):
     """Groups chunk .. chunk + CHUNK as vectors: (starts, ends, tile counts,
     cumulative tile ends).  Index G is the pseudo-group of the rows past the
     last group; past it, empty groups.  ALIGN: tiled_rows'.  WARPS: the
     calling partition's."""
-    layout: gl.constexpr = gl.BlockedLayout([CHUNK // 32], [32], [WARPS], [0])
+    layout: gl.constexpr = vector_layout(CHUNK, WARPS, CTAS)
     idx = chunk + gl.arange(0, CHUNK, layout)
     ends = gl.load(offs_ptr + idx, mask=idx < G, other=0)
     ends = gl.where(idx >= G, T, ends)
@@ -199,20 +227,22 @@ def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
 @gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                    A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                   BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                   BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
+                   CTAS: gl.constexpr = 1):
     ALIGN: gl.constexpr = row_alignment(A_T, a_desc.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
     b_block: gl.constexpr = [1, BN, BK] if B_T else [1, BK, BN]
-    nbytes: gl.constexpr = (BM * BK + BN * BK) * a_desc.dtype.primitive_bitwidth // 8
+    # Bytes landing in each CTA: its share of A's rows and all of B's block.
+    nbytes: gl.constexpr = (BM // CTAS * BK + BN * BK) * a_desc.dtype.primitive_bitwidth // 8
     count = 0
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
         starts, ends, group_tiles, tiles_end = chunk_groups(
             offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK,
-            gl.num_warps())
+            gl.num_warps(), CTAS)
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
@@ -222,38 +252,47 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
                 a_origin = [k0, off_m] if A_T else [off_m, k0]
                 tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
                 b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_block, b_desc.layout)
-                if B_T:
-                    tma_load(b_desc, [g, off_n, k0], bar, b_buf)
+                b_origin = [g, off_n, k0] if B_T else [g, k0, off_n]
+                if CTAS == 1:
+                    tma_load(b_desc, b_origin, bar, b_buf)
                 else:
-                    tma_load(b_desc, [g, k0, off_n], bar, b_buf)
+                    tma_load_multicast(b_desc, b_origin, bar, b_buf)
                 count += 1
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
 
 
 @gluon.jit
-def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr):
+def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr, CTAS: gl.constexpr = 1):
     """ragged.py's ragged_descriptor in Gluon: [BR, BC] blocks of a row-major [R, cols]
-    matrix, rows clipped to a group by the coordinates (see ragged.py)."""
+    matrix, rows clipped to a group by the coordinates (see ragged.py); in a
+    cluster, a block's rows split between the CTAs."""
     block: gl.constexpr = [1, 1, BR, BC]
     return tma.make_tensor_descriptor(ptr, [RAGGED_MAX, RAGGED_MAX, RAGGED_ROWS, cols],
                                       [2 ** 34 - ld, ld, ld, 1], block,
-                                      shared_layout(block, ptr.dtype.element_ty))
+                                      shared_layout(block, ptr.dtype.element_ty, CTAS, 2))
 
 
 @gluon.jit
 def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
                   b_tile: gl.constexpr, c_tile: gl.constexpr, PARTS: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, CTAS: gl.constexpr = 1, A_ROWS: gl.constexpr = 0):
     """A kernel's shared memory: STAGES ring slots of an A and a B tile, a
     c_tile for each of PARTS MMA partitions to stage its stores in, and each
     slot's barriers: `ready` (its TMA copies have landed) and `empty` (all
-    PARTS partitions are done reading it)."""
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_tile, shared_layout(a_tile, dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype))
-    c_bufs = gl.allocate_shared_memory(out, [PARTS] + c_tile, shared_layout(c_tile, out))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    PARTS partitions are done reading it).  In a cluster, A's
+    dimension A_ROWS and c_tile's rows are split between the CTAs, and B's
+    block is whole in each."""
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_tile,
+                                       shared_layout(a_tile, dtype, CTAS, A_ROWS))
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype, CTAS))
+    c_bufs = gl.allocate_shared_memory(out, [PARTS] + c_tile, shared_layout(c_tile, out, CTAS, 0))
+    if CTAS == 1:
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    else:
+        ready = cluster_barriers(STAGES)
+        empty = cluster_barriers(STAGES)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=PARTS)
@@ -263,29 +302,32 @@ def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
 @gluon.jit
 def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T: gl.constexpr,
                B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-               STAGES: gl.constexpr, PARTS: gl.constexpr):
+               STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
     (each has its c buffer, and each frees a ring slot: `empty` waits for all).
-    A_T: a is stored [K, T] and its blocks land as [BK, BM]."""
+    A_T: a is stored [K, T] and its blocks land as [BK, BM].  In a cluster
+    (one partition), the tile's rows are split between the CTAs."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
     a_tile: gl.constexpr = [BK, BM] if A_T else [BM, BK]
+    A_ROWS: gl.constexpr = 1 if A_T else 0
     a_shape = [k_dim, T] if A_T else [T, k_dim]
     a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
-                                        shared_layout(a_tile, dtype))
+                                        shared_layout(a_tile, dtype, CTAS, A_ROWS))
     b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
     if B_T:
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, N, k_dim], [b_group_stride, ldb, 1],
-                                            [1, BN, BK], shared_layout([1, BN, BK], dtype))
+                                            [1, BN, BK], shared_layout([1, BN, BK], dtype, CTAS))
     else:
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, k_dim, N], [b_group_stride, ldb, 1],
-                                            [1, BK, BN], shared_layout([1, BK, BN], dtype))
+                                            [1, BK, BN], shared_layout([1, BK, BN], dtype, CTAS))
     # Rows past a group's end are not stored.
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     PART_M: gl.constexpr = BM // PARTS
-    c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N)
+    c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)
     a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, b_tile,
-                                                         [PART_M, EPI_N], PARTS, STAGES)
+                                                         [PART_M, EPI_N], PARTS, STAGES, CTAS,
+                                                         A_ROWS)
     return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty

@@ -243,6 +243,25 @@ def test_warp_specialised_variants_are_gluon_where_they_can_run():
     assert any(k.startswith("ragged_m.sm90.float32.nt.tma.128x256") for k in keys)
 
 
+def test_cluster_variants_exist_where_triton_multicasts(manifest):
+    """Configs with ctas > 1 compile under a Triton whose Gluon has TMA
+    multicast (3.8 on) into cluster kernels (the cluster size in the PTX, B's
+    block multicast); under an older one the build leaves them out."""
+    from aot.kernels.gluon_api import CLUSTERS
+    clustered = [v for v in all_variants() if v.config.ctas > 1]
+    records = [r for r in manifest["variants"] if r["num_ctas"] > 1]
+    assert [r["key"] for r in records] == [v.key for v in clustered]
+    assert all(r["num_ctas"] == r["config"].get("ctas", 1) for r in manifest["variants"])
+    if not CLUSTERS:
+        assert not clustered
+        return
+    assert clustered
+    for v in clustered:  # what ragged_ws.ragged_m_ws_program splits between CTAs
+        assert v.config.ws and v.family == "ragged_m" and v.layout[0] == "n", v.key
+    ptx = compile_variant(clustered[0]).ptx
+    assert ".reqnctapercluster 2" in ptx and "multicast::cluster" in ptx
+
+
 def test_warp_specialised_register_budget_fits_an_sm(manifest):
     """The maxnreg a ws variant is compiled with, times the warps its kernel
     launches (the build's count, from Triton), fits an SM's 64K registers: the
