@@ -84,7 +84,8 @@ long rows_bound(const KernelInfo& k) { return k.max_rows == 0 ? LONG_MAX : k.max
 
 // Is config `a` a better choice than `b` for groups of `rows` rows?  A config
 // whose bound admits `rows` beats one whose does not; among those that admit
-// it the tighter bound wins, among those that do not the looser one.
+// it the tighter bound wins, among those that do not the looser one.  Equal
+// bounds are no preference: the variant listed first (the tuned table's order) stays.
 bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
   const bool a_fits = rows_bound(a) >= rows;
   const bool b_fits = rows_bound(b) >= rows;
