@@ -1,6 +1,7 @@
 """The experts of an MoE layer as one differentiable function: routing on the
-GPU, gathered rows, the two grouped products with SwiGLU between them (one
-kernel each way, torch.ops.gg_runtime.swiglu / swiglu_backward), and the
+GPU, gathered rows, the two grouped products with SwiGLU between them (in
+the up projection's epilogue, torch.ops.gg_runtime.grouped_mm_glu; backward
+one kernel, torch.ops.gg_runtime.swiglu_backward), and the
 weighted combine of each token's k outputs (one kernel,
 torch.ops.gg_runtime.combine, reading the down projection's rows through the
 inverse permutation), forward and backward, with no bf16 atomics and no host
@@ -66,18 +67,29 @@ def _mm(a, b, offs, bias=None):
     return OPS.grouped_mm.default(a, b, offs, bias, None, False)
 
 
+def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
+                     save_gu):
+    """(out, what the backward needs beyond the inputs: the routing, the
+    weights in float32, and the up projection's output where save_gu)."""
+    tokens, k = topk_ids.shape
+    order, offs, inverse = route(topk_ids, w13.shape[0])
+    h, gu = OPS.grouped_mm_glu.default(x.index_select(0, order // k), w13, offs, b13, interleaved,
+                                       activation, save_gu)
+    ys = _mm(h, w2.mT, offs, b2)
+    weights = topk_weights.float()
+    out = OPS.combine.default(ys, inverse.view(tokens, k), weights, offs)
+    return out, (weights, order, offs, inverse, gu)
+
+
 class _Experts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
-        tokens, k = topk_ids.shape
-        order, offs, inverse = route(topk_ids, w13.shape[0])
-        gu = _mm(x.index_select(0, order // k), w13.mT, offs, b13)
-        ys = _mm(OPS.swiglu.default(gu, interleaved, activation), w2.mT, offs, b2)
-        weights = topk_weights.float()
+        out, (weights, order, offs, inverse, gu) = _experts_forward(
+            x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation, True)
         ctx.save_for_backward(x, weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.interleaved, ctx.activation = interleaved, activation
         ctx.weights_dtype = topk_weights.dtype
-        return OPS.combine.default(ys, inverse.view(tokens, k), weights, offs)
+        return out
 
     @staticmethod
     @once_differentiable
@@ -159,8 +171,10 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     torch.compile.  Returns [T, H] in x's dtype.
     """
     _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, activation, b13, b2)
-    return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved",
-                          activation)
+    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved", activation)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:7]):
+        return _Experts.apply(*args)
+    return _experts_forward(*args, False)[0]  # nothing to differentiate: gu is never stored
 
 
 def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, activation, b13, b2):

@@ -13,6 +13,17 @@ POINTERS = (
     Param("c_ptr", "*O", "output", aligned=True),
     Param("offs_ptr", "*i32", "offsets"),
 )
+# ragged_m's sizes and strides: a [T, K], b [G, K, N], c [T, N].
+EXTENTS = (
+    Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
+    Param("N", "i32", "extent", aligned=True),
+    Param("K", "i32", "extent", aligned=True),
+    Param("G", "i32", "count"),
+    Param("lda", "i64", "stride", aligned=True),
+    Param("b_group_stride", "i64", "stride", aligned=True),
+    Param("ldb", "i64", "stride", aligned=True),
+    Param("ldc", "i64", "stride", aligned=True),
+)
 # ragged_m's last parameters: an optional per-group bias [G, N] in the output's
 # dtype, added to the accumulator before the store.
 BIAS = (
@@ -24,16 +35,7 @@ FAMILY = Family(
     name="ragged_m",
     kernel=ragged_m_kernel,
     ws_kernel=ragged_m_ws_kernel,
-    params=POINTERS + (
-        Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
-        Param("N", "i32", "extent", aligned=True),
-        Param("K", "i32", "extent", aligned=True),
-        Param("G", "i32", "count"),
-        Param("lda", "i64", "stride", aligned=True),
-        Param("b_group_stride", "i64", "stride", aligned=True),
-        Param("ldb", "i64", "stride", aligned=True),
-        Param("ldc", "i64", "stride", aligned=True),
-    ) + BIAS,
+    params=POINTERS + EXTENTS + BIAS,
     # a [T, K] row-major ('n') or a transposed view of [K, T] ('t', as 3-D x
     # 2-D's b); b [G, K, N] row-major ('n') or a transposed view of [G, N, K] ('t').
     # A 't' a is read in place by sm90's kernels only (gg_runtime/ragged.py).

@@ -18,6 +18,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from .glu import CONCATENATED, NO_GLU
+from .glu_ws import gu_descriptor, store_gated
 from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, chunk_groups,
@@ -236,14 +238,34 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 
 
 @gluon.jit
+def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part_m, start, end,
+                  off_n, N, ALIGN: gl.constexpr):
+    """A finished tile plus bias[g] (where has_bias; none past the last group),
+    its rows possibly begun before its group (ws.tiled_rows)."""
+    if has_bias != 0:
+        cols = off_n + gl.arange(0, acc.shape[1], gl.SliceLayout(0, acc.type.layout))
+        bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (g < G),
+                       other=0.0)
+        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+    # ALIGN is a constexpr: its branch compiles without the runtime test.
+    if ALIGN == 1:  # noqa: SIM114
+        store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
+    elif part_m >= start:
+        store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
+    else:  # the group's first tile, begun before it
+        store_rows(acc, c_ptr, ldc, part_m, start, end, off_n, N)
+
+
+@gluon.jit
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
                   c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
-                  has_bias, T, N, K, G, A_T: gl.constexpr, B_T: gl.constexpr,
-                  SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                  CTAS: gl.constexpr):
+                  has_bias, gu_desc, save_gu, gpt_oss, T, N, K, G, A_T: gl.constexpr,
+                  B_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
+                  GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
-    program (in a cluster, PARTS = 1: each CTA's share of the tile's rows)."""
+    program (in a cluster, PARTS = 1: each CTA's share of the tile's rows).
+    GLU: kernels/glu.py's gated epilogue (h through c_desc, gu through gu_desc)."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
@@ -285,18 +307,12 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols,
                                       mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
-                if has_bias != 0:
-                    cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
-                    bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols,
-                                   mask=(cols < N) & (g < G), other=0.0)
-                    acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-                # ALIGN is a constexpr: its branch compiles without the runtime test.
-                if ALIGN == 1:  # noqa: SIM114
-                    store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
-                elif part_m >= start:
-                    store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
-                else:  # the group's first tile, begun before it (ws.tiled_rows)
-                    store_rows(acc, c_ptr, ldc, part_m, start, end, off_n, N)
+                if GLU == NO_GLU:
+                    store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G,
+                                  part_m, start, end, off_n, N, ALIGN)
+                else:  # a row-major a: tiles start at their group's rows
+                    store_gated(acc, c_desc, gu_desc, c_buf, g, G, N, off_n, part_m, start, end,
+                                bias_ptr, has_bias, save_gu, gpt_oss, GLU)
             else:
                 count = pass_blocks(ready, empty, turns, count, k_end, half,
                                     SCALING == BLOCKWISE and FAST_ACCUM, BK, STAGES)
@@ -307,9 +323,9 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
 
 @gluon.jit
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T: gl.constexpr,
-                        B_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
-                        BM: gl.constexpr,
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
+                        A_T: gl.constexpr, B_T: gl.constexpr, SCALING: gl.constexpr,
+                        FAST_ACCUM: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
                         BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                         STAGES: gl.constexpr, CTAS: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
@@ -318,9 +334,15 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     # blockwise scales and rows that do not start a TMA box are not split.
     gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T),
                      "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a")
+    HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS, CTAS)
+        STAGES, PARTS, CTAS, HALVES, GLU != NO_GLU)
+    if GLU != NO_GLU:
+        gl.static_assert(not A_T and CTAS == 1, "the gated epilogue takes a row-major a, one CTA")
+        gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
+    else:
+        gu_desc = c_desc  # never used
     if SCALING == BLOCKWISE and FAST_ACCUM:  # its partitions take turns (accumulate_blockwise)
         gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -331,25 +353,25 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     if PARTS == 1:
         gl.warp_specialize([
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES,
-                             CTAS)),
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
+                             save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
+                             BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES)),
         ], [LOADER_WARPS], [LOADER_REGISTERS])
     else:
         gl.static_assert(PARTS == 2, "one or two MMA partitions")
         gl.warp_specialize([
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES,
-                             CTAS)),
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
+                             save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
+                             BN, BK, CHUNK, STAGES, CTAS)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, T, N,
-                             K, G, A_T, B_T, SCALING, FAST_ACCUM, BM, BN, BK, CHUNK, STAGES,
-                             CTAS)),
+                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
+                             save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
+                             BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES)),
         ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
 
 
@@ -364,10 +386,25 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     (16-bit inputs only) are taken for the common signature.  CTAS: the
     cluster's CTAs (ws.py), which the program's BM rows are split between."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    # The scale pointers are never read without scales: offs_ptr stands in.
+    # The scale pointers are never read without scales, nor gu without GLU:
+    # offs_ptr and c_ptr stand in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, A_T, B_T, NO_SCALES, True,
-                        BM, BN, BK, CHUNK, STAGES, CTAS)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, A_T, B_T,
+                        NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
+
+
+@gluon.jit
+def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                         bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, B_T: gl.constexpr,
+                         GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                         BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                         PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ragged.ragged_glu_kernel's contract, TMA only (USE_TMA and PRECISION
+    taken for the common signature)."""
+    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
+                        False, B_T, NO_SCALES, True, GLU, BM, BN, BK, CHUNK, STAGES, 1)
 
 
 @gluon.jit
@@ -380,5 +417,5 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
     """scaled_ragged_m_kernel's contract (b K-major); CTAS as ragged_m_ws_kernel's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, False, True, SCALING,
-                        FAST_ACCUM, BM, BN, BK, CHUNK, STAGES, CTAS)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, False, True,
+                        SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)

@@ -228,12 +228,12 @@ def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                    A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                   CTAS: gl.constexpr = 1):
+                   CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False):
+    """HALVES: b's block is the rows of its two halves (ring_setup)."""
     ALIGN: gl.constexpr = row_alignment(A_T, a_desc.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
-    b_block: gl.constexpr = [1, BN, BK] if B_T else [1, BK, BN]
     # Bytes landing in each CTA: its share of A's rows and all of B's block.
     nbytes: gl.constexpr = (BM // CTAS * BK + BN * BK) * a_desc.dtype.primitive_bitwidth // 8
     count = 0
@@ -251,8 +251,12 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
                 slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
                 a_origin = [k0, off_m] if A_T else [off_m, k0]
                 tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
-                b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_block, b_desc.layout)
-                b_origin = [g, off_n, k0] if B_T else [g, k0, off_n]
+                b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_desc.block_shape,
+                                                       b_desc.layout)
+                if HALVES:
+                    b_origin = [g, 0, off_n // 2, k0]
+                else:
+                    b_origin = [g, off_n, k0] if B_T else [g, k0, off_n]
                 if CTAS == 1:
                     tma_load(b_desc, b_origin, bar, b_buf)
                 else:
@@ -302,12 +306,16 @@ def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
 @gluon.jit
 def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T: gl.constexpr,
                B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-               STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1):
+               STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1,
+               HALVES: gl.constexpr = False, HALF_C: gl.constexpr = False):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
     (each has its c buffer, and each frees a ring slot: `empty` waits for all).
     A_T: a is stored [K, T] and its blocks land as [BK, BM].  In a cluster
-    (one partition), the tile's rows are split between the CTAs."""
+    (one partition), the tile's rows are split between the CTAs.  HALVES
+    (B_T): b [G, N, K] seen as [G, 2, N / 2, K], a block being BN / 2 rows of
+    each half (kernels/glu.py's CONCATENATED).  HALF_C: c has N / 2 columns,
+    BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
@@ -317,16 +325,26 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
                                         shared_layout(a_tile, dtype, CTAS, A_ROWS))
     b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
-    if B_T:
+    if HALVES:
+        gl.static_assert(B_T, "b's halves are read K-major")
+        b_desc = tma.make_tensor_descriptor(b_ptr, [G, 2, N // 2, k_dim],
+                                            [b_group_stride, N // 2 * ldb, ldb, 1],
+                                            [1, 2, BN // 2, BK],
+                                            shared_layout([1, 2, BN // 2, BK], dtype, CTAS))
+    elif B_T:
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, N, k_dim], [b_group_stride, ldb, 1],
                                             [1, BN, BK], shared_layout([1, BN, BK], dtype, CTAS))
     else:
         b_desc = tma.make_tensor_descriptor(b_ptr, [G, k_dim, N], [b_group_stride, ldb, 1],
                                             [1, BK, BN], shared_layout([1, BK, BN], dtype, CTAS))
     # Rows past a group's end are not stored.
-    EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
+    C_N: gl.constexpr = BN // 2 if HALF_C else BN
+    EPI_N: gl.constexpr = C_N if C_N < EPILOGUE_COLS else EPILOGUE_COLS
     PART_M: gl.constexpr = BM // PARTS
-    c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)
+    if HALF_C:
+        c_desc = ragged_descriptor(c_ptr, N // 2, ldc, PART_M, EPI_N, CTAS)
+    else:
+        c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)
     a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, b_tile,
                                                          [PART_M, EPI_N], PARTS, STAGES, CTAS,
                                                          A_ROWS)

@@ -15,6 +15,7 @@ namespace {
 using gg::ops::combine;
 using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
+using gg::ops::grouped_mm_glu;
 using gg::ops::quantize_fp8;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
@@ -43,6 +44,7 @@ void implement(Library& m) {
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
   m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
+  m.impl("grouped_mm_glu", kernel<TORCH_BOX(&grouped_mm_glu), kShapesOnly>());
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
 }
@@ -95,6 +97,9 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False, "
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "grouped_mm_glu(Tensor x, Tensor w13, Tensor offs, Tensor? bias=None, "
+      "bool interleaved=False, str activation='swiglu', bool save_gu=True) -> (Tensor, Tensor)");
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
 }

@@ -33,6 +33,12 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
 // gate and up halves (gu [R, 2C] -> [R, C]), and its backward: (d gu, h scaled
 // by the row's weight, each row's dot of grad and h).
 Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
+// (h, gu): the ragged-M product gu = x @ w13[g]^T (+ bias[g]) of x [T, H] and
+// w13 [G, 2I, H], and h = its SwiGLU [T, I]; gu [T, 2I] is returned where
+// save_gu, else [0, 2I] (not made).
+std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, Tensor w13, Tensor offs,
+                                          std::optional<Tensor> bias, bool interleaved,
+                                          std::string activation, bool save_gu);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
                                                    bool interleaved, std::string activation);
 

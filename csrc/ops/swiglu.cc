@@ -1,6 +1,8 @@
 // gg_runtime::swiglu and swiglu_backward: the SwiGLU between moe_experts'
-// grouped products (the swiglu kernel family), one launch each way.  Checks,
-// outputs, launch; Meta tensors run the same code without the launch.
+// grouped products (the swiglu kernel family), one launch each way; and
+// grouped_mm_glu, the up projection with its SwiGLU in the epilogue (the
+// ragged_glu family).  Checks, outputs, launches; Meta tensors run the same
+// code without the launches.
 #include <family_args.h>
 
 #include <string>
@@ -38,7 +40,67 @@ std::string layout_of(const char* direction, bool interleaved, const std::string
   return std::string(direction) + (interleaved ? "_interleaved_" : "_concatenated_") + activation;
 }
 
+// w13 [G, 2I, H] against x [T, H]; returns I.
+int64_t check_w13(const Tensor& w13, const Tensor& x) {
+  check_tensor(w13, "w13", 3, kDTypes);
+  check_same(w13, "w13", x, "x");
+  if (w13.size(1) % 2 != 0 || w13.size(2) != x.size(1)) {
+    value_error("w13 must be [G, 2I, H] with H = ", x.size(1), " (x's columns), got shape ",
+                shape_of(w13));
+  }
+  return w13.size(1) / 2;
+}
+
 }  // namespace
+
+std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, Tensor w13, Tensor offs,
+                                          std::optional<Tensor> bias, bool interleaved,
+                                          std::string activation, bool save_gu) {
+  check_tensor(x_in, "x", 2, kDTypes);
+  const int64_t inter = check_w13(w13, x_in), groups = w13.size(0), rows = x_in.size(0);
+  check_offsets(offs, "w13", groups, x_in);
+  check_activation(activation);
+  if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x_in.scalar_type(), x_in);
+  const Tensor b_view = torch::stable::transpose(w13, 1, 2);  // [G, H, 2I]: grouped_mm's b
+  const Matrix b = matrix_of(b_view);
+  if (!interleaved && !b.transposed) {
+    // No kernel reads concatenated halves from a b whose 2I columns are
+    // contiguous: the product, then the activation.
+    Tensor gu = grouped_mm(x_in, b_view, offs, bias, std::nullopt, false);
+    Tensor h = swiglu(gu, interleaved, activation);
+    return {h, save_gu ? gu : new_output(x_in, {0, 2 * inter}, x_in.scalar_type())};
+  }
+  const Matrix a = row_major(x_in);
+  Tensor h = new_output(x_in, {rows, inter}, x_in.scalar_type());
+  Tensor gu = new_output(x_in, {save_gu ? rows : 0, 2 * inter}, x_in.scalar_type());
+  if (groups == 0) {  // every row past the last group: zeros
+    torch::stable::zero_(gu);
+    return {torch::stable::zero_(h), gu};
+  }
+  if (shapes_only(h)) return {h, gu};
+  const std::optional<Tensor> bias_rows =
+      bias.has_value() ? std::optional(torch::stable::contiguous(*bias)) : std::nullopt;
+  const family::RaggedGlu args{.a_ptr = address(a.t),
+                               .b_ptr = address(b.t),
+                               .c_ptr = address(h),
+                               .offs_ptr = address(offs),
+                               .T = rows,
+                               .N = 2 * inter,
+                               .K = a.t.size(1),
+                               .G = groups,
+                               .lda = a.ld,
+                               .b_group_stride = b.t.stride(0),
+                               .ldb = b.ld,
+                               .ldc = inter,
+                               .bias_ptr = bias_rows ? address(*bias_rows) : 0,
+                               .has_bias = bias_rows ? 1 : 0,
+                               .gu_ptr = address(save_gu ? gu : h),
+                               .save_gu = save_gu ? 1 : 0,
+                               .gpt_oss = activation == "gpt_oss" ? 1 : 0};
+  launch(args, text(b.transposed ? "t" : "n", interleaved ? "_interleaved" : "_concatenated"),
+         target_of(a.t, a.t.scalar_type()));
+  return {h, gu};
+}
 
 Tensor swiglu(Tensor gu_in, bool interleaved, std::string activation) {
   const int64_t c = check_gate_up(gu_in);

@@ -13,7 +13,7 @@ from gg_runtime import _C
 from gg_runtime.moe import MAX_ROUTED_EXPERTS, route_by_sort
 from moe_reference import combine_ref, layer_ref
 from problems import gated_activation
-from problems import forced, last_variant, poisoned, randn, rel_error
+from problems import forced, last_variant, offsets_from_counts, poisoned, randn, rel_error
 
 from conftest import device_arch, gpu
 
@@ -133,6 +133,18 @@ def test_strided_inputs_and_gradient_layouts():
     out, dx, d_weights, dw13, dw2 = check_against_reference(inputs)
     for grad, name in ((dw13, "w13"), (dw2, "w2")):
         assert grad.stride() == inputs[name].stride(), name
+
+
+def test_forward_without_gradients_matches_training_forward():
+    """Nothing requires grad: the forward keeps nothing (no gu written), same output."""
+    inputs = make_inputs(300, 64, 48, 8, 2)
+    grad = randn(300, 64, dtype=torch.bfloat16)
+    trained = outputs_and_grads(gg_runtime.moe_experts, inputs, grad)[0]
+    assert torch.equal(gg_runtime.moe_experts(**inputs), trained)
+    with torch.no_grad():
+        leaves = {n: t.requires_grad_() if n in DIFFERENTIABLE else t
+                  for n, t in make_inputs(300, 64, 48, 8, 2).items()}
+        assert torch.equal(gg_runtime.moe_experts(**leaves), trained)
 
 
 def test_module_forward_and_parameters():
@@ -293,6 +305,88 @@ def test_swiglu_variant(variant):
         assert last_variant() == variant["key"]
     for g, w in zip(got, want):
         assert rel_error(g, w) < 1e-2
+
+
+def glu_inputs(counts, past, hidden, inter, n_major, dtype, seed=0):
+    """(x [sum(counts) + past, H], w13 [G, 2I, H] as stored or (n_major) a
+    transposed view of [G, H, 2I], bias [G, 2I], offs); large enough products
+    that gpt-oss's clamps act."""
+    torch.manual_seed(seed)
+    groups = len(counts)
+    x = randn(sum(counts) + past, hidden, dtype=dtype)
+    w13 = randn(groups, hidden, 2 * inter, dtype=dtype, scale=4 * hidden ** -0.5).mT if n_major \
+        else randn(groups, 2 * inter, hidden, dtype=dtype, scale=4 * hidden ** -0.5)
+    bias = randn(groups, 2 * inter, dtype=dtype)
+    return x, w13, bias, offsets_from_counts(counts, "cuda")
+
+
+def check_grouped_mm_glu(x, w13, bias, offs, interleaved, activation, save_gu=True):
+    """Both outputs against float32 (gu: the product plus bias, per group;
+    h its activation; rows past the last group zero)."""
+    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, w13, offs, bias, interleaved, activation,
+                                                save_gu)
+    want = torch.zeros(x.shape[0], w13.shape[1], device="cuda")
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        want[start:end] = x[start:end].float() @ w13[g].float().T + bias[g].float()
+        start = end
+    assert rel_error(h, gated_activation(want, interleaved, activation)) < 1e-2
+    assert torch.all(h[start:] == 0)
+    if save_gu:
+        assert rel_error(gu, want) < 1e-2
+    else:
+        assert gu.shape == (0, w13.shape[1])
+
+
+GLU_VARIANTS = [v for v in _C.variants() if v["family"] == "ragged_glu" and
+                v["arch"] == device_arch()]
+
+
+@pytest.mark.skipif(not GLU_VARIANTS, reason="needs a GPU this wheel has kernels for")
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("variant", GLU_VARIANTS, ids=[v["key"] for v in GLU_VARIANTS])
+def test_grouped_mm_glu_variant(variant, activation):
+    """Each compiled up projection with its activation, forced: groups empty
+    and of a few rows, rows past the last group, H and I no multiple of the
+    tile (nor of 16 for `basic`), gu kept and not."""
+    b_major, gate_up = variant["layout"].split("_")
+    hidden, inter = (99, 133) if variant["flavour"] == "basic" else (112, 144)
+    x, w13, bias, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, inter, b_major == "n",
+                                    getattr(torch, variant["dtype"]))
+    with forced(variant=variant["key"]):
+        for save_gu in (True, False):
+            check_grouped_mm_glu(x, w13, bias, offs, gate_up == "interleaved", activation, save_gu)
+            assert last_variant() == variant["key"]
+
+
+GLU_PERSISTENT = [v for v in GLU_VARIANTS if v["flavour"] == "tma"]
+
+
+@pytest.mark.skipif(not GLU_PERSISTENT, reason="needs a GPU with ragged_glu tma kernels")
+@pytest.mark.parametrize("variant", GLU_PERSISTENT, ids=[v["key"] for v in GLU_PERSISTENT])
+def test_grouped_mm_glu_many_groups_tiles_and_k_blocks(variant):
+    """200 groups (some empty, some of one row), many tiles and K blocks a program."""
+    counts = torch.randint(0, 160, (200,), generator=torch.Generator().manual_seed(0))
+    counts[::17] = 0
+    counts[5::31] = 1
+    b_major, gate_up = variant["layout"].split("_")
+    x, w13, bias, offs = glu_inputs(counts.tolist(), 70, 1040, 392, b_major == "n",
+                                    getattr(torch, variant["dtype"]))
+    with forced(variant=variant["key"]):
+        check_grouped_mm_glu(x, w13, bias, offs, gate_up == "interleaved", "swiglu")
+
+
+def test_grouped_mm_glu_without_a_fused_kernel_and_strided_x():
+    """Concatenated halves of a w13 whose 2I columns are contiguous (no kernel
+    reads them fused: the product, then the activation), and an x read
+    through a row stride, without a bias and with no groups."""
+    x, w13, bias, offs = glu_inputs([40, 0, 77], 5, 64, 48, True, torch.bfloat16)
+    check_grouped_mm_glu(x, w13, bias, offs, False, "swiglu")
+    wide = randn(x.shape[0], 80, dtype=torch.bfloat16)
+    wide[:, 8:72] = x
+    check_grouped_mm_glu(wide[:, 8:72], w13.contiguous(), bias, offs, True, "gpt_oss")
+    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, w13[:0], offs[:0])
+    assert torch.all(h == 0) and torch.all(gu == 0) and gu.shape == (x.shape[0], 96)
 
 
 def combine_inputs(tokens, k, hidden, dtype, end=None, seed=0):

@@ -74,8 +74,8 @@ def test_build_info():
     build = gg_runtime.info()["build"]
     assert build["archs"] == ["sm80", "sm90"]
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
-    assert build["families"] == ["combine", "grouped_gemm", "quantize_fp8", "ragged_k", "ragged_m",
-                                 "route", "scaled_ragged_m", "swiglu"]
+    assert build["families"] == ["combine", "grouped_gemm", "quantize_fp8", "ragged_glu",
+                                 "ragged_k", "ragged_m", "route", "scaled_ragged_m", "swiglu"]
     assert build["variants"] == len(_C.variants()) > 0
 
 

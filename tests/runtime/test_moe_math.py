@@ -1,7 +1,7 @@
 """moe_experts' autograd function (gg_runtime/moe.py: routing, permutations,
 the weighted combine and every gradient formula) in float64 on CPU, its
-operators stood in for by float64 references (grouped_mm, swiglu,
-swiglu_backward, combine, route as their contracts say), against torch's autograd through a
+operators stood in for by float64 references (grouped_mm, grouped_mm_glu,
+swiglu, swiglu_backward, combine, route as their contracts say), against torch's autograd through a
 layer computed expert by expert.  The kernels themselves are checked on the
 GPU (test_gpu_moe_experts.py); this checks the composition, on every
 machine."""
@@ -41,12 +41,19 @@ def swiglu_backward_ref(gu, grad, scale, interleaved=False, activation="swiglu")
     return gu.grad, h * scale[:, None], (grad * h).sum(-1)
 
 
+def grouped_mm_glu_ref(x, w13, offs, bias=None, interleaved=False, activation="swiglu",
+                       save_gu=True):
+    gu = grouped_mm_ref(x, w13.mT, offs, bias)
+    return gated_activation(gu, interleaved, activation), gu if save_gu else gu[:0]
+
+
 def default(fn):
     return SimpleNamespace(default=fn)
 
 
 REFERENCE_OPS = SimpleNamespace(
     grouped_mm=default(grouped_mm_ref),
+    grouped_mm_glu=default(grouped_mm_glu_ref),
     swiglu=default(lambda gu, interleaved=False, activation="swiglu":
                    gated_activation(gu, interleaved, activation)),
     swiglu_backward=default(swiglu_backward_ref),

@@ -1,0 +1,77 @@
+"""The gated epilogue of moe_experts' up projection (the ragged_glu family):
+ragged_m's tile of gu = a @ w13[g]^T (+ b13[g]) turned into h = act(gate, up)
+before it is stored, so that gu never makes a round trip through memory
+(written only where save_gu asks, for the backward).
+
+GLU says how w13's 2I output columns hold the gate and up halves, and how an
+output tile's BN accumulator columns map to them (BN / 2 columns of h from
+j0 = off_n / 2, off_n being the tile's column origin in 2I):
+  CONCATENATED: gate columns 0..I, up columns I..2I.  The accumulator holds the
+                gate columns j0 .. j0 + BN/2, then the up columns I + j0 ..;
+                B's block is read as two half blocks (w13 seen as [G, 2, I, K]).
+  INTERLEAVED:  gate at even columns, up at odd.  The accumulator holds
+                columns off_n .. off_n + BN, pairs (gate, up) side by side.
+act: kernels/swiglu.py's, plain SwiGLU or (gpt_oss != 0) gpt-oss's clamped form.
+"""
+import triton
+import triton.language as tl
+
+from .swiglu import activate
+
+NO_GLU = tl.constexpr(0)
+CONCATENATED = tl.constexpr(1)
+INTERLEAVED = tl.constexpr(2)
+
+
+@triton.jit
+def w13_columns(off_n, N, GLU: tl.constexpr, BN: tl.constexpr):
+    """(w13's column of each of the tile's BN accumulator columns, whether it exists)."""
+    c = tl.arange(0, BN)
+    if GLU == CONCATENATED:
+        j = off_n // 2 + c % (BN // 2)
+        return j + (c // (BN // 2)) * (N // 2), j < N // 2
+    else:
+        return off_n + c, off_n + c < N
+
+
+@triton.jit
+def gate_and_up(acc, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The accumulator's gate and up columns, [BM, BN / 2] each."""
+    if GLU == CONCATENATED:
+        return tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+    else:
+        return tl.split(tl.reshape(acc, (BM, BN // 2, 2)))
+
+
+@triton.jit
+def concatenated_halves(gate, up, BM: tl.constexpr, BN: tl.constexpr):
+    """[gate | up] as one [BM, BN] accumulator (gate_and_up's inverse)."""
+    return tl.reshape(tl.permute(tl.join(gate, up), (0, 2, 1)), (BM, BN))
+
+
+@triton.jit
+def act(gate, up, gpt_oss):
+    if gpt_oss != 0:
+        h = activate(gate, up, True)[0]
+    else:
+        h = activate(gate, up, False)[0]
+    return h
+
+
+@triton.jit
+def glu_epilogue(acc, g, G, off_m, end, off_n, N, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
+                 GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """h's [BM, BN / 2] tile (float32) from the accumulator of rows off_m ..
+    (those below end are the group's); the bias is added first, and gu
+    ([T, N] row-major) written where save_gu is 1."""
+    cols, col_ok = w13_columns(off_n, N, GLU, BN)
+    if has_bias != 0:
+        bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=col_ok & (g < G), other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    if save_gu != 0:
+        rows = off_m + tl.arange(0, BM)
+        at = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(gu_ptr + at, acc.to(gu_ptr.dtype.element_ty),
+                 mask=(rows < end)[:, None] & col_ok[None, :])
+    gate, up = gate_and_up(acc, GLU, BM, BN)
+    return act(gate, up, gpt_oss)
