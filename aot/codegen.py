@@ -20,9 +20,9 @@ from .variants import ARCHS, DTYPES, FLAVOURS
 KINDS = {"i32": "i", "i64": "l"}  # anything else is a pointer, 'p'
 RULE_ENUMS = {"tma": "Rule::kTma", "aligned": "Rule::kAligned", "none": "Rule::kNone"}
 ROLE_ENUMS = {"operand": "kOperand", "output": "kOutput", "offsets": "kOffsets", "scale": "kScale",
-              "bias": "kBias", "flag": "kFlag", "extent": "kExtent", "stride": "kStride",
-              "count": "kCount",
-              "group_table": "kGroupTable", "tile_prefix": "kTilePrefix"}
+              "bias": "kBias", "flag": "kFlag", "extent": "kExtent", "row_length": "kRowLength",
+              "stride": "kStride", "count": "kCount", "group_table": "kGroupTable",
+              "tile_prefix": "kTilePrefix"}
 
 
 def param_kind(type_: str) -> str:

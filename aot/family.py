@@ -27,6 +27,8 @@ ROLES = {
     "bias": "pointer to values the epilogue adds, read only where the flag after it is 1",
     "flag": "0 or 1",
     "extent": "a size; must fit the parameter's type",
+    "row_length": "a size (elements a row) that the TMA flavour reads in 16-byte copies (TMA: a "
+                  "multiple of 16 bytes)",
     "stride": "an element stride (TMA: a positive multiple of 16 bytes)",
     "count": "the number of groups",
     "group_table": "int64 words per group (group_fields), copied to the GPU by the runtime",

@@ -25,6 +25,7 @@ enum class Role {
   kBias,
   kFlag,
   kExtent,
+  kRowLength,
   kStride,
   kCount,
   kGroupTable,
@@ -47,6 +48,8 @@ inline const char* role_name(Role role) {
       return "flag";
     case Role::kExtent:
       return "extent";
+    case Role::kRowLength:
+      return "row_length";
     case Role::kStride:
       return "stride";
     case Role::kCount:

@@ -43,6 +43,8 @@ bool tma_allows(const ParamInfo& p, const Values& v) {
       return v.bits % kTmaAlignBytes == 0;
     case Role::kStride:
       return v.min > 0 && v.byte_bits % kTmaAlignBytes == 0;
+    case Role::kRowLength:
+      return v.byte_bits % kTmaAlignBytes == 0;
     default:
       return true;
   }

@@ -73,8 +73,8 @@ def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, a
     weights in float32, and the up projection's output where save_gu)."""
     tokens, k = topk_ids.shape
     order, offs, inverse = route(topk_ids, w13.shape[0])
-    h, gu = OPS.grouped_mm_glu.default(x.index_select(0, order // k), w13, offs, b13, interleaved,
-                                       activation, save_gu)
+    h, gu = OPS.grouped_mm_glu.default(x, order, k, w13, offs, b13, interleaved, activation,
+                                       save_gu)
     ys = _mm(h, w2.mT, offs, b2)
     weights = topk_weights.float()
     out = OPS.combine.default(ys, inverse.view(tokens, k), weights, offs)

@@ -1,5 +1,6 @@
-"""The gated epilogue of moe_experts' up projection (the ragged_glu family):
-ragged_m's tile of gu = a @ w13[g]^T (+ b13[g]) turned into h = act(gate, up)
+"""moe_experts' up projection (the ragged_glu family): ragged_m's tile of
+gu = x[token] @ w13[g]^T (+ b13[g]), the tokens' rows read through the
+routing's gather index (no permuted copy of x), turned into h = act(gate, up)
 before it is stored, so that gu never makes a round trip through memory
 (written only where save_gu asks, for the backward).
 
@@ -44,9 +45,30 @@ def gate_and_up(acc, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def concatenated_halves(gate, up, BM: tl.constexpr, BN: tl.constexpr):
-    """[gate | up] as one [BM, BN] accumulator (gate_and_up's inverse)."""
-    return tl.reshape(tl.permute(tl.join(gate, up), (0, 2, 1)), (BM, BN))
+def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, lda, ldb,
+             B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, PRECISION: tl.constexpr):
+    """The tile's product [BM, BN] (float32, w13_columns' order) through masked
+    pointer loads: the tile's row r is a[rows[off_m + r] // rows_div] (zeros
+    from end on), `weights` is b[g] ([K, N]: element (k, n) at n * ldb + k
+    where B_T, else k * ldb + n)."""
+    rm = off_m + tl.arange(0, BM)
+    row_ok = rm < end
+    src = tl.load(rows_ptr + rm, mask=row_ok, other=0) // rows_div
+    cols, col_ok = w13_columns(off_n, N, GLU, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k_end, BK):
+        kk = k0 + rk
+        a = tl.load(a_ptr + src[:, None] * lda + kk[None, :],
+                    mask=row_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+        if B_T:
+            b_offs = cols.to(tl.int64)[None, :] * ldb + kk[:, None]
+        else:
+            b_offs = kk.to(tl.int64)[:, None] * ldb + cols[None, :]
+        b = tl.load(weights + b_offs, mask=(kk < k_end)[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit

@@ -13,7 +13,7 @@ ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 import triton
 import triton.language as tl
 
-from .glu import CONCATENATED, NO_GLU, concatenated_halves, glu_epilogue
+from .glu import NO_GLU, glu_epilogue, glu_tile
 from .scaled import NO_SCALES, scaled_tile_tma
 from .tiles import first_step_past, pick, running_max, tile_mma_basic, tile_store
 
@@ -51,22 +51,15 @@ def ragged_store(desc, tile, start, end, row, col, BR: tl.constexpr, BC: tl.cons
 
 @triton.jit
 def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                         A_T: tl.constexpr, B_T: tl.constexpr, GLU: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """GLU = CONCATENATED (B_T only): b seen as [G, 2, N / 2, K], its blocks
-    the two halves' rows (kernels/glu.py)."""
+                         A_T: tl.constexpr, B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr):
     k_dim = tl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
     if A_T:  # read through pointers (ragged_m_tile_tma)
         a_desc = a_ptr
     else:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[T, k_dim], strides=[lda, 1],
                                            block_shape=[BM, BK])
-    if GLU == CONCATENATED:
-        tl.static_assert(B_T, "concatenated gate and up halves are read K-major")
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, 2, N // 2, k_dim],
-                                           strides=[b_group_stride, N // 2 * ldb, ldb, 1],
-                                           block_shape=[1, 2, BN // 2, BK])
-    elif B_T:
+    if B_T:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N, k_dim],
                                            strides=[b_group_stride, ldb, 1],
                                            block_shape=[1, BN, BK])
@@ -79,8 +72,8 @@ def ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
 
 @triton.jit
 def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T: tl.constexpr,
-                      B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, PRECISION: tl.constexpr):
+                      B_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      PRECISION: tl.constexpr):
     """A tile of ragged_m through TMA, but for a stored [K, T] A (A_T; a_desc
     is then its pointer): TMA reads a box only from a 16-byte step along the
     contiguous dimension, where a group's rows start anywhere."""
@@ -93,35 +86,12 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T: tl.co
             a = tl.load(a_desc + at, mask=(rows < T)[:, None] & (ks < k_end)[None, :], other=0.0)
         else:
             a = a_desc.load([off_m, k0])
-        if GLU == CONCATENATED:
-            b = b_desc.load([g, 0, off_n // 2, k0]).reshape(BN, BK).T
-        elif B_T:
+        if B_T:
             b = b_desc.load([g, off_n, k0]).reshape(BN, BK).T
         else:
             b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
-
-
-@triton.jit
-def ragged_m_tile_basic(a_ptr, weights, off_m, off_n, k_end, end, N, lda, ldb, A_T: tl.constexpr,
-                        B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PRECISION: tl.constexpr):
-    """A tile of ragged_m through masked pointer loads (`weights`: b[g]);
-    GLU = CONCATENATED: the two halves' columns (kernels/glu.py), each a product."""
-    if GLU == CONCATENATED:
-        if B_T:  # the up half's first column
-            up_weights = weights + (N // 2) * ldb
-        else:
-            up_weights = weights + N // 2
-        gate = tile_mma_basic(a_ptr, weights, off_m, off_n // 2, 0, k_end, end, N // 2, lda, ldb,
-                              A_T, B_T, BM, BN // 2, BK, PRECISION)
-        up = tile_mma_basic(a_ptr, up_weights, off_m, off_n // 2, 0, k_end, end, N // 2, lda,
-                            ldb, A_T, B_T, BM, BN // 2, BK, PRECISION)
-        return concatenated_halves(gate, up, BM, BN)
-    else:
-        return tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb, A_T, B_T,
-                              BM, BN, BK, PRECISION)
 
 
 @triton.jit
@@ -145,27 +115,30 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     contiguous dimension, which the TMA flavour reads through pointers), b
     [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major; bias [G, N]
     row-major, read where has_bias is 1."""
-    # The scale pointers are never read without scales, nor gu without GLU:
-    # offs_ptr and c_ptr stand in.
+    # The scale pointers are never read without scales, nor gu and rows without
+    # GLU: offs_ptr and c_ptr stand in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, A_T, B_T, USE_TMA,
-                     NO_SCALES, False, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
+                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, A_T,
+                     B_T, USE_TMA, NO_SCALES, False, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
 def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                      bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, B_T: tl.constexpr,
-                      GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                      bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, rows_ptr, rows_div,
+                      B_T: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                       PRECISION: tl.constexpr):
-    """ragged_m_kernel's product of a row-major a [T, K] and b [G, K, N]
-    (N = 2I: w13's gate and up columns as GLU says, kernels/glu.py) with the
-    gated epilogue: c [T, I] (rows ldc apart) = act(gate, up) of the product
-    plus bias[g] [G, N] (where has_bias); gu [T, N] row-major = the product
-    plus bias, written where save_gu is 1; gpt_oss: 0 SwiGLU, 1 gpt-oss's."""
+    """The up projection of moe_experts with its activation (kernels/glu.py):
+    row r < T of the product is a[rows[r] // rows_div] (a row-major, rows lda
+    apart; rows int64) times b [G, K, N] (N = 2I, w13's gate and up columns as
+    GLU says) plus bias[g] [G, N] (where has_bias); c [T, I] (rows ldc apart)
+    = act(gate, up); gu [T, N] row-major = the product plus bias, written
+    where save_gu is 1; gpt_oss: 0 SwiGLU, 1 gpt-oss's.  Rows of the group
+    offsets' pseudo-group (past the last group) are written zero."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, False,
-                     B_T, USE_TMA, NO_SCALES, False, GLU, BM, BN, BK, CHUNK, PRECISION)
+                     b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
+                     rows_ptr, rows_div, False, B_T, USE_TMA, NO_SCALES, False, GLU, BM, BN, BK,
+                     CHUNK, PRECISION)
 
 
 @triton.jit
@@ -179,17 +152,17 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
     wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says
     (+ bias[g] where has_bias), FAST_ACCUM as scaled.py says."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, False, True,
-                     USE_TMA, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
+                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, False,
+                     True, USE_TMA, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                     A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                     SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr, GLU: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     rows_ptr, rows_div, A_T: tl.constexpr, B_T: tl.constexpr,
+                     USE_TMA: tl.constexpr, SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr,
+                     GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -197,23 +170,23 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     weight column block), then the tiles of the rows past the last group,
     which are written with zeros (a pseudo-group with K = 0).  Groups are
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
-    owner of a tile without a per-group loop.
+    owner of a tile without a per-group loop.  GLU: ragged_glu_kernel's
+    gathered rows and gated epilogue, through pointer loads (TMA only stores h).
     """
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
     lane = tl.arange(0, CHUNK)
-    if USE_TMA:
+    if USE_TMA and GLU == NO_GLU:
         # One descriptor for all of A and one for all of B, built once per
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                                              A_T, B_T, GLU, BM, BN, BK)
-        if GLU == NO_GLU:
-            c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
-        else:  # h: half as many columns
-            c_desc = ragged_descriptor(c_ptr, N // 2, ldc, BM, BN // 2)
+                                              A_T, B_T, BM, BN, BK)
+        c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
+    elif USE_TMA:  # h: half as many columns
+        c_desc = ragged_descriptor(c_ptr, N // 2, ldc, BM, BN // 2)
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
@@ -243,17 +216,21 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             off_m = start + (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN
             k_end = tl.where(g < G, K, 0)
-            if SCALING != NO_SCALES:
+            if GLU != NO_GLU:
+                weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
+                acc = glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N,
+                               lda, ldb, B_T, GLU, BM, BN, BK, PRECISION)
+            elif SCALING != NO_SCALES:
                 acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
                                       tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
                                       SCALING, FAST_ACCUM, BM, BN, BK)
             elif USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T, B_T,
-                                        GLU, BM, BN, BK, PRECISION)
+                                        BM, BN, BK, PRECISION)
             else:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
-                acc = ragged_m_tile_basic(a_ptr, weights, off_m, off_n, k_end, end, N, lda, ldb,
-                                          A_T, B_T, GLU, BM, BN, BK, PRECISION)
+                acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
+                                     A_T, B_T, BM, BN, BK, PRECISION)
             if GLU == NO_GLU:
                 acc = add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN)
                 if USE_TMA:

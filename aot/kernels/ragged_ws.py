@@ -15,16 +15,17 @@ store, leaving the tensor cores to the other.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from .glu import CONCATENATED, NO_GLU
 from .glu_ws import gu_descriptor, store_gated
 from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
-from .ws import (LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, chunk_groups,
-                 first_step_past, load_partition, locate, ring_setup, row_alignment, store_rows,
-                 store_tile)
+from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
+                 accumulator_layout, chunk_groups, first_step_past, load_partition, locate,
+                 ring_setup, row_alignment, store_rows, store_tile)
 
 # Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
 UNIT_FLOOR = gl.constexpr(2.0**-100)
@@ -54,14 +55,18 @@ def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, A_T
 def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
                PART_M: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr,
-               FAST_ACCUM: gl.constexpr):
+               FAST_ACCUM: gl.constexpr, GATHER: gl.constexpr = False):
     """(the tile's product over K, the ring count after it), one MMA in flight.
     fp8 without FAST_ACCUM: each BK-deep step's product is added to acc in
-    float32 (the compiler's partial accumulator, as many registers again)."""
+    float32 (the compiler's partial accumulator, as many registers again).
+    GATHER: A's block was written by the loader's threads (ws.copy_rows), which
+    wgmma's reads (the async proxy) see only after a proxy fence."""
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        if GATHER:
+            fence_async_shared()
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, A_T, B_T)
         if FAST_ACCUM:
             acc = warpgroup_mma(a, b, acc, is_async=True)
@@ -299,7 +304,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
-                                            FAST_ACCUM)
+                                            FAST_ACCUM, GLU != NO_GLU)  # gathered A
                 if SCALING == ROWWISE:  # indices made here, not live through the K loop
                     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
                     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
@@ -324,8 +329,9 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
 @gluon.jit
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                        A_T: gl.constexpr, B_T: gl.constexpr, SCALING: gl.constexpr,
-                        FAST_ACCUM: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
+                        rows_ptr, rows_div, A_T: gl.constexpr, B_T: gl.constexpr,
+                        SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, GLU: gl.constexpr,
+                        BM: gl.constexpr,
                         BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                         STAGES: gl.constexpr, CTAS: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
@@ -334,10 +340,15 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     # blockwise scales and rows that do not start a TMA box are not split.
     gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T),
                      "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a")
+    # The gated kernel (ragged.ragged_glu_kernel) gathers A's rows in its loader.
+    GATHER: gl.constexpr = GLU != NO_GLU
     HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS, CTAS, HALVES, GLU != NO_GLU)
+        STAGES, PARTS, CTAS, HALVES, GLU != NO_GLU, 32 * GATHER_WARPS if GATHER else 0)
+    gather = (a_ptr, lda, rows_ptr, rows_div)
+    LOADER: gl.constexpr = GATHER_WARPS if GATHER else LOADER_WARPS
+    LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
     if GLU != NO_GLU:
         gl.static_assert(not A_T and CTAS == 1, "the gated epilogue takes a row-major a, one CTA")
         gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
@@ -357,8 +368,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
                              save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
                              BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES)),
-        ], [LOADER_WARPS], [LOADER_REGISTERS])
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER)),
+        ], [LOADER], [LOADER_REGS])
     else:
         gl.static_assert(PARTS == 2, "one or two MMA partitions")
         gl.warp_specialize([
@@ -371,8 +382,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
                              save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
                              BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES)),
-        ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER)),
+        ], [gl.num_warps(), LOADER], [MMA_REGISTERS, LOADER_REGS])
 
 
 @gluon.jit
@@ -386,16 +397,17 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     (16-bit inputs only) are taken for the common signature.  CTAS: the
     cluster's CTAs (ws.py), which the program's BM rows are split between."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    # The scale pointers are never read without scales, nor gu without GLU:
-    # offs_ptr and c_ptr stand in.
+    # The scale pointers are never read without scales, nor gu and rows
+    # without GLU: offs_ptr and c_ptr stand in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, A_T, B_T,
-                        NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
+                        A_T, B_T, NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
 
 
 @gluon.jit
 def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                         bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, B_T: gl.constexpr,
+                         bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, rows_ptr, rows_div,
+                         B_T: gl.constexpr,
                          GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                          BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                          PRECISION: gl.constexpr, STAGES: gl.constexpr):
@@ -404,7 +416,8 @@ def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                        False, B_T, NO_SCALES, True, GLU, BM, BN, BK, CHUNK, STAGES, 1)
+                        rows_ptr, rows_div, False, B_T, NO_SCALES, True, GLU, BM, BN, BK, CHUNK,
+                        STAGES, 1)
 
 
 @gluon.jit
@@ -417,5 +430,5 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
     """scaled_ragged_m_kernel's contract (b K-major); CTAS as ragged_m_ws_kernel's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, False, True,
-                        SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
+                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
+                        False, True, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)

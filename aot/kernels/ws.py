@@ -16,13 +16,18 @@ run MMAs, and each tile drains the pipeline.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                               mbarrier, tma)
 
 from .gluon_api import cluster_barriers, tma_load, tma_load_multicast, tma_store
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGISTERS = gl.constexpr(40)
+# A loader that gathers A's rows copies them with its threads (gather_rows):
+# a warpgroup, with registers for the rows' addresses.
+GATHER_WARPS = gl.constexpr(4)
+GATHER_REGISTERS = gl.constexpr(64)
 # The epilogue stages the tile in shared memory this many columns at a time
 # (BN = 256: two halves), which leaves room for a fourth stage of the ring.
 EPILOGUE_COLS = gl.constexpr(128)
@@ -224,18 +229,62 @@ def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
     return slot, bar
 
 
+@gluon.constexpr_function
+def gather_layout(BM, BK, warps):
+    """The loader's [BM, BK] copy of gathered rows: 16 bytes (8 elements) a
+    copy, a row's BK elements across BK / 8 threads."""
+    lanes = BK // 8
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def gather_rows(gather, off_m, end, BM: gl.constexpr, BK: gl.constexpr):
+    """([BM, 1] addresses, [BM, 1] mask) of the tile's rows off_m .. (those
+    below end), row r being a[rows[r] // rows_div] for gather = (a_ptr, lda,
+    rows_ptr, rows_div)."""
+    a_ptr, lda, rows_ptr, rows_div = gather
+    layout: gl.constexpr = gather_layout(BM, BK, gl.num_warps())
+    rm = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
+    ok = rm < end
+    src = gl.load(rows_ptr + rm, mask=ok, other=0) // rows_div
+    # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and row
+    # stride, so each thread's 8 elements are one 16-byte copy.
+    rows = gl.multiple_of(a_ptr + src * lda, 16)
+    return gl.expand_dims(rows, 1), gl.expand_dims(ok, 1)
+
+
+@gluon.jit
+def copy_rows(buf, rows, row_ok, k0, K, bar, BK: gl.constexpr):
+    """Columns k0 .. k0 + BK of gather_rows' rows into buf (zeros past K or the
+    rows), each thread's copies arriving on bar when they land."""
+    layout: gl.constexpr = gather_layout(buf.shape[0], BK, gl.num_warps())
+    cols = gl.max_contiguous(gl.multiple_of(k0 + gl.arange(0, BK, gl.SliceLayout(0, layout)), 8),
+                             8)
+    # K is a multiple of 8 where this runs (its role in the ragged_glu family):
+    # whole copies are in or out.
+    in_k = gl.max_constancy(cols < K, 8)
+    async_copy.async_copy_global_to_shared(buf, rows + gl.expand_dims(cols, 0),
+                                           row_ok & gl.expand_dims(in_k, 0))
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
 @gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                    A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                   CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False):
-    """HALVES: b's block is the rows of its two halves (ring_setup)."""
-    ALIGN: gl.constexpr = row_alignment(A_T, a_desc.dtype)
+                   CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False, gather=(0, 0, 0, 1),
+                   GATHER: gl.constexpr = False):
+    """HALVES: b's block is the rows of its two halves (ring_setup).  GATHER:
+    A's rows are copied by this partition's threads (gather_rows; a_desc is
+    not read), and each slot's `ready` counts their arrivals too (ring_setup)."""
+    ALIGN: gl.constexpr = row_alignment(A_T, a_bufs.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
-    # Bytes landing in each CTA: its share of A's rows and all of B's block.
-    nbytes: gl.constexpr = (BM // CTAS * BK + BN * BK) * a_desc.dtype.primitive_bitwidth // 8
+    # Bytes TMA lands in each CTA: its share of A's rows (unless gathered) and
+    # all of B's block.
+    A_ROWS: gl.constexpr = 0 if GATHER else BM // CTAS
+    nbytes: gl.constexpr = (A_ROWS * BK + BN * BK) * a_bufs.dtype.primitive_bitwidth // 8
     count = 0
     tiles_before = 0
     rows_before = 0
@@ -247,10 +296,15 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
                                                         tiles_end, n_tiles, G, K, BM, BN, ALIGN)
+            if GATHER:
+                rows, row_ok = gather_rows(gather, off_m, end, BM, BK)
             for k0 in range(0, k_end, BK):
                 slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
-                a_origin = [k0, off_m] if A_T else [off_m, k0]
-                tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
+                if GATHER:
+                    copy_rows(a_bufs.index(slot), rows, row_ok, k0, K, bar, BK)
+                else:
+                    a_origin = [k0, off_m] if A_T else [off_m, k0]
+                    tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
                 b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_desc.block_shape,
                                                        b_desc.layout)
                 if HALVES:
@@ -280,13 +334,14 @@ def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr, CTAS: g
 @gluon.jit
 def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
                   b_tile: gl.constexpr, c_tile: gl.constexpr, PARTS: gl.constexpr,
-                  STAGES: gl.constexpr, CTAS: gl.constexpr = 1, A_ROWS: gl.constexpr = 0):
+                  STAGES: gl.constexpr, CTAS: gl.constexpr = 1, A_ROWS: gl.constexpr = 0,
+                  COPIERS: gl.constexpr = 0):
     """A kernel's shared memory: STAGES ring slots of an A and a B tile, a
     c_tile for each of PARTS MMA partitions to stage its stores in, and each
-    slot's barriers: `ready` (its TMA copies have landed) and `empty` (all
-    PARTS partitions are done reading it).  In a cluster, A's
-    dimension A_ROWS and c_tile's rows are split between the CTAs, and B's
-    block is whole in each."""
+    slot's barriers: `ready` (its TMA copies, and the copies of COPIERS threads
+    that each arrive once, have landed) and `empty` (all PARTS partitions are
+    done reading it).  In a cluster, A's dimension A_ROWS and c_tile's rows
+    are split between the CTAs, and B's block is whole in each."""
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_tile,
                                        shared_layout(a_tile, dtype, CTAS, A_ROWS))
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype, CTAS))
@@ -298,7 +353,7 @@ def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
         ready = cluster_barriers(STAGES)
         empty = cluster_barriers(STAGES)
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=1 + COPIERS)
         mbarrier.init(empty.index(i), count=PARTS)
     return a_bufs, b_bufs, c_bufs, ready, empty
 
@@ -307,7 +362,8 @@ def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
 def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T: gl.constexpr,
                B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1,
-               HALVES: gl.constexpr = False, HALF_C: gl.constexpr = False):
+               HALVES: gl.constexpr = False, HALF_C: gl.constexpr = False,
+               COPIERS: gl.constexpr = 0):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
     (each has its c buffer, and each frees a ring slot: `empty` waits for all).
@@ -315,15 +371,20 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     (one partition), the tile's rows are split between the CTAs.  HALVES
     (B_T): b [G, N, K] seen as [G, 2, N / 2, K], a block being BN / 2 rows of
     each half (kernels/glu.py's CONCATENATED).  HALF_C: c has N / 2 columns,
-    BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py)."""
+    BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py).
+    COPIERS > 0: A's rows are gathered by that many loader threads
+    (load_partition's GATHER), and a_desc is a_ptr."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
     a_tile: gl.constexpr = [BK, BM] if A_T else [BM, BK]
     A_ROWS: gl.constexpr = 1 if A_T else 0
     a_shape = [k_dim, T] if A_T else [T, k_dim]
-    a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
-                                        shared_layout(a_tile, dtype, CTAS, A_ROWS))
+    if COPIERS:
+        a_desc = a_ptr
+    else:
+        a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
+                                            shared_layout(a_tile, dtype, CTAS, A_ROWS))
     b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
     if HALVES:
         gl.static_assert(B_T, "b's halves are read K-major")
@@ -347,5 +408,5 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
         c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)
     a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, b_tile,
                                                          [PART_M, EPI_N], PARTS, STAGES, CTAS,
-                                                         A_ROWS)
+                                                         A_ROWS, COPIERS)
     return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty

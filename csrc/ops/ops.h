@@ -33,10 +33,12 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
 // gate and up halves (gu [R, 2C] -> [R, C]), and its backward: (d gu, h scaled
 // by the row's weight, each row's dot of grad and h).
 Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
-// (h, gu): the ragged-M product gu = x @ w13[g]^T (+ bias[g]) of x [T, H] and
-// w13 [G, 2I, H], and h = its SwiGLU [T, I]; gu [T, 2I] is returned where
+// (h, gu): moe_experts' up projection, the ragged-M product gu = a @ w13[g]^T
+// (+ bias[g]) of w13 [G, 2I, H] and the gathered tokens a[r] = x[rows[r] / k]
+// (x [T, H]; rows int64 [R], each rows[r] / k a row of x: not checked, the
+// routing makes them), and h = its SwiGLU [R, I]; gu [R, 2I] is returned where
 // save_gu, else [0, 2I] (not made).
-std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, Tensor w13, Tensor offs,
+std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, Tensor rows, int64_t k, Tensor w13, Tensor offs,
                                           std::optional<Tensor> bias, bool interleaved,
                                           std::string activation, bool save_gu);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,

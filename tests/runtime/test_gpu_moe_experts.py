@@ -311,28 +311,34 @@ def test_swiglu_variant(variant):
         assert rel_error(g, w) < 1e-2
 
 
+GLU_K = 3  # each token's slots: rows[r] // GLU_K is the token
+
+
 def glu_inputs(counts, past, hidden, inter, n_major, dtype, seed=0):
-    """(x [sum(counts) + past, H], w13 [G, 2I, H] as stored or (n_major) a
+    """(x [T, H], rows [sum(counts) + past] (random slots: x's rows gathered
+    in any order, repeats included), w13 [G, 2I, H] as stored or (n_major) a
     transposed view of [G, H, 2I], bias [G, 2I], offs); large enough products
     that gpt-oss's clamps act."""
     torch.manual_seed(seed)
     groups = len(counts)
-    x = randn(sum(counts) + past, hidden, dtype=dtype)
+    x = randn(97, hidden, dtype=dtype)
+    rows = torch.randint(0, 97 * GLU_K, (sum(counts) + past,), device="cuda")
     w13 = randn(groups, hidden, 2 * inter, dtype=dtype, scale=4 * hidden ** -0.5).mT if n_major \
         else randn(groups, 2 * inter, hidden, dtype=dtype, scale=4 * hidden ** -0.5)
     bias = randn(groups, 2 * inter, dtype=dtype)
-    return x, w13, bias, offsets_from_counts(counts, "cuda")
+    return x, rows, w13, bias, offsets_from_counts(counts, "cuda")
 
 
-def check_grouped_mm_glu(x, w13, bias, offs, interleaved, activation, save_gu=True):
-    """Both outputs against float32 (gu: the product plus bias, per group;
-    h its activation; rows past the last group zero)."""
-    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, w13, offs, bias, interleaved, activation,
-                                                save_gu)
-    want = torch.zeros(x.shape[0], w13.shape[1], device="cuda")
+def check_grouped_mm_glu(x, rows, w13, bias, offs, interleaved, activation, save_gu=True):
+    """Both outputs against float32 (gu: the gathered rows' product plus bias,
+    per group; h its activation; rows past the last group zero)."""
+    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13, offs, bias, interleaved,
+                                                activation, save_gu)
+    gathered = x[rows // GLU_K].float()
+    want = torch.zeros(rows.shape[0], w13.shape[1], device="cuda")
     start = 0
     for g, end in enumerate(offs.tolist()):
-        want[start:end] = x[start:end].float() @ w13[g].float().T + bias[g].float()
+        want[start:end] = gathered[start:end] @ w13[g].float().T + bias[g].float()
         start = end
     assert rel_error(h, gated_activation(want, interleaved, activation)) < 1e-2
     assert torch.all(h[start:] == 0)
@@ -355,11 +361,12 @@ def test_grouped_mm_glu_variant(variant, activation):
     tile (nor of 16 for `basic`), gu kept and not."""
     b_major, gate_up = variant["layout"].split("_")
     hidden, inter = (99, 133) if variant["flavour"] == "basic" else (112, 144)
-    x, w13, bias, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, inter, b_major == "n",
-                                    getattr(torch, variant["dtype"]))
+    x, rows, w13, bias, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, inter,
+                                          b_major == "n", getattr(torch, variant["dtype"]))
     with forced(variant=variant["key"]):
         for save_gu in (True, False):
-            check_grouped_mm_glu(x, w13, bias, offs, gate_up == "interleaved", activation, save_gu)
+            check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up == "interleaved", activation,
+                                 save_gu)
             assert last_variant() == variant["key"]
 
 
@@ -374,23 +381,26 @@ def test_grouped_mm_glu_many_groups_tiles_and_k_blocks(variant):
     counts[::17] = 0
     counts[5::31] = 1
     b_major, gate_up = variant["layout"].split("_")
-    x, w13, bias, offs = glu_inputs(counts.tolist(), 70, 1040, 392, b_major == "n",
-                                    getattr(torch, variant["dtype"]))
+    x, rows, w13, bias, offs = glu_inputs(counts.tolist(), 70, 1040, 392, b_major == "n",
+                                          getattr(torch, variant["dtype"]))
     with forced(variant=variant["key"]):
-        check_grouped_mm_glu(x, w13, bias, offs, gate_up == "interleaved", "swiglu")
+        check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up == "interleaved", "swiglu")
 
 
-def test_grouped_mm_glu_without_a_fused_kernel_and_strided_x():
-    """Concatenated halves of a w13 whose 2I columns are contiguous (no kernel
-    reads them fused: the product, then the activation), and an x read
-    through a row stride, without a bias and with no groups."""
-    x, w13, bias, offs = glu_inputs([40, 0, 77], 5, 64, 48, True, torch.bfloat16)
-    check_grouped_mm_glu(x, w13, bias, offs, False, "swiglu")
+def test_grouped_mm_glu_strided_x_odd_rows_and_no_groups():
+    """x read through a row stride; rows of x that TMA's flavour cannot copy
+    16 bytes at a time (H = 100) take the `basic` kernel; no groups: zeros."""
+    x, rows, w13, bias, offs = glu_inputs([40, 0, 77], 5, 64, 48, True, torch.bfloat16)
     wide = randn(x.shape[0], 80, dtype=torch.bfloat16)
     wide[:, 8:72] = x
-    check_grouped_mm_glu(wide[:, 8:72], w13.contiguous(), bias, offs, True, "gpt_oss")
-    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, w13[:0], offs[:0])
-    assert torch.all(h == 0) and torch.all(gu == 0) and gu.shape == (x.shape[0], 96)
+    check_grouped_mm_glu(wide[:, 8:72], rows, w13.contiguous(), bias, offs, True, "gpt_oss")
+    x, rows, w13, bias, offs = glu_inputs([40, 0, 77], 5, 100, 48, True, torch.bfloat16)
+    padded = randn(x.shape[0], 104, dtype=torch.bfloat16)[:, :100]
+    padded.copy_(x)
+    check_grouped_mm_glu(padded, rows, w13, bias, offs, False, "swiglu")
+    assert ".basic." in last_variant()
+    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13[:0], offs[:0])
+    assert torch.all(h == 0) and torch.all(gu == 0) and gu.shape == (rows.shape[0], 96)
 
 
 def combine_inputs(tokens, k, hidden, dtype, end=None, seed=0):

@@ -41,9 +41,9 @@ def swiglu_backward_ref(gu, grad, scale, interleaved=False, activation="swiglu")
     return gu.grad, h * scale[:, None], (grad * h).sum(-1)
 
 
-def grouped_mm_glu_ref(x, w13, offs, bias=None, interleaved=False, activation="swiglu",
-                       save_gu=True):
-    gu = grouped_mm_ref(x, w13.mT, offs, bias)
+def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, interleaved=False,
+                       activation="swiglu", save_gu=True):
+    gu = grouped_mm_ref(x[rows // k], w13.mT, offs, bias)
     return gated_activation(gu, interleaved, activation), gu if save_gu else gu[:0]
 
 

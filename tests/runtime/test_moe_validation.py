@@ -102,24 +102,29 @@ def test_swiglu_operators_check_their_inputs(fake):
 def test_grouped_mm_glu_checks_its_inputs(fake):
     op = torch.ops.gg_runtime.grouped_mm_glu.default
     offs = cuda(E, dtype=torch.int32)
+    rows = torch.zeros(T * K, dtype=torch.int64, device="cuda")
+    with pytest.raises(TypeError, match="rows must be int64"):
+        call(op, cuda(T, H), rows.int(), K, cuda(E, 2 * INTER, H), offs)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 2\*\*31\), got 0"):
+        call(op, cuda(T, H), rows, 0, cuda(E, 2 * INTER, H), offs)
     with pytest.raises(ValueError, match=r"w13 must be \[G, 2I, H\] with H = 16"):
-        call(op, cuda(T, H), cuda(E, 2 * INTER, H + 1), offs)
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H + 1), offs)
     with pytest.raises(ValueError, match=r"w13 must be \[G, 2I, H\]"):
-        call(op, cuda(T, H), cuda(E, 2 * INTER + 1, H), offs)
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER + 1, H), offs)
     with pytest.raises(TypeError, match="w13 has dtype torch.float16 but x has"):
-        call(op, cuda(T, H), cuda(E, 2 * INTER, H, dtype=torch.float16), offs)
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H, dtype=torch.float16), offs)
     with pytest.raises(ValueError, match="offs has 5 entries but w13 has 4"):
-        call(op, cuda(T, H), cuda(E, 2 * INTER, H), cuda(E + 1, dtype=torch.int32))
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), cuda(E + 1, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"bias must have shape \(4, 16\)"):
-        call(op, cuda(T, H), cuda(E, 2 * INTER, H), offs, cuda(E, INTER))
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), offs, cuda(E, INTER))
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
-        call(op, cuda(T, H), cuda(E, 2 * INTER, H), offs, None, False, "relu")
-    for w13 in (cuda(E, 2 * INTER, H), cuda(E, H, 2 * INTER).mT):  # fused, and two launches
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), offs, None, False, "relu")
+    for w13 in (cuda(E, 2 * INTER, H), cuda(E, H, 2 * INTER).mT):
         for interleaved in (False, True):
-            h, gu = op(cuda(T, H), w13, offs, None, interleaved, "swiglu", True)
-            assert (h.shape, gu.shape) == ((T, INTER), (T, 2 * INTER))
-            h, gu = op(cuda(T, H), w13, offs, None, interleaved, "swiglu", False)
-            assert (h.shape, gu.shape) == ((T, INTER), (0, 2 * INTER))
+            h, gu = op(cuda(T, H), rows, K, w13, offs, None, interleaved, "swiglu", True)
+            assert (h.shape, gu.shape) == ((T * K, INTER), (T * K, 2 * INTER))
+            h, gu = op(cuda(T, H), rows, K, w13, offs, None, interleaved, "swiglu", False)
+            assert (h.shape, gu.shape) == ((T * K, INTER), (0, 2 * INTER))
 
 
 def test_combine_operator_checks_its_inputs(fake):
