@@ -67,14 +67,25 @@ def _mm(a, b, offs, bias=None):
     return OPS.grouped_mm.default(a, b, offs, bias, None, False)
 
 
+# The up projection reads the tokens through the routing's order (its loader
+# gathers them, bench/RESULTS.md) where the experts are narrow: there a
+# permuted copy of x costs more than gathering in the GEMM, which runs the
+# GEMM slower; wider experts take the copy and the GEMM's TMA loads.
+GATHER_IN_GEMM_MAX_INTER = 4096
+
+
 def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
                      save_gu):
     """(out, what the backward needs beyond the inputs: the routing, the
     weights in float32, and the up projection's output where save_gu)."""
     tokens, k = topk_ids.shape
     order, offs, inverse = route(topk_ids, w13.shape[0])
-    h, gu = OPS.grouped_mm_glu.default(x, order, k, w13, offs, b13, interleaved, activation,
-                                       save_gu)
+    if w13.shape[1] // 2 <= GATHER_IN_GEMM_MAX_INTER:
+        tokens_in, rows, per_row = x, order, k
+    else:
+        tokens_in, rows, per_row = x.index_select(0, order // k), None, 1
+    h, gu = OPS.grouped_mm_glu.default(tokens_in, rows, per_row, w13, offs, b13, interleaved,
+                                       activation, save_gu)
     ys = _mm(h, w2.mT, offs, b2)
     weights = topk_weights.float()
     out = OPS.combine.default(ys, inverse.view(tokens, k), weights, offs)

@@ -49,12 +49,14 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
              B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
              BK: tl.constexpr, PRECISION: tl.constexpr):
     """The tile's product [BM, BN] (float32, w13_columns' order) through masked
-    pointer loads: the tile's row r is a[rows[off_m + r] // rows_div] (zeros
-    from end on), `weights` is b[g] ([K, N]: element (k, n) at n * ldb + k
-    where B_T, else k * ldb + n)."""
+    pointer loads: the tile's row r is a[rows[off_m + r] // rows_div], or
+    a[off_m + r] where rows_div is 0 (zeros from end on); `weights` is b[g]
+    ([K, N]: element (k, n) at n * ldb + k where B_T, else k * ldb + n)."""
     rm = off_m + tl.arange(0, BM)
     row_ok = rm < end
-    src = tl.load(rows_ptr + rm, mask=row_ok, other=0) // rows_div
+    gathered = rows_div != 0
+    src = tl.load(rows_ptr + rm, mask=row_ok & gathered, other=0) // tl.maximum(rows_div, 1)
+    src = tl.where(gathered, src, rm)
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)

@@ -55,18 +55,20 @@ def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, A_T
 def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
                PART_M: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr,
-               FAST_ACCUM: gl.constexpr, GATHER: gl.constexpr = False):
+               FAST_ACCUM: gl.constexpr, GATHER: gl.constexpr = False, gathered=False):
     """(the tile's product over K, the ring count after it), one MMA in flight.
     fp8 without FAST_ACCUM: each BK-deep step's product is added to acc in
     float32 (the compiler's partial accumulator, as many registers again).
-    GATHER: A's block was written by the loader's threads (ws.copy_rows), which
-    wgmma's reads (the async proxy) see only after a proxy fence."""
+    GATHER and gathered: A's block was written by the loader's threads
+    (ws.copy_rows), which wgmma's reads (the async proxy) see only after a
+    proxy fence."""
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        if GATHER:
-            fence_async_shared()
+        if GATHER:  # noqa: SIM102 (a constexpr, then a runtime test)
+            if gathered:
+                fence_async_shared()
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, A_T, B_T)
         if FAST_ACCUM:
             acc = warpgroup_mma(a, b, acc, is_async=True)
@@ -264,7 +266,7 @@ def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part
 @gluon.jit
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
                   c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
-                  has_bias, gu_desc, save_gu, gpt_oss, T, N, K, G, A_T: gl.constexpr,
+                  has_bias, gu_desc, save_gu, gpt_oss, rows_div, T, N, K, G, A_T: gl.constexpr,
                   B_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
                   GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
@@ -304,7 +306,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
-                                            FAST_ACCUM, GLU != NO_GLU)  # gathered A
+                                            FAST_ACCUM, GLU != NO_GLU, rows_div != 0)
                 if SCALING == ROWWISE:  # indices made here, not live through the K loop
                     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
                     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
@@ -365,8 +367,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.warp_specialize([
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
-                             BN, BK, CHUNK, STAGES, CTAS)),
+                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, SCALING,
+                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER)),
         ], [LOADER], [LOADER_REGS])
@@ -375,12 +377,12 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.warp_specialize([
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
-                             BN, BK, CHUNK, STAGES, CTAS)),
+                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, SCALING,
+                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, T, N, K, G, A_T, B_T, SCALING, FAST_ACCUM, GLU, BM,
-                             BN, BK, CHUNK, STAGES, CTAS)),
+                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, SCALING,
+                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER)),
         ], [gl.num_warps(), LOADER], [MMA_REGISTERS, LOADER_REGS])

@@ -241,12 +241,13 @@ def gather_layout(BM, BK, warps):
 def gather_rows(gather, off_m, end, BM: gl.constexpr, BK: gl.constexpr):
     """([BM, 1] addresses, [BM, 1] mask) of the tile's rows off_m .. (those
     below end), row r being a[rows[r] // rows_div] for gather = (a_ptr, lda,
-    rows_ptr, rows_div)."""
+    rows_ptr, rows_div); rows_div = 0: a[r] (rows not read)."""
     a_ptr, lda, rows_ptr, rows_div = gather
     layout: gl.constexpr = gather_layout(BM, BK, gl.num_warps())
     rm = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
     ok = rm < end
-    src = gl.load(rows_ptr + rm, mask=ok, other=0) // rows_div
+    src = gl.load(rows_ptr + rm, mask=ok & (rows_div != 0), other=0) // gl.maximum(rows_div, 1)
+    src = gl.where(rows_div != 0, src, rm)
     # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and row
     # stride, so each thread's 8 elements are one 16-byte copy.
     rows = gl.multiple_of(a_ptr + src * lda, 16)
@@ -269,22 +270,40 @@ def copy_rows(buf, rows, row_ok, k0, K, bar, BK: gl.constexpr):
 
 
 @gluon.jit
+def fill_a(a_desc, a_bufs, ready, empty, count, gathered, rows, row_ok, off_m, k0, K,
+           A_BYTES: gl.constexpr, B_BYTES: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """(slot, its ready barrier) of a loader that may gather (load_partition's
+    GATHER), A's block in it: gathered, its threads copy the rows; else TMA
+    loads them and one arrival stands for the threads'."""
+    if gathered:
+        slot, bar = claim_slot(ready, empty, count, B_BYTES, STAGES)
+        copy_rows(a_bufs.index(slot), rows, row_ok, k0, K, bar, BK)
+    else:
+        slot, bar = claim_slot(ready, empty, count, A_BYTES + B_BYTES, STAGES)
+        tma_load(a_desc, [off_m, k0], bar, a_bufs.index(slot))
+        mbarrier.arrive(bar, count=32 * gl.num_warps())
+    return slot, bar
+
+
+@gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                    A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
                    CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False, gather=(0, 0, 0, 1),
                    GATHER: gl.constexpr = False):
     """HALVES: b's block is the rows of its two halves (ring_setup).  GATHER:
-    A's rows are copied by this partition's threads (gather_rows; a_desc is
-    not read), and each slot's `ready` counts their arrivals too (ring_setup)."""
+    each slot's `ready` also counts one arrival of each of this partition's
+    threads (ring_setup's COPIERS), and where gather's rows_div is not 0, A's
+    rows are gathered and copied by those threads (gather_rows); where it is
+    0, A's block is loaded by TMA and the arrivals made in one."""
     ALIGN: gl.constexpr = row_alignment(A_T, a_bufs.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
     # Bytes TMA lands in each CTA: its share of A's rows (unless gathered) and
     # all of B's block.
-    A_ROWS: gl.constexpr = 0 if GATHER else BM // CTAS
-    nbytes: gl.constexpr = (A_ROWS * BK + BN * BK) * a_bufs.dtype.primitive_bitwidth // 8
+    A_BYTES: gl.constexpr = BM // CTAS * BK * a_bufs.dtype.primitive_bitwidth // 8
+    B_BYTES: gl.constexpr = BN * BK * a_bufs.dtype.primitive_bitwidth // 8
     count = 0
     tiles_before = 0
     rows_before = 0
@@ -299,10 +318,11 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
             if GATHER:
                 rows, row_ok = gather_rows(gather, off_m, end, BM, BK)
             for k0 in range(0, k_end, BK):
-                slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
                 if GATHER:
-                    copy_rows(a_bufs.index(slot), rows, row_ok, k0, K, bar, BK)
+                    slot, bar = fill_a(a_desc, a_bufs, ready, empty, count, gather[3] != 0, rows,
+                                       row_ok, off_m, k0, K, A_BYTES, B_BYTES, BK, STAGES)
                 else:
+                    slot, bar = claim_slot(ready, empty, count, A_BYTES + B_BYTES, STAGES)
                     a_origin = [k0, off_m] if A_T else [off_m, k0]
                     tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
                 b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_desc.block_shape,
@@ -372,19 +392,16 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     (B_T): b [G, N, K] seen as [G, 2, N / 2, K], a block being BN / 2 rows of
     each half (kernels/glu.py's CONCATENATED).  HALF_C: c has N / 2 columns,
     BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py).
-    COPIERS > 0: A's rows are gathered by that many loader threads
-    (load_partition's GATHER), and a_desc is a_ptr."""
+    COPIERS > 0: A's rows may be gathered by that many loader threads
+    (load_partition's GATHER)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
     a_tile: gl.constexpr = [BK, BM] if A_T else [BM, BK]
     A_ROWS: gl.constexpr = 1 if A_T else 0
     a_shape = [k_dim, T] if A_T else [T, k_dim]
-    if COPIERS:
-        a_desc = a_ptr
-    else:
-        a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
-                                            shared_layout(a_tile, dtype, CTAS, A_ROWS))
+    a_desc = tma.make_tensor_descriptor(a_ptr, a_shape, [lda, 1], a_tile,
+                                        shared_layout(a_tile, dtype, CTAS, A_ROWS))
     b_tile: gl.constexpr = [BN, BK] if B_T else [BK, BN]
     if HALVES:
         gl.static_assert(B_T, "b's halves are read K-major")

@@ -98,7 +98,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False, "
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
   m.def(
-      "grouped_mm_glu(Tensor x, Tensor rows, int k, Tensor w13, Tensor offs, Tensor? bias=None, "
+      "grouped_mm_glu(Tensor x, Tensor? rows, int k, Tensor w13, Tensor offs, Tensor? bias=None, "
       "bool interleaved=False, str activation='swiglu', bool save_gu=True) -> (Tensor, Tensor)");
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");

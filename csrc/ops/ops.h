@@ -36,11 +36,11 @@ Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
 // (h, gu): moe_experts' up projection, the ragged-M product gu = a @ w13[g]^T
 // (+ bias[g]) of w13 [G, 2I, H] and the gathered tokens a[r] = x[rows[r] / k]
 // (x [T, H]; rows int64 [R], each rows[r] / k a row of x: not checked, the
-// routing makes them), and h = its SwiGLU [R, I]; gu [R, 2I] is returned where
-// save_gu, else [0, 2I] (not made).
-std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, Tensor rows, int64_t k, Tensor w13, Tensor offs,
-                                          std::optional<Tensor> bias, bool interleaved,
-                                          std::string activation, bool save_gu);
+// routing makes them) or, without rows, a = x; and h = its SwiGLU [R, I]; gu
+// [R, 2I] is returned where save_gu, else [0, 2I] (not made).
+std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
+                                          Tensor w13, Tensor offs, std::optional<Tensor> bias,
+                                          bool interleaved, std::string activation, bool save_gu);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
                                                    bool interleaved, std::string activation);
 

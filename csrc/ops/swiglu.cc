@@ -54,24 +54,28 @@ int64_t check_w13(const Tensor& w13, const Tensor& x) {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, Tensor rows_in, int64_t k, Tensor w13,
-                                          Tensor offs, std::optional<Tensor> bias, bool interleaved,
-                                          std::string activation, bool save_gu) {
+std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, std::optional<Tensor> rows_in, int64_t k,
+                                          Tensor w13, Tensor offs, std::optional<Tensor> bias,
+                                          bool interleaved, std::string activation, bool save_gu) {
   check_tensor(x_in, "x", 2, kDTypes);
-  check_tensor(rows_in, "rows", 1, {ScalarType::Long});
-  if (rows_in.device() != x_in.device()) {
-    value_error("rows is on ", device_of(rows_in), " but x is on ", device_of(x_in));
+  if (rows_in.has_value()) {
+    check_tensor(*rows_in, "rows", 1, {ScalarType::Long});
+    if (rows_in->device() != x_in.device()) {
+      value_error("rows is on ", device_of(*rows_in), " but x is on ", device_of(x_in));
+    }
   }
   if (k < 1 || k > std::numeric_limits<int32_t>::max()) {
     value_error("k must be in [1, 2**31), got ", k);
   }
-  const int64_t inter = check_w13(w13, x_in), groups = w13.size(0), rows = rows_in.size(0);
+  const int64_t inter = check_w13(w13, x_in), groups = w13.size(0);
+  const int64_t rows = rows_in.has_value() ? rows_in->size(0) : x_in.size(0);
   check_offsets(offs, "w13", groups, x_in);
   check_activation(activation);
   if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x_in.scalar_type(), x_in);
   const Matrix b = matrix_of(torch::stable::transpose(w13, 1, 2));  // [G, H, 2I]: the b of x @ b
   const Matrix a = row_major(x_in);
-  const Tensor gather = torch::stable::contiguous(rows_in);
+  // Without rows the kernels read x's rows in order (rows_div 0; offs stands in).
+  const Tensor gather = rows_in.has_value() ? torch::stable::contiguous(*rows_in) : offs;
   Tensor h = new_output(x_in, {rows, inter}, x_in.scalar_type());
   Tensor gu = new_output(x_in, {save_gu ? rows : 0, 2 * inter}, x_in.scalar_type());
   if (groups == 0) {  // every row past the last group: zeros
@@ -99,7 +103,7 @@ std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, Tensor rows_in, int64_t k
                                .save_gu = save_gu ? 1 : 0,
                                .gpt_oss = activation == "gpt_oss" ? 1 : 0,
                                .rows_ptr = address(gather),
-                               .rows_div = k};
+                               .rows_div = rows_in.has_value() ? k : 0};
   launch(args, text(b.transposed ? "t" : "n", interleaved ? "_interleaved" : "_concatenated"),
          target_of(a.t, a.t.scalar_type()));
   return {h, gu};

@@ -135,6 +135,13 @@ def test_strided_inputs_and_gradient_layouts():
         assert grad.stride() == inputs[name].stride(), name
 
 
+@pytest.mark.parametrize("gather_below", [0, 1 << 30], ids=["copied", "gathered"])
+def test_up_projection_gathers_or_copies_the_tokens(gather_below, monkeypatch):
+    """Both ways the up projection may read the tokens (moe.GATHER_IN_GEMM_MAX_INTER)."""
+    monkeypatch.setattr(gg_runtime.moe, "GATHER_IN_GEMM_MAX_INTER", gather_below)
+    check_against_reference(make_inputs(300, 64, 48, 8, 2, bias=True))
+
+
 def test_forward_without_gradients_matches_training_forward():
     """Nothing requires grad: the forward keeps nothing (no gu written), same output."""
     inputs = make_inputs(300, 64, 48, 8, 2)
@@ -331,11 +338,12 @@ def glu_inputs(counts, past, hidden, inter, n_major, dtype, seed=0):
 
 def check_grouped_mm_glu(x, rows, w13, bias, offs, interleaved, activation, save_gu=True):
     """Both outputs against float32 (gu: the gathered rows' product plus bias,
-    per group; h its activation; rows past the last group zero)."""
+    per group; h its activation; rows past the last group zero).  rows None:
+    x's rows in order, read by TMA."""
     h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13, offs, bias, interleaved,
                                                 activation, save_gu)
-    gathered = x[rows // GLU_K].float()
-    want = torch.zeros(rows.shape[0], w13.shape[1], device="cuda")
+    gathered = (x if rows is None else x[rows // GLU_K]).float()
+    want = torch.zeros(gathered.shape[0], w13.shape[1], device="cuda")
     start = 0
     for g, end in enumerate(offs.tolist()):
         want[start:end] = gathered[start:end] @ w13[g].float().T + bias[g].float()
@@ -363,11 +371,14 @@ def test_grouped_mm_glu_variant(variant, activation):
     hidden, inter = (99, 133) if variant["flavour"] == "basic" else (112, 144)
     x, rows, w13, bias, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, inter,
                                           b_major == "n", getattr(torch, variant["dtype"]))
+    dense = x[rows // GLU_K]
     with forced(variant=variant["key"]):
         for save_gu in (True, False):
             check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up == "interleaved", activation,
                                  save_gu)
             assert last_variant() == variant["key"]
+        check_grouped_mm_glu(dense, None, w13, bias, offs, gate_up == "interleaved", activation)
+        assert last_variant() == variant["key"]
 
 
 GLU_PERSISTENT = [v for v in GLU_VARIANTS if v["flavour"] == "tma"]
@@ -385,6 +396,8 @@ def test_grouped_mm_glu_many_groups_tiles_and_k_blocks(variant):
                                           getattr(torch, variant["dtype"]))
     with forced(variant=variant["key"]):
         check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up == "interleaved", "swiglu")
+        check_grouped_mm_glu(x[rows // GLU_K], None, w13, bias, offs, gate_up == "interleaved",
+                             "swiglu")
 
 
 def test_grouped_mm_glu_strided_x_odd_rows_and_no_groups():

@@ -43,7 +43,7 @@ def swiglu_backward_ref(gu, grad, scale, interleaved=False, activation="swiglu")
 
 def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, interleaved=False,
                        activation="swiglu", save_gu=True):
-    gu = grouped_mm_ref(x[rows // k], w13.mT, offs, bias)
+    gu = grouped_mm_ref(x if rows is None else x[rows // k], w13.mT, offs, bias)
     return gated_activation(gu, interleaved, activation), gu if save_gu else gu[:0]
 
 

@@ -125,6 +125,8 @@ def test_grouped_mm_glu_checks_its_inputs(fake):
             assert (h.shape, gu.shape) == ((T * K, INTER), (T * K, 2 * INTER))
             h, gu = op(cuda(T, H), rows, K, w13, offs, None, interleaved, "swiglu", False)
             assert (h.shape, gu.shape) == ((T * K, INTER), (0, 2 * INTER))
+            h, gu = op(cuda(T, H), None, 1, w13, offs, None, interleaved, "swiglu", True)
+            assert (h.shape, gu.shape) == ((T, INTER), (T, 2 * INTER))
 
 
 def test_combine_operator_checks_its_inputs(fake):
