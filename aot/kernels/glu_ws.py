@@ -1,6 +1,8 @@
 """kernels/glu.py's gated epilogue in Gluon, for the warp-specialised
 ragged_glu kernel (kernels/ragged_ws.py): the bias, gu's optional store and
-h's store through TMA, staged in the MMA partition's c buffer."""
+h's store through TMA, staged in the MMA partition's c buffer.  w13_columns
+and activate are twins of glu.py's and swiglu.py's Triton functions (a Gluon
+kernel cannot call a Triton one): change them together."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma

@@ -1,7 +1,8 @@
-"""ragged_m and scaled_ragged_m (fp8) as warp-specialised persistent kernels
-for sm90, in Gluon: kernels/ragged.py's contracts (ragged_m_kernel,
-scaled_ragged_m_kernel; kernels/scaled.py says what the scales mean) on the
-loader, ring and tile walk of kernels/ws.py.
+"""ragged_m, scaled_ragged_m (fp8) and ragged_glu as warp-specialised
+persistent kernels for sm90, in Gluon: kernels/ragged.py's contracts
+(ragged_m_kernel, scaled_ragged_m_kernel, ragged_glu_kernel; kernels/scaled.py
+says what the scales mean, kernels/glu.py the gated epilogue and the gathered
+rows) on the loader, ring and tile walk of kernels/ws.py.
 
 The MMA work of a BM-row tile goes to PARTS partitions of num_warps warps,
 BM / PARTS rows each: BM = 16 x num_warps x PARTS.  One partition of two
@@ -342,7 +343,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     # blockwise scales and rows that do not start a TMA box are not split.
     gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T),
                      "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a")
-    # The gated kernel (ragged.ragged_glu_kernel) gathers A's rows in its loader.
+    # The gated kernel (ragged.ragged_glu_kernel) may gather A's rows: its
+    # loader is a warpgroup that copies them where rows_div is not 0.
     GATHER: gl.constexpr = GLU != NO_GLU
     HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(

@@ -7,9 +7,11 @@ budgets and layouts.
 
 A loader partition (one warp) walks its program's tiles and, K block by K
 block, waits until a ring slot is free (`empty`), then has TMA fill it
-(`ready` completes when the bytes have landed).  MMA partitions wait for each
-slot, run asynchronous wgmma on it with one in flight, free the slot of the
-one before, and store each finished tile through TMA while the loader fills
+(`ready` completes when the bytes have landed); a loader that gathers A's
+rows through an index (ragged_glu) is a warpgroup whose threads copy them.
+MMA partitions wait for each slot, run asynchronous wgmma on it with one in
+flight, free the slot of the one before, and store each finished tile
+through TMA while the loader fills
 the ring with the next tile's first K blocks.  Triton 3.6's own compiler does
 not warp-specialise on sm90: there one program's warps both wait for loads and
 run MMAs, and each tile drains the pipeline.
