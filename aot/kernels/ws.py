@@ -11,10 +11,10 @@ block, waits until a ring slot is free (`empty`), then has TMA fill it
 rows through an index (ragged_glu) is a warpgroup whose threads copy them.
 MMA partitions wait for each slot, run asynchronous wgmma on it with one in
 flight, free the slot of the one before, and store each finished tile
-through TMA while the loader fills
-the ring with the next tile's first K blocks.  Triton 3.6's own compiler does
-not warp-specialise on sm90: there one program's warps both wait for loads and
-run MMAs, and each tile drains the pipeline.
+through TMA while the loader fills the ring with the next tile's first K
+blocks.  Triton 3.6's own compiler does not warp-specialise on sm90: there
+one program's warps both wait for loads and run MMAs, and each tile drains
+the pipeline.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
