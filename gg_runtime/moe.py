@@ -42,8 +42,9 @@ def route(topk_ids: torch.Tensor, experts: int):
     """The token slots (t * k + j) sorted by expert, stably, with ids outside
     [0, experts) sorted last (dropped: past the last group), the groups' end
     offsets (int32 [experts]) and the inverse permutation (slot -> sorted row).
-    On the GPU, nothing waits for the host: three kernels (torch.ops.gg_runtime.
-    route), or torch's sort past MAX_ROUTED_EXPERTS experts."""
+    On the GPU, nothing waits for the host: three kernels, or one for up to
+    1024 slots (torch.ops.gg_runtime.route), or torch's sort past
+    MAX_ROUTED_EXPERTS experts."""
     if experts > MAX_ROUTED_EXPERTS:
         return route_by_sort(topk_ids, experts)
     ids = topk_ids.reshape(-1)

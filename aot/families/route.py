@@ -1,8 +1,9 @@
 """route: moe_experts' routing (aot/kernels/route.py), a stable counting sort
 of the token slots by expert in three launches, one layout each (count, scan,
-place).  Integer work with plain loads: every arch, `basic` only, one 16-bit
-dtype (the ids are int64 whatever the tokens' dtype).  Its chunk and bin counts
-are constants the operator sizes its scratch by (csrc/ops/route.cc)."""
+place), or one (single) where the slots fit one chunk.  Integer work with
+plain loads: every arch, `basic` only, one 16-bit dtype (the ids are int64
+whatever the tokens' dtype).  Its chunk and bin counts are constants the
+operator sizes its scratch by (csrc/ops/route.cc)."""
 from ..family import Config, Family, Param
 from ..kernels.route import route_kernel
 
@@ -24,7 +25,8 @@ FAMILY = Family(
         Param("E", "i32", "extent"),
         Param("CHUNKS", "i32", "extent"),
     ),
-    layouts={phase: {"PHASE": index} for index, phase in enumerate(("count", "scan", "place"))},
+    layouts={phase: {"PHASE": index}
+             for index, phase in enumerate(("count", "scan", "place", "single"))},
     tma_layouts=(),
     dtypes=("float16",),
     configs={(arch, "basic"): CONFIGS for arch in (80, 90)},

@@ -14,6 +14,7 @@ place (PHASE 2):  offs[e] = the end of group e (e < E); a slot's sorted
                   among chunk c's slots of bin b (a sort of the chunk's
                   (bin, slot) keys gives it): order[position] = slot,
                   inverse[slot] = position.
+single (PHASE 3): all three for CHUNKS = 1, in one program (hist not used).
 The bins need E + 1 <= BN.
 """
 import triton
@@ -37,14 +38,20 @@ def route_kernel(ids_ptr, hist_ptr, order_ptr, inverse_ptr, offs_ptr, N, E, CHUN
     elif PHASE == 1:
         for block in range(tl.program_id(0), BN // SCAN_BINS, tl.num_programs(0)):
             scan_bins(hist_ptr, block, CHUNKS, BN)
-    else:
+    elif PHASE == 2:
         totals = tl.load(hist_ptr + CHUNKS.to(tl.int64) * BN + tl.arange(0, BN))
         ends = tl.cumsum(totals, 0)
         if tl.program_id(0) == 0:
             tl.store(offs_ptr + tl.arange(0, BN), ends, mask=tl.arange(0, BN) < E)
         for c in range(tl.program_id(0), CHUNKS, tl.num_programs(0)):
-            place_chunk(ids_ptr, hist_ptr, order_ptr, inverse_ptr, c, ends - totals, N, E, BM,
-                        BN)
+            before = tl.load(hist_ptr + c.to(tl.int64) * BN + tl.arange(0, BN))
+            place_chunk(ids_ptr, order_ptr, inverse_ptr, c, ends - totals, before, N, E, BM, BN)
+    else:
+        bins, exists = bins_of(ids_ptr, 0, N, E, BM)
+        totals = tl.histogram(bins, BN, mask=exists)
+        ends = tl.cumsum(totals, 0)
+        tl.store(offs_ptr + tl.arange(0, BN), ends, mask=tl.arange(0, BN) < E)
+        place_chunk(ids_ptr, order_ptr, inverse_ptr, 0, ends - totals, totals * 0, N, E, BM, BN)
 
 
 @triton.jit
@@ -80,16 +87,16 @@ def scan_bins(hist_ptr, block, CHUNKS, BN: tl.constexpr):
 
 
 @triton.jit
-def place_chunk(ids_ptr, hist_ptr, order_ptr, inverse_ptr, c, starts, N, E, BM: tl.constexpr,
+def place_chunk(ids_ptr, order_ptr, inverse_ptr, c, starts, before, N, E, BM: tl.constexpr,
                 BN: tl.constexpr):
     """Chunk c's slots to their sorted positions: the chunk's (bin, slot) keys
-    sorted give each slot's rank within its bin (slots past N sort last)."""
+    sorted give each slot's rank within its bin (slots past N sort last);
+    `before`: each bin's slots in the chunks before c."""
     bins, exists = bins_of(ids_ptr, c, N, E, BM)
     keys = tl.sort(tl.where(exists, bins, BN) * BM + tl.arange(0, BM))
     sorted_bin = tl.minimum(keys // BM, BN - 1)
     slot = c * BM + keys % BM
     counts = tl.histogram(bins, BN, mask=exists)
-    before = tl.load(hist_ptr + c.to(tl.int64) * BN + tl.arange(0, BN))
     # Position of the i-th sorted slot: its bin's start, the slots of that bin in
     # earlier chunks, then i less the index of the bin's first slot in this chunk.
     base = starts + before - (tl.cumsum(counts, 0) - counts)

@@ -1,9 +1,11 @@
 // gg_runtime::route: moe_experts' routing (the route kernel family): the token
 // slots sorted by expert, stably, with the groups' end offsets and the inverse
-// permutation, in three launches on the GPU (no host sync).  Checks, outputs,
-// scratch, launches; Meta tensors run the same code without the launches.
+// permutation, on the GPU (no host sync): three launches, or one where the
+// slots fit one chunk.  Checks, outputs, scratch, launches; Meta tensors run
+// the same code without the launches.
 #include <family_args.h>
 
+#include <optional>
 #include <tuple>
 
 #include "op_support.h"
@@ -27,11 +29,14 @@ std::tuple<Tensor, Tensor, Tensor> route(Tensor ids_in, int64_t experts) {
     return {order, offs, inverse};
   }
   const int64_t chunks = (slots + Family::kSlotsPerChunk - 1) / Family::kSlotsPerChunk;
-  // Each chunk's counts per bin, then the totals (a row more): the kernel's scratch.
-  const Tensor hist = new_output(ids_in, {chunks + 1, Family::kBins}, ScalarType::Int);
+  // Each chunk's counts per bin, then the totals (a row more): the scratch of
+  // the three-launch sort; one chunk is sorted by one program without it.
+  const std::optional<Tensor> hist =
+      chunks == 1 ? std::nullopt
+                  : std::optional(new_output(ids_in, {chunks + 1, Family::kBins}, ScalarType::Int));
   const Tensor ids = torch::stable::contiguous(ids_in);
   const Family args{.ids_ptr = address(ids),
-                    .hist_ptr = address(hist),
+                    .hist_ptr = hist ? address(*hist) : address(offs),
                     .order_ptr = address(order),
                     .inverse_ptr = address(inverse),
                     .offs_ptr = address(offs),
@@ -39,7 +44,11 @@ std::tuple<Tensor, Tensor, Tensor> route(Tensor ids_in, int64_t experts) {
                     .E = experts,
                     .CHUNKS = chunks};
   const Target target = target_of(ids, ScalarType::Half, ScalarType::Half);
-  for (const char* phase : {"count", "scan", "place"}) launch(args, phase, target);
+  if (!hist) {
+    launch(args, "single", target);
+  } else {
+    for (const char* phase : {"count", "scan", "place"}) launch(args, phase, target);
+  }
   return {order, offs, inverse};
 }
 

@@ -485,9 +485,10 @@ def test_combine_variant(variant):
                                            (131079, 128), (70000, MAX_ROUTED_EXPERTS), (500, 0)])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_route_operator(slots, experts, dtype):
-    """The route kernels (all three phases: one variant each) against torch's
-    stable sort, exactly: ids in and out of [0, E) (-1, E, far past), chunks
-    of slots whole and partial, more chunks than one scan step."""
+    """The route kernels (the three phases, or the one for a single chunk of
+    up to 1024 slots: one variant each) against torch's stable sort, exactly:
+    ids in and out of [0, E) (-1, E, far past), chunks of slots whole and
+    partial, more chunks than one scan step."""
     torch.manual_seed(slots)
     ids = torch.randint(-2, experts + 3, (slots,), device="cuda", dtype=dtype)
     ids[::97] = 2**31 - 1
