@@ -8,8 +8,10 @@ GLU says how w13's 2I output columns hold the gate and up halves, and how an
 output tile's BN accumulator columns map to them (BN / 2 columns of h from
 j0 = off_n / 2, off_n being the tile's column origin in 2I):
   CONCATENATED: gate columns 0..I, up columns I..2I.  The accumulator holds the
-                gate columns j0 .. j0 + BN/2, then the up columns I + j0 ..;
-                B's block is read as two half blocks (w13 seen as [G, 2, I, K]).
+                gate columns j0 .. j0 + BN/2, then the up columns I + j0 .. (the
+                warp-specialised kernel reads B's block by TMA as two half
+                blocks of w13 seen as [G, 2, I, K]; the Triton kernel's loads
+                go through w13_columns).
   INTERLEAVED:  gate at even columns, up at odd.  The accumulator holds
                 columns off_n .. off_n + BN, pairs (gate, up) side by side.
 act: kernels/swiglu.py's, plain SwiGLU or (gpt_oss != 0) gpt-oss's clamped form.
