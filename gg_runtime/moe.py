@@ -17,7 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .autograd import bias_gradient, input_gradient
-from ._native import OPS
+from ._native import OPS, call
 
 GATE_UP_LAYOUTS = ("concatenated", "interleaved")
 # silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
@@ -33,74 +33,28 @@ def _check_choices(gate_up, activation):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-# The route kernels' bins: one per expert and one for dropped slots
-# (aot/families/route.py; its operator refuses more experts).
-MAX_ROUTED_EXPERTS = 1023
-
-
-def route(topk_ids: torch.Tensor, experts: int):
-    """The token slots (t * k + j) sorted by expert, stably, with ids outside
-    [0, experts) sorted last (dropped: past the last group), the groups' end
-    offsets (int32 [experts]) and the inverse permutation (slot -> sorted row).
-    On the GPU, nothing waits for the host: three kernels, or one for up to
-    1024 slots (torch.ops.gg_runtime.route), or torch's sort past
-    MAX_ROUTED_EXPERTS experts."""
-    if experts > MAX_ROUTED_EXPERTS:
-        return route_by_sort(topk_ids, experts)
-    ids = topk_ids.reshape(-1)
-    return OPS.route.default(ids if ids.dtype == torch.int64 else ids.long(), experts)
-
-
-def route_by_sort(topk_ids: torch.Tensor, experts: int):
-    """route's results from torch's ops (any device, any number of experts)."""
-    # Ids outside [0, experts) become `experts`: clamped into [-1, experts], then
-    # -1 wraps to experts.
-    expert = topk_ids.reshape(-1).clamp(-1, experts).remainder_(experts + 1)
-    sorted_expert, order = expert.sort(stable=True)
-    ends = torch.arange(1, experts + 1, dtype=expert.dtype, device=expert.device)
-    offs = torch.searchsorted(sorted_expert, ends, out_int32=True)
-    slots = torch.arange(order.numel(), device=order.device)
-    inverse = torch.empty_like(order).scatter_(0, order, slots)
-    return order, offs, inverse
+def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
+                     save_gu):
+    """(out, gu, order, offs, inverse): the forward in one operator
+    (torch.ops.gg_runtime.moe_experts, csrc/ops/moe_experts.cc: every check of
+    the arguments, the routing, both projections, the combine), and what the
+    backward needs beyond the inputs: the up projection's output where
+    save_gu, and the routing."""
+    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
+                interleaved, activation, save_gu)
 
 
 def _mm(a, b, offs, bias=None):
     return OPS.grouped_mm.default(a, b, offs, bias, None, False)
 
 
-# The up projection reads the tokens through the routing's order (its loader
-# gathers them, bench/RESULTS.md) where the experts are narrow: there a
-# permuted copy of x costs more than gathering in the GEMM, which runs the
-# GEMM slower; wider experts take the copy and the GEMM's TMA loads.
-GATHER_IN_GEMM_MAX_INTER = 4096
-
-
-def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
-                     save_gu):
-    """(out, what the backward needs beyond the inputs: the routing, the
-    weights in float32, and the up projection's output where save_gu)."""
-    tokens, k = topk_ids.shape
-    order, offs, inverse = route(topk_ids, w13.shape[0])
-    if w13.shape[1] // 2 <= GATHER_IN_GEMM_MAX_INTER:
-        tokens_in, rows, per_row = x, order, k
-    else:
-        tokens_in, rows, per_row = x.index_select(0, order // k), None, 1
-    h, gu = OPS.grouped_mm_glu.default(tokens_in, rows, per_row, w13, offs, b13, interleaved,
-                                       activation, save_gu)
-    ys = _mm(h, w2.mT, offs, b2)
-    weights = topk_weights.float()
-    out = OPS.combine.default(ys, inverse.view(tokens, k), weights, offs)
-    return out, (weights, order, offs, inverse, gu)
-
-
 class _Experts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
-        out, (weights, order, offs, inverse, gu) = _experts_forward(
+        out, gu, order, offs, inverse = _experts_forward(
             x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation, True)
-        ctx.save_for_backward(x, weights, w13, w2, b2, order, offs, inverse, gu)
+        ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.interleaved, ctx.activation = interleaved, activation
-        ctx.weights_dtype = topk_weights.dtype
         return out
 
     @staticmethod
@@ -111,7 +65,8 @@ class _Experts(torch.autograd.Function):
         weight (so that dW2 = dys^T (w h)) and the weight's gradient <dys, y>
         = <dh, h> (+ <dys, b2>); the rest are grouped products, and permutations
         and sums over each token's k slots for dx and d(topk_weights)."""
-        x, weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
+        x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
+        weights = topk_weights.float()
         need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         tokens, k = weights.shape
         token = order // k
@@ -125,7 +80,7 @@ class _Experts(torch.autograd.Function):
         if need_weights:
             if b2 is not None:
                 dot += _bias_term(dys, b2, offs)
-            d_weights = dot.index_select(0, inverse).view(tokens, k).to(ctx.weights_dtype)
+            d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
         if need_w2:
             dw2 = input_gradient(w2, dys.mT, hs, offs, False)
         if need_b2:
@@ -182,61 +137,22 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Nothing waits for the host (CUDA-graph capturable); traceable by
     torch.compile.  Returns [T, H] in x's dtype.
     """
-    _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, activation, b13, b2)
+    _check_types(x=x, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2, b13=b13,
+                 b2=b2)
+    _check_choices(gate_up, activation)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved", activation)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:7]):
         return _Experts.apply(*args)
     return _experts_forward(*args, False)[0]  # nothing to differentiate: gu is never stored
 
 
-def _check_experts_args(x, topk_ids, topk_weights, w13, w2, gate_up, activation, b13, b2):
-    """TypeError / ValueError naming the argument, before anything launches."""
-    given = {"x": x, "topk_ids": topk_ids, "topk_weights": topk_weights, "w13": w13, "w2": w2}
+def _check_types(**given):
+    """TypeError naming the argument that is no tensor (the operator checks the rest)."""
     for name, value in given.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    for name, value in (("b13", b13), ("b2", b2)):
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
-        if value is not None:
-            given[name] = value
-    _check_choices(gate_up, activation)
-    if x.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"x must be float16 or bfloat16, got {x.dtype}")
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
-    if not topk_weights.is_floating_point():
-        raise TypeError(f"topk_weights must be a floating-point tensor, got {topk_weights.dtype}")
-    for name in ("w13", "w2", "b13", "b2"):
-        if name in given and given[name].dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype ({x.dtype}), got {given[name].dtype}")
-    for name, value in given.items():
-        if value.device != x.device:
-            raise ValueError(f"{name} is on {value.device} but x is on {x.device}")
-    if x.device.type not in ("cuda", "meta"):
-        raise ValueError(f"x must be on a CUDA device, got {x.device} (gg_runtime has no CPU "
-                         f"kernels)")
-    _check_shapes(x, topk_ids, topk_weights, w13, w2, b13, b2)
-
-
-def _check_shapes(x, topk_ids, topk_weights, w13, w2, b13, b2):
-    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"x must be [T, H] and topk_ids [T, k], got shapes {tuple(x.shape)} "
-                         f"and {tuple(topk_ids.shape)}")
-    if topk_ids.shape[1] < 1 or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_weights must have topk_ids' shape [T, k] with k >= 1, got "
-                         f"{tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}")
-    hidden = x.shape[1]
-    if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
-        raise ValueError(f"w13 must be [E, 2I, H] with H = {hidden} (x's columns), got "
-                         f"{tuple(w13.shape)}")
-    experts, inter = w13.shape[0], w13.shape[1] // 2
-    expected = {"w2": (w2, (experts, hidden, inter)), "b13": (b13, (experts, 2 * inter)),
-                "b2": (b2, (experts, hidden))}
-    for name, (value, shape) in expected.items():
-        if value is not None and tuple(value.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape} (from w13 [E, 2I, H] and x), got "
-                             f"{tuple(value.shape)}")
+        optional = name in ("b13", "b2")
+        if not isinstance(value, torch.Tensor) and not (optional and value is None):
+            kind = "a torch.Tensor or None" if optional else "a torch.Tensor"
+            raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
 
 
 class MoEExperts(torch.nn.Module):

@@ -16,6 +16,7 @@ using gg::ops::combine;
 using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
 using gg::ops::grouped_mm_glu;
+using gg::ops::moe_experts;
 using gg::ops::quantize_fp8;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
@@ -47,6 +48,7 @@ void implement(Library& m) {
   m.impl("grouped_mm_glu", kernel<TORCH_BOX(&grouped_mm_glu), kShapesOnly>());
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
+  m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
 }
 
 // Whether the runtime's families are those the operators were generated for.
@@ -102,6 +104,10 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "bool interleaved=False, str activation='swiglu', bool save_gu=True) -> (Tensor, Tensor)");
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
+      "Tensor? b13=None, Tensor? b2=None, bool interleaved=False, str activation='swiglu', "
+      "bool save_gu=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <array>
 #include <limits>
 #include <vector>
 
@@ -45,6 +44,8 @@ int dtype_code(ScalarType type, bool tf32 = false) {
   type_error("gg_runtime has no kernels for ", dtype_name(type));
 }
 
+}  // namespace
+
 std::string tuple_text(const Shape& values) {
   std::string out = "(";
   for (size_t i = 0; i < values.size(); ++i) {
@@ -52,8 +53,6 @@ std::string tuple_text(const Shape& values) {
   }
   return out + (values.size() == 1 ? ",)" : ")");
 }
-
-}  // namespace
 
 Shape sizes_of(const Tensor& t) {
   const auto sizes = t.sizes();
@@ -204,15 +203,15 @@ ShapesOnly::ShapesOnly() : outer_(t_shapes_only) { t_shapes_only = true; }
 ShapesOnly::~ShapesOnly() { t_shapes_only = outer_; }
 bool in_shapes_only() { return t_shapes_only; }
 
+Tensor long_scalar(int64_t value, const Tensor& like) {
+  return torch::stable::full({}, static_cast<double>(value), ScalarType::Long, std::nullopt,
+                             like.device());
+}
+
 Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size) {
   const Tensor sizes = torch::stable::full({groups}, static_cast<double>(size), ScalarType::Int,
                                            std::nullopt, like.device());
-  std::array<StableIValue, 3> stack{torch::stable::detail::from(sizes),
-                                    torch::stable::detail::from(int64_t{0}),
-                                    torch::stable::detail::from(std::optional(ScalarType::Int))};
-  TORCH_ERROR_CODE_CHECK(
-      torch_call_dispatcher("aten::cumsum", "", stack.data(), TORCH_ABI_VERSION));
-  return torch::stable::detail::to<Tensor>(stack[0]);
+  return aten("aten::cumsum", "", sizes, int64_t{0}, std::optional(ScalarType::Int));
 }
 
 void set_runtime(const RuntimeApi* api) { g_runtime = api; }

@@ -9,6 +9,7 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -56,6 +57,7 @@ Shape sizes_of(const Tensor& t);
 
 // Python's spelling, for messages: "(3, 4)", "(3,)", "torch.bfloat16", "cuda:0".
 std::string shape_of(const Tensor& t);
+std::string tuple_text(const Shape& shape);
 std::string strides_of(const Tensor& t);
 std::string dtype_name(ScalarType type);
 std::string device_of(const Tensor& t);
@@ -117,6 +119,27 @@ Tensor dense(const Tensor& x);
 // A new output on like's device (NaN-filled under set_poison, for tests).
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype);
 void set_poison(bool on);
+
+// The stack after aten::name.overload (an operator the stable ABI wraps no
+// function for) is called with args: its results first, each to be taken
+// (torch::stable::detail::to) once.
+template <typename... Args>
+std::array<StableIValue, sizeof...(Args)> call_aten(const char* name, const char* overload,
+                                                    const Args&... args) {
+  std::array<StableIValue, sizeof...(Args)> stack{torch::stable::detail::from(args)...};
+  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
+  return stack;
+}
+
+// The one result of aten::name.overload called with args.
+template <typename... Args>
+Tensor aten(const char* name, const char* overload, const Args&... args) {
+  return torch::stable::detail::to<Tensor>(call_aten(name, overload, args...)[0]);
+}
+
+// A 0-dim int64 tensor of value on like's device (an operand of aten's
+// binary operators, whose Scalar overloads the stable ABI cannot call).
+Tensor long_scalar(int64_t value, const Tensor& like);
 
 // [size, 2 * size, ...] (int32) on like's device, made there: no host sync.
 // The end offsets of `groups` batches of `size` rows, for the ragged kernels.

@@ -50,7 +50,16 @@ Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the
-// inverse permutation.
+// inverse permutation.  Any number of experts: past the kernels' bins, by
+// torch's sort.
 std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts);
+
+// (out, gu, order, offs, inverse): moe_experts' forward (gg_runtime/moe.py
+// says what it computes) and what its backward reads: gu as grouped_mm_glu
+// gives it, the routing as route gives it.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
+    Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
+    std::optional<Tensor> b13, std::optional<Tensor> b2, bool interleaved, std::string activation,
+    bool save_gu);
 
 }  // namespace gg::ops

@@ -12,14 +12,43 @@
 #include "ops.h"
 
 namespace gg::ops {
+namespace {
+
+using Family = family::Route;
+
+// (the sorted values, the order): t's stable sort.
+std::tuple<Tensor, Tensor> stable_sort(const Tensor& t) {
+  auto stack = call_aten("aten::sort", "stable", t, std::optional(true), int64_t{0}, false);
+  return {torch::stable::detail::to<Tensor>(stack[0]), torch::stable::detail::to<Tensor>(stack[1])};
+}
+
+// route's results by torch's operators, for more experts than the kernels'
+// bins: each id outside [0, experts) taken as `experts` (clamped into
+// [-1, experts], then -1 wrapped), sorted stably; offs[e] the number of
+// sorted ids <= e; the inverse permutation the order of the order.
+std::tuple<Tensor, Tensor, Tensor> route_by_sort(const Tensor& ids, int64_t experts) {
+  const Tensor clamped = aten("aten::clamp", "Tensor", ids, std::optional(long_scalar(-1, ids)),
+                              std::optional(long_scalar(experts, ids)));
+  const Tensor expert = aten("aten::remainder", "Tensor", clamped, long_scalar(experts + 1, ids));
+  auto [sorted, order] = stable_sort(expert);
+  const Tensor ones =
+      torch::stable::full({experts}, 1.0, ScalarType::Long, std::nullopt, ids.device());
+  const Tensor ends = aten("aten::cumsum", "", ones, int64_t{0}, std::optional(ScalarType::Long));
+  const Tensor offs =
+      aten("aten::searchsorted", "Tensor", sorted, ends, true, false, std::nullopt, std::nullopt);
+  auto [slots, inverse] = stable_sort(order);
+  return {order, offs, inverse};
+}
+
+}  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> route(Tensor ids_in, int64_t experts) {
-  using Family = family::Route;
   check_tensor(ids_in, "ids", 1, {ScalarType::Long});
-  if (experts < 0 || experts > Family::kBins - 1) {
-    value_error("experts must be in [0, ", Family::kBins - 1, "], got ", experts);
-  }
+  if (experts < 0) value_error("experts must be >= 0, got ", experts);
   const int64_t slots = ids_in.size(0);
+  if (experts > Family::kBins - 1 && slots > 0 && !shapes_only(ids_in)) {
+    return route_by_sort(ids_in, experts);
+  }
   Tensor order = new_output(ids_in, {slots}, ScalarType::Long);
   Tensor inverse = new_output(ids_in, {slots}, ScalarType::Long);
   Tensor offs = new_output(ids_in, {experts}, ScalarType::Int);

@@ -113,14 +113,6 @@ std::string check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const
   return g;
 }
 
-// x * y, y 0-dim (the stable ABI wraps no mul).
-Tensor multiply(const Tensor& x, const Tensor& y) {
-  std::array<StableIValue, 2> stack{torch::stable::detail::from(x), torch::stable::detail::from(y)};
-  TORCH_ERROR_CODE_CHECK(
-      torch_call_dispatcher("aten::mul", "Tensor", stack.data(), TORCH_ABI_VERSION));
-  return torch::stable::detail::to<Tensor>(stack[0]);
-}
-
 // out[T, N] of a [T, K] (row-major), b [G, K, N] (K-major), int32 end offsets,
 // contiguous scales and bias; layout: the family's (granularity, "_fast" for
 // fast accumulation).
@@ -187,7 +179,7 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
       check(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_type) +
       (use_fast_accum ? "_fast" : "");
   if (scale_result.has_value()) {
-    scale_a = multiply(scale_a, torch::stable::reshape(*scale_result, {}));
+    scale_a = aten("aten::mul", "Tensor", scale_a, torch::stable::reshape(*scale_result, {}));
   }
   scale_a = torch::stable::contiguous(scale_a);
   scale_b = torch::stable::contiguous(scale_b);

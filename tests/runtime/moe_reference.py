@@ -29,3 +29,18 @@ def combine_ref(rows, index, weights, offs):
     kept = (index >= 0) & (index < end)
     picked = rows.to(dtype)[index.clamp(0, max(rows.shape[0] - 1, 0))]
     return (torch.where(kept, weights.to(dtype), 0)[..., None] * picked).sum(1)
+
+
+def route_by_sort(topk_ids, experts):
+    """torch.ops.gg_runtime.route's contract by torch's sort (any device): the
+    token slots sorted by expert, stably, ids outside [0, experts) last; the
+    groups' int32 end offsets; the inverse permutation."""
+    # Ids outside [0, experts) become `experts`: clamped into [-1, experts], then
+    # -1 wraps to experts.
+    expert = topk_ids.reshape(-1).clamp(-1, experts).remainder_(experts + 1)
+    sorted_expert, order = expert.sort(stable=True)
+    ends = torch.arange(1, experts + 1, dtype=expert.dtype, device=expert.device)
+    offs = torch.searchsorted(sorted_expert, ends, out_int32=True)
+    slots = torch.arange(order.numel(), device=order.device)
+    inverse = torch.empty_like(order).scatter_(0, order, slots)
+    return order, offs, inverse

@@ -10,8 +10,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
-from gg_runtime.moe import MAX_ROUTED_EXPERTS, route_by_sort
-from moe_reference import combine_ref, layer_ref
+from moe_reference import combine_ref, layer_ref, route_by_sort
 from problems import gated_activation
 from problems import forced, last_variant, offsets_from_counts, poisoned, randn, rel_error
 
@@ -35,6 +34,9 @@ def make_inputs(tokens, hidden, inter, experts, k, dtype=torch.bfloat16, bias=Fa
 
 
 DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
+# The route kernels' bins (aot/families/route.py): one per expert and one for
+# dropped slots; the route operator sorts with torch past ROUTE_BINS - 1 experts.
+ROUTE_BINS = 1024
 
 
 def outputs_and_grads(fn, inputs, grad):
@@ -135,11 +137,12 @@ def test_strided_inputs_and_gradient_layouts():
         assert grad.stride() == inputs[name].stride(), name
 
 
-@pytest.mark.parametrize("gather_below", [0, 1 << 30], ids=["copied", "gathered"])
-def test_up_projection_gathers_or_copies_the_tokens(gather_below, monkeypatch):
-    """Both ways the up projection may read the tokens (moe.GATHER_IN_GEMM_MAX_INTER)."""
-    monkeypatch.setattr(gg_runtime.moe, "GATHER_IN_GEMM_MAX_INTER", gather_below)
-    check_against_reference(make_inputs(300, 64, 48, 8, 2, bias=True))
+@pytest.mark.parametrize("inter", [48, 4104], ids=["gathered", "copied"])
+def test_up_projection_gathers_or_copies_the_tokens(inter):
+    """Both ways the up projection may read the tokens: through the routing's
+    order, or from a permuted copy where the experts are wider than
+    csrc/ops/moe_experts.cc's kGatherInGemmMaxInter (4096)."""
+    check_against_reference(make_inputs(300, 64, inter, 8, 2, bias=True))
 
 
 def test_forward_without_gradients_matches_training_forward():
@@ -482,23 +485,25 @@ def test_combine_variant(variant):
 
 
 @pytest.mark.parametrize("slots,experts", [(1, 1), (1023, 8), (1024, 128), (1025, 3),
-                                           (131079, 128), (70000, MAX_ROUTED_EXPERTS), (500, 0)])
+                                           (131079, 128), (70000, ROUTE_BINS - 1), (500, 0),
+                                           (5000, ROUTE_BINS), (3000, 4000)])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_route_operator(slots, experts, dtype):
     """The route kernels (the three phases, or the one for a single chunk of
     up to 1024 slots: one variant each) against torch's stable sort, exactly:
     ids in and out of [0, E) (-1, E, far past), chunks of slots whole and
-    partial, more chunks than one scan step."""
+    partial, more chunks than one scan step; past the kernels' bins, the
+    operator's own sort."""
     torch.manual_seed(slots)
     ids = torch.randint(-2, experts + 3, (slots,), device="cuda", dtype=dtype)
     ids[::97] = 2**31 - 1
     with poisoned():
-        got = gg_runtime.moe.route(ids, experts)
+        got = torch.ops.gg_runtime.route(ids.long(), experts)
     for name, g, want in zip(("order", "offs", "inverse"), got, route_by_sort(ids, experts)):
         assert g.dtype == want.dtype and torch.equal(g, want), name
 
 
 def test_route_operator_without_slots():
-    order, offs, inverse = gg_runtime.moe.route(torch.zeros(0, 8, dtype=torch.int64,
-                                                            device="cuda"), 5)
+    order, offs, inverse = torch.ops.gg_runtime.route(torch.zeros(0, dtype=torch.int64,
+                                                                  device="cuda"), 5)
     assert order.numel() == inverse.numel() == 0 and torch.equal(offs, torch.zeros_like(offs))

@@ -1,10 +1,10 @@
-"""moe_experts' autograd function (gg_runtime/moe.py: routing, permutations,
-the weighted combine and every gradient formula) in float64 on CPU, its
-operators stood in for by float64 references (grouped_mm, grouped_mm_glu,
-swiglu, swiglu_backward, combine, route as their contracts say), against torch's autograd through a
-layer computed expert by expert.  The kernels themselves are checked on the
-GPU (test_gpu_moe_experts.py); this checks the composition, on every
-machine."""
+"""moe_experts' autograd function (gg_runtime/moe.py: what its forward
+returns and keeps, the permutations of its backward and every gradient
+formula) in float64 on CPU, its operators stood in for by float64 references
+(moe_experts, grouped_mm, swiglu_backward and combine as their contracts
+say), against torch's autograd through a layer computed expert by expert.
+The kernels themselves are checked on the GPU (test_gpu_moe_experts.py);
+this checks the composition, on every machine."""
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +13,7 @@ import torch
 import gg_runtime.autograd
 import gg_runtime.moe
 from gg_runtime.moe import _Experts
-from moe_reference import combine_ref, layer_ref
+from moe_reference import combine_ref, layer_ref, route_by_sort
 from problems import gated_activation, moe_layer, moe_layer_no_atomics, route_top_k
 
 DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
@@ -47,18 +47,26 @@ def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, interleaved=False,
     return gated_activation(gu, interleaved, activation), gu if save_gu else gu[:0]
 
 
+def moe_experts_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
+                    activation="swiglu", save_gu=False):
+    """torch.ops.gg_runtime.moe_experts' contract: (out, gu, order, offs, inverse)."""
+    tokens, k = topk_ids.shape
+    order, offs, inverse = route_by_sort(topk_ids, w13.shape[0])
+    h, gu = grouped_mm_glu_ref(x, order, k, w13, offs, b13, interleaved, activation, save_gu)
+    ys = grouped_mm_ref(h, w2.mT, offs, b2)
+    out = combine_ref(ys, inverse.view(tokens, k), topk_weights.float(), offs).to(x.dtype)
+    return out, gu, order, offs, inverse
+
+
 def default(fn):
     return SimpleNamespace(default=fn)
 
 
 REFERENCE_OPS = SimpleNamespace(
+    moe_experts=default(moe_experts_ref),
     grouped_mm=default(grouped_mm_ref),
-    grouped_mm_glu=default(grouped_mm_glu_ref),
-    swiglu=default(lambda gu, interleaved=False, activation="swiglu":
-                   gated_activation(gu, interleaved, activation)),
     swiglu_backward=default(swiglu_backward_ref),
-    combine=default(combine_ref),
-    route=default(gg_runtime.moe.route_by_sort))
+    combine=default(combine_ref))
 
 
 @pytest.fixture

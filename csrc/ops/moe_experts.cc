@@ -1,0 +1,141 @@
+// gg_runtime::moe_experts: the forward of gg_runtime.moe_experts in one
+// operator, so that its host work is one call: every check of its arguments
+// (messages name moe_experts' arguments), the routing, the up projection
+// with its activation, the down projection and the weighted combine.  Meta
+// tensors run the same code without the launches.
+#include <family_args.h>
+
+#include <string>
+#include <tuple>
+
+#include "op_support.h"
+#include "ops.h"
+
+namespace gg::ops {
+namespace {
+
+// The up projection reads the tokens through the routing's order (its loader
+// gathers them) where the experts are at most this wide: there a permuted
+// copy of x costs more than gathering in the GEMM, which runs the GEMM
+// slower; wider experts take the copy and the GEMM's TMA loads
+// (bench/RESULTS.md).
+constexpr int64_t kGatherInGemmMaxInter = 4096;
+
+std::string dtype_of(const Tensor& t) { return dtype_name(t.scalar_type()); }
+
+bool is_floating(ScalarType type) {
+  return type == ScalarType::Half || type == ScalarType::BFloat16 || type == ScalarType::Float ||
+         type == ScalarType::Double;
+}
+
+using Named = std::pair<const char*, const Tensor*>;
+
+const Tensor* given(const std::optional<Tensor>& t) { return t ? &*t : nullptr; }
+
+// moe_experts' tensor arguments.
+struct Inputs {
+  const Tensor& x;
+  const Tensor& topk_ids;
+  const Tensor& topk_weights;
+  const Tensor& w13;
+  const Tensor& w2;
+  const std::optional<Tensor>& b13;
+  const std::optional<Tensor>& b2;
+};
+
+void check_dtypes(const Inputs& in) {
+  if (in.x.scalar_type() != ScalarType::Half && in.x.scalar_type() != ScalarType::BFloat16) {
+    type_error("x must be float16 or bfloat16, got ", dtype_of(in.x));
+  }
+  if (in.topk_ids.scalar_type() != ScalarType::Int &&
+      in.topk_ids.scalar_type() != ScalarType::Long) {
+    type_error("topk_ids must be int32 or int64, got ", dtype_of(in.topk_ids));
+  }
+  if (!is_floating(in.topk_weights.scalar_type())) {
+    type_error("topk_weights must be a floating-point tensor, got ", dtype_of(in.topk_weights));
+  }
+  for (const auto& [name, value] :
+       {Named{"w13", &in.w13}, {"w2", &in.w2}, {"b13", given(in.b13)}, {"b2", given(in.b2)}}) {
+    if (value != nullptr && value->scalar_type() != in.x.scalar_type()) {
+      type_error(name, " must have x's dtype (", dtype_of(in.x), "), got ", dtype_of(*value));
+    }
+  }
+}
+
+void check_devices(const Inputs& in) {
+  for (const auto& [name, value] : {Named{"topk_ids", &in.topk_ids},
+                                    {"topk_weights", &in.topk_weights},
+                                    {"w13", &in.w13},
+                                    {"w2", &in.w2},
+                                    {"b13", given(in.b13)},
+                                    {"b2", given(in.b2)}}) {
+    if (value != nullptr && value->device() != in.x.device()) {
+      value_error(name, " is on ", device_of(*value), " but x is on ", device_of(in.x));
+    }
+  }
+  if (!in.x.is_cuda() && !is_meta(in.x)) {
+    value_error("x must be on a CUDA device, got ", device_of(in.x),
+                " (gg_runtime has no CPU kernels)");
+  }
+}
+
+void check_shapes(const Inputs& in) {
+  if (in.x.dim() != 2 || in.topk_ids.dim() != 2 || in.topk_ids.size(0) != in.x.size(0)) {
+    value_error("x must be [T, H] and topk_ids [T, k], got shapes ", shape_of(in.x), " and ",
+                shape_of(in.topk_ids));
+  }
+  if (in.topk_ids.size(1) < 1 || sizes_of(in.topk_weights) != sizes_of(in.topk_ids)) {
+    value_error("topk_weights must have topk_ids' shape [T, k] with k >= 1, got ",
+                shape_of(in.topk_weights), " and ", shape_of(in.topk_ids));
+  }
+  const int64_t hidden = in.x.size(1);
+  if (in.w13.dim() != 3 || in.w13.size(1) % 2 != 0 || in.w13.size(2) != hidden) {
+    value_error("w13 must be [E, 2I, H] with H = ", hidden, " (x's columns), got ",
+                shape_of(in.w13));
+  }
+  const int64_t experts = in.w13.size(0), inter = in.w13.size(1) / 2;
+  const std::initializer_list<std::tuple<const char*, const Tensor*, Shape>> expected{
+      {"w2", &in.w2, {experts, hidden, inter}},
+      {"b13", given(in.b13), {experts, 2 * inter}},
+      {"b2", given(in.b2), {experts, hidden}}};
+  for (const auto& [name, value, shape] : expected) {
+    if (value != nullptr && sizes_of(*value) != shape) {
+      value_error(name, " must have shape ", tuple_text(shape),
+                  " (from w13 [E, 2I, H] and x), got ", shape_of(*value));
+    }
+  }
+}
+
+Tensor as_dtype(const Tensor& t, ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype);
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
+    Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
+    std::optional<Tensor> b13, std::optional<Tensor> b2, bool interleaved, std::string activation,
+    bool save_gu) {
+  const Inputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
+  check_dtypes(in);
+  check_devices(in);
+  check_shapes(in);
+  const int64_t tokens = x.size(0), k = topk_ids.size(1), inter = w13.size(1) / 2;
+  const Tensor ids = as_dtype(torch::stable::reshape(topk_ids, {tokens * k}), ScalarType::Long);
+  auto [order, offs, inverse] = route(ids, w13.size(0));
+  auto [h, gu] = [&] {
+    if (inter <= kGatherInGemmMaxInter) {
+      return grouped_mm_glu(x, order, k, w13, offs, b13, interleaved, activation, save_gu);
+    }
+    const Tensor token = aten("aten::floor_divide", "", order, long_scalar(k, order));
+    return grouped_mm_glu(aten("aten::index_select", "", x, int64_t{0}, token), std::nullopt, 1,
+                          w13, offs, b13, interleaved, activation, save_gu);
+  }();
+  const Tensor ys =
+      grouped_mm(h, torch::stable::transpose(w2, 1, 2), offs, b2, std::nullopt, false);
+  const Tensor out = combine(ys, torch::stable::view(inverse, {tokens, k}),
+                             as_dtype(topk_weights, ScalarType::Float), offs);
+  return {out, gu, order, offs, inverse};
+}
+
+}  // namespace gg::ops
