@@ -1,11 +1,15 @@
 #include "dispatch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
+#include <vector>
 
 #include "driver.h"
 
@@ -166,9 +170,42 @@ std::string unsupported_reason(int device, const DeviceProps& props) {
          "; this gg_runtime wheel has kernels for " + supported_list();
 }
 
+namespace {
+
+// The least max_rows bound (LONG_MAX: none) at or above `rows`: best_variant
+// compares rows only with bounds, so rows between two bounds pick alike.
+long bound_above(long rows) {
+  static const std::vector<long> bounds = [] {
+    std::vector<long> all{LONG_MAX};
+    for (const KernelInfo& k : kernel_table()) all.push_back(rows_bound(k));
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    return all;
+  }();
+  return *std::lower_bound(bounds.begin(), bounds.end(), rows);
+}
+
+// best_variant(r, d, false), remembered per request and device limit (each
+// thread its own memo: no lock on the launch path).  A request it cannot
+// serve throws every time and is not remembered.
+size_t remembered_variant(const Request& r, const DeviceProps& d) {
+  using Key = std::tuple<int, int, int, int, std::string, unsigned, long, int>;
+  thread_local std::map<Key, size_t> memo;
+  Key key{
+      r.arch,        r.family, r.dtype, r.out_dtype, r.layout, r.flavours_ok, bound_above(r.rows),
+      d.shared_optin};
+  const auto found = memo.find(key);
+  if (found != memo.end()) return found->second;
+  const size_t index = best_variant(r, d, false);
+  memo.emplace(std::move(key), index);
+  return index;
+}
+
+}  // namespace
+
 size_t pick_variant(const Request& r, const DeviceProps& d) {
   Override& o = override_setting();
-  if (!o.active.load(std::memory_order_acquire)) return best_variant(r, d, false);
+  if (!o.active.load(std::memory_order_acquire)) return remembered_variant(r, d);
   std::lock_guard<std::mutex> lock(o.mutex);
   return o.key.empty() ? best_variant(r, d, o.basic_only) : variant_by_key(o.key, r, d);
 }

@@ -121,8 +121,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
   check_devices(in);
   check_shapes(in);
   const int64_t tokens = x.size(0), k = topk_ids.size(1), inter = w13.size(1) / 2;
-  const Tensor ids = as_dtype(torch::stable::reshape(topk_ids, {tokens * k}), ScalarType::Long);
-  auto [order, offs, inverse] = route(ids, w13.size(0));
+  auto [order, offs, inverse] = route_slots(as_dtype(topk_ids, ScalarType::Long), w13.size(0));
   auto [h, gu] = [&] {
     if (inter <= kGatherInGemmMaxInter) {
       return grouped_mm_glu(x, order, k, w13, offs, b13, interleaved, activation, save_gu);

@@ -53,6 +53,9 @@ Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 // inverse permutation.  Any number of experts: past the kernels' bins, by
 // torch's sort.
 std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts);
+// route's work for int64 ids of any shape, their slots in row-major order
+// (unchecked: for operators that checked them).
+std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t experts);
 
 // (out, gu, order, offs, inverse): moe_experts' forward (gg_runtime/moe.py
 // says what it computes) and what its backward reads: gu as grouped_mm_glu

@@ -42,12 +42,16 @@ std::tuple<Tensor, Tensor, Tensor> route_by_sort(const Tensor& ids, int64_t expe
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> route(Tensor ids_in, int64_t experts) {
-  check_tensor(ids_in, "ids", 1, {ScalarType::Long});
+std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts) {
+  check_tensor(ids, "ids", 1, {ScalarType::Long});
   if (experts < 0) value_error("experts must be >= 0, got ", experts);
-  const int64_t slots = ids_in.size(0);
+  return route_slots(ids, experts);
+}
+
+std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids_in, int64_t experts) {
+  const int64_t slots = ids_in.numel();
   if (experts > Family::kBins - 1 && slots > 0 && !shapes_only(ids_in)) {
-    return route_by_sort(ids_in, experts);
+    return route_by_sort(torch::stable::reshape(ids_in, {slots}), experts);
   }
   Tensor order = new_output(ids_in, {slots}, ScalarType::Long);
   Tensor inverse = new_output(ids_in, {slots}, ScalarType::Long);
