@@ -67,6 +67,19 @@ def call(op, *args):
         raise translated from None
 
 
+def call_untracked_if_possible(op, *args):
+    """call(op, *args), past the operator's autograd kernel where no tensor
+    argument records a gradient: there that kernel (torch.library's, in
+    Python: grouped_mm's) would only pass the call on, at a cost of several
+    microseconds.  Under torch.compile every call goes through it (the
+    compiler traces it)."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args)):
+        return call(op, *args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return call(op, *args)
+
+
 def tf32_allowed() -> bool:
     """Whether torch lets float32 matmuls use TF32.  torch >= 2.9 has
     fp32_precision ('tf32', 'ieee', or 'none' = the global setting, resolved

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
-from ._native import OPS, call, tf32_allowed
+from ._native import OPS, call, call_untracked_if_possible, tf32_allowed
 
 
 def grouped_gemm(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], *,
@@ -73,7 +73,8 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | No
     (gg_runtime/autograd.py).
     """
     tf32 = getattr(mat_a, "dtype", None) is torch.float32 and tf32_allowed()
-    return call(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype, tf32)
+    return call_untracked_if_possible(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype,
+                                      tf32)
 
 
 def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor,

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from ._native import OPS
+from ._native import OPS, call_untracked_if_possible
+
+
+def grouped_mm_op(a, b, offs, tf32: bool):
+    """The operator (the gradients below are grouped_mm products of known cases)."""
+    return call_untracked_if_possible(OPS.grouped_mm.default, a, b, offs, None, None, tf32)
 
 
 def stored_transposed(x) -> bool:
@@ -25,8 +30,8 @@ def input_gradient(x, left, right, offs, tf32: bool):
     transposed view: the four gradients made by a ragged-N product come back
     in the other layout (README, known gap)."""
     if stored_transposed(x):
-        return OPS.grouped_mm.default(right.mT, left.mT, offs, None, None, tf32).mT
-    return OPS.grouped_mm.default(left, right, offs, None, None, tf32)
+        return grouped_mm_op(right.mT, left.mT, offs, tf32).mT
+    return grouped_mm_op(left, right, offs, tf32)
 
 
 def bias_gradient(grad, offs, tf32: bool):
@@ -38,7 +43,7 @@ def bias_gradient(grad, offs, tf32: bool):
     if grad.dim() == 3:
         return grad.sum(1)
     ones = grad.new_ones(grad.shape[0], 8).t()[:1]
-    return OPS.grouped_mm.default(ones, grad, offs, None, None, tf32)[:, 0]
+    return grouped_mm_op(ones, grad, offs, tf32)[:, 0]
 
 
 def _setup_context(ctx, inputs, output):

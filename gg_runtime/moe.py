@@ -17,7 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .autograd import bias_gradient, input_gradient
-from ._native import OPS, call
+from ._native import OPS, call, call_untracked_if_possible
 
 GATE_UP_LAYOUTS = ("concatenated", "interleaved")
 # silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
@@ -45,7 +45,7 @@ def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, a
 
 
 def _mm(a, b, offs, bias=None):
-    return OPS.grouped_mm.default(a, b, offs, bias, None, False)
+    return call_untracked_if_possible(OPS.grouped_mm.default, a, b, offs, bias, None, False)
 
 
 class _Experts(torch.autograd.Function):

@@ -144,3 +144,16 @@ def test_grouped_mm_cpu_tensor_with_grad_is_a_clear_error():
     with pytest.raises(ValueError, match="mat_a must be on a CUDA device"):
         gg_runtime.grouped_mm(a, torch.empty(3, 8, 5, dtype=torch.bfloat16),
                               torch.zeros(3, dtype=torch.int32))
+
+
+def test_grouped_mm_records_a_gradient_only_where_an_input_needs_one(fake):
+    """Calls whose inputs need no gradient skip the operator's autograd kernel
+    (_native.call_untracked_if_possible); those that do still record one."""
+    a, offs = cuda(10, 8), offsets(3)
+    w = cuda(3, 8, 5).requires_grad_()
+    assert gg_runtime.grouped_mm(a, w, offs).grad_fn is not None
+    assert gg_runtime.grouped_mm(a.requires_grad_(), w.detach(), offs).grad_fn is not None
+    assert gg_runtime.grouped_mm(a.detach(), w.detach(), offs).grad_fn is None
+    with torch.no_grad():
+        out = gg_runtime.grouped_mm(a, w, offs)
+    assert out.grad_fn is None and not out.requires_grad and out.shape == (10, 5)
