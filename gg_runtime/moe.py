@@ -1,11 +1,11 @@
-"""The experts of an MoE layer as one differentiable function: routing on the
-GPU, gathered rows, the two grouped products with SwiGLU between them (in
-the up projection's epilogue, torch.ops.gg_runtime.grouped_mm_glu; backward
-one kernel, torch.ops.gg_runtime.swiglu_backward), and the
-weighted combine of each token's k outputs (one kernel,
-torch.ops.gg_runtime.combine, reading the down projection's rows through the
-inverse permutation), forward and backward, with no bf16 atomics and no host
-sync.
+"""The experts of an MoE layer as one differentiable function, with no bf16
+atomics and no host sync.  The forward is one operator
+(torch.ops.gg_runtime.moe_experts): routing on the GPU, the up projection
+reading the tokens through the routing's order with SwiGLU in its epilogue,
+the down projection, and the weighted combine of each token's k outputs
+read through the inverse permutation.  The backward, in Python, composes
+operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
+products, and combine.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output; everything else is recomputed.  Every
