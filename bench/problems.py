@@ -359,6 +359,18 @@ def moe_layer_no_atomics(mm, x, router, w13, w2, top_k: int, b13=None, b2=None,
 _flush = None
 
 
+def time_in_turns(fns: dict, turns: int = 5) -> dict:
+    """{name: median ms} of each fn over `turns` turns of time_ms, all the
+    fns timed in each turn, in reverse order every other turn: the GPU's clock
+    drifts within a run (a tenth, from one time_ms of a product to the next,
+    measured on an H100), and this spreads the drift over all of them alike."""
+    times = {name: [] for name in fns}
+    for turn in range(turns):
+        for name in (list(fns) if turn % 2 == 0 else list(reversed(fns))):
+            times[name].append(time_ms(fns[name]))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
     """Median ms of fn() over about rep_ms of repetitions, CUDA events around
     each, the L2 cache flushed before each."""

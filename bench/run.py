@@ -29,7 +29,7 @@ import gg_runtime
 from problems import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, list_inputs, moe_inputs,
                       moe_layer, moe_layer_inputs, moe_layer_no_atomics, offsets_from_counts,
                       ref_grouped_mm, ref_list, ref_scaled_grouped_mm, rel_error, route_top_k,
-                      skewed_counts, time_ms, with_added_bias)
+                      skewed_counts, time_in_turns, time_ms, with_added_bias)
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -332,7 +332,8 @@ def bench_training(name: str, shape: tuple, bias: bool = False) -> dict:
     be, with torch._grouped_mm and with gg_runtime.grouped_mm, same inputs:
     forward (autograd recording), forward + backward (gradients of x, the
     router and both expert weights, set to None before each step, as
-    optimizer.zero_grad does), and the peak memory of one such step above
+    optimizer.zero_grad does), each timed in turns with the other
+    (problems.time_in_turns), and the peak memory of one such step above
     what was allocated before it.  gg_runtime's output and gradients are
     checked against torch's layer first."""
     tokens, hidden, inter, experts, top_k = shape
@@ -360,9 +361,10 @@ def bench_training(name: str, shape: tuple, bias: bool = False) -> dict:
         row["error"] = f"gg_runtime's layer differs from torch's: {errors}"
         return row
     del results
+    forward_ms = time_in_turns({impl: partial(forward, mm) for impl, mm in TRAINING_MMS.items()})
+    step_ms = time_in_turns({impl: partial(step, mm) for impl, mm in TRAINING_MMS.items()})
     for impl, mm in TRAINING_MMS.items():
-        row[impl] = {"forward_ms": time_ms(lambda: forward(mm)),
-                     "train_step_ms": time_ms(lambda: step(mm)),
+        row[impl] = {"forward_ms": forward_ms[impl], "train_step_ms": step_ms[impl],
                      "peak_step_gb": peak_gb(lambda: step(mm))}
     ours, theirs = row["gg_runtime"], row["torch"]
     row["forward_vs_torch"] = theirs["forward_ms"] / ours["forward_ms"]
@@ -400,7 +402,8 @@ EXPERTS_OWN_ACTIVATION = {"gpt_oss_20b_as_is": ("gpt_oss_20b", {"bias": True,
 
 def bench_experts(name: str, shape: tuple, bias=False, **activation) -> dict:
     """One MoE layer, each of EXPERTS_LAYERS on the same inputs: forward,
-    forward + backward (all gradients), peak memory of a step and the memory
+    forward + backward (all gradients; both timed in turns over the layers,
+    problems.time_in_turns), peak memory of a step and the memory
     the forward keeps for backward (allocated after it, less its output).
     Ratios against the no-atomics torch layer.  Outputs and gradients are
     checked against that layer's first.  activation: the layers' activation
@@ -429,9 +432,11 @@ def bench_experts(name: str, shape: tuple, bias=False, **activation) -> dict:
     if max(row["errors"].values()) > TOLERANCE[torch.bfloat16]:
         row["error"] = f"a layer differs from the no-atomics torch layer: {row['errors']}"
         return row
+    forward_ms = time_in_turns({impl: partial(forward, layer)
+                                for impl, layer in EXPERTS_LAYERS.items()})
+    step_ms = time_in_turns({impl: partial(step, layer) for impl, layer in EXPERTS_LAYERS.items()})
     for impl, layer in EXPERTS_LAYERS.items():
-        row[impl] = {"forward_ms": time_ms(lambda: forward(layer)),
-                     "train_step_ms": time_ms(lambda: step(layer)),
+        row[impl] = {"forward_ms": forward_ms[impl], "train_step_ms": step_ms[impl],
                      "peak_step_gb": peak_gb(lambda: step(layer)),
                      "saved_gb": saved_gb(lambda: forward(layer))}
     base = row["no_atomics"]
