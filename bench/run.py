@@ -62,8 +62,9 @@ def traffic_bytes(w) -> int:
 def measure(candidates, check, tolerance, flops) -> dict:
     """name -> {ms, tflops, rel_error} for each candidate whose result passes
     check (relative error) within tolerance, else {error}: an anchor that
-    cannot run a case, or gets it wrong, is reported, not fatal."""
-    runs = {}
+    cannot run a case, or gets it wrong, is reported, not fatal.  Two or more
+    candidates are timed in turns (problems.time_in_turns)."""
+    runs, passing = {}, {}
     for name, fn in candidates.items():
         try:
             error = check(fn())
@@ -73,8 +74,11 @@ def measure(candidates, check, tolerance, flops) -> dict:
         if error > tolerance:
             runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
             continue
-        ms = time_ms(fn)
-        runs[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_error": error}
+        runs[name] = {"rel_error": error}
+        passing[name] = fn
+    times = time_in_turns(passing, turns=5 if len(passing) > 1 else 1)
+    for name, ms in times.items():
+        runs[name].update(ms=ms, tflops=flops / ms / 1e9)
     return runs
 
 
