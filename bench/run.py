@@ -563,7 +563,8 @@ def host_costs() -> dict:
     gradient (ragged K of a.t() and an output-shaped dy), and the list
     API with 128 groups against a loop of matmuls and torch's fused 128-tensor
     foreach op; moe_experts' whole forward (256 tokens, top-2 of 8 experts, no
-    autograd recording), to set against one torch._grouped_mm call.  Where
+    autograd recording), to set against one torch._grouped_mm call, and the
+    replay of a CUDA graph that captured it.  Where
     ours goes: `op_` rows call the operator torch.ops.gg_runtime.grouped_mm
     directly (no Python wrapper), `empty_op_` rows on meta tensors (dispatch,
     checks, allocation; no launch)."""
@@ -583,6 +584,13 @@ def host_costs() -> dict:
     ours.update(op_grouped_mm_us=lambda: op(a, b, offs, None, None, False),
                 op_grouped_mm_autograd_us=lambda: op(a, w, offs, None, None, False),
                 empty_op_grouped_mm_us=lambda: op(*meta, None, None, False))
+    # The same forward captured in a CUDA graph: what replaying it costs the host.
+    forward_graph = torch.cuda.CUDAGraph()
+    gg_runtime.moe_experts(a, chosen, weights, w13, w2)  # kernels loaded before the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(forward_graph):
+        gg_runtime.moe_experts(a, chosen, weights, w13, w2)
+    ours["moe_experts_forward_graph_replay_us"] = forward_graph.replay
     costs = {name: host_us(fn) for name, fn in ours.items()}
     costs.update(torch_grouped_mm_us=host_us(lambda: torch._grouped_mm(a, b, offs)),
                  torch_grouped_mm_autograd_us=host_us(lambda: torch._grouped_mm(a, w, offs)),
