@@ -362,8 +362,8 @@ _flush = None
 def time_in_turns(fns: dict, turns: int = 5) -> dict:
     """{name: median ms} of each fn over `turns` turns of time_ms, all the
     fns timed in each turn, in reverse order every other turn: the GPU's clock
-    drifts within a run (a tenth, from one time_ms of a product to the next,
-    measured on an H100), and this spreads the drift over all of them alike."""
+    drifts within a run (bench/RESULTS.md), and this spreads the drift over
+    all of them alike."""
     times = {name: [] for name in fns}
     for turn in range(turns):
         for name in (list(fns) if turn % 2 == 0 else list(reversed(fns))):
