@@ -11,15 +11,22 @@ namespace gg::ops {
 Tensor combine(Tensor rows_in, Tensor index_in, Tensor weights_in, Tensor offs) {
   check_tensor(rows_in, "rows", 2, {ScalarType::Half, ScalarType::BFloat16});
   check_tensor(index_in, "index", 2, {ScalarType::Long});
-  const int64_t tokens = index_in.size(0), k = index_in.size(1), hidden = rows_in.size(1);
+  const int64_t tokens = index_in.size(0), k = index_in.size(1);
   check_companion(index_in, "index", {tokens, k}, ScalarType::Long, rows_in, "int64",
                   "(the row of each token's slot)");
   check_companion(weights_in, "weights", {tokens, k}, ScalarType::Float, rows_in, "float32",
                   "(one weight per slot of index)");
   check_offsets(offs, "offs", offs.size(0), rows_in);
+  return combine_slots(rows_in, index_in, tokens, k, weights_in, offs);
+}
+
+Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t tokens, int64_t k,
+                     const Tensor& weights_in, const Tensor& offs) {
+  const int64_t hidden = rows_in.size(1);
   Tensor out = new_output(rows_in, {tokens, hidden}, rows_in.scalar_type());
   if (out.numel() == 0 || shapes_only(out)) return out;
-  const Tensor rows = dense(rows_in), index = dense(index_in), weights = dense(weights_in);
+  const Tensor rows = dense(rows_in), index = as_contiguous(index_in),
+               weights = as_contiguous(weights_in);
   const family::Combine args{.rows_ptr = address(rows),
                              .index_ptr = address(index),
                              .weights_ptr = address(weights),

@@ -101,17 +101,18 @@ bool tma_reads(const Tensor& x, int64_t ld) {
          runs_tma(x);
 }
 
-Tensor ragged_m(const Tensor& a_in, const Tensor& b_in, const Tensor& offs,
+}  // namespace
+
+Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& offs,
                 const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32) {
   Matrix a = matrix_of(a_in);
-  if (a.transposed && !tma_reads(a.t, a.ld)) a = row_major(torch::stable::contiguous(a.t));
-  const Matrix b = matrix_of(b_in);
-  const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0), n = b.t.size(2);
+  if (a.transposed && !tma_reads(a.t, a.ld)) a = row_major(as_contiguous(a.t));
+  const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0);
   Tensor out = new_output(a.t, {rows, n}, out_dtype);
   if (groups == 0) return torch::stable::zero_(out);
   if (shapes_only(out)) return out;
   const std::optional<Tensor> bias_rows =
-      bias.has_value() ? std::optional(torch::stable::contiguous(*bias)) : std::nullopt;
+      bias.has_value() ? std::optional(as_contiguous(*bias)) : std::nullopt;
   const family::RaggedM args{.a_ptr = address(a.t),
                              .b_ptr = address(b.t),
                              .c_ptr = address(out),
@@ -131,6 +132,8 @@ Tensor ragged_m(const Tensor& a_in, const Tensor& b_in, const Tensor& offs,
   return out;
 }
 
+namespace {
+
 Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, ScalarType out_dtype,
                 bool tf32) {
   const Matrix b = row_major(b_in);
@@ -138,11 +141,10 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
   // a transposed view of row-major [T, M] ('tn'; no copy for dB's a = x^T).
   const bool in_place =
       a_in.stride(1) == 1 && a_in.stride(0) != 1 && tma_reads(a_in, a_in.stride(0));
-  const Matrix a = in_place ? Matrix{a_in, false, a_in.stride(0)}
-                            : row_major(torch::stable::transpose(a_in, 0, 1));
-  const Tensor a_mt = in_place ? a.t : torch::stable::transpose(a.t, 0, 1);
-  const int64_t m = a_mt.size(0), n = b.t.size(1), groups = offs.size(0);
-  Tensor out = new_output(a_mt, {groups, m, n}, out_dtype);
+  Matrix a = in_place ? Matrix{a_in, false, a_in.stride(0)} : matrix_of_transpose(a_in);
+  if (a.transposed) a = row_major(torch::stable::transpose(a_in, 0, 1));  // copied
+  const int64_t m = a_in.size(0), n = b.t.size(1), groups = offs.size(0);
+  Tensor out = new_output(a_in, {groups, m, n}, out_dtype);
   if (shapes_only(out)) return out;
   const family::RaggedK args{.a_ptr = address(a.t),
                              .b_ptr = address(b.t),
@@ -150,7 +152,7 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
                              .offs_ptr = address(offs),
                              .M = m,
                              .N = n,
-                             .T = a_mt.size(1),
+                             .T = a_in.size(1),
                              .G = groups,
                              .lda = a.ld,
                              .ldb = b.ld,
@@ -164,7 +166,7 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
 Tensor ragged_n(const Tensor& a, const Tensor& b, const Tensor& offs, ScalarType out_dtype,
                 bool tf32) {
   return torch::stable::transpose(
-      ragged_m(torch::stable::transpose(b, 0, 1), torch::stable::transpose(a, 1, 2), offs,
+      ragged_m(torch::stable::transpose(b, 0, 1), matrix_of_transpose(a), a.size(1), offs,
                std::nullopt, out_dtype, tf32),
       0, 1);
 }
@@ -185,8 +187,8 @@ Tensor batched(const Tensor& a_in, const Tensor& b, const std::optional<Tensor>&
                     out_dtype, tf32);
   }
   const bool stacked_rows = (k <= 1 || a_in.stride(2) == 1) && a_in.stride(0) == m * a_in.stride(1);
-  const Tensor a = stacked_rows ? a_in : torch::stable::contiguous(a_in);
-  const Tensor out = ragged_m(torch::stable::reshape(a, {groups * m, k}), b,
+  const Tensor a = stacked_rows ? a_in : as_contiguous(a_in);
+  const Tensor out = ragged_m(torch::stable::reshape(a, {groups * m, k}), matrix_of(b), n,
                               batch_offsets(a, groups, m), bias, out_dtype, tf32);
   return torch::stable::view(out, {groups, m, n});
 }
@@ -198,7 +200,7 @@ Tensor grouped_mm(Tensor mat_a, Tensor mat_b, std::optional<Tensor> offs,
   const ScalarType out_type = out_dtype.value_or(mat_a.scalar_type());
   switch (classify(mat_a, mat_b, offs, bias, out_type)) {
     case Case::kRaggedM:
-      return ragged_m(mat_a, mat_b, *offs, bias, out_type, tf32);
+      return ragged_m(mat_a, matrix_of(mat_b), mat_b.size(2), *offs, bias, out_type, tf32);
     case Case::kRaggedK:
       return ragged_k(mat_a, mat_b, *offs, out_type, tf32);
     case Case::kRaggedN:

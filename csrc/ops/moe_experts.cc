@@ -63,13 +63,14 @@ void check_dtypes(const Inputs& in) {
 }
 
 void check_devices(const Inputs& in) {
+  const torch::stable::Device device = in.x.device();
   for (const auto& [name, value] : {Named{"topk_ids", &in.topk_ids},
                                     {"topk_weights", &in.topk_weights},
                                     {"w13", &in.w13},
                                     {"w2", &in.w2},
                                     {"b13", given(in.b13)},
                                     {"b2", given(in.b2)}}) {
-    if (value != nullptr && value->device() != in.x.device()) {
+    if (value != nullptr && value->device() != device) {
       value_error(name, " is on ", device_of(*value), " but x is on ", device_of(in.x));
     }
   }
@@ -130,10 +131,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
     return grouped_mm_glu(aten("aten::index_select", "", x, int64_t{0}, token), std::nullopt, 1,
                           w13, offs, b13, interleaved, activation, save_gu);
   }();
-  const Tensor ys =
-      grouped_mm(h, torch::stable::transpose(w2, 1, 2), offs, b2, std::nullopt, false);
-  const Tensor out = combine(ys, torch::stable::view(inverse, {tokens, k}),
-                             as_dtype(topk_weights, ScalarType::Float), offs);
+  const int64_t hidden = x.size(1);
+  const Tensor ys = ragged_m(h, matrix_of_transpose(w2), hidden, offs, b2, x.scalar_type(), false);
+  const Tensor out =
+      combine_slots(ys, inverse, tokens, k, as_dtype(topk_weights, ScalarType::Float), offs);
   return {out, gu, order, offs, inverse};
 }
 

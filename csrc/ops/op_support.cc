@@ -163,6 +163,15 @@ Matrix matrix_of(const Tensor& x) {
   return {copy, false, copy.stride(-2)};
 }
 
+Matrix matrix_of_transpose(const Tensor& x) {
+  const int64_t rows = x.size(-1), cols = x.size(-2);
+  const int64_t row_stride = x.stride(-1), col_stride = x.stride(-2);
+  if (cols <= 1 || col_stride == 1) return {x, false, row_stride};
+  if (rows <= 1 || row_stride == 1) return {x, true, col_stride};
+  Tensor copy = torch::stable::contiguous(torch::stable::transpose(x, -2, -1));
+  return {copy, false, copy.stride(-2)};
+}
+
 Matrix row_major(const Tensor& x) {
   if (x.stride(-1) != 1 && x.size(-1) > 1) {
     Tensor copy = torch::stable::contiguous(x);
@@ -175,6 +184,10 @@ Tensor dense(const Tensor& x) {
   const bool row_major = x.size(-1) <= 1 || x.stride(-1) == 1;
   const bool packed = x.size(0) <= 1 || x.stride(0) == x.size(-1);
   return row_major && packed ? x : torch::stable::contiguous(x);
+}
+
+Tensor as_contiguous(const Tensor& x) {
+  return x.is_contiguous() ? x : torch::stable::contiguous(x);
 }
 
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {

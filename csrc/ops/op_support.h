@@ -104,17 +104,23 @@ void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups, 
 
 // Rows and columns of x's last two dimensions as a matrix: row-major (element
 // (r, c) at r * ld + c) or stored transposed (at c * ld + r).  Copies only
-// when neither dimension is contiguous.
+// when neither dimension is contiguous.  t is the tensor read: x, or the copy.
 struct Matrix {
   Tensor t;
   bool transposed;
   int64_t ld;
 };
 Matrix matrix_of(const Tensor& x);
+// matrix_of(x.transpose(-2, -1)) without making the view (a dispatcher call):
+// t is x itself (its dimensions not swapped), or the copy of the transpose.
+Matrix matrix_of_transpose(const Tensor& x);
 // x with a unit inner stride (copied where it has none), and its row stride.
 Matrix row_major(const Tensor& x);
 // A 2-D x contiguous (copied where it is not), as the memory-bound kernels read it.
 Tensor dense(const Tensor& x);
+// x, or its contiguous copy where it is not contiguous (torch::stable::contiguous
+// calls the dispatcher even when there is nothing to copy).
+Tensor as_contiguous(const Tensor& x);
 
 // A new output on like's device (NaN-filled under set_poison, for tests).
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype);

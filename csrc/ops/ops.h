@@ -23,6 +23,11 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
                          std::optional<Tensor> scale_result, std::optional<ScalarType> out_dtype,
                          bool use_fast_accum);
 
+// grouped_mm's ragged-M product of a [T, K] and b (matrix_of a [G, K, N], n =
+// N), + bias[g], for operators that checked their arguments.
+Tensor ragged_m(const Tensor& a, const Matrix& b, int64_t n, const Tensor& offs,
+                const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32);
+
 // (q, scale) with x ~ q * scale.
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
 
@@ -47,6 +52,10 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tenso
 // out[t] = sum_j weights[t, j] * rows[index[t, j]] over the slots whose row lies
 // within the groups (offs[-1]); the others are dropped slots and add nothing.
 Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
+// combine's work for index and weights of tokens x k elements each (any
+// shape; weights float32), for operators that checked them.
+Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, int64_t k,
+                     const Tensor& weights, const Tensor& offs);
 
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the

@@ -67,7 +67,7 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids_in, int64_t exp
   const std::optional<Tensor> hist =
       chunks == 1 ? std::nullopt
                   : std::optional(new_output(ids_in, {chunks + 1, Family::kBins}, ScalarType::Int));
-  const Tensor ids = torch::stable::contiguous(ids_in);
+  const Tensor ids = as_contiguous(ids_in);
   const Family args{.ids_ptr = address(ids),
                     .hist_ptr = hist ? address(*hist) : address(offs),
                     .order_ptr = address(order),

@@ -181,9 +181,9 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
   if (scale_result.has_value()) {
     scale_a = aten("aten::mul", "Tensor", scale_a, torch::stable::reshape(*scale_result, {}));
   }
-  scale_a = torch::stable::contiguous(scale_a);
-  scale_b = torch::stable::contiguous(scale_b);
-  if (bias.has_value()) bias = torch::stable::contiguous(*bias);
+  scale_a = as_contiguous(scale_a);
+  scale_b = as_contiguous(scale_b);
+  if (bias.has_value()) bias = as_contiguous(*bias);
   if (mat_a.dim() == 2) {
     return ragged_rows(layout, mat_a, mat_b, scale_a, scale_b, *offs, bias, out_type);
   }

@@ -72,10 +72,10 @@ std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, std::optional<Tensor> row
   check_offsets(offs, "w13", groups, x_in);
   check_activation(activation);
   if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x_in.scalar_type(), x_in);
-  const Matrix b = matrix_of(torch::stable::transpose(w13, 1, 2));  // [G, H, 2I]: the b of x @ b
+  const Matrix b = matrix_of_transpose(w13);  // [G, H, 2I]: the b of x @ b
   const Matrix a = row_major(x_in);
   // Without rows the kernels read x's rows in order (rows_div 0; offs stands in).
-  const Tensor gather = rows_in.has_value() ? torch::stable::contiguous(*rows_in) : offs;
+  const Tensor gather = rows_in.has_value() ? as_contiguous(*rows_in) : offs;
   Tensor h = new_output(x_in, {rows, inter}, x_in.scalar_type());
   Tensor gu = new_output(x_in, {save_gu ? rows : 0, 2 * inter}, x_in.scalar_type());
   if (groups == 0) {  // every row past the last group: zeros
@@ -84,7 +84,7 @@ std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, std::optional<Tensor> row
   }
   if (shapes_only(h)) return {h, gu};
   const std::optional<Tensor> bias_rows =
-      bias.has_value() ? std::optional(torch::stable::contiguous(*bias)) : std::nullopt;
+      bias.has_value() ? std::optional(as_contiguous(*bias)) : std::nullopt;
   const family::RaggedGlu args{.a_ptr = address(a.t),
                                .b_ptr = address(b.t),
                                .c_ptr = address(h),
@@ -147,7 +147,7 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
   if (h.numel() == 0) torch::stable::fill_(dot, 0.0);  // the sum over no columns
   if (h.numel() == 0 || shapes_only(h)) return {dgu, h, dot};
   const Tensor gu = dense(gu_in), grad = dense(grad_in);
-  const Tensor scale = torch::stable::contiguous(scale_in);
+  const Tensor scale = as_contiguous(scale_in);
   const family::Swiglu args{.gu_ptr = address(gu),
                             .grad_ptr = address(grad),
                             .scale_ptr = address(scale),
