@@ -1,6 +1,8 @@
 // The torch operators of gg_runtime._ops, one function per operator (its
 // schema in module.cc).  Each does all of its op's host work: checks,
-// case and layout, outputs, arguments, launch.
+// case and layout, outputs, arguments, launch.  Where one operator runs
+// another's work on arguments it has checked, that work is a function here
+// too (ragged_m, combine_slots, route_slots), which skips the checks.
 #pragma once
 
 #include <optional>
