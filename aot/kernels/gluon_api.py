@@ -1,14 +1,15 @@
 """The Gluon calls whose names changed between the Triton releases the build
 supports (3.6 and 3.9), under one name each, so that the kernels read the
 same for both: Triton 3.8 renamed the TMA copies (async_copy_global_to_shared
--> tma.async_load, async_copy_shared_to_global -> tma.async_store) and 3.9
-removed the old names; shared_memory_descriptor._reinterpret became public
-(reinterpret) and gl.thread_barrier became gl.barrier.  The choice is made
+-> tma.async_load, async_copy_shared_to_global -> tma.async_store) and the
+pointer copy (async_copy.async_copy_global_to_shared -> async_copy.async_load),
+and 3.9 removed the old names; shared_memory_descriptor._reinterpret became
+public (reinterpret) and gl.thread_barrier became gl.barrier.  The choice is made
 once, when this module is imported by the compiler's Python; every kernel
 module that uses one of these imports this one."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
 
 _RENAMED = hasattr(tma, "async_load")
 HAS_BARRIER = gl.constexpr(hasattr(gl, "barrier"))
@@ -18,6 +19,10 @@ HAS_BARRIER = gl.constexpr(hasattr(gl, "barrier"))
 # buffer to desc's block at coord.
 tma_load = tma.async_load if _RENAMED else tma.async_copy_global_to_shared
 tma_store = tma.async_store if _RENAMED else tma.async_copy_shared_to_global
+# cp_async_load(buffer, pointers, mask): each thread's elements of pointers
+# copied into buffer by cp.async (zeros where mask is false).
+cp_async_load = (async_copy.async_load if hasattr(async_copy, "async_load")
+                 else async_copy.async_copy_global_to_shared)
 
 # buf.reinterpret(dtype, shape, layout): the same bytes seen another way.  A
 # method, so no jit function can stand in for it (3.6 takes no list of ints as

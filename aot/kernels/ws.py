@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
                                                                mbarrier, tma)
 
-from .gluon_api import cluster_barriers, tma_load, tma_load_multicast, tma_store
+from .gluon_api import cluster_barriers, cp_async_load, tma_load, tma_load_multicast, tma_store
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 
 LOADER_WARPS = gl.constexpr(1)
@@ -266,8 +266,7 @@ def copy_rows(buf, rows, row_ok, k0, K, bar, BK: gl.constexpr):
     # K is a multiple of 8 where this runs (its role in the ragged_glu family):
     # whole copies are in or out.
     in_k = gl.max_constancy(cols < K, 8)
-    async_copy.async_copy_global_to_shared(buf, rows + gl.expand_dims(cols, 0),
-                                           row_ok & gl.expand_dims(in_k, 0))
+    cp_async_load(buf, rows + gl.expand_dims(cols, 0), row_ok & gl.expand_dims(in_k, 0))
     async_copy.mbarrier_arrive(bar, increment_count=False)
 
 
