@@ -31,7 +31,7 @@
 # needs nor loads it, tested).
 
 PYTHON ?= python3
-TRITON_VERSION := 3.6.0
+TRITON_VERSION := 3.9.0
 TORCH_SPEC ?= torch==2.13.0
 # The torch range the wheel's Requires-Dist states (setup.py), tested by make test-torch-range.
 OLDEST_TORCH := torch==2.10.0
