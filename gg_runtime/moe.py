@@ -5,7 +5,8 @@ reading the tokens through the routing's order with SwiGLU in its epilogue,
 the down projection, and the weighted combine of each token's k outputs
 read through the inverse permutation.  The backward, in Python, composes
 operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
-products, and combine.
+products (those of the tokens' or the gradient's rows read them through the
+routing's order: gathered_mm, gathered_mm_k), and combine.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output; everything else is recomputed.  Every
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .autograd import bias_gradient, input_gradient
+from .autograd import bias_gradient, stored_transposed
 from ._native import OPS, call, call_untracked_if_possible
 
 GATE_UP_LAYOUTS = ("concatenated", "interleaved")
@@ -61,28 +62,32 @@ class _Experts(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         """The gradient of each sorted row's down projection before its routing
-        weight (dys) gives dh; one kernel then gives d(gu), h scaled by the
-        weight (so that dW2 = dys^T (w h)) and the weight's gradient <dys, y>
-        = <dh, h> (+ <dys, b2>); the rest are grouped products, and permutations
-        and sums over each token's k slots for dx and d(topk_weights)."""
+        weight (dys: grad's row of the slot's token) gives dh; one kernel then
+        gives d(gu), h scaled by the weight (so that dW2 = dys^T (w h)) and the
+        weight's gradient <dys, y> = <dh, h> (+ <dys, b2>); the rest are
+        grouped products, and permutations and sums over each token's k slots
+        for dx and d(topk_weights).  The products read dys from grad, and the
+        tokens from x, through the routing's order (no permuted copies)."""
         x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
         weights = topk_weights.float()
         need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         tokens, k = weights.shape
-        token = order // k
-        dys = grad.to(x.dtype).index_select(0, token)
+        grad = grad.to(x.dtype)
         scale = weights.reshape(-1).index_select(0, order)
-        dgu, hs, dot = OPS.swiglu_backward.default(gu, _mm(dys, w2, offs), scale,
-                                                   ctx.interleaved, ctx.activation)
+        dgu, hs, dot = OPS.swiglu_backward.default(
+            gu, OPS.gathered_mm.default(grad, order, k, w2, offs), scale, ctx.interleaved,
+            ctx.activation)
         # Each intermediate goes as soon as its last use is done: the weights'
         # gradients are allocated while this node's saved tensors still live.
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
+        # The down projection's bias: its gradients read dys as rows.
+        dys = grad.index_select(0, order // k) if b2 is not None else None
         if need_weights:
             if b2 is not None:
                 dot += _bias_term(dys, b2, offs)
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
         if need_w2:
-            dw2 = input_gradient(w2, dys.mT, hs, offs, False)
+            dw2 = _gathered_gradient(w2, grad, hs, offs, order, k, gather_left=True)
         if need_b2:
             db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
         del dys, hs, dot
@@ -90,10 +95,20 @@ class _Experts(torch.autograd.Function):
             ones = torch.ones_like(weights)
             dx = OPS.combine.default(_mm(dgu, w13, offs), inverse.view(tokens, k), ones, offs)
         if need_w13:
-            dw13 = input_gradient(w13, dgu.mT, x.index_select(0, token), offs, False)
+            dw13 = _gathered_gradient(w13, dgu, x, offs, order, k, gather_left=False)
         if need_b13:
             db13 = bias_gradient(dgu, offs, False)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None
+
+
+def _gathered_gradient(w, left, right, offs, order, k, gather_left):
+    """The gradient of w [E, M, N], left_g^T @ right_g over each group's sorted
+    rows, one operand (left where gather_left, else right) read through the
+    routing's order (its row order[r] // k for sorted row r); in w's layout
+    (autograd.input_gradient says why)."""
+    if stored_transposed(w):
+        return OPS.gathered_mm_k.default(right, left, offs, order, k, not gather_left).mT
+    return OPS.gathered_mm_k.default(left, right, offs, order, k, gather_left)
 
 
 def _bias_term(dys, b2, offs):

@@ -15,6 +15,13 @@ j0 = off_n / 2, off_n being the tile's column origin in 2I):
   INTERLEAVED:  gate at even columns, up at odd.  The accumulator holds
                 columns off_n .. off_n + BN, pairs (gate, up) side by side.
 act: kernels/swiglu.py's, plain SwiGLU or (gpt_oss != 0) gpt-oss's clamped form.
+UNGATED: no activation: the gathered rows' product (plus bias) is stored as it
+is, [T, N] (moe_experts' backward: the gradient of h from the gathered
+gradient rows).
+
+GLU is also what the ragged-M kernels branch on: NO_GLU (ragged_m: rows read
+in order, no gate), UNGATED (gathered rows, no gate), or a gate layout
+(gathered rows, gated epilogue: GLU >= CONCATENATED).
 """
 import triton
 import triton.language as tl
@@ -22,8 +29,9 @@ import triton.language as tl
 from .swiglu import activate
 
 NO_GLU = tl.constexpr(0)
-CONCATENATED = tl.constexpr(1)
-INTERLEAVED = tl.constexpr(2)
+UNGATED = tl.constexpr(1)
+CONCATENATED = tl.constexpr(2)
+INTERLEAVED = tl.constexpr(3)
 
 
 @triton.jit

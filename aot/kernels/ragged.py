@@ -13,7 +13,7 @@ ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 import triton
 import triton.language as tl
 
-from .glu import NO_GLU, glu_epilogue, glu_tile
+from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile
 from .scaled import NO_SCALES, scaled_tile_tma
 from .tiles import first_step_past, pick, running_max, tile_mma_basic, tile_store
 
@@ -133,8 +133,9 @@ def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_st
     apart; rows int64) times b [G, K, N] (N = 2I, w13's gate and up columns as
     GLU says) plus bias[g] [G, N] (where has_bias); c [T, I] (rows ldc apart)
     = act(gate, up); gu [T, N] row-major = the product plus bias, written
-    where save_gu is 1; gpt_oss: 0 SwiGLU, 1 gpt-oss's.  Rows of the group
-    offsets' pseudo-group (past the last group) are written zero."""
+    where save_gu is 1; gpt_oss: 0 SwiGLU, 1 gpt-oss's.  GLU = UNGATED: c
+    [T, N] = the product plus bias (gu, save_gu and gpt_oss not read).  Rows
+    of the group offsets' pseudo-group (past the last group) are written zero."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
                      rows_ptr, rows_div, False, B_T, USE_TMA, NO_SCALES, False, GLU, BM, BN, BK,
@@ -170,8 +171,9 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     weight column block), then the tiles of the rows past the last group,
     which are written with zeros (a pseudo-group with K = 0).  Groups are
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
-    owner of a tile without a per-group loop.  GLU: ragged_glu_kernel's
-    gathered rows and gated epilogue, through pointer loads (TMA only stores h).
+    owner of a tile without a per-group loop.  GLU other than NO_GLU:
+    ragged_glu_kernel's gathered rows (and gated epilogue), through pointer
+    loads (TMA only stores c).
     """
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
@@ -184,6 +186,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                                               A_T, B_T, BM, BN, BK)
+    if USE_TMA and GLU < CONCATENATED:
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     elif USE_TMA:  # h: half as many columns
         c_desc = ragged_descriptor(c_ptr, N // 2, ldc, BM, BN // 2)
@@ -231,7 +234,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
                                      A_T, B_T, BM, BN, BK, PRECISION)
-            if GLU == NO_GLU:
+            if GLU < CONCATENATED:  # no gate
                 acc = add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN)
                 if USE_TMA:
                     ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
@@ -310,3 +313,47 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
                                  A_T, False, BM, BN, BK, PRECISION)
             c_group = c_ptr + g.to(tl.int64) * M * ldc
             tile_store(c_group, acc, off_m, off_n, M, N, ldc, False, BM, BN)
+
+
+@triton.jit
+def gathered_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc, rows_ptr,
+                      rows_div, GATHER_A: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """ragged_k_kernel's product, out[g] = a[:, rows of g] @ b[rows of g], for a
+    [M, T] stored as row-major [*, M] (rows lda apart) and b [T, N] row-major,
+    one of them gathered: row r (< T) of the gathered one (a's where
+    GATHER_A, else b's) is its stored row rows[r] // rows_div (rows int64 [T]),
+    the other's is row r.  moe_experts' weight gradients, read through the
+    routing's order (no permuted copy).  Pointer loads only: the TMA
+    flavour's configs are warp-specialised (ragged_k_ws.gathered_k_ws_kernel)."""
+    tl.static_assert(not USE_TMA, "the TMA flavour runs the warp-specialised kernel")
+    pid = tl.program_id(0)
+    m_tiles = tl.cdiv(M, BM)
+    tiles_per_group = m_tiles * tl.cdiv(N, BN)
+    for tile in range(pid, G * tiles_per_group, tl.num_programs(0)):
+        g = tile // tiles_per_group
+        in_group = tile % tiles_per_group
+        off_m = (in_group % m_tiles) * BM
+        off_n = (in_group // m_tiles) * BN
+        start, end = group_row_range(offs_ptr, g, T, CHUNK)
+        rm = off_m + tl.arange(0, BM)
+        rn = off_n + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(start, end, BK):
+            kk = k0 + tl.arange(0, BK)
+            k_ok = kk < end
+            src = tl.load(rows_ptr + kk, mask=k_ok, other=0) // rows_div
+            if GATHER_A:
+                a_rows = src
+                b_rows = kk.to(tl.int64)
+            else:
+                a_rows = kk.to(tl.int64)
+                b_rows = src
+            a = tl.load(a_ptr + a_rows[None, :] * lda + rm[:, None],
+                        mask=(rm < M)[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr + b_rows[:, None] * ldb + rn[None, :],
+                        mask=k_ok[:, None] & (rn < N)[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        c_group = c_ptr + g.to(tl.int64) * M * ldc
+        tile_store(c_group, acc, off_m, off_n, M, N, ldc, False, BM, BN)

@@ -17,13 +17,15 @@ blocks from a multiple of BK columns at or before the group's first row
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                               mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
-from .gluon_api import thread_barrier, tma_load
+from .gluon_api import cp_async_load, thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
-from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, ragged_descriptor, shared_layout, store_tile, tiled_rows)
+from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
+                 accumulator_layout, allocate_ring, claim_slot, gather_layout, ragged_descriptor,
+                 shared_layout, store_tile, tiled_rows)
 
 
 @gluon.jit
@@ -129,7 +131,10 @@ def clear_outside(a_buf, b_buf, k0, start, end):
 @gluon.jit
 def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
                   A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
+                  CHUNK: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr = False):
+    """GATHER: one operand's blocks were written by the loader's threads
+    (gathered_load_partition), which wgmma's reads (the async proxy) see only
+    after a proxy fence."""
     ALIGN: gl.constexpr = k_block_step(A_T, BK)
     acc_layout: gl.constexpr = accumulator_layout(BN, gl.num_warps())
     count = 0
@@ -144,6 +149,8 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
         for k in range(0, span, BK):  # the loader's count of K blocks
             slot = count % STAGES
             mbarrier.wait(ready.index(slot), count // STAGES & 1)
+            if GATHER:
+                fence_async_shared()
             if A_T:
                 a = a_bufs.index(slot).permute((1, 0))  # [BK, BM] as [BM, BK]
             else:
@@ -194,3 +201,98 @@ def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
         (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
                           A_T, BM, BN, BK, CHUNK, STAGES)),
     ], [LOADER_WARPS], [LOADER_REGISTERS])
+
+
+@gluon.jit
+def source_rows(rows_ptr, rows_div, positions, end):
+    """The gathered operand's stored rows at these positions of the order
+    (rows[p] // rows_div, int32); row 0 from end on, whose copies are masked."""
+    return (gl.load(rows_ptr + positions, mask=positions < end, other=0) // rows_div).to(gl.int32)
+
+
+@gluon.jit
+def gathered_load_partition(desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_ptr, ld_src,
+                            rows_ptr, rows_div, M, N, T, G, GATHER_A: gl.constexpr,
+                            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                            CHUNK: gl.constexpr, STAGES: gl.constexpr):
+    """load_partition's ring, filled for gathered_k_ws_kernel: the other
+    operand's K block by TMA (desc, rows clipped to the group), the gathered
+    one's by this warpgroup's cp.async copies of the rows the order names
+    (zeros past the group's end or the columns), each thread arriving on the
+    slot's `ready` when its copies land.  The next block's row indices load
+    while this block's copies are issued."""
+    COLS: gl.constexpr = BM if GATHER_A else BN
+    OTHER: gl.constexpr = BN if GATHER_A else BM
+    layout: gl.constexpr = gather_layout(BK, COLS, gl.num_warps())
+    nbytes: gl.constexpr = OTHER * BK * desc.dtype.primitive_bitwidth // 8
+    width = M if GATHER_A else N
+    count = 0
+    g = -1
+    start = 0
+    end = 0
+    for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
+        g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, g, start, end, BM, BN,
+                                             CHUNK)
+        col0 = off_m if GATHER_A else off_n
+        cols = col0 + gl.arange(0, COLS, gl.SliceLayout(0, layout))
+        cols = gl.max_contiguous(gl.multiple_of(cols, 8), 8)
+        # M and N are multiples of 8 where this runs (the family's row_length
+        # role): each 16-byte copy is whole in or out.
+        col_ok = gl.expand_dims(gl.max_constancy(cols < width, 8), 0)
+        at = start + gl.arange(0, BK, gl.SliceLayout(1, layout))
+        src = source_rows(rows_ptr, rows_div, at, end)
+        for k in range(0, end - start, BK):  # none for an empty group
+            rows = src
+            src = source_rows(rows_ptr, rows_div, at + (k + BK), end)
+            slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
+            # Row start + k of the other operand (ragged.py's coordinates).
+            row = RAGGED_ROWS - (end - start) + k
+            origin = [RAGGED_ROWS, end, row, off_n if GATHER_A else off_m]
+            if GATHER_A:
+                other = b_bufs.index(slot).reinterpret(desc.dtype, [1, 1, BK, BN], desc.layout)
+                buf = a_bufs.index(slot)
+            else:
+                other = a_bufs.index(slot).reinterpret(desc.dtype, [1, 1, BK, BM], desc.layout)
+                buf = b_bufs.index(slot)
+            tma_load(desc, origin, bar, other)
+            # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and
+            # row stride, so each thread's 8 elements are one 16-byte copy.
+            starts = gl.multiple_of(src_ptr + rows.to(gl.int64) * ld_src, 16)
+            ok = gl.expand_dims(at + k < end, 1) & col_ok
+            cp_async_load(buf, gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), ok)
+            async_copy.mbarrier_arrive(bar, increment_count=False)
+            count += 1
+
+
+@gluon.jit
+def gathered_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc, rows_ptr,
+                         rows_div, GATHER_A: gl.constexpr, USE_TMA: gl.constexpr,
+                         BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                         CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ragged.gathered_k_kernel's contract, TMA only (USE_TMA and PRECISION
+    taken for the common signature): ragged_k_ws_kernel with a stored [T, M]
+    a (A_T), whose loader gathers one operand's rows (gathered_load_partition)."""
+    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    out: gl.constexpr = c_ptr.dtype.element_ty
+    if GATHER_A:
+        desc = ragged_descriptor(b_ptr, N, ldb, BK, BN)
+        src_ptr = a_ptr
+        ld_src = lda
+    else:
+        desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
+        src_ptr = b_ptr
+        ld_src = ldb
+    EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
+    c_desc = tma.make_tensor_descriptor(c_ptr, [G, M, N], [M * ldc, ldc, 1], [1, BM, EPI_N],
+                                        shared_layout([1, BM, EPI_N], out))
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, [BK, BM], [BK, BN],
+                                                         [BM, EPI_N], 1, STAGES,
+                                                         COPIERS=32 * GATHER_WARPS)
+    gl.warp_specialize([
+        (mma_partition, (c_desc, a_bufs, b_bufs, c_bufs.index(0), ready, empty, offs_ptr, M, N,
+                         T, G, True, BM, BN, BK, CHUNK, STAGES, True)),
+        (gathered_load_partition, (desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_ptr, ld_src,
+                                   rows_ptr, rows_div, M, N, T, G, GATHER_A, BM, BN, BK, CHUNK,
+                                   STAGES)),
+    ], [GATHER_WARPS], [GATHER_REGISTERS])

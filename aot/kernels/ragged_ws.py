@@ -273,7 +273,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                   CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
     program (in a cluster, PARTS = 1: each CTA's share of the tile's rows).
-    GLU: kernels/glu.py's gated epilogue (h through c_desc, gu through gu_desc)."""
+    GLU >= CONCATENATED: kernels/glu.py's gated epilogue (h through c_desc, gu
+    through gu_desc)."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
@@ -315,7 +316,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols,
                                       mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
-                if GLU == NO_GLU:
+                if GLU < CONCATENATED:
                     store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G,
                                   part_m, start, end, off_n, N, ALIGN)
                 else:  # a row-major a: tiles start at their group's rows
@@ -343,18 +344,20 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     # blockwise scales and rows that do not start a TMA box are not split.
     gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T),
                      "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a")
-    # The gated kernel (ragged.ragged_glu_kernel) may gather A's rows: its
+    # ragged.ragged_glu_kernel (gated or UNGATED) may gather A's rows: its
     # loader is a warpgroup that copies them where rows_div is not 0.
     GATHER: gl.constexpr = GLU != NO_GLU
+    GATED: gl.constexpr = GLU >= CONCATENATED
     HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS, CTAS, HALVES, GLU != NO_GLU, 32 * GATHER_WARPS if GATHER else 0)
+        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0)
     gather = (a_ptr, lda, rows_ptr, rows_div)
     LOADER: gl.constexpr = GATHER_WARPS if GATHER else LOADER_WARPS
     LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
-    if GLU != NO_GLU:
-        gl.static_assert(not A_T and CTAS == 1, "the gated epilogue takes a row-major a, one CTA")
+    if GATHER:
+        gl.static_assert(not A_T and CTAS == 1, "gathered rows are row-major, in one CTA")
+    if GATED:
         gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
     else:
         gu_desc = c_desc  # never used

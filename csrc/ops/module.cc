@@ -13,6 +13,8 @@
 namespace {
 
 using gg::ops::combine;
+using gg::ops::gathered_mm;
+using gg::ops::gathered_mm_k;
 using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
 using gg::ops::grouped_mm_glu;
@@ -46,6 +48,8 @@ void implement(Library& m) {
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
   m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
   m.impl("grouped_mm_glu", kernel<TORCH_BOX(&grouped_mm_glu), kShapesOnly>());
+  m.impl("gathered_mm", kernel<TORCH_BOX(&gathered_mm), kShapesOnly>());
+  m.impl("gathered_mm_k", kernel<TORCH_BOX(&gathered_mm_k), kShapesOnly>());
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
@@ -102,6 +106,10 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "grouped_mm_glu(Tensor x, Tensor? rows, int k, Tensor w13, Tensor offs, Tensor? bias=None, "
       "bool interleaved=False, str activation='swiglu', bool save_gu=True) -> (Tensor, Tensor)");
+  m.def("gathered_mm(Tensor x, Tensor rows, int k, Tensor b, Tensor offs) -> Tensor");
+  m.def(
+      "gathered_mm_k(Tensor a, Tensor b, Tensor offs, Tensor rows, int k, bool gather_a) "
+      "-> Tensor");
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
   m.def(

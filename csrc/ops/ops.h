@@ -38,7 +38,9 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
 
 // SwiGLU (activation "swiglu", or gpt-oss's clamped "gpt_oss") of each row's
 // gate and up halves (gu [R, 2C] -> [R, C]), and its backward: (d gu, h scaled
-// by the row's weight, each row's dot of grad and h).
+// by the row's weight, each row's dot of grad and h).  check_activation:
+// ValueError unless the activation is one of those.
+void check_activation(const std::string& activation);
 Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
 // (h, gu): moe_experts' up projection, the ragged-M product gu = a @ w13[g]^T
 // (+ bias[g]) of w13 [G, 2I, H] and the gathered tokens a[r] = x[rows[r] / k]
@@ -48,6 +50,13 @@ Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
 std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
                                           Tensor w13, Tensor offs, std::optional<Tensor> bias,
                                           bool interleaved, std::string activation, bool save_gu);
+// The backward's products over gathered rows: gathered_mm's row r is x[rows[r]
+// / k] @ b[g] for b [G, K, N] (rows past the last group zero); gathered_mm_k's
+// out[g] = a_g^T @ b_g [G, M, N] over the rows r of group g of a [*, M] and b
+// [*, N], the gathered one's row r being its row rows[r] / k (a's where
+// gather_a, else b's), the other's row r.
+Tensor gathered_mm(Tensor x, Tensor rows, int64_t k, Tensor b, Tensor offs);
+Tensor gathered_mm_k(Tensor a, Tensor b, Tensor offs, Tensor rows, int64_t k, bool gather_a);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
                                                    bool interleaved, std::string activation);
 

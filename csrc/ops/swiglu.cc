@@ -1,11 +1,8 @@
 // gg_runtime::swiglu and swiglu_backward: the SwiGLU between moe_experts'
-// grouped products (the swiglu kernel family), one launch each way; and
-// grouped_mm_glu, the up projection with its SwiGLU in the epilogue (the
-// ragged_glu family).  Checks, outputs, launches; Meta tensors run the same
-// code without the launches.
+// grouped products (the swiglu kernel family), one launch each way.  Checks,
+// outputs, launches; Meta tensors run the same code without the launches.
 #include <family_args.h>
 
-#include <limits>
 #include <string>
 #include <tuple>
 
@@ -27,86 +24,20 @@ int64_t check_gate_up(const Tensor& gu) {
   return gu.size(1) / 2;
 }
 
-// The activations the family is built for (aot/families/swiglu.py).
-const std::initializer_list<const char*> kActivations{"swiglu", "gpt_oss"};
-
-void check_activation(const std::string& activation) {
-  bool known = false;
-  for (const char* name : kActivations) known = known || activation == name;
-  if (!known) value_error("activation must be 'swiglu' or 'gpt_oss', got '", activation, "'");
-}
-
 // The variant's layout: DIRECTION_GATEUP_ACTIVATION.
 std::string layout_of(const char* direction, bool interleaved, const std::string& activation) {
   return std::string(direction) + (interleaved ? "_interleaved_" : "_concatenated_") + activation;
 }
 
-// w13 [G, 2I, H] against x [T, H]; returns I.
-int64_t check_w13(const Tensor& w13, const Tensor& x) {
-  check_tensor(w13, "w13", 3, kDTypes);
-  check_same(w13, "w13", x, "x");
-  if (w13.size(1) % 2 != 0 || w13.size(2) != x.size(1)) {
-    value_error("w13 must be [G, 2I, H] with H = ", x.size(1), " (x's columns), got shape ",
-                shape_of(w13));
-  }
-  return w13.size(1) / 2;
-}
+// The activations the family is built for (aot/families/swiglu.py).
+const std::initializer_list<const char*> kActivations{"swiglu", "gpt_oss"};
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, std::optional<Tensor> rows_in, int64_t k,
-                                          Tensor w13, Tensor offs, std::optional<Tensor> bias,
-                                          bool interleaved, std::string activation, bool save_gu) {
-  check_tensor(x_in, "x", 2, kDTypes);
-  if (rows_in.has_value()) {
-    check_tensor(*rows_in, "rows", 1, {ScalarType::Long});
-    if (rows_in->device() != x_in.device()) {
-      value_error("rows is on ", device_of(*rows_in), " but x is on ", device_of(x_in));
-    }
-  }
-  if (k < 1 || k > std::numeric_limits<int32_t>::max()) {
-    value_error("k must be in [1, 2**31), got ", k);
-  }
-  const int64_t inter = check_w13(w13, x_in), groups = w13.size(0);
-  const int64_t rows = rows_in.has_value() ? rows_in->size(0) : x_in.size(0);
-  check_offsets(offs, "w13", groups, x_in);
-  check_activation(activation);
-  if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x_in.scalar_type(), x_in);
-  const Matrix b = matrix_of_transpose(w13);  // [G, H, 2I]: the b of x @ b
-  const Matrix a = row_major(x_in);
-  // Without rows the kernels read x's rows in order (rows_div 0; offs stands in).
-  const Tensor gather = rows_in.has_value() ? as_contiguous(*rows_in) : offs;
-  Tensor h = new_output(x_in, {rows, inter}, x_in.scalar_type());
-  Tensor gu = new_output(x_in, {save_gu ? rows : 0, 2 * inter}, x_in.scalar_type());
-  if (groups == 0) {  // every row past the last group: zeros
-    torch::stable::zero_(gu);
-    return {torch::stable::zero_(h), gu};
-  }
-  if (shapes_only(h)) return {h, gu};
-  const std::optional<Tensor> bias_rows =
-      bias.has_value() ? std::optional(as_contiguous(*bias)) : std::nullopt;
-  const family::RaggedGlu args{.a_ptr = address(a.t),
-                               .b_ptr = address(b.t),
-                               .c_ptr = address(h),
-                               .offs_ptr = address(offs),
-                               .T = rows,
-                               .N = 2 * inter,
-                               .K = a.t.size(1),
-                               .G = groups,
-                               .lda = a.ld,
-                               .b_group_stride = b.t.stride(0),
-                               .ldb = b.ld,
-                               .ldc = inter,
-                               .bias_ptr = bias_rows ? address(*bias_rows) : 0,
-                               .has_bias = bias_rows ? 1 : 0,
-                               .gu_ptr = address(save_gu ? gu : h),
-                               .save_gu = save_gu ? 1 : 0,
-                               .gpt_oss = activation == "gpt_oss" ? 1 : 0,
-                               .rows_ptr = address(gather),
-                               .rows_div = rows_in.has_value() ? k : 0};
-  launch(args, text(b.transposed ? "t" : "n", interleaved ? "_interleaved" : "_concatenated"),
-         target_of(a.t, a.t.scalar_type()));
-  return {h, gu};
+void check_activation(const std::string& activation) {
+  bool known = false;
+  for (const char* name : kActivations) known = known || activation == name;
+  if (!known) value_error("activation must be 'swiglu' or 'gpt_oss', got '", activation, "'");
 }
 
 Tensor swiglu(Tensor gu_in, bool interleaved, std::string activation) {

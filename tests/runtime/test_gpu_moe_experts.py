@@ -360,7 +360,7 @@ def check_grouped_mm_glu(x, rows, w13, bias, offs, interleaved, activation, save
 
 
 GLU_VARIANTS = [v for v in _C.variants() if v["family"] == "ragged_glu" and
-                v["arch"] == device_arch()]
+                v["arch"] == device_arch() and not v["layout"].endswith("_ungated")]
 
 
 @pytest.mark.skipif(not GLU_VARIANTS, reason="needs a GPU this wheel has kernels for")
@@ -417,6 +417,107 @@ def test_grouped_mm_glu_strided_x_odd_rows_and_no_groups():
     assert ".basic." in last_variant()
     h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13[:0], offs[:0])
     assert torch.all(h == 0) and torch.all(gu == 0) and gu.shape == (rows.shape[0], 96)
+
+
+UNGATED_VARIANTS = [v for v in _C.variants() if v["family"] == "ragged_glu" and
+                    v["arch"] == device_arch() and v["layout"].endswith("_ungated")]
+
+
+def check_gathered_mm(x, rows, b, offs):
+    """gathered_mm against float32: x's rows gathered, times b[g] per group;
+    rows past the last group zero."""
+    got = torch.ops.gg_runtime.gathered_mm(x, rows, GLU_K, b, offs)
+    gathered = x[rows // GLU_K].float()
+    want = torch.zeros(rows.shape[0], b.shape[2], device="cuda")
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        want[start:end] = gathered[start:end] @ b[g].float()
+        start = end
+    assert rel_error(got, want) < 1e-2
+    assert torch.all(got[start:] == 0)
+
+
+@pytest.mark.skipif(not UNGATED_VARIANTS, reason="needs a GPU this wheel has kernels for")
+@pytest.mark.parametrize("variant", UNGATED_VARIANTS, ids=[v["key"] for v in UNGATED_VARIANTS])
+def test_gathered_mm_variant(variant):
+    """Each compiled product of gathered rows without a gate, forced: groups
+    empty and of a few rows, rows past the last group, K and N no multiple of
+    the tile (nor of 16 for `basic`); b as stored or a transposed view."""
+    hidden, n = (99, 133) if variant["flavour"] == "basic" else (112, 144)
+    dtype = getattr(torch, variant["dtype"])
+    x, rows, _, _, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, 8, False, dtype)
+    b = randn(5, n, hidden, dtype=dtype).mT if variant["layout"][0] == "t" else \
+        randn(5, hidden, n, dtype=dtype)
+    with forced(variant=variant["key"]):
+        check_gathered_mm(x, rows, b, offs)
+        assert last_variant() == variant["key"]
+
+
+GATHERED_K_VARIANTS = [v for v in _C.variants() if v["family"] == "gathered_k" and
+                       v["arch"] == device_arch()]
+
+
+def check_gathered_mm_k(a, b, offs, rows, gather_a):
+    """gathered_mm_k against float32: each group's a^T @ b over its rows, one
+    operand's rows gathered."""
+    got = torch.ops.gg_runtime.gathered_mm_k(a, b, offs, rows, GLU_K, gather_a)
+    left = (a[rows // GLU_K] if gather_a else a).float()
+    right = (b if gather_a else b[rows // GLU_K]).float()
+    want = torch.zeros(offs.shape[0], a.shape[1], b.shape[1], device="cuda")
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        want[g] = left[start:end].T @ right[start:end]
+        start = end
+    assert rel_error(got, want) < 1e-2
+
+
+def gathered_k_inputs(counts, past, m, n, gather_a, dtype, seed=0):
+    """(a, b, offs, rows): the gathered operand [97, *], the other with a row
+    for each of sum(counts) + past slots (the last `past` past every group)."""
+    torch.manual_seed(seed)
+    slots = sum(counts) + past
+    rows = torch.randint(0, 97 * GLU_K, (slots,), device="cuda")
+    a = randn(97 if gather_a else slots, m, dtype=dtype)
+    b = randn(slots if gather_a else 97, n, dtype=dtype)
+    return a, b, offsets_from_counts(counts, "cuda"), rows
+
+
+@pytest.mark.skipif(not GATHERED_K_VARIANTS, reason="needs a GPU this wheel has kernels for")
+@pytest.mark.parametrize("variant", GATHERED_K_VARIANTS,
+                         ids=[v["key"] for v in GATHERED_K_VARIANTS])
+def test_gathered_mm_k_variant(variant):
+    """Each compiled weight gradient over gathered rows, forced: groups empty
+    and of a few rows, rows past the last group, M and N no multiple of the
+    tile (nor of 8 for `basic`); then 200 groups (some empty, some of one
+    row) with many tiles and K blocks a program."""
+    m, n = (99, 133) if variant["flavour"] == "basic" else (112, 144)
+    gather_a = variant["layout"] == "a"
+    dtype = getattr(torch, variant["dtype"])
+    counts = torch.randint(0, 160, (200,), generator=torch.Generator().manual_seed(0))
+    counts[::17] = 0
+    counts[5::31] = 1
+    with forced(variant=variant["key"]):
+        for shape in (([150, 0, 3, 260, 70], 9, m, n), (counts.tolist(), 70, 8 * m, n)):
+            check_gathered_mm_k(*gathered_k_inputs(*shape, gather_a, dtype), gather_a)
+            assert last_variant() == variant["key"]
+
+
+def test_gathered_mm_k_strided_unaligned_and_empty():
+    """Operands read through a row stride; a gathered operand whose rows TMA's
+    flavour cannot copy 16 bytes at a time (M = 100) takes `basic`; no slots:
+    zeros; no groups: an empty result."""
+    a, b, offs, rows = gathered_k_inputs([40, 0, 77], 5, 64, 48, True, torch.bfloat16)
+    wide = randn(a.shape[0], 80, dtype=torch.bfloat16)
+    wide[:, 8:72] = a
+    check_gathered_mm_k(wide[:, 8:72], b, offs, rows, True)
+    a, b, offs, rows = gathered_k_inputs([40, 0, 77], 5, 48, 100, False, torch.bfloat16)
+    check_gathered_mm_k(a, b, offs, rows, False)
+    assert ".basic." in last_variant()
+    none = torch.zeros(3, dtype=torch.int32, device="cuda")
+    got = torch.ops.gg_runtime.gathered_mm_k(a[:0], b, none, rows[:0], GLU_K, False)
+    assert got.shape == (3, 48, 100) and torch.all(got == 0)
+    assert torch.ops.gg_runtime.gathered_mm_k(a, b, offs[:0], rows, GLU_K, False).shape == \
+        (0, 48, 100)
 
 
 def combine_inputs(tokens, k, hidden, dtype, end=None, seed=0):

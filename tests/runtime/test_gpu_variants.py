@@ -16,7 +16,7 @@ from conftest import device_arch
 
 # Families whose variants their own test file forces (with its exact reference).
 OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py", "swiglu": "test_gpu_moe_experts.py",
-            "ragged_glu": "test_gpu_moe_experts.py",
+            "ragged_glu": "test_gpu_moe_experts.py", "gathered_k": "test_gpu_moe_experts.py",
             "combine": "test_gpu_moe_experts.py", "route": "test_gpu_moe_experts.py"}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch() and v["family"] not in OWN_TEST]
 pytestmark = pytest.mark.usefixtures("poison")

@@ -1,8 +1,8 @@
 """moe_experts' autograd function (gg_runtime/moe.py: what its forward
 returns and keeps, the permutations of its backward and every gradient
 formula) in float64 on CPU, its operators stood in for by float64 references
-(moe_experts, grouped_mm, swiglu_backward and combine as their contracts
-say), against torch's autograd through a layer computed expert by expert.
+(moe_experts, grouped_mm, gathered_mm, gathered_mm_k, swiglu_backward
+and combine as their contracts say), against torch's autograd through a layer computed expert by expert.
 The kernels themselves are checked on the GPU (test_gpu_moe_experts.py);
 this checks the composition, on every machine."""
 from types import SimpleNamespace
@@ -58,6 +58,19 @@ def moe_experts_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, inter
     return out, gu, order, offs, inverse
 
 
+def gathered_mm_ref(x, rows, k, b, offs):
+    return grouped_mm_ref(x[rows // k], b, offs)
+
+
+def gathered_mm_k_ref(a, b, offs, rows, k, gather_a):
+    """out[g] = a_g^T @ b_g, the gathered operand's row r being its row rows[r] // k."""
+    if gather_a:
+        a = a[rows // k]
+    else:
+        b = b[rows // k]
+    return grouped_mm_ref(a.mT, b, offs)
+
+
 def default(fn):
     return SimpleNamespace(default=fn)
 
@@ -66,6 +79,8 @@ REFERENCE_OPS = SimpleNamespace(
     moe_experts=default(moe_experts_ref),
     grouped_mm=default(grouped_mm_ref),
     swiglu_backward=default(swiglu_backward_ref),
+    gathered_mm=default(gathered_mm_ref),
+    gathered_mm_k=default(gathered_mm_k_ref),
     combine=default(combine_ref))
 
 

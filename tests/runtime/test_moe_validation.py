@@ -108,6 +108,35 @@ def test_swiglu_operators_check_their_inputs(fake):
     assert [tuple(t.shape) for t in (h, dgu, hs, dot)] == [(4, 3), (4, 6), (4, 3), (4,)]
 
 
+def test_gathered_products_check_their_inputs(fake):
+    """The backward's products over gathered rows (gathered_mm, gathered_mm_k)."""
+    mm, mm_k = torch.ops.gg_runtime.gathered_mm.default, torch.ops.gg_runtime.gathered_mm_k.default
+    offs = cuda(E, dtype=torch.int32)
+    rows = torch.zeros(T * K, dtype=torch.int64, device="cuda")
+    with pytest.raises(TypeError, match="rows must be int64"):
+        call(mm, cuda(T, H), rows.int(), K, cuda(E, H, INTER), offs)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 2\*\*31\), got 0"):
+        call(mm, cuda(T, H), rows, 0, cuda(E, H, INTER), offs)
+    with pytest.raises(ValueError, match=r"b must be \[G, K, N\] with K = 16"):
+        call(mm, cuda(T, H), rows, K, cuda(E, H + 1, INTER), offs)
+    with pytest.raises(TypeError, match="b has dtype torch.float16 but x has"):
+        call(mm, cuda(T, H), rows, K, cuda(E, H, INTER, dtype=torch.float16), offs)
+    with pytest.raises(ValueError, match="offs has 5 entries but b has 4"):
+        call(mm, cuda(T, H), rows, K, cuda(E, H, INTER), cuda(E + 1, dtype=torch.int32))
+    for b in (cuda(E, H, INTER), cuda(E, INTER, H).mT):
+        assert mm(cuda(T, H), rows, K, b, offs).shape == (T * K, INTER)
+    with pytest.raises(ValueError, match=r"b must have a row for each of rows' 20 entries"):
+        call(mm_k, cuda(T, H), cuda(T * K + 1, INTER), offs, rows, K, True)
+    with pytest.raises(ValueError, match=r"a must have a row for each of rows' 20 entries"):
+        call(mm_k, cuda(T, H), cuda(T, INTER), offs, rows, K, False)
+    with pytest.raises(TypeError, match="offs must be int32"):
+        call(mm_k, cuda(T, H), cuda(T * K, INTER), offs.long(), rows, K, True)
+    with pytest.raises(TypeError, match="a must be float16 or bfloat16"):
+        call(mm_k, cuda(T, H, dtype=torch.float32), cuda(T * K, INTER), offs, rows, K, True)
+    assert mm_k(cuda(T, H), cuda(T * K, INTER), offs, rows, K, True).shape == (E, H, INTER)
+    assert mm_k(cuda(T * K, H), cuda(T, INTER), offs, rows, K, False).shape == (E, H, INTER)
+
+
 def test_grouped_mm_glu_checks_its_inputs(fake):
     op = torch.ops.gg_runtime.grouped_mm_glu.default
     offs = cuda(E, dtype=torch.int32)
