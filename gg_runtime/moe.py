@@ -6,7 +6,8 @@ the down projection, and the weighted combine of each token's k outputs
 read through the inverse permutation.  The backward, in Python, composes
 operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
 products (those of the tokens' or the gradient's rows read them through the
-routing's order: gathered_mm, gathered_mm_k), and combine.
+routing's order, gathered_mm and gathered_mm_k, where the experts are not
+wide: GATHER_MAX_INTER), and combine.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output; everything else is recomputed.  Every
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .autograd import bias_gradient, stored_transposed
+from .autograd import bias_gradient, input_gradient, stored_transposed
 from ._native import OPS, call, call_untracked_if_possible
 
 GATE_UP_LAYOUTS = ("concatenated", "interleaved")
@@ -34,6 +35,20 @@ def _check_choices(gate_up, activation):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
+# The products read the tokens (the up projection, dW13) and the gradient's
+# rows (dh, dW2) through the routing's order where the experts are at most
+# this wide: there a permuted copy costs more than gathering in the GEMM,
+# which runs the GEMM slower; wider experts take the copies and TMA's loads
+# (bench/RESULTS.md).
+GATHER_MAX_INTER = 4096
+
+
+def _gathers(w13) -> bool:
+    """Whether the products gather rows (GATHER_MAX_INTER); a w13 of the wrong
+    shape is the operator's to refuse."""
+    return w13.dim() != 3 or w13.shape[1] // 2 <= GATHER_MAX_INTER
+
+
 def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
                      save_gu):
     """(out, gu, order, offs, inverse): the forward in one operator
@@ -42,7 +57,7 @@ def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, a
     backward needs beyond the inputs: the up projection's output where
     save_gu, and the routing."""
     return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
-                interleaved, activation, save_gu)
+                interleaved, activation, save_gu, _gathers(w13))
 
 
 def _mm(a, b, offs, bias=None):
@@ -67,27 +82,31 @@ class _Experts(torch.autograd.Function):
         weight's gradient <dys, y> = <dh, h> (+ <dys, b2>); the rest are
         grouped products, and permutations and sums over each token's k slots
         for dx and d(topk_weights).  The products read dys from grad, and the
-        tokens from x, through the routing's order (no permuted copies)."""
+        tokens from x, through the routing's order (no permuted copies) where
+        the forward's up projection did (GATHER_MAX_INTER)."""
         x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
         weights = topk_weights.float()
         need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         tokens, k = weights.shape
         grad = grad.to(x.dtype)
         scale = weights.reshape(-1).index_select(0, order)
-        dgu, hs, dot = OPS.swiglu_backward.default(
-            gu, OPS.gathered_mm.default(grad, order, k, w2, offs), scale, ctx.interleaved,
-            ctx.activation)
+        gather = _gathers(w13)
+        # dys as rows, where the products do not gather them or the down
+        # projection's bias needs them.
+        dys = grad.index_select(0, order // k) if not gather or b2 is not None else None
+        dh = OPS.gathered_mm.default(grad, order, k, w2, offs) if gather else _mm(dys, w2, offs)
+        dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.interleaved,
+                                                   ctx.activation)
         # Each intermediate goes as soon as its last use is done: the weights'
         # gradients are allocated while this node's saved tensors still live.
+        del dh
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
-        # The down projection's bias: its gradients read dys as rows.
-        dys = grad.index_select(0, order // k) if b2 is not None else None
         if need_weights:
             if b2 is not None:
                 dot += _bias_term(dys, b2, offs)
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
         if need_w2:
-            dw2 = _gathered_gradient(w2, grad, hs, offs, order, k, gather_left=True)
+            dw2 = _token_gradient(w2, grad if gather else dys, hs, offs, order, k, True, gather)
         if need_b2:
             db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
         del dys, hs, dot
@@ -95,20 +114,24 @@ class _Experts(torch.autograd.Function):
             ones = torch.ones_like(weights)
             dx = OPS.combine.default(_mm(dgu, w13, offs), inverse.view(tokens, k), ones, offs)
         if need_w13:
-            dw13 = _gathered_gradient(w13, dgu, x, offs, order, k, gather_left=False)
+            xs = x if gather else x.index_select(0, order // k)
+            dw13 = _token_gradient(w13, dgu, xs, offs, order, k, False, gather)
         if need_b13:
             db13 = bias_gradient(dgu, offs, False)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None
 
 
-def _gathered_gradient(w, left, right, offs, order, k, gather_left):
+def _token_gradient(w, left, right, offs, order, k, tokens_left, gather):
     """The gradient of w [E, M, N], left_g^T @ right_g over each group's sorted
-    rows, one operand (left where gather_left, else right) read through the
-    routing's order (its row order[r] // k for sorted row r); in w's layout
-    (autograd.input_gradient says why)."""
+    rows, in w's layout (autograd.input_gradient says why).  One operand
+    (left where tokens_left, else right) belongs to the tokens: with gather,
+    one row per token, read through the routing's order (row order[r] // k
+    for sorted row r); else already one row per sorted row."""
+    if not gather:
+        return input_gradient(w, left.mT, right, offs, False)
     if stored_transposed(w):
-        return OPS.gathered_mm_k.default(right, left, offs, order, k, not gather_left).mT
-    return OPS.gathered_mm_k.default(left, right, offs, order, k, gather_left)
+        return OPS.gathered_mm_k.default(right, left, offs, order, k, not tokens_left).mT
+    return OPS.gathered_mm_k.default(left, right, offs, order, k, tokens_left)
 
 
 def _bias_term(dys, b2, offs):

@@ -24,7 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from .gluon_api import cp_async_load, thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
 from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
-                 accumulator_layout, allocate_ring, claim_slot, gather_layout, ragged_descriptor,
+                 accumulator_layout, allocate_ring, claim_slot, ragged_descriptor,
                  shared_layout, store_tile, tiled_rows)
 
 
@@ -203,11 +203,21 @@ def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     ], [LOADER_WARPS], [LOADER_REGISTERS])
 
 
+@gluon.constexpr_function
+def spread_rows_layout(rows, cols, warps):
+    """The loader's [rows, cols] copy of gathered rows with one row a thread
+    (rows x threads-a-row = the warpgroup's threads): 16-byte pieces, a row's
+    spread over the few threads that share its index."""
+    lanes = 32 * warps // rows
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
 @gluon.jit
-def source_rows(rows_ptr, rows_div, positions, end):
-    """The gathered operand's stored rows at these positions of the order
-    (rows[p] // rows_div, int32); row 0 from end on, whose copies are masked."""
-    return (gl.load(rows_ptr + positions, mask=positions < end, other=0) // rows_div).to(gl.int32)
+def order_entries(rows_ptr, positions, end):
+    """rows[p] at these positions of the order (0 from end on, whose copies are
+    masked), as loaded: used three blocks later, with nothing waiting for the
+    load until then."""
+    return gl.load(rows_ptr + positions, mask=positions < end, other=0)
 
 
 @gluon.jit
@@ -219,11 +229,12 @@ def gathered_load_partition(desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_pt
     operand's K block by TMA (desc, rows clipped to the group), the gathered
     one's by this warpgroup's cp.async copies of the rows the order names
     (zeros past the group's end or the columns), each thread arriving on the
-    slot's `ready` when its copies land.  The next block's row indices load
-    while this block's copies are issued."""
+    slot's `ready` when its copies land.  Each block's order entries are
+    loaded three blocks ahead: a round trip to memory takes longer than a
+    block's MMA."""
     COLS: gl.constexpr = BM if GATHER_A else BN
     OTHER: gl.constexpr = BN if GATHER_A else BM
-    layout: gl.constexpr = gather_layout(BK, COLS, gl.num_warps())
+    layout: gl.constexpr = spread_rows_layout(BK, COLS, gl.num_warps())
     nbytes: gl.constexpr = OTHER * BK * desc.dtype.primitive_bitwidth // 8
     width = M if GATHER_A else N
     count = 0
@@ -240,10 +251,14 @@ def gathered_load_partition(desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_pt
         # role): each 16-byte copy is whole in or out.
         col_ok = gl.expand_dims(gl.max_constancy(cols < width, 8), 0)
         at = start + gl.arange(0, BK, gl.SliceLayout(1, layout))
-        src = source_rows(rows_ptr, rows_div, at, end)
+        ahead1 = order_entries(rows_ptr, at, end)
+        ahead2 = order_entries(rows_ptr, at + BK, end)
+        ahead3 = order_entries(rows_ptr, at + 2 * BK, end)
         for k in range(0, end - start, BK):  # none for an empty group
-            rows = src
-            src = source_rows(rows_ptr, rows_div, at + (k + BK), end)
+            entries = ahead1
+            ahead1 = ahead2
+            ahead2 = ahead3
+            ahead3 = order_entries(rows_ptr, at + (k + 3 * BK), end)
             slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
             # Row start + k of the other operand (ragged.py's coordinates).
             row = RAGGED_ROWS - (end - start) + k
@@ -257,7 +272,8 @@ def gathered_load_partition(desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_pt
             tma_load(desc, origin, bar, other)
             # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and
             # row stride, so each thread's 8 elements are one 16-byte copy.
-            starts = gl.multiple_of(src_ptr + rows.to(gl.int64) * ld_src, 16)
+            sources = (entries.to(gl.int32) // rows_div).to(gl.int64)
+            starts = gl.multiple_of(src_ptr + sources * ld_src, 16)
             ok = gl.expand_dims(at + k < end, 1) & col_ok
             cp_async_load(buf, gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), ok)
             async_copy.mbarrier_arrive(bar, increment_count=False)

@@ -232,10 +232,10 @@ def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
 
 
 @gluon.constexpr_function
-def gather_layout(rows, cols, warps):
-    """The loader's [rows, cols] copy of gathered rows: 16 bytes (8 elements)
-    a copy, a row's cols elements across up to a warp's threads."""
-    lanes = min(cols // 8, 32)
+def gather_layout(BM, BK, warps):
+    """The loader's [BM, BK] copy of gathered rows: 16 bytes (8 elements) a
+    copy, a row's BK elements across BK / 8 threads."""
+    lanes = BK // 8
     return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
 
 

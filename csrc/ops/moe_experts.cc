@@ -14,13 +14,6 @@
 namespace gg::ops {
 namespace {
 
-// The up projection reads the tokens through the routing's order (its loader
-// gathers them) where the experts are at most this wide: there a permuted
-// copy of x costs more than gathering in the GEMM, which runs the GEMM
-// slower; wider experts take the copy and the GEMM's TMA loads
-// (bench/RESULTS.md).
-constexpr int64_t kGatherInGemmMaxInter = 4096;
-
 std::string dtype_of(const Tensor& t) { return dtype_name(t.scalar_type()); }
 
 bool is_floating(ScalarType type) {
@@ -116,7 +109,7 @@ Tensor as_dtype(const Tensor& t, ScalarType dtype) {
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
     Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
     std::optional<Tensor> b13, std::optional<Tensor> b2, bool interleaved, std::string activation,
-    bool save_gu) {
+    bool save_gu, bool gather) {
   const Inputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
   check_dtypes(in);
   check_devices(in);
@@ -124,7 +117,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
   const int64_t tokens = x.size(0), k = topk_ids.size(1), inter = w13.size(1) / 2;
   auto [order, offs, inverse] = route_slots(as_dtype(topk_ids, ScalarType::Long), w13.size(0));
   auto [h, gu] = [&] {
-    if (inter <= kGatherInGemmMaxInter) {
+    if (gather) {
       return grouped_mm_glu(x, order, k, w13, offs, b13, interleaved, activation, save_gu);
     }
     const Tensor token = aten("aten::floor_divide", "", order, long_scalar(k, order));

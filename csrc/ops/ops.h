@@ -79,10 +79,11 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t expert
 
 // (out, gu, order, offs, inverse): moe_experts' forward (gg_runtime/moe.py
 // says what it computes) and what its backward reads: gu as grouped_mm_glu
-// gives it, the routing as route gives it.
+// gives it, the routing as route gives it.  gather: the up projection reads
+// the tokens through the routing's order, else from a permuted copy of x.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
     Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
     std::optional<Tensor> b13, std::optional<Tensor> b2, bool interleaved, std::string activation,
-    bool save_gu);
+    bool save_gu, bool gather);
 
 }  // namespace gg::ops

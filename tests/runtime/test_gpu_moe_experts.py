@@ -139,9 +139,9 @@ def test_strided_inputs_and_gradient_layouts():
 
 @pytest.mark.parametrize("inter", [48, 4104], ids=["gathered", "copied"])
 def test_up_projection_gathers_or_copies_the_tokens(inter):
-    """Both ways the up projection may read the tokens: through the routing's
-    order, or from a permuted copy where the experts are wider than
-    csrc/ops/moe_experts.cc's kGatherInGemmMaxInter (4096)."""
+    """Both ways the products may read the tokens and the gradient's rows:
+    through the routing's order, or from permuted copies where the experts
+    are wider than gg_runtime/moe.py's GATHER_MAX_INTER (4096)."""
     check_against_reference(make_inputs(300, 64, inter, 8, 2, bias=True))
 
 

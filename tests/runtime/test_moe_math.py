@@ -48,7 +48,7 @@ def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, interleaved=False,
 
 
 def moe_experts_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
-                    activation="swiglu", save_gu=False):
+                    activation="swiglu", save_gu=False, gather=True):
     """torch.ops.gg_runtime.moe_experts' contract: (out, gu, order, offs, inverse)."""
     tokens, k = topk_ids.shape
     order, offs, inverse = route_by_sort(topk_ids, w13.shape[0])
@@ -118,12 +118,18 @@ def outputs_and_grads(fn, given, grad):
     return out, grads, leaves
 
 
+@pytest.mark.parametrize("gather", [True, False], ids=["gathered", "copied"])
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["concatenated", "interleaved"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("shape", [(37, 12, 6, 5, 3), (20, 8, 4, 1, 1), (64, 8, 4, 16, 8)],
                          ids=["k3", "one_expert", "k8_empty_experts"])
-def test_matches_autograd_of_the_expert_loop(reference_ops, shape, bias, interleaved, activation):
+def test_matches_autograd_of_the_expert_loop(reference_ops, monkeypatch, shape, bias, interleaved,
+                                             activation, gather):
+    """gather: the products read rows through the routing's order, or (experts
+    wider than moe.GATHER_MAX_INTER, here 0) from permuted copies."""
+    if not gather:
+        monkeypatch.setattr(gg_runtime.moe, "GATHER_MAX_INTER", 0)
     given = inputs(*shape, bias=bias, transposed=shape[0] == 37)
     given["topk_ids"][::7, 0] = -1  # dropped slots
     given["topk_ids"][1, -1] = shape[3]  # past the last expert: dropped too
