@@ -42,23 +42,26 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
 // ValueError unless the activation is one of those.
 void check_activation(const std::string& activation);
 Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
-// (h, gu): moe_experts' up projection, the ragged-M product gu = a @ w13[g]^T
-// (+ bias[g]) of w13 [G, 2I, H] and the gathered tokens a[r] = x[rows[r] / k]
-// (x [T, H]; rows int64 [R], each rows[r] / k a row of x: not checked, the
-// routing makes them) or, without rows, a = x; and h = its SwiGLU [R, I]; gu
-// [R, 2I] is returned where save_gu, else [0, 2I] (not made).
+std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
+                                                   bool interleaved, std::string activation);
+
+// Products over rows gathered through the routing's order (rows int64 [R],
+// each rows[r] / k a row of the gathered operand: not checked, the routing
+// makes them).  grouped_mm_glu, (h, gu): moe_experts' up projection, the
+// ragged-M product gu = a @ w13[g]^T (+ bias[g]) of w13 [G, 2I, H] and the
+// gathered tokens a[r] = x[rows[r] / k] (x [T, H]) or, without rows, a = x;
+// and h = its SwiGLU [R, I]; gu [R, 2I] is returned where save_gu, else
+// [0, 2I] (not made).
 std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
                                           Tensor w13, Tensor offs, std::optional<Tensor> bias,
                                           bool interleaved, std::string activation, bool save_gu);
-// The backward's products over gathered rows: gathered_mm's row r is x[rows[r]
-// / k] @ b[g] for b [G, K, N] (rows past the last group zero); gathered_mm_k's
-// out[g] = a_g^T @ b_g [G, M, N] over the rows r of group g of a [*, M] and b
-// [*, N], the gathered one's row r being its row rows[r] / k (a's where
-// gather_a, else b's), the other's row r.
+// The backward's: gathered_mm's row r is x[rows[r] / k] @ b[g] for b [G, K, N]
+// (rows past the last group zero); gathered_mm_k's out[g] = a_g^T @ b_g
+// [G, M, N] over the rows r of group g of a [*, M] and b [*, N], the gathered
+// one's row r being its row rows[r] / k (a's where gather_a, else b's), the
+// other's row r.
 Tensor gathered_mm(Tensor x, Tensor rows, int64_t k, Tensor b, Tensor offs);
 Tensor gathered_mm_k(Tensor a, Tensor b, Tensor offs, Tensor rows, int64_t k, bool gather_a);
-std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
-                                                   bool interleaved, std::string activation);
 
 // out[t] = sum_j weights[t, j] * rows[index[t, j]] over the slots whose row lies
 // within the groups (offs[-1]); the others are dropped slots and add nothing.
