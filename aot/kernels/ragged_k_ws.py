@@ -215,9 +215,39 @@ def spread_rows_layout(rows, cols, warps):
 @gluon.jit
 def order_entries(rows_ptr, positions, end):
     """rows[p] at these positions of the order (0 from end on, whose copies are
-    masked), as loaded: used three blocks later, with nothing waiting for the
-    load until then."""
+    masked), as loaded: nothing waits for the load until the block of K
+    steps that uses it (gathered_load_partition)."""
     return gl.load(rows_ptr + positions, mask=positions < end, other=0)
+
+
+@gluon.jit
+def fill_gathered(desc, a_bufs, b_bufs, ready, empty, count, k, entries, at, start, end, cols,
+                  col_ok, src_ptr, ld_src, rows_div, off_m, off_n, GATHER_A: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """Ring slot `count` <- K step k of the tile: the other operand's block by
+    TMA, the gathered one's rows (entries: their order entries) by this
+    warpgroup's cp.async copies; returns the next count."""
+    OTHER: gl.constexpr = BN if GATHER_A else BM
+    nbytes: gl.constexpr = OTHER * BK * desc.dtype.primitive_bitwidth // 8
+    slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
+    # Row start + k of the other operand (ragged.py's coordinates).
+    row = RAGGED_ROWS - (end - start) + k
+    origin = [RAGGED_ROWS, end, row, off_n if GATHER_A else off_m]
+    if GATHER_A:
+        other = b_bufs.index(slot).reinterpret(desc.dtype, [1, 1, BK, BN], desc.layout)
+        buf = a_bufs.index(slot)
+    else:
+        other = a_bufs.index(slot).reinterpret(desc.dtype, [1, 1, BK, BM], desc.layout)
+        buf = b_bufs.index(slot)
+    tma_load(desc, origin, bar, other)
+    # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and row
+    # stride, so each thread's 8 elements are one 16-byte copy.
+    sources = (entries.to(gl.int32) // rows_div).to(gl.int64)
+    starts = gl.multiple_of(src_ptr + sources * ld_src, 16)
+    ok = gl.expand_dims(at + k < end, 1) & col_ok
+    cp_async_load(buf, gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), ok)
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+    return count + 1
 
 
 @gluon.jit
@@ -229,13 +259,12 @@ def gathered_load_partition(desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_pt
     operand's K block by TMA (desc, rows clipped to the group), the gathered
     one's by this warpgroup's cp.async copies of the rows the order names
     (zeros past the group's end or the columns), each thread arriving on the
-    slot's `ready` when its copies land.  Each block's order entries are
-    loaded three blocks ahead: a round trip to memory takes longer than a
-    block's MMA."""
+    slot's `ready` when its copies land.  K steps go four at a time, whose
+    order entries were loaded during the four before: a round trip to memory
+    takes longer than a step's MMA (and a register still loading stalls the
+    thread that copies it: the four are named, not rotated)."""
     COLS: gl.constexpr = BM if GATHER_A else BN
-    OTHER: gl.constexpr = BN if GATHER_A else BM
     layout: gl.constexpr = spread_rows_layout(BK, COLS, gl.num_warps())
-    nbytes: gl.constexpr = OTHER * BK * desc.dtype.primitive_bitwidth // 8
     width = M if GATHER_A else N
     count = 0
     g = -1
@@ -251,33 +280,35 @@ def gathered_load_partition(desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_pt
         # role): each 16-byte copy is whole in or out.
         col_ok = gl.expand_dims(gl.max_constancy(cols < width, 8), 0)
         at = start + gl.arange(0, BK, gl.SliceLayout(1, layout))
-        ahead1 = order_entries(rows_ptr, at, end)
-        ahead2 = order_entries(rows_ptr, at + BK, end)
-        ahead3 = order_entries(rows_ptr, at + 2 * BK, end)
-        for k in range(0, end - start, BK):  # none for an empty group
-            entries = ahead1
-            ahead1 = ahead2
-            ahead2 = ahead3
-            ahead3 = order_entries(rows_ptr, at + (k + 3 * BK), end)
-            slot, bar = claim_slot(ready, empty, count, nbytes, STAGES)
-            # Row start + k of the other operand (ragged.py's coordinates).
-            row = RAGGED_ROWS - (end - start) + k
-            origin = [RAGGED_ROWS, end, row, off_n if GATHER_A else off_m]
-            if GATHER_A:
-                other = b_bufs.index(slot).reinterpret(desc.dtype, [1, 1, BK, BN], desc.layout)
-                buf = a_bufs.index(slot)
-            else:
-                other = a_bufs.index(slot).reinterpret(desc.dtype, [1, 1, BK, BM], desc.layout)
-                buf = b_bufs.index(slot)
-            tma_load(desc, origin, bar, other)
-            # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and
-            # row stride, so each thread's 8 elements are one 16-byte copy.
-            sources = (entries.to(gl.int32) // rows_div).to(gl.int64)
-            starts = gl.multiple_of(src_ptr + sources * ld_src, 16)
-            ok = gl.expand_dims(at + k < end, 1) & col_ok
-            cp_async_load(buf, gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), ok)
-            async_copy.mbarrier_arrive(bar, increment_count=False)
-            count += 1
+        span = end - start
+        e0 = order_entries(rows_ptr, at, end)
+        e1 = order_entries(rows_ptr, at + BK, end)
+        e2 = order_entries(rows_ptr, at + 2 * BK, end)
+        e3 = order_entries(rows_ptr, at + 3 * BK, end)
+        for k in range(0, span, 4 * BK):  # none for an empty group
+            n0 = order_entries(rows_ptr, at + (k + 4 * BK), end)
+            n1 = order_entries(rows_ptr, at + (k + 5 * BK), end)
+            n2 = order_entries(rows_ptr, at + (k + 6 * BK), end)
+            n3 = order_entries(rows_ptr, at + (k + 7 * BK), end)
+            count = fill_gathered(desc, a_bufs, b_bufs, ready, empty, count, k, e0, at, start,
+                                  end, cols, col_ok, src_ptr, ld_src, rows_div, off_m, off_n,
+                                  GATHER_A, BM, BN, BK, STAGES)
+            if k + BK < span:
+                count = fill_gathered(desc, a_bufs, b_bufs, ready, empty, count, k + BK, e1, at,
+                                      start, end, cols, col_ok, src_ptr, ld_src, rows_div, off_m,
+                                      off_n, GATHER_A, BM, BN, BK, STAGES)
+            if k + 2 * BK < span:
+                count = fill_gathered(desc, a_bufs, b_bufs, ready, empty, count, k + 2 * BK, e2,
+                                      at, start, end, cols, col_ok, src_ptr, ld_src, rows_div,
+                                      off_m, off_n, GATHER_A, BM, BN, BK, STAGES)
+            if k + 3 * BK < span:
+                count = fill_gathered(desc, a_bufs, b_bufs, ready, empty, count, k + 3 * BK, e3,
+                                      at, start, end, cols, col_ok, src_ptr, ld_src, rows_div,
+                                      off_m, off_n, GATHER_A, BM, BN, BK, STAGES)
+            e0 = n0
+            e1 = n1
+            e2 = n2
+            e3 = n3
 
 
 @gluon.jit
