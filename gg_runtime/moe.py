@@ -98,26 +98,30 @@ class _Experts(torch.autograd.Function):
         dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.interleaved,
                                                    ctx.activation)
         # Each intermediate goes as soon as its last use is done: the weights'
-        # gradients are allocated while this node's saved tensors still live.
+        # gradients are allocated while this node's saved tensors (gu among
+        # them) still live.  d(gu), as large as gu, goes first: its products
+        # run before dW2's, while h (half its size) waits.
         del dh
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
         if need_weights:
             if b2 is not None:
                 dot += _bias_term(dys, b2, offs)
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
-        if need_w2:
-            dw2 = _token_gradient(w2, grad if gather else dys, hs, offs, order, k, True, gather)
-        if need_b2:
-            db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
-        del dys, hs, dot
+        del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
             ones = torch.ones_like(weights)
             dx = OPS.combine.default(_mm(dgu, w13, offs), inverse.view(tokens, k), ones, offs)
         if need_w13:
             xs = x if gather else x.index_select(0, order // k)
             dw13 = _token_gradient(w13, dgu, xs, offs, order, k, False, gather)
+            del xs
         if need_b13:
             db13 = bias_gradient(dgu, offs, False)
+        del dgu
+        if need_w2:
+            dw2 = _token_gradient(w2, grad if gather else dys, hs, offs, order, k, True, gather)
+        if need_b2:
+            db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None
 
 
