@@ -37,9 +37,9 @@ def _check_choices(gate_up, activation):
 
 # The products read the tokens (the up projection, dW13) and the gradient's
 # rows (dh, dW2) through the routing's order where the experts are at most
-# this wide: there a permuted copy costs more than gathering in the GEMM,
-# which runs the GEMM slower; wider experts take the copies and TMA's loads
-# (bench/RESULTS.md).
+# this wide: there gathering in the GEMM costs no more time than a permuted
+# copy, and saves the copy's memory; wider experts' GEMMs run faster from
+# copies, by TMA (bench/RESULTS.md).
 GATHER_MAX_INTER = 4096
 
 
