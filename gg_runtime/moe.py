@@ -97,10 +97,10 @@ class _Experts(torch.autograd.Function):
         dh = OPS.gathered_mm.default(grad, order, k, w2, offs) if gather else _mm(dys, w2, offs)
         dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.interleaved,
                                                    ctx.activation)
-        # Each intermediate goes as soon as its last use is done: the weights'
-        # gradients are allocated while this node's saved tensors (gu among
-        # them) still live.  d(gu), as large as gu, goes first: its products
-        # run before dW2's, while h (half its size) waits.
+        # Each intermediate goes as soon as its last use is done, gu too
+        # (_release).  d(gu), as large as gu, goes first: its products run
+        # before dW2's, while h (half its size) waits.
+        _release(gu)
         del dh
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
         if need_weights:
@@ -123,6 +123,20 @@ class _Experts(torch.autograd.Function):
         if need_b2:
             db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None
+
+
+def _release(saved):
+    """Free a saved tensor's memory once its last use is enqueued, as torch's
+    own nodes let theirs go before the rest of the backward runs (a node's
+    saved tensors otherwise live until it returns; gu, the largest, would
+    overlap the weights' gradients).  Only where nothing can read it again:
+    autograd keeps no graph for another backward (retain_graph=False) and
+    nothing is being compiled.  The allocator reuses the memory in stream
+    order, after the kernels that read it."""
+    keeps_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if keeps_graph is None or keeps_graph() or torch.compiler.is_compiling():
+        return
+    saved.untyped_storage().resize_(0)
 
 
 def _token_gradient(w, left, right, offs, order, k, tokens_left, gather):

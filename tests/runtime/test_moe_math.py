@@ -159,6 +159,23 @@ def test_matches_autograd_of_the_expert_loop(reference_ops, monkeypatch, shape, 
     assert torch.all(grads["topk_weights"][dropped] == 0)
 
 
+def test_backward_twice_with_the_graph_kept(reference_ops):
+    """retain_graph=True: the backward keeps what it read (the up projection's
+    output, which it frees otherwise), so a second backward adds the same
+    gradients again."""
+    given = inputs(29, 8, 4, 6, 2, bias=True, transposed=False)
+    grad = torch.randn(29, 8, dtype=torch.float64)
+    leaves = {n: t.clone().requires_grad_() if n in DIFFERENTIABLE else t for n, t in given.items()}
+    out = _Experts.apply(*leaves.values(), False, "swiglu")
+    out.backward(grad, retain_graph=True)
+    once = {n: leaves[n].grad.clone() for n in DIFFERENTIABLE}
+    out.backward(grad)
+    for name in DIFFERENTIABLE:
+        assert torch.allclose(leaves[name].grad, 2 * once[name], rtol=1e-12, atol=0), name
+    with pytest.raises(RuntimeError, match="second time"):
+        out.backward(grad)
+
+
 @pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_activation_checkpointing(reference_ops, use_reentrant):
     """Under torch.utils.checkpoint (what MoE training wraps layers in) the
