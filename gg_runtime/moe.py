@@ -133,8 +133,10 @@ def _release(saved):
     autograd keeps no graph for another backward (retain_graph=False) and
     nothing is being compiled.  The allocator reuses the memory in stream
     order, after the kernels that read it."""
+    if torch.compiler.is_compiling():  # first: the compiler cannot trace the query below
+        return
     keeps_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    if keeps_graph is None or keeps_graph() or torch.compiler.is_compiling():
+    if keeps_graph is None or keeps_graph():
         return
     saved.untyped_storage().resize_(0)
 
