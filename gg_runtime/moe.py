@@ -10,7 +10,8 @@ routing's order, gathered_mm and gathered_mm_k, where the experts are not
 wide: GATHER_MAX_INTER), and combine.
 
 What the autograd function keeps for backward is the routing, the inputs
-and the up projection's output; everything else is recomputed.  Every
+and the up projection's output (freed as soon as the backward has read it:
+_release); everything else is recomputed.  Every
 gather, scatter and combine is a permutation or a sum over the k slots of a
 token, never an index_add."""
 from __future__ import annotations
