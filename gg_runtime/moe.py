@@ -51,14 +51,14 @@ def _gathers(w13) -> bool:
 
 
 def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
-                     save_gu):
-    """(out, gu, order, offs, inverse): the forward in one operator
+                     for_backward):
+    """(out, saved): the forward in one operator
     (torch.ops.gg_runtime.moe_experts, csrc/ops/moe_experts.cc: every check of
-    the arguments, the routing, both projections, the combine), and what the
-    backward needs beyond the inputs: the up projection's output where
-    save_gu, and the routing."""
+    the arguments, the routing, both projections, the combine), and where
+    for_backward what the backward needs beyond the inputs: [the up
+    projection's output, order, offs, inverse] (else [])."""
     return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
-                interleaved, activation, save_gu, _gathers(w13))
+                interleaved, activation, for_backward, _gathers(w13))
 
 
 def _mm(a, b, offs, bias=None):
@@ -68,7 +68,7 @@ def _mm(a, b, offs, bias=None):
 class _Experts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
-        out, gu, order, offs, inverse = _experts_forward(
+        out, (gu, order, offs, inverse) = _experts_forward(
             x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation, True)
         ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.interleaved, ctx.activation = interleaved, activation
@@ -196,22 +196,31 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Nothing waits for the host (CUDA-graph capturable); traceable by
     torch.compile.  Returns [T, H] in x's dtype.
     """
-    _check_types(x=x, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2, b13=b13,
-                 b2=b2)
+    tensors = (x, topk_ids, topk_weights, w13, w2, b13, b2)
+    requires_grad = _check_types(tensors)
     _check_choices(gate_up, activation)
-    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved", activation)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:7]):
+    args = (*tensors, gate_up == "interleaved", activation)
+    if requires_grad and torch.is_grad_enabled():
         return _Experts.apply(*args)
-    return _experts_forward(*args, False)[0]  # nothing to differentiate: gu is never stored
+    return _experts_forward(*args, False)[0]  # nothing to differentiate, nothing kept
 
 
-def _check_types(**given):
-    """TypeError naming the argument that is no tensor (the operator checks the rest)."""
-    for name, value in given.items():
-        optional = name in ("b13", "b2")
-        if not isinstance(value, torch.Tensor) and not (optional and value is None):
-            kind = "a torch.Tensor or None" if optional else "a torch.Tensor"
+_TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")
+_OPTIONAL = ("b13", "b2")
+
+
+def _check_types(tensors) -> bool:
+    """Whether a tensor requires grad; a TypeError naming the argument that
+    is no tensor (the operator checks the rest).  One pass: the forward's
+    host time counts."""
+    requires_grad = False
+    for name, value in zip(_TENSOR_NAMES, tensors):
+        if isinstance(value, torch.Tensor):
+            requires_grad = requires_grad or value.requires_grad
+        elif value is not None or name not in _OPTIONAL:
+            kind = "a torch.Tensor or None" if name in _OPTIONAL else "a torch.Tensor"
             raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    return requires_grad
 
 
 class MoEExperts(torch.nn.Module):

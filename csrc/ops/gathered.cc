@@ -82,38 +82,49 @@ void launch_gathered(const GatheredProduct& p, const Tensor& c, int64_t ldc, con
                                .gpt_oss = gpt_oss ? 1 : 0,
                                .rows_ptr = address(p.rows),
                                .rows_div = p.rows_div};
-  launch(args, text(p.b.transposed ? "t_" : "n_", epilogue), target_of(p.a.t, p.a.t.scalar_type()));
+  launch(args, (p.b.transposed ? "t_" : "n_") + epilogue, target_of(p.a.t, p.a.t.scalar_type()));
 }
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x_in, std::optional<Tensor> rows_in, int64_t k,
+std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
                                           Tensor w13, Tensor offs, std::optional<Tensor> bias,
                                           bool interleaved, std::string activation, bool save_gu) {
-  check_tensor(x_in, "x", 2, kDTypes);
-  if (rows_in.has_value()) check_rows(*rows_in, x_in, "x");
+  check_tensor(x, "x", 2, kDTypes);
+  if (rows.has_value()) check_rows(*rows, x, "x");
   check_k(k);
-  const int64_t inter = check_w13(w13, x_in), groups = w13.size(0);
-  const int64_t rows = rows_in.has_value() ? rows_in->size(0) : x_in.size(0);
-  check_offsets(offs, "w13", groups, x_in);
+  const int64_t inter = check_w13(w13, x), groups = w13.size(0);
+  check_offsets(offs, "w13", groups, x);
   check_activation(activation);
-  if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x_in.scalar_type(), x_in);
+  if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x.scalar_type(), x);
+  const int64_t count = rows.has_value() ? rows->size(0) : x.size(0);
+  Tensor gu = new_output(x, {save_gu ? count : 0, 2 * inter}, x.scalar_type());
+  Outputs results(x);
+  Tensor h = up_projection(x, rows, k, w13, offs, bias, interleaved, activation == "gpt_oss",
+                           save_gu ? &gu : nullptr, results);
+  return {h, gu};
+}
+
+Tensor up_projection(const Tensor& x_in, const std::optional<Tensor>& rows_in, int64_t k,
+                     const Tensor& w13, const Tensor& offs, const std::optional<Tensor>& bias,
+                     bool interleaved, bool gpt_oss, Tensor* gu, Outputs& outputs) {
+  const int64_t inter = w13.size(1) / 2, groups = w13.size(0);
+  const int64_t rows = rows_in.has_value() ? rows_in->size(0) : x_in.size(0);
   const Matrix b = matrix_of_transpose(w13);  // [G, H, 2I]: the b of x @ b
   const Matrix a = row_major(x_in);
   // Without rows the kernels read x's rows in order (rows_div 0; offs stands in).
   const Tensor gather = rows_in.has_value() ? as_contiguous(*rows_in) : offs;
-  Tensor h = new_output(x_in, {rows, inter}, x_in.scalar_type());
-  Tensor gu = new_output(x_in, {save_gu ? rows : 0, 2 * inter}, x_in.scalar_type());
+  Tensor h = outputs.make({rows, inter}, x_in.scalar_type());
   if (groups == 0) {  // every row past the last group: zeros
-    torch::stable::zero_(gu);
-    return {torch::stable::zero_(h), gu};
+    if (gu != nullptr) torch::stable::zero_(*gu);
+    return torch::stable::zero_(h);
   }
-  if (shapes_only(h)) return {h, gu};
+  if (shapes_only(h)) return h;
   const GatheredProduct product{a,    gather, rows_in.has_value() ? k : 0, b, rows, 2 * inter,
                                 offs, bias};
-  launch_gathered(product, h, inter, gu, save_gu, activation == "gpt_oss",
+  launch_gathered(product, h, inter, gu != nullptr ? *gu : h, gu != nullptr, gpt_oss,
                   interleaved ? "interleaved" : "concatenated");
-  return {h, gu};
+  return h;
 }
 
 Tensor gathered_mm(Tensor x, Tensor rows_in, int64_t k, Tensor b_in, Tensor offs) {

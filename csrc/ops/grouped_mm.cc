@@ -104,11 +104,12 @@ bool tma_reads(const Tensor& x, int64_t ld) {
 }  // namespace
 
 Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& offs,
-                const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32) {
+                const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
+                Outputs& outputs) {
   Matrix a = matrix_of(a_in);
   if (a.transposed && !tma_reads(a.t, a.ld)) a = row_major(as_contiguous(a.t));
   const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0);
-  Tensor out = new_output(a.t, {rows, n}, out_dtype);
+  Tensor out = outputs.make({rows, n}, out_dtype);
   if (groups == 0) return torch::stable::zero_(out);
   if (shapes_only(out)) return out;
   const std::optional<Tensor> bias_rows =
@@ -127,7 +128,7 @@ Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& of
                              .ldc = n,
                              .bias_ptr = bias_rows ? address(*bias_rows) : 0,
                              .has_bias = bias_rows ? 1 : 0};
-  launch(args, text(a.transposed ? "t" : "n", b.transposed ? "t" : "n"),
+  launch(args, std::string(a.transposed ? "t" : "n") + (b.transposed ? "t" : "n"),
          target_of(a.t, out_dtype, tf32));
   return out;
 }
@@ -165,9 +166,10 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
 // transposed views, so the result is a transposed view of [T, M].
 Tensor ragged_n(const Tensor& a, const Tensor& b, const Tensor& offs, ScalarType out_dtype,
                 bool tf32) {
+  Outputs results(a);
   return torch::stable::transpose(
       ragged_m(torch::stable::transpose(b, 0, 1), matrix_of_transpose(a), a.size(1), offs,
-               std::nullopt, out_dtype, tf32),
+               std::nullopt, out_dtype, tf32, results),
       0, 1);
 }
 
@@ -188,8 +190,9 @@ Tensor batched(const Tensor& a_in, const Tensor& b, const std::optional<Tensor>&
   }
   const bool stacked_rows = (k <= 1 || a_in.stride(2) == 1) && a_in.stride(0) == m * a_in.stride(1);
   const Tensor a = stacked_rows ? a_in : as_contiguous(a_in);
+  Outputs results(a);
   const Tensor out = ragged_m(torch::stable::reshape(a, {groups * m, k}), matrix_of(b), n,
-                              batch_offsets(a, groups, m), bias, out_dtype, tf32);
+                              batch_offsets(a, groups, m), bias, out_dtype, tf32, results);
   return torch::stable::view(out, {groups, m, n});
 }
 
@@ -199,8 +202,10 @@ Tensor grouped_mm(Tensor mat_a, Tensor mat_b, std::optional<Tensor> offs,
                   std::optional<Tensor> bias, std::optional<ScalarType> out_dtype, bool tf32) {
   const ScalarType out_type = out_dtype.value_or(mat_a.scalar_type());
   switch (classify(mat_a, mat_b, offs, bias, out_type)) {
-    case Case::kRaggedM:
-      return ragged_m(mat_a, matrix_of(mat_b), mat_b.size(2), *offs, bias, out_type, tf32);
+    case Case::kRaggedM: {
+      Outputs results(mat_a);
+      return ragged_m(mat_a, matrix_of(mat_b), mat_b.size(2), *offs, bias, out_type, tf32, results);
+    }
     case Case::kRaggedK:
       return ragged_k(mat_a, mat_b, *offs, out_type, tf32);
     case Case::kRaggedN:

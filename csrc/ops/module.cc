@@ -115,7 +115,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
       "Tensor? b13=None, Tensor? b2=None, bool interleaved=False, str activation='swiglu', "
-      "bool save_gu=False, bool gather=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool for_backward=False, bool gather=True) -> (Tensor, Tensor[])");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "op_support.h"
 #include "ops.h"
@@ -106,29 +107,46 @@ Tensor as_dtype(const Tensor& t, ScalarType dtype) {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
-    Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-    std::optional<Tensor> b13, std::optional<Tensor> b2, bool interleaved, std::string activation,
-    bool save_gu, bool gather) {
+std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights,
+                                                    Tensor w13, Tensor w2,
+                                                    std::optional<Tensor> b13,
+                                                    std::optional<Tensor> b2, bool interleaved,
+                                                    std::string activation, bool for_backward,
+                                                    bool gather) {
   const Inputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
   check_dtypes(in);
   check_devices(in);
   check_shapes(in);
-  const int64_t tokens = x.size(0), k = topk_ids.size(1), inter = w13.size(1) / 2;
-  auto [order, offs, inverse] = route_slots(as_dtype(topk_ids, ScalarType::Long), w13.size(0));
-  auto [h, gu] = [&] {
+  const int64_t tokens = x.size(0), hidden = x.size(1), k = topk_ids.size(1);
+  const int64_t experts = w13.size(0), inter = w13.size(1) / 2, slots = tokens * k;
+  const ScalarType dtype = x.scalar_type();
+  // The products' rows, and the routing unless the backward reads it, are
+  // temporaries: one block.
+  Outputs results(x);
+  Outputs temporaries(x, Outputs::part_bytes({slots, inter}, dtype) +
+                             Outputs::part_bytes({slots, hidden}, dtype) +
+                             (for_backward ? 0 : route_bytes(slots, experts)));
+  auto [order, offs, inverse] = route_slots(as_dtype(topk_ids, ScalarType::Long), experts,
+                                            for_backward ? results : temporaries);
+  std::optional<Tensor> gu;
+  if (for_backward) gu = new_output(x, {slots, 2 * inter}, dtype);
+  const bool gpt_oss = activation == "gpt_oss";
+  Tensor* saved_gu = gu ? &*gu : nullptr;
+  const Tensor h = [&] {
     if (gather) {
-      return grouped_mm_glu(x, order, k, w13, offs, b13, interleaved, activation, save_gu);
+      return up_projection(x, order, k, w13, offs, b13, interleaved, gpt_oss, saved_gu,
+                           temporaries);
     }
     const Tensor token = aten("aten::floor_divide", "", order, long_scalar(k, order));
-    return grouped_mm_glu(aten("aten::index_select", "", x, int64_t{0}, token), std::nullopt, 1,
-                          w13, offs, b13, interleaved, activation, save_gu);
+    return up_projection(aten("aten::index_select", "", x, int64_t{0}, token), std::nullopt, 1, w13,
+                         offs, b13, interleaved, gpt_oss, saved_gu, temporaries);
   }();
-  const int64_t hidden = x.size(1);
-  const Tensor ys = ragged_m(h, matrix_of_transpose(w2), hidden, offs, b2, x.scalar_type(), false);
+  const Tensor ys =
+      ragged_m(h, matrix_of_transpose(w2), hidden, offs, b2, dtype, false, temporaries);
   const Tensor out =
       combine_slots(ys, inverse, tokens, k, as_dtype(topk_weights, ScalarType::Float), offs);
-  return {out, gu, order, offs, inverse};
+  if (!for_backward) return {out, {}};
+  return {out, {*gu, order, offs, inverse}};
 }
 
 }  // namespace gg::ops

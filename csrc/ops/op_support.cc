@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -34,12 +35,35 @@ StreamGetter stream_getter() {
   return getter;
 }
 
-// The runtime's code of a dtype (float32 with TF32 products: `tf32`).
+// torch's name of a dtype without "torch.", or nullptr for one no operator takes.
+const char* short_dtype_name(ScalarType type) {
+  switch (type) {
+    case ScalarType::Half:
+      return "float16";
+    case ScalarType::BFloat16:
+      return "bfloat16";
+    case ScalarType::Float:
+      return "float32";
+    case ScalarType::Double:
+      return "float64";
+    case ScalarType::Float8_e4m3fn:
+      return "float8_e4m3fn";
+    case ScalarType::Int:
+      return "int32";
+    case ScalarType::Long:
+      return "int64";
+    default:
+      return nullptr;
+  }
+}
+
+// The runtime's code of a dtype (float32 with TF32 products: `tf32`): every
+// launch asks, so no string is made.
 int dtype_code(ScalarType type, bool tf32 = false) {
-  const std::string name = type == ScalarType::Float && tf32 ? "tf32" : dtype_name(type).substr(6);
+  const char* name = type == ScalarType::Float && tf32 ? "tf32" : short_dtype_name(type);
   const auto dtypes = g_runtime->dtypes();
-  for (size_t i = 0; i < dtypes.size(); ++i) {
-    if (name == dtypes[i].name) return static_cast<int>(i);
+  for (size_t i = 0; name != nullptr && i < dtypes.size(); ++i) {
+    if (std::strcmp(name, dtypes[i].name) == 0) return static_cast<int>(i);
   }
   type_error("gg_runtime has no kernels for ", dtype_name(type));
 }
@@ -67,24 +91,9 @@ std::string strides_of(const Tensor& t) {
 }
 
 std::string dtype_name(ScalarType type) {
-  switch (type) {
-    case ScalarType::Half:
-      return "torch.float16";
-    case ScalarType::BFloat16:
-      return "torch.bfloat16";
-    case ScalarType::Float:
-      return "torch.float32";
-    case ScalarType::Double:
-      return "torch.float64";
-    case ScalarType::Float8_e4m3fn:
-      return "torch.float8_e4m3fn";
-    case ScalarType::Int:
-      return "torch.int32";
-    case ScalarType::Long:
-      return "torch.int64";
-    default:
-      return "torch.dtype(" + std::to_string(static_cast<int>(type)) + ")";
-  }
+  const char* name = short_dtype_name(type);
+  return name != nullptr ? std::string("torch.") + name
+                         : "torch.dtype(" + std::to_string(static_cast<int>(type)) + ")";
 }
 
 std::string device_of(const Tensor& t) {
@@ -190,24 +199,85 @@ Tensor as_contiguous(const Tensor& x) {
   return x.is_contiguous() ? x : torch::stable::contiguous(x);
 }
 
-Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
+namespace {
+
+std::vector<int64_t> contiguous_strides(const Shape& shape) {
   std::vector<int64_t> strides(shape.size());
   int64_t step = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = step;
     step *= std::max<int64_t>(shape[i], 1);
   }
+  return strides;
+}
+
+// Under set_poison (tests): NaN, or -1 for integers (a value no output index takes).
+Tensor poisoned(Tensor out, ScalarType dtype) {
+  if (g_poison && !shapes_only(out)) {
+    const bool integer = dtype == ScalarType::Int || dtype == ScalarType::Long;
+    torch::stable::fill_(out, integer ? -1.0 : std::numeric_limits<double>::quiet_NaN());
+  }
+  return out;
+}
+
+int64_t element_bytes(ScalarType dtype) {
+  switch (dtype) {
+    case ScalarType::Double:
+    case ScalarType::Long:
+      return 8;
+    case ScalarType::Float:
+    case ScalarType::Int:
+      return 4;
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// torch's CUDA caching allocator's alignment: a part starts where a tensor
+// of its own would.
+constexpr int64_t kPartAlign = 512;
+
+Tensor empty(const Tensor& like, const Shape& shape, ScalarType dtype) {
+  const std::vector<int64_t> strides = contiguous_strides(shape);
   const torch::stable::Device device = like.device();
   AtenTensorHandle handle = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
       static_cast<int64_t>(shape.size()), shape.data(), strides.data(), static_cast<int32_t>(dtype),
       static_cast<int32_t>(device.type()), device.index(), &handle));
-  Tensor out(handle);
-  if (g_poison && !shapes_only(out)) {  // integers: -1, a value no output index takes
-    const bool integer = dtype == ScalarType::Int || dtype == ScalarType::Long;
-    torch::stable::fill_(out, integer ? -1.0 : std::numeric_limits<double>::quiet_NaN());
-  }
-  return out;
+  return Tensor(handle);
+}
+
+}  // namespace
+
+Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
+  return poisoned(empty(like, shape, dtype), dtype);
+}
+
+Outputs::Outputs(const Tensor& like, int64_t bytes) : like_(like) {
+  if (bytes > 0 && !shapes_only(like)) block_ = empty(like, {bytes}, ScalarType::Byte);
+}
+
+int64_t Outputs::part_bytes(const Shape& shape, ScalarType dtype) {
+  int64_t bytes = element_bytes(dtype);
+  for (int64_t size : shape) bytes *= size;
+  return (bytes + kPartAlign - 1) / kPartAlign * kPartAlign;
+}
+
+Tensor Outputs::make(const Shape& shape, ScalarType dtype) {
+  const int64_t bytes = part_bytes(shape, dtype);
+  if (!block_ || used_ + bytes > block_->numel()) return new_output(like_, shape, dtype);
+  const std::vector<int64_t> strides = contiguous_strides(shape);
+  AtenTensorHandle handle = nullptr;
+  // A tensor over the block's storage from byte used_ (inductor's own way to
+  // place its buffers in one allocation; no dispatcher call).
+  TORCH_ERROR_CODE_CHECK(aoti_torch__alloc_from_pool(
+      block_->get(), used_, static_cast<int32_t>(dtype), static_cast<int64_t>(shape.size()),
+      shape.data(), strides.data(), &handle));
+  used_ += bytes;
+  return poisoned(Tensor(handle), dtype);
 }
 
 void set_poison(bool on) { g_poison = on; }

@@ -126,6 +126,26 @@ Tensor as_contiguous(const Tensor& x);
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype);
 void set_poison(bool on);
 
+// Where an operator's helpers make their tensors on like's device: each a new
+// allocation (Outputs(like)), or parts of one block of `bytes` allocated up
+// front (each allocation through torch costs the host about as much as a
+// kernel launch).  Parts share the block's storage and keep all of it alive,
+// so only an operator's temporaries are parts, never its results.  A part
+// that does not fit, and every tensor of a shapes-only call, is a new
+// allocation.
+class Outputs {
+ public:
+  explicit Outputs(const Tensor& like, int64_t bytes = 0);
+  Tensor make(const Shape& shape, ScalarType dtype);
+  // A part's size in a block: its bytes, rounded up to torch's allocation alignment.
+  static int64_t part_bytes(const Shape& shape, ScalarType dtype);
+
+ private:
+  Tensor like_;
+  std::optional<Tensor> block_;
+  int64_t used_ = 0;
+};
+
 // The stack after aten::name.overload (an operator the stable ABI wraps no
 // function for) is called with args: its results first, each to be taken
 // (torch::stable::detail::to) once.

@@ -26,9 +26,11 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
                          bool use_fast_accum);
 
 // grouped_mm's ragged-M product of a [T, K] and b (matrix_of a [G, K, N], n =
-// N), + bias[g], for operators that checked their arguments.
+// N), + bias[g], for operators that checked their arguments; the product
+// made by `outputs`.
 Tensor ragged_m(const Tensor& a, const Matrix& b, int64_t n, const Tensor& offs,
-                const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32);
+                const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
+                Outputs& outputs);
 
 // (q, scale) with x ~ q * scale.
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
@@ -55,6 +57,11 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tenso
 std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
                                           Tensor w13, Tensor offs, std::optional<Tensor> bias,
                                           bool interleaved, std::string activation, bool save_gu);
+// grouped_mm_glu's work on checked arguments: h made by `outputs`, gu [R, 2I]
+// written where given.
+Tensor up_projection(const Tensor& x, const std::optional<Tensor>& rows, int64_t k,
+                     const Tensor& w13, const Tensor& offs, const std::optional<Tensor>& bias,
+                     bool interleaved, bool gpt_oss, Tensor* gu, Outputs& outputs);
 // The backward's: gathered_mm's row r is x[rows[r] / k] @ b[g] for b [G, K, N]
 // (rows past the last group zero); gathered_mm_k's out[g] = a_g^T @ b_g
 // [G, M, N] over the rows r of group g of a [*, M] and b [*, N], the gathered
@@ -77,16 +84,24 @@ Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, in
 // torch's sort.
 std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts);
 // route's work for int64 ids of any shape, their slots in row-major order
-// (unchecked: for operators that checked them).
-std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t experts);
+// (unchecked: for operators that checked them), its tensors made by
+// `outputs`; route_bytes: the block bytes they take (0 where torch's sort
+// makes them).
+std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t experts,
+                                               Outputs& outputs);
+int64_t route_bytes(int64_t slots, int64_t experts);
 
-// (out, gu, order, offs, inverse): moe_experts' forward (gg_runtime/moe.py
-// says what it computes) and what its backward reads: gu as grouped_mm_glu
-// gives it, the routing as route gives it.  gather: the up projection reads
-// the tokens through the routing's order, else from a permuted copy of x.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_experts(
-    Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-    std::optional<Tensor> b13, std::optional<Tensor> b2, bool interleaved, std::string activation,
-    bool save_gu, bool gather);
+// (out, saved): moe_experts' forward (gg_runtime/moe.py says what it
+// computes) and, where for_backward, what its backward reads: [gu, order,
+// offs, inverse], gu as grouped_mm_glu gives it, the routing as route gives
+// it (else no tensor: the routing and the products' rows are temporaries
+// in one block).  gather: the up projection reads the tokens through the
+// routing's order, else from a permuted copy of x.
+std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights,
+                                                    Tensor w13, Tensor w2,
+                                                    std::optional<Tensor> b13,
+                                                    std::optional<Tensor> b2, bool interleaved,
+                                                    std::string activation, bool for_backward,
+                                                    bool gather);
 
 }  // namespace gg::ops

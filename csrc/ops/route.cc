@@ -40,33 +40,52 @@ std::tuple<Tensor, Tensor, Tensor> route_by_sort(const Tensor& ids, int64_t expe
   return {order, offs, inverse};
 }
 
+// Each chunk's counts per bin, then the totals (a row more): the scratch of
+// the three-launch sort; one chunk is sorted by one program without it.
+Shape hist_shape(int64_t slots) {
+  const int64_t chunks = (slots + Family::kSlotsPerChunk - 1) / Family::kSlotsPerChunk;
+  return chunks > 1 ? Shape{chunks + 1, Family::kBins} : Shape{};
+}
+
+bool sorts_by_torch(int64_t slots, int64_t experts) {
+  return experts > Family::kBins - 1 && slots > 0;
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts) {
   check_tensor(ids, "ids", 1, {ScalarType::Long});
   if (experts < 0) value_error("experts must be >= 0, got ", experts);
-  return route_slots(ids, experts);
+  Outputs results(ids);
+  return route_slots(ids, experts, results);
 }
 
-std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids_in, int64_t experts) {
+int64_t route_bytes(int64_t slots, int64_t experts) {
+  if (sorts_by_torch(slots, experts)) return 0;
+  const Shape hist = hist_shape(slots);
+  return 2 * Outputs::part_bytes({slots}, ScalarType::Long) +
+         Outputs::part_bytes({experts}, ScalarType::Int) +
+         (hist.empty() ? 0 : Outputs::part_bytes(hist, ScalarType::Int));
+}
+
+std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids_in, int64_t experts,
+                                               Outputs& outputs) {
   const int64_t slots = ids_in.numel();
-  if (experts > Family::kBins - 1 && slots > 0 && !shapes_only(ids_in)) {
+  if (sorts_by_torch(slots, experts) && !shapes_only(ids_in)) {
     return route_by_sort(torch::stable::reshape(ids_in, {slots}), experts);
   }
-  Tensor order = new_output(ids_in, {slots}, ScalarType::Long);
-  Tensor inverse = new_output(ids_in, {slots}, ScalarType::Long);
-  Tensor offs = new_output(ids_in, {experts}, ScalarType::Int);
+  Tensor order = outputs.make({slots}, ScalarType::Long);
+  Tensor inverse = outputs.make({slots}, ScalarType::Long);
+  Tensor offs = outputs.make({experts}, ScalarType::Int);
   if (shapes_only(order)) return {order, offs, inverse};
   if (slots == 0) {  // every group empty; no launch
     torch::stable::fill_(offs, 0.0);
     return {order, offs, inverse};
   }
-  const int64_t chunks = (slots + Family::kSlotsPerChunk - 1) / Family::kSlotsPerChunk;
-  // Each chunk's counts per bin, then the totals (a row more): the scratch of
-  // the three-launch sort; one chunk is sorted by one program without it.
+  const Shape hist_rows = hist_shape(slots);
+  const int64_t chunks = hist_rows.empty() ? 1 : hist_rows[0] - 1;
   const std::optional<Tensor> hist =
-      chunks == 1 ? std::nullopt
-                  : std::optional(new_output(ids_in, {chunks + 1, Family::kBins}, ScalarType::Int));
+      hist_rows.empty() ? std::nullopt : std::optional(outputs.make(hist_rows, ScalarType::Int));
   const Tensor ids = as_contiguous(ids_in);
   const Family args{.ids_ptr = address(ids),
                     .hist_ptr = hist ? address(*hist) : address(offs),

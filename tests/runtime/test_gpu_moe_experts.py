@@ -186,6 +186,20 @@ def test_cuda_graph_replay_with_new_routing():
     assert rel_error(out, want) < 2e-2
 
 
+@pytest.mark.parametrize("tokens", [256, 3000], ids=["routed_in_one_launch", "in_three"])
+def test_forward_without_autograd_allocates_twice(tokens):
+    """Without autograd the routing (its sort's counts too) and the products'
+    rows are parts of one block: a forward allocates that block and its output."""
+    inputs = make_inputs(tokens, 64, 32, 8, 2)
+    gg_runtime.moe_experts(**inputs)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    out = gg_runtime.moe_experts(**inputs)
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] - before == 2
+    want = layer_ref(**{n: t.float() if t.is_floating_point() else t for n, t in inputs.items()})
+    assert rel_error(out, want) < 2e-2
+
+
 def test_torch_compile_fullgraph():
     """Traced whole, forward and backward (aot_eager: inductor needs Triton)."""
     torch._dynamo.reset()

@@ -49,14 +49,15 @@ def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, interleaved=False,
 
 
 def moe_experts_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
-                    activation="swiglu", save_gu=False, gather=True):
-    """torch.ops.gg_runtime.moe_experts' contract: (out, gu, order, offs, inverse)."""
+                    activation="swiglu", for_backward=False, gather=True):
+    """torch.ops.gg_runtime.moe_experts' contract: (out, [gu, order, offs,
+    inverse] where for_backward, else [])."""
     tokens, k = topk_ids.shape
     order, offs, inverse = route_by_sort(topk_ids, w13.shape[0])
-    h, gu = grouped_mm_glu_ref(x, order, k, w13, offs, b13, interleaved, activation, save_gu)
+    h, gu = grouped_mm_glu_ref(x, order, k, w13, offs, b13, interleaved, activation)
     ys = grouped_mm_ref(h, w2.mT, offs, b2)
     out = combine_ref(ys, inverse.view(tokens, k), topk_weights.float(), offs).to(x.dtype)
-    return out, gu, order, offs, inverse
+    return out, [gu, order, offs, inverse] if for_backward else []
 
 
 def gathered_mm_ref(x, rows, k, b, offs):
