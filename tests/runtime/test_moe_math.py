@@ -135,7 +135,9 @@ def test_matches_autograd_of_the_expert_loop(reference_ops, monkeypatch, shape, 
     given = inputs(*shape, bias=bias, transposed=shape[0] == 37)
     given["topk_ids"][::7, 0] = -1  # dropped slots
     given["topk_ids"][1, -1] = shape[3]  # past the last expert: dropped too
-    grad = torch.randn(shape[0], shape[1], dtype=torch.float64)
+    # Seeded: the global generator's state depends on the tests before (hypothesis's).
+    grad = torch.randn(shape[0], shape[1], generator=torch.Generator().manual_seed(1),
+                       dtype=torch.float64)
 
     def ours(x, topk_ids, topk_weights, w13, w2, b13, b2):
         return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved,
@@ -147,12 +149,13 @@ def test_matches_autograd_of_the_expert_loop(reference_ops, monkeypatch, shape, 
     out, grads, leaves = outputs_and_grads(ours, given, grad)
     want, want_grads, _ = outputs_and_grads(theirs, given, grad)
     # The routing weights are taken in float32 (combine's weights, swiglu_backward's
-    # scale): relative errors of 1e-8 or so, a wrong formula's of 1.
-    assert (out - want).norm() <= 1e-7 * want.norm()
+    # scale): relative errors of 1e-8 to 1e-7 (float32's rounding, 6e-8, in sums
+    # over rows: 1.3e-7 seen for b13), a wrong formula's of 1.
+    assert (out - want).norm() <= 1e-6 * want.norm()
     assert grads.keys() == want_grads.keys()
     for name, got in grads.items():
         want_grad = want_grads[name]
-        assert (got - want_grad).norm() <= 1e-7 * want_grad.norm(), name
+        assert (got - want_grad).norm() <= 1e-6 * want_grad.norm(), name
         assert got.stride() == leaves[name].stride(), name
     if shape[0] == 37:
         assert leaves["w13"].stride(-2) == 1 and leaves["w2"].stride(-2) == 1
