@@ -10,6 +10,7 @@ import click
 
 from . import codegen
 from .compile import CompileError, compile_all
+from .sources import sources_digest
 from .variants import all_variants
 
 DEFAULT_OUT = Path("build/aot")
@@ -31,6 +32,9 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
     """Compile every variant for sm80 and sm90 and generate the runtime's kernel table."""
     import triton
 
+    # The sources the variants are compiled from, as they are now (not as an
+    # edit made during a long build leaves them).
+    digest = sources_digest()
     variants = [v for v in all_variants() if only in v.key]
     if not variants:
         raise click.ClickException(f"no variant key contains {only!r}")
@@ -49,7 +53,8 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
         records = compile_all(variants, kernels, jobs, keep_ptx, progress)
     except CompileError as exc:
         raise click.ClickException(str(exc)) from exc
-    codegen.write_outputs(records, kernels, triton.__version__, partial=bool(only))
+    codegen.write_outputs(records, kernels, triton.__version__, partial=bool(only),
+                          sources_sha256=digest)
     size = sum(r["cubin_size"] for r in records)
     click.echo(f"compiled {len(records)} variants ({size / 1e6:.1f} MB of cubins) "
                f"in {time.time() - started:.0f} s with {jobs} jobs -> {kernels}")

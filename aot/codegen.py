@@ -14,7 +14,6 @@ from pathlib import Path
 
 from . import expr
 from .families import FAMILIES
-from .sources import sources_digest
 from .variants import ARCHS, DTYPES, FLAVOURS
 
 KINDS = {"i32": "i", "i64": "l"}  # anything else is a pointer, 'p'
@@ -161,10 +160,13 @@ def family_args_source() -> str:
     return "\n".join(lines + ["}  // namespace gg::family"]) + "\n"
 
 
-def write_outputs(records: list, out_dir: Path, triton_version: str, partial: bool) -> None:
+def write_outputs(records: list, out_dir: Path, triton_version: str, partial: bool,
+                  sources_sha256: str) -> None:
+    """The manifest (sources_sha256: aot.sources' digest of the sources compiled),
+    the kernel table and the argument structs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {"triton_version": triton_version, "variants": records, "partial": partial,
-                "sources_sha256": sources_digest()}
+                "sources_sha256": sources_sha256}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     (out_dir / "kernel_table.inc").write_text(kernel_table_source(records, triton_version))
     (out_dir / "family_args.h").write_text(family_args_source())

@@ -7,7 +7,8 @@ list (the wheel's `_C.variants()`).
 
 Layout names give how A and B are stored, one letter each: 'n' as the math
 reads (A [M, K], B [K, N], row-major), 't' stored transposed (A as [K, M],
-B as [N, K] -- the nn.Linear weight layout).
+B as [N, K] -- the nn.Linear weight layout); a third letter 't', where a
+family has it, C stored transposed (as [N, M]).
 """
 from __future__ import annotations
 
@@ -176,11 +177,12 @@ def _runs_ws(family: str, flavour: str, dtype: DType) -> bool:
 
 def _runs_clustered(family: str, flavour: str, dtype: DType, layout: str) -> bool:
     """Whether configs with ctas > 1 compile here: a ws kernel that takes
-    clusters (kernels/ragged_ws.py: 16-bit inputs, a row-major a) under a
+    clusters (kernels/ragged_ws.py: 16-bit inputs, a row-major a and c) under a
     Triton that launches them (kernels/gluon_api.py); elsewhere they are left out."""
     desc = FAMILIES[family]
+    transposed = desc.layouts[layout].get("A_T", False) or desc.layouts[layout].get("C_T", False)
     return (CLUSTERS and desc.takes_clusters and _runs_ws(family, flavour, dtype)
-            and dtype.bytes == 2 and not desc.layouts[layout].get("A_T", False))
+            and dtype.bytes == 2 and not transposed)
 
 
 def out_dtypes(family: str, dtype: DType) -> tuple:

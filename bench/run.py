@@ -276,7 +276,10 @@ def bench_quantize(copy_tbps: float) -> dict:
 def bench_other_cases() -> list:
     """The cases whose ragged operand lies along its contiguous dimension, ours
     next to torch._grouped_mm: 3-D x 2-D with b row-major [K, T] (ragged N),
-    and 2-D x 2-D with a row-major [M, T] (ragged K)."""
+    and 2-D x 2-D with a row-major [M, T] (ragged K).  Ragged N also as the
+    product of its transposes (gg_runtime_out_transposed: the output a
+    transposed view, its tiles stored by TMA), what its row-major output's
+    stores through registers cost."""
     # Groups of multiples of 8 rows: torch asserts (on the device) 16-byte group sizes.
     counts = [8 * c for c in skewed_counts(2048, 16, generator=torch.Generator().manual_seed(0))]
     offs = offsets_from_counts(counts)
@@ -288,9 +291,12 @@ def bench_other_cases() -> list:
             ("ragged_k_row_major_a", torch.randn(m, t, device="cuda").bfloat16(),
              torch.randn(t, k, device="cuda").bfloat16())):
         ref = ref_grouped_mm(a, b, offs)
-        runs = measure({"gg_runtime": lambda a=a, b=b: gg_runtime.grouped_mm(a, b, offs),
-                        "torch_grouped_mm": lambda a=a, b=b: torch._grouped_mm(a, b, offs)},
-                       lambda out, r=ref: rel_error(out, r), TOLERANCE[torch.bfloat16],
+        candidates = {"gg_runtime": lambda a=a, b=b: gg_runtime.grouped_mm(a, b, offs),
+                      "torch_grouped_mm": lambda a=a, b=b: torch._grouped_mm(a, b, offs)}
+        if a.dim() == 3:
+            candidates["gg_runtime_out_transposed"] = \
+                lambda a=a, b=b: gg_runtime.grouped_mm(b.t(), a.transpose(1, 2), offs).t()
+        runs = measure(candidates, lambda out, r=ref: rel_error(out, r), TOLERANCE[torch.bfloat16],
                        2 * m * k * t)
         rows.append({"name": name, "runs": runs})
     return rows
@@ -749,9 +755,9 @@ def main():
             fmt(geomean(r["vs_torch_then_add"] for r in bias)))
     if "cases" in sections:
         report["cases"] = cases = bench_other_cases()
-        print("other cases, TFLOP/s ours / torch:", json.dumps(
-            {r["name"]: "/".join(fmt(r["runs"][n].get("tflops"), "{:.0f}")
-                                 for n in ("gg_runtime", "torch_grouped_mm")) for r in cases}))
+        print("other cases, TFLOP/s ours / torch (/ ours, output transposed):", json.dumps(
+            {r["name"]: "/".join(fmt(run.get("tflops"), "{:.0f}") for run in r["runs"].values())
+             for r in cases}))
     if "fp16" in sections:
         report["fp16"] = fp16 = [bench_fp16(w) for w in ragged if w["dtype"] == "bfloat16"]
         print("fp16 / bf16 speed, ours:", json.dumps({r["name"]: fmt(r["fp16_vs_bf16"])

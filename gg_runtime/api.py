@@ -41,8 +41,7 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | No
       out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]]; a group with no
       rows gives zeros.
     - a [G, M, K], b [K, T], offs [G] -> [M, T]  (ragged N)
-      Columns offs[g-1]:offs[g] are a[g] @ b[:, those columns]; returned as a
-      transposed view of a [T, M] tensor.
+      Columns offs[g-1]:offs[g] are a[g] @ b[:, those columns] (row-major).
     - a [G, M, K], b [G, K, N], offs None -> [G, M, N]  (batched)
 
     offs is an int32 CUDA tensor of cumulative END offsets.  It is read on the

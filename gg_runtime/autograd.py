@@ -26,9 +26,7 @@ def input_gradient(x, left, right, offs, tf32: bool):
     transposed it is computed as (right^T @ left^T)^T, so it comes back with
     x's strides and autograd need not copy it into x's layout (AccumulateGrad
     copies a gradient whose strides differ from its parameter's).  Every case
-    writes its output row-major but ragged N (3-D x 2-D), which writes a
-    transposed view: the four gradients made by a ragged-N product come back
-    in the other layout (README, known gap)."""
+    writes its output row-major, so both ways give x's strides."""
     if stored_transposed(x):
         return grouped_mm_op(right.mT, left.mT, offs, tf32).mT
     return grouped_mm_op(left, right, offs, tf32)

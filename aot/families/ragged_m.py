@@ -37,12 +37,15 @@ FAMILY = Family(
     ws_kernel=ragged_m_ws_kernel,
     params=POINTERS + EXTENTS + BIAS,
     # a [T, K] row-major ('n') or a transposed view of [K, T] ('t', as 3-D x
-    # 2-D's b); b [G, K, N] row-major ('n') or a transposed view of [G, N, K] ('t').
-    # A 't' a is read in place by sm90's kernels only (gg_runtime/ragged.py).
-    layouts={a + b: {"A_T": a == "t", "B_T": b == "t"} for a in "nt" for b in "nt"},
-    tma_layouts=("nn", "nt", "tn", "tt"),
+    # 2-D's b); b [G, K, N] row-major ('n') or a transposed view of [G, N, K] ('t');
+    # c [T, N] row-major (no third letter) or a transposed view of [N, T] ('t':
+    # 3-D x 2-D's output).  A 't' a is read in place by sm90's kernels only
+    # (csrc/ops/grouped_mm.cc).
+    layouts={a + b + c: {"A_T": a == "t", "B_T": b == "t", "C_T": c == "t"}
+             for a in "nt" for b in "nt" for c in ("", "t")},
+    tma_layouts=("nn", "nt", "tn", "tt", "nnt", "ntt", "tnt", "ttt"),
     aligned_layouts=("nn", "nt"),
-    tma_only_layouts=("tn", "tt"),
+    tma_only_layouts=("tn", "tt", "tnt", "ttt"),
     float32_output=True,
     # Each group boundary adds at most one partial m-tile; +1 for the rows past
     # the last group (written with zeros).  (A stored [K, T] starts a group's

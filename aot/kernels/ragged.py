@@ -15,7 +15,8 @@ import triton.language as tl
 
 from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile
 from .scaled import NO_SCALES, scaled_tile_tma
-from .tiles import first_step_past, pick, running_max, tile_mma_basic, tile_store
+from .tiles import (first_step_past, pick, running_max, tile_mma_basic, tile_store,
+                    tile_store_transposed)
 
 
 # Row ranges clipped by the hardware through one descriptor (the scheme of
@@ -107,19 +108,22 @@ def add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN: tl.constexpr):
 
 @triton.jit
 def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                    bias_ptr, has_bias, A_T: tl.constexpr, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    bias_ptr, has_bias, A_T: tl.constexpr, B_T: tl.constexpr, C_T: tl.constexpr,
+                    USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """a [T, K] row-major (A_T=0) or stored as row-major [K, T] (A_T=1, as
     3-D x 2-D's transposed b: a group's rows are then a range along the
     contiguous dimension, which the TMA flavour reads through pointers), b
-    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major; bias [G, N]
-    row-major, read where has_bias is 1."""
+    [G, K, N] (B_T=0) or [G, N, K] (B_T=1), c [T, N] row-major (C_T=0) or
+    stored as row-major [N, T] (C_T=1, rows ldc apart: 3-D x 2-D's output,
+    whose groups are column ranges; stored through pointers, a TMA box
+    cannot end at a group's last column); bias [G, N] row-major, read where
+    has_bias is 1."""
     # The scale pointers are never read without scales, nor gu and rows without
     # GLU: offs_ptr and c_ptr stand in.
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, A_T,
-                     B_T, USE_TMA, NO_SCALES, False, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
+                     B_T, C_T, USE_TMA, NO_SCALES, False, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
@@ -138,8 +142,8 @@ def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_st
     of the group offsets' pseudo-group (past the last group) are written zero."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                     rows_ptr, rows_div, False, B_T, USE_TMA, NO_SCALES, False, GLU, BM, BN, BK,
-                     CHUNK, PRECISION)
+                     rows_ptr, rows_div, False, B_T, False, USE_TMA, NO_SCALES, False, GLU, BM, BN,
+                     BK, CHUNK, PRECISION)
 
 
 @triton.jit
@@ -154,14 +158,16 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
     (+ bias[g] where has_bias), FAST_ACCUM as scaled.py says."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, False,
-                     True, USE_TMA, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
+                     True, False, USE_TMA, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK,
+                     PRECISION)
 
 
 @triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                      b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
                      rows_ptr, rows_div, A_T: tl.constexpr, B_T: tl.constexpr,
-                     USE_TMA: tl.constexpr, SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr,
+                     C_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr,
+                     FAST_ACCUM: tl.constexpr,
                      GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
@@ -186,7 +192,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                                               A_T, B_T, BM, BN, BK)
-    if USE_TMA and GLU < CONCATENATED:
+    if USE_TMA and GLU < CONCATENATED and not C_T:
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     elif USE_TMA:  # h: half as many columns
         c_desc = ragged_descriptor(c_ptr, N // 2, ldc, BM, BN // 2)
@@ -236,7 +242,9 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                                      A_T, B_T, BM, BN, BK, PRECISION)
             if GLU < CONCATENATED:  # no gate
                 acc = add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN)
-                if USE_TMA:
+                if C_T:
+                    tile_store_transposed(c_ptr, acc, off_m, off_n, end, N, ldc, BM, BN)
+                elif USE_TMA:
                     ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)
                 else:
                     tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)

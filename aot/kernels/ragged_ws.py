@@ -26,7 +26,7 @@ from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
                  accumulator_layout, chunk_groups, first_step_past, load_partition, locate,
-                 ring_setup, row_alignment, store_rows, store_tile)
+                 ring_setup, row_alignment, store_columns, store_rows, store_tile)
 
 # Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
 UNIT_FLOOR = gl.constexpr(2.0**-100)
@@ -247,16 +247,19 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 
 @gluon.jit
 def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part_m, start, end,
-                  off_n, N, ALIGN: gl.constexpr):
+                  off_n, N, ALIGN: gl.constexpr, C_T: gl.constexpr):
     """A finished tile plus bias[g] (where has_bias; none past the last group),
-    its rows possibly begun before its group (ws.tiled_rows)."""
+    its rows possibly begun before its group (ws.tiled_rows); C_T: c stored
+    transposed (ws.store_columns)."""
     if has_bias != 0:
         cols = off_n + gl.arange(0, acc.shape[1], gl.SliceLayout(0, acc.type.layout))
         bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (g < G),
                        other=0.0)
         acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
     # ALIGN is a constexpr: its branch compiles without the runtime test.
-    if ALIGN == 1:  # noqa: SIM114
+    if C_T:
+        store_columns(acc, c_desc, c_buf, c_ptr, ldc, part_m, start, end, off_n, N)
+    elif ALIGN == 1:  # noqa: SIM114
         store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
     elif part_m >= start:
         store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
@@ -268,7 +271,8 @@ def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
                   c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
                   has_bias, gu_desc, save_gu, gpt_oss, rows_div, T, N, K, G, A_T: gl.constexpr,
-                  B_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
+                  B_T: gl.constexpr, C_T: gl.constexpr, SCALING: gl.constexpr,
+                  FAST_ACCUM: gl.constexpr,
                   GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
@@ -278,7 +282,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
-    ALIGN: gl.constexpr = row_alignment(A_T, a_bufs.dtype)
+    ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
     c_buf = c_bufs.index(half)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -318,7 +322,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
                 if GLU < CONCATENATED:
                     store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G,
-                                  part_m, start, end, off_n, N, ALIGN)
+                                  part_m, start, end, off_n, N, ALIGN, C_T)
                 else:  # a row-major a: tiles start at their group's rows
                     store_gated(acc, c_desc, gu_desc, c_buf, g, G, N, off_n, part_m, start, end,
                                 bias_ptr, has_bias, save_gu, gpt_oss, GLU)
@@ -334,16 +338,16 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
 def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
                         rows_ptr, rows_div, A_T: gl.constexpr, B_T: gl.constexpr,
-                        SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, GLU: gl.constexpr,
-                        BM: gl.constexpr,
-                        BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                        STAGES: gl.constexpr, CTAS: gl.constexpr):
+                        C_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
+                        GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // CTAS // (16 * gl.num_warps())
     # A cluster's CTAs split the tile's rows; a partition's rows within a CTA,
     # blockwise scales and rows that do not start a TMA box are not split.
-    gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T),
-                     "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a")
+    gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T and not C_T),
+                     "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a "
+                     "and c")
     # ragged.ragged_glu_kernel (gated or UNGATED) may gather A's rows: its
     # loader is a warpgroup that copies them where rows_div is not 0.
     GATHER: gl.constexpr = GLU != NO_GLU
@@ -351,7 +355,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0)
+        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0, C_T)
     gather = (a_ptr, lda, rows_ptr, rows_div)
     LOADER: gl.constexpr = GATHER_WARPS if GATHER else LOADER_WARPS
     LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
@@ -372,35 +376,38 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
         gl.warp_specialize([
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, SCALING,
+                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
                              FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER,
+                              C_T)),
         ], [LOADER], [LOADER_REGS])
     else:
         gl.static_assert(PARTS == 2, "one or two MMA partitions")
         gl.warp_specialize([
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, SCALING,
+                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
                              FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, SCALING,
+                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
                              FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER)),
+                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER,
+                              C_T)),
         ], [gl.num_warps(), LOADER], [MMA_REGISTERS, LOADER_REGS])
 
 
 @gluon.jit
 def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                        bias_ptr, has_bias, A_T: gl.constexpr, B_T: gl.constexpr,
-                       USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                       CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr,
-                       CTAS: gl.constexpr):
+                       C_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                       BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                       PRECISION: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     """ragged_m_kernel's contract (a [T, K] or, A_T, stored [K, T]; b [G, K, N]
-    or, B_T, [G, N, K]; c [T, N] row-major), TMA only; USE_TMA and PRECISION
+    or, B_T, [G, N, K]; c [T, N] row-major or, C_T, stored [N, T]), TMA only
+    for the operands (a C_T tile is stored through registers); USE_TMA and PRECISION
     (16-bit inputs only) are taken for the common signature.  CTAS: the
     cluster's CTAs (ws.py), which the program's BM rows are split between."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
@@ -408,7 +415,7 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     # without GLU: offs_ptr and c_ptr stand in.
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
-                        A_T, B_T, NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
+                        A_T, B_T, C_T, NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
 
 
 @gluon.jit
@@ -423,8 +430,8 @@ def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                        rows_ptr, rows_div, False, B_T, NO_SCALES, True, GLU, BM, BN, BK, CHUNK,
-                        STAGES, 1)
+                        rows_ptr, rows_div, False, B_T, False, NO_SCALES, True, GLU, BM, BN, BK,
+                        CHUNK, STAGES, 1)
 
 
 @gluon.jit
@@ -438,4 +445,5 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
-                        False, True, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
+                        False, True, False, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, STAGES,
+                        CTAS)

@@ -118,6 +118,19 @@ def tile_store(c_ptr, acc, off_m, off_n, m_end, n_end, ldc,
 
 
 @triton.jit
+def tile_store_transposed(c_ptr, acc, off_m, off_n, m_end, n_end, ldc, BM: tl.constexpr,
+                          BN: tl.constexpr):
+    """Store a tile of a C stored transposed (C[m, n] at c_ptr + n * ldc + m,
+    row-major C^T), converted to C's element type, clipped to the bounds.
+    The compiler's coalescing gives each thread consecutive m (C^T's rows)."""
+    rm = off_m + tl.arange(0, BM)
+    rn = off_n + tl.arange(0, BN)
+    offs = rn.to(tl.int64)[None, :] * ldc + rm[:, None]
+    mask = (rm[:, None] < m_end) & (rn[None, :] < n_end)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _max_combine(a, b):
     return tl.maximum(a, b)
 

@@ -101,13 +101,13 @@ def _add(a, b):
 
 
 @gluon.constexpr_function
-def row_alignment(along_contiguous, dtype):
-    """tiled_rows' ALIGN: the elements in 16 bytes where groups' rows lie
-    along A's contiguous dimension (ragged_m's A stored [K, T]; TMA starts a
-    box along a contiguous dimension only at a 16-byte step, and a group's
-    rows start anywhere), else 1.  (ragged_k's row-major A takes a wider step:
-    ragged_k_ws.k_block_step.)"""
-    return 128 // dtype.primitive_bitwidth if along_contiguous else 1
+def row_alignment(a_transposed, c_transposed, dtype):
+    """tiled_rows' ALIGN: the elements of dtype (the inputs') in 16 bytes where
+    groups' rows lie along A's or C's contiguous dimension (ragged_m's A
+    stored [K, T], its C stored [N, T]; TMA starts a box along a contiguous
+    dimension only at a 16-byte step, and a group's rows start anywhere),
+    else 1.  (ragged_k's row-major A takes a wider step: ragged_k_ws.k_block_step.)"""
+    return 128 // dtype.primitive_bitwidth if a_transposed or c_transposed else 1
 
 
 @gluon.jit
@@ -213,6 +213,55 @@ def store_rows(tile, c_ptr, ldc, row, first, end, off_n, N):
     gl.store(c_ptr + at, tile.to(c_ptr.dtype.element_ty), mask=keep)
 
 
+@gluon.constexpr_function
+def column_layout(warps):
+    """The registers of a part of a tile stored transposed through them
+    (store_columns): a warp's threads on 32 consecutive rows of a column, so
+    that each store writes 64 consecutive bytes of 16-bit C^T whatever the
+    mask (a group's rows start and end anywhere: wider vectors would need
+    masks constant over them); its warps side by side."""
+    return gl.BlockedLayout([1, 1], [32, 1], [1, warps], [0, 1])
+
+
+@gluon.constexpr_function
+def transposed_shared(dtype):
+    """A [rows, cols] buffer stored column-major, TMA's 128-byte swizzle: its
+    transpose is a [cols, rows] block of a TMA store of C^T (the rows of a
+    partition's tile are at least 128 bytes of C^T's contiguous dimension)."""
+    return gl.NVMMASharedLayout(128, dtype.primitive_bitwidth, 2, transposed=True)
+
+
+@gluon.jit
+def store_columns(tile, c_desc, c_buf, c_ptr, ldc, row, first, end, off_n, N):
+    """Store a tile at (row, off_n) of a C stored transposed (C[r, n] at
+    c_ptr + n * ldc + r: row-major C^T, c_desc's [N, T] with blocks of
+    c_buf's transpose), only rows first .. end and columns below N, in
+    column parts as wide as c_buf, each staged in it column-major.  A tile
+    whose rows all lie in first .. end is stored by TMA; a TMA box cannot end
+    at a group's last row, which runs along C^T's contiguous dimension, so
+    other tiles are stored through registers (column_layout)."""
+    ROWS: gl.constexpr = tile.shape[0]
+    EPI_N: gl.constexpr = c_buf.shape[1]
+    PARTS: gl.constexpr = tile.shape[1] // EPI_N
+    layout: gl.constexpr = column_layout(gl.num_warps())
+    staged = c_buf.reinterpret(c_buf.dtype, [ROWS, EPI_N], transposed_shared(c_buf.dtype))
+    whole = (row >= first) & (row + ROWS <= end)
+    rows = row + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    row_ok = gl.expand_dims((rows >= first) & (rows < end), 1)
+    parts = column_parts(tile.to(c_buf.dtype), PARTS)
+    for i in gl.static_range(PARTS):
+        tma.store_wait(0)  # the previous store has read c_buf
+        staged.store(parts[i])
+        if whole:
+            fence_async_shared()
+            tma_store(c_desc, [off_n + i * EPI_N, row], staged.permute((1, 0)))
+        else:
+            part = staged.load(layout)
+            cols = off_n + i * EPI_N + gl.arange(0, EPI_N, gl.SliceLayout(0, layout))
+            at = gl.expand_dims(rows, 1) + gl.expand_dims(cols.to(gl.int64) * ldc, 0)
+            gl.store(c_ptr + at, part, mask=row_ok & gl.expand_dims(cols < N, 0))
+
+
 @gluon.jit
 def first_step_past(start, end, step):
     """The first of start, start + step, ... that is >= end."""
@@ -291,13 +340,14 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
                    A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
                    CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False, gather=(0, 0, 0, 1),
-                   GATHER: gl.constexpr = False):
+                   GATHER: gl.constexpr = False, C_T: gl.constexpr = False):
     """HALVES: b's block is the rows of its two halves (ring_setup).  GATHER:
     each slot's `ready` also counts one arrival of each of this partition's
     threads (ring_setup's COPIERS), and where gather's rows_div is not 0, A's
     rows are gathered and copied by those threads (gather_rows); where it is
-    0, A's block is loaded by TMA and the arrivals made in one."""
-    ALIGN: gl.constexpr = row_alignment(A_T, a_bufs.dtype)
+    0, A's block is loaded by TMA and the arrivals made in one.  C_T: c is
+    stored transposed (tiles start as row_alignment says)."""
+    ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (N + BN - 1) // BN
@@ -384,7 +434,7 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
                B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1,
                HALVES: gl.constexpr = False, HALF_C: gl.constexpr = False,
-               COPIERS: gl.constexpr = 0):
+               COPIERS: gl.constexpr = 0, C_T: gl.constexpr = False):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
     (each has its c buffer, and each frees a ring slot: `empty` waits for all).
@@ -394,7 +444,8 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     each half (kernels/glu.py's CONCATENATED).  HALF_C: c has N / 2 columns,
     BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py).
     COPIERS > 0: A's rows may be gathered by that many loader threads
-    (load_partition's GATHER)."""
+    (load_partition's GATHER).  C_T: c is stored transposed, [N, T] row-major
+    (store_columns)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
@@ -420,7 +471,10 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     C_N: gl.constexpr = BN // 2 if HALF_C else BN
     EPI_N: gl.constexpr = C_N if C_N < EPILOGUE_COLS else EPILOGUE_COLS
     PART_M: gl.constexpr = BM // PARTS
-    if HALF_C:
+    if C_T:
+        c_desc = tma.make_tensor_descriptor(c_ptr, [N, T], [ldc, 1], [EPI_N, PART_M],
+                                            shared_layout([EPI_N, PART_M], out))
+    elif HALF_C:
         c_desc = ragged_descriptor(c_ptr, N // 2, ldc, PART_M, EPI_N, CTAS)
     else:
         c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)

@@ -105,11 +105,12 @@ bool tma_reads(const Tensor& x, int64_t ld) {
 
 Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& offs,
                 const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
-                Outputs& outputs) {
+                Outputs& outputs, bool out_transposed) {
   Matrix a = matrix_of(a_in);
   if (a.transposed && !tma_reads(a.t, a.ld)) a = row_major(as_contiguous(a.t));
   const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0);
-  Tensor out = outputs.make({rows, n}, out_dtype);
+  Tensor out =
+      out_transposed ? outputs.make({n, rows}, out_dtype) : outputs.make({rows, n}, out_dtype);
   if (groups == 0) return torch::stable::zero_(out);
   if (shapes_only(out)) return out;
   const std::optional<Tensor> bias_rows =
@@ -125,10 +126,12 @@ Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& of
                              .lda = a.ld,
                              .b_group_stride = b.t.stride(0),
                              .ldb = b.ld,
-                             .ldc = n,
+                             .ldc = out_transposed ? rows : n,
                              .bias_ptr = bias_rows ? address(*bias_rows) : 0,
                              .has_bias = bias_rows ? 1 : 0};
-  launch(args, std::string(a.transposed ? "t" : "n") + (b.transposed ? "t" : "n"),
+  launch(args,
+         std::string(a.transposed ? "t" : "n") + (b.transposed ? "t" : "n") +
+             (out_transposed ? "t" : ""),
          target_of(a.t, out_dtype, tf32));
   return out;
 }
@@ -162,15 +165,13 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
   return out;
 }
 
-// out[M, T] computed as out^T = b^T (ragged rows) @ a[g]^T: one ragged_m on
-// transposed views, so the result is a transposed view of [T, M].
+// out[M, T] row-major (torch's layout), computed as out^T = b^T (ragged rows)
+// @ a[g]^T: one ragged_m on transposed views, its output stored transposed.
 Tensor ragged_n(const Tensor& a, const Tensor& b, const Tensor& offs, ScalarType out_dtype,
                 bool tf32) {
   Outputs results(a);
-  return torch::stable::transpose(
-      ragged_m(torch::stable::transpose(b, 0, 1), matrix_of_transpose(a), a.size(1), offs,
-               std::nullopt, out_dtype, tf32, results),
-      0, 1);
+  return ragged_m(torch::stable::transpose(b, 0, 1), matrix_of_transpose(a), a.size(1), offs,
+                  std::nullopt, out_dtype, tf32, results, /*out_transposed=*/true);
 }
 
 // a[g] @ b[g] (+ bias[g]) on the ragged kernels without copies where a's

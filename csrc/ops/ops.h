@@ -27,10 +27,11 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
 
 // grouped_mm's ragged-M product of a [T, K] and b (matrix_of a [G, K, N], n =
 // N), + bias[g], for operators that checked their arguments; the product
-// made by `outputs`.
+// made by `outputs`: [T, N] row-major, or where out_transposed its transpose
+// [N, T] row-major.
 Tensor ragged_m(const Tensor& a, const Matrix& b, int64_t n, const Tensor& offs,
                 const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
-                Outputs& outputs);
+                Outputs& outputs, bool out_transposed = false);
 
 // (q, scale) with x ~ q * scale.
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);

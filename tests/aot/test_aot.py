@@ -157,7 +157,7 @@ def test_cubins_match_manifest(manifest):
 
 def test_kernel_table_is_deterministic(manifest, tmp_path):
     codegen.write_outputs(manifest["variants"], tmp_path, manifest["triton_version"],
-                          partial=False)
+                          partial=False, sources_sha256=manifest["sources_sha256"])
     assert (tmp_path / "kernel_table.inc").read_text() == (KERNELS / "kernel_table.inc").read_text()
     table = (tmp_path / "kernel_table.inc").read_text()
     assert table.count("\n    {.key = ") == len(manifest["variants"])

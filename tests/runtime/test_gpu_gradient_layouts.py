@@ -13,12 +13,15 @@ from problems import (moe_layer, moe_layer_inputs, offsets_from_counts, operand,
 from conftest import gpu
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
-COUNTS = [37, 0, 91, 5]  # T = 133: no tile's multiple, an empty group, rows in no group
+# T = 136 and 135 (+ 3 rows in no group): no tile's multiple, an empty group; 135
+# rows are no 16 bytes, which TMA's strides need (the kernels that load and store
+# through pointers run), 136 are.
+COUNTS = {"t136": [37, 0, 91, 5], "t135": [37, 0, 90, 5]}
 M, K, N = 48, 72, 40
 
 
-def shapes(case: str) -> tuple:
-    groups, tokens = len(COUNTS), sum(COUNTS) + 3
+def shapes(case: str, counts: list) -> tuple:
+    groups, tokens = len(counts), sum(counts) + 3
     return {"ragged_m": ((tokens, K), (groups, K, N)),
             "ragged_k": ((M, tokens), (tokens, N)),
             "ragged_n": ((groups, M, K), (K, tokens)),
@@ -38,34 +41,22 @@ def with_autograd(route: str):
     return torch.compile(gg_runtime.grouped_mm, fullgraph=True, backend=route)
 
 
-def written_by_ragged_n(case: str, name: str, row_major: bool) -> bool:
-    """The four gradients whose product in the input's layout is 3-D x 2-D
-    (ragged N), which the kernels write only as a transposed view of [T, M]
-    (no kernel stores a ragged-M tile transposed yet): such a gradient comes
-    back in the other layout than its input's (README, known gaps)."""
-    return (case, name, row_major) in {("ragged_m", "a", False), ("ragged_k", "a", True),
-                                       ("ragged_k", "b", False), ("ragged_n", "b", True)}
-
-
 @pytest.mark.parametrize("route", ["eager", "custom_op", "aot_eager", "inductor"])
 @pytest.mark.parametrize("a_row_major", [True, False], ids=["a_rows", "a_cols"])
 @pytest.mark.parametrize("b_row_major", [True, False], ids=["b_rows", "b_cols"])
 @pytest.mark.parametrize("case", ["ragged_m", "ragged_k", "ragged_n", "batched"])
-def test_gradients_have_their_inputs_strides(case, a_row_major, b_row_major, route):
-    a_shape, b_shape = shapes(case)
+@pytest.mark.parametrize("counts", COUNTS.values(), ids=COUNTS.keys())
+def test_gradients_have_their_inputs_strides(case, counts, a_row_major, b_row_major, route):
+    a_shape, b_shape = shapes(case, counts)
     a = operand(a_shape, a_row_major, False, torch.bfloat16).requires_grad_()
     b = operand(b_shape, b_row_major, False, torch.bfloat16).requires_grad_()
-    offs = None if case == "batched" else offsets_from_counts(COUNTS)
+    offs = None if case == "batched" else offsets_from_counts(counts)
     out = with_autograd(route)(a, b, offs)
     grad = torch.randn(out.shape, device="cuda").to(out.dtype)
     got = torch.autograd.grad(out, (a, b), grad)
-    for name, x, row_major, g, want in zip("ab", (a, b), (a_row_major, b_row_major), got,
-                                           ref_grouped_mm_grads(a, b, offs, grad)):
+    for name, x, g, want in zip("ab", (a, b), got, ref_grouped_mm_grads(a, b, offs, grad)):
         assert rel_error(g, want) < 2e-2, name
-        if written_by_ragged_n(case, name, row_major):
-            assert (g.mT if row_major else g).is_contiguous(), (name, g.stride())
-        else:
-            assert g.stride() == x.stride(), (name, g.stride(), x.stride())
+        assert g.stride() == x.stride(), (name, g.stride(), x.stride())
 
 
 def copies_in_gradient_nodes(backward) -> list:

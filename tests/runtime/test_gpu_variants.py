@@ -53,12 +53,25 @@ def ragged_m_operands(v, rows, k, n, groups, dtype):
     return a, b
 
 
+def ragged_m_product(v, a, b, offs, out_dtype):
+    """(out, ref) [rows, N] of ragged_m's operands a [rows, K] and b [G, K, N]
+    on the variant's layout.  Its C stored transposed (a third letter 't'):
+    3-D x 2-D (ragged N) on their transposes, whose [N, rows] output ragged_m
+    writes transposed, returned transposed back."""
+    if v["layout"][2:] != "t":
+        return gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs)
+    a, b = b.transpose(1, 2), a.t()
+    out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
+    assert out.is_contiguous()
+    return out.t(), ref_grouped_mm(a, b, offs).t()
+
+
 def run_ragged_m(v, dtype, out_dtype):
     k, n = sizes(v, 112, 99), sizes(v, 144, 133)
     counts = [150, 0, 3, 260, 70]
     a, b = ragged_m_operands(v, sum(counts) + 9, k, n, len(counts), dtype)
     offs = offsets_from_counts(counts, "cuda")
-    return [(gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs))]
+    return [ragged_m_product(v, a, b, offs, out_dtype)]
 
 
 def ragged_k_a(v, m, total, dtype):
@@ -156,8 +169,7 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
         else:
             a, b = ragged_m_operands(variant, sum(counts) + 70, k, n, len(counts), dtype)
             offs = offsets_from_counts(counts, "cuda")
-            out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
-            ref = ref_grouped_mm(a, b, offs)
+            out, ref = ragged_m_product(variant, a, b, offs, out_dtype)
             allowed = tolerance(dtype, out_dtype, tf32)
     torch.cuda.synchronize()
     assert rel_error(out, ref) < allowed
