@@ -2,12 +2,14 @@
 atomics and no host sync.  The forward is one operator
 (torch.ops.gg_runtime.moe_experts): routing on the GPU, the up projection
 reading the tokens through the routing's order with SwiGLU in its epilogue,
-the down projection, and the weighted combine of each token's k outputs
-read through the inverse permutation.  The backward, in Python, composes
-operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
-products (those of the tokens' or the gradient's rows read them through the
-routing's order, gathered_mm and gathered_mm_k, where the experts are not
-wide: GATHER_MAX_INTER), and combine.
+and the down projection, whose epilogue combines each token's k outputs,
+weighted, read through the inverse permutation (the tile that completes a
+token's k rows sums them: per-token counters, no atomics on the output).
+The backward, in Python, composes operators: one kernel for SwiGLU's
+backward (swiglu_backward), grouped products (those of the tokens' or the
+gradient's rows read them through the routing's order, gathered_mm and
+gathered_mm_k, where the experts are not wide: GATHER_MAX_INTER), and
+combine.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output (freed as soon as the backward has read it:
@@ -196,11 +198,13 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Nothing waits for the host (CUDA-graph capturable); traceable by
     torch.compile.  Returns [T, H] in x's dtype.
     """
-    tensors = (x, topk_ids, topk_weights, w13, w2, b13, b2)
-    requires_grad = _check_types(tensors)
+    _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     _check_choices(gate_up, activation)
-    args = (*tensors, gate_up == "interleaved", activation)
-    if requires_grad and torch.is_grad_enabled():
+    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved", activation)
+    if torch.is_grad_enabled() and (
+            x.requires_grad or topk_weights.requires_grad or w13.requires_grad
+            or w2.requires_grad or (b13 is not None and b13.requires_grad)
+            or (b2 is not None and b2.requires_grad)):
         return _Experts.apply(*args)
     return _experts_forward(*args, False)[0]  # nothing to differentiate, nothing kept
 
@@ -209,18 +213,19 @@ _TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")
 _OPTIONAL = ("b13", "b2")
 
 
-def _check_types(tensors) -> bool:
-    """Whether a tensor requires grad; a TypeError naming the argument that
-    is no tensor (the operator checks the rest).  One pass: the forward's
-    host time counts."""
-    requires_grad = False
-    for name, value in zip(_TENSOR_NAMES, tensors):
-        if isinstance(value, torch.Tensor):
-            requires_grad = requires_grad or value.requires_grad
-        elif value is not None or name not in _OPTIONAL:
+def _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2):
+    """A TypeError naming the argument that is no tensor (the operator checks
+    the rest).  Spelled out, not a loop: the forward's host time counts."""
+    tensor = torch.Tensor
+    if (isinstance(x, tensor) and isinstance(topk_ids, tensor)
+            and isinstance(topk_weights, tensor) and isinstance(w13, tensor)
+            and isinstance(w2, tensor) and (b13 is None or isinstance(b13, tensor))
+            and (b2 is None or isinstance(b2, tensor))):
+        return
+    for name, value in zip(_TENSOR_NAMES, (x, topk_ids, topk_weights, w13, w2, b13, b2)):
+        if not isinstance(value, tensor) and (value is not None or name not in _OPTIONAL):
             kind = "a torch.Tensor or None" if name in _OPTIONAL else "a torch.Tensor"
             raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
-    return requires_grad
 
 
 class MoEExperts(torch.nn.Module):
