@@ -21,7 +21,7 @@ RULE_ENUMS = {"tma": "Rule::kTma", "aligned": "Rule::kAligned", "none": "Rule::k
 ROLE_ENUMS = {"operand": "kOperand", "output": "kOutput", "offsets": "kOffsets", "scale": "kScale",
               "bias": "kBias", "flag": "kFlag", "extent": "kExtent", "row_length": "kRowLength",
               "stride": "kStride", "count": "kCount", "group_table": "kGroupTable",
-              "tile_prefix": "kTilePrefix", "counters": "kCounters"}
+              "tile_prefix": "kTilePrefix"}
 
 
 def param_kind(type_: str) -> str:
@@ -62,15 +62,12 @@ def _family_lines(index: int, family) -> tuple:
         lines += _params_array(f"{prefix}_group_fields", family.group_fields)
     lines += _size_function(f"{prefix}_tiles", family.group_tiles or family.tiles, fields)
     lines += _size_function(f"{prefix}_rows", family.group_rows or family.rows, fields)
-    if family.counters:
-        lines += _size_function(f"{prefix}_counters", family.counters, family.params)
     initializer = _init(
         name=_string(family.name),
         params=f"{prefix}_params", param_count=len(family.params),
         group_fields=f"{prefix}_group_fields" if family.has_group_table else "nullptr",
         group_field_count=len(family.group_fields),
-        tiles=f"{prefix}_tiles", rows=f"{prefix}_rows",
-        counters=f"{prefix}_counters" if family.counters else "nullptr")
+        tiles=f"{prefix}_tiles", rows=f"{prefix}_rows")
     return lines, initializer
 
 

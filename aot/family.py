@@ -33,8 +33,6 @@ ROLES = {
     "count": "the number of groups",
     "group_table": "int64 words per group (group_fields), copied to the GPU by the runtime",
     "tile_prefix": "int64 inclusive prefix of the groups' tile counts, made by the runtime",
-    "counters": "pointer to int32 counters (Family.counters of them) that the runtime gives "
-                "zeroed and the kernel leaves zero",
 }
 
 
@@ -133,11 +131,6 @@ class Family:
     # A Gluon kernel with `kernel`'s parameters, run by the `ws` configs of the
     # TMA flavour (16-bit and fp8 inputs); None: the family has none.
     ws_kernel: object = None
-    # The family whose tuned table entries (aot/tuning/) this one takes; "": its own.
-    tuned_as: str = ""
-    # How many int32 counters its `counters` parameter points to (an expression
-    # of the parameters); "" where it has none.
-    counters: str = ""
     # Integer constants the family's operator needs (a scratch size, a limit),
     # emitted into its generated C++ struct (family_args.h) under these names.
     constants: dict = field(default_factory=dict)
@@ -181,9 +174,6 @@ class Family:
         if self.has_group_table != ("group_table" in roles):
             raise ValueError(f"family {self.name}: group_fields and a group_table parameter "
                              "go together")
-        if bool(self.counters) != ("counters" in roles):
-            raise ValueError(f"family {self.name}: `counters` and a counters parameter go "
-                             "together")
 
     def _check_expressions(self):
         per_call = bool(self.tiles) and bool(self.rows)
@@ -192,6 +182,6 @@ class Family:
             raise ValueError(f"family {self.name}: give tiles and rows, or (with a group table) "
                              "group_tiles and group_rows")
         names = [p.name for p in (self.group_fields if per_group else self.params)]
-        for text in (self.tiles, self.rows, self.group_tiles, self.group_rows, self.counters):
+        for text in (self.tiles, self.rows, self.group_tiles, self.group_rows):
             if text:
                 expr.to_cpp(text, names)  # raises ExprError naming the problem

@@ -155,8 +155,7 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     configs = own.get((arch.arch, flavour, layout)) or own.get((arch.arch, flavour)) or \
         DEFAULT_CONFIGS[(arch.arch, flavour)]
     if table.exists():
-        tuned = FAMILIES[family].tuned_as or family
-        entries = json.loads(table.read_text()).get(tuned, {}).get(flavour)
+        entries = json.loads(table.read_text()).get(family, {}).get(flavour)
         if entries:
             configs = tuple(Config(**e) for e in entries)
     tma = flavour == "tma"

@@ -404,9 +404,8 @@ def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
 
 @contextlib.contextmanager
 def forced(variant: str = "", basic: bool = False):
-    """Within the block every launch of `variant`'s family runs exactly it (an
-    error if it cannot run the call; other families pick as usual), or with
-    basic=True only `basic` variants."""
+    """Within the block every launch runs exactly `variant` (an error if it
+    cannot run the call), or with basic=True only `basic` variants."""
     from gg_runtime import _C
     _C.set_override(variant, basic)
     try:

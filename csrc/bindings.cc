@@ -136,8 +136,7 @@ PYBIND11_MODULE(_C, m) {
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");
   m.def("force_ptx", &gg::force_ptx);
   m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("basic_only"),
-        "Test-only: force the variant with this key for its family's launches, or ('', True) "
-        "only `basic` variants.");
+        "Test-only: force the variant with this key, or ('', True) only `basic` variants.");
   m.def(
       "last_variant",
       [] {

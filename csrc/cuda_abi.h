@@ -102,7 +102,6 @@ struct Api {
   Result (*cuMemAllocFromPoolAsync)(DevicePtr* ptr, size_t bytes, MemPool pool, Stream stream);
   Result (*cuMemFreeAsync)(DevicePtr ptr, Stream stream);
   Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
-  Result (*cuMemsetD32Async)(DevicePtr dst, unsigned int value, size_t count, Stream stream);
   Result (*cuStreamIsCapturing)(Stream stream, int* status);
   Result (*cuStreamGetId)(Stream stream, unsigned long long* id);
   Result (*cuMemHostAlloc)(void** ptr, size_t bytes, unsigned int flags);

@@ -122,14 +122,10 @@ size_t best_variant(const Request& r, const DeviceProps& d, bool basic_only) {
   throw UnsupportedDevice("no " + describe(r, d));
 }
 
-// The variant `key` for a request of its family; a request of another family
-// picks as usual (an operator that launches several families can be tested
-// on one of them's variants).
 size_t variant_by_key(const std::string& key, const Request& r, const DeviceProps& d) {
   const auto table = kernel_table();
   for (size_t i = 0; i < table.size(); ++i) {
     if (key != table[i].key) continue;
-    if (table[i].family != r.family) return best_variant(r, d, false);
     if (!matches(table[i], r, d) || !(r.flavours_ok >> table[i].flavour & 1u)) {
       throw std::invalid_argument("variant " + key + " cannot run this problem (wants a " +
                                   describe(r, d) + " whose inputs meet the " +

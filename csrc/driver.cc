@@ -55,7 +55,6 @@ cu::Api load_api() {
   resolve(get, "cuMemPoolSetAttribute", api.cuMemPoolSetAttribute);
   resolve(get, "cuMemAllocFromPoolAsync", api.cuMemAllocFromPoolAsync);
   resolve(get, "cuMemcpyHtoDAsync", api.cuMemcpyHtoDAsync);
-  resolve(get, "cuMemsetD32Async", api.cuMemsetD32Async);
   resolve(get, "cuStreamIsCapturing", api.cuStreamIsCapturing);
   resolve(get, "cuStreamGetId", api.cuStreamGetId);
   resolve(get, "cuMemHostAlloc", api.cuMemHostAlloc);

@@ -6,7 +6,6 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
-#include <tuple>
 
 #include "driver.h"
 
@@ -80,39 +79,24 @@ StreamBuffer::~StreamBuffer() {
   if (ptr_ != 0) cuda().cuMemFreeAsync(ptr_, stream_);
 }
 
-namespace {
-
-void zero_words(cu::DevicePtr ptr, size_t bytes, cu::Stream stream) {
-  check(cuda().cuMemsetD32Async(ptr, 0, bytes / sizeof(int32_t), stream), "zeroing counters");
-}
-
-}  // namespace
-
-cu::DevicePtr launch_memory(int device, cu::Stream stream, size_t bytes, LaunchMemory what,
-                            std::optional<StreamBuffer>& graph_memory) {
+cu::DevicePtr launch_scratch(int device, cu::Stream stream, size_t bytes,
+                             std::optional<StreamBuffer>& graph_memory) {
   if (bytes == 0) return 0;
-  const bool zeroed = what == LaunchMemory::kCounters;
-  if (stream_is_capturing(stream)) {
-    const cu::DevicePtr ptr = graph_memory.emplace(device, stream, bytes).ptr();
-    if (zeroed) zero_words(ptr, bytes, stream);
-    return ptr;
-  }
+  if (stream_is_capturing(stream)) return graph_memory.emplace(device, stream, bytes).ptr();
   struct Block {
     cu::DevicePtr ptr = 0;
     size_t bytes = 0;
   };
   // By the stream's unique id (a destroyed stream's handle may be reused by a
   // new one with work in flight beside the old one's).  A stream's block lives
-  // as long as the process, for each stream that ever launched here: a few KiB
-  // of scratch, and counters (4 bytes a token and 64 output columns of
-  // down_combine's largest call).
+  // as long as the process: a few KiB per stream that ever launched here.
   static std::mutex mutex;
-  static std::map<std::tuple<int, unsigned long long, bool>, Block> blocks;
+  static std::map<std::pair<int, unsigned long long>, Block> blocks;
   const cu::Api& api = cuda();
   unsigned long long id = 0;
   check(api.cuStreamGetId(stream, &id), "cuStreamGetId");
   std::lock_guard<std::mutex> lock(mutex);
-  Block& block = blocks[{device, id, zeroed}];
+  Block& block = blocks[{device, id}];
   if (block.bytes < bytes) {
     // Freed after the work queued on the stream that may still use it.
     if (block.ptr != 0) check(api.cuMemFreeAsync(block.ptr, stream), "freeing kernel scratch");
@@ -123,7 +107,6 @@ cu::DevicePtr launch_memory(int device, cu::Stream stream, size_t bytes, LaunchM
       fail(result, "allocating " + std::to_string(bytes) + " bytes of kernel scratch");
     }
     block.bytes = bytes;
-    if (zeroed) zero_words(block.ptr, bytes, stream);
   }
   return block.ptr;
 }

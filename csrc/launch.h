@@ -44,20 +44,13 @@ class StreamBuffer {
   cu::DevicePtr ptr_ = 0;
 };
 
-// What a launch's stream memory holds: Triton's global scratch, or counters
-// (a family's `counters` parameter) that are zero when a kernel starts and
-// that the kernel leaves zero.
-enum class LaunchMemory { kScratch, kCounters };
-
-// Device memory for one launch's scratch or counters on `stream`.  Kernels on
-// one stream run in order, so launches on a stream share one buffer of each
-// kind (kept per stream, grown when too small): no allocation per launch.
-// Counters are zeroed when their buffer is made, and stay zero after each
-// kernel.  While the stream is captured into a CUDA graph, which may be
-// replayed on any stream, the memory is a StreamBuffer of graph memory held
-// in `graph_memory` instead, counters zeroed by a memset the graph replays.
-cu::DevicePtr launch_memory(int device, cu::Stream stream, size_t bytes, LaunchMemory what,
-                            std::optional<StreamBuffer>& graph_memory);
+// Device memory for one launch's scratch on `stream`.  Kernels on one stream
+// run in order, so launches on a stream share one buffer (kept per stream, grown
+// when too small): no allocation per launch.  While the stream is captured into
+// a CUDA graph, which may be replayed on any stream, the memory is a StreamBuffer
+// of graph memory held in `graph_memory` instead.
+cu::DevicePtr launch_scratch(int device, cu::Stream stream, size_t bytes,
+                             std::optional<StreamBuffer>& graph_memory);
 
 // Copies `bytes` from host memory to `dst`, ordered on `stream`, without the
 // stream synchronisation a copy from pageable memory implies: the bytes go

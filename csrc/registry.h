@@ -29,8 +29,7 @@ enum class Role {
   kStride,
   kCount,
   kGroupTable,
-  kTilePrefix,
-  kCounters
+  kTilePrefix
 };
 
 inline const char* role_name(Role role) {
@@ -59,8 +58,6 @@ inline const char* role_name(Role role) {
       return "group_table";
     case Role::kTilePrefix:
       return "tile_prefix";
-    case Role::kCounters:
-      return "counters";
   }
   return "?";
 }
@@ -98,9 +95,8 @@ struct FamilyInfo {
   // runtime fills the group_table, tile_prefix and count parameters.
   const ParamInfo* group_fields;
   size_t group_field_count;
-  SizeFn tiles;     // output tiles of a call (of one group, with a group table)
-  SizeFn rows;      // rows per group, the tuned-table bucket key (likewise)
-  SizeFn counters;  // int32 counters its kCounters parameter points to; nullptr: none
+  SizeFn tiles;  // output tiles of a call (of one group, with a group table)
+  SizeFn rows;   // rows per group, the tuned-table bucket key (likewise)
 
   bool has_group_table() const { return group_field_count > 0; }
   std::span<const ParamInfo> param_list() const { return {params, param_count}; }

@@ -169,18 +169,6 @@ int64_t stage_group_table(const FamilyInfo& f, const KernelInfo& k, const Call& 
   return tiles;
 }
 
-// Points the family's counters parameter at zeroed counters of the stream
-// (launch_memory), as many as the family's `counters` expression says.
-void give_counters(const FamilyInfo& f, const KernelInfo& k, const Call& c,
-                   std::vector<int64_t>& args, std::optional<StreamBuffer>& graph_memory) {
-  const auto words = static_cast<size_t>(std::max<int64_t>(f.counters(args.data(), k), 0));
-  const cu::DevicePtr counters = launch_memory(c.device, c.stream, words * sizeof(int32_t),
-                                               LaunchMemory::kCounters, graph_memory);
-  for (size_t i = 0; i < f.param_count; ++i) {
-    if (f.params[i].role == Role::kCounters) args[i] = static_cast<int64_t>(counters);
-  }
-}
-
 }  // namespace
 
 void run(const Call& c) {
@@ -213,12 +201,10 @@ void run(const Call& c) {
     throw std::invalid_argument("more than 2**31 output tiles in one call; split the problem");
   }
   const auto programs = static_cast<unsigned>(std::min<int64_t>(tiles, ready.wave));
-  std::optional<StreamBuffer> graph_counters;
-  if (f.counters != nullptr) give_counters(f, k, c, args, graph_counters);
   std::vector<uint64_t> slots = pack_args(f.param_list(), args);
   std::optional<StreamBuffer> graph_memory;
-  const cu::DevicePtr scratch = launch_memory(c.device, c.stream, scratch_bytes(k, programs),
-                                              LaunchMemory::kScratch, graph_memory);
+  const cu::DevicePtr scratch =
+      launch_scratch(c.device, c.stream, scratch_bytes(k, programs), graph_memory);
   launch(k, ready.function, programs, c.stream, slots, scratch);
   t_last = &k;
 }

@@ -15,10 +15,6 @@ product over K: the rows are read once, the [T, K, H] copy is never written.
 import triton
 import triton.language as tl
 
-# down_combine's counters (kernels/ragged.py's combine_rows): one per token
-# and block of this many columns; every tile's BN is a multiple.
-COUNTER_COLS = tl.constexpr(64)
-
 
 @triton.jit
 def combine_kernel(rows_ptr, index_ptr, weights_ptr, offs_ptr, out_ptr, R, T, H, K, G,
@@ -41,9 +37,6 @@ def combine_kernel(rows_ptr, index_ptr, weights_ptr, offs_ptr, out_ptr, R, T, H,
 @triton.jit
 def combine_tile(rows_ptr, index_ptr, weights_ptr, out_ptr, tokens, cols, end, T, H, K,
                  BM: tl.constexpr, BN: tl.constexpr):
-    """out's rows `tokens` (those < T), columns `cols` (those < H).  The rows
-    are read past L1 (.cg): down_combine reads rows other programs of its
-    launch wrote."""
     token_ok = tokens < T
     col_ok = cols < H
     slots = tokens.to(tl.int64) * K
@@ -53,7 +46,7 @@ def combine_tile(rows_ptr, index_ptr, weights_ptr, out_ptr, tokens, cols, end, T
         kept = token_ok & (row >= 0) & (row < end)
         weight = tl.load(weights_ptr + slots + j, mask=kept, other=0.0)
         values = tl.load(rows_ptr + row[:, None] * H + cols[None, :],
-                         mask=kept[:, None] & col_ok[None, :], other=0.0, cache_modifier=".cg")
+                         mask=kept[:, None] & col_ok[None, :], other=0.0)
         acc += weight[:, None] * values.to(tl.float32)
     out = out_ptr + tokens.to(tl.int64)[:, None] * H + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & col_ok[None, :])

@@ -8,13 +8,11 @@ offsets it keeps every access in bounds and every output row owned by at most
 one group.
 
 ragged_m: out[T, N], rows of group g = a[rows] @ b[g] (+ bias[g])   (forward, dA; fp8 with scales)
-down_combine: ragged_m's product, then each token's k rows combined   (moe_experts' down projection)
 ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 """
 import triton
 import triton.language as tl
 
-from .combine import COUNTER_COLS, combine_tile
 from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile
 from .scaled import NO_SCALES, scaled_tile_tma
 from .tiles import (first_step_past, pick, running_max, tile_mma_basic, tile_store,
@@ -129,54 +127,6 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
 
 
 @triton.jit
-def down_combine_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                        bias_ptr, has_bias, order_ptr, inverse_ptr, weights_ptr, out_ptr,
-                        counts_ptr, TOKENS, TOP_K, B_T: tl.constexpr, USE_TMA: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """moe_experts' down projection and combine in one launch: ragged_m's
-    product of a [T, K] row-major (the T = TOKENS x TOP_K token slots' rows,
-    sorted by expert) and b (B_T as ragged_m's) plus bias, written to c
-    [T, N] (row-major, ldc = N), then combine_rows: out [TOKENS, N] (row-major)
-    gets each token's TOP_K rows of c, weighted (kernels/combine.py's
-    combine_kernel over index = the inverse of order).  order [T] and
-    inverse [TOKENS x TOP_K] int64: the routing (route.py); weights
-    [TOKENS, TOP_K] float32; counts: TOKENS x cdiv(N, COUNTER_COLS) int32
-    counters, zero at launch and left zero (the runtime's)."""
-    combine = (order_ptr, inverse_ptr, weights_ptr, out_ptr, counts_ptr, TOKENS, TOP_K)
-    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, False,
-                     B_T, False, USE_TMA, NO_SCALES, False, NO_GLU, BM, BN, BK, CHUNK, PRECISION,
-                     combine, True)
-
-
-@triton.jit
-def combine_rows(c_ptr, offs_ptr, G, T, combine, off_m, end, off_n, N, BM: tl.constexpr,
-                 BN: tl.constexpr):
-    """Once a tile's rows off_m .. end of c (row-major [T, N]) are stored: each row (a token's
-    slot) arrives at its token's counter of the tile's columns; the arrival
-    that completes a token's TOP_K sums them into out (combine.combine_tile;
-    every slot arrives, the rows past the last group, dropped slots, too).
-    The counter is then reset to zero for the next launch."""
-    tl.static_assert(BN % COUNTER_COLS == 0, "a tile's columns are whole counter blocks")
-    order_ptr, inverse_ptr, weights_ptr, out_ptr, counts_ptr, TOKENS, TOP_K = combine
-    rows = off_m + tl.arange(0, BM)
-    ok = rows < end
-    token = tl.load(order_ptr + rows, mask=ok, other=0) // TOP_K
-    counter = counts_ptr + token * tl.cdiv(N, COUNTER_COLS) + off_n // COUNTER_COLS
-    tl.debug_barrier()  # every thread's stores of the tile before any release below
-    arrived = tl.atomic_add(counter, 1, mask=ok, sem="acq_rel", scope="gpu")
-    last = ok & (arrived == TOP_K - 1)
-    tl.store(counter, 0, mask=last)
-    tl.debug_barrier()  # the acquires before any thread reads the other slots' rows
-    valid_end = 0
-    if G > 0:
-        valid_end = tl.minimum(tl.load(offs_ptr + G - 1), T)
-    combine_tile(c_ptr, inverse_ptr, weights_ptr, out_ptr, tl.where(last, token, TOKENS),
-                 off_n + tl.arange(0, BN), valid_end, TOKENS, N, TOP_K, BM, BN)
-
-
-@triton.jit
 def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                       bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, rows_ptr, rows_div,
                       B_T: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
@@ -219,8 +169,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                      C_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr,
                      FAST_ACCUM: tl.constexpr,
                      GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     CHUNK: tl.constexpr, PRECISION: tl.constexpr, combine=(0, 0, 0, 0, 0, 0, 1),
-                     COMBINE: tl.constexpr = False):
+                     CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -230,8 +179,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
     owner of a tile without a per-group loop.  GLU other than NO_GLU:
     ragged_glu_kernel's gathered rows (and gated epilogue), through pointer
-    loads (TMA only stores c).  COMBINE: down_combine_kernel's epilogue
-    (combine_rows), c stored through pointers.
+    loads (TMA only stores c).
     """
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
     pid = tl.program_id(0)
@@ -294,10 +242,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                                      A_T, B_T, BM, BN, BK, PRECISION)
             if GLU < CONCATENATED:  # no gate
                 acc = add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN)
-                if COMBINE:
-                    tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
-                    combine_rows(c_ptr, offs_ptr, G, T, combine, off_m, end, off_n, N, BM, BN)
-                elif C_T:
+                if C_T:
                     tile_store_transposed(c_ptr, acc, off_m, off_n, end, N, ldc, BM, BN)
                 elif USE_TMA:
                     ragged_store(c_desc, acc, start, end, off_m, off_n, BM, BN)

@@ -20,7 +20,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .combine import COUNTER_COLS
 from .glu import CONCATENATED, NO_GLU
 from .glu_ws import gu_descriptor, store_gated
 from .ragged import RAGGED_ROWS
@@ -247,63 +246,18 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 
 
 @gluon.jit
-def combine_rows(c_ptr, offs_ptr, G, T, combine, row, end, off_n, N, ROWS: gl.constexpr,
-                 BN: gl.constexpr):
-    """kernels/ragged.py's combine_rows for a partition's rows row .. end
-    (the counters' arrivals, and the last arrival's weighted sum of its
-    token's rows), BN columns in blocks of COUNTER_COLS."""
-    gl.static_assert(BN % COUNTER_COLS == 0, "a tile's columns are whole counter blocks")
-    order_ptr, inverse_ptr, weights_ptr, out_ptr, counts_ptr, TOKENS, TOP_K = combine
-    # A warp on 4 rows x 64 columns, 16 bytes of 16-bit rows a thread.
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    rows = row + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
-    ok = rows < end
-    token = gl.load(order_ptr + rows, mask=ok, other=0) // TOP_K
-    counter = counts_ptr + token * ((N + COUNTER_COLS - 1) // COUNTER_COLS) + off_n // COUNTER_COLS
-    gl.barrier()  # the partition's stores of the tile before any release below
-    arrived = gl.atomic_add(counter, 1, mask=ok, sem="acq_rel", scope="gpu")
-    last = ok & (arrived == TOP_K - 1)
-    gl.store(counter, 0, mask=last)
-    gl.barrier()  # the acquires before any thread reads the other slots' rows
-    valid_end = 0
-    if G > 0:
-        valid_end = gl.minimum(gl.load(offs_ptr + G - 1), T)
-    slots = token * TOP_K
-    for c0 in gl.static_range(0, BN, COUNTER_COLS):
-        cols = off_n + c0 + gl.arange(0, COUNTER_COLS, gl.SliceLayout(0, layout))
-        col_ok = gl.expand_dims(cols < N, 0)
-        acc = gl.zeros([ROWS, COUNTER_COLS], gl.float32, layout)
-        for j in range(TOP_K):
-            src = gl.load(inverse_ptr + slots + j, mask=last, other=-1)
-            kept = last & (src >= 0) & (src < valid_end)
-            weight = gl.load(weights_ptr + slots + j, mask=kept, other=0.0)
-            values = gl.load(c_ptr + gl.expand_dims(src * N, 1) + gl.expand_dims(cols, 0),
-                             mask=gl.expand_dims(kept, 1) & col_ok, other=0.0,
-                             cache_modifier=".cg")
-            acc += gl.expand_dims(weight, 1) * values.to(gl.float32)
-        out = out_ptr + gl.expand_dims(token * N, 1) + gl.expand_dims(cols, 0)
-        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(last, 1) & col_ok)
-
-
-@gluon.jit
 def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part_m, start, end,
-                  off_n, N, ALIGN: gl.constexpr, C_T: gl.constexpr, offs_ptr=0, T=0,
-                  combine=(0, 0, 0, 0, 0, 0, 1), COMBINE: gl.constexpr = False):
+                  off_n, N, ALIGN: gl.constexpr, C_T: gl.constexpr):
     """A finished tile plus bias[g] (where has_bias; none past the last group),
     its rows possibly begun before its group (ws.tiled_rows); C_T: c stored
-    transposed (ws.store_columns); COMBINE: c [T, N] row-major stored
-    through registers, then combine_rows."""
+    transposed (ws.store_columns)."""
     if has_bias != 0:
         cols = off_n + gl.arange(0, acc.shape[1], gl.SliceLayout(0, acc.type.layout))
         bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (g < G),
                        other=0.0)
         acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
     # ALIGN is a constexpr: its branch compiles without the runtime test.
-    if COMBINE:
-        store_rows(acc, c_ptr, ldc, part_m, start, end, off_n, N)
-        combine_rows(c_ptr, offs_ptr, G, T, combine, part_m, end, off_n, N, acc.shape[0],
-                     acc.shape[1])
-    elif C_T:
+    if C_T:
         store_columns(acc, c_desc, c_buf, c_ptr, ldc, part_m, start, end, off_n, N)
     elif ALIGN == 1:  # noqa: SIM114
         store_group_rows(acc, c_desc, c_buf, part_m, start, end, off_n)
@@ -320,12 +274,11 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                   B_T: gl.constexpr, C_T: gl.constexpr, SCALING: gl.constexpr,
                   FAST_ACCUM: gl.constexpr,
                   GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr, combine,
-                  COMBINE: gl.constexpr):
+                  CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
     program (in a cluster, PARTS = 1: each CTA's share of the tile's rows).
     GLU >= CONCATENATED: kernels/glu.py's gated epilogue (h through c_desc, gu
-    through gu_desc).  COMBINE: ragged.down_combine_kernel's epilogue."""
+    through gu_desc)."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
@@ -369,8 +322,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
                 if GLU < CONCATENATED:
                     store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G,
-                                  part_m, start, end, off_n, N, ALIGN, C_T, offs_ptr, T, combine,
-                                  COMBINE)
+                                  part_m, start, end, off_n, N, ALIGN, C_T)
                 else:  # a row-major a: tiles start at their group's rows
                     store_gated(acc, c_desc, gu_desc, c_buf, g, G, N, off_n, part_m, start, end,
                                 bias_ptr, has_bias, save_gu, gpt_oss, GLU)
@@ -388,8 +340,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
                         rows_ptr, rows_div, A_T: gl.constexpr, B_T: gl.constexpr,
                         C_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
                         GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
-                        combine=(0, 0, 0, 0, 0, 0, 1), COMBINE: gl.constexpr = False):
+                        CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // CTAS // (16 * gl.num_warps())
     # A cluster's CTAs split the tile's rows; a partition's rows within a CTA,
@@ -426,7 +377,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
             (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
                              save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
-                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, combine, COMBINE)),
+                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER,
                               C_T)),
@@ -437,11 +388,11 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
             (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
                              save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
-                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, combine, COMBINE)),
+                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                              turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
                              save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
-                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, combine, COMBINE)),
+                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                               A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER,
                               C_T)),
@@ -465,22 +416,6 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
                         b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
                         A_T, B_T, C_T, NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
-
-
-@gluon.jit
-def down_combine_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb,
-                           ldc, bias_ptr, has_bias, order_ptr, inverse_ptr, weights_ptr, out_ptr,
-                           counts_ptr, TOKENS, TOP_K, B_T: gl.constexpr, USE_TMA: gl.constexpr,
-                           BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                           CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """ragged.down_combine_kernel's contract, TMA only (USE_TMA and PRECISION
-    taken for the common signature)."""
-    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    combine = (order_ptr, inverse_ptr, weights_ptr, out_ptr, counts_ptr, TOKENS, TOP_K)
-    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
-                        False, B_T, False, NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, 1,
-                        combine, True)
 
 
 @gluon.jit

@@ -1,8 +1,6 @@
-// gg_runtime::combine: the weighted combine of moe_experts' k slots of a
-// token (the combine kernel family), one launch; and down_combine, the down
-// projection that ends moe_experts' forward with that combine in its
-// epilogue.  Checks, output, launch; Meta tensors run the same code without
-// the launch.
+// gg_runtime::combine: the weighted combine that ends moe_experts' forward
+// (the combine kernel family), one launch.  Checks, output, launch; Meta
+// tensors run the same code without the launch.
 #include <family_args.h>
 
 #include "op_support.h"
@@ -40,44 +38,6 @@ Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t toke
                              .K = k,
                              .G = offs.size(0)};
   launch(args, "rows", target_of(rows, rows.scalar_type()));
-  return out;
-}
-
-Tensor down_combine(const Tensor& h, const Tensor& w2, const Tensor& offs,
-                    const std::optional<Tensor>& bias, const Tensor& order, const Tensor& inverse,
-                    const Tensor& weights, int64_t k, Outputs& temporaries) {
-  const int64_t slots = h.size(0), hidden = w2.size(1), groups = w2.size(0);
-  const int64_t tokens = slots / k;
-  Tensor out = new_output(h, {tokens, hidden}, h.scalar_type());
-  if (groups == 0) return torch::stable::zero_(out);  // every slot dropped
-  const Tensor rows = temporaries.make({slots, hidden}, h.scalar_type());
-  if (out.numel() == 0 || shapes_only(out)) return out;
-  const Matrix a = row_major(h), b = matrix_of_transpose(w2);  // b [G, I, H]
-  const std::optional<Tensor> bias_rows =
-      bias.has_value() ? std::optional(as_contiguous(*bias)) : std::nullopt;
-  const Tensor weight_rows = as_contiguous(weights);
-  const family::DownCombine args{.a_ptr = address(a.t),
-                                 .b_ptr = address(b.t),
-                                 .c_ptr = address(rows),
-                                 .offs_ptr = address(offs),
-                                 .T = slots,
-                                 .N = hidden,
-                                 .K = h.size(1),
-                                 .G = groups,
-                                 .lda = a.ld,
-                                 .b_group_stride = b.t.stride(0),
-                                 .ldb = b.ld,
-                                 .ldc = hidden,
-                                 .bias_ptr = bias_rows ? address(*bias_rows) : 0,
-                                 .has_bias = bias_rows ? 1 : 0,
-                                 .order_ptr = address(order),
-                                 .inverse_ptr = address(inverse),
-                                 .weights_ptr = address(weight_rows),
-                                 .out_ptr = address(out),
-                                 .counts_ptr = 0,  // the runtime's
-                                 .TOKENS = tokens,
-                                 .TOP_K = k};
-  launch(args, b.transposed ? "nt" : "nn", target_of(h, h.scalar_type()));
   return out;
 }
 

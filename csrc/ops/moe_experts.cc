@@ -1,7 +1,7 @@
 // gg_runtime::moe_experts: the forward of gg_runtime.moe_experts in one
 // operator, so that its host work is one call: every check of its arguments
 // (messages name moe_experts' arguments), the routing, the up projection
-// with its activation, and the down projection with the weighted combine.  Meta
+// with its activation, the down projection and the weighted combine.  Meta
 // tensors run the same code without the launches.
 #include <family_args.h>
 
@@ -141,8 +141,10 @@ std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, T
     return up_projection(aten("aten::index_select", "", x, int64_t{0}, token), std::nullopt, 1, w13,
                          offs, b13, interleaved, gpt_oss, saved_gu, temporaries);
   }();
-  const Tensor out = down_combine(h, w2, offs, b2, order, inverse,
-                                  as_dtype(topk_weights, ScalarType::Float), k, temporaries);
+  const Tensor ys =
+      ragged_m(h, matrix_of_transpose(w2), hidden, offs, b2, dtype, false, temporaries);
+  const Tensor out =
+      combine_slots(ys, inverse, tokens, k, as_dtype(topk_weights, ScalarType::Float), offs);
   if (!for_backward) return {out, {}};
   return {out, {*gu, order, offs, inverse}};
 }

@@ -78,13 +78,6 @@ Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 // shape; weights float32), for operators that checked them.
 Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, int64_t k,
                      const Tensor& weights, const Tensor& offs);
-// moe_experts' down projection and combine in one launch (the down_combine
-// family): out [tokens, H] = combine_slots of ragged_m(h, w2[g]^T (+ b2[g]))
-// over the routing's order and inverse (route_slots), weights float32
-// [tokens, k]; the product's rows, a part of `temporaries`, are not returned.
-Tensor down_combine(const Tensor& h, const Tensor& w2, const Tensor& offs,
-                    const std::optional<Tensor>& bias, const Tensor& order, const Tensor& inverse,
-                    const Tensor& weights, int64_t k, Outputs& temporaries);
 
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the

@@ -178,31 +178,12 @@ def test_cuda_graph_replay_with_new_routing():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = gg_runtime.moe_experts(**static)
-    for seed in (1, 2):  # the down projection's counters start from zero at every replay
-        fresh = make_inputs(128, 64, 32, 8, 2, seed=seed)
-        for name in ("x", "topk_ids", "topk_weights"):
-            static[name].copy_(fresh[name])
-        graph.replay()
-        want = layer_ref(**{n: t.float() if t.is_floating_point() else t
-                            for n, t in static.items()})
-        assert rel_error(out, want) < 2e-2
-
-
-def forward_error(inputs) -> float:
-    """The no-grad forward's error against the float32 layer."""
-    with torch.no_grad():
-        out = gg_runtime.moe_experts(**inputs)
-    return rel_error(out, layer_ref(**{n: t.float() if t.is_floating_point() else t
-                                       for n, t in inputs.items()}))
-
-
-def test_forwards_of_other_shapes_in_turn():
-    """The down projection's combine counts each token's slots in counters the
-    runtime keeps per stream, which every launch must leave zero: calls of
-    other k, H and token counts in turn, each against the float32 layer."""
-    shapes = [(500, 200, 48, 8, 3), (77, 136, 40, 16, 8), (500, 200, 48, 8, 3), (3, 64, 32, 4, 1)]
-    for shape in shapes + shapes:
-        assert forward_error(make_inputs(*shape)) < 2e-2, shape
+    fresh = make_inputs(128, 64, 32, 8, 2, seed=1)
+    for name in ("x", "topk_ids", "topk_weights"):
+        static[name].copy_(fresh[name])
+    graph.replay()
+    want = layer_ref(**{n: t.float() if t.is_floating_point() else t for n, t in static.items()})
+    assert rel_error(out, want) < 2e-2
 
 
 @pytest.mark.parametrize("tokens", [256, 3000], ids=["routed_in_one_launch", "in_three"])
@@ -616,34 +597,6 @@ def test_combine_variant(variant):
         got = torch.ops.gg_runtime.combine(rows, index, weights, offs)
         assert last_variant() == variant["key"]
     assert rel_error(got, combine_ref(rows, index, weights, offs)) < 1e-2
-
-
-DOWN_COMBINE_VARIANTS = [v for v in _C.variants() if v["family"] == "down_combine" and
-                         v["arch"] == device_arch()]
-
-
-@pytest.mark.skipif(not DOWN_COMBINE_VARIANTS, reason="needs a GPU this wheel has kernels for")
-@pytest.mark.parametrize("variant", DOWN_COMBINE_VARIANTS,
-                         ids=[v["key"] for v in DOWN_COMBINE_VARIANTS])
-def test_down_combine_variant(variant):
-    """Each compiled down projection with its combine, forced in moe_experts:
-    48 experts (8 of them empty) of 3000 tokens' 8 slots, more tiles than a wave
-    of programs, H no multiple of the tile (nor of 16 for `basic`), dropped
-    slots (all of one token's), a bias; w2 stored as the layout says, the
-    output and every gradient against the float32 layer."""
-    dtype = getattr(torch, variant["dtype"])
-    hidden, inter = (208, 72) if variant["flavour"] != "basic" else (197, 37)
-    inputs = make_inputs(3000, hidden, inter, 48, 8, dtype, bias=True)
-    ids = inputs["topk_ids"]
-    ids[ids >= 40] = -1
-    ids[3] = -1
-    if variant["layout"] == "nn":  # w2 a transposed view of [E, I, H]
-        inputs["w2"] = inputs["w2"].transpose(1, 2).contiguous().transpose(1, 2)
-    with forced(variant=variant["key"]):
-        with torch.no_grad():
-            gg_runtime.moe_experts(**inputs)
-        assert last_variant() == variant["key"]
-        check_against_reference(inputs)
 
 
 @pytest.mark.parametrize("slots,experts", [(1, 1), (1023, 8), (1024, 128), (1025, 3),

@@ -17,8 +17,7 @@ from conftest import device_arch
 # Families whose variants their own test file forces (with its exact reference).
 OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py", "swiglu": "test_gpu_moe_experts.py",
             "ragged_glu": "test_gpu_moe_experts.py", "gathered_k": "test_gpu_moe_experts.py",
-            "combine": "test_gpu_moe_experts.py", "route": "test_gpu_moe_experts.py",
-            "down_combine": "test_gpu_moe_experts.py"}
+            "combine": "test_gpu_moe_experts.py", "route": "test_gpu_moe_experts.py"}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch() and v["family"] not in OWN_TEST]
 pytestmark = pytest.mark.usefixtures("poison")
 
@@ -181,11 +180,9 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
 def test_forcing_a_variant_that_cannot_run_is_an_error():
     if not RUNNABLE:
         pytest.skip("needs a GPU this wheel has kernels for")
-    # a ragged_m variant of another layout (b stored transposed)
-    other_layout = next(v["key"] for v in RUNNABLE if v["family"] == "ragged_m" and
-                        v["layout"] == "nt" and v["dtype"] == "float16")
+    list_key = next(v["key"] for v in RUNNABLE if v["family"] == "grouped_gemm")
     a = randn(8, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="cannot run this problem"), forced(other_layout):
+    with pytest.raises(ValueError, match="cannot run this problem"), forced(variant=list_key):
         gg_runtime.grouped_mm(a, randn(1, 8, 8, dtype=torch.float16),
                               torch.tensor([8], dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="no variant nonsense in this build"), forced("nonsense"):
