@@ -2,14 +2,12 @@
 atomics and no host sync.  The forward is one operator
 (torch.ops.gg_runtime.moe_experts): routing on the GPU, the up projection
 reading the tokens through the routing's order with SwiGLU in its epilogue,
-and the down projection, whose epilogue combines each token's k outputs,
-weighted, read through the inverse permutation (the tile that completes a
-token's k rows sums them: per-token counters, no atomics on the output).
-The backward, in Python, composes operators: one kernel for SwiGLU's
-backward (swiglu_backward), grouped products (those of the tokens' or the
-gradient's rows read them through the routing's order, gathered_mm and
-gathered_mm_k, where the experts are not wide: GATHER_MAX_INTER), and
-combine.
+the down projection, and the weighted combine of each token's k outputs
+read through the inverse permutation.  The backward, in Python, composes
+operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
+products (those of the tokens' or the gradient's rows read them through the
+routing's order, gathered_mm and gathered_mm_k, where the experts are not
+wide: GATHER_MAX_INTER), and combine.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output (freed as soon as the backward has read it:
