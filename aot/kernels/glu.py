@@ -57,28 +57,43 @@ def gate_and_up(acc, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, lda, ldb,
              B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, PRECISION: tl.constexpr):
+             BK: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr = False):
     """The tile's product [BM, BN] (float32, w13_columns' order) through masked
     pointer loads: the tile's row r is a[rows[off_m + r] // rows_div], or
     a[off_m + r] where rows_div is 0 (zeros from end on); `weights` is b[g]
-    ([K, N]: element (k, n) at n * ldb + k where B_T, else k * ldb + n)."""
+    ([K, N]: element (k, n) at n * ldb + k where B_T, else k * ldb + n).
+    ALIGNED: the TMA flavour's rules hold (csrc/run.cc: 16-byte aligned
+    bases and strides, K a row_length of whole 16 bytes), so each row of a,
+    and each column of a K-major b, starts on 16 bytes and a 16-byte vector
+    along K is wholly in or out: the loads are 16-byte vectors the compiler
+    pipelines (without the hints they are one element each)."""
     rm = off_m + tl.arange(0, BM)
     row_ok = rm < end
     gathered = rows_div != 0
     src = tl.load(rows_ptr + rm, mask=row_ok & gathered, other=0) // tl.maximum(rows_div, 1)
     src = tl.where(gathered, src, rm)
+    a_rows = a_ptr + src.to(tl.int64) * lda
+    if ALIGNED:
+        a_rows = tl.multiple_of(a_rows, 16)
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
+    b_cols = weights + cols.to(tl.int64) * ldb  # where B_T: each column's first element
+    if ALIGNED:
+        b_cols = tl.multiple_of(b_cols, 16)
+    VECTOR: tl.constexpr = 128 // a_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
         kk = k0 + rk
-        a = tl.load(a_ptr + src[:, None] * lda + kk[None, :],
-                    mask=row_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+        in_k = kk < k_end
+        if ALIGNED:
+            in_k = tl.max_constancy(in_k, VECTOR)
+        a = tl.load(a_rows[:, None] + kk[None, :], mask=row_ok[:, None] & in_k[None, :],
+                    other=0.0)
         if B_T:
-            b_offs = cols.to(tl.int64)[None, :] * ldb + kk[:, None]
+            b_at = b_cols[None, :] + kk[:, None]
         else:
-            b_offs = kk.to(tl.int64)[:, None] * ldb + cols[None, :]
-        b = tl.load(weights + b_offs, mask=(kk < k_end)[:, None] & col_ok[None, :], other=0.0)
+            b_at = weights + kk.to(tl.int64)[:, None] * ldb + cols[None, :]
+        b = tl.load(b_at, mask=in_k[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 

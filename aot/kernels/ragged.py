@@ -228,7 +228,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             if GLU != NO_GLU:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N,
-                               lda, ldb, B_T, GLU, BM, BN, BK, PRECISION)
+                               lda, ldb, B_T, GLU, BM, BN, BK, PRECISION, USE_TMA)
             elif SCALING != NO_SCALES:
                 acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
                                       tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
