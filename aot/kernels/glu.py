@@ -57,7 +57,8 @@ def gate_and_up(acc, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, lda, ldb,
              B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr = False):
+             BK: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr = False,
+             b_desc=None, g=0, B_BY_TMA: tl.constexpr = False):
     """The tile's product [BM, BN] (float32, w13_columns' order) through masked
     pointer loads: the tile's row r is a[rows[off_m + r] // rows_div], or
     a[off_m + r] where rows_div is 0 (zeros from end on); `weights` is b[g]
@@ -66,7 +67,8 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
     bases and strides, K a row_length of whole 16 bytes), so each row of a,
     and each column of a K-major b, starts on 16 bytes and a 16-byte vector
     along K is wholly in or out: the loads are 16-byte vectors the compiler
-    pipelines (without the hints they are one element each)."""
+    pipelines (without the hints they are one element each).  B_BY_TMA:
+    b's [BK, BN] blocks come by TMA through b_desc ([G, K, N]) at group g."""
     rm = off_m + tl.arange(0, BM)
     row_ok = rm < end
     gathered = rows_div != 0
@@ -89,11 +91,14 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
             in_k = tl.max_constancy(in_k, VECTOR)
         a = tl.load(a_rows[:, None] + kk[None, :], mask=row_ok[:, None] & in_k[None, :],
                     other=0.0)
-        if B_T:
-            b_at = b_cols[None, :] + kk[:, None]
+        if B_BY_TMA:
+            b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
         else:
-            b_at = weights + kk.to(tl.int64)[:, None] * ldb + cols[None, :]
-        b = tl.load(b_at, mask=in_k[:, None] & col_ok[None, :], other=0.0)
+            if B_T:
+                b_at = b_cols[None, :] + kk[:, None]
+            else:
+                b_at = weights + kk.to(tl.int64)[:, None] * ldb + cols[None, :]
+            b = tl.load(b_at, mask=in_k[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 

@@ -186,12 +186,23 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
     lane = tl.arange(0, CHUNK)
+    # An N-major b of gathered rows' products whose tile columns are consecutive
+    # (not CONCATENATED's halves: the second starts at column I, not always on
+    # 16 bytes) comes by TMA: its pointer loads run along N, whose mask the
+    # flavour's rules do not make constant over 16 bytes (one element each).
+    B_BY_TMA: tl.constexpr = USE_TMA and not B_T and GLU != NO_GLU and GLU != CONCATENATED
     if USE_TMA and GLU == NO_GLU:
         # One descriptor for all of A and one for all of B, built once per
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
         a_desc, b_desc = ragged_m_descriptors(a_ptr, b_ptr, T, N, K, G, lda, b_group_stride, ldb,
                                               A_T, B_T, BM, BN, BK)
+    elif B_BY_TMA:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, tl.maximum(K, 1), N],
+                                           strides=[b_group_stride, ldb, 1],
+                                           block_shape=[1, BK, BN])
+    else:
+        b_desc = b_ptr  # never loaded from
     if USE_TMA and GLU < CONCATENATED and not C_T:
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     elif USE_TMA:  # h: half as many columns
@@ -228,7 +239,8 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             if GLU != NO_GLU:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N,
-                               lda, ldb, B_T, GLU, BM, BN, BK, PRECISION, USE_TMA)
+                               lda, ldb, B_T, GLU, BM, BN, BK, PRECISION, USE_TMA, b_desc, g,
+                               B_BY_TMA)
             elif SCALING != NO_SCALES:
                 acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
                                       tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
