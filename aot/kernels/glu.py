@@ -78,9 +78,10 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
     if ALIGNED:
         a_rows = tl.multiple_of(a_rows, 16)
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
-    b_cols = weights + cols.to(tl.int64) * ldb  # where B_T: each column's first element
-    if ALIGNED:
-        b_cols = tl.multiple_of(b_cols, 16)
+    if B_T:  # each column's first element
+        b_cols = weights + cols.to(tl.int64) * ldb
+        if ALIGNED:
+            b_cols = tl.multiple_of(b_cols, 16)
     VECTOR: tl.constexpr = 128 // a_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)

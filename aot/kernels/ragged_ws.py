@@ -406,9 +406,9 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
                        BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                        PRECISION: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
     """ragged_m_kernel's contract (a [T, K] or, A_T, stored [K, T]; b [G, K, N]
-    or, B_T, [G, N, K]; c [T, N] row-major or, C_T, stored [N, T]), TMA only
-    for the operands (a C_T tile is stored through registers); USE_TMA and PRECISION
-    (16-bit inputs only) are taken for the common signature.  CTAS: the
+    or, B_T, [G, N, K]; c [T, N] row-major or, C_T, stored [N, T]: ws.store_columns),
+    TMA only; USE_TMA and PRECISION (16-bit inputs only) are taken for the
+    common signature.  CTAS: the
     cluster's CTAs (ws.py), which the program's BM rows are split between."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     # The scale pointers are never read without scales, nor gu and rows
