@@ -11,6 +11,7 @@
 
 #include "dispatch.h"
 #include "driver.h"
+#include "launch_group.h"
 #include "registry.h"
 #include "run.h"
 #include "runtime_api.h"
@@ -82,10 +83,11 @@ py::dict device_info(int device) {
   return d;
 }
 
-// run() for _ops, status and message instead of an exception.
-gg::RunStatus run_reporting(const gg::Call& call, std::string* error) {
+// fn() for _ops, status and message instead of an exception.
+template <typename Fn>
+gg::RunStatus reporting(Fn fn, std::string* error) {
   try {
-    gg::run(call);
+    fn();
     return gg::RunStatus::kOk;
   } catch (const gg::CudaError& e) {
     *error = e.what();
@@ -102,6 +104,12 @@ gg::RunStatus run_reporting(const gg::Call& call, std::string* error) {
   }
 }
 
+gg::RunStatus run_reporting(const gg::Call& call, std::string* error) {
+  return reporting([&] { gg::run(call); }, error);
+}
+
+gg::RunStatus submit_reporting(std::string* error) { return reporting(gg::submit_recorded, error); }
+
 bool runs_tma(int device) {
   static const std::set<int> tma_archs = [] {
     std::set<int> archs;
@@ -113,8 +121,9 @@ bool runs_tma(int device) {
   return tma_archs.count(gg::kernel_path(gg::device_props(device)).arch) > 0;
 }
 
-const gg::RuntimeApi kRuntimeApi{gg::kRuntimeApiVersion, &run_reporting, &gg::families, &gg::dtypes,
-                                 &runs_tma};
+const gg::RuntimeApi kRuntimeApi{
+    gg::kRuntimeApiVersion, &run_reporting,    &gg::families,      &gg::dtypes, &runs_tma,
+    &gg::start_recording,   &submit_reporting, &gg::stop_recording};
 
 }  // namespace
 
@@ -144,4 +153,7 @@ PYBIND11_MODULE(_C, m) {
         return std::string(k == nullptr ? "" : k->key);
       },
       "Key of the variant this thread's last launch ran ('' if it launched nothing).");
+  m.def("graph_launches", &gg::graph_launches,
+        "Test-only: how many groups of recorded kernels this process launched as one CUDA "
+        "graph.");
 }

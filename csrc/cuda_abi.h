@@ -18,6 +18,9 @@ using Kernel = struct KernelOpaque*;
 using Function = struct FunctionOpaque*;
 using Event = struct EventOpaque*;
 using MemPool = struct MemPoolOpaque*;
+using Graph = struct GraphOpaque*;
+using GraphNode = struct GraphNodeOpaque*;
+using GraphExec = struct GraphExecOpaque*;
 
 constexpr Result kSuccess = 0;
 constexpr int kMinDriverVersion = 12000;  // cuLibrary* and cuKernel* appear in 12.0
@@ -66,6 +69,18 @@ struct LaunchConfig {
   unsigned int attr_count;
 };
 static_assert(sizeof(LaunchConfig) == 56, "CUlaunchConfig layout");
+// CUDA_KERNEL_NODE_PARAMS (its _v2, what cuGetProcAddress gives for CUDA
+// >= 12.0): one kernel of a graph; kern and context unused (null) when
+// function is set.
+struct KernelNodeParams {
+  Function function;
+  unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  void** params;
+  void** extra;
+  Kernel kern;
+  Context context;
+};
+static_assert(sizeof(KernelNodeParams) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 layout");
 // cuMemHostAlloc and cuEventCreate flags
 constexpr unsigned kHostAllocPortable = 1;
 constexpr unsigned kEventDisableTiming = 2;
@@ -109,6 +124,15 @@ struct Api {
   Result (*cuEventCreate)(Event* event, unsigned int flags);
   Result (*cuEventRecord)(Event event, Stream stream);
   Result (*cuEventSynchronize)(Event event);
+  Result (*cuGraphCreate)(Graph* graph, unsigned int flags);
+  Result (*cuGraphAddKernelNode)(GraphNode* node, Graph graph, const GraphNode* dependencies,
+                                 size_t dependency_count, const KernelNodeParams* params);
+  Result (*cuGraphInstantiateWithFlags)(GraphExec* exec, Graph graph, unsigned long long flags);
+  Result (*cuGraphExecKernelNodeSetParams)(GraphExec exec, GraphNode node,
+                                           const KernelNodeParams* params);
+  Result (*cuGraphLaunch)(GraphExec exec, Stream stream);
+  Result (*cuGraphExecDestroy)(GraphExec exec);
+  Result (*cuGraphDestroy)(Graph graph);
 };
 
 }  // namespace gg::cu

@@ -62,6 +62,13 @@ cu::Api load_api() {
   resolve(get, "cuEventCreate", api.cuEventCreate);
   resolve(get, "cuEventRecord", api.cuEventRecord);
   resolve(get, "cuEventSynchronize", api.cuEventSynchronize);
+  resolve(get, "cuGraphCreate", api.cuGraphCreate);
+  resolve(get, "cuGraphAddKernelNode", api.cuGraphAddKernelNode);
+  resolve(get, "cuGraphInstantiateWithFlags", api.cuGraphInstantiateWithFlags);
+  resolve(get, "cuGraphExecKernelNodeSetParams", api.cuGraphExecKernelNodeSetParams);
+  resolve(get, "cuGraphLaunch", api.cuGraphLaunch);
+  resolve(get, "cuGraphExecDestroy", api.cuGraphExecDestroy);
+  resolve(get, "cuGraphDestroy", api.cuGraphDestroy);
   check(api.cuInit(0), "cuInit");
   return api;
 }

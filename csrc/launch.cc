@@ -6,8 +6,10 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "driver.h"
+#include "launch_group.h"
 
 namespace gg {
 
@@ -98,7 +100,9 @@ cu::DevicePtr launch_scratch(int device, cu::Stream stream, size_t bytes,
   std::lock_guard<std::mutex> lock(mutex);
   Block& block = blocks[{device, id}];
   if (block.bytes < bytes) {
-    // Freed after the work queued on the stream that may still use it.
+    // Freed after the work queued on the stream that may still use it,
+    // recorded launches included.
+    submit_recorded();
     if (block.ptr != 0) check(api.cuMemFreeAsync(block.ptr, stream), "freeing kernel scratch");
     block = Block{};
     const cu::Result result =
@@ -177,22 +181,22 @@ size_t scratch_bytes(const KernelInfo& info, unsigned programs) {
 }
 
 void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,
-            std::vector<uint64_t>& slots, cu::DevicePtr scratch) {
+            int device, std::vector<uint64_t> slots, cu::DevicePtr scratch) {
   if (programs == 0) return;
   // Triton appends global_scratch and profile_scratch to every kernel.
   slots.push_back(scratch);
   slots.push_back(0);
+  if (info.num_ctas == 1) {
+    launch_or_record({&info, function, programs, stream, device, std::move(slots)});
+    return;
+  }
+  submit_recorded();  // cluster launches are not recorded: what was, runs first
   std::vector<void*> params;
   params.reserve(slots.size());
   for (uint64_t& slot : slots) params.push_back(&slot);
-  cu::Result result = cu::kSuccess;
-  if (info.num_ctas == 1) {
-    result = cuda().cuLaunchKernel(function, programs, 1, 1, 32 * info.num_warps, 1, 1, info.shared,
-                                   stream, params.data(), nullptr);
-  } else {
-    const ClusterLaunch clusters(info.num_ctas, info.num_warps, info.shared, programs, stream);
-    result = cuda().cuLaunchKernelEx(&clusters.config, function, params.data(), nullptr);
-  }
+  const ClusterLaunch clusters(info.num_ctas, info.num_warps, info.shared, programs, stream);
+  const cu::Result result =
+      cuda().cuLaunchKernelEx(&clusters.config, function, params.data(), nullptr);
   if (result != cu::kSuccess) fail(result, std::string("launching ") + info.key);
 }
 

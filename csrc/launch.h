@@ -61,10 +61,12 @@ void upload_async(cu::Stream stream, cu::DevicePtr dst, const void* src, size_t 
 size_t scratch_bytes(const KernelInfo& info, unsigned programs);
 
 // Launch `programs` programs of the variant (clusters of info.num_ctas CTAs
-// where that is > 1) on `stream`, appending the global
-// and profile scratch pointers Triton adds to every kernel.  Zero programs
-// launch nothing.  Throws CudaError naming the variant on any failure.
+// where that is > 1) on `stream` of `device`, appending the global and
+// profile scratch pointers Triton adds to every kernel; a launch of one-CTA
+// clusters is recorded instead while the thread records (launch_group.h).
+// Zero programs launch nothing.  Throws CudaError naming the variant on any
+// failure.
 void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu::Stream stream,
-            std::vector<uint64_t>& slots, cu::DevicePtr scratch);
+            int device, std::vector<uint64_t> slots, cu::DevicePtr scratch);
 
 }  // namespace gg

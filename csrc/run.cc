@@ -4,10 +4,12 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "dispatch.h"
 #include "driver.h"
 #include "launch.h"
+#include "launch_group.h"
 
 namespace gg {
 namespace {
@@ -205,7 +207,9 @@ void run(const Call& c) {
   std::optional<StreamBuffer> graph_memory;
   const cu::DevicePtr scratch =
       launch_scratch(c.device, c.stream, scratch_bytes(k, programs), graph_memory);
-  launch(k, ready.function, programs, c.stream, slots, scratch);
+  launch(k, ready.function, programs, c.stream, c.device, std::move(slots), scratch);
+  // The table's stream-ordered free (its destructor) follows the launch.
+  if (table) submit_recorded();
   t_last = &k;
 }
 

@@ -14,7 +14,7 @@
 
 namespace gg {
 
-inline constexpr int kRuntimeApiVersion = 2;
+inline constexpr int kRuntimeApiVersion = 3;
 // PyCapsule_Import's dotted path: the capsule is _C's attribute `runtime_api`.
 inline constexpr char kRuntimeApiCapsule[] = "gg_runtime._C.runtime_api";
 
@@ -35,6 +35,11 @@ struct RuntimeApi {
   // Whether calls on this device run the table's `tma` variants (sm90
   // cubins, not the sm80 path that forcing PTX takes).
   bool (*runs_tma)(int device);
+  // The calling thread's launches recorded and submitted together
+  // (launch_group.h): start_recording, submit_recorded, stop_recording.
+  void (*start_recording)();
+  RunStatus (*submit_recorded)(std::string* error);
+  void (*stop_recording)();
 };
 
 }  // namespace gg

@@ -116,8 +116,8 @@ Tensor up_projection(const Tensor& x_in, const std::optional<Tensor>& rows_in, i
   const Tensor gather = rows_in.has_value() ? as_contiguous(*rows_in) : offs;
   Tensor h = outputs.make({rows, inter}, x_in.scalar_type());
   if (groups == 0) {  // every row past the last group: zeros
-    if (gu != nullptr) torch::stable::zero_(*gu);
-    return torch::stable::zero_(h);
+    if (gu != nullptr) zeroed(*gu);
+    return zeroed(h);
   }
   if (shapes_only(h)) return h;
   const GatheredProduct product{a,    gather, rows_in.has_value() ? k : 0, b, rows, 2 * inter,
@@ -140,7 +140,7 @@ Tensor gathered_mm(Tensor x, Tensor rows_in, int64_t k, Tensor b_in, Tensor offs
   const int64_t groups = b_in.size(0), rows = rows_in.size(0), n = b_in.size(2);
   check_offsets(offs, "b", groups, x);
   Tensor out = new_output(x, {rows, n}, x.scalar_type());
-  if (groups == 0) return torch::stable::zero_(out);  // every row past the last group
+  if (groups == 0) return zeroed(out);  // every row past the last group
   if (shapes_only(out)) return out;
   const Matrix a = row_major(x), b = matrix_of(b_in);
   const Tensor gather = as_contiguous(rows_in);

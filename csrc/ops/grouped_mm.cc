@@ -111,7 +111,7 @@ Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& of
   const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0);
   Tensor out =
       out_transposed ? outputs.make({n, rows}, out_dtype) : outputs.make({rows, n}, out_dtype);
-  if (groups == 0) return torch::stable::zero_(out);
+  if (groups == 0) return zeroed(out);
   if (shapes_only(out)) return out;
   const std::optional<Tensor> bias_rows =
       bias.has_value() ? std::optional(as_contiguous(*bias)) : std::nullopt;

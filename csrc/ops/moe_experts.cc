@@ -1,8 +1,9 @@
 // gg_runtime::moe_experts: the forward of gg_runtime.moe_experts in one
 // operator, so that its host work is one call: every check of its arguments
 // (messages name moe_experts' arguments), the routing, the up projection
-// with its activation, the down projection and the weighted combine.  Meta
-// tensors run the same code without the launches.
+// with its activation, the down projection and the weighted combine, whose
+// kernels are launched together (LaunchGroup).  Meta tensors run the same
+// code without the launches.
 #include <family_args.h>
 
 #include <string>
@@ -101,10 +102,6 @@ void check_shapes(const Inputs& in) {
   }
 }
 
-Tensor as_dtype(const Tensor& t, ScalarType dtype) {
-  return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype);
-}
-
 }  // namespace
 
 std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights,
@@ -120,14 +117,19 @@ std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, T
   const int64_t tokens = x.size(0), hidden = x.size(1), k = topk_ids.size(1);
   const int64_t experts = w13.size(0), inter = w13.size(1) / 2, slots = tokens * k;
   const ScalarType dtype = x.scalar_type();
+  // Its kernels (the routing's, the projections', the combine's) go to the
+  // GPU as one graph: one driver call instead of one each.  The conversions,
+  // torch's work, come first, so that nothing splits the group.
+  LaunchGroup launches;
+  const Tensor ids = converted(topk_ids, ScalarType::Long);
+  const Tensor weights = as_contiguous(converted(topk_weights, ScalarType::Float));
   // The products' rows, and the routing unless the backward reads it, are
   // temporaries: one block.
   Outputs results(x);
   Outputs temporaries(x, Outputs::part_bytes({slots, inter}, dtype) +
                              Outputs::part_bytes({slots, hidden}, dtype) +
                              (for_backward ? 0 : route_bytes(slots, experts)));
-  auto [order, offs, inverse] = route_slots(as_dtype(topk_ids, ScalarType::Long), experts,
-                                            for_backward ? results : temporaries);
+  auto [order, offs, inverse] = route_slots(ids, experts, for_backward ? results : temporaries);
   std::optional<Tensor> gu;
   if (for_backward) gu = new_output(x, {slots, 2 * inter}, dtype);
   const bool gpt_oss = activation == "gpt_oss";
@@ -143,8 +145,8 @@ std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, T
   }();
   const Tensor ys =
       ragged_m(h, matrix_of_transpose(w2), hidden, offs, b2, dtype, false, temporaries);
-  const Tensor out =
-      combine_slots(ys, inverse, tokens, k, as_dtype(topk_weights, ScalarType::Float), offs);
+  const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
+  launches.submit();
   if (!for_backward) return {out, {}};
   return {out, {*gu, order, offs, inverse}};
 }

@@ -168,7 +168,7 @@ Matrix matrix_of(const Tensor& x) {
   const int64_t row_stride = x.stride(-2), col_stride = x.stride(-1);
   if (cols <= 1 || col_stride == 1) return {x, false, row_stride};
   if (rows <= 1 || row_stride == 1) return {x, true, col_stride};
-  Tensor copy = torch::stable::contiguous(x);
+  Tensor copy = contiguous_copy(x);
   return {copy, false, copy.stride(-2)};
 }
 
@@ -177,13 +177,13 @@ Matrix matrix_of_transpose(const Tensor& x) {
   const int64_t row_stride = x.stride(-1), col_stride = x.stride(-2);
   if (cols <= 1 || col_stride == 1) return {x, false, row_stride};
   if (rows <= 1 || row_stride == 1) return {x, true, col_stride};
-  Tensor copy = torch::stable::contiguous(torch::stable::transpose(x, -2, -1));
+  Tensor copy = contiguous_copy(torch::stable::transpose(x, -2, -1));
   return {copy, false, copy.stride(-2)};
 }
 
 Matrix row_major(const Tensor& x) {
   if (x.stride(-1) != 1 && x.size(-1) > 1) {
-    Tensor copy = torch::stable::contiguous(x);
+    Tensor copy = contiguous_copy(x);
     return {copy, false, copy.stride(-2)};
   }
   return {x, false, x.stride(-2)};
@@ -192,12 +192,10 @@ Matrix row_major(const Tensor& x) {
 Tensor dense(const Tensor& x) {
   const bool row_major = x.size(-1) <= 1 || x.stride(-1) == 1;
   const bool packed = x.size(0) <= 1 || x.stride(0) == x.size(-1);
-  return row_major && packed ? x : torch::stable::contiguous(x);
+  return row_major && packed ? x : contiguous_copy(x);
 }
 
-Tensor as_contiguous(const Tensor& x) {
-  return x.is_contiguous() ? x : torch::stable::contiguous(x);
-}
+Tensor as_contiguous(const Tensor& x) { return x.is_contiguous() ? x : contiguous_copy(x); }
 
 namespace {
 
@@ -215,7 +213,7 @@ std::vector<int64_t> contiguous_strides(const Shape& shape) {
 Tensor poisoned(Tensor out, ScalarType dtype) {
   if (g_poison && !shapes_only(out)) {
     const bool integer = dtype == ScalarType::Int || dtype == ScalarType::Long;
-    torch::stable::fill_(out, integer ? -1.0 : std::numeric_limits<double>::quiet_NaN());
+    filled(out, integer ? -1.0 : std::numeric_limits<double>::quiet_NaN());
   }
   return out;
 }
@@ -287,13 +285,11 @@ ShapesOnly::~ShapesOnly() { t_shapes_only = outer_; }
 bool in_shapes_only() { return t_shapes_only; }
 
 Tensor long_scalar(int64_t value, const Tensor& like) {
-  return torch::stable::full({}, static_cast<double>(value), ScalarType::Long, std::nullopt,
-                             like.device());
+  return full({}, static_cast<double>(value), ScalarType::Long, like);
 }
 
 Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size) {
-  const Tensor sizes = torch::stable::full({groups}, static_cast<double>(size), ScalarType::Int,
-                                           std::nullopt, like.device());
+  const Tensor sizes = full({groups}, static_cast<double>(size), ScalarType::Int, like);
   return aten("aten::cumsum", "", sizes, int64_t{0}, std::optional(ScalarType::Int));
 }
 
@@ -327,6 +323,26 @@ Target target_of(const Tensor& like, ScalarType dtype, ScalarType out_dtype) {
   return {device, current_stream(device), dtype_code(dtype), dtype_code(out_dtype)};
 }
 
+namespace {
+
+// The runtime's failure as the exception its status names.
+void raise(RunStatus status, const std::string& error) {
+  switch (status) {
+    case RunStatus::kOk:
+      return;
+    case RunStatus::kInvalidArgument:
+      throw std::invalid_argument(kValueErrorTag + error);
+    case RunStatus::kUnsupportedDevice:
+      throw std::runtime_error(kUnsupportedDeviceTag + error);
+    case RunStatus::kCudaError:
+      throw std::runtime_error(kCudaErrorTag + error);
+    case RunStatus::kOther:
+      throw std::runtime_error(error);
+  }
+}
+
+}  // namespace
+
 void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
          const std::string& layout, const Target& target) {
   Call call{};
@@ -339,18 +355,43 @@ void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
   call.args = std::move(args);
   call.groups = std::move(groups);
   std::string error;
-  switch (g_runtime->run(call, &error)) {
-    case RunStatus::kOk:
-      return;
-    case RunStatus::kInvalidArgument:
-      throw std::invalid_argument(kValueErrorTag + error);
-    case RunStatus::kUnsupportedDevice:
-      throw std::runtime_error(kUnsupportedDeviceTag + error);
-    case RunStatus::kCudaError:
-      throw std::runtime_error(kCudaErrorTag + error);
-    case RunStatus::kOther:
-      throw std::runtime_error(error);
-  }
+  raise(g_runtime->run(call, &error), error);
+}
+
+LaunchGroup::LaunchGroup() { g_runtime->start_recording(); }
+LaunchGroup::~LaunchGroup() { g_runtime->stop_recording(); }
+
+void LaunchGroup::submit() { submit_recorded(); }
+
+void submit_recorded() {
+  std::string error;
+  raise(g_runtime->submit_recorded(&error), error);
+}
+
+Tensor contiguous_copy(const Tensor& x) {
+  submit_recorded();
+  return torch::stable::contiguous(x);
+}
+
+Tensor full(const Shape& shape, double value, ScalarType dtype, const Tensor& like) {
+  submit_recorded();
+  return torch::stable::full(shape, value, dtype, std::nullopt, like.device());
+}
+
+Tensor zeroed(Tensor t) {
+  submit_recorded();
+  return torch::stable::zero_(t);
+}
+
+Tensor filled(Tensor t, double value) {
+  submit_recorded();
+  return torch::stable::fill_(t, value);
+}
+
+Tensor converted(const Tensor& t, ScalarType dtype) {
+  if (t.scalar_type() == dtype) return t;
+  submit_recorded();
+  return torch::stable::to(t, dtype);
 }
 
 }  // namespace gg::ops

@@ -146,12 +146,41 @@ class Outputs {
   int64_t used_ = 0;
 };
 
+// Kernel launches recorded and sent to the GPU together (csrc/launch_group.h):
+// while a LaunchGroup lives, the thread's launches are recorded, and submit()
+// launches them, two or more as one CUDA graph (one driver call for the host
+// instead of one per kernel).  Stream order must stay program order, so
+// torch work an operator enqueues (copies, fills, aten calls) goes through
+// the helpers of this file, each of which first submits what was recorded
+// (submit_recorded; tests/runtime/test_sources.py holds the operators to it).
+// Destroyed before submit() (an operator that throws), it drops what is still
+// recorded.
+class LaunchGroup {
+ public:
+  LaunchGroup();
+  ~LaunchGroup();
+  LaunchGroup(const LaunchGroup&) = delete;
+  LaunchGroup& operator=(const LaunchGroup&) = delete;
+  void submit();
+};
+void submit_recorded();
+
+// Torch work, after submit_recorded(): x's contiguous copy; a new tensor of
+// `shape` filled with value on like's device; t zeroed or filled with value
+// (in place; returns t); t converted to dtype (t itself where it has it).
+Tensor contiguous_copy(const Tensor& x);
+Tensor full(const Shape& shape, double value, ScalarType dtype, const Tensor& like);
+Tensor zeroed(Tensor t);
+Tensor filled(Tensor t, double value);
+Tensor converted(const Tensor& t, ScalarType dtype);
+
 // The stack after aten::name.overload (an operator the stable ABI wraps no
 // function for) is called with args: its results first, each to be taken
 // (torch::stable::detail::to) once.
 template <typename... Args>
 std::array<StableIValue, sizeof...(Args)> call_aten(const char* name, const char* overload,
                                                     const Args&... args) {
+  submit_recorded();
   std::array<StableIValue, sizeof...(Args)> stack{torch::stable::detail::from(args)...};
   TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
   return stack;

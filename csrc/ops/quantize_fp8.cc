@@ -57,8 +57,7 @@ Shape scale_shape(const std::string& granularity, Shape shape) {
 // x as [R, C] with unit inner stride, groups stacked, and its row stride;
 // copies only where no such view exists.
 Matrix rows_of(const Tensor& x_in) {
-  const Tensor x =
-      x_in.stride(-1) != 1 && x_in.size(-1) > 1 ? torch::stable::contiguous(x_in) : x_in;
+  const Tensor x = x_in.stride(-1) != 1 && x_in.size(-1) > 1 ? contiguous_copy(x_in) : x_in;
   const int64_t cols = x.size(-1);
   // A copy where 3-D groups are not stacked rows.
   const Tensor flat = torch::stable::reshape(x, {x.numel() / cols, cols});
@@ -90,7 +89,7 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity) {
   if (q.numel() > 0) {
     if (!shapes_only(q)) launch_quantize(granularity, x, q, scale);
   } else if (scale.numel() > 0) {  // rowwise scales of empty rows: an all-zero row's
-    torch::stable::fill_(scale, static_cast<double>(kEmptyScale));
+    filled(scale, static_cast<double>(kEmptyScale));
   }
   return {q, scale};
 }

@@ -31,8 +31,7 @@ std::tuple<Tensor, Tensor, Tensor> route_by_sort(const Tensor& ids, int64_t expe
                               std::optional(long_scalar(experts, ids)));
   const Tensor expert = aten("aten::remainder", "Tensor", clamped, long_scalar(experts + 1, ids));
   auto [sorted, order] = stable_sort(expert);
-  const Tensor ones =
-      torch::stable::full({experts}, 1.0, ScalarType::Long, std::nullopt, ids.device());
+  const Tensor ones = full({experts}, 1.0, ScalarType::Long, ids);
   const Tensor ends = aten("aten::cumsum", "", ones, int64_t{0}, std::optional(ScalarType::Long));
   const Tensor offs =
       aten("aten::searchsorted", "Tensor", sorted, ends, true, false, std::nullopt, std::nullopt);
@@ -79,7 +78,7 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids_in, int64_t exp
   Tensor offs = outputs.make({experts}, ScalarType::Int);
   if (shapes_only(order)) return {order, offs, inverse};
   if (slots == 0) {  // every group empty; no launch
-    torch::stable::fill_(offs, 0.0);
+    filled(offs, 0.0);
     return {order, offs, inverse};
   }
   const Shape hist_rows = hist_shape(slots);

@@ -130,7 +130,7 @@ Tensor ragged_rows(const std::string& layout, const Tensor& a, const Tensor& b,
                       false);
   }
   Tensor out = new_output(a, {rows, n}, out_dtype);
-  if (groups == 0 || k == 0) return torch::stable::zero_(out);  // the product is zero
+  if (groups == 0 || k == 0) return zeroed(out);  // the product is zero
   if (shapes_only(out)) return out;
   const family::ScaledRaggedM args{.a_ptr = address(a),
                                    .b_ptr = address(b),
@@ -158,7 +158,7 @@ Tensor batched(const std::string& layout, const Tensor& a_in, const Tensor& b,
                const Tensor& scale_a, const Tensor& scale_b, const std::optional<Tensor>& bias,
                ScalarType out_dtype) {
   const int64_t groups = a_in.size(0), m = a_in.size(1), k = a_in.size(2), n = b.size(2);
-  const Tensor a = a_in.stride(0) != m * a_in.stride(1) ? torch::stable::contiguous(a_in) : a_in;
+  const Tensor a = a_in.stride(0) != m * a_in.stride(1) ? contiguous_copy(a_in) : a_in;
   Shape flat_scale_a = sizes_of(scale_a);
   flat_scale_a.erase(flat_scale_a.begin(), flat_scale_a.begin() + 2);
   flat_scale_a.insert(flat_scale_a.begin(), groups * m);

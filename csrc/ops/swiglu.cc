@@ -75,7 +75,7 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
   Tensor dgu = new_output(gu_in, {rows, 2 * c}, gu_in.scalar_type());
   Tensor h = new_output(gu_in, {rows, c}, gu_in.scalar_type());
   Tensor dot = new_output(gu_in, {rows}, ScalarType::Float);
-  if (h.numel() == 0) torch::stable::fill_(dot, 0.0);  // the sum over no columns
+  if (h.numel() == 0) filled(dot, 0.0);  // the sum over no columns
   if (h.numel() == 0 || shapes_only(h)) return {dgu, h, dot};
   const Tensor gu = dense(gu_in), grad = dense(grad_in);
   const Tensor scale = as_contiguous(scale_in);

@@ -186,6 +186,43 @@ def test_cuda_graph_replay_with_new_routing():
     assert rel_error(out, want) < 2e-2
 
 
+# (tokens, hidden, inter, experts, k): routed in one launch or three, warp-
+# specialised or decode-sized up projections, so consecutive forwards' graphs
+# differ in length, kernels and grids.
+GRAPH_PROBLEMS = [(256, 64, 32, 8, 2), (3000, 96, 48, 16, 4), (5, 128, 40, 64, 8),
+                  (700, 64, 4104, 4, 1), (1, 64, 32, 1, 1)]
+
+
+def test_forwards_launched_as_one_graph_each_across_shapes_and_streams():
+    """Without poisoning (whose fills come between the kernels) each no-grad
+    forward's kernels go to the GPU as one CUDA graph, updated from call to
+    call: forwards of different shapes queued back to back on two streams,
+    none waiting for another, each as the float32 layer."""
+    from gg_runtime import _ops
+    _ops.set_poison(False)
+    try:
+        problems = [make_inputs(*shape, seed=i) for i, shape in enumerate(GRAPH_PROBLEMS)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        before = _C.graph_launches()
+        outs = []
+        for turn in range(2):
+            for i, inputs in enumerate(problems):
+                with torch.cuda.stream(side if (i + turn) % 2 else torch.cuda.current_stream()):
+                    outs.append(gg_runtime.moe_experts(**inputs))
+        launched = _C.graph_launches() - before
+        torch.cuda.current_stream().wait_stream(side)
+    finally:
+        _ops.set_poison(True)
+    # One graph a forward; the wide experts' (torch's permuted copy of the tokens
+    # after the routing) holds the kernels after the copy.
+    assert launched == 2 * len(problems), launched
+    for out, inputs in zip(outs, problems + problems):
+        want = layer_ref(**{n: t.float() if t.is_floating_point() else t
+                            for n, t in inputs.items()})
+        assert rel_error(out, want) < 2e-2
+
+
 @pytest.mark.parametrize("tokens", [256, 3000], ids=["routed_in_one_launch", "in_three"])
 def test_forward_without_autograd_allocates_twice(tokens):
     """Without autograd the routing (its sort's counts too) and the products'
