@@ -68,7 +68,11 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
     and each column of a K-major b, starts on 16 bytes and a 16-byte vector
     along K is wholly in or out: the loads are 16-byte vectors the compiler
     pipelines (without the hints they are one element each).  B_BY_TMA:
-    b's [BK, BN] blocks come by TMA through b_desc ([G, K, N]) at group g."""
+    b's [BK, BN] blocks come by TMA through b_desc ([G, K, N]) at group g;
+    CONCATENATED's as two [BK, BN / 2] blocks, from columns off_n / 2 (gate)
+    and N / 2 + off_n / 2 (up), each multiplied into an accumulator of its
+    own (the gate block's columns past N / 2 are up columns, which only
+    reach accumulator columns that the epilogue drops)."""
     rm = off_m + tl.arange(0, BM)
     row_ok = rm < end
     gathered = rows_div != 0
@@ -85,6 +89,10 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
     VECTOR: tl.constexpr = 128 // a_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    HALVES: tl.constexpr = B_BY_TMA and GLU == CONCATENATED
+    if HALVES:
+        acc_gate = tl.zeros((BM, BN // 2), dtype=tl.float32)
+        acc_up = tl.zeros((BM, BN // 2), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
         kk = k0 + rk
         in_k = kk < k_end
@@ -92,15 +100,23 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
             in_k = tl.max_constancy(in_k, VECTOR)
         a = tl.load(a_rows[:, None] + kk[None, :], mask=row_ok[:, None] & in_k[None, :],
                     other=0.0)
-        if B_BY_TMA:
-            b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
+        if HALVES:
+            gate = b_desc.load([g, k0, off_n // 2]).reshape(BK, BN // 2)
+            up = b_desc.load([g, k0, N // 2 + off_n // 2]).reshape(BK, BN // 2)
+            acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
+            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
         else:
-            if B_T:
-                b_at = b_cols[None, :] + kk[:, None]
+            if B_BY_TMA:
+                b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
             else:
-                b_at = weights + kk.to(tl.int64)[:, None] * ldb + cols[None, :]
-            b = tl.load(b_at, mask=in_k[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                if B_T:
+                    b_at = b_cols[None, :] + kk[:, None]
+                else:
+                    b_at = weights + kk.to(tl.int64)[:, None] * ldb + cols[None, :]
+                b = tl.load(b_at, mask=in_k[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if HALVES:  # w13_columns' order: the gate's columns, then the up's
+        acc = tl.reshape(tl.permute(tl.join(acc_gate, acc_up), (0, 2, 1)), (BM, BN))
     return acc
 
 

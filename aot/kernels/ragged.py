@@ -186,11 +186,12 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
     lane = tl.arange(0, CHUNK)
-    # An N-major b of gathered rows' products whose tile columns are consecutive
-    # (not CONCATENATED's halves: the second starts at column I, not always on
-    # 16 bytes) comes by TMA: its pointer loads run along N, whose mask the
-    # flavour's rules do not make constant over 16 bytes (one element each).
-    B_BY_TMA: tl.constexpr = USE_TMA and not B_T and GLU != NO_GLU and GLU != CONCATENATED
+    # An N-major b of gathered rows' products comes by TMA (CONCATENATED's in
+    # two half blocks, the gate's and the up's): its pointer loads run along
+    # N, whose mask the flavour's rules do not make constant over 16 bytes
+    # (one element each).
+    B_BY_TMA: tl.constexpr = USE_TMA and not B_T and GLU != NO_GLU
+    B_BLOCK_N: tl.constexpr = BN // 2 if GLU == CONCATENATED else BN
     if USE_TMA and GLU == NO_GLU:
         # One descriptor for all of A and one for all of B, built once per
         # program.  A tile may read rows past its group's end (the next
@@ -200,7 +201,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     elif B_BY_TMA:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, tl.maximum(K, 1), N],
                                            strides=[b_group_stride, ldb, 1],
-                                           block_shape=[1, BK, BN])
+                                           block_shape=[1, BK, B_BLOCK_N])
     else:
         b_desc = b_ptr  # never loaded from
     if USE_TMA and GLU < CONCATENATED and not C_T:
