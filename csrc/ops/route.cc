@@ -1,7 +1,7 @@
 // gg_runtime::route: moe_experts' routing (the route kernel family): the token
 // slots sorted by expert, stably, with the groups' end offsets and the inverse
-// permutation, on the GPU (no host sync): three launches, or one where the
-// slots fit one chunk.  Checks, outputs, scratch, launches; Meta tensors run
+// permutation, on the GPU (no host sync): three kernels (launched as one
+// graph), or one where the slots fit one chunk.  Checks, outputs, scratch, launches; Meta tensors run
 // the same code without the launches.
 #include <family_args.h>
 
@@ -56,7 +56,10 @@ std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts) {
   check_tensor(ids, "ids", 1, {ScalarType::Long});
   if (experts < 0) value_error("experts must be >= 0, got ", experts);
   Outputs results(ids);
-  return route_slots(ids, experts, results);
+  LaunchGroup launches;
+  auto routed = route_slots(ids, experts, results);
+  launches.submit();
+  return routed;
 }
 
 int64_t route_bytes(int64_t slots, int64_t experts) {
