@@ -102,8 +102,10 @@ cu::DevicePtr launch_scratch(int device, cu::Stream stream, size_t bytes,
   if (block.bytes < bytes) {
     // Freed after the work queued on the stream that may still use it,
     // recorded launches included.
-    submit_recorded();
-    if (block.ptr != 0) check(api.cuMemFreeAsync(block.ptr, stream), "freeing kernel scratch");
+    if (block.ptr != 0) {
+      submit_recorded();
+      check(api.cuMemFreeAsync(block.ptr, stream), "freeing kernel scratch");
+    }
     block = Block{};
     const cu::Result result =
         api.cuMemAllocFromPoolAsync(&block.ptr, bytes, workspace_pool(device), stream);
