@@ -16,6 +16,11 @@ from problems import forced, poisoned  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+# Autograd over fake CUDA tensors asks torch's CUDA device guard, which a
+# CPU-only torch build does not have: it aborts the process (or raises).
+fake_autograd = pytest.mark.skipif(
+    torch.version.cuda is None,
+    reason="autograd over fake CUDA tensors needs a torch built with CUDA (CPU-only: aborts)")
 
 
 def device_arch():

@@ -8,7 +8,7 @@ import gg_runtime
 from gg_runtime._native import call
 from moe_reference import route_by_sort
 
-from conftest import cuda
+from conftest import cuda, fake_autograd
 
 T, H, INTER, E, K = 10, 16, 8, 4, 2
 
@@ -232,6 +232,7 @@ def test_transformers_experts_forward_refuses_other_gating(fake):
         gg_runtime.transformers_experts_forward(GptOssExperts(limit=5.0), *args_for_module())
 
 
+@fake_autograd
 def test_transformers_experts_forward_runs_gpt_oss_with_its_activation(fake, monkeypatch):
     seen = {}
 
@@ -263,6 +264,7 @@ def test_route_sorts_slots_by_expert_with_dropped_ones_last():
         assert torch.equal(order[inverse], torch.arange(12))
 
 
+@fake_autograd
 def test_module_parameters_and_shapes(fake):
     experts = gg_runtime.MoEExperts(E, H, INTER, gate_up="interleaved", bias=True,
                                     device="cuda", dtype=torch.bfloat16)

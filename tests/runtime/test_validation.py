@@ -5,7 +5,7 @@ import torch
 
 import gg_runtime
 
-from conftest import cuda, gpu
+from conftest import cuda, fake_autograd, gpu
 
 
 def offsets(groups):
@@ -146,6 +146,7 @@ def test_grouped_mm_cpu_tensor_with_grad_is_a_clear_error():
                               torch.zeros(3, dtype=torch.int32))
 
 
+@fake_autograd
 def test_grouped_mm_records_a_gradient_only_where_an_input_needs_one(fake):
     """Calls whose inputs need no gradient skip the operator's autograd kernel
     (_native.call_untracked_if_possible); those that do still record one."""
