@@ -1,8 +1,8 @@
 // gg_runtime::route: moe_experts' routing (the route kernel family): the token
 // slots sorted by expert, stably, with the groups' end offsets and the inverse
 // permutation, on the GPU (no host sync): three kernels (launched as one
-// graph), or one where the slots fit one chunk.  Checks, outputs, scratch, launches; Meta tensors run
-// the same code without the launches.
+// graph), or one where the slots fit one chunk.  Checks, outputs, scratch,
+// launches; Meta tensors run the same code without the launches.
 #include <family_args.h>
 
 #include <optional>
