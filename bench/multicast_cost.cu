@@ -12,9 +12,11 @@
 //              and B [256, 64] per slot: the same bytes per CTA).
 // Where a slot is filled by multicast, its `empty` barrier in each CTA counts both CTAs'
 // consumers, so the loader refills it only when both have read it.  B's blocks cycle
-// over a weight of N_ROWS x K (L2-resident, as one expert's weights are re-read by its
-// m-tiles), A's over rows of their own.  Prints us per K block and TB/s landed in
-// shared memory, best of five runs.
+// over a weight of N_ROWS x K (as one expert's weights are re-read by its m-tiles), A's
+// over A_TOTAL_ROWS rows: 16 MiB in all, resident in L2, so that the load path from L2
+// is measured, not DRAM.  Each mode runs with the ring's waits and cross-CTA arrivals at
+// cluster scope (what Triton 3.9 emits around a multicast copy) and at CTA scope.
+// Prints us per K block and TB/s landed in shared memory, best of five runs.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -37,7 +39,7 @@
 
 constexpr int BK = 64, A_ROWS = 128, B_ROWS = 256, STAGES = 4;
 constexpr int A_BYTES = A_ROWS * BK * 2, B_BYTES = B_ROWS * BK * 2;
-constexpr int K = 4096, N_ROWS = 2048, A_TOTAL_ROWS = 16384;
+constexpr int K = 2048, N_ROWS = 2048, A_TOTAL_ROWS = 2048;
 enum Mode { OWN = 0, CTA0 = 1, HALVES = 2, ONE_CTA = 3, OWN_MET = 4 };
 
 __device__ __forceinline__ uint32_t smem(const void* p) {
