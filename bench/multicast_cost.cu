@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
-#include <type_traits>
 #include <vector>
 
 #define CK(x)                                                     \
@@ -217,6 +216,23 @@ static float run(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& 
   return best;
 }
 
+// Every mode with the barriers at one scope, printed one line each.
+template <bool CLUSTER_SCOPE>
+static void report(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& half, int sms,
+                   int blocks) {
+  const char* names[] = {"own", "cta0", "halves", "one_cta", "own_met"};
+  const float ms[] = {run<OWN, CLUSTER_SCOPE>(a, b, half, sms, blocks),
+                      run<CTA0, CLUSTER_SCOPE>(a, b, half, sms, blocks),
+                      run<HALVES, CLUSTER_SCOPE>(a, b, half, sms, blocks),
+                      run<ONE_CTA, CLUSTER_SCOPE>(a, b, half, sms, blocks),
+                      run<OWN_MET, CLUSTER_SCOPE>(a, b, half, sms, blocks)};
+  const double landed = double(sms / 2 * 2) * blocks * (A_BYTES + B_BYTES);
+  for (int m = 0; m < 5; ++m)
+    printf("%-8s %-7s %8.3f ms  %6.3f us per K block  %6.2f TB/s landed in shared memory\n",
+           names[m], CLUSTER_SCOPE ? "cluster" : "cta", ms[m], 1e3 * ms[m] / blocks,
+           landed / (ms[m] * 1e-3) / 1e12);
+}
+
 int main(int argc, char** argv) {
   cudaDriverEntryPointQueryResult q;
   CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
@@ -233,37 +249,11 @@ int main(int argc, char** argv) {
   const CUtensorMap b = map_of(b_base, N_ROWS, B_ROWS);
   const CUtensorMap half = map_of(b_base, N_ROWS, B_ROWS / 2);
   const int blocks = 4096;
-  const char* names[] = {"own", "cta0", "halves", "one_cta", "own_met"};
   printf("%d CTAs, %d K blocks per CTA, ring of %d x (%d + %d) bytes\n", sms, blocks, STAGES,
          A_BYTES, B_BYTES);
   for (int round = 0; round < (argc > 1 ? 1 : 2); ++round) {
-    for (int scope = 0; scope < 2; ++scope) {
-      auto time = [&](auto mode, auto cluster_scope) {
-        return run<decltype(mode)::value, decltype(cluster_scope)::value>(a, b, half, sms, blocks);
-      };
-      using C = std::integral_constant<bool, true>;
-      using T = std::integral_constant<bool, false>;
-      float ms[5];
-      if (scope == 0) {
-        ms[0] = time(std::integral_constant<int, OWN>(), C());
-        ms[1] = time(std::integral_constant<int, CTA0>(), C());
-        ms[2] = time(std::integral_constant<int, HALVES>(), C());
-        ms[3] = time(std::integral_constant<int, ONE_CTA>(), C());
-        ms[4] = time(std::integral_constant<int, OWN_MET>(), C());
-      } else {
-        ms[0] = time(std::integral_constant<int, OWN>(), T());
-        ms[1] = time(std::integral_constant<int, CTA0>(), T());
-        ms[2] = time(std::integral_constant<int, HALVES>(), T());
-        ms[3] = time(std::integral_constant<int, ONE_CTA>(), T());
-        ms[4] = time(std::integral_constant<int, OWN_MET>(), T());
-      }
-      for (int m = 0; m < 5; ++m) {
-        const double landed = double(sms / 2 * 2) * blocks * (A_BYTES + B_BYTES);
-        printf("%-8s %-7s %8.3f ms  %6.3f us per K block  %6.2f TB/s landed in shared memory\n",
-               names[m], scope ? "cta" : "cluster", ms[m], 1e3 * ms[m] / blocks,
-               landed / (ms[m] * 1e-3) / 1e12);
-      }
-    }
+    report<true>(a, b, half, sms, blocks);
+    report<false>(a, b, half, sms, blocks);
   }
   return 0;
 }
