@@ -193,9 +193,7 @@ void launch(const KernelInfo& info, cu::Function function, unsigned programs, cu
     return;
   }
   submit_recorded();  // cluster launches are not recorded: what was, runs first
-  std::vector<void*> params;
-  params.reserve(slots.size());
-  for (uint64_t& slot : slots) params.push_back(&slot);
+  std::vector<void*> params = slot_pointers(slots);
   const ClusterLaunch clusters(info.num_ctas, info.num_warps, info.shared, programs, stream);
   const cu::Result result =
       cuda().cuLaunchKernelEx(&clusters.config, function, params.data(), nullptr);

@@ -25,16 +25,8 @@ struct Recording {
 thread_local Recording t_recording;
 std::atomic<long> g_graph_launches{0};
 
-// What the driver copies a launch's arguments from: a pointer to each slot.
-std::vector<void*> param_pointers(KernelLaunch& l) {
-  std::vector<void*> pointers;
-  pointers.reserve(l.slots.size());
-  for (uint64_t& slot : l.slots) pointers.push_back(&slot);
-  return pointers;
-}
-
 void launch_now(KernelLaunch& l) {
-  std::vector<void*> params = param_pointers(l);
+  std::vector<void*> params = slot_pointers(l.slots);
   const cu::Result result =
       cuda().cuLaunchKernel(l.function, l.programs, 1, 1, 32 * l.info->num_warps, 1, 1,
                             l.info->shared, l.stream, params.data(), nullptr);
@@ -74,7 +66,7 @@ struct Chain {
   bool update(std::vector<KernelLaunch>& launches) {
     if (exec == nullptr) return false;
     for (size_t i = 0; i < launches.size(); ++i) {
-      std::vector<void*> params = param_pointers(launches[i]);
+      std::vector<void*> params = slot_pointers(launches[i].slots);
       const cu::KernelNodeParams p = node_params(launches[i], params);
       if (cuda().cuGraphExecKernelNodeSetParams(exec, nodes[i], &p) != cu::kSuccess) return false;
     }
@@ -91,7 +83,7 @@ struct Chain {
     const std::string what = "building a CUDA graph of " + kernel_list(launches);
     check(api.cuGraphCreate(&graph, 0), what);
     for (size_t i = 0; i < launches.size(); ++i) {
-      std::vector<void*> params = param_pointers(launches[i]);
+      std::vector<void*> params = slot_pointers(launches[i].slots);
       const cu::KernelNodeParams p = node_params(launches[i], params);
       check(api.cuGraphAddKernelNode(&nodes[i], graph, i == 0 ? nullptr : &nodes[i - 1],
                                      i == 0 ? 0 : 1, &p),
@@ -122,6 +114,13 @@ void launch_as_graph(std::vector<KernelLaunch>& launches, int device, cu::Stream
 }
 
 }  // namespace
+
+std::vector<void*> slot_pointers(std::vector<uint64_t>& slots) {
+  std::vector<void*> pointers;
+  pointers.reserve(slots.size());
+  for (uint64_t& slot : slots) pointers.push_back(&slot);
+  return pointers;
+}
 
 void launch_or_record(KernelLaunch launch) {
   Recording& r = t_recording;

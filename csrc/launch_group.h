@@ -30,6 +30,10 @@ struct KernelLaunch {
   std::vector<uint64_t> slots;
 };
 
+// What the driver copies a launch's arguments from: a pointer to each slot
+// (valid while slots is neither resized nor destroyed).
+std::vector<void*> slot_pointers(std::vector<uint64_t>& slots);
+
 // Launches it now, or, while this thread records and its stream is not being
 // captured into a CUDA graph, records it.  Throws CudaError naming the variant.
 void launch_or_record(KernelLaunch launch);
