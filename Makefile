@@ -14,6 +14,10 @@
 #             the package index, in its own environment (.venv-torch-X); CI runs it for
 #             the oldest and the newest torch the wheel's metadata allows
 #             (make test-torch-range).
+# make docs:  the documentation (docs/, mkdocs.yml: the API reference from the docstrings,
+#             guides, design, dated notes), built with --strict into build/docs in its own
+#             environment (.venv-docs, docs/requirements.txt); a broken link or reference
+#             fails it.  Needs neither the wheel nor torch nor a GPU.
 # make clean: remove every build output and environment made here.
 #
 # Environments, two for the build, so that no torch release can conflict with the
@@ -49,7 +53,7 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build kernels test bench clean build-env aot-env ext-env test-env test-torch \
+.PHONY: build kernels test bench docs clean build-env aot-env ext-env test-env test-torch \
 	test-torch-range lint
 
 # Style tools, pinned (their rules and output change between releases); installed with
@@ -151,5 +155,19 @@ bench: ext-env
 	$(PYTHON) -m pip install -q --no-deps --no-index --target build/bench-site dist/gg_runtime-*.whl
 	PYTHONPATH=build/bench-site $(BUILD_PY) bench/run.py
 
+# The documentation's environment is remade when docs/requirements.txt (exact pins) changes.
+# NO_MKDOCS_2_WARNING: mkdocs-material prints a notice about MkDocs 2 and its own end of life
+# on every build; the pinned versions build as they are.
+DOCS_VENV := .venv-docs
+docs: $(DOCS_VENV)/installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
+	@echo "documentation: build/docs/index.html"
+
+$(DOCS_VENV)/installed: docs/requirements.txt
+	rm -rf $(DOCS_VENV)
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q -r docs/requirements.txt
+	touch $@
+
 clean:
-	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV) .venv-torch-*
+	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV) $(DOCS_VENV) .venv-torch-*

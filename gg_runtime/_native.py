@@ -24,7 +24,19 @@ if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < OLDE
 from . import _ops  # noqa: E402, F401  (registers torch.ops.gg_runtime; needs _C's runtime)
 
 CudaError = _C.CudaError
+"""A CUDA driver call or a kernel launch failed (a subclass of RuntimeError).
+
+The message names the kernel (its variant key) where a launch failed, and
+the CUDA error's name and text (`CUDA_ERROR_X (...)`).  Bad input never
+gets this far: it raises TypeError or ValueError before anything
+launches."""
 UnsupportedDeviceError = _C.UnsupportedDeviceError
+"""This wheel has no kernels for the GPU (a subclass of RuntimeError).
+
+Raised by every op on a GPU of compute capability below 8.0, and by the fp8
+functions (`scaled_grouped_mm`, `quantize_fp8`) on any GPU other than 9.0.
+The message says why; `info()["device"]["reason"]` tells it without
+calling an op."""
 OPS = torch.ops.gg_runtime
 
 # csrc/ops/op_support.h's tags: the class each error of the operators is raised

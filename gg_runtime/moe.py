@@ -40,7 +40,7 @@ def _check_choices(gate_up, activation):
 # rows (dh, dW2) through the routing's order where the experts are at most
 # this wide: there gathering in the GEMM costs no more time than a permuted
 # copy, and saves the copy's memory; wider experts' GEMMs run faster from
-# copies, by TMA (bench/RESULTS.md).
+# copies, by TMA (docs/notes/2026-11-24-moe-experts-gathering-up-projection.md).
 GATHER_MAX_INTER = 4096
 
 
@@ -168,33 +168,64 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
                 b2: torch.Tensor | None = None) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]): the
-    experts of a token-choice MoE layer, each a gated MLP, given the router's
-    choice.
+    """The experts of a token-choice MoE layer, given the router's choice: one function.
 
-    - x [T, H]: the tokens, float16 or bfloat16, on a CUDA device.
-    - topk_ids [T, k] (int32 or int64) and topk_weights [T, k] (floating, any
-      dtype; rounded to x's dtype for the combine): the router's top k.  An
-      id outside [0, E) marks a dropped slot: it adds nothing and its weight
-      gets a zero gradient (-1 as expert parallelism marks other ranks' experts).
-    - w13 [E, 2I, H]: each expert's gate and up projections in nn.Linear's
-      [out, in] layout (transformers' gate_up_proj); gate_up says how their rows
-      are laid out: "concatenated" (gate rows, then up rows: Qwen3-MoE,
-      Mixtral, DeepSeek) or "interleaved" (gate, up, gate, ...: gpt-oss).
-    - w2 [E, H, I]: the down projections, [out, in] (transformers' down_proj).
-    - activation: "swiglu", act(g, u) = silu(g) * u, or "gpt_oss", gpt-oss's
-      clamped form (clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g'), g' = min(g, 7)
-      (gradients zero where a clamp holds, as torch.clamp's).
-    - b13 [E, 2I], b2 [E, H]: optional biases of the two projections (gpt-oss).
+    `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
+    expert a gated MLP: `expert_e(v) = w2[e] @ act(g, u) (+ b2[e])`, with `g`
+    and `u` the gate and up halves of `w13[e] @ v (+ b13[e])`; float32
+    accumulation.
 
-    expert_e(v) = w2[e] @ act(g, u) (+ b2[e]), with g and u the gate and up
-    halves of w13[e] @ v (+ b13[e]); float32 accumulation.  The weights may
-    be strided views (w13 as a transposed view of [E, H, 2I], say); their
-    gradients come back in their layouts.
+    Routing runs on the GPU (a stable counting sort of the token slots by
+    expert, the groups' offsets and the inverse permutation): nothing waits for
+    the host, so the call can be captured in a CUDA graph and replayed with new
+    routing.  An id outside `[0, E)` marks a dropped slot: it adds nothing and
+    its weight gets a zero gradient (`-1`, or the ids >= E that transformers'
+    expert parallelism gives other ranks' experts).  Any T (0 included) and any
+    k from 1 up.
 
-    Differentiable in x, topk_weights, w13, w2 and the biases (not twice).
-    Nothing waits for the host (CUDA-graph capturable); traceable by
-    torch.compile.  Returns [T, H] in x's dtype.
+    Autograd: differentiable in x, topk_weights, w13, w2 and the biases, once
+    (not twice); the weights' gradients come back in the weights' own strides.
+    Traceable by `torch.compile` (`fullgraph=True` included).  Memory: for the
+    backward it keeps the routing and the up projection's output `[T*k, 2I]`
+    (the gathered tokens and the activation's output are recomputed) and frees
+    that output once the backward has read it (unless `retain_graph=True`);
+    with no gradient wanted (`torch.no_grad()`, inference) it keeps nothing.
+    The forward is the operator `torch.ops.gg_runtime.moe_experts`; the guide
+    (docs/guides/moe.md) says which kernels it runs.
+
+    Args:
+        x: `[T, H]`, the tokens, float16 or bfloat16 on a CUDA device.
+        topk_ids: `[T, k]`, int32 or int64: each token's k experts.
+        topk_weights: `[T, k]`, any floating dtype (converted to float32 for
+            the combine): each slot's routing weight; its gradient comes back
+            in this dtype.
+        w13: `[E, 2I, H]` in x's dtype: each expert's gate and up projections
+            in nn.Linear's `[out, in]` layout (transformers' `gate_up_proj`),
+            or any strided view of that shape (a transposed `[E, H, 2I]`
+            tensor, say).
+        w2: `[E, H, I]` in x's dtype: the down projections, `[out, in]`
+            (transformers' `down_proj`), or any strided view of that shape.
+        gate_up: how w13's rows hold the two halves: `"concatenated"` (gate
+            rows, then up rows: Qwen3-MoE, Mixtral, DeepSeek, OLMoE) or
+            `"interleaved"` (gate, up, gate, ...: gpt-oss).
+        activation: `"swiglu"`, `act(g, u) = silu(g) * u`; or `"gpt_oss"`,
+            gpt-oss's clamped form `(clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g')`
+            with `g' = min(g, 7)` (gradients zero where a clamp holds, as
+            `torch.clamp`'s).
+        b13: None, or `[E, 2I]` in x's dtype: the up projection's bias.
+        b2: None, or `[E, H]` in x's dtype: the down projection's bias.
+
+    Returns:
+        `[T, H]` in x's dtype.
+
+    Raises:
+        TypeError: an argument that is not a tensor (the biases: nor None), or
+            of a dtype that does not fit, naming it.
+        ValueError: an unknown gate_up or activation; shapes that do not fit
+            `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
+            tensors on different devices or not on a CUDA device.
+        UnsupportedDeviceError: a GPU this wheel has no kernels for.
+        CudaError: a driver or launch failure.
     """
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     _check_choices(gate_up, activation)
@@ -227,12 +258,28 @@ def _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2):
 
 
 class MoEExperts(torch.nn.Module):
-    """The experts of a token-choice MoE layer (moe_experts) as a module, with
-    the parameter names and layouts of transformers' fused experts:
-    gate_up_proj [E, 2I, H], down_proj [E, H, I] (and, with bias=True,
-    gate_up_proj_bias [E, 2I], down_proj_bias [E, H]).  forward(hidden_states
-    [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H], as
-    transformers calls its experts module."""
+    """The experts of a token-choice MoE layer (`moe_experts`) as a module.
+
+    Its parameters have the names and layouts of transformers' fused experts:
+    `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]` and, with `bias=True`,
+    `gate_up_proj_bias [E, 2I]` and `down_proj_bias [E, H]`, initialised as
+    nn.Linear's, expert by expert.  `forward(hidden_states [T, H],
+    top_k_index [T, k], top_k_weights [T, k]) -> [T, H]`, as transformers
+    calls its experts module: `moe_experts` with these parameters.
+
+    Args:
+        num_experts: E.
+        hidden_size: H, the tokens' width.
+        intermediate_size: I, each expert's hidden width (w13 has 2I rows).
+        gate_up: `"concatenated"` or `"interleaved"`, as in `moe_experts`.
+        activation: `"swiglu"` or `"gpt_oss"`, as in `moe_experts`.
+        bias: whether the two projections have biases (gpt-oss's do).
+        device (torch.device | str | None): where the parameters are made.
+        dtype (torch.dtype | None): the parameters' dtype (float16 or bfloat16 to run).
+
+    Raises:
+        ValueError: an unknown gate_up or activation.
+    """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  gate_up: str = "concatenated", activation: str = "swiglu", bias: bool = False,
@@ -254,7 +301,7 @@ class MoEExperts(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        """nn.Linear's initialisation, expert by expert."""
+        """nn.Linear's initialisation, expert by expert: uniform in ±1/sqrt(fan_in)."""
         for weight in (self.gate_up_proj, self.down_proj):
             bound = weight.shape[-1] ** -0.5
             torch.nn.init.uniform_(weight, -bound, bound)
@@ -265,6 +312,8 @@ class MoEExperts(torch.nn.Module):
                 torch.nn.init.uniform_(bias, -bound, bound)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        """`moe_experts(hidden_states, top_k_index, top_k_weights, ...)` with this
+        module's parameters, gate_up and activation: `[T, H]` -> `[T, H]`."""
         return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                            self.down_proj, gate_up=self.gate_up, activation=self.activation,
                            b13=self.gate_up_proj_bias, b2=self.down_proj_bias)
@@ -273,10 +322,14 @@ class MoEExperts(torch.nn.Module):
 def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor,
                                  top_k_index: torch.Tensor,
                                  top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The forward of a transformers experts module (Qwen3-MoE, Mixtral,
-    DeepSeek, OLMoE, ...: its gate_up_proj, down_proj and their biases, in the
-    layout its is_transposed and is_concatenated flags give) through
-    moe_experts; an entry for transformers' ExpertsInterface:
+    """The forward of a transformers experts module, through `moe_experts`.
+
+    An entry for transformers' `ExpertsInterface` (transformers 5): it runs
+    the module's `gate_up_proj`, `down_proj` and their biases (where its
+    `has_bias` says), in the layout its `is_transposed` and `is_concatenated`
+    flags give, for SwiGLU experts (Qwen3-MoE, Mixtral, DeepSeek, OLMoE, ...)
+    and gpt-oss's (`GptOssExperts` with its alpha 1.702 and limit 7.0, run with
+    `activation="gpt_oss"`):
 
         from transformers.integrations.moe import ExpertsInterface
         ExpertsInterface.register("gg_runtime", gg_runtime.transformers_experts_forward)
@@ -284,9 +337,21 @@ def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.T
 
     Ids transformers uses as expert-parallel sentinels (>= the number of
     experts) are dropped slots, as in its grouped_mm implementation.
-    gpt-oss's experts (GptOssExperts, alpha 1.702 and limit 7.0) run with
-    activation="gpt_oss"; other experts without a gate, or whose activation is
-    not SiLU-gated, are refused with a ValueError."""
+
+    Args:
+        module: the model's experts module.
+        hidden_states: `[T, H]` tokens.
+        top_k_index: `[T, k]` expert ids.
+        top_k_weights: `[T, k]` routing weights.
+
+    Returns:
+        `[T, H]` in hidden_states' dtype.
+
+    Raises:
+        ValueError: experts without a gate, with their own gating, with an
+            activation other than SiLU, or a GptOssExperts whose alpha and
+            limit differ from 1.702 and 7.0.
+    """
     activation = _activation_of(module)
     transposed = getattr(module, "is_transposed", False)
     weights = [module.gate_up_proj, module.down_proj]
