@@ -5,11 +5,13 @@
 #             them) and the build-time tests (need the pinned Triton: skipped, and said,
 #             where there is none, the kernels having been compiled elsewhere), then
 #             install the wheel into a clean environment without Triton and run the
-#             runtime tests (CPU tests everywhere, GPU tests where a GPU is present), then
-#             the GPU tests once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path)
-#             where a GPU is present.
-# make bench: run bench/ on a GPU machine (writes bench/results/), in the build's
-#             environment (the one with torch).
+#             runtime tests (CPU tests everywhere, GPU tests where a GPU is present) and
+#             the benchmark report's tests (tests/bench, CPU), then the GPU tests once
+#             more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path) where a GPU is present.
+# make bench: run the benchmark (python -m bench.run) on a GPU machine, in the build's
+#             environment (the one with torch), against the wheel installed apart
+#             (make bench-site); it updates bench/results.json and bench/RESULTS.md.
+#             BENCH_ARGS passes it arguments: make bench BENCH_ARGS="--sections host".
 # make test-torch TORCH_SPEC=torch==X: the runtime tests of that wheel under torch X from
 #             the package index, in its own environment (.venv-torch-X); CI runs it for
 #             the oldest and the newest torch the wheel's metadata allows
@@ -53,8 +55,8 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build kernels test bench docs clean build-env aot-env ext-env test-env test-torch \
-	test-torch-range lint
+.PHONY: build kernels test bench bench-site docs clean build-env aot-env ext-env test-env \
+	test-torch test-torch-range lint
 
 # Style tools, pinned (their rules and output change between releases); installed with
 # the kernel compiler's environment where make creates it.
@@ -119,12 +121,12 @@ lint: aot-env
 # here (a GPU machine without network), they ran where the kernels were compiled.
 AOT_READY = $(AOT_PY) -c "$(AOT_CHECK)" 2>/dev/null
 
-test: ext-env test-env
-	$(WHEEL_CHECK)
+test: ext-env test-env bench-site
 	@if $(AOT_READY); then $(MAKE) lint && $(AOT_PY) -m pytest -q tests/aot; \
 	else echo "style checks and build-time tests NOT run: no Triton $(TRITON_VERSION) here"; fi
 	$(call install_wheel,$(TEST_VENV))
 	$(call runtime_tests,$(TEST_VENV))
+	$(BENCH_PY) -m pytest -q $(CURDIR)/tests/bench
 	@if $(TEST_PY) -c "$(HAS_GPU)"; then \
 	  echo "GPU tests again, on the sm80 PTX compiled by the driver (GG_RUNTIME_FORCE_PTX=1):"; \
 	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
@@ -150,10 +152,22 @@ test-torch-range:
 	$(MAKE) test-torch TORCH_SPEC=$(NEWEST_TORCH)
 	rm -rf .venv-$(subst ==,-,$(NEWEST_TORCH))
 
-bench: ext-env
-	rm -rf build/bench-site
-	$(PYTHON) -m pip install -q --no-deps --no-index --target build/bench-site dist/gg_runtime-*.whl
-	PYTHONPATH=build/bench-site $(BUILD_PY) bench/run.py
+# The wheel installed apart, for the build environment's Python to run bench/ against:
+# first on the path, then the repository (bench/), run from build/ so that the current
+# directory (the repository's gg_runtime/ is the source, without the extensions) does
+# not come before it.
+BENCH_SITE := build/bench-site
+BENCH_PY = cd build && PYTHONPATH=$(CURDIR)/$(BENCH_SITE):$(CURDIR) \
+	$(if $(findstring /,$(BUILD_PY)),$(CURDIR)/$(BUILD_PY),$(BUILD_PY))
+BENCH_ARGS ?=
+
+bench-site: ext-env
+	$(WHEEL_CHECK)
+	rm -rf $(BENCH_SITE)
+	$(PYTHON) -m pip install -q --no-deps --no-index --target $(BENCH_SITE) dist/gg_runtime-*.whl
+
+bench: bench-site
+	$(BENCH_PY) -m bench.run $(BENCH_ARGS)
 
 # The documentation's environment is remade when docs/requirements.txt (exact pins) changes.
 # NO_MKDOCS_2_WARNING: mkdocs-material prints a notice about MkDocs 2 and its own end of life

@@ -6,6 +6,12 @@ Triton's own launcher on the same persistent grid the runtime uses, on MoE
 problems (ragged M) whose rows per group span the buckets below.  The winner
 of each bucket becomes a config with that bucket's `max_rows`; `make build`
 then compiles those configs for every sm90 `tma` family.
+
+The problems and the timer are gg_runtime.testing's, so the wheel must come
+first on the path, before the source folder gg_runtime/ (which has no
+extensions): from the repository root, after `make bench-site`,
+
+    PYTHONPATH=build/bench-site:. python -P -m aot tune
 """
 from __future__ import annotations
 
@@ -42,10 +48,10 @@ FAMILY = FAMILIES["ragged_m"]
 
 
 def _testing():
-    """bench/problems.py (inputs, timer): `python -m aot tune` runs from the
-    repository root, where bench/ is a namespace package."""
-    from bench import problems
-    return problems
+    """gg_runtime.testing (inputs, timer), imported here: it needs torch, which
+    `aot build`'s environment has not."""
+    import gg_runtime.testing
+    return gg_runtime.testing
 
 
 def _programs(compiled, props, tiles):

@@ -1,7 +1,8 @@
 """Cold start in a fresh process: import gg_runtime (with Triton made
-unimportable) and get a first checked result.  Prints one JSON line.
+unimportable) and get a first checked result.  Prints one JSON line; the
+host section of bench/run.py runs it.
 
-    python bench/cold_start.py
+    python bench/cold_start.py      # where the wheel is installed
 """
 import json
 import sys
@@ -18,7 +19,7 @@ start = time.perf_counter()
 import gg_runtime  # noqa: E402
 
 imported = time.perf_counter()
-from problems import moe_inputs, ref_grouped_mm, rel_error  # noqa: E402
+from gg_runtime.testing import moe_inputs, ref_grouped_mm, rel_error  # noqa: E402
 
 a, b, offs = moe_inputs([300, 0, 212, 500], 512, 1024, torch.bfloat16)
 made = time.perf_counter()

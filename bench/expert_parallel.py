@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
 import gg_runtime
-from problems import rel_error
+from gg_runtime.testing import rel_error
 
 DIM, HIDDEN, EXPERTS, TOKENS = 256, 512, 8, 1000
 TOLERANCE = 2e-2  # bf16 inputs and outputs, gradients through two products

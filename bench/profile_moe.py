@@ -1,21 +1,24 @@
 """Where an MoE layer's time goes (a GPU machine, the wheel on the path, as for
 make bench): torch.profiler's kernels of a forward and of a forward +
-backward, per layer of bench/run.py's EXPERTS_LAYERS, and the host side of
+backward, of the experts section's layers PROFILED names, and the host side of
 moe_experts' forward on a tiny problem (the ops that cost CPU time).
 
-    PYTHONPATH=build/bench-site python bench/profile_moe.py [SHAPE ...] [--host]
+    PYTHONPATH=build/bench-site:. python -P -m bench.profile_moe [SHAPE ...] [--host]
 
-SHAPE is a name of run.TRAINING_LAYERS, the experts section's shapes
+SHAPE is a name of the training section's LAYERS, the experts section's shapes
 (default: all).  Prints tables only."""
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import run
-from problems import moe_layer_inputs
+import gg_runtime
+from gg_runtime.testing import moe_layer_inputs
 
-LAYERS = ("no_atomics", "moe_experts")
+from .sections.experts import LAYERS as EXPERTS_LAYERS
+from .sections.training import LAYERS as SHAPES
+
+PROFILED = ("no_atomics", "moe_experts")
 STEPS = 5
 
 
@@ -34,8 +37,8 @@ def profile_layer(name, shape):
     tokens, hidden, inter, experts, top_k = shape
     inputs = moe_layer_inputs(tokens, hidden, inter, experts)
     dy = torch.randn_like(inputs["x"])
-    for impl in LAYERS:
-        layer = run.EXPERTS_LAYERS[impl]
+    for impl in PROFILED:
+        layer = EXPERTS_LAYERS[impl]
 
         def forward():
             with torch.no_grad():
@@ -52,8 +55,7 @@ def profile_layer(name, shape):
 
 
 def profile_host():
-    """The ops of moe_experts' forward on run.host_costs' tiny problem, by CPU time."""
-    import gg_runtime
+    """The ops of moe_experts' forward on the host section's tiny problem, by CPU time."""
     x = torch.randn(256, 128, dtype=torch.bfloat16, device="cuda")
     weights, chosen = torch.rand(256, 8, device="cuda").topk(2, dim=-1)
     w13 = torch.randn(8, 128, 128, dtype=torch.bfloat16, device="cuda")
@@ -74,11 +76,11 @@ def profile_host():
 
 
 def main(argv):
-    names = [a for a in argv if not a.startswith("--")] or list(run.TRAINING_LAYERS)
+    names = [a for a in argv if not a.startswith("--")] or list(SHAPES)
     if "--host" in argv:
         profile_host()
     for name in names:
-        profile_layer(name, run.TRAINING_LAYERS[name])
+        profile_layer(name, SHAPES[name])
 
 
 if __name__ == "__main__":

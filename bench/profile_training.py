@@ -1,18 +1,21 @@
-"""Where one training step of bench/run.py's MoE layer spends its GPU time,
+"""Where one training step of the training section's MoE layer spends its GPU time,
 torch._grouped_mm's layer next to gg_runtime's: CUDA kernel time per kernel
 name (torch.profiler), largest first; then, per layer, the grouped products'
 kernel time against everything else's, and how much faster than torch's the
 products would have to be for the layer to run `TARGET` times torch's.
 
-    python bench/profile_training.py [layer ...]     # names from run.TRAINING_LAYERS
+    PYTHONPATH=build/bench-site:. python -P -m bench.profile_training [layer ...]
+
+Layer names: the training section's LAYERS (default: all).
 """
 import statistics
 import sys
 
 import torch
 
-from run import TRAINING_LAYERS, TRAINING_MMS
-from problems import moe_layer, moe_layer_inputs
+from gg_runtime.testing import moe_layer, moe_layer_inputs
+
+from .sections.training import LAYERS, MMS
 
 TARGET = 1.05  # issue 26's layer geomean
 TURNS = 4
@@ -46,8 +49,8 @@ def split(totals: dict) -> tuple:
 
 def main(names):
     rows = []
-    for name in names or TRAINING_LAYERS:
-        tokens, hidden, inter, experts, top_k = TRAINING_LAYERS[name]
+    for name in names or LAYERS:
+        tokens, hidden, inter, experts, top_k = LAYERS[name]
         inputs = moe_layer_inputs(tokens, hidden, inter, experts)
         dy = torch.randn_like(inputs["x"])
 
@@ -59,9 +62,9 @@ def main(names):
         # In turns, each implementation first every other turn: the GPU's clock
         # drifts within a run (the rest's kernels, the same on both sides,
         # show it); each part's median is kept.
-        parts = {impl: [] for impl in TRAINING_MMS}
+        parts = {impl: [] for impl in MMS}
         for turn in range(TURNS):
-            order = list(TRAINING_MMS.items())
+            order = list(MMS.items())
             for impl, mm in order if turn % 2 == 0 else order[::-1]:
                 totals = kernel_ms(lambda mm=mm: step(mm))
                 parts[impl].append(split(totals))

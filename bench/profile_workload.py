@@ -1,4 +1,5 @@
-"""Run one workload's gg_runtime call a few times, for a profiler to attach to.
+"""Run one workload's gg_runtime call a few times, for a profiler to attach to
+(where the wheel is installed, e.g. PYTHONPATH=build/bench-site after make bench).
 
     ncu --kernel-name regex:ragged_m --launch-skip 2 --launch-count 1 \\
         python bench/profile_workload.py qwen3_down_128e_32k
@@ -10,7 +11,7 @@ from pathlib import Path
 import torch
 
 import gg_runtime
-from problems import moe_inputs
+from gg_runtime.testing import moe_inputs
 
 HERE = Path(__file__).resolve().parent
 name = sys.argv[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from gg_runtime import _C
-from problems import forced, last_variant, moe_inputs, ref_grouped_mm, rel_error, time_ms
+from gg_runtime.testing import forced, last_variant, moe_inputs, ref_grouped_mm, rel_error, time_ms
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

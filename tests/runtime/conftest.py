@@ -8,11 +8,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 # The runtime tests run against the INSTALLED wheel; the source tree must not shadow it.
 _REPO = str(Path(__file__).resolve().parents[2])
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _REPO]
-# Case generators and references shared with the benchmark (bench/problems.py).
-sys.path.append(str(Path(_REPO) / "bench"))
 
 from gg_runtime import _C  # noqa: E402
-from problems import forced, poisoned  # noqa: E402
+from gg_runtime.testing import forced, poisoned  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")

@@ -2,7 +2,7 @@
 expert: the reference of moe_experts' tests (in float32 or float64 for the
 truth, in the inputs' dtype for torch's own error)."""
 import torch
-from problems import gated_activation
+from gg_runtime.testing import gated_activation
 
 
 def layer_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,

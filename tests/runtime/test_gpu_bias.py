@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gg_runtime
-from problems import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, offsets_from_counts,
+from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, offsets_from_counts,
                                 operand, randn, ref_grouped_mm, ref_grouped_mm_grads,
                                 ref_scaled_grouped_mm, rel_error, skewed_counts, tolerance)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import gg_runtime
-from problems import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
+from gg_runtime.testing import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
                                 ref_grouped_mm_grads, rel_error)
 
 from conftest import gpu

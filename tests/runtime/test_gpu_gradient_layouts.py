@@ -7,7 +7,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import autograd
-from problems import (moe_layer, moe_layer_inputs, offsets_from_counts, operand,
+from gg_runtime.testing import (moe_layer, moe_layer_inputs, offsets_from_counts, operand,
                                 ref_grouped_mm, ref_grouped_mm_grads, rel_error)
 
 from conftest import gpu

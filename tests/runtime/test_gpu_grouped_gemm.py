@@ -3,8 +3,7 @@ import pytest
 import torch
 
 import gg_runtime
-from problems import last_variant
-from problems import TOLERANCE, randn, ref_list, rel_error
+from gg_runtime.testing import TOLERANCE, last_variant, randn, ref_list, rel_error
 
 from conftest import device_arch, gpu, tma_runs_here
 

@@ -7,8 +7,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import autograd
-from problems import last_variant
-from problems import (TOLERANCE, offsets_from_counts, randn, ref_grouped_mm,
+from gg_runtime.testing import (TOLERANCE, last_variant, offsets_from_counts, randn, ref_grouped_mm,
                                 ref_grouped_mm_grads, rel_error, skewed_counts)
 
 from conftest import device_arch, gpu, tma_runs_here

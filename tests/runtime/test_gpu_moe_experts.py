@@ -11,8 +11,8 @@ import torch
 import gg_runtime
 from gg_runtime import _C
 from moe_reference import combine_ref, layer_ref, route_by_sort
-from problems import gated_activation
-from problems import forced, last_variant, offsets_from_counts, poisoned, randn, rel_error
+from gg_runtime.testing import (forced, gated_activation, last_variant, offsets_from_counts,
+                                poisoned, randn, rel_error)
 
 from conftest import device_arch, gpu
 

@@ -1,4 +1,4 @@
-"""quantize_fp8 on the GPU against problems.quantize_ref (float32
+"""quantize_fp8 on the GPU against gg_runtime.testing.quantize_ref (float32
 torch on the GPU), exactly: every granularity and dtype, every variant forced by key,
 shapes that are multiples of no tile, zero rows and blocks, magnitudes from
 subnormal to huge, strided, unaligned and transposed inputs, 3-D weights,
@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from gg_runtime import _C
-from problems import forced, last_variant
 from gg_runtime import quantize_fp8
-from problems import quantize_ref, randn, tf32_allowed
+from gg_runtime.testing import forced, last_variant, quantize_ref, randn, tf32_allowed
 
 from conftest import device_arch
 

@@ -13,9 +13,8 @@ import pytest
 import torch
 
 import gg_runtime
-from problems import last_variant
-from problems import (group_parts, operand, random_group_sizes, rel_error, tf32_allowed,
-                                tolerance)
+from gg_runtime.testing import (group_parts, last_variant, operand, random_group_sizes, rel_error,
+                                tf32_allowed, tolerance)
 
 from conftest import gpu
 

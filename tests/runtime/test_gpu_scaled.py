@@ -9,8 +9,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
-from problems import forced
-from problems import (FP8_TOLERANCE, dequantized, fp8_moe_inputs, group_parts,
+from gg_runtime.testing import (FP8_TOLERANCE, dequantized, forced, fp8_moe_inputs, group_parts,
                                 offsets_from_counts, quantize_ref, random_group_sizes,
                                 ref_scaled_grouped_mm, rel_error)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import gg_runtime
-from problems import last_variant
-from problems import operand, ref_grouped_mm, rel_error, tf32_allowed, tolerance
+from gg_runtime.testing import (last_variant, operand, ref_grouped_mm, rel_error, tf32_allowed,
+                                tolerance)
 
 from conftest import gpu
 

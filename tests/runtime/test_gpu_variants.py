@@ -7,10 +7,9 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
-from problems import forced, last_variant
-from problems import (FP8_TOLERANCE, fp8_moe_inputs, offsets_from_counts, randn,
-                                ref_grouped_mm, ref_list, ref_scaled_grouped_mm, rel_error,
-                                tf32_allowed, tolerance)
+from gg_runtime.testing import (FP8_TOLERANCE, forced, fp8_moe_inputs, last_variant,
+                                offsets_from_counts, randn, ref_grouped_mm, ref_list,
+                                ref_scaled_grouped_mm, rel_error, tf32_allowed, tolerance)
 
 from conftest import device_arch
 

@@ -43,6 +43,20 @@ def test_runtime_neither_needs_nor_loads_triton(triton):
     assert int(out.stdout.strip().splitlines()[-1]) == len(_C.variants())
 
 
+def test_testing_helpers_are_imported_only_on_request_and_without_triton():
+    """gg_runtime.testing (the tests' and benchmarks' helpers) ships in the wheel,
+    `import gg_runtime` leaves it unimported, and it imports with Triton blocked."""
+    code = ("import sys\n"
+            "import gg_runtime\n"
+            "assert 'gg_runtime.testing' not in sys.modules\n"
+            "sys.modules['triton'] = None\n"
+            "import gg_runtime.testing\n"
+            "print(gg_runtime.testing.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).parent == Path(gg_runtime.__file__).parent / "testing"
+
+
 def test_wheel_contents_match_manifest():
     wheel = os.environ.get("GG_WHEEL")
     if not wheel:
@@ -55,6 +69,8 @@ def test_wheel_contents_match_manifest():
     assert ptx == {r["ptx"] for r in manifest["variants"] if r["ptx"]}
     assert ptx and all(r["ptx"] == "" or r["arch"] == 80 for r in manifest["variants"])
     assert any(n.startswith("gg_runtime/_C") and n.endswith(".so") for n in names)
+    assert "gg_runtime/testing/__init__.py" in names
+    assert not any(n.startswith("bench/") for n in names)
     assert not any(n.startswith("aot/") or n.startswith("tests/") for n in names)
     assert os.path.getsize(wheel) < 25e6
 

@@ -15,7 +15,7 @@ import gg_runtime.autograd
 import gg_runtime.moe
 from gg_runtime.moe import _Experts
 from moe_reference import combine_ref, layer_ref, route_by_sort
-from problems import gated_activation, moe_layer, moe_layer_no_atomics, route_top_k
+from gg_runtime.testing import gated_activation, moe_layer, moe_layer_no_atomics, route_top_k
 
 DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 

@@ -1,0 +1,62 @@
+"""What the sections share to measure: this GPU's ceilings, candidates checked
+against a reference and then timed in turns, and peak memory."""
+from __future__ import annotations
+
+import torch
+
+from gg_runtime.testing import time_in_turns, time_ms
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def ceilings() -> dict:
+    """Dense bf16 matmul rate and device-to-device copy bandwidth, measured now."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    matmul_ms = time_ms(lambda: a @ b)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src))
+    return {"matmul_tflops": 2 * n ** 3 / matmul_ms / 1e9,
+            "copy_tbps": 2 * src.numel() / copy_ms / 1e9}
+
+
+def measure(candidates: dict, check, tolerance: float, flops: int) -> dict:
+    """name -> {ms, tflops, rel_error} for each candidate whose result passes
+    check (relative error) within tolerance, else {error}: an anchor that
+    cannot run a case, or gets it wrong, is reported, not fatal.  Two or more
+    candidates are timed in turns (gg_runtime.testing.time_in_turns)."""
+    runs, passing = {}, {}
+    for name, fn in candidates.items():
+        try:
+            error = check(fn())
+        except Exception as exc:
+            runs[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        if error > tolerance:
+            runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
+            continue
+        runs[name] = {"rel_error": error}
+        passing[name] = fn
+    times = time_in_turns(passing, turns=5 if len(passing) > 1 else 1)
+    for name, ms in times.items():
+        runs[name].update(ms=ms, tflops=flops / ms / 1e9)
+    return runs
+
+
+def ratio(runs: dict, faster: str, slower: str):
+    """runs[slower]'s ms / runs[faster]'s: how many times faster `faster` ran;
+    None where either did not run."""
+    ours, theirs = (runs.get(name, {}).get("ms") for name in (faster, slower))
+    return theirs / ours if ours and theirs else None
+
+
+def peak_gb(fn) -> float:
+    """GB allocated at the peak of fn() above what was allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 1e9

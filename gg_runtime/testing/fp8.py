@@ -1,0 +1,82 @@
+"""fp8 (float8_e4m3fn) quantisation in float32 torch, scaled_grouped_mm's
+inputs made from random data, and its float32 reference."""
+from __future__ import annotations
+
+import torch
+
+from .cases import offsets_from_counts, randn
+from .references import ref_grouped_mm
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_BLOCK = 128
+# Against float32 products of the dequantised inputs.  float32 output: looser than
+# TOLERANCE[torch.float32], as fp8 tensor cores do not accumulate in IEEE float32.
+FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
+
+
+def _blocks(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [R, C] as [ceil(R/rows), ceil(C/128), rows, 128], zero-padded."""
+    r, c = x.shape
+    row_blocks, col_blocks = -(-r // rows), -(-c // FP8_BLOCK)
+    padded = x.new_zeros(row_blocks * rows, col_blocks * FP8_BLOCK)
+    padded[:r, :c] = x
+    return padded.view(row_blocks, rows, col_blocks, FP8_BLOCK).transpose(1, 2)
+
+
+def _expand(scale: torch.Tensor, rows: int, shape) -> torch.Tensor:
+    """Per-block scales [RB, CB] spread over the [R, C] elements they cover."""
+    full = scale.repeat_interleave(rows, 0).repeat_interleave(FP8_BLOCK, 1)
+    return full[:shape[0], :shape[1]]
+
+
+def quantize_ref(x: torch.Tensor, granularity: str):
+    """(q, scale) with x ~ q * scale, in float32 torch: scale = amax / 448 over
+    a row ('rowwise'), a 1x128 or a 128x128 block; x 2-D [R, C], or 3-D
+    [G, R, C] quantised group by group."""
+    if x.dim() == 3:
+        pairs = [quantize_ref(group, granularity) for group in x]
+        return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+    x = x.float()
+    if granularity == "rowwise":
+        amax = x.abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0])
+        scale = amax.clamp(min=1e-12) / FP8_MAX
+        full = scale[:, None]
+    else:
+        rows = 1 if granularity == "1x128" else FP8_BLOCK
+        scale = _blocks(x, rows).abs().amax(dim=(2, 3)).clamp(min=1e-12) / FP8_MAX
+        full = _expand(scale, rows, x.shape)
+    q = (x / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_ref(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> torch.Tensor:
+    """float32 q * scale, the inverse of quantize_ref's layout."""
+    if q.dim() == 3:
+        return torch.stack([dequantize_ref(g, s, granularity) for g, s in zip(q, scale)])
+    if granularity == "rowwise":
+        return q.float() * scale[:, None]
+    rows = 1 if granularity == "1x128" else FP8_BLOCK
+    return q.float() * _expand(scale, rows, q.shape)
+
+
+def fp8_moe_inputs(counts, n: int, k: int, granularity: str, device="cuda"):
+    """(a [T, K], b [G, K, N] K-major, scale_a, scale_b, offs) quantised from
+    random data: 'rowwise' or 'blockwise' (1x128 activations, 128x128 weights)."""
+    x = randn(sum(counts), k, dtype=torch.float32, device=device)
+    w = randn(len(counts), n, k, dtype=torch.float32, device=device, scale=max(k, 1) ** -0.5)
+    a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
+    a, scale_a = quantize_ref(x, a_kind)
+    b, scale_b = quantize_ref(w, b_kind)
+    return a, b.transpose(1, 2), scale_a, scale_b, offsets_from_counts(counts, device)
+
+
+def dequantized(a, b, scale_a, scale_b, granularity: str):
+    """float32 (a, b) of scaled_grouped_mm's inputs (b [G, K, N] K-major)."""
+    a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
+    a32 = dequantize_ref(a, scale_a, a_kind)
+    return a32, dequantize_ref(b.transpose(-2, -1), scale_b, b_kind).transpose(-2, -1)
+
+
+def ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity: str) -> torch.Tensor:
+    """scaled_grouped_mm in float32 on the dequantised inputs (b [G, K, N] K-major)."""
+    return ref_grouped_mm(*dequantized(a, b, scale_a, scale_b, granularity), offs)

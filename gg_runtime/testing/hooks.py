@@ -1,0 +1,34 @@
+"""The runtime's test hooks (process-wide, not for concurrent use): force a
+variant, read the variant a launch ran, poison the outputs."""
+from __future__ import annotations
+
+import contextlib
+
+from .. import _C, _ops
+
+
+@contextlib.contextmanager
+def forced(variant: str = "", basic: bool = False):
+    """Within the block every launch runs exactly `variant` (an error if it
+    cannot run the call), or with basic=True only `basic` variants."""
+    _C.set_override(variant, basic)
+    try:
+        yield
+    finally:
+        _C.set_override("", False)
+
+
+def last_variant() -> str:
+    """Key of the variant this thread's last launch ran ('' if it launched nothing)."""
+    return _C.last_variant()
+
+
+@contextlib.contextmanager
+def poisoned():
+    """Within the block every output the operators allocate starts as NaN, so
+    elements a kernel fails to write show."""
+    _ops.set_poison(True)
+    try:
+        yield
+    finally:
+        _ops.set_poison(False)
