@@ -67,6 +67,7 @@ def torch_operators() -> Extension:
         + sorted(str(p) for p in (ROOT / "csrc").glob("**/*.h")),
         define_macros=[("TORCH_TARGET_VERSION", f"0x{major:02x}{minor:02x}000000000000")],
         extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Werror=missing-field-initializers",
+                            "-Werror=switch",
                             "-fvisibility=hidden"],
         # No debug info in the wheel (Python's flags add -g).  Where a toolchain links
         # its C++ library statically, keep that copy's symbols out of the process's

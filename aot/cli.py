@@ -62,7 +62,8 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
 
 @main.command(name="list")
 def list_variants():
-    """Print the key of every variant the build compiles."""
+    """Print the key of every variant the build compiles
+    (family.smXX.dtypes.axis-values.flavour.config)."""
     for variant in all_variants():
         click.echo(variant.key)
 

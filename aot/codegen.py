@@ -1,12 +1,15 @@
 """Turn the family descriptions and the compiled variant records into what the
 runtime needs: a JSON manifest (shipped in the wheel for `info()` and the
 tests), the C++ tables compiled into the core extension (kernel_table.inc):
-archs, dtypes, every family's parameters with their roles, its size
-expressions as C++ functions, and one row per variant; and the typed argument
-structs the torch operators fill (family_args.h).  Every initializer names its
-fields (C++20 designated initializers), so a row whose fields do not match
-csrc/registry.h, or an operator that leaves out an argument, does not compile.
-Output is deterministic."""
+archs, dtypes, every family's parameters with their roles, its axes and
+constants, its size expressions as C++ functions, and one row per variant
+(its axis values as one code); and what the torch operators compile against
+(family_args.h): an enum per Choice and one for the dtypes, and per family
+its typed Axes (a variant's code computed from them), its dtypes, its
+constants and its argument struct.  Every initializer names its fields (C++20
+designated initializers), so a row whose fields do not match csrc/registry.h,
+or an operator that leaves out an argument or an axis, does not compile; nor
+does an axis given another Choice's value.  Output is deterministic."""
 from __future__ import annotations
 
 import json
@@ -14,7 +17,8 @@ from pathlib import Path
 
 from . import expr
 from .families import FAMILIES
-from .variants import ARCHS, DTYPES, FLAVOURS
+from .family import Choice
+from .variants import ARCHS, DTYPES, FLAVOURS, compiled_dtypes
 
 KINDS = {"i32": "i", "i64": "l"}  # anything else is a pointer, 'p'
 RULE_ENUMS = {"tma": "Rule::kTma", "aligned": "Rule::kAligned", "none": "Rule::kNone"}
@@ -53,6 +57,24 @@ def _size_function(name: str, text: str, params) -> list:
             "[[maybe_unused]] const KernelInfo& k) {", f"  return {body};", "}"]
 
 
+def _axes_arrays(prefix: str, family) -> list:
+    """Each axis' value names, then the axes (registry.h AxisInfo)."""
+    if not family.axes:
+        return []
+    lines = [f"const char* const {prefix}_{axis.name}[] = {{"
+             + ", ".join(map(_string, axis.choice.values)) + "};" for axis in family.axes]
+    rows = [_init(name=_string(axis.name), values=f"{prefix}_{axis.name}",
+                  value_count=len(axis.choice.values)) for axis in family.axes]
+    return lines + [f"const AxisInfo {prefix}_axes[] = {{", *(f"    {r}," for r in rows), "};"]
+
+
+def _constants_array(prefix: str, family) -> list:
+    if not family.constants:
+        return []
+    rows = [_init(name=_string(name), value=value) for name, value in family.constants.items()]
+    return [f"const ConstantInfo {prefix}_constants[] = {{", *(f"    {r}," for r in rows), "};"]
+
+
 def _family_lines(index: int, family) -> tuple:
     """(definitions, initializer) for one family."""
     prefix = f"k{index}_{family.name}"
@@ -60,6 +82,7 @@ def _family_lines(index: int, family) -> tuple:
     lines = _params_array(f"{prefix}_params", family.params)
     if family.has_group_table:
         lines += _params_array(f"{prefix}_group_fields", family.group_fields)
+    lines += _axes_arrays(prefix, family) + _constants_array(prefix, family)
     lines += _size_function(f"{prefix}_tiles", family.group_tiles or family.tiles, fields)
     lines += _size_function(f"{prefix}_rows", family.group_rows or family.rows, fields)
     initializer = _init(
@@ -67,8 +90,17 @@ def _family_lines(index: int, family) -> tuple:
         params=f"{prefix}_params", param_count=len(family.params),
         group_fields=f"{prefix}_group_fields" if family.has_group_table else "nullptr",
         group_field_count=len(family.group_fields),
+        axes=f"{prefix}_axes" if family.axes else "nullptr", axis_count=len(family.axes),
+        constants=f"{prefix}_constants" if family.constants else "nullptr",
+        constant_count=len(family.constants),
         tiles=f"{prefix}_tiles", rows=f"{prefix}_rows")
     return lines, initializer
+
+
+def axes_code(record: dict) -> int:
+    """The code of a manifest record's axis values (registry.h KernelInfo::axes)."""
+    family = FAMILIES[record["family"]]
+    return family.code(tuple(record["axes"][name] for name in family.axis_names))
 
 
 def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
@@ -77,7 +109,7 @@ def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
         key=_string(r["key"]), cubin=_string(r["cubin"]), ptx=_string(r["ptx"]),
         kernel_name=_string(r["kernel_name"]),
         family=family_index[r["family"]], arch=r["arch"], dtype=dtype_index[r["dtype"]],
-        out_dtype=dtype_index[r["out_dtype"]], layout=_string(r["layout"]),
+        out_dtype=dtype_index[r["out_dtype"]], axes=axes_code(r),
         flavour=list(FLAVOURS).index(r["flavour"]),
         block_m=c["BM"], block_n=c["BN"], block_k=c["BK"], max_rows=c["max_rows"],
         num_warps=r["num_warps"], num_ctas=r["num_ctas"], shared=r["shared"],
@@ -119,14 +151,82 @@ def _fields(params) -> list:
     return [f"  int64_t {p.name};  // {p.type}, {p.role}" for p in params]
 
 
+DTYPE = Choice("DType", tuple(DTYPES))  # the runtime's dtypes, in its table's order
+
+
+def choices() -> list:
+    """Every Choice an axis takes, once, by name; a name given two value sets
+    is refused."""
+    found = {}
+    for family in FAMILIES.values():
+        for axis in family.axes:
+            known = found.setdefault(axis.choice.name, axis.choice)
+            if known != axis.choice:
+                raise ValueError(f"choice {known.name} has values {known.values} and, in "
+                                 f"family {family.name}, {axis.choice.values}")
+    return [found[name] for name in sorted(found)]
+
+
+# What every Choice enum has: its value names, name() and parse() (for values
+# that arrive as strings: the operators' str arguments).
+CHOICE_TEMPLATES = """\
+// A Choice's value names, in its enumerators' order (specialised below for each).
+template <typename Choice>
+struct Names;
+template <typename Choice>
+constexpr std::string_view name(Choice value) {
+  return Names<Choice>::kValues[static_cast<size_t>(value)];
+}
+template <typename Choice>
+constexpr std::optional<Choice> parse(std::string_view text) {
+  const auto& values = Names<Choice>::kValues;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] == text) return static_cast<Choice>(i);
+  }
+  return std::nullopt;
+}"""
+
+
+def _choice_enum(choice: Choice) -> list:
+    values = ", ".join(map(_string, choice.values))
+    return [f"enum class {choice.name} : int {{ "
+            + ", ".join(map(choice.enumerator, choice.values)) + " };",
+            f"template <> struct Names<{choice.name}> {{",
+            f"  static constexpr std::array<std::string_view, {len(choice.values)}> kValues{{"
+            f"{values}}};", "};"]
+
+
+def _dtype_array(name: str, dtypes) -> str:
+    return (f"  static constexpr std::array<DType, {len(dtypes)}> {name}{{"
+            + ", ".join(f"DType::{DTYPE.enumerator(d)}" for d in dtypes) + "};")
+
+
+def _axes_lines(family) -> list:
+    """The family's Axes struct and code(): its axis values as the mixed-radix
+    number of Family.code, the first axis the most significant digit."""
+    fields = [f"{axis.choice.name} {axis.name};" for axis in family.axes]
+    code = "0"
+    for axis in family.axes:
+        digit = f"static_cast<int>(axes.{axis.name})"
+        code = digit if code == "0" else f"({code}) * {len(axis.choice.values)} + {digit}"
+    unused = "" if family.axes else "[[maybe_unused]] "
+    return [f"  struct Axes {{ {' '.join(fields)} }};" if fields else "  struct Axes {};",
+            f"  static constexpr int code({unused}const Axes& axes) {{ return {code}; }}"]
+
+
 def _family_struct(index: int, family) -> list:
-    """One family's arguments: the parameters its caller gives, in ABI order,
-    and abi(), every parameter in ABI order (those the runtime fills as 0).
-    A group-table family gives a Group struct of its per-group words instead."""
+    """One family's typed axes, its input dtypes (kDTypes; kOutDTypes where it
+    names its outputs'), its constants and its arguments: the parameters its
+    caller gives, in ABI order, and abi(), every parameter in ABI order (those
+    the runtime fills as 0).  A group-table family gives a Group struct of its
+    per-group words instead."""
     name = _struct_name(family.name)
     lines = [f"struct {name} {{", f"  static constexpr int kIndex = {index};",
              f"  static constexpr const char* kName = {_string(family.name)};",
              f"  static constexpr size_t kParamCount = {len(family.params)};",
+             *_axes_lines(family),
+             _dtype_array("kDTypes", compiled_dtypes(family.name)),
+             *([_dtype_array("kOutDTypes", family.out_dtypes)] if family.out_dtypes else []),
              *(f"  static constexpr int64_t {name} = {value};"
                for name, value in family.constants.items())]
     if family.has_group_table:
@@ -147,10 +247,15 @@ def _family_struct(index: int, family) -> list:
 
 def family_args_source() -> str:
     lines = ["// Generated by `python -m aot build` from aot/families/; do not edit.",
-             "// Each kernel family's arguments as a struct the torch operators fill with",
-             "// designated initializers (csrc/ops/), its index in the kernel table.",
-             "#pragma once", "#include <cstddef>", "#include <cstdint>", "#include <vector>",
-             "namespace gg::family {"]
+             "// The Choices the families' axes take, the runtime's dtypes, and each kernel",
+             "// family's typed axes, dtypes, constants and arguments, as structs the torch",
+             "// operators fill with designated initializers (csrc/ops/); its index in the",
+             "// kernel table.",
+             "#pragma once", "#include <array>", "#include <cstddef>", "#include <cstdint>",
+             "#include <optional>", "#include <string_view>", "#include <vector>",
+             "namespace gg::family {", CHOICE_TEMPLATES]
+    for choice in [*choices(), DTYPE]:
+        lines += _choice_enum(choice)
     for index, family in enumerate(FAMILIES.values()):
         lines += _family_struct(index, family)
     lines += ["// Every family in index order: the runtime's table must agree (checked at import).",

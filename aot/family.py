@@ -2,14 +2,20 @@
 
 A family is one Triton kernel and everything the build, the runtime and the
 tests need to know about it: its runtime parameters in ABI order, each with a
-type and a role; its layouts (constexprs); which layouts have a TMA flavour;
-how many tiles a call has (the grid) and how many rows a group typically has
-(the tuned-table bucket key).  `make build` generates the runtime's C++ tables
-from these descriptions; csrc/ packs arguments by name and checks TMA's
-alignment rules from the roles, and names no family.
+type and a role; its axes, the named choices its variants differ by (each a
+Choice: how an operand is stored, the gate/up arrangement, ...), and the
+kernel's constexprs for each combination of their values; which variants have
+a TMA flavour; how many tiles a call has (the grid) and how many rows a group
+typically has (the tuned-table bucket key).  `make build` generates the
+runtime's C++ tables and the operators' typed axes (an enum per Choice) from
+these descriptions; csrc/ packs arguments by name and checks TMA's alignment
+rules from the roles, and names no family.
 """
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import expr
@@ -52,6 +58,81 @@ class Param:
         if self.role not in ROLES:
             raise ValueError(f"parameter {self.name}: role {self.role!r} is not one of "
                              f"{sorted(ROLES)}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A named set of values one concept takes, shared by every family whose
+    variants differ by it (one name per concept): a C++ `enum class` of that
+    name in the generated family_args.h, an enumerator per value in this
+    order (k + the value in CamelCase: "gpt_oss" -> kGptOss)."""
+    name: str  # CamelCase
+    values: tuple  # lower-case words, digits and '_' / 'x' ("row", "1x128", "gpt_oss")
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", self.name):
+            raise ValueError(f"choice {self.name!r}: its name must be CamelCase")
+        if not self.values or len(set(self.values)) != len(self.values) or not all(
+                re.fullmatch(r"[a-z0-9][a-z0-9_]*", v) for v in self.values):
+            raise ValueError(f"choice {self.name}: values {self.values} must be distinct "
+                             "lower-case words")
+
+    def enumerator(self, value: str) -> str:
+        return "k" + "".join(part[:1].upper() + part[1:] for part in value.split("_"))
+
+
+# The choices more than one family takes.  A matrix operand [R, C] as the
+# product reads it is row-major (element (r, c) at r * ld + c) or
+# column-major (at c * ld + r: a transposed view of a row-major [C, R]).
+MAJOR = Choice("Major", ("row", "column"))
+# How gu's 2I columns hold the gate and up halves: gate columns then up
+# columns, or gate, up, gate, ... (gpt-oss).
+GATE_UP = Choice("GateUp", ("concatenated", "interleaved"))
+# act(gate, up): silu(gate) * up, or gpt-oss's clamped form (kernels/glu.py).
+ACTIVATION = Choice("Activation", ("swiglu", "gpt_oss"))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One way a family's variants differ: a name (a C++ field of the
+    family's Axes struct, the key of the manifest's `axes`) and its Choice."""
+    name: str  # snake_case
+    choice: Choice
+
+
+class Where:
+    """A condition on a variant's axis values: each axis named has the value
+    given.  Where() holds for every variant."""
+
+    def __init__(self, **values: str):
+        self.values = dict(sorted(values.items()))
+
+    def holds(self, values: dict) -> bool:
+        return all(values[name] == value for name, value in self.values.items())
+
+    def check(self, family: str, axes: tuple) -> None:
+        choices = {axis.name: axis.choice for axis in axes}
+        for name, value in self.values.items():
+            if name not in choices or value not in choices[name].values:
+                raise ValueError(f"family {family}: {self} names no axis value of "
+                                 f"{sorted(choices)}")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Where) and self.values == other.values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.values.items()))
+
+    def __repr__(self) -> str:
+        return "Where(" + ", ".join(f"{n}={v!r}" for n, v in self.values.items()) + ")"
+
+
+EVERY = Where()
+NO_AXES_KEY = "plain"  # the axes part of a variant key where the family has no axes
+
+
+def no_constexprs(values: dict) -> dict:
+    return {}
 
 
 @dataclass(frozen=True)
@@ -106,12 +187,18 @@ class Family:
     name: str
     kernel: object  # a triton.jit function
     params: tuple  # Param, in the kernel's declaration order
-    layouts: dict  # layout name -> the layout's constexprs
-    tma_layouts: tuple  # layouts that get a `tma` flavour where the arch has TMA
-    aligned_layouts: tuple = ()  # layouts that get an `aligned` flavour where the arch has one
-    # Layouts compiled only for archs with TMA, the only loads that read them
-    # well (the runtime copies such operands elsewhere).
-    tma_only_layouts: tuple = ()
+    # The axes its variants differ by, in key order (the first the most
+    # significant digit of the variant's code, family_args.h); () = one variant.
+    axes: tuple = ()
+    # The kernel's constexprs for a variant's axis values ({axis name: value}).
+    constexprs: Callable[[dict], dict] = no_constexprs
+    # The variants that get a `tma` flavour where the arch has TMA, and an
+    # `aligned` one where it has no `tma`; None: none.
+    tma: Where | None = None
+    aligned: Where | None = None
+    # Variants compiled only for archs with TMA, the only loads that read them
+    # well (the runtime copies such operands elsewhere); None: none.
+    tma_only: Where | None = None
     tiles: str = ""
     rows: str = ""
     group_fields: tuple = ()  # Param, in group-table word order
@@ -125,8 +212,8 @@ class Family:
     archs: tuple = ()  # the archs (80, 90, ...) compiled; () = all of aot/variants.py's
     basic: bool = True  # compile the `basic` flavour (any alignment); False: inputs
     #                     must meet another flavour's rule, which the Python API checks
-    # (arch, flavour) or (arch, flavour, layout) -> Configs, in place of
-    # aot/variants.py's defaults for GEMMs (the layout's own entry first).
+    # (arch, flavour) or (arch, flavour, Where) -> Configs, in place of
+    # aot/variants.py's defaults for GEMMs (an entry whose Where holds first).
     configs: dict = field(default_factory=dict)
     # A Gluon kernel with `kernel`'s parameters, run by the `ws` configs of the
     # TMA flavour (16-bit and fp8 inputs); None: the family has none.
@@ -137,7 +224,48 @@ class Family:
 
     def __post_init__(self):
         self._check_abi()
+        self._check_axes()
         self._check_expressions()
+
+    @property
+    def axis_names(self) -> tuple:
+        return tuple(axis.name for axis in self.axes)
+
+    def axis_values(self) -> list:
+        """Every combination of the axes' values, as tuples in axis order (the
+        first axis varying slowest): one variant each per dtype, flavour and config."""
+        return list(itertools.product(*(axis.choice.values for axis in self.axes)))
+
+    def named(self, values: tuple) -> dict:
+        """{axis name: value} of axis values in axis order."""
+        return dict(zip(self.axis_names, values))
+
+    def ordered(self, named: dict) -> tuple:
+        """Axis values in axis order from {axis name: value}, which names every axis."""
+        if set(named) != set(self.axis_names):
+            raise ValueError(f"family {self.name}: axes {sorted(named)} are not "
+                             f"{list(self.axis_names)}")
+        return tuple(named[name] for name in self.axis_names)
+
+    def code(self, values: tuple) -> int:
+        """The variant's index among axis_values(): the mixed-radix number the
+        generated C++ computes from an Axes struct (family_args.h code())."""
+        code = 0
+        for axis, value in zip(self.axes, values):
+            code = code * len(axis.choice.values) + axis.choice.values.index(value)
+        return code
+
+    def axes_key(self, values: tuple) -> str:
+        """The axes' part of a variant key: the values joined by '-'."""
+        return "-".join(values) if values else NO_AXES_KEY
+
+    def own_configs(self, arch: int, flavour: str, values: tuple):
+        """The family's configs for a variant, or None where it gives none."""
+        named = self.named(values)
+        for key, configs in self.configs.items():
+            if key[:2] == (arch, flavour) and len(key) == 3 and key[2].holds(named):
+                return configs
+        return self.configs.get((arch, flavour))
 
     @property
     def has_group_table(self) -> bool:
@@ -167,13 +295,30 @@ class Family:
                 raise ValueError(f"family {self.name}: parameters {described} do not match "
                                  f"{kernel.__name__}'s runtime parameters {declared} (names "
                                  "and order)")
-        for name in self.tma_layouts + self.aligned_layouts + self.tma_only_layouts:
-            if name not in self.layouts:
-                raise ValueError(f"family {self.name}: flavour layout {name!r} is not a layout")
         roles = [p.role for p in self.params]
         if self.has_group_table != ("group_table" in roles):
             raise ValueError(f"family {self.name}: group_fields and a group_table parameter "
                              "go together")
+
+    def _check_axes(self):
+        """Axis names are unique, conditions name their values, and each
+        combination's constexprs are the kernel's (a misspelt one fails here)."""
+        if len(set(self.axis_names)) != len(self.axes):
+            raise ValueError(f"family {self.name}: axes {self.axis_names} repeat a name")
+        wheres = [self.tma, self.aligned, self.tma_only] + [k[2] for k in self.configs
+                                                            if len(k) == 3]
+        for where in filter(None, wheres):
+            if not isinstance(where, Where):
+                raise ValueError(f"family {self.name}: {where!r} is no Where (a condition on "
+                                 "axis values)")
+            where.check(self.name, self.axes)
+        declared = {p.name for k in filter(None, (self.kernel, self.ws_kernel))
+                    for p in k.params if p.is_constexpr}
+        for values in self.axis_values():
+            unknown = set(self.constexprs(self.named(values))) - declared
+            if unknown:
+                raise ValueError(f"family {self.name}: constexprs {sorted(unknown)} of "
+                                 f"{self.named(values)} are not the kernel's")
 
     def _check_expressions(self):
         per_call = bool(self.tiles) and bool(self.rows)

@@ -45,6 +45,8 @@ CANDIDATES = (
     Config(64, 256, 64, 4, 5, ws=True), Config(64, 128, 64, 4, 6, ws=True),
 )
 FAMILY = FAMILIES["ragged_m"]
+# The forward's product: the tokens times the nn.Linear weight viewed transposed.
+FORWARD = FAMILY.ordered({"a_major": "row", "b_major": "column", "c_major": "row"})
 
 
 def _testing():
@@ -66,7 +68,7 @@ def _programs(compiled, props, tiles):
 def _time_config(config, problem, dtype_name, props, testing):
     import torch
     tokens, experts, n, k = problem
-    variant = Variant(FAMILY.name, 90, dtype_name, "nt", "tma", config)
+    variant = Variant(FAMILY.name, 90, dtype_name, FORWARD, "tma", config)
     compiled = compile_variant(variant).kernel
     counts = testing.skewed_counts(tokens, experts)
     a, b, offs = testing.moe_inputs(counts, n, k, getattr(torch, dtype_name))

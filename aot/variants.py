@@ -1,14 +1,9 @@
 """The variant space: family (aot/families/) x arch x dtype x output dtype x
-layout x flavour x config.
+the family's axis values x flavour x config.
 
 The compiler builds exactly `all_variants()`, the code generator turns them
 into the runtime's kernel table, and the tests parametrise over the same
 list (the wheel's `_C.variants()`).
-
-Layout names give how A and B are stored, one letter each: 'n' as the math
-reads (A [M, K], B [K, N], row-major), 't' stored transposed (A as [K, M],
-B as [N, K] -- the nn.Linear weight layout); a third letter 't', where a
-family has it, C stored transposed (as [N, M]).
 """
 from __future__ import annotations
 
@@ -116,17 +111,22 @@ LARGE_CONFIGS = {
 }
 
 
-def flavours(family: str, layout: str, arch: Arch) -> tuple:
+def flavours(family: str, axes: tuple, arch: Arch) -> tuple:
     """`basic` (any alignment) unless the family opts out; `tma` where the
-    hardware has it, and `aligned` where a layout has no `tma`, each for the
-    layouts the family's description lists for it; none for a TMA-only
-    layout where the hardware has no TMA."""
+    hardware has it, and `aligned` where a variant has no `tma`, each for the
+    axis values the family's description gives it; none for a TMA-only
+    variant where the hardware has no TMA."""
     desc = FAMILIES[family]
-    if layout in desc.tma_only_layouts and not arch.tma:
+    values = desc.named(axes)
+
+    def holds(where) -> bool:
+        return where is not None and where.holds(values)
+
+    if holds(desc.tma_only) and not arch.tma:
         return ()
     out = ["basic"] if desc.basic else []
-    has_tma = arch.tma and layout in desc.tma_layouts
-    if layout in desc.aligned_layouts and not has_tma:
+    has_tma = arch.tma and holds(desc.tma)
+    if holds(desc.aligned) and not has_tma:
         out.append("aligned")
     if has_tma:
         out.append("tma")
@@ -147,12 +147,12 @@ def _fitted(config: Config, limit: int, dtype: DType, out: DType, tma: bool) -> 
 
 
 def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
-                layout: str) -> tuple:
+                axes: tuple) -> tuple:
     """The tuned table for (arch, family, flavour) if `aot tune` wrote one, else
     the family's own configs, else the defaults; fitted to the element sizes."""
     table = TUNING_DIR / f"sm{arch.arch}.json"
     own = FAMILIES[family].configs
-    configs = own.get((arch.arch, flavour, layout)) or own.get((arch.arch, flavour)) or \
+    configs = FAMILIES[family].own_configs(arch.arch, flavour, axes) or \
         DEFAULT_CONFIGS[(arch.arch, flavour)]
     if table.exists():
         entries = json.loads(table.read_text()).get(family, {}).get(flavour)
@@ -161,7 +161,7 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     tma = flavour == "tma"
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
-    if not _runs_clustered(family, flavour, dtype, layout):
+    if not _runs_clustered(family, flavour, dtype, axes):
         configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False) for c in configs]
@@ -175,12 +175,13 @@ def _runs_ws(family: str, flavour: str, dtype: DType) -> bool:
     return FAMILIES[family].ws_kernel is not None and flavour == "tma" and dtype.bytes <= 2
 
 
-def _runs_clustered(family: str, flavour: str, dtype: DType, layout: str) -> bool:
+def _runs_clustered(family: str, flavour: str, dtype: DType, axes: tuple) -> bool:
     """Whether configs with ctas > 1 compile here: a ws kernel that takes
     clusters (kernels/ragged_ws.py: 16-bit inputs, a row-major a and c) under a
     Triton that launches them (kernels/gluon_api.py); elsewhere they are left out."""
     desc = FAMILIES[family]
-    transposed = desc.layouts[layout].get("A_T", False) or desc.layouts[layout].get("C_T", False)
+    constexprs = desc.constexprs(desc.named(axes))
+    transposed = constexprs.get("A_T", False) or constexprs.get("C_T", False)
     return (CLUSTERS and desc.takes_clusters and _runs_ws(family, flavour, dtype)
             and dtype.bytes == 2 and not transposed)
 
@@ -201,7 +202,7 @@ class Variant:
     family: str
     arch: int
     dtype: str
-    layout: str
+    axes: tuple  # the family's axis values, in its axes' order
     flavour: str
     config: Config
     out_dtype: str = ""  # '' = the input's storage type
@@ -214,7 +215,8 @@ class Variant:
     def key(self) -> str:
         types = self.dtype if self.out.name == DTYPES[self.dtype].storage else \
             f"{self.dtype}-{self.out.name}"
-        return f"{self.family}.sm{self.arch}.{types}.{self.layout}.{self.flavour}.{self.config.tag}"
+        axes = FAMILIES[self.family].axes_key(self.axes)
+        return f"{self.family}.sm{self.arch}.{types}.{axes}.{self.flavour}.{self.config.tag}"
 
     def signature(self) -> dict:
         return FAMILIES[self.family].signature(DTYPES[self.dtype].short, self.out.short)
@@ -230,7 +232,7 @@ class Variant:
     def constexprs(self) -> dict:
         family = FAMILIES[self.family]
         c = self.config
-        values = dict(family.layouts[self.layout])
+        values = dict(family.constexprs(family.named(self.axes)))
         values.update(USE_TMA=self.flavour == "tma", BM=c.BM, BN=c.BN, BK=c.BK, CHUNK=GROUP_CHUNK,
                       PRECISION=DTYPES[self.dtype].precision)
         if c.ws:
@@ -243,18 +245,25 @@ class Variant:
 
     def describe(self) -> dict:
         return {"key": self.key, "family": self.family, "arch": self.arch, "dtype": self.dtype,
-                "out_dtype": self.out.name, "layout": self.layout, "flavour": self.flavour,
+                "out_dtype": self.out.name, "axes": FAMILIES[self.family].named(self.axes),
+                "flavour": self.flavour,
                 "config": asdict(self.config)}
+
+
+def compiled_dtypes(family: str) -> tuple:
+    """Names of the input dtypes the family is compiled for: those it names,
+    else every dtype but the opt-in ones."""
+    return FAMILIES[family].dtypes or tuple(d for d in DTYPES if not DTYPES[d].opt_in)
 
 
 def all_variants() -> list:
     return [
-        Variant(family, arch.arch, dtype.name, layout, flavour, config, out.name)
+        Variant(family, arch.arch, dtype.name, axes, flavour, config, out.name)
         for family, desc in FAMILIES.items()
         for arch in ARCHS if arch.arch in (desc.archs or [a.arch for a in ARCHS])
-        for dtype in map(DTYPES.get, desc.dtypes or [d for d in DTYPES if not DTYPES[d].opt_in])
+        for dtype in map(DTYPES.get, compiled_dtypes(family))
         for out in out_dtypes(family, dtype)
-        for layout in desc.layouts
-        for flavour in flavours(family, layout, arch)
-        for config in configs_for(family, arch, flavour, dtype, out, layout)
+        for axes in desc.axis_values()
+        for flavour in flavours(family, axes, arch)
+        for config in configs_for(family, arch, flavour, dtype, out, axes)
     ]

@@ -20,7 +20,13 @@ namespace py = pybind11;
 
 namespace {
 
-// The parameters a caller gives, in ABI order.
+// {axis name: value} of a variant code of family f.
+py::dict axis_values(const gg::FamilyInfo& f, int code) {
+  py::dict out;
+  for (size_t i = 0; i < f.axis_count; ++i) out[f.axes[i].name] = gg::axis_value(f, code, i);
+  return out;
+}
+
 py::list variants() {
   py::list out;
   for (const gg::KernelInfo& k : gg::kernel_table()) {
@@ -32,7 +38,7 @@ py::list variants() {
     d["arch"] = k.arch;
     d["dtype"] = gg::dtypes()[k.dtype].name;
     d["out_dtype"] = gg::dtypes()[k.out_dtype].name;
-    d["layout"] = k.layout;
+    d["axes"] = axis_values(gg::families()[k.family], k.axes);
     d["flavour"] = gg::flavours()[k.flavour].name;
     d["block"] = py::make_tuple(k.block_m, k.block_n, k.block_k);
     d["max_rows"] = k.max_rows;
@@ -46,6 +52,7 @@ py::list variants() {
   return out;
 }
 
+// The parameters a caller gives, in ABI order.
 py::list describe_params(std::span<const gg::ParamInfo> params) {
   py::list out;
   for (const gg::ParamInfo& p : params) {
@@ -55,14 +62,29 @@ py::list describe_params(std::span<const gg::ParamInfo> params) {
   return out;
 }
 
-// Names of the input dtypes the table has variants of `family` for.
+// {axis name: its value names, in code order}.
+py::dict describe_axes(std::span<const gg::AxisInfo> axes) {
+  py::dict out;
+  for (const gg::AxisInfo& axis : axes) {
+    out[axis.name] = std::vector<std::string>(axis.values, axis.values + axis.value_count);
+  }
+  return out;
+}
+
+py::dict describe_constants(std::span<const gg::ConstantInfo> constants) {
+  py::dict out;
+  for (const gg::ConstantInfo& c : constants) out[c.name] = c.value;
+  return out;
+}
+
 py::dict families() {
   py::dict out;
-  for (size_t i = 0; i < gg::families().size(); ++i) {
-    const gg::FamilyInfo& f = gg::families()[i];
+  for (const gg::FamilyInfo& f : gg::families()) {
     py::dict d;
     d["params"] = describe_params(f.param_list());
     d["group_fields"] = describe_params(f.group_field_list());
+    d["axes"] = describe_axes(f.axis_list());
+    d["constants"] = describe_constants(f.constant_list());
     out[f.name] = d;
   }
   return out;
@@ -139,7 +161,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("variants", &variants, "Every compiled variant, as in the generated kernel table.");
   m.def("families", &families,
         "Each family, in index order: its parameters and group fields (name, kind, role, "
-        "tma_limit).");
+        "tma_limit, aligned), its axes (name: values) and its constants (name: value).");
   m.def("device_info", &device_info, py::arg("device"));
   m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");

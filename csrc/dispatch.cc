@@ -4,7 +4,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -80,8 +79,7 @@ DeviceProps query(int device) {
 
 bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d) {
   return k.family == r.family && k.arch == r.arch && k.dtype == r.dtype &&
-         k.out_dtype == r.out_dtype && std::strcmp(k.layout, r.layout) == 0 &&
-         k.shared <= d.shared_optin;
+         k.out_dtype == r.out_dtype && k.axes == r.axes && k.shared <= d.shared_optin;
 }
 
 long rows_bound(const KernelInfo& k) { return k.max_rows == 0 ? LONG_MAX : k.max_rows; }
@@ -98,9 +96,10 @@ bool preferred(const KernelInfo& a, const KernelInfo& b, long rows) {
 }
 
 std::string describe(const Request& r, const DeviceProps& d) {
-  return std::string(families()[r.family].name) + " kernel for sm" + std::to_string(r.arch) + ", " +
-         dtypes()[r.dtype].name + " -> " + dtypes()[r.out_dtype].name + ", layout " + r.layout +
-         " on " + d.name;
+  const FamilyInfo& f = families()[r.family];
+  const std::string axes = f.axis_count == 0 ? "" : ", " + describe_axes(f, r.axes);
+  return std::string(f.name) + " kernel for sm" + std::to_string(r.arch) + ", " +
+         dtypes()[r.dtype].name + " -> " + dtypes()[r.out_dtype].name + axes + " on " + d.name;
 }
 
 size_t best_variant(const Request& r, const DeviceProps& d, bool basic_only) {
@@ -189,15 +188,15 @@ long bound_above(long rows) {
 // thread its own memo: no lock on the launch path).  A request it cannot
 // serve throws every time and is not remembered.
 size_t remembered_variant(const Request& r, const DeviceProps& d) {
-  using Key = std::tuple<int, int, int, int, std::string, unsigned, long, int>;
+  using Key = std::tuple<int, int, int, int, int, unsigned, long, int>;
   thread_local std::map<Key, size_t> memo;
-  Key key{
-      r.arch,        r.family, r.dtype, r.out_dtype, r.layout, r.flavours_ok, bound_above(r.rows),
+  const Key key{
+      r.arch,        r.family, r.dtype, r.out_dtype, r.axes, r.flavours_ok, bound_above(r.rows),
       d.shared_optin};
   const auto found = memo.find(key);
   if (found != memo.end()) return found->second;
   const size_t index = best_variant(r, d, false);
-  memo.emplace(std::move(key), index);
+  memo.emplace(key, index);
   return index;
 }
 

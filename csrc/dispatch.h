@@ -1,4 +1,4 @@
-// Choosing a variant: device arch -> family -> dtype -> layout -> flavour -> rows bucket.
+// Choosing a variant: device arch -> family -> dtype -> axes -> flavour -> rows bucket.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +44,7 @@ struct Request {
   int family;
   int dtype;
   int out_dtype;
-  const char* layout;
+  int axes;              // the family's axis values as one code (KernelInfo::axes)
   unsigned flavours_ok;  // bit f: the input meets flavours()[f]'s rule
   long rows;             // typical rows per group, picks the config bucket
 };

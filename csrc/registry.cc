@@ -110,6 +110,20 @@ int family_index(const std::string& name) {
   throw std::invalid_argument("no kernel family '" + name + "' in this build");
 }
 
+const char* axis_value(const FamilyInfo& f, int code, size_t axis) {
+  // Digits after `axis` are less significant: divide them away.
+  for (size_t i = f.axis_count; i-- > axis + 1;) code /= f.axes[i].value_count;
+  return f.axes[axis].values[code % f.axes[axis].value_count];
+}
+
+std::string describe_axes(const FamilyInfo& f, int code) {
+  std::string out;
+  for (size_t i = 0; i < f.axis_count; ++i) {
+    out += std::string(i ? ", " : "") + f.axes[i].name + "=" + axis_value(f, code, i);
+  }
+  return out;
+}
+
 void set_kernel_dir(const std::string& dir) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_kernel_dir = dir;

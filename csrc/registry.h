@@ -82,6 +82,20 @@ struct FlavourInfo {
   Rule rule;
 };
 
+// One axis of a family's variants (aot/family.py Axis): its name and its
+// Choice's value names, in the order of the operators' enum (family_args.h).
+struct AxisInfo {
+  const char* name;
+  const char* const* values;
+  int value_count;
+};
+
+// A named integer of a family description (a limit, a scratch size).
+struct ConstantInfo {
+  const char* name;
+  int64_t value;
+};
+
 struct KernelInfo;
 // A size expression of a family description: v holds the call's parameters
 // (or one group's fields) in their declared order.
@@ -95,13 +109,26 @@ struct FamilyInfo {
   // runtime fills the group_table, tile_prefix and count parameters.
   const ParamInfo* group_fields;
   size_t group_field_count;
+  // A variant's axis values are one code (KernelInfo::axes): the first
+  // axis' value the most significant digit of a mixed-radix number.
+  const AxisInfo* axes;
+  size_t axis_count;
+  const ConstantInfo* constants;
+  size_t constant_count;
   SizeFn tiles;  // output tiles of a call (of one group, with a group table)
   SizeFn rows;   // rows per group, the tuned-table bucket key (likewise)
 
   bool has_group_table() const { return group_field_count > 0; }
   std::span<const ParamInfo> param_list() const { return {params, param_count}; }
   std::span<const ParamInfo> group_field_list() const { return {group_fields, group_field_count}; }
+  std::span<const AxisInfo> axis_list() const { return {axes, axis_count}; }
+  std::span<const ConstantInfo> constant_list() const { return {constants, constant_count}; }
 };
+
+// The value name of axis `axis` in a variant code of family f.
+const char* axis_value(const FamilyInfo& f, int code, size_t axis);
+// A variant code's values, for messages: "a_major=column, b_major=row, c_major=row".
+std::string describe_axes(const FamilyInfo& f, int code);
 
 struct ArchInfo {
   int arch;    // 80, 90, ...
@@ -122,10 +149,10 @@ struct KernelInfo {
   const char* kernel_name;  // PTX entry
   int family;               // index into families()
   int arch;
-  int dtype;           // index into dtypes(): the inputs' type
-  int out_dtype;       // index into dtypes(): the output's type
-  const char* layout;  // a layout name of the family description
-  int flavour;         // index into flavours(), which are in order of preference
+  int dtype;      // index into dtypes(): the inputs' type
+  int out_dtype;  // index into dtypes(): the output's type
+  int axes;       // the variant's axis values as one code (FamilyInfo::axes)
+  int flavour;    // index into flavours(), which are in order of preference
   int block_m, block_n, block_k;
   int max_rows;  // rows-per-group bound this config is meant for, 0 = none
   int num_warps;

@@ -190,8 +190,7 @@ void run(const Call& c) {
   const KernelPath path = kernel_path(props);
   if (path.arch == 0) throw UnsupportedDevice(unsupported_reason(c.device, props));
   if (f.has_group_table()) refuse_capture(f, c.stream);
-  const Request request{path.arch,        c.family,      c.dtype, c.out_dtype,
-                        c.layout.c_str(), s.flavours_ok, s.rows};
+  const Request request{path.arch, c.family, c.dtype, c.out_dtype, c.axes, s.flavours_ok, s.rows};
   const size_t index = pick_variant(request, props);
   const KernelInfo& k = kernel_table()[index];
   const ReadyKernel ready = ready_kernel(index, path.ptx, c.device, props.shared_optin);

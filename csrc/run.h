@@ -15,7 +15,7 @@ struct Call {
   int family;     // index into families()
   int dtype;      // index into dtypes(): the inputs'
   int out_dtype;  // index into dtypes(): the output's
-  std::string layout;
+  int axes;       // the family's axis values as one code (KernelInfo::axes)
   int device;
   cu::Stream stream;
   // One value per parameter, in the family's ABI order; pointers as their

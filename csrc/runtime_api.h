@@ -14,7 +14,7 @@
 
 namespace gg {
 
-inline constexpr int kRuntimeApiVersion = 3;
+inline constexpr int kRuntimeApiVersion = 4;
 // PyCapsule_Import's dotted path: the capsule is _C's attribute `runtime_api`.
 inline constexpr char kRuntimeApiCapsule[] = "gg_runtime._C.runtime_api";
 

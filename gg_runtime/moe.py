@@ -6,8 +6,9 @@ the down projection, and the weighted combine of each token's k outputs
 read through the inverse permutation.  The backward, in Python, composes
 operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
 products (those of the tokens' or the gradient's rows read them through the
-routing's order, gathered_mm and gathered_mm_k, where the experts are not
-wide: GATHER_MAX_INTER), and combine.
+routing's order, gathered_mm and gathered_mm_k, where the forward's did:
+the operator decides, by aot/families/ragged_glu.py's GATHER_MAX_INTER),
+and combine.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output (freed as soon as the backward has read it:
@@ -36,29 +37,12 @@ def _check_choices(gate_up, activation):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-# The products read the tokens (the up projection, dW13) and the gradient's
-# rows (dh, dW2) through the routing's order where the experts are at most
-# this wide: there gathering in the GEMM costs no more time than a permuted
-# copy, and saves the copy's memory; wider experts' GEMMs run faster from
-# copies, by TMA (docs/notes/2026-11-24-moe-experts-gathering-up-projection.md).
-GATHER_MAX_INTER = 4096
-
-
-def _gathers(w13) -> bool:
-    """Whether the products gather rows (GATHER_MAX_INTER); a w13 of the wrong
-    shape is the operator's to refuse."""
-    return w13.dim() != 3 or w13.shape[1] // 2 <= GATHER_MAX_INTER
-
-
-def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation,
-                     for_backward):
-    """(out, saved): the forward in one operator
-    (torch.ops.gg_runtime.moe_experts, csrc/ops/moe_experts.cc: every check of
-    the arguments, the routing, both projections, the combine), and where
-    for_backward what the backward needs beyond the inputs: [the up
-    projection's output, order, offs, inverse] (else [])."""
-    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
-                interleaved, activation, for_backward, _gathers(w13))
+def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation):
+    """The forward in one operator (torch.ops.gg_runtime.moe_experts,
+    csrc/ops/moe_experts.cc: every check of the arguments, the routing, both
+    projections, the combine)."""
+    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
+                activation)
 
 
 def _mm(a, b, offs, bias=None):
@@ -67,11 +51,14 @@ def _mm(a, b, offs, bias=None):
 
 class _Experts(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation):
-        out, (gu, order, offs, inverse) = _experts_forward(
-            x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved, activation, True)
+    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation):
+        # The forward and what the backward reads beyond the inputs, with whether
+        # the products gathered the tokens (csrc/ops/ops.h ExpertsForBackward).
+        out, gu, order, offs, inverse, gathered = call(
+            OPS.moe_experts_for_backward.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
+            gate_up, activation)
         ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
-        ctx.interleaved, ctx.activation = interleaved, activation
+        ctx.gate_up, ctx.activation, ctx.gathered = gate_up, activation, gathered
         return out
 
     @staticmethod
@@ -84,20 +71,19 @@ class _Experts(torch.autograd.Function):
         grouped products, and permutations and sums over each token's k slots
         for dx and d(topk_weights).  The products read dys from grad, and the
         tokens from x, through the routing's order (no permuted copies) where
-        the forward's up projection did (GATHER_MAX_INTER)."""
+        the forward's up projection did (ctx.gathered)."""
         x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
         weights = topk_weights.float()
         need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         tokens, k = weights.shape
         grad = grad.to(x.dtype)
         scale = weights.reshape(-1).index_select(0, order)
-        gather = _gathers(w13)
+        gather = ctx.gathered
         # dys as rows, where the products do not gather them or the down
         # projection's bias needs them.
         dys = grad.index_select(0, order // k) if not gather or b2 is not None else None
         dh = OPS.gathered_mm.default(grad, order, k, w2, offs) if gather else _mm(dys, w2, offs)
-        dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.interleaved,
-                                                   ctx.activation)
+        dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
         # Each intermediate goes as soon as its last use is done, gu too
         # (_release).  d(gu), as large as gu, goes first: its products run
         # before dW2's, while h (half its size) waits.
@@ -229,13 +215,13 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     """
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     _check_choices(gate_up, activation)
-    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up == "interleaved", activation)
+    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
     if torch.is_grad_enabled() and (
             x.requires_grad or topk_weights.requires_grad or w13.requires_grad
             or w2.requires_grad or (b13 is not None and b13.requires_grad)
             or (b2 is not None and b2.requires_grad)):
         return _Experts.apply(*args)
-    return _experts_forward(*args, False)[0]  # nothing to differentiate, nothing kept
+    return _experts_forward(*args)  # nothing to differentiate, nothing kept
 
 
 _TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")

@@ -3,7 +3,7 @@
 through the inverse of the sort by expert, scaled by its routing weights and
 summed.  Memory-bound and made of plain loads: every arch, `aligned` (16-byte
 vectors) where the pointers and H allow it, else `basic`."""
-from ..family import Config, Family, Param
+from ..family import EVERY, Config, Family, Param
 from ..kernels.combine import combine_kernel
 
 # A program takes BM tokens x BN columns: 4 warps over 8 x 256 elements, 16 of
@@ -25,9 +25,7 @@ FAMILY = Family(
         Param("K", "i32", "extent"),
         Param("G", "i32", "count"),
     ),
-    layouts={"rows": {}},
-    tma_layouts=(),
-    aligned_layouts=("rows",),
+    aligned=EVERY,
     dtypes=("float16", "bfloat16"),
     configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
     tiles="cdiv(T, BM) * cdiv(H, BN)",

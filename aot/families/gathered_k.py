@@ -3,10 +3,12 @@ with one operand's rows read through the routing's order (rows[r] //
 rows_div) -- moe_experts' weight gradients from the tokens and the gradient
 rows as they are stored, with no permuted copy (aot/kernels/ragged.py
 gathered_k_kernel)."""
-from ..family import Config, Family, Param
+from ..family import EVERY, Axis, Choice, Config, Family, Param
 from ..kernels.ragged import gathered_k_kernel
 from ..kernels.ragged_k_ws import gathered_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
+
+OPERAND = Choice("Operand", ("a", "b"))  # an operand of a product a @ b
 
 FAMILY = Family(
     name="gathered_k",
@@ -26,9 +28,10 @@ FAMILY = Family(
         Param("rows_div", "i32", "extent"),
     ),
     # a [M, T] stored as row-major [*, M] (the gradient's a^T rows), b [T, N]
-    # row-major; 'a': a's rows gathered, 'b': b's.
-    layouts={"a": {"GATHER_A": True}, "b": {"GATHER_A": False}},
-    tma_layouts=("a", "b"),
+    # row-major; `gathered`: the operand whose rows are read through rows.
+    axes=(Axis("gathered", OPERAND),),
+    constexprs=lambda v: {"GATHER_A": v["gathered"] == "a"},
+    tma=EVERY,
     dtypes=("float16", "bfloat16"),
     # ragged_k's warp-specialised config (aot/tuning/sm90.json), for every size.
     configs={(90, "tma"): (Config(128, 256, 32, 8, 8, ws=True),)},

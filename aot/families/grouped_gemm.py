@@ -1,6 +1,6 @@
 """grouped_gemm: independent C_g = A_g @ B_g of any sizes, per-group pointers and strides
 in a table the runtime copies to the GPU (grouped_gemm, the tutorial's problem)."""
-from ..family import Family, Param
+from ..family import EVERY, MAJOR, Axis, Family, Param
 from ..kernels.grouped_gemm import GROUP_FIELDS, grouped_gemm_kernel
 from ..kernels.grouped_gemm_ws import grouped_gemm_ws_kernel
 
@@ -22,9 +22,10 @@ FAMILY = Family(
         Param("tile_ends", "*i64", "tile_prefix"),
         Param("G", "i32", "count"),
     ),
-    # B_g [K, N] ('nn') or [N, K] ('nt', the nn.Linear weight layout).
-    layouts={"nn": {"B_T": False}, "nt": {"B_T": True}},
-    tma_layouts=("nn", "nt"),
+    # B_g [K, N] row-major, or column-major: stored [N, K] (the nn.Linear weight layout).
+    axes=(Axis("b_major", MAJOR),),
+    constexprs=lambda v: {"B_T": v["b_major"] == "column"},
+    tma=EVERY,
     group_fields=tuple(_GROUP_FIELD[name] for name in GROUP_FIELDS),  # the kernel's order
     group_tiles="cdiv(M, BM) * cdiv(N, BN)",
     group_rows="M",

@@ -3,7 +3,7 @@ and float32 scales, one per row, per 1x128 or per 128x128 block
 (aot/kernels/quantize.py): the inputs of scaled_ragged_m in one call each.
 sm90 only, as the fp8 GEMMs; `aligned` (16-byte vectors) wherever x's base,
 row stride and C allow it, else `basic`."""
-from ..family import Config, Family, Param
+from ..family import EVERY, Axis, Choice, Config, Family, Param, Where
 from ..kernels.quantize import quantize_fp8_kernel
 
 # Memory-bound: what counts is the bytes in flight per SM, programs an SM x
@@ -16,6 +16,11 @@ from ..kernels.quantize import quantize_fp8_kernel
 # half as many.  A 128x128 tile is one block, which 8 warps hold at 64
 # elements a thread (128 registers).  BK is unused (16 keeps aot/variants.py's
 # GEMM shared-memory estimate from reshaping the configs).
+# What one scale covers (aot/kernels/quantize.py): a row, 128 columns of a
+# row, a 128 x 128 block; the kernel's MODE is the value's index.
+GRANULARITY = Choice("Granularity", ("rowwise", "1x128", "128x128"))
+ONE_BLOCK_ONLY = Where(granularity="128x128")
+
 ALIGNED = (
     Config(8, 512, 16, 8, 1, max_rows=512),
     Config(2, 2048, 16, 8, 1, max_rows=2048),
@@ -36,15 +41,15 @@ FAMILY = Family(
         Param("group_rows", "i32", "extent"),  # 128x128 blocks start afresh every group_rows rows
         Param("ldx", "i64", "stride", aligned=True),
     ),
-    # MODE: aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128.
-    layouts={"rowwise": {"MODE": 0}, "1x128": {"MODE": 1}, "128x128": {"MODE": 2}},
-    tma_layouts=(),
-    aligned_layouts=("rowwise", "1x128", "128x128"),
+    axes=(Axis("granularity", GRANULARITY),),
+    # aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128.
+    constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"])},
+    aligned=EVERY,
     dtypes=("float16", "bfloat16", "float32"),
     out_dtypes=("float8_e4m3fn",),
     archs=(90,),
     configs={(90, "aligned"): ALIGNED, (90, "basic"): BASIC,
-             (90, "aligned", "128x128"): ONE_BLOCK, (90, "basic", "128x128"): ONE_BLOCK},
+             (90, "aligned", ONE_BLOCK_ONLY): ONE_BLOCK, (90, "basic", ONE_BLOCK_ONLY): ONE_BLOCK},
     # Each granularity tiles differently (BM rows; BM x BN; 128 x 128 blocks
     # restarting at each group): the grid is sized for the most tiles of any
     # (programs past their own count exit at once).

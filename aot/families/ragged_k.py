@@ -1,6 +1,6 @@
 """ragged_k: out[G, M, N], out[g] = a[:, rows of g] @ b[rows of g] for a [M, T] and
 b [T, N] -- the weight gradient of the MoE layer (grouped_mm 2-D x 2-D)."""
-from ..family import Family, Param
+from ..family import EVERY, MAJOR, Axis, Family, Param, Where
 from ..kernels.ragged import ragged_k_kernel
 from ..kernels.ragged_k_ws import ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
@@ -18,13 +18,15 @@ FAMILY = Family(
         Param("ldb", "i64", "stride", aligned=True),
         Param("ldc", "i64", "stride", aligned=True),
     ),
-    # a [M, T] as a transposed view of row-major [T, M], as in dB ('tn': each
-    # group's K range a range of whole rows), or row-major ('nn', read in place
-    # by sm90's kernels only; gg_runtime copies it elsewhere, and any other a).
-    layouts={"tn": {"A_T": True}, "nn": {"A_T": False}},
-    tma_layouts=("tn", "nn"),
-    aligned_layouts=("tn",),
-    tma_only_layouts=("nn",),
+    # a [M, T] column-major, a transposed view of row-major [T, M] as in dB
+    # (each group's K range a range of whole rows), or row-major (read in
+    # place by sm90's kernels only; gg_runtime copies it elsewhere, and any
+    # other a).
+    axes=(Axis("a_major", MAJOR),),
+    constexprs=lambda v: {"A_T": v["a_major"] == "column"},
+    tma=EVERY,
+    aligned=Where(a_major="column"),
+    tma_only=Where(a_major="row"),
     float32_output=True,
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",

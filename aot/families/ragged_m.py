@@ -1,6 +1,6 @@
 """ragged_m: out[T, N], rows offs[g-1]:offs[g] of a [T, K] times b[g], plus
 bias[g] where given -- the MoE forward (grouped_mm 2-D x 3-D) and its dA."""
-from ..family import Family, Param
+from ..family import EVERY, MAJOR, Axis, Family, Param, Where
 from ..kernels.ragged import ragged_m_kernel
 from ..kernels.ragged_ws import ragged_m_ws_kernel
 
@@ -36,16 +36,17 @@ FAMILY = Family(
     kernel=ragged_m_kernel,
     ws_kernel=ragged_m_ws_kernel,
     params=POINTERS + EXTENTS + BIAS,
-    # a [T, K] row-major ('n') or a transposed view of [K, T] ('t', as 3-D x
-    # 2-D's b); b [G, K, N] row-major ('n') or a transposed view of [G, N, K] ('t');
-    # c [T, N] row-major (no third letter) or a transposed view of [N, T] ('t':
-    # 3-D x 2-D's output).  A 't' a is read in place by sm90's kernels only
+    # a [T, K] row-major or a transposed view of [K, T] (as 3-D x 2-D's b);
+    # b [G, K, N] row-major or a transposed view of [G, N, K] (the nn.Linear
+    # weight); c [T, N] row-major or a transposed view of [N, T] (3-D x 2-D's
+    # output).  A column-major a is read in place by sm90's kernels only
     # (csrc/ops/grouped_mm.cc).
-    layouts={a + b + c: {"A_T": a == "t", "B_T": b == "t", "C_T": c == "t"}
-             for a in "nt" for b in "nt" for c in ("", "t")},
-    tma_layouts=("nn", "nt", "tn", "tt", "nnt", "ntt", "tnt", "ttt"),
-    aligned_layouts=("nn", "nt"),
-    tma_only_layouts=("tn", "tt", "tnt", "ttt"),
+    axes=(Axis("a_major", MAJOR), Axis("b_major", MAJOR), Axis("c_major", MAJOR)),
+    constexprs=lambda v: {"A_T": v["a_major"] == "column", "B_T": v["b_major"] == "column",
+                          "C_T": v["c_major"] == "column"},
+    tma=EVERY,
+    aligned=Where(a_major="row", c_major="row"),
+    tma_only=Where(a_major="column"),
     float32_output=True,
     # Each group boundary adds at most one partial m-tile; +1 for the rows past
     # the last group (written with zeros).  (A stored [K, T] starts a group's

@@ -1,14 +1,17 @@
 """route: moe_experts' routing (aot/kernels/route.py), a stable counting sort
-of the token slots by expert in three launches, one layout each (count, scan,
+of the token slots by expert in three launches, one phase each (count, scan,
 place), or one (single) where the slots fit one chunk.  Integer work with
 plain loads: every arch, `basic` only, one 16-bit dtype (the ids are int64
 whatever the tokens' dtype).  Its chunk and bin counts are constants the
 operator sizes its scratch by (csrc/ops/route.cc)."""
-from ..family import Config, Family, Param
+from ..family import Axis, Choice, Config, Family, Param
 from ..kernels.route import route_kernel
 
 SLOTS_PER_CHUNK = 1024  # BM: token slots a program sorts at a time
 BINS = 1024  # BN: one per expert and one for dropped slots, so E <= BINS - 1
+
+# The sort's launches (aot/kernels/route.py): the kernel's PHASE is the value's index.
+PHASE = Choice("Phase", ("count", "scan", "place", "single"))
 
 CONFIGS = (Config(SLOTS_PER_CHUNK, BINS, 16, 4, 1),)
 
@@ -25,9 +28,8 @@ FAMILY = Family(
         Param("E", "i32", "extent"),
         Param("CHUNKS", "i32", "extent"),
     ),
-    layouts={phase: {"PHASE": index}
-             for index, phase in enumerate(("count", "scan", "place", "single"))},
-    tma_layouts=(),
+    axes=(Axis("phase", PHASE),),
+    constexprs=lambda v: {"PHASE": PHASE.values.index(v["phase"])},
     dtypes=("float16",),
     configs={(arch, "basic"): CONFIGS for arch in (80, 90)},
     tiles="CHUNKS",

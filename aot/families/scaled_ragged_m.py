@@ -3,10 +3,19 @@
 of a [T, K] times b[g] stored [N, K], scaled rowwise or per 128-block
 (aot/kernels/scaled.py).  sm90 TMA only: fp8 MMA needs sm89+, and TMA's
 alignment is what torch requires of fp8 inputs too."""
-from ..family import Config, Family, Param
+from ..family import EVERY, Axis, Choice, Config, Family, Param, Where
 from ..kernels.ragged import scaled_ragged_m_kernel
 from ..kernels.ragged_ws import scaled_ragged_m_ws_kernel
 from .ragged_m import BIAS, POINTERS, RAGGED_ROWS_LIMIT
+
+# How the scales apply (aot/kernels/scaled.py): per row of a and column of
+# b, or per 1x128 block of a and 128x128 block of b; the kernel's SCALING is
+# ROWWISE (1) or BLOCKWISE (2).
+SCALING = Choice("Scaling", ("rowwise", "blockwise"))
+# How the tensor cores' fp8 products are summed (kernels/scaled.py FAST_ACCUM):
+# each K step's product added to float32 by the CUDA cores, or all of K in
+# the tensor cores' own precision (torch's use_fast_accum=True).
+ACCUMULATION = Choice("Accumulation", ("promoted", "fast"))
 
 FAMILY = Family(
     name="scaled_ragged_m",
@@ -24,11 +33,10 @@ FAMILY = Family(
         Param("ldb", "i64", "stride"),
         Param("ldc", "i64", "stride"),
     ) + BIAS,
-    # '<granularity>_fast': torch's use_fast_accum=True (kernels/scaled.py).
-    layouts={f"{granularity}{suffix}": {"SCALING": scaling, "FAST_ACCUM": bool(suffix)}
-             for granularity, scaling in (("rowwise", 1), ("blockwise", 2))
-             for suffix in ("", "_fast")},
-    tma_layouts=("rowwise", "blockwise", "rowwise_fast", "blockwise_fast"),
+    axes=(Axis("scaling", SCALING), Axis("accumulation", ACCUMULATION)),
+    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
+                          "FAST_ACCUM": v["accumulation"] == "fast"},
+    tma=EVERY,
     basic=False,
     dtypes=("float8_e4m3fn",),
     out_dtypes=("bfloat16", "float32"),
@@ -43,10 +51,10 @@ FAMILY = Family(
     # product: 128-column tiles of the warp-specialised kernel, two 64-row
     # partitions (rowwise: faster than the Triton kernel's 128x128 tiles beyond
     # decode, bench/RESULTS.md); untuned.
-    configs={(90, "tma", "rowwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                                           Config(128, 256, 128, 4, 4, ws=True)),
-             (90, "tma", "blockwise_fast"): (Config(64, 128, 128, 4, 4, max_rows=32),
-                                             Config(128, 256, 128, 4, 3, ws=True)),
+    configs={(90, "tma", Where(scaling="rowwise", accumulation="fast")):
+             (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 4, ws=True)),
+             (90, "tma", Where(scaling="blockwise", accumulation="fast")):
+             (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 3, ws=True)),
              (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
                            Config(128, 128, 128, 4, 4, ws=True))},
     # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.

@@ -5,20 +5,14 @@ gu, the gradient of h, the rows' routing weights -> the gradient of gu, the
 scaled h and each row's dot product of h with its gradient.  Memory-bound
 and made of plain loads: every arch, `aligned` (16-byte vectors) where the
 pointers and C allow it, else `basic`."""
-from ..family import Config, Family, Param
+from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Choice, Config, Family, Param
 from ..kernels.swiglu import swiglu_kernel
 
 # A program takes BM rows and walks them BN columns at a time.  4 warps over
 # 8 x 256 elements: 16 elements of each tensor a thread, in 16-byte vectors.
 CONFIGS = (Config(8, 256, 16, 4, 1),)
 
-# DIRECTION_GATEUP_ACTIVATION, as csrc/ops/swiglu.cc names them.
-LAYOUTS = {f"{direction}_{gate_up}_{activation}": {"BACKWARD": direction == "backward",
-                                                    "INTERLEAVED": gate_up == "interleaved",
-                                                    "GPT_OSS": activation == "gpt_oss"}
-           for direction in ("forward", "backward")
-           for gate_up in ("concatenated", "interleaved")
-           for activation in ("swiglu", "gpt_oss")}
+DIRECTION = Choice("Direction", ("forward", "backward"))
 
 FAMILY = Family(
     name="swiglu",
@@ -33,9 +27,11 @@ FAMILY = Family(
         Param("R", "i32", "extent"),
         Param("C", "i32", "extent", aligned=True),
     ),
-    layouts=LAYOUTS,
-    tma_layouts=(),
-    aligned_layouts=tuple(LAYOUTS),
+    axes=(Axis("direction", DIRECTION), Axis("gate_up", GATE_UP), Axis("activation", ACTIVATION)),
+    constexprs=lambda v: {"BACKWARD": v["direction"] == "backward",
+                          "INTERLEAVED": v["gate_up"] == "interleaved",
+                          "GPT_OSS": v["activation"] == "gpt_oss"},
+    aligned=EVERY,
     dtypes=("float16", "bfloat16"),
     configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
     tiles="cdiv(R, BM)",

@@ -9,8 +9,8 @@
 namespace gg::ops {
 
 Tensor combine(Tensor rows_in, Tensor index_in, Tensor weights_in, Tensor offs) {
-  check_tensor(rows_in, "rows", 2, {ScalarType::Half, ScalarType::BFloat16});
-  check_tensor(index_in, "index", 2, {ScalarType::Long});
+  check_tensor(rows_in, "rows", 2, family::Combine::kDTypes);
+  check_tensor(index_in, "index", 2, ScalarType::Long);
   const int64_t tokens = index_in.size(0), k = index_in.size(1);
   check_companion(index_in, "index", {tokens, k}, ScalarType::Long, rows_in, "int64",
                   "(the row of each token's slot)");
@@ -37,7 +37,7 @@ Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t toke
                              .H = hidden,
                              .K = k,
                              .G = offs.size(0)};
-  launch(args, "rows", target_of(rows, rows.scalar_type()));
+  launch(args, {}, target_of(rows, rows.scalar_type()));
   return out;
 }
 

@@ -15,13 +15,14 @@
 namespace gg::ops {
 namespace {
 
-// The dtypes the ragged_glu and gathered_k families are built for (aot/families/).
-const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16};
+using family::Activation;
+using family::GateUp;
+using family::Major;
 
 // rows: int64, 1-D, on like's device; each rows[r] / k a row of the gathered
 // operand (not checked: the routing makes them).
 void check_rows(const Tensor& rows, const Tensor& like, const char* like_name) {
-  check_tensor(rows, "rows", 1, {ScalarType::Long});
+  check_tensor(rows, "rows", 1, ScalarType::Long);
   if (rows.device() != like.device()) {
     value_error("rows is on ", device_of(rows), " but ", like_name, " is on ", device_of(like));
   }
@@ -35,7 +36,7 @@ void check_k(int64_t k) {
 
 // w13 [G, 2I, H] against x [T, H]; returns I.
 int64_t check_w13(const Tensor& w13, const Tensor& x) {
-  check_tensor(w13, "w13", 3, kDTypes);
+  check_tensor(w13, "w13", 3, family::RaggedGlu::kDTypes);
   check_same(w13, "w13", x, "x");
   if (w13.size(1) % 2 != 0 || w13.size(2) != x.size(1)) {
     value_error("w13 must be [G, 2I, H] with H = ", x.size(1), " (x's columns), got shape ",
@@ -44,11 +45,11 @@ int64_t check_w13(const Tensor& w13, const Tensor& x) {
   return w13.size(1) / 2;
 }
 
-// One launch of the ragged_glu family: row r < count of the product is
-// a[rows[r] / rows_div] (a's row r where rows_div is 0: rows is then not
-// read) times b[g] (+ bias[g]), into c (rows ldc apart) as the layout's
-// epilogue says ("_ungated": the product; else its activation, gu where
-// save_gu).
+// One launch of ragged_glu or gathered_m (one kernel, one parameter list):
+// row r < count of the product is a[rows[r] / rows_div] (a's row r where
+// rows_div is 0: rows is then not read) times b[g] (+ bias[g]), into c (rows
+// ldc apart): gathered_m's the product; ragged_glu's its activation
+// (gpt-oss's where gpt_oss), gu where save_gu.
 struct GatheredProduct {
   const Matrix& a;
   const Tensor& rows;
@@ -59,55 +60,58 @@ struct GatheredProduct {
   const std::optional<Tensor>& bias;
 };
 
+template <typename Family>
 void launch_gathered(const GatheredProduct& p, const Tensor& c, int64_t ldc, const Tensor& gu,
-                     bool save_gu, bool gpt_oss, const std::string& epilogue) {
+                     bool save_gu, bool gpt_oss, const typename Family::Axes& axes) {
   const std::optional<Tensor> bias_rows =
       p.bias.has_value() ? std::optional(as_contiguous(*p.bias)) : std::nullopt;
-  const family::RaggedGlu args{.a_ptr = address(p.a.t),
-                               .b_ptr = address(p.b.t),
-                               .c_ptr = address(c),
-                               .offs_ptr = address(p.offs),
-                               .T = p.count,
-                               .N = p.n,
-                               .K = p.a.t.size(1),
-                               .G = p.b.t.size(0),
-                               .lda = p.a.ld,
-                               .b_group_stride = p.b.t.stride(0),
-                               .ldb = p.b.ld,
-                               .ldc = ldc,
-                               .bias_ptr = bias_rows ? address(*bias_rows) : 0,
-                               .has_bias = bias_rows ? 1 : 0,
-                               .gu_ptr = address(save_gu ? gu : c),
-                               .save_gu = save_gu ? 1 : 0,
-                               .gpt_oss = gpt_oss ? 1 : 0,
-                               .rows_ptr = address(p.rows),
-                               .rows_div = p.rows_div};
-  launch(args, (p.b.transposed ? "t_" : "n_") + epilogue, target_of(p.a.t, p.a.t.scalar_type()));
+  const Family args{.a_ptr = address(p.a.t),
+                    .b_ptr = address(p.b.t),
+                    .c_ptr = address(c),
+                    .offs_ptr = address(p.offs),
+                    .T = p.count,
+                    .N = p.n,
+                    .K = p.a.t.size(1),
+                    .G = p.b.t.size(0),
+                    .lda = p.a.ld,
+                    .b_group_stride = p.b.t.stride(0),
+                    .ldb = p.b.ld,
+                    .ldc = ldc,
+                    .bias_ptr = bias_rows ? address(*bias_rows) : 0,
+                    .has_bias = bias_rows ? 1 : 0,
+                    .gu_ptr = address(save_gu ? gu : c),
+                    .save_gu = save_gu ? 1 : 0,
+                    .gpt_oss = gpt_oss ? 1 : 0,
+                    .rows_ptr = address(p.rows),
+                    .rows_div = p.rows_div};
+  launch(args, axes, target_of(p.a.t, p.a.t.scalar_type()));
 }
 
 }  // namespace
 
 std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
                                           Tensor w13, Tensor offs, std::optional<Tensor> bias,
-                                          bool interleaved, std::string activation, bool save_gu) {
-  check_tensor(x, "x", 2, kDTypes);
+                                          std::string gate_up, std::string activation,
+                                          bool save_gu) {
+  check_tensor(x, "x", 2, family::RaggedGlu::kDTypes);
   if (rows.has_value()) check_rows(*rows, x, "x");
   check_k(k);
   const int64_t inter = check_w13(w13, x), groups = w13.size(0);
   check_offsets(offs, "w13", groups, x);
-  check_activation(activation);
+  const auto gate_up_value = parse_choice<GateUp>("gate_up", gate_up);
+  const auto activation_value = parse_choice<Activation>("activation", activation);
   if (bias.has_value()) check_bias(*bias, groups, 2 * inter, x.scalar_type(), x);
   const int64_t count = rows.has_value() ? rows->size(0) : x.size(0);
   Tensor gu = new_output(x, {save_gu ? count : 0, 2 * inter}, x.scalar_type());
   Outputs results(x);
-  Tensor h = up_projection(x, rows, k, w13, offs, bias, interleaved, activation == "gpt_oss",
+  Tensor h = up_projection(x, rows, k, w13, offs, bias, gate_up_value, activation_value,
                            save_gu ? &gu : nullptr, results);
   return {h, gu};
 }
 
 Tensor up_projection(const Tensor& x_in, const std::optional<Tensor>& rows_in, int64_t k,
                      const Tensor& w13, const Tensor& offs, const std::optional<Tensor>& bias,
-                     bool interleaved, bool gpt_oss, Tensor* gu, Outputs& outputs) {
+                     GateUp gate_up, Activation activation, Tensor* gu, Outputs& outputs) {
   const int64_t inter = w13.size(1) / 2, groups = w13.size(0);
   const int64_t rows = rows_in.has_value() ? rows_in->size(0) : x_in.size(0);
   const Matrix b = matrix_of_transpose(w13);  // [G, H, 2I]: the b of x @ b
@@ -122,14 +126,15 @@ Tensor up_projection(const Tensor& x_in, const std::optional<Tensor>& rows_in, i
   if (shapes_only(h)) return h;
   const GatheredProduct product{a,    gather, rows_in.has_value() ? k : 0, b, rows, 2 * inter,
                                 offs, bias};
-  launch_gathered(product, h, inter, gu != nullptr ? *gu : h, gu != nullptr, gpt_oss,
-                  interleaved ? "interleaved" : "concatenated");
+  launch_gathered<family::RaggedGlu>(product, h, inter, gu != nullptr ? *gu : h, gu != nullptr,
+                                     activation == Activation::kGptOss,
+                                     {.b_major = b.major, .gate_up = gate_up});
   return h;
 }
 
 Tensor gathered_mm(Tensor x, Tensor rows_in, int64_t k, Tensor b_in, Tensor offs) {
-  check_tensor(x, "x", 2, kDTypes);
-  check_tensor(b_in, "b", 3, kDTypes);
+  check_tensor(x, "x", 2, family::GatheredM::kDTypes);
+  check_tensor(b_in, "b", 3, family::GatheredM::kDTypes);
   check_same(b_in, "b", x, "x");
   check_rows(rows_in, x, "x");
   check_k(k);
@@ -144,15 +149,15 @@ Tensor gathered_mm(Tensor x, Tensor rows_in, int64_t k, Tensor b_in, Tensor offs
   if (shapes_only(out)) return out;
   const Matrix a = row_major(x), b = matrix_of(b_in);
   const Tensor gather = as_contiguous(rows_in);
-  launch_gathered({a, gather, k, b, rows, n, offs, std::nullopt}, out, n, out, false, false,
-                  "ungated");
+  launch_gathered<family::GatheredM>({a, gather, k, b, rows, n, offs, std::nullopt}, out, n, out,
+                                     false, false, {.b_major = b.major});
   return out;
 }
 
 Tensor gathered_mm_k(Tensor a_in, Tensor b_in, Tensor offs, Tensor rows_in, int64_t k,
                      bool gather_a) {
-  check_tensor(a_in, "a", 2, kDTypes);
-  check_tensor(b_in, "b", 2, kDTypes);
+  check_tensor(a_in, "a", 2, family::GatheredK::kDTypes);
+  check_tensor(b_in, "b", 2, family::GatheredK::kDTypes);
   check_same(b_in, "b", a_in, "a");
   check_rows(rows_in, a_in, "a");
   check_k(k);
@@ -180,7 +185,8 @@ Tensor gathered_mm_k(Tensor a_in, Tensor b_in, Tensor offs, Tensor rows_in, int6
                                .ldc = n,
                                .rows_ptr = address(rows),
                                .rows_div = k};
-  launch(args, gather_a ? "a" : "b", target_of(a.t, a.t.scalar_type()));
+  launch(args, {.gathered = gather_a ? family::Operand::kA : family::Operand::kB},
+         target_of(a.t, a.t.scalar_type()));
   return out;
 }
 

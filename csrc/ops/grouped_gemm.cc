@@ -18,10 +18,8 @@
 namespace gg::ops {
 namespace {
 
-using Group = family::GroupedGemm::Group;
-
-// The dtypes the grouped_gemm family is built for (aot/families/grouped_gemm.py).
-const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16};
+using Family = family::GroupedGemm;
+using Group = Family::Group;
 
 // With mixed N every C_i starts at a multiple of this many elements (128
 // bytes), so every C_i can take TMA stores.
@@ -43,8 +41,8 @@ void check_unit_inner_stride(const Tensor& x, const std::string& name) {
 // has failed, since it formats the names.
 void check_group(size_t i, const Tensor& a, const Tensor& b, bool trans_b, const Tensor& ref) {
   const std::string a_name = text("As[", i, "]"), b_name = text("Bs[", i, "]");
-  check_tensor(a, a_name.c_str(), 2, kDTypes);
-  check_tensor(b, b_name.c_str(), 2, kDTypes);
+  check_tensor(a, a_name.c_str(), 2, Family::kDTypes);
+  check_tensor(b, b_name.c_str(), 2, Family::kDTypes);
   check_same(a, a_name.c_str(), ref, "As[0]");
   check_same(b, b_name.c_str(), ref, "As[0]");
   check_unit_inner_stride(a, a_name);
@@ -159,14 +157,15 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
   }
   if (As.empty()) return {};
   const Tensor& ref = As[0];
-  check_tensor(ref, "As[0]", 2, kDTypes);
+  check_tensor(ref, "As[0]", 2, Family::kDTypes);
   std::vector<Group> groups = read_groups(As, Bs, trans_b);
   std::vector<Tensor> cs = outputs(groups, ref);
   for (const Tensor& c : cs) {
     if (shapes_only(c)) return cs;
   }
-  run(family::GroupedGemm::kIndex, family::GroupedGemm{}.abi(), table_of(groups),
-      trans_b ? "nt" : "nn", target_of(ref, ref.scalar_type()));
+  const Family::Axes axes{.b_major = trans_b ? family::Major::kColumn : family::Major::kRow};
+  run(Family::kIndex, Family::code(axes), Family{}.abi(), table_of(groups),
+      target_of(ref, ref.scalar_type()));
   return cs;
 }
 

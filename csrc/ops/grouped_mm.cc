@@ -1,8 +1,8 @@
 // gg_runtime::grouped_mm: torch._grouped_mm's four cases on the ragged_m and
 // ragged_k kernel families.  Every check of the inputs (messages name the
-// argument), the case, the layout each operand is read in, the output, the
-// launch: here and nowhere else.  Meta tensors run the same code without the
-// launch (torch.compile's fake kernel).
+// argument), the case, how each operand is read (row- or column-major), the
+// output, the launch: here and nowhere else.  Meta tensors run the same code
+// without the launch (torch.compile's fake kernel).
 #include <family_args.h>
 
 #include "op_support.h"
@@ -11,9 +11,11 @@
 namespace gg::ops {
 namespace {
 
-// The dtypes the ragged families are built for (aot/variants.py).
-const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16,
-                                                ScalarType::Float};
+using family::Major;
+
+// Every case takes the ragged families' dtypes: checked before the case is known.
+constexpr auto kDTypes = family::RaggedM::kDTypes;
+static_assert(family::RaggedK::kDTypes == kDTypes, "grouped_mm's families take the same dtypes");
 
 enum class Case {
   kRaggedM,  // a [T, K], b [G, K, N], offs [G] -> [T, N]
@@ -105,10 +107,11 @@ bool tma_reads(const Tensor& x, int64_t ld) {
 
 Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& offs,
                 const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
-                Outputs& outputs, bool out_transposed) {
+                Outputs& outputs, Major out_major) {
   Matrix a = matrix_of(a_in);
-  if (a.transposed && !tma_reads(a.t, a.ld)) a = row_major(as_contiguous(a.t));
+  if (a.major == Major::kColumn && !tma_reads(a.t, a.ld)) a = row_major(as_contiguous(a.t));
   const int64_t rows = a.t.size(0), k = a.t.size(1), groups = b.t.size(0);
+  const bool out_transposed = out_major == Major::kColumn;
   Tensor out =
       out_transposed ? outputs.make({n, rows}, out_dtype) : outputs.make({rows, n}, out_dtype);
   if (groups == 0) return zeroed(out);
@@ -129,9 +132,7 @@ Tensor ragged_m(const Tensor& a_in, const Matrix& b, int64_t n, const Tensor& of
                              .ldc = out_transposed ? rows : n,
                              .bias_ptr = bias_rows ? address(*bias_rows) : 0,
                              .has_bias = bias_rows ? 1 : 0};
-  launch(args,
-         std::string(a.transposed ? "t" : "n") + (b.transposed ? "t" : "n") +
-             (out_transposed ? "t" : ""),
+  launch(args, {.a_major = a.major, .b_major = b.major, .c_major = out_major},
          target_of(a.t, out_dtype, tf32));
   return out;
 }
@@ -141,12 +142,13 @@ namespace {
 Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, ScalarType out_dtype,
                 bool tf32) {
   const Matrix b = row_major(b_in);
-  // a [M, T]: read in place where it is row-major and TMA can ('nn'), else as
-  // a transposed view of row-major [T, M] ('tn'; no copy for dB's a = x^T).
+  // a [M, T]: read in place where it is row-major and TMA can, else
+  // column-major, as a transposed view of row-major [T, M] (no copy for dB's
+  // a = x^T).
   const bool in_place =
       a_in.stride(1) == 1 && a_in.stride(0) != 1 && tma_reads(a_in, a_in.stride(0));
-  Matrix a = in_place ? Matrix{a_in, false, a_in.stride(0)} : matrix_of_transpose(a_in);
-  if (a.transposed) a = row_major(torch::stable::transpose(a_in, 0, 1));  // copied
+  Matrix a = in_place ? Matrix{a_in, Major::kRow, a_in.stride(0)} : matrix_of_transpose(a_in);
+  if (a.major == Major::kColumn) a = row_major(torch::stable::transpose(a_in, 0, 1));  // copied
   const int64_t m = a_in.size(0), n = b.t.size(1), groups = offs.size(0);
   Tensor out = new_output(a_in, {groups, m, n}, out_dtype);
   if (shapes_only(out)) return out;
@@ -161,7 +163,8 @@ Tensor ragged_k(const Tensor& a_in, const Tensor& b_in, const Tensor& offs, Scal
                              .lda = a.ld,
                              .ldb = b.ld,
                              .ldc = n};
-  launch(args, in_place ? "nn" : "tn", target_of(a.t, out_dtype, tf32));
+  launch(args, {.a_major = in_place ? Major::kRow : Major::kColumn},
+         target_of(a.t, out_dtype, tf32));
   return out;
 }
 
@@ -171,7 +174,7 @@ Tensor ragged_n(const Tensor& a, const Tensor& b, const Tensor& offs, ScalarType
                 bool tf32) {
   Outputs results(a);
   return ragged_m(torch::stable::transpose(b, 0, 1), matrix_of_transpose(a), a.size(1), offs,
-                  std::nullopt, out_dtype, tf32, results, /*out_transposed=*/true);
+                  std::nullopt, out_dtype, tf32, results, /*out_major=*/Major::kColumn);
 }
 
 // a[g] @ b[g] (+ bias[g]) on the ragged kernels without copies where a's

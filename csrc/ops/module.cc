@@ -19,6 +19,7 @@ using gg::ops::grouped_gemm;
 using gg::ops::grouped_mm;
 using gg::ops::grouped_mm_glu;
 using gg::ops::moe_experts;
+using gg::ops::moe_experts_for_backward;
 using gg::ops::quantize_fp8;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
@@ -53,10 +54,12 @@ void implement(Library& m) {
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
+  m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
 }
 
-// Whether the runtime's families are those the operators were generated for.
-bool same_families(const gg::RuntimeApi& api) {
+// Whether the runtime's families and dtypes are those the operators were
+// generated for (family::DType's order is the runtime's dtype table's).
+bool same_tables(const gg::RuntimeApi& api) {
   const auto families = api.families();
   if (families.size() != std::size(gg::family::kAll)) return false;
   for (size_t i = 0; i < families.size(); ++i) {
@@ -64,6 +67,12 @@ bool same_families(const gg::RuntimeApi& api) {
     if (key.name != std::string(families[i].name) || key.param_count != families[i].param_count) {
       return false;
     }
+  }
+  const auto dtypes = api.dtypes();
+  const auto& names = gg::family::Names<gg::family::DType>::kValues;
+  if (dtypes.size() != names.size()) return false;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (names[i] != dtypes[i].name) return false;
   }
   return true;
 }
@@ -99,13 +108,14 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
-  m.def("swiglu(Tensor gu, bool interleaved=False, str activation='swiglu') -> Tensor");
+  m.def("swiglu(Tensor gu, str gate_up='concatenated', str activation='swiglu') -> Tensor");
   m.def(
-      "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, bool interleaved=False, "
+      "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, str gate_up='concatenated', "
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
   m.def(
       "grouped_mm_glu(Tensor x, Tensor? rows, int k, Tensor w13, Tensor offs, Tensor? bias=None, "
-      "bool interleaved=False, str activation='swiglu', bool save_gu=True) -> (Tensor, Tensor)");
+      "str gate_up='concatenated', str activation='swiglu', bool save_gu=True) "
+      "-> (Tensor, Tensor)");
   m.def("gathered_mm(Tensor x, Tensor rows, int k, Tensor b, Tensor offs) -> Tensor");
   m.def(
       "gathered_mm_k(Tensor a, Tensor b, Tensor offs, Tensor rows, int k, bool gather_a) "
@@ -114,8 +124,13 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-      "Tensor? b13=None, Tensor? b2=None, bool interleaved=False, str activation='swiglu', "
-      "bool for_backward=False, bool gather=True) -> (Tensor, Tensor[])");
+      "Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
+      "str activation='swiglu') -> Tensor");
+  m.def(
+      "moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, "
+      "Tensor w2, Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
+      "str activation='swiglu') -> (Tensor out, Tensor gu, Tensor order, Tensor offs, "
+      "Tensor inverse, bool gathered)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }
@@ -125,7 +140,7 @@ STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CPU, m) { implement<false>(m); }
 PyMODINIT_FUNC PyInit__ops() {
   const auto* api = static_cast<const gg::RuntimeApi*>(PyCapsule_Import(gg::kRuntimeApiCapsule, 0));
   if (api == nullptr) return nullptr;
-  if (api->version != gg::kRuntimeApiVersion || !same_families(*api)) {
+  if (api->version != gg::kRuntimeApiVersion || !same_tables(*api)) {
     PyErr_SetString(PyExc_ImportError, "gg_runtime._C and _ops come from different builds");
     return nullptr;
   }

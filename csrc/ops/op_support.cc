@@ -2,7 +2,7 @@
 
 #include <dlfcn.h>
 
-#include <cstring>
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -12,15 +12,6 @@ namespace {
 const RuntimeApi* g_runtime = nullptr;
 bool g_poison = false;
 thread_local bool t_shapes_only = false;
-
-std::string dtype_list(std::initializer_list<ScalarType> dtypes) {
-  std::string out;
-  for (ScalarType type : dtypes) {
-    std::string name = dtype_name(type).substr(6);  // without "torch."
-    out += (out.empty() ? "" : " or ") + name;
-  }
-  return out;
-}
 
 // libtorch_cuda's current-stream getter (not in libtorch_cpu, which this
 // library links): looked up once in the already loaded library; null where
@@ -57,17 +48,6 @@ const char* short_dtype_name(ScalarType type) {
   }
 }
 
-// The runtime's code of a dtype (float32 with TF32 products: `tf32`): every
-// launch asks, so no string is made.
-int dtype_code(ScalarType type, bool tf32 = false) {
-  const char* name = type == ScalarType::Float && tf32 ? "tf32" : short_dtype_name(type);
-  const auto dtypes = g_runtime->dtypes();
-  for (size_t i = 0; name != nullptr && i < dtypes.size(); ++i) {
-    if (std::strcmp(name, dtypes[i].name) == 0) return static_cast<int>(i);
-  }
-  type_error("gg_runtime has no kernels for ", dtype_name(type));
-}
-
 }  // namespace
 
 std::string tuple_text(const Shape& values) {
@@ -101,18 +81,88 @@ std::string device_of(const Tensor& t) {
   return is_meta(t) ? "meta" : t.is_cpu() ? "cpu" : "a device that is not CUDA";
 }
 
-void check_tensor(const Tensor& t, const char* name, int64_t dims,
-                  std::initializer_list<ScalarType> dtypes) {
-  if (t.dim() != dims) value_error(name, " must be ", dims, "-D, got shape ", shape_of(t));
-  bool known = false;
-  for (ScalarType type : dtypes) known = known || t.scalar_type() == type;
-  if (!known) {
+ScalarType storage_of(family::DType dtype) {
+  switch (dtype) {  // -Werror=switch: a dtype added to aot/variants.py needs its case
+    case family::DType::kFloat16:
+      return ScalarType::Half;
+    case family::DType::kBfloat16:
+      return ScalarType::BFloat16;
+    case family::DType::kFloat32:
+    case family::DType::kTf32:
+      return ScalarType::Float;
+    case family::DType::kFloat8E4m3fn:
+      return ScalarType::Float8_e4m3fn;
+  }
+  throw std::logic_error("gg_runtime: a dtype without a storage type");
+}
+
+family::DType runtime_dtype(ScalarType type, bool tf32) {
+  switch (type) {
+    case ScalarType::Half:
+      return family::DType::kFloat16;
+    case ScalarType::BFloat16:
+      return family::DType::kBfloat16;
+    case ScalarType::Float:
+      return tf32 ? family::DType::kTf32 : family::DType::kFloat32;
+    case ScalarType::Float8_e4m3fn:
+      return family::DType::kFloat8E4m3fn;
+    default:
+      type_error("gg_runtime has no kernels for ", dtype_name(type));
+  }
+}
+
+bool stores(DTypes dtypes, ScalarType type) {
+  for (family::DType dtype : dtypes) {
+    if (storage_of(dtype) == type) return true;
+  }
+  return false;
+}
+
+std::string dtype_list(DTypes dtypes, const char* prefix) {
+  std::vector<ScalarType> listed;
+  std::string out;
+  for (family::DType dtype : dtypes) {
+    const ScalarType type = storage_of(dtype);
+    if (std::find(listed.begin(), listed.end(), type) != listed.end()) continue;
+    listed.push_back(type);
+    out += (out.empty() ? "" : " or ") + std::string(prefix) + short_dtype_name(type);
+  }
+  return out;
+}
+
+void check_dtype(const Tensor& t, const char* name, DTypes dtypes) {
+  if (!stores(dtypes, t.scalar_type())) {
     type_error(name, " must be ", dtype_list(dtypes), ", got ", dtype_name(t.scalar_type()));
   }
+}
+
+namespace {
+
+void check_dims(const Tensor& t, const char* name, int64_t dims) {
+  if (t.dim() != dims) value_error(name, " must be ", dims, "-D, got shape ", shape_of(t));
+}
+
+void check_device(const Tensor& t, const char* name) {
   if (!t.is_cuda() && !is_meta(t)) {
     value_error(name, " must be on a CUDA device, got ", device_of(t),
                 " (gg_runtime has no CPU kernels)");
   }
+}
+
+}  // namespace
+
+void check_tensor(const Tensor& t, const char* name, int64_t dims, DTypes dtypes) {
+  check_dims(t, name, dims);
+  check_dtype(t, name, dtypes);
+  check_device(t, name);
+}
+
+void check_tensor(const Tensor& t, const char* name, int64_t dims, ScalarType dtype) {
+  check_dims(t, name, dims);
+  if (t.scalar_type() != dtype) {
+    type_error(name, " must be ", short_dtype_name(dtype), ", got ", dtype_name(t.scalar_type()));
+  }
+  check_device(t, name);
 }
 
 void check_same(const Tensor& x, const char* name, const Tensor& ref, const char* ref_name) {
@@ -166,27 +216,27 @@ void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups,
 Matrix matrix_of(const Tensor& x) {
   const int64_t rows = x.size(-2), cols = x.size(-1);
   const int64_t row_stride = x.stride(-2), col_stride = x.stride(-1);
-  if (cols <= 1 || col_stride == 1) return {x, false, row_stride};
-  if (rows <= 1 || row_stride == 1) return {x, true, col_stride};
+  if (cols <= 1 || col_stride == 1) return {x, family::Major::kRow, row_stride};
+  if (rows <= 1 || row_stride == 1) return {x, family::Major::kColumn, col_stride};
   Tensor copy = contiguous_copy(x);
-  return {copy, false, copy.stride(-2)};
+  return {copy, family::Major::kRow, copy.stride(-2)};
 }
 
 Matrix matrix_of_transpose(const Tensor& x) {
   const int64_t rows = x.size(-1), cols = x.size(-2);
   const int64_t row_stride = x.stride(-1), col_stride = x.stride(-2);
-  if (cols <= 1 || col_stride == 1) return {x, false, row_stride};
-  if (rows <= 1 || row_stride == 1) return {x, true, col_stride};
+  if (cols <= 1 || col_stride == 1) return {x, family::Major::kRow, row_stride};
+  if (rows <= 1 || row_stride == 1) return {x, family::Major::kColumn, col_stride};
   Tensor copy = contiguous_copy(torch::stable::transpose(x, -2, -1));
-  return {copy, false, copy.stride(-2)};
+  return {copy, family::Major::kRow, copy.stride(-2)};
 }
 
 Matrix row_major(const Tensor& x) {
   if (x.stride(-1) != 1 && x.size(-1) > 1) {
     Tensor copy = contiguous_copy(x);
-    return {copy, false, copy.stride(-2)};
+    return {copy, family::Major::kRow, copy.stride(-2)};
   }
-  return {x, false, x.stride(-2)};
+  return {x, family::Major::kRow, x.stride(-2)};
 }
 
 Tensor dense(const Tensor& x) {
@@ -314,13 +364,13 @@ void* current_stream(int device) {
 
 Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32) {
   const int device = like.get_device_index();
-  return {device, current_stream(device), dtype_code(like.scalar_type(), tf32),
-          dtype_code(out_dtype)};
+  return {device, current_stream(device), runtime_dtype(like.scalar_type(), tf32),
+          runtime_dtype(out_dtype)};
 }
 
-Target target_of(const Tensor& like, ScalarType dtype, ScalarType out_dtype) {
+Target target_of(const Tensor& like, family::DType dtype, family::DType out_dtype) {
   const int device = like.get_device_index();
-  return {device, current_stream(device), dtype_code(dtype), dtype_code(out_dtype)};
+  return {device, current_stream(device), dtype, out_dtype};
 }
 
 namespace {
@@ -343,13 +393,14 @@ void raise(RunStatus status, const std::string& error) {
 
 }  // namespace
 
-void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
-         const std::string& layout, const Target& target) {
+void run(int family, int axes, std::vector<int64_t> args, std::vector<int64_t> groups,
+         const Target& target) {
   Call call{};
   call.family = family;
-  call.dtype = target.dtype;
-  call.out_dtype = target.out_dtype;
-  call.layout = layout;
+  // family::DType is the runtime's dtype table's order (module.cc checks it at import).
+  call.dtype = static_cast<int>(target.dtype);
+  call.out_dtype = static_cast<int>(target.out_dtype);
+  call.axes = axes;
   call.device = target.device;
   call.stream = static_cast<cu::Stream>(target.stream);
   call.args = std::move(args);

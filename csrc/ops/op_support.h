@@ -5,6 +5,7 @@
 // the one it targets (TORCH_TARGET_VERSION, setup.py) onward.
 #pragma once
 
+#include <family_args.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -12,9 +13,11 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -84,10 +87,39 @@ bool in_shapes_only();
 // Whether an operator's output t carries shapes only (no launch for it).
 inline bool shapes_only(const Tensor& t) { return is_meta(t) || in_shapes_only(); }
 
-// `name` is of one of `dtypes` (their names listed in the message), `dims`-D,
+// The one mapping between the runtime's dtypes (family::DType, generated from
+// aot/variants.py) and torch's: a dtype's storage (tf32's is float32), and
+// the runtime's dtype of a torch type (float32 with TF32 products: tf32; a
+// TypeError for a type gg_runtime has no kernels for).
+ScalarType storage_of(family::DType dtype);
+family::DType runtime_dtype(ScalarType type, bool tf32 = false);
+using DTypes = std::span<const family::DType>;  // a family's kDTypes, say
+bool stores(DTypes dtypes, ScalarType type);    // whether one of dtypes is stored as type
+// Their storages' names, each once: "float16 or bfloat16" (prefix: before each name).
+std::string dtype_list(DTypes dtypes, const char* prefix = "");
+
+// `name` is stored as one of `dtypes` (their names listed in the message).
+void check_dtype(const Tensor& t, const char* name, DTypes dtypes);
+// `name` is of one of `dtypes` (a family's, usually), or of `dtype`, `dims`-D,
 // on a CUDA device (or meta: shapes only).
-void check_tensor(const Tensor& t, const char* name, int64_t dims,
-                  std::initializer_list<ScalarType> dtypes);
+void check_tensor(const Tensor& t, const char* name, int64_t dims, DTypes dtypes);
+void check_tensor(const Tensor& t, const char* name, int64_t dims, ScalarType dtype);
+
+// A Choice's value (family_args.h) from an operator's str argument `name`,
+// or a ValueError listing its values: "gate_up must be 'concatenated' or
+// 'interleaved', got 'split'".
+template <typename Choice>
+Choice parse_choice(const char* name, const std::string& text) {
+  if (const std::optional<Choice> value = family::parse<Choice>(text)) return *value;
+  const auto& values = family::Names<Choice>::kValues;
+  std::string allowed;
+  for (size_t i = 0; i < values.size(); ++i) {
+    allowed += i == 0 ? "" : i + 1 < values.size() ? ", " : " or ";
+    allowed += "'" + std::string(values[i]) + "'";
+  }
+  value_error(name, " must be ", allowed, ", got '", text, "'");
+}
+
 // x has ref's dtype and device.
 void check_same(const Tensor& x, const char* name, const Tensor& ref, const char* ref_name);
 // A tensor that goes with the operands (a scale, a bias): of `dtype`
@@ -103,11 +135,12 @@ void check_bias(const Tensor& bias, int64_t groups, int64_t n, ScalarType out_dt
 void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups, const Tensor& like);
 
 // Rows and columns of x's last two dimensions as a matrix: row-major (element
-// (r, c) at r * ld + c) or stored transposed (at c * ld + r).  Copies only
-// when neither dimension is contiguous.  t is the tensor read: x, or the copy.
+// (r, c) at r * ld + c) or column-major (at c * ld + r: stored transposed).
+// Copies only when neither dimension is contiguous.  t is the tensor read: x,
+// or the copy.
 struct Matrix {
   Tensor t;
-  bool transposed;
+  family::Major major;
   int64_t ld;
 };
 Matrix matrix_of(const Tensor& x);
@@ -209,27 +242,29 @@ void set_runtime(const RuntimeApi* api);
 // Whether sm90's TMA kernels run on this device.
 bool runs_tma(const Tensor& t);
 
-// Where and how a call runs: its device's current stream, the runtime's codes
-// of the input and output dtypes (float32 inputs take `tf32` where asked).
+// Where and how a call runs: its device's current stream, the runtime's
+// input and output dtypes (float32 inputs take `tf32` where asked).
 struct Target {
   int device;
   void* stream;
-  int dtype;
-  int out_dtype;
+  family::DType dtype;
+  family::DType out_dtype;
 };
 Target target_of(const Tensor& like, ScalarType out_dtype, bool tf32 = false);
 // The same for a family whose variants are compiled per `dtype`, not like's
 // (integer work: its pointers' types are fixed).
-Target target_of(const Tensor& like, ScalarType dtype, ScalarType out_dtype);
+Target target_of(const Tensor& like, family::DType dtype, family::DType out_dtype);
 
-// Launches one call of a family (a generated gg::family struct, filled by
-// name) on `target`; errors raise as described above.
-void run(int family, std::vector<int64_t> args, std::vector<int64_t> groups,
-         const std::string& layout, const Target& target);
+// Launches one call of family `family` (its index), its variant's axis
+// values as their code, on `target`; errors raise as described above.
+void run(int family, int axes, std::vector<int64_t> args, std::vector<int64_t> groups,
+         const Target& target);
 
+// One call of a family: its arguments (a generated gg::family struct, filled
+// by name) and its typed axis values (the struct's Axes), on `target`.
 template <typename Family>
-void launch(const Family& args, const std::string& layout, const Target& target) {
-  run(Family::kIndex, args.abi(), {}, layout, target);
+void launch(const Family& args, const typename Family::Axes& axes, const Target& target) {
+  run(Family::kIndex, Family::code(axes), args.abi(), {}, target);
 }
 
 }  // namespace gg::ops

@@ -27,11 +27,11 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
 
 // grouped_mm's ragged-M product of a [T, K] and b (matrix_of a [G, K, N], n =
 // N), + bias[g], for operators that checked their arguments; the product
-// made by `outputs`: [T, N] row-major, or where out_transposed its transpose
-// [N, T] row-major.
+// [T, N] made by `outputs`, row-major or column-major (its transpose [N, T]
+// row-major).
 Tensor ragged_m(const Tensor& a, const Matrix& b, int64_t n, const Tensor& offs,
                 const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
-                Outputs& outputs, bool out_transposed = false);
+                Outputs& outputs, family::Major out_major = family::Major::kRow);
 
 // (q, scale) with x ~ q * scale.
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
@@ -40,13 +40,12 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
 std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs, bool trans_b);
 
 // SwiGLU (activation "swiglu", or gpt-oss's clamped "gpt_oss") of each row's
-// gate and up halves (gu [R, 2C] -> [R, C]), and its backward: (d gu, h scaled
-// by the row's weight, each row's dot of grad and h).  check_activation:
-// ValueError unless the activation is one of those.
-void check_activation(const std::string& activation);
-Tensor swiglu(Tensor gu, bool interleaved, std::string activation);
+// gate and up halves (gu [R, 2C] -> [R, C]; gate_up "concatenated" or
+// "interleaved": family::GateUp), and its backward: (d gu, h scaled by the
+// row's weight, each row's dot of grad and h).
+Tensor swiglu(Tensor gu, std::string gate_up, std::string activation);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
-                                                   bool interleaved, std::string activation);
+                                                   std::string gate_up, std::string activation);
 
 // Products over rows gathered through the routing's order (rows int64 [R],
 // each rows[r] / k a row of the gathered operand: not checked, the routing
@@ -57,12 +56,14 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tenso
 // [0, 2I] (not made).
 std::tuple<Tensor, Tensor> grouped_mm_glu(Tensor x, std::optional<Tensor> rows, int64_t k,
                                           Tensor w13, Tensor offs, std::optional<Tensor> bias,
-                                          bool interleaved, std::string activation, bool save_gu);
+                                          std::string gate_up, std::string activation,
+                                          bool save_gu);
 // grouped_mm_glu's work on checked arguments: h made by `outputs`, gu [R, 2I]
 // written where given.
 Tensor up_projection(const Tensor& x, const std::optional<Tensor>& rows, int64_t k,
                      const Tensor& w13, const Tensor& offs, const std::optional<Tensor>& bias,
-                     bool interleaved, bool gpt_oss, Tensor* gu, Outputs& outputs);
+                     family::GateUp gate_up, family::Activation activation, Tensor* gu,
+                     Outputs& outputs);
 // The backward's: gathered_mm's row r is x[rows[r] / k] @ b[g] for b [G, K, N]
 // (rows past the last group zero); gathered_mm_k's out[g] = a_g^T @ b_g
 // [G, M, N] over the rows r of group g of a [*, M] and b [*, N], the gathered
@@ -92,17 +93,22 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t expert
                                                Outputs& outputs);
 int64_t route_bytes(int64_t slots, int64_t experts);
 
-// (out, saved): moe_experts' forward (gg_runtime/moe.py says what it
-// computes) and, where for_backward, what its backward reads: [gu, order,
-// offs, inverse], gu as grouped_mm_glu gives it, the routing as route gives
-// it (else no tensor: the routing and the products' rows are temporaries
-// in one block).  gather: the up projection reads the tokens through the
-// routing's order, else from a permuted copy of x.
-std::tuple<Tensor, std::vector<Tensor>> moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights,
-                                                    Tensor w13, Tensor w2,
-                                                    std::optional<Tensor> b13,
-                                                    std::optional<Tensor> b2, bool interleaved,
-                                                    std::string activation, bool for_backward,
-                                                    bool gather);
+// moe_experts' forward (gg_runtime/moe.py says what it computes; gate_up
+// and activation as swiglu's), its routing and the products' rows
+// temporaries in one block.  The products read the tokens through the
+// routing's order where the experts are at most family::RaggedGlu::
+// kGatherMaxInter wide (I), else from a permuted copy of x.
+Tensor moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
+                   std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
+                   std::string activation);
+// The same forward and what its backward reads beyond the inputs, in this
+// order: (out, gu as grouped_mm_glu gives it, order, offs and inverse as
+// route gives them, whether the products gathered the tokens through the
+// routing's order: the backward's products do as they did).
+using ExpertsForBackward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, bool>;
+ExpertsForBackward moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
+                                            Tensor w13, Tensor w2, std::optional<Tensor> b13,
+                                            std::optional<Tensor> b2, std::string gate_up,
+                                            std::string activation);
 
 }  // namespace gg::ops

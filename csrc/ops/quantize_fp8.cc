@@ -13,43 +13,39 @@
 namespace gg::ops {
 namespace {
 
-// The dtypes the quantize_fp8 family is built for (aot/variants.py), in its order.
-const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16,
-                                                ScalarType::Float};
-// The family's layouts.
-const std::vector<std::string> kGranularities{"rowwise", "1x128", "128x128"};
+using Family = family::QuantizeFp8;
+using family::Granularity;
 
 // An all-zero block's amax is floored at 1e-12, so its scale is 1e-12 / 448 in
 // float32 as torch computes scale.fill_(1e-12).div_(448) (CUDA multiplies by
 // the float32 reciprocal there; for these values both round alike).
 constexpr float kEmptyScale = 1e-12f / 448.0f;
 
-void check(const Tensor& x, const std::string& granularity) {
-  bool known = false;
-  for (const std::string& g : kGranularities) known = known || g == granularity;
-  if (!known) {
-    value_error("granularity must be one of rowwise, 1x128, 128x128, got '", granularity, "'");
-  }
+void check(const Tensor& x) {
   if (x.dim() != 2 && x.dim() != 3) {
     value_error("x must be 2-D [T, K] (activations) or 3-D [G, N, K] (weights), got shape ",
                 shape_of(x));
   }
-  check_tensor(x, "x", x.dim(), kDTypes);
+  check_tensor(x, "x", x.dim(), Family::kDTypes);
 }
 
 // The scales of x of this shape: per row, per row and 128 columns, or per
 // 128 x 128 block of each group's [N, K].
-Shape scale_shape(const std::string& granularity, Shape shape) {
+Shape scale_shape(Granularity granularity, Shape shape) {
   const int64_t cols = shape.back();
   shape.pop_back();
   const int64_t rows = shape.back();
   shape.pop_back();  // the groups, if any, are left
-  if (granularity == "rowwise") {
-    shape.push_back(rows);
-  } else if (granularity == "1x128") {
-    shape.insert(shape.end(), {rows, blocks(cols)});
-  } else {
-    shape.insert(shape.end(), {blocks(rows), blocks(cols)});
+  switch (granularity) {
+    case Granularity::kRowwise:
+      shape.push_back(rows);
+      break;
+    case Granularity::k1x128:
+      shape.insert(shape.end(), {rows, blocks(cols)});
+      break;
+    case Granularity::k128x128:
+      shape.insert(shape.end(), {blocks(rows), blocks(cols)});
+      break;
   }
   return shape;
 }
@@ -62,27 +58,29 @@ Matrix rows_of(const Tensor& x_in) {
   // A copy where 3-D groups are not stacked rows.
   const Tensor flat = torch::stable::reshape(x, {x.numel() / cols, cols});
   // A single row's stride is arbitrary: C keeps the aligned flavour's rule.
-  return {flat, false, flat.size(0) > 1 ? flat.stride(0) : cols};
+  return {flat, family::Major::kRow, flat.size(0) > 1 ? flat.stride(0) : cols};
 }
 
-void launch_quantize(const std::string& granularity, const Tensor& x, const Tensor& q,
+void launch_quantize(Granularity granularity, const Tensor& x, const Tensor& q,
                      const Tensor& scale) {
   const Matrix flat = rows_of(x);
-  const family::QuantizeFp8 args{.x_ptr = address(flat.t),
-                                 .q_ptr = address(q),
-                                 .scale_ptr = address(scale),
-                                 .R = flat.t.size(0),
-                                 .C = flat.t.size(1),
-                                 .group_rows = x.size(-2),
-                                 .ldx = flat.ld};
+  const Family args{.x_ptr = address(flat.t),
+                    .q_ptr = address(q),
+                    .scale_ptr = address(scale),
+                    .R = flat.t.size(0),
+                    .C = flat.t.size(1),
+                    .group_rows = x.size(-2),
+                    .ldx = flat.ld};
   // The input's own dtype code (tf32=false): TF32 has no meaning here.
-  sm90_only([&] { launch(args, granularity, target_of(x, kFp8, /*tf32=*/false)); });
+  sm90_only(
+      [&] { launch(args, {.granularity = granularity}, target_of(x, kFp8, /*tf32=*/false)); });
 }
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity) {
-  check(x, granularity);
+std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity_name) {
+  const auto granularity = parse_choice<Granularity>("granularity", granularity_name);
+  check(x);
   const Shape shape = sizes_of(x);
   Tensor q = new_output(x, shape, kFp8);
   Tensor scale = new_output(x, scale_shape(granularity, shape), ScalarType::Float);

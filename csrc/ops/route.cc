@@ -53,7 +53,7 @@ bool sorts_by_torch(int64_t slots, int64_t experts) {
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> route(Tensor ids, int64_t experts) {
-  check_tensor(ids, "ids", 1, {ScalarType::Long});
+  check_tensor(ids, "ids", 1, ScalarType::Long);
   if (experts < 0) value_error("experts must be >= 0, got ", experts);
   Outputs results(ids);
   LaunchGroup launches;
@@ -97,11 +97,15 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids_in, int64_t exp
                     .N = slots,
                     .E = experts,
                     .CHUNKS = chunks};
-  const Target target = target_of(ids, ScalarType::Half, ScalarType::Half);
+  // The family's one dtype: its pointers' types are fixed.
+  const Target target = target_of(ids, Family::kDTypes[0], Family::kDTypes[0]);
+  using family::Phase;
   if (!hist) {
-    launch(args, "single", target);
+    launch(args, {.phase = Phase::kSingle}, target);
   } else {
-    for (const char* phase : {"count", "scan", "place"}) launch(args, phase, target);
+    for (Phase phase : {Phase::kCount, Phase::kScan, Phase::kPlace}) {
+      launch(args, {.phase = phase}, target);
+    }
   }
   return {order, offs, inverse};
 }

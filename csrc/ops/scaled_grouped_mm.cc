@@ -16,6 +16,10 @@
 namespace gg::ops {
 namespace {
 
+using Family = family::ScaledRaggedM;
+using Axes = Family::Axes;
+using family::Scaling;
+
 // Bytes: TMA's rule for bases and strides, which torch also keeps for fp8.
 constexpr int64_t kAlign = 16;
 
@@ -24,17 +28,17 @@ void check_scale(const Tensor& scale, const char* name, const Shape& shape, cons
 }
 
 // rowwise: one scale per row of a; blockwise: one per row and 128-wide K block.
-std::string granularity(const Tensor& a, const Tensor& scale_a) {
-  if (scale_a.dim() == a.dim() - 1) return "rowwise";
-  if (scale_a.dim() == a.dim()) return "blockwise";
+Scaling scaling_of(const Tensor& a, const Tensor& scale_a) {
+  if (scale_a.dim() == a.dim() - 1) return Scaling::kRowwise;
+  if (scale_a.dim() == a.dim()) return Scaling::kBlockwise;
   value_error("scale_a must be ", a.dim() - 1, "-D (rowwise) or ", a.dim(),
               "-D (per 1x128 block) for a ", a.dim(), "-D mat_a, got shape ", shape_of(scale_a));
 }
 
 // (scale_a's, scale_b's) shape; rows: a's leading dimensions.
-std::pair<Shape, Shape> scale_shapes(const std::string& kind, int64_t groups, Shape rows, int64_t n,
+std::pair<Shape, Shape> scale_shapes(Scaling scaling, int64_t groups, Shape rows, int64_t n,
                                      int64_t k) {
-  if (kind == "rowwise") return {rows, {groups, n}};
+  if (scaling == Scaling::kRowwise) return {rows, {groups, n}};
   rows.push_back(blocks(k));
   return {rows, {groups, blocks(n), blocks(k)}};
 }
@@ -73,17 +77,17 @@ void check_scale_result(const std::optional<Tensor>& scale_result, const Tensor&
   }
 }
 
-// Every check of scaled_grouped_mm's inputs; the granularity.
-std::string check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                  const std::optional<Tensor>& offs, const std::optional<Tensor>& bias,
-                  const std::optional<Tensor>& scale_result, ScalarType out_dtype) {
+// Every check of scaled_grouped_mm's inputs; the scaling.
+Scaling check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+              const std::optional<Tensor>& offs, const std::optional<Tensor>& bias,
+              const std::optional<Tensor>& scale_result, ScalarType out_dtype) {
   if ((a.dim() != 2 && a.dim() != 3) || b.dim() != 3) {
     value_error("scaled_grouped_mm takes mat_a [T, K] with mat_b [G, K, N] and offs, or mat_a ",
                 "[G, M, K] with mat_b [G, K, N]; got mat_a ", shape_of(a), ", mat_b ", shape_of(b),
                 " (fp8 weight gradients, 2-D x 2-D, are not supported)");
   }
-  check_tensor(a, "mat_a", a.dim(), {kFp8});
-  check_tensor(b, "mat_b", 3, {kFp8});
+  check_tensor(a, "mat_a", a.dim(), Family::kDTypes);
+  check_tensor(b, "mat_b", 3, Family::kDTypes);
   check_same(b, "mat_b", a, "mat_a");
   const int64_t groups = b.size(0), k = b.size(1), n = b.size(2);
   if (a.size(-1) != k || (a.dim() == 3 && a.size(0) != groups)) {
@@ -96,13 +100,14 @@ std::string check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const
   } else if (offs.has_value()) {
     value_error("offs must be None when mat_a is 3-D");
   }
-  if (out_dtype != ScalarType::BFloat16 && out_dtype != ScalarType::Float) {
-    type_error("out_dtype must be torch.bfloat16 or torch.float32, got ", dtype_name(out_dtype));
+  if (!stores(Family::kOutDTypes, out_dtype)) {
+    type_error("out_dtype must be ", dtype_list(Family::kOutDTypes, "torch."), ", got ",
+               dtype_name(out_dtype));
   }
-  const std::string g = granularity(a, scale_a);
+  const Scaling scaling = scaling_of(a, scale_a);
   Shape rows = sizes_of(a);
   rows.pop_back();
-  const auto [shape_a, shape_b] = scale_shapes(g, groups, rows, n, k);
+  const auto [shape_a, shape_b] = scale_shapes(scaling, groups, rows, n, k);
   check_scale(scale_a, "scale_a", shape_a, a);
   check_scale(scale_b, "scale_b", shape_b, a);
   check_scale_result(scale_result, a);
@@ -110,15 +115,14 @@ std::string check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const
     check_bias(*bias, groups, n, out_dtype, a);
   }
   check_layouts(a, b);
-  return g;
+  return scaling;
 }
 
 // out[T, N] of a [T, K] (row-major), b [G, K, N] (K-major), int32 end offsets,
-// contiguous scales and bias; layout: the family's (granularity, "_fast" for
-// fast accumulation).
-Tensor ragged_rows(const std::string& layout, const Tensor& a, const Tensor& b,
-                   const Tensor& scale_a, const Tensor& scale_b, const Tensor& offs,
-                   const std::optional<Tensor>& bias, ScalarType out_dtype) {
+// contiguous scales and bias, scaled and accumulated as `axes` say.
+Tensor ragged_rows(const Axes& axes, const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                   const Tensor& scale_b, const Tensor& offs, const std::optional<Tensor>& bias,
+                   ScalarType out_dtype) {
   const int64_t rows = a.size(0), k = a.size(1), groups = b.size(0), n = b.size(2);
   if (!shapes_only(a) && (address(a) % kAlign || address(b) % kAlign)) {
     value_error("fp8 inputs need 16-byte aligned data pointers (a view starting at an offset ",
@@ -132,37 +136,36 @@ Tensor ragged_rows(const std::string& layout, const Tensor& a, const Tensor& b,
   Tensor out = new_output(a, {rows, n}, out_dtype);
   if (groups == 0 || k == 0) return zeroed(out);  // the product is zero
   if (shapes_only(out)) return out;
-  const family::ScaledRaggedM args{.a_ptr = address(a),
-                                   .b_ptr = address(b),
-                                   .c_ptr = address(out),
-                                   .offs_ptr = address(offs),
-                                   .scale_a_ptr = address(scale_a),
-                                   .scale_b_ptr = address(scale_b),
-                                   .T = rows,
-                                   .N = n,
-                                   .K = k,
-                                   .G = groups,
-                                   .lda = a.stride(0),
-                                   .b_group_stride = b.stride(0),
-                                   .ldb = b.stride(2),
-                                   .ldc = n,
-                                   .bias_ptr = bias ? address(*bias) : 0,
-                                   .has_bias = bias ? 1 : 0};
-  sm90_only([&] { launch(args, layout, target_of(a, out_dtype)); });
+  const Family args{.a_ptr = address(a),
+                    .b_ptr = address(b),
+                    .c_ptr = address(out),
+                    .offs_ptr = address(offs),
+                    .scale_a_ptr = address(scale_a),
+                    .scale_b_ptr = address(scale_b),
+                    .T = rows,
+                    .N = n,
+                    .K = k,
+                    .G = groups,
+                    .lda = a.stride(0),
+                    .b_group_stride = b.stride(0),
+                    .ldb = b.stride(2),
+                    .ldc = n,
+                    .bias_ptr = bias ? address(*bias) : 0,
+                    .has_bias = bias ? 1 : 0};
+  sm90_only([&] { launch(args, axes, target_of(a, out_dtype)); });
   return out;
 }
 
 // a [G, M, K] as G*M stacked rows (one copy where its batches are not), one
 // group per batch.
-Tensor batched(const std::string& layout, const Tensor& a_in, const Tensor& b,
-               const Tensor& scale_a, const Tensor& scale_b, const std::optional<Tensor>& bias,
-               ScalarType out_dtype) {
+Tensor batched(const Axes& axes, const Tensor& a_in, const Tensor& b, const Tensor& scale_a,
+               const Tensor& scale_b, const std::optional<Tensor>& bias, ScalarType out_dtype) {
   const int64_t groups = a_in.size(0), m = a_in.size(1), k = a_in.size(2), n = b.size(2);
   const Tensor a = a_in.stride(0) != m * a_in.stride(1) ? contiguous_copy(a_in) : a_in;
   Shape flat_scale_a = sizes_of(scale_a);
   flat_scale_a.erase(flat_scale_a.begin(), flat_scale_a.begin() + 2);
   flat_scale_a.insert(flat_scale_a.begin(), groups * m);
-  const Tensor out = ragged_rows(layout, torch::stable::reshape(a, {groups * m, k}), b,
+  const Tensor out = ragged_rows(axes, torch::stable::reshape(a, {groups * m, k}), b,
                                  torch::stable::reshape(scale_a, flat_scale_a), scale_b,
                                  batch_offsets(a, groups, m), bias, out_dtype);
   return torch::stable::view(out, {groups, m, n});
@@ -175,9 +178,10 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
                          std::optional<Tensor> scale_result, std::optional<ScalarType> out_dtype,
                          bool use_fast_accum) {
   const ScalarType out_type = out_dtype.value_or(ScalarType::BFloat16);
-  const std::string layout =
-      check(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_type) +
-      (use_fast_accum ? "_fast" : "");
+  const Axes axes{
+      .scaling = check(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_type),
+      .accumulation =
+          use_fast_accum ? family::Accumulation::kFast : family::Accumulation::kPromoted};
   if (scale_result.has_value()) {
     scale_a = aten("aten::mul", "Tensor", scale_a, torch::stable::reshape(*scale_result, {}));
   }
@@ -185,9 +189,9 @@ Tensor scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scal
   scale_b = as_contiguous(scale_b);
   if (bias.has_value()) bias = as_contiguous(*bias);
   if (mat_a.dim() == 2) {
-    return ragged_rows(layout, mat_a, mat_b, scale_a, scale_b, *offs, bias, out_type);
+    return ragged_rows(axes, mat_a, mat_b, scale_a, scale_b, *offs, bias, out_type);
   }
-  return batched(layout, mat_a, mat_b, scale_a, scale_b, bias, out_type);
+  return batched(axes, mat_a, mat_b, scale_a, scale_b, bias, out_type);
 }
 
 }  // namespace gg::ops

@@ -12,59 +12,53 @@
 namespace gg::ops {
 namespace {
 
-// The dtypes the swiglu family is built for (aot/families/swiglu.py).
-const std::initializer_list<ScalarType> kDTypes{ScalarType::Half, ScalarType::BFloat16};
+using Family = family::Swiglu;
+using family::Direction;
 
 // gu [R, 2C]: each row's gate and up halves; returns C.
 int64_t check_gate_up(const Tensor& gu) {
-  check_tensor(gu, "gu", 2, kDTypes);
+  check_tensor(gu, "gu", 2, Family::kDTypes);
   if (gu.size(1) % 2 != 0) {
     value_error("gu must be [R, 2C] (each row's gate and up halves), got shape ", shape_of(gu));
   }
   return gu.size(1) / 2;
 }
 
-// The variant's layout: DIRECTION_GATEUP_ACTIVATION.
-std::string layout_of(const char* direction, bool interleaved, const std::string& activation) {
-  return std::string(direction) + (interleaved ? "_interleaved_" : "_concatenated_") + activation;
+// The variant for `direction` of the str arguments gate_up and activation.
+Family::Axes axes_of(Direction direction, const std::string& gate_up,
+                     const std::string& activation) {
+  return {.direction = direction,
+          .gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
+          .activation = parse_choice<family::Activation>("activation", activation)};
 }
-
-// The activations the family is built for (aot/families/swiglu.py).
-const std::initializer_list<const char*> kActivations{"swiglu", "gpt_oss"};
 
 }  // namespace
 
-void check_activation(const std::string& activation) {
-  bool known = false;
-  for (const char* name : kActivations) known = known || activation == name;
-  if (!known) value_error("activation must be 'swiglu' or 'gpt_oss', got '", activation, "'");
-}
-
-Tensor swiglu(Tensor gu_in, bool interleaved, std::string activation) {
+Tensor swiglu(Tensor gu_in, std::string gate_up, std::string activation) {
   const int64_t c = check_gate_up(gu_in);
-  check_activation(activation);
+  const Family::Axes axes = axes_of(Direction::kForward, gate_up, activation);
   Tensor h = new_output(gu_in, {gu_in.size(0), c}, gu_in.scalar_type());
   if (h.numel() == 0 || shapes_only(h)) return h;
   const Tensor gu = dense(gu_in);
   // The backward's pointers are not read: gu and h stand in.
-  const family::Swiglu args{.gu_ptr = address(gu),
-                            .grad_ptr = address(gu),
-                            .scale_ptr = address(gu),
-                            .h_ptr = address(h),
-                            .dgu_ptr = address(h),
-                            .dot_ptr = address(h),
-                            .R = gu.size(0),
-                            .C = c};
-  launch(args, layout_of("forward", interleaved, activation), target_of(gu, gu.scalar_type()));
+  const Family args{.gu_ptr = address(gu),
+                    .grad_ptr = address(gu),
+                    .scale_ptr = address(gu),
+                    .h_ptr = address(h),
+                    .dgu_ptr = address(h),
+                    .dot_ptr = address(h),
+                    .R = gu.size(0),
+                    .C = c};
+  launch(args, axes, target_of(gu, gu.scalar_type()));
   return h;
 }
 
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in, Tensor scale_in,
-                                                   bool interleaved, std::string activation) {
+                                                   std::string gate_up, std::string activation) {
   const int64_t c = check_gate_up(gu_in);
-  check_activation(activation);
+  const Family::Axes axes = axes_of(Direction::kBackward, gate_up, activation);
   const int64_t rows = gu_in.size(0);
-  check_tensor(grad_in, "grad", 2, kDTypes);
+  check_tensor(grad_in, "grad", 2, Family::kDTypes);
   check_same(grad_in, "grad", gu_in, "gu");
   if (grad_in.size(0) != rows || grad_in.size(1) != c) {
     value_error("grad must have shape (", rows, ", ", c, ") (gu's rows, half its columns), got ",
@@ -79,15 +73,15 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
   if (h.numel() == 0 || shapes_only(h)) return {dgu, h, dot};
   const Tensor gu = dense(gu_in), grad = dense(grad_in);
   const Tensor scale = as_contiguous(scale_in);
-  const family::Swiglu args{.gu_ptr = address(gu),
-                            .grad_ptr = address(grad),
-                            .scale_ptr = address(scale),
-                            .h_ptr = address(h),
-                            .dgu_ptr = address(dgu),
-                            .dot_ptr = address(dot),
-                            .R = rows,
-                            .C = c};
-  launch(args, layout_of("backward", interleaved, activation), target_of(gu, gu.scalar_type()));
+  const Family args{.gu_ptr = address(gu),
+                    .grad_ptr = address(grad),
+                    .scale_ptr = address(scale),
+                    .h_ptr = address(h),
+                    .dgu_ptr = address(dgu),
+                    .dot_ptr = address(dot),
+                    .R = rows,
+                    .C = c};
+  launch(args, axes, target_of(gu, gu.scalar_type()));
   return {dgu, h, dot};
 }
 

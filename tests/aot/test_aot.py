@@ -2,6 +2,7 @@
 for the wheel, and the ABI the launcher relies on."""
 import json
 import struct
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from aot import codegen, expr
 from aot.compile import CompileError, compile_variant, ptx_entry_params
 from aot.families import FAMILIES
 from aot.families.ragged_m import FAMILY as RAGGED_M
-from aot.family import Family, Param
+from aot.family import NO_AXES_KEY, Family, Param
 from aot.variants import DTYPES, Arch, Config, Variant, all_variants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def test_compile_one_variant_per_arch(arch):
 def test_aligned_variant_loads_16_bytes_at_a_time():
     """The aligned flavour's divisibility hints turn the masked scalar loads of
     basic into 16-byte cp.async copies."""
-    key = "ragged_m.sm80.bfloat16.nt.{}.128x128x32_w4_s3"
+    key = "ragged_m.sm80.bfloat16.row-column-row.{}.128x128x32_w4_s3"
     ptx = {f: (KERNELS / f"{key.format(f)}.ptx").read_text() for f in ("basic", "aligned")}
     assert "cp.async.cg.shared.global" in ptx["aligned"] and "0x10" in ptx["aligned"]
     assert "cp.async.cg.shared.global" not in ptx["basic"]
@@ -104,7 +105,7 @@ def test_swapped_parameters_in_a_description_are_refused():
     params[i], params[j] = params[j], params[i]
     with pytest.raises(ValueError, match="do not match .*'s runtime parameters"):
         Family(name="swapped", kernel=RAGGED_M.kernel, params=tuple(params),
-               layouts=RAGGED_M.layouts, tma_layouts=RAGGED_M.tma_layouts,
+               axes=RAGGED_M.axes, constexprs=RAGGED_M.constexprs, tma=RAGGED_M.tma,
                tiles=RAGGED_M.tiles, rows=RAGGED_M.rows)
 
 
@@ -113,7 +114,7 @@ def test_description_needs_known_roles_and_names_in_expressions():
         Param("a_ptr", "*T", "pointer")
     with pytest.raises(expr.ExprError, match="unknown name 'rows'"):
         Family(name="bad", kernel=RAGGED_M.kernel, params=RAGGED_M.params,
-               layouts=RAGGED_M.layouts, tma_layouts=(), tiles="rows * 2", rows="T")
+               axes=RAGGED_M.axes, constexprs=RAGGED_M.constexprs, tiles="rows * 2", rows="T")
 
 
 @pytest.mark.parametrize("text", [
@@ -121,7 +122,6 @@ def test_description_needs_known_roles_and_names_in_expressions():
     "min(T, N) - 1 if T > 3 and N >= 2 or G != 0 else 7"])
 def test_size_expressions_mean_the_same_in_python_and_cpp(text, tmp_path):
     """The C++ the runtime compiles computes what `aot tune` evaluates."""
-    import subprocess
     names = ["T", "N", "G"]
     cases = [(0, 5, 3), (1000, 4096, 8), (17, 1, 0), (5, 300, 2)]
     tile = {"BM": 128, "BN": 64, "BK": 32}
@@ -163,10 +163,75 @@ def test_kernel_table_is_deterministic(manifest, tmp_path):
     assert table.count("\n    {.key = ") == len(manifest["variants"])
 
 
+def test_kernel_table_rows_carry_each_variants_axis_code(manifest):
+    """A row's code is its axis values' index among the family's combinations
+    (Family.code, a mixed-radix number, the first axis most significant), one
+    code per combination."""
+    table = (KERNELS / "kernel_table.inc").read_text()
+    for record in manifest["variants"]:
+        family = FAMILIES[record["family"]]
+        values = family.ordered(record["axes"])
+        code = codegen.axes_code(record)
+        assert code == family.axis_values().index(values), record["key"]
+        assert f'{{.key = "{record["key"]}", ' in table
+        assert f".axes = {code}, " in table.split(f'"{record["key"]}"', 1)[1].split("\n", 1)[0]
+    for family in FAMILIES.values():
+        codes = [family.code(values) for values in family.axis_values()]
+        assert codes == list(range(len(codes))), family.name
+
+
+def compile_against_family_args(tmp_path, body: str) -> subprocess.CompletedProcess:
+    """g++ -fsyntax-only of `body` after the generated family_args.h, with the
+    operators' flags for designated initializers."""
+    (tmp_path / "family_args.h").write_text(codegen.family_args_source())
+    source = tmp_path / "snippet.cc"
+    source.write_text("#include \"family_args.h\"\nusing namespace gg::family;\n" + body)
+    return subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-Wall",
+                           "-Werror=missing-field-initializers", str(source)],
+                          capture_output=True, text=True)
+
+
+def cpp_axes(family, values: tuple) -> str:
+    fields = ", ".join(f".{axis.name} = {axis.choice.name}::{axis.choice.enumerator(value)}"
+                       for axis, value in zip(family.axes, values))
+    return f"{codegen._struct_name(family.name)}::Axes{{{fields}}}"
+
+
+def test_generated_axes_give_the_tables_codes_and_parse_names(tmp_path):
+    """Every family's typed Axes computes the code Python gives the table
+    (checked at compile time), and parse<Choice> reads the value names."""
+    asserts = [f"static_assert({codegen._struct_name(f.name)}::code({cpp_axes(f, values)}) == "
+               f"{f.code(values)});" for f in FAMILIES.values() for values in f.axis_values()]
+    asserts += ['static_assert(parse<GateUp>("interleaved") == GateUp::kInterleaved);',
+                'static_assert(!parse<GateUp>("split").has_value());',
+                'static_assert(name(Granularity::k1x128) == "1x128");',
+                'static_assert(name(DType::kTf32) == "tf32");']
+    result = compile_against_family_args(tmp_path, "\n".join(asserts) + "\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("axes, error", [
+    ("{.b_major = Major::kRow, .gate_up = Major::kColumn}", "cannot convert"),  # another Choice's
+    ("{.b_major = 1, .gate_up = GateUp::kInterleaved}", "cannot convert"),  # a number
+    ("{.b_major = Major::kRow}", "missing initializer"),  # an axis left out
+    ("{.b_major = Major::kRow, .gate_up = GateUp::kInterleaved, .activation = 0}",
+     "no non-static data member"),  # an axis the family does not have
+])
+def test_a_wrong_axis_value_does_not_compile(tmp_path, axes, error):
+    good = compile_against_family_args(
+        tmp_path, "constexpr RaggedGlu::Axes ok{.b_major = Major::kRow, "
+                  ".gate_up = GateUp::kInterleaved};\n")
+    assert good.returncode == 0, good.stderr[-3000:]
+    bad = compile_against_family_args(tmp_path, f"constexpr RaggedGlu::Axes wrong{axes};\n")
+    assert bad.returncode != 0 and error in bad.stderr, bad.stderr[-3000:]
+
+
 def test_variant_keys_describe_themselves():
     for v in all_variants():
         types = v.dtype if v.out.name == DTYPES[v.dtype].storage else f"{v.dtype}-{v.out.name}"
-        assert v.key.startswith(f"{v.family}.sm{v.arch}.{types}.{v.layout}.{v.flavour}.")
+        axes = "-".join(v.axes) or NO_AXES_KEY
+        assert v.key.startswith(f"{v.family}.sm{v.arch}.{types}.{axes}.{v.flavour}.")
+        assert v.describe()["axes"] == dict(zip(FAMILIES[v.family].axis_names, v.axes))
         assert v.flavour != "tma" or v.arch == 90
         assert isinstance(v, Variant)
 
@@ -197,13 +262,13 @@ def test_wheel_tag_is_manylinux_and_auditwheel_agrees():
 
 def test_every_sm80_choice_loads_on_99_kib_devices(manifest):
     """8.6 / 8.9 allow 99 KiB a block: each sm80 (family, dtype, output,
-    layout, flavour) keeps an unbounded-rows config within it, beside any
+    axis values, flavour) keeps an unbounded-rows config within it, beside any
     larger one that only 8.0 (and the PTX path on 9.0) loads."""
     limit = Arch.of(80).shared_limit
     choices = {}
     for r in manifest["variants"]:
         if r["arch"] == 80:
-            key = (r["family"], r["dtype"], r["out_dtype"], r["layout"], r["flavour"])
+            key = (r["family"], r["dtype"], r["out_dtype"], tuple(r["axes"].items()), r["flavour"])
             fits = r["shared"] <= limit and r["config"]["max_rows"] == 0
             choices[key] = choices.get(key, False) or fits
     assert choices and all(choices.values()), [k for k, ok in choices.items() if not ok]
@@ -225,8 +290,9 @@ def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     assert {v.family for v in fp8} == {"scaled_ragged_m"}
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
     assert {v.out.name for v in fp8} == {"bfloat16", "float32"}
-    assert {v.layout for v in fp8} == {"rowwise", "blockwise", "rowwise_fast", "blockwise_fast"}
-    assert {v.layout for v in fp8 if v.config.ws} == {v.layout for v in fp8}
+    assert {v.axes for v in fp8} == {(s, a) for s in ("rowwise", "blockwise")
+                                     for a in ("promoted", "fast")}
+    assert {v.axes for v in fp8 if v.config.ws} == {v.axes for v in fp8}
 
 
 def test_warp_specialised_variants_are_gluon_where_they_can_run():
@@ -239,8 +305,10 @@ def test_warp_specialised_variants_are_gluon_where_they_can_run():
             assert FAMILIES[v.family].ws_kernel is not None, v.key
             assert v.flavour == "tma" and DTYPES[v.dtype].bytes <= 2, v.key
     keys = {v.key for v in all_variants()}
-    assert any(k.startswith("ragged_m.sm90.bfloat16.nt.tma.") and k.endswith("_ws") for k in keys)
-    assert any(k.startswith("ragged_m.sm90.float32.nt.tma.128x256") for k in keys)
+    forward = "row-column-row"  # the tokens times the nn.Linear weight
+    assert any(k.startswith(f"ragged_m.sm90.bfloat16.{forward}.tma.") and k.endswith("_ws")
+               for k in keys)
+    assert any(k.startswith(f"ragged_m.sm90.float32.{forward}.tma.128x256") for k in keys)
 
 
 def test_cluster_variants_exist_where_triton_multicasts(manifest):
@@ -257,7 +325,8 @@ def test_cluster_variants_exist_where_triton_multicasts(manifest):
         return
     assert clustered
     for v in clustered:  # what ragged_ws.ragged_m_ws_program splits between CTAs
-        assert v.config.ws and v.family == "ragged_m" and v.layout[0] == "n", v.key
+        axes = FAMILIES[v.family].named(v.axes)
+        assert v.config.ws and v.family == "ragged_m" and axes["a_major"] == "row", v.key
     ptx = compile_variant(clustered[0]).ptx
     assert ".reqnctapercluster 2" in ptx and "multicast::cluster" in ptx
 

@@ -109,8 +109,9 @@ def test_ragged_m_column_major_a(b_layout, tokens, allow_tma):
     check(a, weights(8, 136, 200, torch.bfloat16, b_layout), offsets_from_counts(counts, "cuda"),
           flavour)
     in_place = tokens % 8 == 0 and tma_runs_here()
-    layout = ("t" if in_place else "n") + ("n" if b_layout == "kn" else "t")
-    assert f".{layout}.{flavour}." in last_variant()
+    a_major = "column" if in_place else "row"
+    b_major = "row" if b_layout == "kn" else "column"
+    assert f".{a_major}-{b_major}-row.{flavour}." in last_variant()
 
 
 def test_ragged_m_many_experts(allow_tma):

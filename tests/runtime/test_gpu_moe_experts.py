@@ -36,7 +36,10 @@ def make_inputs(tokens, hidden, inter, experts, k, dtype=torch.bfloat16, bias=Fa
 DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 # The route kernels' bins (aot/families/route.py): one per expert and one for
 # dropped slots; the route operator sorts with torch past ROUTE_BINS - 1 experts.
-ROUTE_BINS = 1024
+ROUTE_BINS = _C.families()["route"]["constants"]["kBins"]
+# The widest experts (I) whose products gather rows through the routing's order
+# (aot/families/ragged_glu.py); wider ones read permuted copies.
+GATHER_MAX_INTER = _C.families()["ragged_glu"]["constants"]["kGatherMaxInter"]
 
 
 def outputs_and_grads(fn, inputs, grad):
@@ -137,12 +140,15 @@ def test_strided_inputs_and_gradient_layouts():
         assert grad.stride() == inputs[name].stride(), name
 
 
-@pytest.mark.parametrize("inter", [48, 4104], ids=["gathered", "copied"])
+@pytest.mark.parametrize("inter", [48, GATHER_MAX_INTER + 8], ids=["gathered", "copied"])
 def test_up_projection_gathers_or_copies_the_tokens(inter):
     """Both ways the products may read the tokens and the gradient's rows:
     through the routing's order, or from permuted copies where the experts
-    are wider than gg_runtime/moe.py's GATHER_MAX_INTER (4096)."""
-    check_against_reference(make_inputs(300, 64, inter, 8, 2, bias=True))
+    are wider than GATHER_MAX_INTER; the forward says which, for the backward."""
+    inputs = make_inputs(300, 64, inter, 8, 2, bias=True)
+    gathered = torch.ops.gg_runtime.moe_experts_for_backward(**inputs)[-1]
+    assert gathered == (inter <= GATHER_MAX_INTER)
+    check_against_reference(inputs)
 
 
 def test_forward_without_gradients_matches_training_forward():
@@ -246,27 +252,28 @@ def test_torch_compile_fullgraph():
     check_against_reference(make_inputs(90, 64, 48, 8, 2), fn=compiled)
 
 
-def swiglu_backward_ref(gu, grad, scale, interleaved, activation="swiglu"):
+def swiglu_backward_ref(gu, grad, scale, gate_up, activation="swiglu"):
     """(d gu, h * scale, <grad, h> per row) by autograd in float32, h rounded as the kernel does."""
     gu = gu.float().requires_grad_()
-    h = gated_activation(gu, interleaved, activation)
+    h = gated_activation(gu, gate_up == "interleaved", activation)
     (h * scale[:, None]).backward(grad.float())
     rounded = h.detach().to(grad.dtype).float()
     return gu.grad, rounded * scale[:, None], (grad.float() * rounded).sum(-1)
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
-@pytest.mark.parametrize("interleaved", [False, True], ids=["concatenated", "interleaved"])
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
 @pytest.mark.parametrize("rows,cols", [(1, 8), (77, 40), (300, 256), (33, 1000)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
+def test_swiglu_operators(rows, cols, gate_up, dtype, activation):
     gu = randn(rows, 2 * cols, dtype=dtype) * 4  # past gpt-oss's clamps at 7 often
     grad = randn(rows, cols, dtype=dtype)
     scale = torch.rand(rows, device="cuda")
-    h = torch.ops.gg_runtime.swiglu(gu, interleaved, activation)
-    assert rel_error(h, gated_activation(gu.float(), interleaved, activation)) < 1e-2
-    got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
-    wants = swiglu_backward_ref(gu, grad, scale, interleaved, activation)
+    h = torch.ops.gg_runtime.swiglu(gu, gate_up, activation)
+    want = gated_activation(gu.float(), gate_up == "interleaved", activation)
+    assert rel_error(h, want) < 1e-2
+    got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, gate_up, activation)
+    wants = swiglu_backward_ref(gu, grad, scale, gate_up, activation)
     for name, g, want in zip(("dgu", "hs", "dot"), got, wants):
         assert g.shape == want.shape and g.is_contiguous(), name
         assert rel_error(g, want) < (1e-4 if name == "dot" else 1e-2), name
@@ -274,7 +281,7 @@ def test_swiglu_operators(rows, cols, interleaved, dtype, activation):
 
 def test_swiglu_operators_strided_and_empty():
     gu = randn(50, 200, dtype=torch.bfloat16)[:, 20:180]  # row stride 200
-    h = torch.ops.gg_runtime.swiglu(gu, False)
+    h = torch.ops.gg_runtime.swiglu(gu)
     assert rel_error(h, gated_activation(gu.float(), False)) < 1e-2
     empty = torch.ops.gg_runtime.swiglu_backward(gu[:0], gu[:0, :80], torch.rand(0, device="cuda"))
     assert [tuple(t.shape) for t in empty] == [(0, 160), (0, 80), (0,)]
@@ -357,18 +364,18 @@ def test_swiglu_variant(variant):
     of programs (each program takes several) and columns that are no
     multiple of the tile (of 16 for `basic`)."""
     dtype = getattr(torch, variant["dtype"])
-    direction, gate_up, activation = variant["layout"].split("_", 2)
-    interleaved = gate_up == "interleaved"
+    direction, gate_up, activation = (variant["axes"][axis]
+                                      for axis in ("direction", "gate_up", "activation"))
     cols = 45 if variant["flavour"] == "basic" else 48
     gu, grad = randn(20000, 2 * cols, dtype=dtype) * 4, randn(20000, cols, dtype=dtype)
     scale = torch.rand(20000, device="cuda")
     with forced(variant=variant["key"]):
         if direction == "forward":
-            got = [torch.ops.gg_runtime.swiglu(gu, interleaved, activation)]
-            want = [gated_activation(gu.float(), interleaved, activation)]
+            got = [torch.ops.gg_runtime.swiglu(gu, gate_up, activation)]
+            want = [gated_activation(gu.float(), gate_up == "interleaved", activation)]
         else:
-            got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, interleaved, activation)
-            want = swiglu_backward_ref(gu, grad, scale, interleaved, activation)
+            got = torch.ops.gg_runtime.swiglu_backward(gu, grad, scale, gate_up, activation)
+            want = swiglu_backward_ref(gu, grad, scale, gate_up, activation)
         assert last_variant() == variant["key"]
     for g, w in zip(got, want):
         assert rel_error(g, w) < 1e-2
@@ -392,11 +399,11 @@ def glu_inputs(counts, past, hidden, inter, n_major, dtype, seed=0):
     return x, rows, w13, bias, offsets_from_counts(counts, "cuda")
 
 
-def check_grouped_mm_glu(x, rows, w13, bias, offs, interleaved, activation, save_gu=True):
+def check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up, activation, save_gu=True):
     """Both outputs against float32 (gu: the gathered rows' product plus bias,
     per group; h its activation; rows past the last group zero).  rows None:
     x's rows in order, read by TMA."""
-    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13, offs, bias, interleaved,
+    h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13, offs, bias, gate_up,
                                                 activation, save_gu)
     gathered = (x if rows is None else x[rows // GLU_K]).float()
     want = torch.zeros(gathered.shape[0], w13.shape[1], device="cuda")
@@ -404,7 +411,7 @@ def check_grouped_mm_glu(x, rows, w13, bias, offs, interleaved, activation, save
     for g, end in enumerate(offs.tolist()):
         want[start:end] = gathered[start:end] @ w13[g].float().T + bias[g].float()
         start = end
-    assert rel_error(h, gated_activation(want, interleaved, activation)) < 1e-2
+    assert rel_error(h, gated_activation(want, gate_up == "interleaved", activation)) < 1e-2
     assert torch.all(h[start:] == 0)
     if save_gu:
         assert rel_error(gu, want) < 1e-2
@@ -413,7 +420,7 @@ def check_grouped_mm_glu(x, rows, w13, bias, offs, interleaved, activation, save
 
 
 GLU_VARIANTS = [v for v in _C.variants() if v["family"] == "ragged_glu" and
-                v["arch"] == device_arch() and not v["layout"].endswith("_ungated")]
+                v["arch"] == device_arch()]
 
 
 @pytest.mark.skipif(not GLU_VARIANTS, reason="needs a GPU this wheel has kernels for")
@@ -423,17 +430,16 @@ def test_grouped_mm_glu_variant(variant, activation):
     """Each compiled up projection with its activation, forced: groups empty
     and of a few rows, rows past the last group, H and I no multiple of the
     tile (nor of 16 for `basic`), gu kept and not."""
-    b_major, gate_up = variant["layout"].split("_")
+    b_major, gate_up = variant["axes"]["b_major"], variant["axes"]["gate_up"]
     hidden, inter = (99, 133) if variant["flavour"] == "basic" else (112, 144)
     x, rows, w13, bias, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, inter,
-                                          b_major == "n", getattr(torch, variant["dtype"]))
+                                          b_major == "row", getattr(torch, variant["dtype"]))
     dense = x[rows // GLU_K]
     with forced(variant=variant["key"]):
         for save_gu in (True, False):
-            check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up == "interleaved", activation,
-                                 save_gu)
+            check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up, activation, save_gu)
             assert last_variant() == variant["key"]
-        check_grouped_mm_glu(dense, None, w13, bias, offs, gate_up == "interleaved", activation)
+        check_grouped_mm_glu(dense, None, w13, bias, offs, gate_up, activation)
         assert last_variant() == variant["key"]
 
 
@@ -447,13 +453,12 @@ def test_grouped_mm_glu_many_groups_tiles_and_k_blocks(variant):
     counts = torch.randint(0, 160, (200,), generator=torch.Generator().manual_seed(0))
     counts[::17] = 0
     counts[5::31] = 1
-    b_major, gate_up = variant["layout"].split("_")
-    x, rows, w13, bias, offs = glu_inputs(counts.tolist(), 70, 1040, 392, b_major == "n",
+    b_major, gate_up = variant["axes"]["b_major"], variant["axes"]["gate_up"]
+    x, rows, w13, bias, offs = glu_inputs(counts.tolist(), 70, 1040, 392, b_major == "row",
                                           getattr(torch, variant["dtype"]))
     with forced(variant=variant["key"]):
-        check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up == "interleaved", "swiglu")
-        check_grouped_mm_glu(x[rows // GLU_K], None, w13, bias, offs, gate_up == "interleaved",
-                             "swiglu")
+        check_grouped_mm_glu(x, rows, w13, bias, offs, gate_up, "swiglu")
+        check_grouped_mm_glu(x[rows // GLU_K], None, w13, bias, offs, gate_up, "swiglu")
 
 
 def test_grouped_mm_glu_strided_x_odd_rows_and_no_groups():
@@ -462,18 +467,19 @@ def test_grouped_mm_glu_strided_x_odd_rows_and_no_groups():
     x, rows, w13, bias, offs = glu_inputs([40, 0, 77], 5, 64, 48, True, torch.bfloat16)
     wide = randn(x.shape[0], 80, dtype=torch.bfloat16)
     wide[:, 8:72] = x
-    check_grouped_mm_glu(wide[:, 8:72], rows, w13.contiguous(), bias, offs, True, "gpt_oss")
+    check_grouped_mm_glu(wide[:, 8:72], rows, w13.contiguous(), bias, offs, "interleaved",
+                         "gpt_oss")
     x, rows, w13, bias, offs = glu_inputs([40, 0, 77], 5, 100, 48, True, torch.bfloat16)
     padded = randn(x.shape[0], 104, dtype=torch.bfloat16)[:, :100]
     padded.copy_(x)
-    check_grouped_mm_glu(padded, rows, w13, bias, offs, False, "swiglu")
+    check_grouped_mm_glu(padded, rows, w13, bias, offs, "concatenated", "swiglu")
     assert ".basic." in last_variant()
     h, gu = torch.ops.gg_runtime.grouped_mm_glu(x, rows, GLU_K, w13[:0], offs[:0])
     assert torch.all(h == 0) and torch.all(gu == 0) and gu.shape == (rows.shape[0], 96)
 
 
-UNGATED_VARIANTS = [v for v in _C.variants() if v["family"] == "ragged_glu" and
-                    v["arch"] == device_arch() and v["layout"].endswith("_ungated")]
+GATHERED_M_VARIANTS = [v for v in _C.variants() if v["family"] == "gathered_m" and
+                       v["arch"] == device_arch()]
 
 
 def check_gathered_mm(x, rows, b, offs):
@@ -490,8 +496,9 @@ def check_gathered_mm(x, rows, b, offs):
     assert torch.all(got[start:] == 0)
 
 
-@pytest.mark.skipif(not UNGATED_VARIANTS, reason="needs a GPU this wheel has kernels for")
-@pytest.mark.parametrize("variant", UNGATED_VARIANTS, ids=[v["key"] for v in UNGATED_VARIANTS])
+@pytest.mark.skipif(not GATHERED_M_VARIANTS, reason="needs a GPU this wheel has kernels for")
+@pytest.mark.parametrize("variant", GATHERED_M_VARIANTS,
+                         ids=[v["key"] for v in GATHERED_M_VARIANTS])
 def test_gathered_mm_variant(variant):
     """Each compiled product of gathered rows without a gate, forced: groups
     empty and of a few rows, rows past the last group, K and N no multiple of
@@ -499,7 +506,7 @@ def test_gathered_mm_variant(variant):
     hidden, n = (99, 133) if variant["flavour"] == "basic" else (112, 144)
     dtype = getattr(torch, variant["dtype"])
     x, rows, _, _, offs = glu_inputs([150, 0, 3, 260, 70], 9, hidden, 8, False, dtype)
-    b = randn(5, n, hidden, dtype=dtype).mT if variant["layout"][0] == "t" else \
+    b = randn(5, n, hidden, dtype=dtype).mT if variant["axes"]["b_major"] == "column" else \
         randn(5, hidden, n, dtype=dtype)
     with forced(variant=variant["key"]):
         check_gathered_mm(x, rows, b, offs)
@@ -544,7 +551,7 @@ def test_gathered_mm_k_variant(variant):
     tile (nor of 8 for `basic`); then 200 groups (some empty, some of one
     row) with many tiles and K blocks a program."""
     m, n = (99, 133) if variant["flavour"] == "basic" else (112, 144)
-    gather_a = variant["layout"] == "a"
+    gather_a = variant["axes"]["gathered"] == "a"
     dtype = getattr(torch, variant["dtype"])
     counts = torch.randint(0, 160, (200,), generator=torch.Generator().manual_seed(0))
     counts[::17] = 0

@@ -48,8 +48,9 @@ def run_variant(v, dtype, out_dtype):
     runner for this family."""
     cols = 4368 if v["flavour"] == "aligned" else 4363
     x = randn(3, 150, cols, dtype=dtype)
-    q, scale = quantize_fp8(x, v["layout"])
-    ref_q, ref_scale = quantize_ref(x, v["layout"])
+    granularity = v["axes"]["granularity"]
+    q, scale = quantize_fp8(x, granularity)
+    ref_q, ref_scale = quantize_ref(x, granularity)
     assert torch.equal(scale, ref_scale)
     assert q.dtype == out_dtype
     return [(q, ref_q.float())]

@@ -157,7 +157,7 @@ def blockwise_reference(a, b, scale_a, scale_b, counts):
 
 @pytest.mark.parametrize("key", [v["key"] for v in _C.variants() if v["arch"] == 90
                                  and v["family"] == "scaled_ragged_m"
-                                 and v["layout"] == "blockwise"])
+                                 and v["axes"]["scaling"] == "blockwise"])
 def test_blockwise_scales_far_apart(key):
     """Scales from 1e-30 to 1e10 within one row and one weight block, and
     zeros over nonzero fp8 data: every output element within float32's

@@ -1,7 +1,7 @@
 """Every compiled variant that can run on this GPU, forced by key, on shapes
 that are multiples of no tile (inner sizes kept multiples of 16 for the `tma`
 and `aligned` flavours, whose rules need them).  Covers exactly what the wheel ships: each dtype,
-output dtype and layout."""
+output dtype and axis value."""
 import pytest
 import torch
 
@@ -15,8 +15,9 @@ from conftest import device_arch
 
 # Families whose variants their own test file forces (with its exact reference).
 OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py", "swiglu": "test_gpu_moe_experts.py",
-            "ragged_glu": "test_gpu_moe_experts.py", "gathered_k": "test_gpu_moe_experts.py",
-            "combine": "test_gpu_moe_experts.py", "route": "test_gpu_moe_experts.py"}
+            "ragged_glu": "test_gpu_moe_experts.py", "gathered_m": "test_gpu_moe_experts.py",
+            "gathered_k": "test_gpu_moe_experts.py", "combine": "test_gpu_moe_experts.py",
+            "route": "test_gpu_moe_experts.py"}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch() and v["family"] not in OWN_TEST]
 pytestmark = pytest.mark.usefixtures("poison")
 
@@ -32,7 +33,7 @@ def matrix(rows, cols, transposed, dtype):
 
 
 def run_list(v, dtype, out_dtype):
-    trans_b = v["layout"] == "nt"
+    trans_b = v["axes"]["b_major"] == "column"
     mnks = [(sizes(v, 144, 131), sizes(v, 208, 203), sizes(v, 80, 77)), (0, 16, 16),
             (sizes(v, 48, 37), sizes(v, 272, 261), sizes(v, 304, 299)), (1, 16, 16)]
     As = [randn(m, k, dtype=dtype) for m, n, k in mnks]
@@ -42,22 +43,22 @@ def run_list(v, dtype, out_dtype):
 
 
 def ragged_m_operands(v, rows, k, n, groups, dtype):
-    """(a [rows, K], b [G, K, N]) stored as the variant's layout says.  rows is
+    """(a [rows, K], b [G, K, N]) stored as the variant's axes say.  rows is
     rounded up to a multiple of 16: gg_runtime reads a stored [K, T] a in place
     only with a 16-byte aligned row stride, else copies it to row-major."""
     rows += -rows % 16
-    a = matrix(rows, k, v["layout"][0] == "t", dtype)
-    b = (randn(groups, n, k, dtype=dtype).transpose(1, 2) if v["layout"][1] == "t"
+    a = matrix(rows, k, v["axes"]["a_major"] == "column", dtype)
+    b = (randn(groups, n, k, dtype=dtype).transpose(1, 2) if v["axes"]["b_major"] == "column"
          else randn(groups, k, n, dtype=dtype))
     return a, b
 
 
 def ragged_m_product(v, a, b, offs, out_dtype):
     """(out, ref) [rows, N] of ragged_m's operands a [rows, K] and b [G, K, N]
-    on the variant's layout.  Its C stored transposed (a third letter 't'):
-    3-D x 2-D (ragged N) on their transposes, whose [N, rows] output ragged_m
-    writes transposed, returned transposed back."""
-    if v["layout"][2:] != "t":
+    on the variant's axes.  Its c column-major (stored transposed): 3-D x 2-D
+    (ragged N) on their transposes, whose [N, rows] output ragged_m writes
+    transposed, returned transposed back."""
+    if v["axes"]["c_major"] == "row":
         return gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype), ref_grouped_mm(a, b, offs)
     a, b = b.transpose(1, 2), a.t()
     out = gg_runtime.grouped_mm(a, b, offs, out_dtype=out_dtype)
@@ -74,10 +75,10 @@ def run_ragged_m(v, dtype, out_dtype):
 
 
 def ragged_k_a(v, m, total, dtype):
-    """a [M, T] stored as the variant's layout says: a row-major one ('nn') is
-    read in place only with a 16-byte aligned row stride (gg_runtime copies
-    it otherwise), so its T is rounded up to a multiple of 16."""
-    if v["layout"] == "tn":
+    """a [M, T] stored as the variant's axes say: a row-major one is read in
+    place only with a 16-byte aligned row stride (gg_runtime copies it
+    otherwise), so its T is rounded up to a multiple of 16."""
+    if v["axes"]["a_major"] == "column":
         return randn(total, m, dtype=dtype).t()
     return randn(m, total + -total % 16, dtype=dtype)[:, :total]
 
@@ -94,12 +95,12 @@ def run_ragged_k(v, dtype, out_dtype):
 
 
 def scaled_call(v, counts, n, k, out_dtype):
-    """(out, ref) of scaled_grouped_mm on the variant's layout: its granularity,
-    '_fast' for use_fast_accum."""
-    granularity = v["layout"].removesuffix("_fast")
+    """(out, ref) of scaled_grouped_mm on the variant's axes: its scaling
+    (rowwise or blockwise scales) and accumulation (fast: use_fast_accum)."""
+    granularity = v["axes"]["scaling"]
     a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, granularity)
     out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype,
-                                       use_fast_accum=v["layout"].endswith("_fast"))
+                                       use_fast_accum=v["axes"]["accumulation"] == "fast")
     return out, ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity)
 
 

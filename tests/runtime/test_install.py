@@ -79,8 +79,14 @@ def test_kernel_table_matches_shipped_manifest():
     manifest = json.loads(MANIFEST.read_text())
     table = _C.variants()
     assert [v["key"] for v in table] == [r["key"] for r in manifest["variants"]]
+    families = _C.families()
     for row, record in zip(table, manifest["variants"]):
         assert row["kernel_name"] == record["kernel_name"]
+        # The table's axis code names the manifest's values, in the family's axis order.
+        assert row["axes"] == record["axes"]
+        axes = families[row["family"]]["axes"]
+        assert list(axes) == list(row["axes"]) and all(
+            row["axes"][name] in values for name, values in axes.items())
         assert row["shared"] == record["shared"] and row["num_warps"] == record["num_warps"]
         assert row["scratch_size"] == record["scratch_size"]
     assert _C.triton_version() == manifest["triton_version"]
@@ -90,9 +96,9 @@ def test_build_info():
     build = gg_runtime.info()["build"]
     assert build["archs"] == ["sm80", "sm90"]
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
-    assert build["families"] == ["combine", "gathered_k", "grouped_gemm", "quantize_fp8",
-                                 "ragged_glu", "ragged_k", "ragged_m", "route", "scaled_ragged_m",
-                                 "swiglu"]
+    assert build["families"] == ["combine", "gathered_k", "gathered_m", "grouped_gemm",
+                                 "quantize_fp8", "ragged_glu", "ragged_k", "ragged_m", "route",
+                                 "scaled_ragged_m", "swiglu"]
     assert build["variants"] == len(_C.variants()) > 0
 
 

@@ -1,7 +1,7 @@
 """moe_experts' autograd function (gg_runtime/moe.py: what its forward
 returns and keeps, the permutations of its backward and every gradient
 formula) in float64 on CPU, its operators stood in for by float64
-references (moe_experts, grouped_mm, gathered_mm, gathered_mm_k,
+references (moe_experts_for_backward, grouped_mm, gathered_mm, gathered_mm_k,
 swiglu_backward and combine as their contracts say), against torch's
 autograd through a layer computed expert by expert.  The kernels
 themselves are checked on the GPU (test_gpu_moe_experts.py); this checks
@@ -33,31 +33,31 @@ def grouped_mm_ref(a, b, offs, bias=None, out_dtype=None, tf32=False):
     return torch.stack([a[:, start:end] @ b[start:end] for start, end in zip(starts, ends)])
 
 
-def swiglu_backward_ref(gu, grad, scale, interleaved=False, activation="swiglu"):
+def swiglu_backward_ref(gu, grad, scale, gate_up="concatenated", activation="swiglu"):
     gu = gu.detach().requires_grad_()
     with torch.enable_grad():
-        h = gated_activation(gu, interleaved, activation)
+        h = gated_activation(gu, gate_up == "interleaved", activation)
         (h * scale[:, None]).backward(grad)
     h = h.detach()
     return gu.grad, h * scale[:, None], (grad * h).sum(-1)
 
 
-def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, interleaved=False,
+def grouped_mm_glu_ref(x, rows, k, w13, offs, bias=None, gate_up="concatenated",
                        activation="swiglu", save_gu=True):
     gu = grouped_mm_ref(x if rows is None else x[rows // k], w13.mT, offs, bias)
-    return gated_activation(gu, interleaved, activation), gu if save_gu else gu[:0]
+    return gated_activation(gu, gate_up == "interleaved", activation), gu if save_gu else gu[:0]
 
 
-def moe_experts_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, interleaved=False,
-                    activation="swiglu", for_backward=False, gather=True):
-    """torch.ops.gg_runtime.moe_experts' contract: (out, [gu, order, offs,
-    inverse] where for_backward, else [])."""
+def moe_experts_for_backward_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
+                                 gate_up="concatenated", activation="swiglu", gathered=True):
+    """torch.ops.gg_runtime.moe_experts_for_backward's contract: (out, gu,
+    order, offs, inverse, gathered), the operator's decision `gathered` given."""
     tokens, k = topk_ids.shape
     order, offs, inverse = route_by_sort(topk_ids, w13.shape[0])
-    h, gu = grouped_mm_glu_ref(x, order, k, w13, offs, b13, interleaved, activation)
+    h, gu = grouped_mm_glu_ref(x, order, k, w13, offs, b13, gate_up, activation)
     ys = grouped_mm_ref(h, w2.mT, offs, b2)
     out = combine_ref(ys, inverse.view(tokens, k), topk_weights.float(), offs).to(x.dtype)
-    return out, [gu, order, offs, inverse] if for_backward else []
+    return out, gu, order, offs, inverse, gathered
 
 
 def gathered_mm_ref(x, rows, k, b, offs):
@@ -77,19 +77,27 @@ def default(fn):
     return SimpleNamespace(default=fn)
 
 
-REFERENCE_OPS = SimpleNamespace(
-    moe_experts=default(moe_experts_ref),
-    grouped_mm=default(grouped_mm_ref),
-    swiglu_backward=default(swiglu_backward_ref),
-    gathered_mm=default(gathered_mm_ref),
-    gathered_mm_k=default(gathered_mm_k_ref),
-    combine=default(combine_ref))
+def use_reference_ops(monkeypatch, gathered=True):
+    """The operators moe.py and autograd.py call, as their references; the
+    forward's says the products gather rows where `gathered` (the operator
+    decides by the experts' width), and the backward's do as it says."""
+    def for_backward(*args):
+        return moe_experts_for_backward_ref(*args, gathered=gathered)
+
+    ops = SimpleNamespace(
+        moe_experts_for_backward=default(for_backward),
+        grouped_mm=default(grouped_mm_ref),
+        swiglu_backward=default(swiglu_backward_ref),
+        gathered_mm=default(gathered_mm_ref),
+        gathered_mm_k=default(gathered_mm_k_ref),
+        combine=default(combine_ref))
+    for module in (gg_runtime.moe, gg_runtime.autograd):
+        monkeypatch.setattr(module, "OPS", ops)
 
 
 @pytest.fixture
 def reference_ops(monkeypatch):
-    for module in (gg_runtime.moe, gg_runtime.autograd):
-        monkeypatch.setattr(module, "OPS", REFERENCE_OPS)
+    use_reference_ops(monkeypatch)
 
 
 def inputs(tokens, hidden, inter, experts, k, bias, transposed, seed=0):
@@ -122,16 +130,16 @@ def outputs_and_grads(fn, given, grad):
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gathered", "copied"])
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
-@pytest.mark.parametrize("interleaved", [False, True], ids=["concatenated", "interleaved"])
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("shape", [(37, 12, 6, 5, 3), (20, 8, 4, 1, 1), (64, 8, 4, 16, 8)],
                          ids=["k3", "one_expert", "k8_empty_experts"])
-def test_matches_autograd_of_the_expert_loop(reference_ops, monkeypatch, shape, bias, interleaved,
-                                             activation, gather):
-    """gather: the products read rows through the routing's order, or (experts
-    wider than moe.GATHER_MAX_INTER, here 0) from permuted copies."""
-    if not gather:
-        monkeypatch.setattr(gg_runtime.moe, "GATHER_MAX_INTER", 0)
+def test_matches_autograd_of_the_expert_loop(monkeypatch, shape, bias, gate_up, activation,
+                                             gather):
+    """gather: the products read rows through the routing's order, or (as the
+    forward says for experts wider than ragged_glu's GATHER_MAX_INTER) from
+    permuted copies."""
+    use_reference_ops(monkeypatch, gathered=gather)
     given = inputs(*shape, bias=bias, transposed=shape[0] == 37)
     given["topk_ids"][::7, 0] = -1  # dropped slots
     given["topk_ids"][1, -1] = shape[3]  # past the last expert: dropped too
@@ -140,11 +148,10 @@ def test_matches_autograd_of_the_expert_loop(reference_ops, monkeypatch, shape, 
                        dtype=torch.float64)
 
     def ours(x, topk_ids, topk_weights, w13, w2, b13, b2):
-        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, interleaved,
-                              activation)
+        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
 
     def theirs(**given):
-        return layer_ref(**given, interleaved=interleaved, activation=activation)
+        return layer_ref(**given, interleaved=gate_up == "interleaved", activation=activation)
 
     out, grads, leaves = outputs_and_grads(ours, given, grad)
     want, want_grads, _ = outputs_and_grads(theirs, given, grad)
@@ -170,7 +177,7 @@ def test_backward_twice_with_the_graph_kept(reference_ops):
     given = inputs(29, 8, 4, 6, 2, bias=True, transposed=False)
     grad = torch.randn(29, 8, dtype=torch.float64)
     leaves = {n: t.clone().requires_grad_() if n in DIFFERENTIABLE else t for n, t in given.items()}
-    out = _Experts.apply(*leaves.values(), False, "swiglu")
+    out = _Experts.apply(*leaves.values(), "concatenated", "swiglu")
     out.backward(grad, retain_graph=True)
     once = {n: leaves[n].grad.clone() for n in DIFFERENTIABLE}
     out.backward(grad)
@@ -189,7 +196,8 @@ def test_activation_checkpointing(reference_ops, use_reentrant):
     grad = torch.randn(29, 8, dtype=torch.float64)
 
     def plain(x, topk_ids, topk_weights, w13, w2, b13, b2):
-        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, False, "swiglu")
+        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, "concatenated",
+                              "swiglu")
 
     def checkpointed(**given):
         return torch.utils.checkpoint.checkpoint(plain, *given.values(),

@@ -55,7 +55,7 @@ def test_bad_arguments(fake, changes, error, message):
         gg_runtime.moe_experts(**args(**changes()))
 
 
-def test_gate_up_layout_and_activation_names(fake):
+def test_gate_up_and_activation_names(fake):
     with pytest.raises(ValueError, match="gate_up must be one of"):
         gg_runtime.moe_experts(**args(), gate_up="split")
     with pytest.raises(ValueError, match="gate_up must be one of"):
@@ -91,18 +91,20 @@ def test_cpu_tensors_are_refused():
 def test_swiglu_operators_check_their_inputs(fake):
     ops = torch.ops.gg_runtime
     with pytest.raises(ValueError, match=r"gu must be \[R, 2C\]"):
-        call(ops.swiglu.default, cuda(4, 7), False)
+        call(ops.swiglu.default, cuda(4, 7))
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss', got 'relu'"):
-        call(ops.swiglu.default, cuda(4, 6), False, "relu")
+        call(ops.swiglu.default, cuda(4, 6), "concatenated", "relu")
+    with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved', "
+                                         "got 'split'"):
+        call(ops.swiglu.default, cuda(4, 6), "split")
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
         call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 3), cuda(4, dtype=torch.float32),
-             False, "relu")
+             "concatenated", "relu")
     with pytest.raises(ValueError, match=r"grad must have shape \(4, 3\)"):
-        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 6), cuda(4, dtype=torch.float32),
-             False)
+        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 6), cuda(4, dtype=torch.float32))
     with pytest.raises(TypeError, match="scale must be float32"):
-        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 3), cuda(4), False)
-    h = torch.ops.gg_runtime.swiglu(cuda(4, 6), True)
+        call(ops.swiglu_backward.default, cuda(4, 6), cuda(4, 3), cuda(4))
+    h = torch.ops.gg_runtime.swiglu(cuda(4, 6), "interleaved")
     dgu, hs, dot = torch.ops.gg_runtime.swiglu_backward(cuda(4, 6), cuda(4, 3),
                                                         cuda(4, dtype=torch.float32))
     assert [tuple(t.shape) for t in (h, dgu, hs, dot)] == [(4, 3), (4, 6), (4, 3), (4,)]
@@ -156,14 +158,16 @@ def test_grouped_mm_glu_checks_its_inputs(fake):
     with pytest.raises(ValueError, match=r"bias must have shape \(4, 16\)"):
         call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), offs, cuda(E, INTER))
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
-        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), offs, None, False, "relu")
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), offs, None, "concatenated", "relu")
+    with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
+        call(op, cuda(T, H), rows, K, cuda(E, 2 * INTER, H), offs, None, "split")
     for w13 in (cuda(E, 2 * INTER, H), cuda(E, H, 2 * INTER).mT):
-        for interleaved in (False, True):
-            h, gu = op(cuda(T, H), rows, K, w13, offs, None, interleaved, "swiglu", True)
+        for gate_up in ("concatenated", "interleaved"):
+            h, gu = op(cuda(T, H), rows, K, w13, offs, None, gate_up, "swiglu", True)
             assert (h.shape, gu.shape) == ((T * K, INTER), (T * K, 2 * INTER))
-            h, gu = op(cuda(T, H), rows, K, w13, offs, None, interleaved, "swiglu", False)
+            h, gu = op(cuda(T, H), rows, K, w13, offs, None, gate_up, "swiglu", False)
             assert (h.shape, gu.shape) == ((T * K, INTER), (0, 2 * INTER))
-            h, gu = op(cuda(T, H), None, 1, w13, offs, None, interleaved, "swiglu", True)
+            h, gu = op(cuda(T, H), None, 1, w13, offs, None, gate_up, "swiglu", True)
             assert (h.shape, gu.shape) == ((T, INTER), (T, 2 * INTER))
 
 

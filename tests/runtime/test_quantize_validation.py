@@ -22,7 +22,7 @@ def test_valid_inputs_pass(fake, granularity, dtype):
 @pytest.mark.parametrize("make, granularity, error, message", [
     (lambda: [[1.0]], "rowwise", TypeError, "x must be a torch.Tensor, got list"),
     (lambda: cuda(4, 8), "blockwise", ValueError,
-     "granularity must be one of rowwise, 1x128, 128x128, got 'blockwise'"),
+     "granularity must be 'rowwise', '1x128' or '128x128', got 'blockwise'"),
     (lambda: cuda(4, 8), None, TypeError, "granularity must be a str, got NoneType"),
     (lambda: cuda(8), "rowwise", ValueError,
      r"x must be 2-D \[T, K\] \(activations\) or 3-D \[G, N, K\] \(weights\), got shape \(8,\)"),
