@@ -21,18 +21,23 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .autograd import bias_gradient, input_gradient, stored_transposed
-from ._native import OPS, call, call_untracked_if_possible
+from ._native import OPS, _C, call, call_untracked_if_possible
 
-GATE_UP_LAYOUTS = ("concatenated", "interleaved")
+# The values the kernels are built for, read from the swiglu family's axes
+# (aot/families/swiglu.py), the one description the operators parse them by.
+_SWIGLU_AXES = _C.families()["swiglu"]["axes"]
+GATE_UP_VALUES = tuple(_SWIGLU_AXES["gate_up"])
 # silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
 # GPT_OSS_LIMIT): (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
-ACTIVATIONS = ("swiglu", "gpt_oss")
+ACTIVATIONS = tuple(_SWIGLU_AXES["activation"])
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
 
 
 def _check_choices(gate_up, activation):
-    if gate_up not in GATE_UP_LAYOUTS:
-        raise ValueError(f"gate_up must be one of {GATE_UP_LAYOUTS}, got {gate_up!r}")
+    """Before anything is recorded for autograd (the operator parses them by
+    the same values)."""
+    if gate_up not in GATE_UP_VALUES:
+        raise ValueError(f"gate_up must be one of {GATE_UP_VALUES}, got {gate_up!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 

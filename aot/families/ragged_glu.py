@@ -22,7 +22,8 @@ SM90_TRITON = (Config(64, 128, 64, 4, 3, max_rows=32), Config(128, 256, 64, 8, 3
 # rows (dh, dW2) through the routing's order where the experts are at most
 # this wide (I <= GATHER_MAX_INTER): there gathering in the GEMM costs no
 # more time than a permuted copy, and saves the copy's memory; wider
-# experts' GEMMs run faster from copies, by TMA (docs/notes/2026-11-24-moe-experts-gathering-up-projection.md).
+# experts' GEMMs run faster from copies, by TMA
+# (docs/notes/2026-11-24-moe-experts-gathering-up-projection.md).
 # moe_experts decides by it and tells its backward (csrc/ops/moe_experts.cc).
 GATHER_MAX_INTER = 4096
 
