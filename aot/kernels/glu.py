@@ -19,11 +19,11 @@ UNGATED: no activation: the gathered rows' product (plus bias) is stored as it
 is, [T, N] (moe_experts' backward: the gradient of h from the gathered
 gradient rows).
 
-GLU is also what the ragged-M programs' epilogue branches on: NO_GLU (ragged_m
-and scaled_ragged_m, whose GLU default it is) and UNGATED store the product
-as it is, a gate layout (GLU >= CONCATENATED) the gated epilogue.  Whether
-A's rows are gathered is not GLU's to say: that is the presence of the
-programs' `gather` argument (ragged_glu's kernels always pass one).
+The ragged-M programs' epilogue also branches on GLU: below CONCATENATED
+(NO_GLU, their default, which ragged_m and scaled_ragged_m keep, and UNGATED)
+the product is stored as it is; a gate layout takes the gated epilogue.
+Whether A's rows are gathered is not GLU's to say but the programs' `gather`
+argument's (ragged_glu's kernels always pass one).
 """
 import triton
 import triton.language as tl
