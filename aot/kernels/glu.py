@@ -19,9 +19,11 @@ UNGATED: no activation: the gathered rows' product (plus bias) is stored as it
 is, [T, N] (moe_experts' backward: the gradient of h from the gathered
 gradient rows).
 
-GLU is also what the ragged-M kernels branch on: NO_GLU (ragged_m: rows read
-in order, no gate), UNGATED (gathered rows, no gate), or a gate layout
-(gathered rows, gated epilogue: GLU >= CONCATENATED).
+The ragged-M programs' epilogue also branches on GLU: below CONCATENATED
+(NO_GLU, their default, which ragged_m and scaled_ragged_m keep, and UNGATED)
+the product is stored as it is; a gate layout takes the gated epilogue.
+Whether A's rows are gathered is not GLU's to say but the programs' `gather`
+argument's (ragged_glu's kernels always pass one).
 """
 import triton
 import triton.language as tl
@@ -55,24 +57,27 @@ def gate_and_up(acc, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, lda, ldb,
-             B_T: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr = False,
-             b_desc=None, g=0, B_BY_TMA: tl.constexpr = False):
+def glu_tile(gather, weights, off_m, off_n, k_end, end, N, ldb, B_T: tl.constexpr,
+             GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             PRECISION: tl.constexpr, ALIGNED: tl.constexpr = False, b_blocks=None):
     """The tile's product [BM, BN] (float32, w13_columns' order) through masked
-    pointer loads: the tile's row r is a[rows[off_m + r] // rows_div], or
-    a[off_m + r] where rows_div is 0 (zeros from end on); `weights` is b[g]
-    ([K, N]: element (k, n) at n * ldb + k where B_T, else k * ldb + n).
+    pointer loads, gather = (a_ptr, lda, rows_ptr, rows_div): the tile's row
+    r is a[rows[off_m + r] // rows_div] (a's rows lda apart), or a[off_m + r]
+    where rows_div is 0 (zeros from end on); `weights` is b[g] ([K, N]:
+    element (k, n) at n * ldb + k where B_T, else k * ldb + n).
     ALIGNED: the TMA flavour's rules hold (csrc/run.cc: 16-byte aligned
     bases and strides, K a row_length of whole 16 bytes), so each row of a,
     and each column of a K-major b, starts on 16 bytes and a 16-byte vector
     along K is wholly in or out: the loads are 16-byte vectors the compiler
-    pipelines (without the hints they are one element each).  B_BY_TMA:
-    b's [BK, BN] blocks come by TMA through b_desc ([G, K, N]) at group g;
-    CONCATENATED's as two [BK, BN / 2] blocks, from columns off_n / 2 (gate)
-    and N / 2 + off_n / 2 (up), each multiplied into an accumulator of its
-    own (the gate block's columns past N / 2 are up columns, which only
-    reach accumulator columns that the epilogue drops)."""
+    pipelines (without the hints they are one element each).  b_blocks:
+    None, or (b_desc, g): b's [BK, BN] blocks come by TMA through b_desc
+    ([G, K, N]) at group g; CONCATENATED's as two [BK, BN / 2] blocks, from
+    columns off_n / 2 (gate) and N / 2 + off_n / 2 (up), each multiplied into
+    an accumulator of its own (the gate block's columns past N / 2 are up
+    columns, which only reach accumulator columns that the epilogue drops)."""
+    a_ptr, lda, rows_ptr, rows_div = gather
+    if b_blocks is not None:
+        b_desc, g = b_blocks
     rm = off_m + tl.arange(0, BM)
     row_ok = rm < end
     gathered = rows_div != 0
@@ -89,7 +94,7 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
     VECTOR: tl.constexpr = 128 // a_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    HALVES: tl.constexpr = B_BY_TMA and GLU == CONCATENATED
+    HALVES: tl.constexpr = b_blocks is not None and GLU == CONCATENATED
     if HALVES:
         acc_gate = tl.zeros((BM, BN // 2), dtype=tl.float32)
         acc_up = tl.zeros((BM, BN // 2), dtype=tl.float32)
@@ -106,7 +111,7 @@ def glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N, ld
             acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
             acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
         else:
-            if B_BY_TMA:
+            if b_blocks is not None:
                 b = b_desc.load([g, k0, off_n]).reshape(BK, BN)
             else:
                 if B_T:
@@ -130,15 +135,18 @@ def act(gate, up, gpt_oss):
 
 
 @triton.jit
-def glu_epilogue(acc, g, G, off_m, end, off_n, N, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                 GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, glu, GLU: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr):
     """h's [BM, BN / 2] tile (float32) from the accumulator of rows off_m ..
-    (those below end are the group's); the bias is added first, and gu
-    ([T, N] row-major) written where save_gu is 1."""
+    (those below end are the group's); bias = (bias_ptr [G, N], has_bias) is
+    added first (where has_bias); glu = (gu_ptr, save_gu, gpt_oss): gu ([T,
+    N] row-major) written where save_gu is 1, act's gpt_oss."""
+    bias_ptr, has_bias = bias
+    gu_ptr, save_gu, gpt_oss = glu
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
     if has_bias != 0:
-        bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=col_ok & (g < G), other=0.0)
-        acc = acc + bias.to(tl.float32)[None, :]
+        group_bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=col_ok & (g < G), other=0.0)
+        acc = acc + group_bias.to(tl.float32)[None, :]
     if save_gu != 0:
         rows = off_m + tl.arange(0, BM)
         at = rows.to(tl.int64)[:, None] * N + cols[None, :]

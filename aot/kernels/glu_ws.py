@@ -53,15 +53,18 @@ def activate(gate, up, gpt_oss):
 
 
 @gluon.jit
-def store_gated(acc, c_desc, gu_desc, c_buf, g, G, N, off_n, row, start, end, bias_ptr, has_bias,
-                save_gu, gpt_oss, GLU: gl.constexpr):
+def store_gated(acc, c_desc, c_buf, bias, glu, g, G, N, off_n, row, start, end,
+                GLU: gl.constexpr):
     """glu.glu_epilogue for a tile at (row >= start, off_n) of the group
-    [start, end): h's tile stored through c_desc, gu's through gu_desc."""
+    [start, end), bias = (bias_ptr, has_bias) and glu = (gu_desc, save_gu,
+    gpt_oss): h's tile stored through c_desc, gu's through gu_desc."""
+    bias_ptr, has_bias = bias
+    gu_desc, save_gu, gpt_oss = glu
     BN: gl.constexpr = acc.shape[1]
     if has_bias != 0:
         cols, ok = w13_columns(off_n, N, BN, GLU, gl.SliceLayout(0, acc.type.layout))
-        bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=ok & (g < G), other=0.0)
-        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+        group_bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=ok & (g < G), other=0.0)
+        acc = acc + gl.expand_dims(group_bias.to(gl.float32), 0)
     at = RAGGED_ROWS - (end - start) + (row - start)
     if GLU == CONCATENATED:
         gate, up = column_parts(acc, 2)

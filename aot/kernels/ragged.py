@@ -96,13 +96,16 @@ def ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T: tl.co
 
 
 @triton.jit
-def add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN: tl.constexpr):
-    """acc + bias[g, off_n:off_n + BN] (bias [G, N] row-major) where has_bias;
-    the rows past the last group (g == G) get none."""
+def add_bias(acc, bias, g, G, off_n, N, BN: tl.constexpr):
+    """acc + bias_ptr[g, off_n:off_n + BN] (bias_ptr [G, N] row-major) for
+    bias = (bias_ptr, has_bias), where has_bias; the rows past the last group
+    (g == G) get none."""
+    bias_ptr, has_bias = bias
     if has_bias != 0:
         cols = off_n + tl.arange(0, BN)
-        bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=(cols < N) & (g < G), other=0.0)
-        acc = acc + bias.to(tl.float32)[None, :]
+        group_bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=(cols < N) & (g < G),
+                             other=0.0)
+        acc = acc + group_bias.to(tl.float32)[None, :]
     return acc
 
 
@@ -119,11 +122,8 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
     whose groups are column ranges; stored through pointers, a TMA box
     cannot end at a group's last column); bias [G, N] row-major, read where
     has_bias is 1."""
-    # The scale pointers are never read without scales, nor gu and rows without
-    # GLU: offs_ptr and c_ptr stand in.
-    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, A_T,
-                     B_T, C_T, USE_TMA, NO_SCALES, False, NO_GLU, BM, BN, BK, CHUNK, PRECISION)
+    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                     (bias_ptr, has_bias), A_T, B_T, C_T, USE_TMA, BM, BN, BK, CHUNK, PRECISION)
 
 
 @triton.jit
@@ -140,10 +140,10 @@ def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_st
     where save_gu is 1; gpt_oss: 0 SwiGLU, 1 gpt-oss's.  GLU = UNGATED: c
     [T, N] = the product plus bias (gu, save_gu and gpt_oss not read).  Rows
     of the group offsets' pseudo-group (past the last group) are written zero."""
-    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                     rows_ptr, rows_div, False, B_T, False, USE_TMA, NO_SCALES, False, GLU, BM, BN,
-                     BK, CHUNK, PRECISION)
+    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                     (bias_ptr, has_bias), False, B_T, False, USE_TMA, BM, BN, BK, CHUNK,
+                     PRECISION, gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
+                     glu=(gu_ptr, save_gu, gpt_oss))
 
 
 @triton.jit
@@ -156,20 +156,19 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
     """ragged_m for fp8: a [T, K] row-major, b [G, N, K] (K-major, as fp8 wgmma
     wants both operands), c [T, N] = (a @ b[g]) scaled as scaled.py's SCALING says
     (+ bias[g] where has_bias), FAST_ACCUM as scaled.py says."""
-    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1, False,
-                     True, False, USE_TMA, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK,
-                     PRECISION)
+    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                     (bias_ptr, has_bias), False, True, False, USE_TMA, BM, BN, BK, CHUNK,
+                     PRECISION, SCALING=SCALING, FAST_ACCUM=FAST_ACCUM,
+                     scales=(scale_a_ptr, scale_b_ptr))
 
 
 @triton.jit
-def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                     b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                     rows_ptr, rows_div, A_T: tl.constexpr, B_T: tl.constexpr,
-                     C_T: tl.constexpr, USE_TMA: tl.constexpr, SCALING: tl.constexpr,
-                     FAST_ACCUM: tl.constexpr,
-                     GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                     bias, A_T: tl.constexpr, B_T: tl.constexpr, C_T: tl.constexpr,
+                     USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     CHUNK: tl.constexpr, PRECISION: tl.constexpr,
+                     SCALING: tl.constexpr = NO_SCALES, FAST_ACCUM: tl.constexpr = True,
+                     scales=None, gather=None, GLU: tl.constexpr = NO_GLU, glu=None):
     """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -177,11 +176,24 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     weight column block), then the tiles of the rows past the last group,
     which are written with zeros (a pseudo-group with K = 0).  Groups are
     scanned CHUNK at a time: a prefix sum over their tile counts finds the
-    owner of a tile without a per-group loop.  GLU other than NO_GLU:
-    ragged_glu_kernel's gathered rows (and gated epilogue), through pointer
-    loads (TMA only stores c).
+    owner of a tile without a per-group loop.
+
+    Each optional feature is one argument: bias = (bias_ptr, has_bias),
+    added where has_bias (add_bias); scales = (scale_a_ptr, scale_b_ptr),
+    applied as SCALING (scaled.py's, with FAST_ACCUM) says; gather = (a_ptr,
+    lda, rows_ptr, rows_div), A's rows read through an index by pointer
+    loads (glu.glu_tile; TMA then only stores c); glu = (gu_ptr, save_gu,
+    gpt_oss), glu.py's gated epilogue where GLU >= CONCATENATED.  gather,
+    which has no mode, is used where it is not None.  scales and glu are
+    used where their mode says, and are None (never read) where it says
+    not: the mode is needed anyway to say which scales or gate layout, and
+    it cannot travel in the tuple (Triton makes a constexpr a tensor where
+    the tuple holding it is assigned or unpacked), so a None test beside it
+    would be a second answer to the same question.
     """
     tl.static_assert(SCALING == NO_SCALES or USE_TMA, "scaled tiles are TMA-only")
+    tl.static_assert(GLU < CONCATENATED or gather is not None,
+                     "the gated epilogue takes glu_tile's column order: gathered rows")
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)
@@ -190,9 +202,9 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
     # two half blocks, the gate's and the up's): its pointer loads run along
     # N, whose mask the flavour's rules do not make constant over 16 bytes
     # (one element each).
-    B_BY_TMA: tl.constexpr = USE_TMA and not B_T and GLU != NO_GLU
+    B_BY_TMA: tl.constexpr = USE_TMA and not B_T and gather is not None
     B_BLOCK_N: tl.constexpr = BN // 2 if GLU == CONCATENATED else BN
-    if USE_TMA and GLU == NO_GLU:
+    if USE_TMA and gather is None:
         # One descriptor for all of A and one for all of B, built once per
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
@@ -202,8 +214,6 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, tl.maximum(K, 1), N],
                                            strides=[b_group_stride, ldb, 1],
                                            block_shape=[1, BK, B_BLOCK_N])
-    else:
-        b_desc = b_ptr  # never loaded from
     if USE_TMA and GLU < CONCATENATED and not C_T:
         c_desc = ragged_descriptor(c_ptr, N, ldc, BM, BN)
     elif USE_TMA:  # h: half as many columns
@@ -237,15 +247,13 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
             off_m = start + (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN
             k_end = tl.where(g < G, K, 0)
-            if GLU != NO_GLU:
+            if gather is not None:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
-                acc = glu_tile(a_ptr, rows_ptr, rows_div, weights, off_m, off_n, k_end, end, N,
-                               lda, ldb, B_T, GLU, BM, BN, BK, PRECISION, USE_TMA, b_desc, g,
-                               B_BY_TMA)
+                acc = glu_tile(gather, weights, off_m, off_n, k_end, end, N, ldb, B_T, GLU, BM,
+                               BN, BK, PRECISION, USE_TMA, (b_desc, g) if B_BY_TMA else None)
             elif SCALING != NO_SCALES:
-                acc = scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr,
-                                      tl.minimum(g, G - 1), off_m, off_n, end, N, K, k_end,
-                                      SCALING, FAST_ACCUM, BM, BN, BK)
+                acc = scaled_tile_tma(a_desc, b_desc, scales, tl.minimum(g, G - 1), off_m, off_n,
+                                      end, N, K, k_end, SCALING, FAST_ACCUM, BM, BN, BK)
             elif USE_TMA:
                 acc = ragged_m_tile_tma(a_desc, b_desc, g, off_m, off_n, k_end, T, lda, A_T, B_T,
                                         BM, BN, BK, PRECISION)
@@ -254,7 +262,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                 acc = tile_mma_basic(a_ptr, weights, off_m, off_n, 0, k_end, end, N, lda, ldb,
                                      A_T, B_T, BM, BN, BK, PRECISION)
             if GLU < CONCATENATED:  # no gate
-                acc = add_bias(acc, bias_ptr, has_bias, g, G, off_n, N, BN)
+                acc = add_bias(acc, bias, g, G, off_n, N, BN)
                 if C_T:
                     tile_store_transposed(c_ptr, acc, off_m, off_n, end, N, ldc, BM, BN)
                 elif USE_TMA:
@@ -262,8 +270,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T,
                 else:
                     tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
             else:
-                h = glu_epilogue(acc, g, G, off_m, end, off_n, N, bias_ptr, has_bias, gu_ptr,
-                                 save_gu, gpt_oss, GLU, BM, BN)
+                h = glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, glu, GLU, BM, BN)
                 if USE_TMA:
                     ragged_store(c_desc, h, start, end, off_m, off_n // 2, BM, BN // 2)
                 else:

@@ -56,19 +56,19 @@ def operands(a_bufs, b_bufs, slot, half: gl.constexpr, PART_M: gl.constexpr, A_T
 def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
                PART_M: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr,
-               FAST_ACCUM: gl.constexpr, GATHER: gl.constexpr = False, gathered=False):
+               FAST_ACCUM: gl.constexpr, gather=None):
     """(the tile's product over K, the ring count after it), one MMA in flight.
     fp8 without FAST_ACCUM: each BK-deep step's product is added to acc in
     float32 (the compiler's partial accumulator, as many registers again).
-    GATHER and gathered: A's block was written by the loader's threads
-    (ws.copy_rows), which wgmma's reads (the async proxy) see only after a
-    proxy fence."""
+    gather (ws.gather_rows'; None: A's blocks come by TMA): where its rows_div
+    is not 0, A's block was written by the loader's threads (ws.copy_rows),
+    which wgmma's reads (the async proxy) see only after a proxy fence."""
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        if GATHER:  # noqa: SIM102 (a constexpr, then a runtime test)
-            if gathered:
+        if gather is not None:  # noqa: SIM102 (a constexpr, then a runtime test)
+            if gather[3] != 0:
                 fence_async_shared()
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, A_T, B_T)
         if FAST_ACCUM:
@@ -84,12 +84,14 @@ def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
 
 
 @gluon.jit
-def block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks, n_blocks, block,
-                 off_n, H: gl.constexpr, layout: gl.constexpr):
-    """[rows, the tile's H 128-column blocks] scales of K block `block`:
-    scale_a[row, block] x scale_b[g, column block, block].  Rows past the
-    group and column blocks past N (never stored) and blocks past k_end
-    (never added; all of the pseudo-group's, which has no scale_b) read 1."""
+def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, off_n,
+                 H: gl.constexpr, layout: gl.constexpr):
+    """[rows, the tile's H 128-column blocks] scales of K block `block`, for
+    scales = (scale_a_ptr, scale_b_ptr): scale_a[row, block] x scale_b[g,
+    column block, block].  Rows past the group and column blocks past N
+    (never stored) and blocks past k_end (never added; all of the
+    pseudo-group's, which has no scale_b) read 1."""
+    scale_a_ptr, scale_b_ptr = scales
     in_k = block * SCALE_BLOCK < k_end
     scale_a = gl.load(scale_a_ptr + rows.to(gl.int64) * k_blocks + block, mask=row_ok & in_k,
                       other=1.0)
@@ -133,10 +135,10 @@ def wait_turn(turns, half: gl.constexpr, count):
 
 
 @gluon.jit
-def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
-                         scale_b_ptr, g, part_m, end, K, N, off_n, half: gl.constexpr,
-                         PART_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                         STAGES: gl.constexpr, acc_layout: gl.constexpr):
+def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scales, g, part_m,
+                         end, K, N, off_n, half: gl.constexpr, PART_M: gl.constexpr,
+                         BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                         acc_layout: gl.constexpr):
     """accumulate() with each 128-deep K block's product scaled before it is
     added, in one accumulator kept in units of the current block's scale
     (unit_of): before block j's MMA adds its product the accumulator is
@@ -160,14 +162,13 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     unit = gl.full([PART_M, H], 1.0, gl.float32, layout)
     largest = gl.zeros([PART_M, H], gl.float32, layout)
-    scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks, n_blocks, 0,
-                         off_n, H, layout)
+    scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, 0, off_n, H, layout)
     HALF_K: gl.constexpr = BK // 2
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         # A block ahead: the loads' latency hides behind a whole MMA.
-        next_scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks,
-                                  n_blocks, k0 // SCALE_BLOCK + 1, off_n, H, layout)
+        next_scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks,
+                                  k0 // SCALE_BLOCK + 1, off_n, H, layout)
         largest = gl.maximum(largest, gl.abs(scale))
         new_unit = unit_of(scale, largest)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
@@ -190,10 +191,10 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
 
 
 @gluon.jit
-def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, scale_a_ptr,
-                                  scale_b_ptr, g, part_m, end, K, N, off_n, half: gl.constexpr,
-                                  PART_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                                  STAGES: gl.constexpr, acc_layout: gl.constexpr):
+def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, scales, g, part_m,
+                                  end, K, N, off_n, half: gl.constexpr, PART_M: gl.constexpr,
+                                  BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                                  acc_layout: gl.constexpr):
     """accumulate_blockwise() without fast accumulation: each 128-deep K
     block's product is made from zero by the tensor cores, then scaled and
     added to the float32 accumulator by the CUDA cores (the DeepSeek-V3
@@ -208,8 +209,8 @@ def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, sc
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
-        scale = block_scales(scale_a_ptr, scale_b_ptr, g, rows, row_ok, k_end, k_blocks, n_blocks,
-                             k0 // SCALE_BLOCK, off_n, H, layout)
+        scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, k0 // SCALE_BLOCK,
+                             off_n, H, layout)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
         product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
@@ -221,14 +222,15 @@ def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, sc
 
 
 @gluon.jit
-def pass_blocks(ready, empty, turns, count, k_end, half: gl.constexpr, TURNS: gl.constexpr,
-                BK: gl.constexpr, STAGES: gl.constexpr):
+def pass_blocks(ready, empty, turns, count, k_end, half: gl.constexpr, BK: gl.constexpr,
+                STAGES: gl.constexpr):
     """Free the tile's slots unread (each once it is filled, so that a slot is
     never released for a round the loader has not reached), and pass each
-    block's turn (TURNS: partitions that take turns)."""
+    block's turn where the partitions take turns (turns: their barriers, as
+    accumulate_blockwise's; None where they do not)."""
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
-        if TURNS:
+        if turns is not None:
             wait_turn(turns, half, count)
             mbarrier.arrive(turns.index(half))
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
@@ -246,16 +248,17 @@ def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
 
 
 @gluon.jit
-def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part_m, start, end,
-                  off_n, N, ALIGN: gl.constexpr, C_T: gl.constexpr):
-    """A finished tile plus bias[g] (where has_bias; none past the last group),
-    its rows possibly begun before its group (ws.tiled_rows); C_T: c stored
-    transposed (ws.store_columns)."""
+def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias, g, G, part_m, start, end, off_n, N,
+                  ALIGN: gl.constexpr, C_T: gl.constexpr):
+    """A finished tile plus bias_ptr[g] for bias = (bias_ptr, has_bias) (where
+    has_bias; none past the last group), its rows possibly begun before its
+    group (ws.tiled_rows); C_T: c stored transposed (ws.store_columns)."""
+    bias_ptr, has_bias = bias
     if has_bias != 0:
         cols = off_n + gl.arange(0, acc.shape[1], gl.SliceLayout(0, acc.type.layout))
-        bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (g < G),
-                       other=0.0)
-        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+        group_bias = gl.load(bias_ptr + g.to(gl.int64) * N + cols, mask=(cols < N) & (g < G),
+                             other=0.0)
+        acc = acc + gl.expand_dims(group_bias.to(gl.float32), 0)
     # ALIGN is a constexpr: its branch compiles without the runtime test.
     if C_T:
         store_columns(acc, c_desc, c_buf, c_ptr, ldc, part_m, start, end, off_n, N)
@@ -269,16 +272,17 @@ def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G, part
 
 @gluon.jit
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
-                  c_bufs, ready, empty, turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr,
-                  has_bias, gu_desc, save_gu, gpt_oss, rows_div, T, N, K, G, A_T: gl.constexpr,
-                  B_T: gl.constexpr, C_T: gl.constexpr, SCALING: gl.constexpr,
-                  FAST_ACCUM: gl.constexpr,
-                  GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
+                  c_bufs, ready, empty, turns, offs_ptr, T, N, K, G, bias, scales, gather, glu,
+                  A_T: gl.constexpr, B_T: gl.constexpr, C_T: gl.constexpr,
+                  SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, GLU: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                  STAGES: gl.constexpr, CTAS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
     program (in a cluster, PARTS = 1: each CTA's share of the tile's rows).
-    GLU >= CONCATENATED: kernels/glu.py's gated epilogue (h through c_desc, gu
-    through gu_desc)."""
+    The features as ragged_m_ws_program's, but glu = (gu_desc, save_gu,
+    gpt_oss): kernels/glu.py's gated epilogue stores h through c_desc and gu
+    through gu_desc; turns: accumulate_blockwise's (None where the partitions
+    do not take turns)."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
@@ -302,18 +306,18 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
             if part_m < end:
                 if SCALING == BLOCKWISE and not FAST_ACCUM:
                     acc, count = accumulate_blockwise_promoted(
-                        a_bufs, b_bufs, ready, empty, count, k_end, scale_a_ptr, scale_b_ptr, g,
-                        part_m, end, K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout)
+                        a_bufs, b_bufs, ready, empty, count, k_end, scales, g, part_m, end, K, N,
+                        off_n, half, PART_M, BN, BK, STAGES, acc_layout)
                 elif SCALING == BLOCKWISE:
                     acc, count = accumulate_blockwise(
-                        a_bufs, b_bufs, ready, empty, turns, count, k_end, scale_a_ptr,
-                        scale_b_ptr, g, part_m, end, K, N, off_n, half, PART_M, BN, BK, STAGES,
-                        acc_layout)
+                        a_bufs, b_bufs, ready, empty, turns, count, k_end, scales, g, part_m, end,
+                        K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
-                                            FAST_ACCUM, GLU != NO_GLU, rows_div != 0)
+                                            FAST_ACCUM, gather)
                 if SCALING == ROWWISE:  # indices made here, not live through the K loop
+                    scale_a_ptr, scale_b_ptr = scales
                     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
                     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
                     scale_a = gl.load(scale_a_ptr + rows, mask=rows < end, other=0.0)
@@ -321,26 +325,28 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                                       mask=(cols < N) & (g < G), other=0.0)
                     acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
                 if GLU < CONCATENATED:
-                    store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias_ptr, has_bias, g, G,
-                                  part_m, start, end, off_n, N, ALIGN, C_T)
+                    store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias, g, G, part_m, start, end,
+                                  off_n, N, ALIGN, C_T)
                 else:  # a row-major a: tiles start at their group's rows
-                    store_gated(acc, c_desc, gu_desc, c_buf, g, G, N, off_n, part_m, start, end,
-                                bias_ptr, has_bias, save_gu, gpt_oss, GLU)
+                    store_gated(acc, c_desc, c_buf, bias, glu, g, G, N, off_n, part_m, start, end,
+                                GLU)
             else:
-                count = pass_blocks(ready, empty, turns, count, k_end, half,
-                                    SCALING == BLOCKWISE and FAST_ACCUM, BK, STAGES)
+                count = pass_blocks(ready, empty, turns, count, k_end, half, BK, STAGES)
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
     tma.store_wait(0)
 
 
 @gluon.jit
-def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                        rows_ptr, rows_div, A_T: gl.constexpr, B_T: gl.constexpr,
-                        C_T: gl.constexpr, SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
-                        GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
+def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                        bias, A_T: gl.constexpr, B_T: gl.constexpr, C_T: gl.constexpr,
+                        BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
+                        SCALING: gl.constexpr = NO_SCALES, FAST_ACCUM: gl.constexpr = True,
+                        scales=None, gather=None, GLU: gl.constexpr = NO_GLU, glu=None):
+    """One program of the kernels below; its optional features are
+    ragged.ragged_m_program's (bias, SCALING with FAST_ACCUM and scales,
+    gather, GLU with glu), each one argument, decided alike."""
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // CTAS // (16 * gl.num_warps())
     # A cluster's CTAs split the tile's rows; a partition's rows within a CTA,
@@ -348,55 +354,42 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
     gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T and not C_T),
                      "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a "
                      "and c")
-    # ragged.ragged_glu_kernel (gated or UNGATED) may gather A's rows: its
-    # loader is a warpgroup that copies them where rows_div is not 0.
-    GATHER: gl.constexpr = GLU != NO_GLU
+    gl.static_assert(PARTS == 1 or PARTS == 2, "one or two MMA partitions")
+    # Gathered rows (ragged_glu's, gated or UNGATED) are copied by the loader,
+    # a warpgroup, where rows_div is not 0.
+    GATHER: gl.constexpr = gather is not None
     GATED: gl.constexpr = GLU >= CONCATENATED
     HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
         STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0, C_T)
-    gather = (a_ptr, lda, rows_ptr, rows_div)
     LOADER: gl.constexpr = GATHER_WARPS if GATHER else LOADER_WARPS
     LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
     if GATHER:
         gl.static_assert(not A_T and CTAS == 1, "gathered rows are row-major, in one CTA")
-    if GATED:
+    if GATED:  # the MMA partitions' glu: gu stored through a descriptor
+        gu_ptr, save_gu, gpt_oss = glu
         gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
-    else:
-        gu_desc = c_desc  # never used
-    if SCALING == BLOCKWISE and FAST_ACCUM:  # its partitions take turns (accumulate_blockwise)
+    TURNS: gl.constexpr = SCALING == BLOCKWISE and FAST_ACCUM
+    if TURNS:  # its partitions take turns (accumulate_blockwise)
         gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
-    else:
-        turns = empty  # never used
-    if PARTS == 1:
-        gl.warp_specialize([
-            (mma_partition, (0, 1, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
-                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
-            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER,
-                              C_T)),
-        ], [LOADER], [LOADER_REGS])
-    else:
-        gl.static_assert(PARTS == 2, "one or two MMA partitions")
-        gl.warp_specialize([
-            (mma_partition, (0, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
-                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
-            (mma_partition, (1, 2, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
-                             turns, offs_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, has_bias, gu_desc,
-                             save_gu, gpt_oss, rows_div, T, N, K, G, A_T, B_T, C_T, SCALING,
-                             FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS)),
-            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                              A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, GATHER,
-                              C_T)),
-        ], [gl.num_warps(), LOADER], [MMA_REGISTERS, LOADER_REGS])
+    # Partitions 0 .. PARTS - 1 take a part of each tile's rows each (the
+    # first is the default partition, with the program's warps); the last
+    # one is the loader.
+    gl.warp_specialize(
+        [(mma_partition, (p, PARTS, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
+                          turns if TURNS else None, offs_ptr, T, N, K, G, bias, scales, gather,
+                          (gu_desc, save_gu, gpt_oss) if GATED else None, A_T, B_T, C_T,
+                          SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS))
+         if p < PARTS else
+         (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
+                           A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, C_T))
+         for p in ((0, 1) if PARTS == 1 else (0, 1, 2))],
+        [LOADER] if PARTS == 1 else [gl.num_warps(), LOADER],
+        [LOADER_REGS] if PARTS == 1 else [MMA_REGISTERS, LOADER_REGS])
 
 
 @gluon.jit
@@ -411,11 +404,8 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
     common signature.  CTAS: the
     cluster's CTAs (ws.py), which the program's BM rows are split between."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    # The scale pointers are never read without scales, nor gu and rows
-    # without GLU: offs_ptr and c_ptr stand in.
-    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
-                        A_T, B_T, C_T, NO_SCALES, True, NO_GLU, BM, BN, BK, CHUNK, STAGES, CTAS)
+    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                        (bias_ptr, has_bias), A_T, B_T, C_T, BM, BN, BK, CHUNK, STAGES, CTAS)
 
 
 @gluon.jit
@@ -428,10 +418,10 @@ def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group
     """ragged.ragged_glu_kernel's contract, TMA only (USE_TMA and PRECISION
     taken for the common signature)."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, offs_ptr, offs_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss,
-                        rows_ptr, rows_div, False, B_T, False, NO_SCALES, True, GLU, BM, BN, BK,
-                        CHUNK, STAGES, 1)
+    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                        (bias_ptr, has_bias), False, B_T, False, BM, BN, BK, CHUNK, STAGES, 1,
+                        gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
+                        glu=(gu_ptr, save_gu, gpt_oss))
 
 
 @gluon.jit
@@ -443,7 +433,6 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
                               STAGES: gl.constexpr, CTAS: gl.constexpr):
     """scaled_ragged_m_kernel's contract (b K-major); CTAS as ragged_m_ws_kernel's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, T, N, K, G, lda,
-                        b_group_stride, ldb, ldc, bias_ptr, has_bias, c_ptr, 0, 0, offs_ptr, 1,
-                        False, True, False, SCALING, FAST_ACCUM, NO_GLU, BM, BN, BK, CHUNK, STAGES,
-                        CTAS)
+    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                        (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, CTAS,
+                        SCALING=SCALING, FAST_ACCUM=FAST_ACCUM, scales=(scale_a_ptr, scale_b_ptr))

@@ -35,11 +35,13 @@ def _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN: tl.constexpr, BK: tl.con
 
 
 @triton.jit
-def scaled_tile_tma(a_desc, b_desc, scale_a_ptr, scale_b_ptr, g, off_m, off_n, end, N, K, k_end,
+def scaled_tile_tma(a_desc, b_desc, scales, g, off_m, off_n, end, N, K, k_end,
                     SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, BK: tl.constexpr):
     """The float32 tile at (off_m, off_n) of group g (a valid index) with its
-    scales applied; rows >= end and columns >= N read scale 0."""
+    scales = (scale_a_ptr, scale_b_ptr) applied; rows >= end and columns >= N
+    read scale 0."""
+    scale_a_ptr, scale_b_ptr = scales
     rows = off_m + tl.arange(0, BM)
     cols = off_n + tl.arange(0, BN)
     row_ok = rows < end

@@ -323,7 +323,7 @@ def copy_rows(buf, rows, row_ok, k0, K, bar, BK: gl.constexpr):
 def fill_a(a_desc, a_bufs, ready, empty, count, gathered, rows, row_ok, off_m, k0, K,
            A_BYTES: gl.constexpr, B_BYTES: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """(slot, its ready barrier) of a loader that may gather (load_partition's
-    GATHER), A's block in it: gathered, its threads copy the rows; else TMA
+    gather), A's block in it: gathered, its threads copy the rows; else TMA
     loads them and one arrival stands for the threads'."""
     if gathered:
         slot, bar = claim_slot(ready, empty, count, B_BYTES, STAGES)
@@ -339,14 +339,15 @@ def fill_a(a_desc, a_bufs, ready, empty, count, gathered, rows, row_ok, off_m, k
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                    A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                   CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False, gather=(0, 0, 0, 1),
-                   GATHER: gl.constexpr = False, C_T: gl.constexpr = False):
-    """HALVES: b's block is the rows of its two halves (ring_setup).  GATHER:
-    each slot's `ready` also counts one arrival of each of this partition's
-    threads (ring_setup's COPIERS), and where gather's rows_div is not 0, A's
-    rows are gathered and copied by those threads (gather_rows); where it is
-    0, A's block is loaded by TMA and the arrivals made in one.  C_T: c is
-    stored transposed (tiles start as row_alignment says)."""
+                   CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False, gather=None,
+                   C_T: gl.constexpr = False):
+    """HALVES: b's block is the rows of its two halves (ring_setup).  gather
+    (gather_rows'; None: A's blocks come by TMA): each slot's `ready` also
+    counts one arrival of each of this partition's threads (ring_setup's
+    COPIERS), and where gather's rows_div is not 0, A's rows are gathered and
+    copied by those threads (gather_rows); where it is 0, A's block is loaded
+    by TMA and the arrivals made in one.  C_T: c is stored transposed (tiles
+    start as row_alignment says)."""
     ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -366,10 +367,10 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N,
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
                                                         tiles_end, n_tiles, G, K, BM, BN, ALIGN)
-            if GATHER:
+            if gather is not None:
                 rows, row_ok = gather_rows(gather, off_m, end, BM, BK)
             for k0 in range(0, k_end, BK):
-                if GATHER:
+                if gather is not None:
                     slot, bar = fill_a(a_desc, a_bufs, ready, empty, count, gather[3] != 0, rows,
                                        row_ok, off_m, k0, K, A_BYTES, B_BYTES, BK, STAGES)
                 else:
@@ -444,7 +445,7 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     each half (kernels/glu.py's CONCATENATED).  HALF_C: c has N / 2 columns,
     BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py).
     COPIERS > 0: A's rows may be gathered by that many loader threads
-    (load_partition's GATHER).  C_T: c is stored transposed, [N, T] row-major
+    (load_partition's gather).  C_T: c is stored transposed, [N, T] row-major
     (store_columns)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
