@@ -1,5 +1,5 @@
 """Routing for moe_experts, a stable counting sort of the token slots by
-expert in three launches (layouts), int32 counts in a scratch `hist`
+expert in three launches (phases), int32 counts in a scratch `hist`
 [CHUNKS + 1, BN]:
 
 ids [N] int64, the expert of each token slot (t * k + j).  A slot's bin is its
