@@ -155,10 +155,11 @@ def blockwise_reference(a, b, scale_a, scale_b, counts):
     return out, size
 
 
-@pytest.mark.parametrize("key", [v["key"] for v in _C.variants() if v["arch"] == 90
-                                 and v["family"] == "scaled_ragged_m"
-                                 and v["axes"]["scaling"] == "blockwise"])
-def test_blockwise_scales_far_apart(key):
+@pytest.mark.parametrize("key,fast", [(v["key"], v["axes"]["accumulation"] == "fast")
+                                      for v in _C.variants() if v["arch"] == 90
+                                      and v["family"] == "scaled_ragged_m"
+                                      and v["axes"]["scaling"] == "blockwise"])
+def test_blockwise_scales_far_apart(key, fast):
     """Scales from 1e-30 to 1e10 within one row and one weight block, and
     zeros over nonzero fp8 data: every output element within float32's
     rounding of its terms (the bf16 outputs: of their own rounding).  Groups
@@ -174,7 +175,8 @@ def test_blockwise_scales_far_apart(key):
     ref, size = blockwise_reference(a, b, scale_a, scale_b, counts)
     out_dtype = torch.float32 if "float32" in key else torch.bfloat16
     with forced(key):
-        out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+        out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype,
+                                           use_fast_accum=fast)
     assert out.dtype == out_dtype and torch.isfinite(out).all()
     error = (out.double() - ref).abs()
     assert (error <= (1e-3 if out_dtype == torch.float32 else 1e-2) * size + 1e-20).all()
