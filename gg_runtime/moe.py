@@ -158,7 +158,8 @@ def _bias_term(dys, b2, offs):
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
-                b2: torch.Tensor | None = None) -> torch.Tensor:
+                b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+                w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer, given the router's choice: one function.
 
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
@@ -205,6 +206,30 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             `torch.clamp`'s).
         b13: None, or `[E, 2I]` in x's dtype: the up projection's bias.
         b2: None, or `[E, H]` in x's dtype: the down projection's bias.
+        w13_scale: None for 16-bit weights. With w13 and w2 in
+            `torch.float8_e4m3fn` (inference; see below): w13's float32
+            scales, `[E, ceil(2I/128), ceil(H/128)]` (one per 128 x 128 block
+            of each expert's `[2I, H]`: DeepSeek-V3's and vLLM's
+            `block_shape=[128, 128]`) or `[E, 2I]` (one per output channel;
+            `[E, 2I, 1]` too).
+        w2_scale: w2's scales, of the same kind: `[E, ceil(H/128),
+            ceil(I/128)]` or `[E, H]` (`[E, H, 1]`).
+
+    fp8 weights (`w13_scale` and `w2_scale` given): each weight is its fp8
+    values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
+    from 16-bit weights: `"128x128"` or `"rowwise"`), stored `[E, N, K]` with
+    unit stride along K (fp8 tensor cores read it K-major); H and I multiples
+    of 16. The activations are quantized on the GPU as the weights are: per
+    token per 128 columns for 128 x 128 blocks, per token for per-channel
+    scales (x's rows, then the activation's output, the down projection's
+    input), `scale = max(amax, 1e-12) / 448`. The products accumulate in
+    float32 on the tensor cores, the blocks' scales applied per 128 columns
+    of K; the up projection's output and the down projection's rows are
+    rounded to bfloat16 between the steps. Inference only: with gradients
+    enabled, an input that requires grad is refused. Both gate_up layouts,
+    both activations, the biases, dropped slots, T = 0 and CUDA-graph capture
+    work as with 16-bit weights. The forward is the operator
+    `torch.ops.gg_runtime.moe_experts_fp8` (sm90: H100, H200).
 
     Returns:
         `[T, H]` in x's dtype.
@@ -214,12 +239,19 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             of a dtype that does not fit, naming it.
         ValueError: an unknown gate_up or activation; shapes that do not fit
             `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
-            tensors on different devices or not on a CUDA device.
-        UnsupportedDeviceError: a GPU this wheel has no kernels for.
+            tensors on different devices or not on a CUDA device; fp8: one
+            scale given without the other, scales of neither kind or of two
+            kinds, weights not K-major, H or I not multiples of 16, an input
+            that requires grad.
+        UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
+            GPU but compute capability 9.0).
         CudaError: a driver or launch failure.
     """
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     _check_choices(gate_up, activation)
+    if w13_scale is not None or w2_scale is not None:
+        return _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
+                            gate_up, activation)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
     if torch.is_grad_enabled() and (
             x.requires_grad or topk_weights.requires_grad or w13.requires_grad
@@ -227,6 +259,25 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             or (b2 is not None and b2.requires_grad)):
         return _Experts.apply(*args)
     return _experts_forward(*args)  # nothing to differentiate, nothing kept
+
+
+def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
+                 activation):
+    """moe_experts with fp8 weights: inference only, one operator."""
+    for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
+        if not isinstance(scale, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor with fp8 weights (both scales or "
+                            f"neither), got {type(scale).__name__}")
+    if torch.is_grad_enabled():
+        named = (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2),
+                 ("b13", b13), ("b2", b2), ("w13_scale", w13_scale), ("w2_scale", w2_scale))
+        grad = [name for name, value in named if value is not None and value.requires_grad]
+        if grad:
+            raise ValueError(f"moe_experts with fp8 weights is inference-only, but {grad[0]} "
+                             "requires grad (run it under torch.no_grad() or "
+                             "torch.inference_mode(), or detach it)")
+    return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
+                w2_scale, b13, b2, gate_up, activation)
 
 
 _TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")

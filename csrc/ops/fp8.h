@@ -12,6 +12,8 @@ namespace gg::ops {
 
 inline constexpr ScalarType kFp8 = ScalarType::Float8_e4m3fn;
 inline constexpr int64_t kBlock = 128;  // elements along each side of a scale block
+// Bytes (= fp8 elements): TMA's rule for bases and strides, which torch also keeps for fp8.
+inline constexpr int64_t kAlign = 16;
 
 // Scale blocks covering `size` (>= 0) elements.
 inline int64_t blocks(int64_t size) { return (size + kBlock - 1) / kBlock; }

@@ -20,6 +20,7 @@ using gg::ops::grouped_mm;
 using gg::ops::grouped_mm_glu;
 using gg::ops::moe_experts;
 using gg::ops::moe_experts_for_backward;
+using gg::ops::moe_experts_fp8;
 using gg::ops::quantize_fp8;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
@@ -55,6 +56,7 @@ void implement(Library& m) {
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
   m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
+  m.impl("moe_experts_fp8", kernel<TORCH_BOX(&moe_experts_fp8), kShapesOnly>());
 }
 
 // Whether the runtime's families and dtypes are those the operators were
@@ -131,6 +133,10 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "Tensor w2, Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
       "str activation='swiglu') -> (Tensor out, Tensor gu, Tensor order, Tensor offs, "
       "Tensor inverse, bool gathered)");
+  m.def(
+      "moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
+      "Tensor w13_scale, Tensor w2_scale, Tensor? b13=None, Tensor? b2=None, "
+      "str gate_up='concatenated', str activation='swiglu') -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

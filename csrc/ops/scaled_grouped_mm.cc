@@ -20,9 +20,6 @@ using Family = family::ScaledRaggedM;
 using Axes = Family::Axes;
 using family::Scaling;
 
-// Bytes: TMA's rule for bases and strides, which torch also keeps for fp8.
-constexpr int64_t kAlign = 16;
-
 void check_scale(const Tensor& scale, const char* name, const Shape& shape, const Tensor& a) {
   check_companion(scale, name, shape, ScalarType::Float, a, "float32", "for these inputs");
 }

@@ -1,0 +1,37 @@
+// The arguments the moe_experts operators share (bf16 and fp8 weights), and
+// the checks they share, so that both name moe_experts' arguments alike.
+#pragma once
+
+#include <initializer_list>
+#include <optional>
+#include <utility>
+
+#include "op_support.h"
+
+namespace gg::ops {
+
+struct MoeInputs {
+  const Tensor& x;
+  const Tensor& topk_ids;
+  const Tensor& topk_weights;
+  const Tensor& w13;
+  const Tensor& w2;
+  const std::optional<Tensor>& b13;
+  const std::optional<Tensor>& b2;
+};
+
+// An argument by name; nullptr for an optional one not given.
+using Named = std::pair<const char*, const Tensor*>;
+inline const Tensor* given(const std::optional<Tensor>& t) { return t ? &*t : nullptr; }
+
+// topk_ids int32 or int64, topk_weights of a floating-point dtype.
+void check_routing_dtypes(const MoeInputs& in);
+// Each tensor given has x's dtype.
+void check_like_x(const MoeInputs& in, std::initializer_list<Named> tensors);
+// Every tensor (the inputs' and `more`) on x's device, x on a CUDA one.
+void check_devices(const MoeInputs& in, std::initializer_list<Named> more = {});
+// x [T, H], topk_ids and topk_weights [T, k] (k >= 1), w13 [E, 2I, H],
+// w2 [E, H, I], b13 [E, 2I], b2 [E, H].
+void check_shapes(const MoeInputs& in);
+
+}  // namespace gg::ops

@@ -1,0 +1,104 @@
+"""Entry points in the conventions of serving engines, on moe_experts."""
+from __future__ import annotations
+
+import torch
+
+from .moe import moe_experts
+
+_BLOCK_SHAPE = [128, 128]
+
+
+def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, inplace: bool = False,
+                  activation: str = "silu", apply_router_weight_on_input: bool = False,
+                  use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
+                  global_num_experts: int = -1, expert_map: torch.Tensor | None = None,
+                  w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                  a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
+                  block_shape: list[int] | None = None) -> torch.Tensor:
+    """vLLM's `fused_experts` (its keyword form), run by `moe_experts`.
+
+    A server that calls vLLM's Triton `fused_experts` for fp8 w8a8 MoE
+    layers can call this with the same arguments; nothing is compiled at run
+    time. For DeepSeek-V3's format:
+
+        out = gg_runtime.fused_experts(x, w13, w2, topk_weights, topk_ids,
+                                       use_fp8_w8a8=True, w1_scale=w13_scale_inv,
+                                       w2_scale=w2_scale_inv, block_shape=[128, 128])
+
+    `gg_runtime.quantize_fp8(w, "128x128")` (or `"rowwise"` with
+    `per_channel_quant=True`) makes such weights and scales from 16-bit ones.
+
+    Args:
+        hidden_states: `[T, H]`, float16 or bfloat16.
+        w1: `[E, 2I, H]`, each expert's gate rows then up rows (vLLM's w13).
+        w2: `[E, H, I]`.
+        topk_weights: `[T, k]`, the routing weights (any floating dtype).
+        topk_ids: `[T, k]`, int32 or int64; with expert_map, global ids.
+        inplace: write the result into hidden_states too (and return it).
+        activation: `"silu"` (`silu(gate) * up`), the one supported.
+        apply_router_weight_on_input: must be False (the weights apply to
+            each expert's output, as vLLM's default).
+        use_fp8_w8a8: True for float8_e4m3fn weights (w1_scale and w2_scale
+            given); False for 16-bit weights (no scales).
+        per_channel_quant: per-output-channel weight scales (`[E, N]` or
+            `[E, N, 1]`) with per-token activation scales; False: 128 x 128
+            blocks (block_shape).
+        global_num_experts: the experts of the whole layer (-1: w1's E).
+        expert_map: None, or int `[global_num_experts]`: each global
+            expert's local index in w1 / w2, -1 where another rank holds it
+            (its slots are dropped: they add nothing).
+        w1_scale: w1's float32 scales: `[E, ceil(2I/128), ceil(H/128)]` or
+            per channel.
+        w2_scale: w2's float32 scales: `[E, ceil(H/128), ceil(I/128)]` or
+            per channel.
+        a1_scale: must be None (activations are quantized dynamically).
+        a2_scale: must be None.
+        block_shape: `[128, 128]` or None (blockwise: the scales' shapes
+            say it).
+
+    Returns:
+        `[T, H]` in hidden_states' dtype.
+
+    Raises:
+        ValueError: an argument this entry does not support (named), or any
+            error of `moe_experts`.
+        TypeError: as `moe_experts`.
+    """
+    _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
+                     per_channel_quant)
+    if use_fp8_w8a8 != (w1_scale is not None or w2_scale is not None):
+        raise ValueError("use_fp8_w8a8=True goes with w1_scale and w2_scale (fp8 weights), "
+                         f"False with neither; got use_fp8_w8a8={use_fp8_w8a8}")
+    if use_fp8_w8a8 and (w1_scale.dim() >= 2 and w1_scale.shape[1] == w1.shape[1]) != \
+            per_channel_quant:
+        raise ValueError(f"w1_scale {tuple(w1_scale.shape)} does not match per_channel_quant="
+                         f"{per_channel_quant} (per channel: [E, 2I]; blocks: "
+                         "[E, ceil(2I/128), ceil(H/128)])")
+    if expert_map is not None:
+        topk_ids = _local_ids(topk_ids, expert_map, global_num_experts)
+    out = moe_experts(hidden_states, topk_ids, topk_weights, w1, w2, w13_scale=w1_scale,
+                      w2_scale=w2_scale)
+    return hidden_states.copy_(out) if inplace else out
+
+
+def _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
+                     per_channel_quant):
+    if activation != "silu":
+        raise ValueError(f"activation must be 'silu', got {activation!r}")
+    if apply_router_weight_on_input:
+        raise ValueError("apply_router_weight_on_input=True is not supported")
+    if a1_scale is not None or a2_scale is not None:
+        raise ValueError("a1_scale and a2_scale must be None: activations are quantized "
+                         "dynamically (per token per 128 columns, or per token)")
+    if block_shape is not None and (per_channel_quant or list(block_shape) != _BLOCK_SHAPE):
+        raise ValueError(f"block_shape must be {_BLOCK_SHAPE} (or None with per_channel_quant), "
+                         f"got {block_shape}")
+
+
+def _local_ids(topk_ids, expert_map, global_num_experts):
+    """Global expert ids to local ones through expert_map (-1: another rank's)."""
+    if global_num_experts not in (-1, expert_map.shape[0]):
+        raise ValueError(f"expert_map must have global_num_experts = {global_num_experts} "
+                         f"entries, got {expert_map.shape[0]}")
+    return expert_map.to(device=topk_ids.device, dtype=torch.int64)[topk_ids.long()]
