@@ -10,6 +10,6 @@ from __future__ import annotations
 
 import importlib
 
-NAMES = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8", "model",
-         "proxy", "host")
+NAMES = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
+         "fp8_experts", "model", "proxy", "host")
 SECTIONS = {name: importlib.import_module(f"{__name__}.{name}") for name in NAMES}

@@ -60,6 +60,11 @@ def test_results_md_from_results_json():
     assert any(line.startswith("| gpt_oss_20b (bias) (16384, 2048, 1024, 64, 8) | "
                                "gg_runtime's layer differs") for line in lines)
     assert "| 512 | 1.20e-04 | 2.50e-03 | 2.50e-03 | not implemented in this build |" in lines
+    assert ("| 1 | 2 | 0.200 | 0.300 | 0.500 | 1.50 | 2.50 | 59% | 78% | 23% | 12.5 | 3.1 "
+            "| 40.2 |") in lines
+    assert "| 8 | 62 | 1.100 | 1.900 | - | 1.73 | - | 83% | 96% | - | 1.3 | 2.0 | - |" in lines
+    assert ("- mixtral_channelwise, T=4096, torch_fp8: wrong result: relative error 1.00e+00"
+            in lines)
     assert not any(line.startswith("Not run yet") for line in lines)
 
 
