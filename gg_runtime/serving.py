@@ -67,9 +67,12 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     """
     _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
                      per_channel_quant)
-    if use_fp8_w8a8 != (w1_scale is not None or w2_scale is not None):
+    scales_given = (w1_scale is not None, w2_scale is not None)
+    if scales_given != (use_fp8_w8a8, use_fp8_w8a8):
         raise ValueError("use_fp8_w8a8=True goes with w1_scale and w2_scale (fp8 weights), "
-                         f"False with neither; got use_fp8_w8a8={use_fp8_w8a8}")
+                         f"False with neither; got use_fp8_w8a8={use_fp8_w8a8}, w1_scale "
+                         f"{'given' if scales_given[0] else 'None'}, w2_scale "
+                         f"{'given' if scales_given[1] else 'None'}")
     if use_fp8_w8a8 and (w1_scale.dim() >= 2 and w1_scale.shape[1] == w1.shape[1]) != \
             per_channel_quant:
         raise ValueError(f"w1_scale {tuple(w1_scale.shape)} does not match per_channel_quant="
