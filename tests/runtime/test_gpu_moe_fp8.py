@@ -201,7 +201,8 @@ def test_float16_tokens(kind):
 def test_strided_and_padded_storage(kind):
     """x a column slice; int32 ids; bfloat16 routing weights; each weight a
     slice of wider fp8 storage (K-major, rows 16-byte multiples apart);
-    per-channel scales as [E, N, 1] (compressed-tensors' shape)."""
+    per-channel scales as [E, N, 1] (compressed-tensors' shape), block scales
+    as transposed views."""
     case = make_case(*TAILS, kind)
     case["x"] = torch.cat([case["x"], case["x"]], 1)[:, 5:5 + 272].copy_(case["x"])
     case["topk_ids"] = case["topk_ids"].int()
@@ -211,8 +212,9 @@ def test_strided_and_padded_storage(kind):
         wide = torch.empty(*w.shape[:2], w.shape[2] + 32, dtype=w.dtype, device="cuda")
         case[name] = wide[..., :w.shape[2]]
         case[name].copy_(w)
-        if kind == "channelwise":
-            case[f"{name}_scale"] = case[f"{name}_scale"].unsqueeze(-1)
+        scale = case[f"{name}_scale"]
+        case[f"{name}_scale"] = (scale.unsqueeze(-1) if kind == "channelwise"
+                                 else scale.mT.contiguous().mT)
     check(case)
 
 
