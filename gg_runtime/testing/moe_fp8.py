@@ -1,0 +1,145 @@
+"""moe_experts with fp8 expert weights: the weights and scales made from 16-bit
+ones, data that fp8 holds exactly, a float64 reference of the forward that
+quantizes the activations as the implementation does
+(csrc/ops/moe_experts_fp8.cc), and the exact layer of the weights the fp8
+ones stand for (what quantizing the activations costs).
+
+The reference mirrors each of the implementation's steps:
+1. each token's row quantized as the weights' scales say: per 128 columns
+   (`"1x128"`) for 128 x 128 weight blocks, per row (`"rowwise"`) for
+   per-channel weights;
+2. up projection in float64 on the dequantized operands (+ b13 rounded to
+   bfloat16), rounded to bfloat16 as the fp8 products write it;
+3. the activation (gated_activation) in float64, rounded to bfloat16;
+4. that output quantized per row the same way, the down projection as 2.
+   (+ b2), rounded to bfloat16;
+5. each token's k rows weighted (the routing weights in float32, as the
+   combine reads them) and summed in float64.
+
+Quantization by quantize_ref, not by the implementation's own quantize_fp8:
+on CUDA tensors quantize_ref gives quantize_fp8's bits exactly (the formula
+and its float32 roundings; tests/runtime/test_gpu_quantize.py compares them
+bit for bit), so on the tokens' rows the reference agrees with the kernels
+exactly, while a wrong quantization kernel cannot agree with itself.  The
+activation's output h is the reference's own (the implementation keeps its
+h): where the fp8 tensor cores' reduced-precision accumulation
+(use_fast_accum) lands an up-projection element on the other side of a
+bfloat16 rounding boundary, that element of h may quantize one e4m3 step
+apart (and, being its block's largest, move the block's scale).  On normal
+data these steps cost a few times the output's own rounding; on data made by
+exactly_quantized the up projection is exact and they do not occur.
+Dequantization is exact: an e4m3 value times a float32 scale has at most 28
+significant bits.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..api import quantize_fp8
+from .fp8 import FP8_BLOCK, quantize_ref
+from .moe_layers import gated_activation
+
+KINDS = ("blockwise", "channelwise")
+# quantize_fp8's granularity for the weights and for the activations, by kind.
+WEIGHT_GRANULARITY = {"blockwise": "128x128", "channelwise": "rowwise"}
+ACTIVATION_GRANULARITY = {"blockwise": "1x128", "channelwise": "rowwise"}
+
+
+def fp8_experts(w13: torch.Tensor, w2: torch.Tensor, kind: str):
+    """(w13, w13_scale, w2, w2_scale) in float8_e4m3fn and float32 from 16-bit
+    expert weights `[E, 2I, H]` and `[E, H, I]` by gg_runtime.quantize_fp8:
+    `"blockwise"` scales `[E, ceil(N/128), ceil(K/128)]`, `"channelwise"`
+    `[E, N]` (CUDA tensors on an sm90 GPU)."""
+    granularity = WEIGHT_GRANULARITY[kind]
+    return (*quantize_fp8(w13, granularity), *quantize_fp8(w2, granularity))
+
+
+def exactly_quantized(shape, granularity: str, scale: float = 1.0, dtype=torch.bfloat16,
+                      device="cuda") -> torch.Tensor:
+    """Random data that fp8 holds exactly: integers in [-7, 7] times `scale`
+    (a power of two) times a random power of two (1/2, 1 or 2) per block of
+    `granularity` ("rowwise", "1x128", "128x128"), each block holding a +-7.
+    quantize_fp8 maps it to 64 times those integers without rounding, and the
+    fp8 tensor cores sum the products of two such operands exactly despite
+    their reduced-precision accumulation (multiples of one unit, at most 49
+    units each, of random signs: partial sums stay far below 2**13 units).
+    A product of the two then leaves a reference no rounding to disagree on
+    but that of its output."""
+    ints = torch.randint(-7, 8, shape, device=device, dtype=torch.float64)
+    rows = FP8_BLOCK if granularity == "128x128" else 1
+    cols = max(shape[-1], 1) if granularity == "rowwise" else FP8_BLOCK
+    corners = ints[..., ::rows, ::cols]
+    corners.copy_(7 * (2 * torch.randint(0, 2, corners.shape, device=device) - 1))
+    exponents = torch.randint(-1, 2, corners.shape, device=device)
+    return dequantize64(ints, scale * 2.0 ** exponents, granularity).to(dtype)
+
+
+def kind_of(scale: torch.Tensor, weight: torch.Tensor) -> str:
+    """How `scale` scales `weight` [E, N, K]: one per output channel ([E, N] or
+    [E, N, 1]: `"channelwise"`) or per 128 x 128 block (`"blockwise"`)."""
+    return "channelwise" if scale.shape[1] == weight.shape[1] else "blockwise"
+
+
+def dequantize64(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> torch.Tensor:
+    """q * scale in float64, exactly, for quantize_fp8's layouts: `"rowwise"`
+    (scale [..., R] or [..., R, 1]), `"1x128"` or `"128x128"`; q 2-D or 3-D."""
+    scale = scale.double()
+    if granularity == "rowwise":
+        full = scale.reshape(*q.shape[:-1], 1)
+    else:
+        rows = FP8_BLOCK if granularity == "128x128" else 1
+        full = scale.repeat_interleave(rows, -2).repeat_interleave(FP8_BLOCK, -1)
+        full = full[..., :q.shape[-2], :q.shape[-1]]
+    return q.double() * full
+
+
+def dequantized_experts(w13, w2, w13_scale, w2_scale):
+    """(w13, w2) in float64: the weights the fp8 ones and their scales stand for."""
+    granularity = WEIGHT_GRANULARITY[kind_of(w13_scale, w13)]
+    return dequantize64(w13, w13_scale, granularity), dequantize64(w2, w2_scale, granularity)
+
+
+def moe_experts_fp8_ref(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None,
+                        b2=None, gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+    """moe_experts with fp8 weights (its arguments) in float64 with the
+    implementation's quantization and roundings (the module's docstring):
+    `[T, H]` float64 on x's device."""
+    granularity = ACTIVATION_GRANULARITY[kind_of(w13_scale, w13)]
+    return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
+                  b13, b2, gate_up, activation, granularity)
+
+
+def dequantized_layer(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None, b2=None,
+                      gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+    """The layer of the weights the fp8 ones stand for, exactly: float64, the
+    activations neither quantized nor rounded (what a 16-bit layer on the
+    dequantized weights approximates): `[T, H]` float64."""
+    return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
+                  b13, b2, gate_up, activation, None)
+
+
+def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, granularity):
+    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) in float64 over
+    float64 weights, expert by expert (ids outside [0, E) add nothing).  With
+    `granularity` the activations are quantized by it and the products'
+    outputs and the activation's rounded to bfloat16; None: exact."""
+    def rounded(t):
+        return t if granularity is None else t.to(torch.bfloat16).double()
+
+    def quantized(t):
+        return t if granularity is None else dequantize64(*quantize_ref(t, granularity),
+                                                          granularity)
+
+    def product(rows, weight, bias):
+        return rounded(rows @ weight.T + (0 if bias is None else rounded(bias.double())))
+
+    tokens = quantized(x.double())
+    weights = topk_weights.float().double()
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in range(w13.shape[0]):
+        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gu = product(tokens[token], w13[e], None if b13 is None else b13[e])
+        h = rounded(gated_activation(gu, gate_up == "interleaved", activation))
+        y = product(quantized(h), w2[e], None if b2 is None else b2[e])
+        out.index_add_(0, token, y * weights[token, slot, None])
+    return out

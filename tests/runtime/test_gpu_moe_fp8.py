@@ -1,0 +1,325 @@
+"""moe_experts with fp8 expert weights, and fused_experts (vLLM's entry to
+it), on the GPU against gg_runtime.testing.moe_fp8's float64 reference, which
+quantizes the activations as the implementation does: both kinds of scales,
+H and I multiples of 16 but not of 128, E from 1 to 256, k from 1 to 8, T
+from 0 to 4096, every token on one expert, duplicate and dropped ids, both
+gate_up layouts and activations, biases, float16 tokens, strided and padded
+storage, a non-finite token, CUDA graphs; outputs poisoned.
+
+Two kinds of data.  Most tests draw x and w13 with exactly_quantized: fp8
+holds them without loss and the tensor cores sum their products exactly, so
+the up projection is the reference's to the bit and only the bfloat16
+roundings of the down projection and the output remain (EXACT_TOLERANCE; an
+activation output quantized per token instead of per 128 columns, or the
+reverse, is several times that).  The random_data tests use normal data:
+every quantization rounds (tokens quantized at the wrong granularity show
+there), and the fast accumulation's rounding of the up projection puts some
+of h's elements one e4m3 step from the reference's, an error that grows with
+the accumulator's loss (RANDOM_TOLERANCE).
+"""
+import math
+
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime.testing import randn, rel_error
+from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, KINDS, WEIGHT_GRANULARITY,
+                                        dequantized_experts, dequantized_layer,
+                                        exactly_quantized, fp8_experts, moe_experts_fp8_ref)
+
+from conftest import device_arch
+
+pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
+              pytest.mark.usefixtures("poison")]
+
+# Exact data: the outputs' bfloat16 roundings (about 2e-3).
+EXACT_TOLERANCE = 4e-3
+# Normal data: a float64 model of the tensor cores' accumulation (14 significant
+# bits, truncated, every 32 columns) gives up to 1e-2 with per-channel scales
+# (whose accumulation spans all of H); tokens quantized at the wrong granularity
+# give 4e-2 and more.
+RANDOM_TOLERANCE = 2e-2
+# A token's own error may exceed the whole output's: a wrong token still shows.
+PER_TOKEN_FACTOR = 4
+GATE_UP = ("concatenated", "interleaved")
+ACTIVATIONS = ("swiglu", "gpt_oss")
+# (tokens, hidden, inter, experts, k)
+TAILS = (64, 272, 208, 8, 4)  # H and I multiples of 16, not of 128
+SHAPES = {
+    "tile_tails": TAILS,
+    "smallest": (5, 16, 16, 4, 2),
+    "one_token_k8": (1, 272, 208, 16, 8),
+    "seven_tokens": (7, 272, 208, 8, 3),
+    "one_expert": (64, 272, 208, 1, 1),
+    "e256_k8": (512, 256, 128, 256, 8),
+    "t4096": (4096, 512, 256, 16, 4),
+}
+
+
+def routing(tokens, experts, k):
+    """(topk_ids, topk_weights): k distinct experts per token, softmax weights."""
+    weights, ids = torch.rand(tokens, experts, device="cuda").topk(k, dim=-1)
+    return ids, weights.softmax(-1)
+
+
+def token_rows(tokens, hidden, kind, exact=True, dtype=torch.bfloat16):
+    if exact:
+        return exactly_quantized((tokens, hidden), ACTIVATION_GRANULARITY[kind], 0.25, dtype)
+    return randn(tokens, hidden, dtype=dtype)
+
+
+def make_case(tokens, hidden, inter, experts, k, kind, exact=True, dtype=torch.bfloat16,
+              bias=False):
+    """moe_experts' keyword arguments: fp8 weights of `kind` quantized from
+    16-bit ones by quantize_fp8; x and w13 exactly_quantized (exact) or normal."""
+    ids, weights = routing(tokens, experts, k)
+    if exact:
+        # A power of two: the up projection's values about 2 in magnitude.
+        unit = 2.0 ** -round(math.log2(4 * hidden ** 0.5))
+        w13 = exactly_quantized((experts, 2 * inter, hidden), WEIGHT_GRANULARITY[kind], unit)
+    else:
+        w13 = randn(experts, 2 * inter, hidden, dtype=torch.bfloat16, scale=hidden ** -0.5)
+    w2 = randn(experts, hidden, inter, dtype=torch.bfloat16, scale=inter ** -0.5)
+    q13, s13, q2, s2 = fp8_experts(w13, w2, kind)
+    case = {"x": token_rows(tokens, hidden, kind, exact, dtype), "topk_ids": ids,
+            "topk_weights": weights, "w13": q13, "w2": q2, "w13_scale": s13, "w2_scale": s2}
+    if bias:
+        case.update(b13=randn(experts, 2 * inter, dtype=dtype, scale=0.1),
+                    b2=randn(experts, hidden, dtype=dtype, scale=0.1))
+    return case
+
+
+def assert_close(out, ref, tolerance):
+    """The whole output within tolerance of the reference, each token's row
+    within PER_TOKEN_FACTOR times that (a token whose reference is 0, all its
+    slots dropped: exactly 0)."""
+    error = rel_error(out, ref)
+    assert error <= tolerance, f"relative error {error:.2e} > {tolerance:.0e}"
+    if out.shape[0]:
+        diff, norm = (out.double() - ref).norm(dim=1), ref.norm(dim=1)
+        per_token = torch.where(norm > 0, diff / norm.clamp(min=1e-300), diff)
+        worst = int(per_token.argmax())
+        assert per_token[worst] <= PER_TOKEN_FACTOR * tolerance, \
+            f"token {worst}: relative error {float(per_token[worst]):.2e}"
+
+
+def check(case, tolerance=EXACT_TOLERANCE, **options):
+    """moe_experts against the reference; returns its output."""
+    out = gg_runtime.moe_experts(**case, **options)
+    assert out.shape == case["x"].shape and out.dtype == case["x"].dtype
+    assert_close(out, moe_experts_fp8_ref(**case, **options), tolerance)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES)
+def test_shapes(kind, shape):
+    tokens, hidden, inter, experts, k = shape
+    case = make_case(*shape, kind)
+    scale_shapes = {
+        "blockwise": [(experts, math.ceil(2 * inter / 128), math.ceil(hidden / 128)),
+                      (experts, math.ceil(hidden / 128), math.ceil(inter / 128))],
+        "channelwise": [(experts, 2 * inter), (experts, hidden)]}[kind]
+    assert [tuple(case[n].shape) for n in ("w13_scale", "w2_scale")] == scale_shapes
+    check(case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("gate_up", GATE_UP)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_layouts_activations_and_biases(kind, gate_up, activation, bias):
+    case = make_case(*TAILS, kind, bias=bias)
+    if activation == "gpt_oss":  # many gate and up values past the clamps (+-7)
+        case["w13_scale"] = case["w13_scale"] * 4
+    check(case, gate_up=gate_up, activation=activation)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k", range(1, 9))
+def test_every_k(kind, k):
+    check(make_case(33, 272, 208, 16, k, kind))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [TAILS, SHAPES["t4096"]], ids=["t64", "t4096"])
+def test_random_data(kind, shape):
+    """Normal tokens and weights: every quantization rounds."""
+    check(make_case(*shape, kind, exact=False), RANDOM_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_data_layouts_and_biases(kind):
+    case = make_case(*TAILS, kind, exact=False, bias=True)
+    check(case, RANDOM_TOLERANCE, gate_up="interleaved", activation="gpt_oss")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_tokens(kind):
+    case = make_case(0, 272, 208, 8, 2, kind)
+    out = gg_runtime.moe_experts(**case)
+    assert out.shape == (0, 272) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_all_tokens_on_one_expert(kind):
+    case = make_case(300, 272, 208, 16, 1, kind)
+    case["topk_ids"].fill_(7)
+    check(case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_duplicate_ids_in_a_token(kind):
+    """A token may name an expert twice: both slots count, each with its weight."""
+    case = make_case(64, 272, 208, 8, 4, kind)
+    ids = case["topk_ids"]
+    ids[:, 1] = ids[:, 0]
+    ids[::3, 3] = ids[::3, 0]
+    check(case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropped_ids_add_nothing(kind):
+    """-1 and ids >= E (other ranks' experts) drop their slots; a token whose
+    slots are all dropped gets zeros (its row written: outputs are poisoned)."""
+    case = make_case(97, 272, 208, 8, 4, kind)
+    ids = case["topk_ids"]
+    ids[torch.rand(ids.shape, device="cuda") < 0.3] = -1
+    ids[0] = torch.tensor([8, 9, 2 ** 31 - 1, -300])
+    ids[1, 2] = 8
+    out = check(case)
+    assert out[0].eq(0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float16_tokens(kind):
+    check(make_case(*TAILS, kind, dtype=torch.float16, bias=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_strided_and_padded_storage(kind):
+    """x a column slice; int32 ids; bfloat16 routing weights; each weight a
+    slice of wider fp8 storage (K-major, rows 16-byte multiples apart);
+    per-channel scales as [E, N, 1] (compressed-tensors' shape), block scales
+    as transposed views."""
+    case = make_case(*TAILS, kind)
+    case["x"] = torch.cat([case["x"], case["x"]], 1)[:, 5:5 + 272].copy_(case["x"])
+    case["topk_ids"] = case["topk_ids"].int()
+    case["topk_weights"] = case["topk_weights"].bfloat16()
+    for name in ("w13", "w2"):
+        w = case[name]
+        wide = torch.empty(*w.shape[:2], w.shape[2] + 32, dtype=w.dtype, device="cuda")
+        case[name] = wide[..., :w.shape[2]]
+        case[name].copy_(w)
+        scale = case[f"{name}_scale"]
+        case[f"{name}_scale"] = (scale.unsqueeze(-1) if kind == "channelwise"
+                                 else scale.mT.contiguous().mT)
+    check(case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_finite_token_stays_in_its_row(kind):
+    """A NaN in one token, an inf in another: every other token finite and
+    as the reference (what the two get is undefined: their rows' scales are)."""
+    case = make_case(64, 272, 208, 8, 4, kind)
+    case["x"][3, 10] = float("nan")
+    case["x"][40, 200] = float("inf")
+    out = gg_runtime.moe_experts(**case)
+    good = torch.ones(64, dtype=torch.bool, device="cuda")
+    good[[3, 40]] = False
+    assert torch.isfinite(out[good]).all()
+    assert_close(out[good], moe_experts_fp8_ref(**case)[good], EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_graph_replays_new_tokens_and_routing(kind):
+    """Captured (nothing may wait for the host), then replayed with new tokens,
+    ids and weights copied into the captured inputs."""
+    case = make_case(128, 272, 208, 8, 2, kind)
+    gg_runtime.moe_experts(**case)  # loads the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gg_runtime.moe_experts(**case)
+    ids, weights = routing(128, 8, 2)
+    case["x"].copy_(token_rows(128, 272, kind))
+    case["topk_ids"].copy_(ids)
+    case["topk_weights"].copy_(weights)
+    graph.replay()
+    assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+
+
+def vllm_options(kind):
+    """fused_experts' arguments saying the scales' kind, as vLLM passes them."""
+    return {"block_shape": [128, 128]} if kind == "blockwise" else {"per_channel_quant": True}
+
+
+def fused(case, **options):
+    return gg_runtime.fused_experts(case["x"], case["w13"], case["w2"], case["topk_weights"],
+                                    case["topk_ids"], use_fp8_w8a8=True,
+                                    w1_scale=case["w13_scale"], w2_scale=case["w2_scale"],
+                                    **options)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_experts_is_moe_experts(kind):
+    case = make_case(*TAILS, kind)
+    want = gg_runtime.moe_experts(**case)
+    assert torch.equal(fused(case, **vllm_options(kind)), want)
+    if kind == "blockwise":  # block_shape None: the scales' shapes say blocks
+        assert torch.equal(fused(case), want)
+    x = case["x"].clone()
+    returned = fused({**case, "x": x}, inplace=True, **vllm_options(kind))
+    assert returned is x and torch.equal(x, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_experts_expert_map(kind):
+    """Global ids through expert_map: this rank's 4 of 12 experts, the other
+    ranks' slots dropped; no host sync on the way."""
+    case = make_case(64, 272, 208, 4, 4, kind)
+    expert_map = torch.full((12,), -1, dtype=torch.int32, device="cuda")
+    held = torch.tensor([1, 5, 6, 10], device="cuda")
+    expert_map[held] = torch.arange(4, dtype=torch.int32, device="cuda")
+    global_ids, _ = routing(64, 12, 4)
+    case["topk_ids"] = global_ids
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = fused(case, global_num_experts=12, expert_map=expert_map, **vllm_options(kind))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    local = {**case, "topk_ids": expert_map[global_ids]}
+    assert torch.equal(out, gg_runtime.moe_experts(**local))
+    assert_close(out, moe_experts_fp8_ref(**local), EXACT_TOLERANCE)
+
+
+def test_end_to_end_error(record_property):
+    """What fp8 costs: the error of moe_experts with fp8 weights, and of the
+    16-bit layer (moe_experts on the dequantized weights in bfloat16), against
+    the exact layer of the dequantized weights; printed (pytest -s) and
+    recorded (--junitxml)."""
+    shape = (256, 1024, 512, 16, 4)
+    case = make_case(*shape, "blockwise", exact=False)
+    exact = dequantized_layer(**case)
+    fp8 = gg_runtime.moe_experts(**case)
+    w13, w2 = (w.bfloat16() for w in dequantized_experts(
+        case["w13"], case["w2"], case["w13_scale"], case["w2_scale"]))
+    bf16 = gg_runtime.moe_experts(case["x"], case["topk_ids"], case["topk_weights"], w13, w2)
+    errors = {"fp8_vs_exact": rel_error(fp8, exact), "bf16_vs_exact": rel_error(bf16, exact),
+              "fp8_vs_bf16": rel_error(fp8, bf16.double())}
+    for name, error in errors.items():
+        record_property(name, error)
+    print(f"\nfp8 moe_experts, 128 x 128 blocks, (T, H, I, E, k) = {shape}: "
+          + ", ".join(f"{name} {error:.2e}" for name, error in errors.items()))
+    assert errors["bf16_vs_exact"] < errors["fp8_vs_exact"] < 0.1
+
+
+def test_other_gpu_paths_are_refused():
+    case = make_case(*TAILS, "blockwise")
+    gg_runtime.force_ptx(True)  # the sm80 path, which has no fp8 kernels
+    try:
+        with pytest.raises(gg_runtime.UnsupportedDeviceError, match="compute capability 9.0"):
+            gg_runtime.moe_experts(**case)
+    finally:
+        gg_runtime.force_ptx(False)

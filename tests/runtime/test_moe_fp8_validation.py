@@ -1,0 +1,264 @@
+"""moe_experts with fp8 weights, and fused_experts, refuse bad input with a
+message naming the argument before anything launches, and give the output's
+shape and dtype on meta tensors (the operator's Meta kernel runs every check
+without launching).  Runs on CPU."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime._native import call
+
+FP8 = torch.float8_e4m3fn
+# H and I multiples of 16, not of 128: the block scales' ceil shows.
+T, H, INTER, E, K = 10, 272, 208, 4, 2
+BLOCKS = {"w13_scale": (E, 4, 3), "w2_scale": (E, 3, 2)}  # ceil(2I/128), ceil(H/128); ...
+CHANNELS = {"w13_scale": (E, 2 * INTER), "w2_scale": (E, H)}
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def scales(kind):
+    return {name: meta(*shape, dtype=torch.float32) for name, shape in kind.items()}
+
+
+def args(kind=BLOCKS, **changes):
+    """moe_experts' keyword arguments with fp8 weights, `changes` replacing some."""
+    given = {"x": meta(T, H), "topk_ids": meta(T, K, dtype=torch.int64),
+             "topk_weights": meta(T, K, dtype=torch.float32),
+             "w13": meta(E, 2 * INTER, H, dtype=FP8), "w2": meta(E, H, INTER, dtype=FP8),
+             **scales(kind)}
+    given.update(changes)
+    return given
+
+
+def padded(*shape, columns):
+    """An fp8 [..., R, C] tensor whose rows lie `columns` apart (C < columns)."""
+    return meta(*shape[:-1], columns, dtype=FP8)[..., :shape[-1]]
+
+
+@pytest.mark.parametrize("kind", [BLOCKS, CHANNELS], ids=["blockwise", "channelwise"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [T, 0])
+def test_output_shape_and_dtype(kind, dtype, tokens):
+    out = gg_runtime.moe_experts(**args(kind, x=meta(tokens, H, dtype=dtype),
+                                        topk_ids=meta(tokens, K, dtype=torch.int64),
+                                        topk_weights=meta(tokens, K, dtype=dtype)))
+    assert out.shape == (tokens, H) and out.dtype == dtype and out.device.type == "meta"
+
+
+def test_accepted_variants():
+    """Channel scales as [E, N, 1]; biases; int32 ids; both layouts and
+    activations; weights in padded storage (rows 16-byte multiples apart)."""
+    channel_columns = {n: meta(*s, 1, dtype=torch.float32) for n, s in CHANNELS.items()}
+    out = gg_runtime.moe_experts(**args(CHANNELS, **channel_columns, b13=meta(E, 2 * INTER),
+                                        b2=meta(E, H), topk_ids=meta(T, K, dtype=torch.int32)),
+                                 gate_up="interleaved", activation="gpt_oss")
+    assert out.shape == (T, H)
+    out = gg_runtime.moe_experts(**args(w13=padded(E, 2 * INTER, H, columns=H + 32),
+                                        w2=padded(E, H, INTER, columns=INTER + 16)))
+    assert out.shape == (T, H)
+
+
+def ceil_message(name, want):
+    return rf"{name} must be \[E, ceil\(N/128\), ceil\(K/128\)\] = {want}"
+
+
+# (changes, error, message); changes are made in the test.
+BAD = {
+    "w13_scale floor": (lambda: {"w13_scale": meta(E, 3, 2, dtype=torch.float32)}, ValueError,
+                        ceil_message("w13_scale", r"\(4, 4, 3\)")),
+    "w2_scale floor": (lambda: {"w2_scale": meta(E, 2, 1, dtype=torch.float32)}, ValueError,
+                       ceil_message("w2_scale", r"\(4, 3, 2\)")),
+    "w2_scale experts": (lambda: {"w2_scale": meta(E + 1, 3, 2, dtype=torch.float32)},
+                         ValueError, r"or \[E, N\] = \(4, 272\) \(per output channel\)"),
+    "w13_scale per half": (lambda: {"w13_scale": meta(E, INTER, dtype=torch.float32)},
+                           ValueError, r"w13_scale must be .* got \(4, 208\)"),
+    "channel scale [E, N, 2]": (lambda: {"w13_scale": meta(E, 2 * INTER, 2,
+                                                           dtype=torch.float32)},
+                                ValueError, r"w13_scale must be .* got \(4, 416, 2\)"),
+    "mixed kinds": (lambda: scales({**BLOCKS, "w2_scale": CHANNELS["w2_scale"]}), ValueError,
+                    "w13_scale and w2_scale must both be 128 x 128 blocks or both per channel"),
+    "mixed kinds reversed": (lambda: scales({**CHANNELS, "w2_scale": BLOCKS["w2_scale"]}),
+                             ValueError, "must both be 128 x 128 blocks or both per channel"),
+    "w13_scale float64": (lambda: {"w13_scale": meta(E, 4, 3, dtype=torch.float64)}, TypeError,
+                          "w13_scale must be float32, got torch.float64"),
+    "w2_scale bfloat16": (lambda: {"w2_scale": meta(E, 3, 2)}, TypeError,
+                          "w2_scale must be float32, got torch.bfloat16"),
+    "w13_scale alone": (lambda: {"w2_scale": None}, TypeError,
+                        r"w2_scale must be a torch.Tensor with fp8 weights \(both scales or "
+                        r"neither\), got NoneType"),
+    "w2_scale alone": (lambda: {"w13_scale": None}, TypeError,
+                       "w13_scale must be a torch.Tensor with fp8 weights"),
+    "w13_scale a list": (lambda: {"w13_scale": [1.0]}, TypeError,
+                         "w13_scale must be a torch.Tensor .* got list"),
+    "fp8 weights, no scales": (lambda: {"w13_scale": None, "w2_scale": None}, TypeError,
+                               r"w13 must have x's dtype \(torch.bfloat16\), got "
+                               "torch.float8_e4m3fn"),
+    "bf16 w13 with scales": (lambda: {"w13": meta(E, 2 * INTER, H)}, TypeError,
+                             "w13 must be float8_e4m3fn with its scales given, got "
+                             "torch.bfloat16"),
+    "bf16 w2 with scales": (lambda: {"w2": meta(E, H, INTER)}, TypeError,
+                            "w2 must be float8_e4m3fn with its scales given"),
+    "w13 transposed": (lambda: {"w13": meta(E, H, 2 * INTER, dtype=FP8).mT}, ValueError,
+                       r"w13 must be stored \[E, 2I, H\] with unit stride in its last "
+                       r"dimension .* got strides \(113152, 1, 416\)"),
+    "w2 transposed": (lambda: {"w2": meta(E, INTER, H, dtype=FP8).mT}, ValueError,
+                      r"w2 must be stored \[E, H, I\] with unit stride .*K-major"),
+    "w13 rows 8 bytes apart": (lambda: {"w13": padded(E, 2 * INTER, H, columns=H + 8)},
+                               ValueError, r"w13 must be stored .* got strides "
+                                           r"\(116480, 280, 1\)"),
+    "H not 16n": (lambda: {"x": meta(T, H - 8), "w13": padded(E, 2 * INTER, H - 8, columns=H),
+                           "w2": meta(E, H - 8, INTER, dtype=FP8)}, ValueError,
+                  "fp8 weights need H and I to be multiples of 16 .* got H=264, I=208"),
+    "I not 16n": (lambda: {"w13": meta(E, 2 * (INTER - 8), H, dtype=FP8),
+                           "w2": padded(E, H, INTER - 8, columns=INTER),
+                           "w13_scale": meta(E, 4, 3, dtype=torch.float32)}, ValueError,
+                  "fp8 weights need H and I to be multiples of 16 .* got H=272, I=200"),
+    # Contiguous, H = 264 puts w13's rows 264 bytes apart: refused for either reason.
+    "H not 16n, contiguous": (lambda: {"x": meta(T, H - 8),
+                                       "w13": meta(E, 2 * INTER, H - 8, dtype=FP8),
+                                       "w2": meta(E, H - 8, INTER, dtype=FP8)}, ValueError,
+                              "multiples of 16"),
+    "x float32": (lambda: {"x": meta(T, H, dtype=torch.float32)}, TypeError,
+                  "x must be float16 or bfloat16"),
+    "b13 float32": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float32)}, TypeError,
+                    r"b13 must have x's dtype \(torch.bfloat16\)"),
+    "b2 shape": (lambda: {"b2": meta(E, INTER)}, ValueError, r"b2 must have shape \(4, 272\)"),
+    "topk_ids float": (lambda: {"topk_ids": meta(T, K, dtype=torch.float32)}, TypeError,
+                       "topk_ids must be int32 or int64"),
+    "w2 shape": (lambda: {"w2": meta(E, H, INTER + 16, dtype=FP8)}, ValueError,
+                 r"w2 must have shape \(4, 272, 208\)"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_arguments(name):
+    changes, error, message = BAD[name]
+    with pytest.raises(error, match=message):
+        gg_runtime.moe_experts(**args(**changes()))
+
+
+@pytest.mark.parametrize("name", ["w13_scale", "w2_scale", "w13", "w2"])
+def test_tensors_on_other_devices_are_refused(name):
+    """A CPU tensor among meta ones."""
+    given = args()
+    given[name] = torch.zeros(given[name].shape, dtype=given[name].dtype)
+    with pytest.raises(ValueError, match=f"{name} is on cpu but x is on meta"):
+        gg_runtime.moe_experts(**given)
+
+
+def test_cpu_tensors_are_refused():
+    given = {name: torch.zeros(t.shape, dtype=t.dtype) for name, t in args().items()}
+    with pytest.raises(ValueError, match="x must be on a CUDA device, got cpu"):
+        gg_runtime.moe_experts(**given)
+
+
+GRAD_NAMES = ["x", "topk_weights", "w13", "w2", "b13", "b2", "w13_scale", "w2_scale"]
+
+
+@pytest.mark.parametrize("name", GRAD_NAMES)
+def test_inference_only(name):
+    """An input that requires grad is refused with gradients enabled, and
+    runs under torch.no_grad() and torch.inference_mode()."""
+    given = args(b13=meta(E, 2 * INTER), b2=meta(E, H))
+    given[name].requires_grad_()
+    with pytest.raises(ValueError, match=f"inference-only, but {name} requires grad"):
+        gg_runtime.moe_experts(**given)
+    with torch.no_grad():
+        assert gg_runtime.moe_experts(**given).shape == (T, H)
+    with torch.inference_mode():
+        assert gg_runtime.moe_experts(**given).shape == (T, H)
+
+
+def test_gate_up_and_activation_names():
+    with pytest.raises(ValueError, match="gate_up must be one of"):
+        gg_runtime.moe_experts(**args(), gate_up="split")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        gg_runtime.moe_experts(**args(), activation="gelu")
+
+
+def test_operator_checks_its_arguments():
+    """torch.ops.gg_runtime.moe_experts_fp8 itself, for callers that skip
+    moe_experts: the same messages."""
+    op = torch.ops.gg_runtime.moe_experts_fp8.default
+    given = args()
+    tensors = [given[n] for n in ("x", "topk_ids", "topk_weights", "w13", "w2", "w13_scale",
+                                  "w2_scale")]
+    with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
+        call(op, *tensors, None, None, "split", "swiglu")
+    with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
+        call(op, *tensors, None, None, "concatenated", "gelu")
+    with pytest.raises(TypeError, match="w13_scale must be float32"):
+        call(op, *tensors[:5], meta(E, 4, 3), tensors[6])
+    assert op(*tensors).shape == (T, H)
+
+
+def fused_args(kind=BLOCKS, **changes):
+    """fused_experts' arguments (vLLM's names) with fp8 weights."""
+    given = args(kind)
+    fused = {"hidden_states": given["x"], "w1": given["w13"], "w2": given["w2"],
+             "topk_weights": given["topk_weights"], "topk_ids": given["topk_ids"],
+             "use_fp8_w8a8": True, "w1_scale": given["w13_scale"],
+             "w2_scale": given["w2_scale"]}
+    fused.update(changes)
+    return fused
+
+
+def test_fused_experts_shapes():
+    for kind, options in ((BLOCKS, {"block_shape": [128, 128]}), (BLOCKS, {}),
+                          (CHANNELS, {"per_channel_quant": True})):
+        assert gg_runtime.fused_experts(**fused_args(kind, **options)).shape == (T, H)
+    expert_map = meta(3 * E, dtype=torch.int32)
+    out = gg_runtime.fused_experts(**fused_args(expert_map=expert_map, global_num_experts=3 * E))
+    assert out.shape == (T, H)
+    x = meta(T, H)
+    assert gg_runtime.fused_experts(**fused_args(hidden_states=x, inplace=True)) is x
+
+
+FUSED_BAD = {
+    "activation": ({"activation": "gelu"}, "activation must be 'silu', got 'gelu'"),
+    "router weight on input": ({"apply_router_weight_on_input": True},
+                               "apply_router_weight_on_input=True is not supported"),
+    "a1_scale": ({"a1_scale": meta(1, dtype=torch.float32)},
+                 "a1_scale and a2_scale must be None: activations are quantized dynamically"),
+    "a2_scale": ({"a2_scale": meta(1, dtype=torch.float32)}, "a1_scale and a2_scale must be None"),
+    "block_shape 128x64": ({"block_shape": [128, 64]},
+                           r"block_shape must be \[128, 128\] .* got \[128, 64\]"),
+    "block_shape with per_channel_quant": ({"block_shape": [128, 128],
+                                            "per_channel_quant": True},
+                                           r"block_shape must be \[128, 128\] \(or None with "
+                                           "per_channel_quant\\)"),
+    "use_fp8_w8a8 False with scales": ({"use_fp8_w8a8": False},
+                                       "use_fp8_w8a8=True goes with w1_scale and w2_scale .* "
+                                       "got use_fp8_w8a8=False"),
+    "use_fp8_w8a8 without scales": ({"w1_scale": None, "w2_scale": None},
+                                    "got use_fp8_w8a8=True"),
+    "blocks, per_channel_quant": ({"per_channel_quant": True},
+                                  r"w1_scale \(4, 4, 3\) does not match per_channel_quant=True"),
+    "expert_map length": ({"expert_map": meta(3 * E, dtype=torch.int32),
+                           "global_num_experts": 2 * E},
+                          "expert_map must have global_num_experts = 8 entries, got 12"),
+}
+
+
+@pytest.mark.parametrize("name", FUSED_BAD)
+def test_fused_experts_refuses(name):
+    changes, message = FUSED_BAD[name]
+    with pytest.raises(ValueError, match=message):
+        gg_runtime.fused_experts(**fused_args(**changes))
+
+
+def test_fused_experts_channel_scales_need_per_channel_quant():
+    with pytest.raises(ValueError, match=r"w1_scale \(4, 416\) does not match "
+                                         "per_channel_quant=False"):
+        gg_runtime.fused_experts(**fused_args(CHANNELS))
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="serving.fused_experts reads w1_scale.dim() before checking that "
+                          "both scales are given")
+def test_fused_experts_one_scale_is_named():
+    with pytest.raises((TypeError, ValueError), match="w1_scale"):
+        gg_runtime.fused_experts(**fused_args(w1_scale=None))
