@@ -34,7 +34,8 @@ UnsupportedDeviceError = _C.UnsupportedDeviceError
 """This wheel has no kernels for the GPU (a subclass of RuntimeError).
 
 Raised by every op on a GPU of compute capability below 8.0, and by the fp8
-functions (`scaled_grouped_mm`, `quantize_fp8`) on any GPU other than 9.0.
+functions (`scaled_grouped_mm`, `quantize_fp8`, `moe_experts` and `fused_experts`
+with fp8 weights) on any GPU other than 9.0.
 The message says why; `info()["device"]["reason"]` tells it without
 calling an op."""
 OPS = torch.ops.gg_runtime

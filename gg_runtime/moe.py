@@ -249,7 +249,7 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     """
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     _check_choices(gate_up, activation)
-    if w13_scale is not None or w2_scale is not None:
+    if w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn:
         return _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
                             gate_up, activation)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
@@ -266,8 +266,9 @@ def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scal
     """moe_experts with fp8 weights: inference only, one operator."""
     for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if not isinstance(scale, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor with fp8 weights (both scales or "
-                            f"neither), got {type(scale).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor with fp8 weights (w13 and w2 "
+                            "float8_e4m3fn with both scales; 16-bit weights with neither), got "
+                            f"{type(scale).__name__}")
     if torch.is_grad_enabled():
         named = (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2),
                  ("b13", b13), ("b2", b2), ("w13_scale", w13_scale), ("w2_scale", w2_scale))

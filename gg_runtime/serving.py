@@ -100,8 +100,13 @@ def _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scal
 
 
 def _local_ids(topk_ids, expert_map, global_num_experts):
-    """Global expert ids to local ones through expert_map (-1: another rank's)."""
-    if global_num_experts not in (-1, expert_map.shape[0]):
+    """Global expert ids to local ones through expert_map (-1: another rank's);
+    ids outside [0, global experts) stay dropped slots (-1), as moe_experts
+    drops them, read on the GPU without a host sync."""
+    experts = expert_map.shape[0]
+    if global_num_experts not in (-1, experts):
         raise ValueError(f"expert_map must have global_num_experts = {global_num_experts} "
-                         f"entries, got {expert_map.shape[0]}")
-    return expert_map.to(device=topk_ids.device, dtype=torch.int64)[topk_ids.long()]
+                         f"entries, got {experts}")
+    ids = topk_ids.long()
+    local = expert_map.to(device=ids.device, dtype=torch.int64)[ids.clamp(0, experts - 1)]
+    return torch.where((ids >= 0) & (ids < experts), local, -1)

@@ -61,17 +61,17 @@ Scales check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scal
   check_like_x(in, {{"b13", given(in.b13)}, {"b2", given(in.b2)}});
   check_devices(in, {{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}});
   check_shapes(in);
+  const int64_t hidden = in.x.size(1), inter = in.w2.size(2);
+  if (hidden % kAlign != 0 || inter % kAlign != 0) {
+    value_error("fp8 weights need H and I to be multiples of 16 (16-byte rows), got H=", hidden,
+                ", I=", inter);
+  }
   check_weight(in.w13, "w13", "[E, 2I, H]");
   check_weight(in.w2, "w2", "[E, H, I]");
   for (const auto& [name, scale] : {Named{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}}) {
     if (scale->scalar_type() != ScalarType::Float) {
       type_error(name, " must be float32, got ", dtype_name(scale->scalar_type()));
     }
-  }
-  const int64_t hidden = in.x.size(1), inter = in.w2.size(2);
-  if (hidden % kAlign != 0 || inter % kAlign != 0) {
-    value_error("fp8 weights need H and I to be multiples of 16 (16-byte rows), got H=", hidden,
-                ", I=", inter);
   }
   const Scales scales = scales_of(w13_scale, "w13_scale", in.w13);
   if (scales_of(w2_scale, "w2_scale", in.w2) != scales) {

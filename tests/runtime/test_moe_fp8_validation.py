@@ -87,15 +87,14 @@ BAD = {
     "w2_scale bfloat16": (lambda: {"w2_scale": meta(E, 3, 2)}, TypeError,
                           "w2_scale must be float32, got torch.bfloat16"),
     "w13_scale alone": (lambda: {"w2_scale": None}, TypeError,
-                        r"w2_scale must be a torch.Tensor with fp8 weights \(both scales or "
-                        r"neither\), got NoneType"),
+                        r"w2_scale must be a torch.Tensor with fp8 weights .* got NoneType"),
     "w2_scale alone": (lambda: {"w13_scale": None}, TypeError,
                        "w13_scale must be a torch.Tensor with fp8 weights"),
     "w13_scale a list": (lambda: {"w13_scale": [1.0]}, TypeError,
                          "w13_scale must be a torch.Tensor .* got list"),
     "fp8 weights, no scales": (lambda: {"w13_scale": None, "w2_scale": None}, TypeError,
-                               r"w13 must have x's dtype \(torch.bfloat16\), got "
-                               "torch.float8_e4m3fn"),
+                               r"w13_scale must be a torch.Tensor with fp8 weights .* got "
+                               "NoneType"),
     "bf16 w13 with scales": (lambda: {"w13": meta(E, 2 * INTER, H)}, TypeError,
                              "w13 must be float8_e4m3fn with its scales given, got "
                              "torch.bfloat16"),
@@ -256,9 +255,6 @@ def test_fused_experts_channel_scales_need_per_channel_quant():
         gg_runtime.fused_experts(**fused_args(CHANNELS))
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="serving.fused_experts reads w1_scale.dim() before checking that "
-                          "both scales are given")
 def test_fused_experts_one_scale_is_named():
     with pytest.raises((TypeError, ValueError), match="w1_scale"):
         gg_runtime.fused_experts(**fused_args(w1_scale=None))
