@@ -1,7 +1,7 @@
 // gg_runtime::moe_experts_fp8: moe_experts' forward with float8_e4m3fn
 // expert weights and float32 scales, for inference, in one operator: every
 // check (messages name moe_experts' arguments), then the routing, the
-// tokens' rows gathered and quantized, the up projection (scaled_ragged_m),
+// tokens quantized and their rows gathered, the up projection (scaled_ragged_m),
 // SwiGLU, its output quantized, the down projection and the weighted
 // combine.  Activations are quantized as the weights are: per token per 128
 // columns for 128 x 128 weight blocks, per token for per-channel weights.
@@ -124,11 +124,15 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
   const Tensor weights = as_contiguous(converted(topk_weights, ScalarType::Float));
   Outputs temporaries(x);
   const auto [order, offs, inverse] = route_slots(ids, experts, temporaries);
-  // The slots' token rows in the routing's order, quantized once each.
+  // Each token quantized once, then its fp8 row and scales gathered for each
+  // of its slots, in the routing's order.
+  const auto [xq, x_scale] = quantize_fp8(x, granularity);
   const Tensor token = aten("aten::floor_divide", "", order, long_scalar(k, order));
-  const Tensor slots = aten("aten::index_select", "", x, int64_t{0}, token);
-  const Tensor gu = scaled_product(quantize_fp8(slots, granularity), w13,
-                                   channel_form(w13_scale, scales), offs, as_rows_dtype(b13));
+  const std::tuple<Tensor, Tensor> slots{
+      aten("aten::index_select", "", xq, int64_t{0}, token),
+      aten("aten::index_select", "", x_scale, int64_t{0}, token)};
+  const Tensor gu =
+      scaled_product(slots, w13, channel_form(w13_scale, scales), offs, as_rows_dtype(b13));
   const Tensor h = swiglu(gu, gate_up, activation);
   const Tensor ys = scaled_product(quantize_fp8(h, granularity), w2, channel_form(w2_scale, scales),
                                    offs, as_rows_dtype(b2));
