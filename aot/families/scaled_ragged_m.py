@@ -41,16 +41,16 @@ FAMILY = Family(
     dtypes=("float8_e4m3fn",),
     out_dtypes=("bfloat16", "float32"),
     archs=(90,),
-    # Measured on H100s (bench/RESULTS.md): decode takes 64x128 tiles of the
-    # Triton kernel; otherwise the warp-specialised kernel (kernels/ragged_ws.py),
-    # whose two MMA warpgroups take 64 rows each of a 128x256 tile (blockwise:
-    # one accumulator rescaled between K blocks; 3 stages measured 0-20% faster
-    # than 4 on the large workloads, within 2% on the rest, before its partitions
-    # took turns).
+    # Chosen from H100 measurements (docs/notes/2026-11-22-full-bench-h100.md,
+    # 2026-11-23-bias-fp8-accumulation-training.md): decode takes 64x128 tiles of
+    # the Triton kernel; otherwise the warp-specialised kernel
+    # (kernels/ragged_ws.py), whose two MMA warpgroups take 64 rows each of a
+    # 128x256 tile (blockwise: one accumulator rescaled between K blocks, 3
+    # stages, which ran faster than 4 before its partitions took turns).
     # Without fast accumulation a second register tile holds each K step's
     # product: 128-column tiles of the warp-specialised kernel, two 64-row
     # partitions (rowwise: faster than the Triton kernel's 128x128 tiles beyond
-    # decode, bench/RESULTS.md); untuned.
+    # decode); untuned.
     configs={(90, "tma", Where(scaling="rowwise", accumulation="fast")):
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", Where(scaling="blockwise", accumulation="fast")):

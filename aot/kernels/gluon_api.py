@@ -45,8 +45,9 @@ def thread_barrier():
 # cluster (the compiler has the loaders of the cluster's CTAs meet before each
 # such copy, so it lands only in slots every CTA has freed; the meeting's
 # cluster-scope release and acquire are what make these kernels slow, see
-# bench/RESULTS.md) and barriers one per CTA.  Defined only where the release
-# has them, so that Triton 3.6 never reads their names.
+# docs/notes/2026-11-25-two-cta-multicast-barrier-scope.md) and barriers one
+# per CTA.  Defined only where the release has them, so that Triton 3.6 never
+# reads their names.
 CLUSTERS = _RENAMED and hasattr(mbarrier, "allocate_mbarrier")
 if CLUSTERS:
 

@@ -72,8 +72,8 @@ def total_tiles(M, N, G, BM: gl.constexpr, BN: gl.constexpr):
 def k_block_step(A_T, BK):
     """tiled_rows' ALIGN: a row-major A's K blocks start at a multiple of BK
     columns (TMA could start them at any 16 bytes): from 16-byte steps the
-    kernel ran 12-15% slower on an H100 (bench/RESULTS.md; likely because each
-    64-byte row of a box then straddles one more 32-byte sector).  The
+    kernel ran slower (docs/notes/2026-11-22-full-bench-h100.md; likely because
+    each 64-byte row of a box then straddles one more 32-byte sector).  The
     boundary blocks this adds are cleared."""
     return 1 if A_T else BK
 

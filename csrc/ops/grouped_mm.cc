@@ -97,7 +97,7 @@ Case classify(const Tensor& a, const Tensor& b, const std::optional<Tensor>& off
 // Whether sm90's kernels read x, whose groups lie along its contiguous
 // dimension, in place: TMA with a 16-byte aligned row stride and base.
 // Elsewhere element loads along that dimension ran slower than one copy of x
-// (bench/RESULTS.md), so x is copied.
+// (docs/notes/2026-11-24-ragged-n-row-major.md), so x is copied.
 bool tma_reads(const Tensor& x, int64_t ld) {
   return ld * static_cast<int64_t>(x.element_size()) % 16 == 0 && address(x) % 16 == 0 &&
          runs_tma(x);

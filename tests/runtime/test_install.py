@@ -21,6 +21,13 @@ def test_imported_from_installed_wheel_not_source():
     assert "site-packages" in gg_runtime.__file__ or "dist-packages" in gg_runtime.__file__
 
 
+def fresh_process_output(code: str) -> str:
+    """stdout of `code` run by this Python in a new process, which must succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
 @pytest.mark.parametrize("triton", ["blocked", "as installed"])
 def test_runtime_neither_needs_nor_loads_triton(triton):
     """In a fresh process, with Triton unimportable or as this environment has
@@ -38,9 +45,7 @@ def test_runtime_neither_needs_nor_loads_triton(triton):
             "loaded = [m for m in sys.modules if m.split('.')[0] == 'triton' and sys.modules[m]]\n"
             "assert not loaded, loaded\n"
             "print(gg_runtime.info()['build']['variants'])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.strip().splitlines()[-1]) == len(_C.variants())
+    assert int(fresh_process_output(code).splitlines()[-1]) == len(_C.variants())
 
 
 def test_testing_helpers_are_imported_only_on_request_and_without_triton():
@@ -52,9 +57,7 @@ def test_testing_helpers_are_imported_only_on_request_and_without_triton():
             "sys.modules['triton'] = None\n"
             "import gg_runtime.testing\n"
             "print(gg_runtime.testing.__file__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert Path(out.stdout.strip()).parent == Path(gg_runtime.__file__).parent / "testing"
+    assert Path(fresh_process_output(code)).parent == Path(gg_runtime.__file__).parent / "testing"
 
 
 def test_wheel_contents_match_manifest():
