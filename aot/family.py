@@ -22,7 +22,8 @@ from . import expr
 from .kernels.ws import EPILOGUE_COLS
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
-TYPES = ("*T", "*O", "*fp32", "*i32", "*i64", "i32", "i64")
+# Other pointer types are fixed (a bfloat16 bias beside an fp8 output).
+TYPES = ("*T", "*O", "*bf16", "*fp32", "*i32", "*i64", "i32", "i64")
 
 # What the runtime does with a parameter of each role.
 ROLES = {
@@ -95,9 +96,22 @@ ACTIVATION = Choice("Activation", ("swiglu", "gpt_oss"))
 @dataclass(frozen=True)
 class Axis:
     """One way a family's variants differ: a name (a C++ field of the
-    family's Axes struct, the key of the manifest's `axes`) and its Choice."""
+    family's Axes struct, the key of the manifest's `axes`) and its Choice;
+    `only`: the Choice's values the family compiles, where not all (a value
+    left out has no kernel: the runtime reports none for it)."""
     name: str  # snake_case
     choice: Choice
+    only: tuple = ()
+
+    def __post_init__(self):
+        if not set(self.only) <= set(self.choice.values):
+            raise ValueError(f"axis {self.name}: {self.only} are not all values of "
+                             f"{self.choice.name} {self.choice.values}")
+
+    @property
+    def values(self) -> tuple:
+        """The values compiled, in the Choice's order."""
+        return tuple(v for v in self.choice.values if not self.only or v in self.only)
 
 
 class Where:
@@ -234,7 +248,7 @@ class Family:
     def axis_values(self) -> list:
         """Every combination of the axes' values, as tuples in axis order (the
         first axis varying slowest): one variant each per dtype, flavour and config."""
-        return list(itertools.product(*(axis.choice.values for axis in self.axes)))
+        return list(itertools.product(*(axis.values for axis in self.axes)))
 
     def named(self, values: tuple) -> dict:
         """{axis name: value} of axis values in axis order."""

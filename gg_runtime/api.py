@@ -225,6 +225,11 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
       `scale_b [G, ceil(N/128), ceil(K/128)]`, one per 128 x 128 weight
       block.  Each K block's product is multiplied by its token and weight
       block scales and the products are summed in float32.
+    - blockwise activations, per-channel weights: `scale_a` blockwise,
+      `scale_b [G, N]`; each K block's product is multiplied by its token's
+      block scale, and the sum by `scale_b[g, col]` (as moe_experts runs
+      per-channel fp8 weights: its down projection's input is quantized per
+      1x128 block).
 
     Accumulation, `use_fast_accum` honoured as torch's is: False (torch's
     default) adds each 128-deep K step's product to the float32 accumulator on
@@ -234,7 +239,7 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
     their own precision, as torch's True does (the same errors, growing with
     K), and runs faster (twice as wide tiles).
 
-    Blockwise with `use_fast_accum=True` (the kernel for groups of more than 32
+    Blockwise scale_a with `use_fast_accum=True` (the kernel for groups of more than 32
     rows) keeps one accumulator in units of the current block's scale,
     rescaled between blocks: a block whose scale product is below 2^-100, or
     below 2^-60 of the largest one of its row and column block so far (zero
@@ -253,7 +258,8 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
             device.
         mat_b: `[G, K, N]`, float8_e4m3fn, K-major, on a's device.
         scale_a: float32, rowwise or blockwise as above.
-        scale_b: float32, of scale_a's granularity.
+        scale_b: float32, of scale_a's granularity, or per channel with a
+            blockwise scale_a.
         offs: `[G]` int32 cumulative end offsets (ragged M), or None (batched).
         bias: None, or `[G, N]` in out_dtype (torch refuses one), added to group
             g's rows after the scales, before the rounding.

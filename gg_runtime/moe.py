@@ -219,13 +219,14 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
     from 16-bit weights: `"128x128"` or `"rowwise"`), stored `[E, N, K]` with
     unit stride along K (fp8 tensor cores read it K-major); H and I multiples
-    of 16. The activations are quantized on the GPU as the weights are: per
-    token per 128 columns for 128 x 128 blocks, per token for per-channel
-    scales (x's rows, then the activation's output, the down projection's
-    input), `scale = max(amax, 1e-12) / 448`. The products accumulate in
-    float32 on the tensor cores, the blocks' scales applied per 128 columns
-    of K; the up projection's output and the down projection's rows are
-    rounded to bfloat16 between the steps. Inference only: with gradients
+    of 16. x's rows are quantized on the GPU as the weights are: per token
+    per 128 columns for 128 x 128 blocks, per token for per-channel scales;
+    the activation's output (the down projection's input) per token per 128
+    columns with either, in the up projection's epilogue;
+    `scale = max(amax, 1e-12) / 448`. The products accumulate in float32 on
+    the tensor cores, the blocks' scales applied per 128 columns of K; the
+    activation reads the up projection's float32 sums and the down
+    projection's rows are rounded to bfloat16. Inference only: with gradients
     enabled, an input that requires grad is refused. Both gate_up layouts,
     both activations, the biases, dropped slots, T = 0 and CUDA-graph capture
     work as with 16-bit weights. The forward is the operator

@@ -9,9 +9,10 @@ from ..kernels.ragged_ws import scaled_ragged_m_ws_kernel
 from .ragged_m import BIAS, POINTERS, RAGGED_ROWS_LIMIT
 
 # How the scales apply (aot/kernels/scaled.py): per row of a and column of
-# b, or per 1x128 block of a and 128x128 block of b; the kernel's SCALING is
-# ROWWISE (1) or BLOCKWISE (2).
-SCALING = Choice("Scaling", ("rowwise", "blockwise"))
+# b, per 1x128 block of a and 128x128 block of b, or per 1x128 block of a
+# and column of b; the kernel's SCALING is ROWWISE (1), BLOCKWISE (2) or
+# BLOCKWISE_ROWWISE (3).
+SCALING = Choice("Scaling", ("rowwise", "blockwise", "blockwise_rowwise"))
 # How the tensor cores' fp8 products are summed (kernels/scaled.py FAST_ACCUM):
 # each K step's product added to float32 by the CUDA cores, or all of K in
 # the tensor cores' own precision (torch's use_fast_accum=True).
@@ -54,6 +55,10 @@ FAMILY = Family(
     configs={(90, "tma", Where(scaling="rowwise", accumulation="fast")):
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", Where(scaling="blockwise", accumulation="fast")):
+             (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 3, ws=True)),
+             # blockwise's schedule (one unit a row instead of one a 128
+             # columns); untuned.
+             (90, "tma", Where(scaling="blockwise_rowwise", accumulation="fast")):
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 3, ws=True)),
              (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
                            Config(128, 128, 128, 4, 4, ws=True))},

@@ -28,6 +28,7 @@ argument's (ragged_glu's kernels always pass one).
 import triton
 import triton.language as tl
 
+from .quantize import quantize_blocks
 from .swiglu import activate
 
 NO_GLU = tl.constexpr(0)
@@ -140,17 +141,31 @@ def glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, glu, GLU: tl.constexpr, 
     """h's [BM, BN / 2] tile (float32) from the accumulator of rows off_m ..
     (those below end are the group's); bias = (bias_ptr [G, N], has_bias) is
     added first (where has_bias); glu = (gu_ptr, save_gu, gpt_oss): gu ([T,
-    N] row-major) written where save_gu is 1, act's gpt_oss."""
+    N] row-major) written where save_gu is 1 (gu_ptr None: never), act's gpt_oss."""
     bias_ptr, has_bias = bias
     gu_ptr, save_gu, gpt_oss = glu
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
     if has_bias != 0:
         group_bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=col_ok & (g < G), other=0.0)
         acc = acc + group_bias.to(tl.float32)[None, :]
-    if save_gu != 0:
-        rows = off_m + tl.arange(0, BM)
-        at = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(gu_ptr + at, acc.to(gu_ptr.dtype.element_ty),
-                 mask=(rows < end)[:, None] & col_ok[None, :])
+    if gu_ptr is not None:  # noqa: SIM102 (a constexpr, then a runtime test)
+        if save_gu != 0:
+            rows = off_m + tl.arange(0, BM)
+            at = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            tl.store(gu_ptr + at, acc.to(gu_ptr.dtype.element_ty),
+                     mask=(rows < end)[:, None] & col_ok[None, :])
     gate, up = gate_and_up(acc, GLU, BM, BN)
     return act(gate, up, gpt_oss)
+
+
+@triton.jit
+def quantized_h(h, out_scales, N, off_m, end, off_n, BM: tl.constexpr, BN: tl.constexpr):
+    """glu_epilogue's h tile [BM rows from off_m, BN / 2 = 128 columns from
+    off_n / 2] in e4m3, each row's columns one 1x128 block whose scale goes
+    to out_scales [T, cdiv(N / 2, 128)] (rows below end); columns past N / 2
+    count as 0."""
+    tl.static_assert(BN // 2 == 128, "a tile's h columns are one scale block")
+    cols = off_n // 2 + tl.arange(0, BN // 2)
+    h = tl.where((cols < N // 2)[None, :], h, 0.0)
+    rows = off_m + tl.arange(0, BM)
+    return quantize_blocks(h, out_scales, rows, rows < end, off_n // BN, tl.cdiv(N // 2, BN // 2))

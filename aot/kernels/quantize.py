@@ -52,6 +52,16 @@ def to_e4m3(x, scale):
 
 
 @triton.jit
+def quantize_blocks(x, scale_ptr, rows, row_ok, block, blocks_per_row):
+    """x [R, 128] float32, each row one 1x128 block (its columns past the
+    matrix's zero): x quantized to e4m3, its rows' scales stored at
+    scale_ptr[rows, block] (rows in row_ok; scale [*, blocks_per_row])."""
+    scale = scale_of(tl.max(tl.abs(x), axis=1))
+    tl.store(scale_ptr + rows.to(tl.int64) * blocks_per_row + block, scale, mask=row_ok)
+    return to_e4m3(x, scale[:, None])
+
+
+@triton.jit
 def rowwise_tile(x_ptr, q_ptr, scale_ptr, row0, R, C, ldx, BM: tl.constexpr, BN: tl.constexpr):
     """Rows row0 .. row0 + BM, BN columns at a time: an amax pass, then a
     quantising pass whose loads should hit the cache the first pass filled

@@ -7,14 +7,15 @@ For valid offsets this is the usual meaning; for decreasing or out-of-range
 offsets it keeps every access in bounds and every output row owned by at most
 one group.
 
-ragged_m: out[T, N], rows of group g = a[rows] @ b[g] (+ bias[g])   (forward, dA; fp8 with scales)
+ragged_m: out[T, N], rows of group g = a[rows] @ b[g] (+ bias[g])   (forward, dA; fp8 with scales;
+          the up projection with its activation, 16-bit or fp8)
 ragged_k: out[G, M, N], out[g] = a[:, rows] @ b[rows]   (dB)
 """
 import triton
 import triton.language as tl
 
-from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile
-from .scaled import NO_SCALES, scaled_tile_tma
+from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile, quantized_h
+from .scaled import NO_SCALES, gathered_scaled_tile, scaled_tile_tma
 from .tiles import (first_step_past, pick, running_max, tile_mma_basic, tile_store,
                     tile_store_transposed)
 
@@ -163,12 +164,34 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
 
 
 @triton.jit
+def scaled_ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, c_scale_ptr,
+                             T, N, K, G, lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
+                             gpt_oss, rows_ptr, rows_div, SCALING: tl.constexpr,
+                             GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                             BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                             PRECISION: tl.constexpr):
+    """ragged_glu_kernel's up projection in fp8 for inference: a [*, K] e4m3
+    tokens (rows lda apart) gathered as rows[r] // rows_div (rows_div > 0),
+    b [G, N, K] e4m3 (K-major), scaled as scaled.py's SCALING says (a's
+    scales by token), tensor-core accumulation; bias [G, N] bfloat16; c [T,
+    N / 2] = act(gate, up) in e4m3, each row's 128 columns one 1x128 block
+    with its float32 scale in c_scale [T, cdiv(N / 2, 128)] (the down
+    projection's blockwise input).  No gu."""
+    ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                     (bias_ptr, has_bias), False, True, False, USE_TMA, BM, BN, BK, CHUNK,
+                     PRECISION, SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
+                     gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU, glu=(None, 0, gpt_oss),
+                     out_scales=c_scale_ptr)
+
+
+@triton.jit
 def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                      bias, A_T: tl.constexpr, B_T: tl.constexpr, C_T: tl.constexpr,
                      USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      CHUNK: tl.constexpr, PRECISION: tl.constexpr,
                      SCALING: tl.constexpr = NO_SCALES, FAST_ACCUM: tl.constexpr = True,
-                     scales=None, gather=None, GLU: tl.constexpr = NO_GLU, glu=None):
+                     scales=None, gather=None, GLU: tl.constexpr = NO_GLU, glu=None,
+                     out_scales=None):
     """One program of a ragged_m launch.
 
     Persistent: program p takes tiles p, p + P, ... of the list made of every
@@ -183,8 +206,10 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_str
     applied as SCALING (scaled.py's, with FAST_ACCUM) says; gather = (a_ptr,
     lda, rows_ptr, rows_div), A's rows read through an index by pointer
     loads (glu.glu_tile; TMA then only stores c); glu = (gu_ptr, save_gu,
-    gpt_oss), glu.py's gated epilogue where GLU >= CONCATENATED.  gather,
-    which has no mode, is used where it is not None.  scales and glu are
+    gpt_oss), glu.py's gated epilogue where GLU >= CONCATENATED (gu_ptr None:
+    no gu); out_scales, h stored in fp8 with its 1x128 blocks' scales there
+    (glu.quantized_h).  gather and out_scales, which have no mode, are used
+    where they are not None; gather with scales is scaled.gathered_scaled_tile.  scales and glu are
     used where their mode says, and are None (never read) where it says
     not: the mode is needed anyway to say which scales or gate layout, and
     it cannot travel in the tuple (Triton makes a constexpr a tensor where
@@ -204,7 +229,12 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_str
     # (one element each).
     B_BY_TMA: tl.constexpr = USE_TMA and not B_T and gather is not None
     B_BLOCK_N: tl.constexpr = BN // 2 if GLU == CONCATENATED else BN
-    if USE_TMA and gather is None:
+    SCALED_GATHER: tl.constexpr = gather is not None and SCALING != NO_SCALES
+    if SCALED_GATHER:  # fp8's K-major b, by TMA (CONCATENATED: half blocks)
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N, tl.maximum(K, 1)],
+                                           strides=[b_group_stride, ldb, 1],
+                                           block_shape=[1, B_BLOCK_N, BK])
+    elif USE_TMA and gather is None:
         # One descriptor for all of A and one for all of B, built once per
         # program.  A tile may read rows past its group's end (the next
         # group's rows): they only reach output rows that the store clips.
@@ -247,7 +277,10 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_str
             off_m = start + (in_group % m_tiles) * BM
             off_n = (in_group // m_tiles) * BN
             k_end = tl.where(g < G, K, 0)
-            if gather is not None:
+            if SCALED_GATHER:
+                acc = gathered_scaled_tile(gather, scales, b_desc, tl.minimum(g, G - 1), off_m,
+                                           off_n, end, N, K, k_end, SCALING, GLU, BM, BN, BK)
+            elif gather is not None:
                 weights = b_ptr + tl.minimum(g, G - 1).to(tl.int64) * b_group_stride
                 acc = glu_tile(gather, weights, off_m, off_n, k_end, end, N, ldb, B_T, GLU, BM,
                                BN, BK, PRECISION, USE_TMA, (b_desc, g) if B_BY_TMA else None)
@@ -271,6 +304,8 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_str
                     tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
             else:
                 h = glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, glu, GLU, BM, BN)
+                if out_scales is not None:
+                    h = quantized_h(h, out_scales, N, off_m, end, off_n, BM, BN)
                 if USE_TMA:
                     ragged_store(c_desc, h, start, end, off_m, off_n // 2, BM, BN // 2)
                 else:

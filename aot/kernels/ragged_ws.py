@@ -21,9 +21,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .glu import CONCATENATED, NO_GLU
-from .glu_ws import gu_descriptor, store_gated
+from .glu_ws import gu_descriptor, store_gated, w13_columns
 from .ragged import RAGGED_ROWS
-from .scaled import BLOCKWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
+from .scaled import BLOCKWISE, BLOCKWISE_ROWWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
                  accumulator_layout, chunk_groups, first_step_past, load_partition, locate,
                  ring_setup, row_alignment, store_columns, store_rows, store_tile)
@@ -84,21 +84,80 @@ def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
 
 
 @gluon.jit
-def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, off_n,
-                 H: gl.constexpr, layout: gl.constexpr):
-    """[rows, the tile's H 128-column blocks] scales of K block `block`, for
-    scales = (scale_a_ptr, scale_b_ptr): scale_a[row, block] x scale_b[g,
-    column block, block].  Rows past the group and column blocks past N
-    (never stored) and blocks past k_end (never added; all of the
-    pseudo-group's, which has no scale_b) read 1."""
+def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, col_block):
+    """[rows, the tile's column blocks] scales of K block `block`, for scales
+    = (scale_a_ptr, scale_b_ptr): scale_a[row, block] x scale_b[g, column
+    block, block] (rows: scale_a's, token_rows'; col_block: b's block of each
+    of the tile's 128-column blocks, column_blocks'; None: b's scales are per
+    channel, applied after the sum, and the scales are scale_a's [rows, 1]).
+    Rows past the group and column blocks past N (never stored) and blocks
+    past k_end (never added; all of the pseudo-group's, which has no
+    scale_b) read 1."""
     scale_a_ptr, scale_b_ptr = scales
     in_k = block * SCALE_BLOCK < k_end
     scale_a = gl.load(scale_a_ptr + rows.to(gl.int64) * k_blocks + block, mask=row_ok & in_k,
                       other=1.0)
-    col_block = off_n // SCALE_BLOCK + gl.arange(0, H, gl.SliceLayout(0, layout))
-    weights = scale_b_ptr + (g.to(gl.int64) * n_blocks + col_block) * k_blocks + block
-    scale_b = gl.load(weights, mask=(col_block < n_blocks) & in_k, other=1.0)
-    return gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+    if col_block is None:
+        return gl.expand_dims(scale_a, 1)
+    else:
+        weights = scale_b_ptr + (g.to(gl.int64) * n_blocks + col_block) * k_blocks + block
+        scale_b = gl.load(weights, mask=(col_block < n_blocks) & in_k, other=1.0)
+        return gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+
+
+@gluon.jit
+def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, layout: gl.constexpr):
+    """b's 128-column scale block of each of a tile's H 128-column blocks:
+    off_n / 128 + i, or for CONCATENATED (H = 2) the gate's block and the
+    up's (kernels/glu.py's columns; the host makes N / 2 a multiple of 128,
+    so that the up's 128 columns are one block)."""
+    i = gl.arange(0, H, layout)
+    if GLU == CONCATENATED:
+        gl.static_assert(H == 2, "a gate half and an up half of 128 columns each")
+        return (off_n // 2 + i * (N // 2)) // SCALE_BLOCK
+    else:
+        return off_n // SCALE_BLOCK + i
+
+
+@gluon.jit
+def tile_column_blocks(off_n, N, H: gl.constexpr, SCALING: gl.constexpr, GLU: gl.constexpr,
+                       layout: gl.constexpr):
+    """column_blocks' for b's 128 x 128 blocks (BLOCKWISE); None for per-channel ones."""
+    if SCALING == BLOCKWISE:
+        return column_blocks(off_n, N, H, GLU, layout)
+    else:
+        return None
+
+
+@gluon.jit
+def channel_scaled(acc, scales, gather, g, G, N, off_n, part_m, end, SCALING: gl.constexpr,
+                   GLU: gl.constexpr, acc_layout: gl.constexpr):
+    """A summed tile times b's per-channel scales (ROWWISE and
+    BLOCKWISE_ROWWISE) and, ROWWISE, a's per-row ones (the rows' tokens:
+    token_rows); columns past N and rows past end read 0.  Indices made
+    here, not live through the K loop."""
+    scale_a_ptr, scale_b_ptr = scales
+    cols, col_ok = w13_columns(off_n, N, acc.shape[1], GLU, gl.SliceLayout(0, acc_layout))
+    scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols, mask=col_ok & (g < G), other=0.0)
+    if SCALING == ROWWISE:
+        rows = part_m + gl.arange(0, acc.shape[0], gl.SliceLayout(1, acc_layout))
+        row_ok = rows < end
+        scale_a = gl.load(scale_a_ptr + token_rows(gather, rows, row_ok), mask=row_ok, other=0.0)
+        return acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+    else:
+        return acc * gl.expand_dims(scale_b, 0)
+
+
+@gluon.jit
+def token_rows(gather, rows, row_ok):
+    """The rows of a's scales for a tile's rows: the tokens of gathered rows
+    (rows_ptr[r] // rows_div, gather = (a_ptr, lda, rows_ptr, rows_div)), or
+    the rows themselves (gather None)."""
+    if gather is None:
+        return rows
+    else:
+        rows_ptr = gather[2]
+        return gl.load(rows_ptr + rows, mask=row_ok, other=0) // gather[3]
 
 
 @gluon.jit
@@ -138,7 +197,8 @@ def wait_turn(turns, half: gl.constexpr, count):
 def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scales, g, part_m,
                          end, K, N, off_n, half: gl.constexpr, PART_M: gl.constexpr,
                          BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                         acc_layout: gl.constexpr):
+                         acc_layout: gl.constexpr, SCALING: gl.constexpr = BLOCKWISE,
+                         GLU: gl.constexpr = NO_GLU, gather=None):
     """accumulate() with each 128-deep K block's product scaled before it is
     added, in one accumulator kept in units of the current block's scale
     (unit_of): before block j's MMA adds its product the accumulator is
@@ -150,28 +210,36 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
     The two partitions take turns (wait_turn), each issuing a block's MMA in
     two halves and letting the other go once its first half is done: one's
     multiplies then run while the other's MMA does (left alone they drift
-    into step and multiply at the same time: 1-5% slower, measured)."""
+    into step and multiply at the same time: 1-5% slower, measured).
+    SCALING: BLOCKWISE, or BLOCKWISE_ROWWISE (b's per-channel scales come
+    after: one unit per row); GLU: the tile's columns (column_blocks);
+    gather: accumulate()'s, whose rows' tokens take their scales (token_rows)."""
     gl.static_assert(BK == SCALE_BLOCK, "one MMA a scale block")
-    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK
+    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK if SCALING == BLOCKWISE else 1
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     # One unit per row and column block, in the layout of acc's column blocks.
     layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, layout))
     row_ok = rows < end
+    rows = token_rows(gather, rows, row_ok)
+    col_block = tile_column_blocks(off_n, N, H, SCALING, GLU, gl.SliceLayout(0, layout))
     k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     unit = gl.full([PART_M, H], 1.0, gl.float32, layout)
     largest = gl.zeros([PART_M, H], gl.float32, layout)
-    scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, 0, off_n, H, layout)
+    scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, 0, col_block)
     HALF_K: gl.constexpr = BK // 2
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         # A block ahead: the loads' latency hides behind a whole MMA.
         next_scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks,
-                                  k0 // SCALE_BLOCK + 1, off_n, H, layout)
+                                  k0 // SCALE_BLOCK + 1, col_block)
         largest = gl.maximum(largest, gl.abs(scale))
         new_unit = unit_of(scale, largest)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        if gather is not None:  # noqa: SIM102 (a constexpr, then a runtime test)
+            if gather[3] != 0:  # the loader's threads wrote A's block (accumulate())
+                fence_async_shared()
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k0 > 0)
         acc = rescale(acc, unit / new_unit, acc_layout)
@@ -194,23 +262,25 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
 def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, scales, g, part_m,
                                   end, K, N, off_n, half: gl.constexpr, PART_M: gl.constexpr,
                                   BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                                  acc_layout: gl.constexpr):
+                                  acc_layout: gl.constexpr, SCALING: gl.constexpr):
     """accumulate_blockwise() without fast accumulation: each 128-deep K
     block's product is made from zero by the tensor cores, then scaled and
     added to the float32 accumulator by the CUDA cores (the DeepSeek-V3
-    recipe), while the other partition's MMA runs."""
+    recipe), while the other partition's MMA runs.  SCALING as
+    accumulate_blockwise's."""
     gl.static_assert(BK == SCALE_BLOCK, "one MMA a scale block")
-    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK
+    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK if SCALING == BLOCKWISE else 1
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, layout))
     row_ok = rows < end
+    col_block = tile_column_blocks(off_n, N, H, SCALING, NO_GLU, gl.SliceLayout(0, layout))
     k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     for k0 in range(0, k_end, BK):
         slot = count % STAGES
         scale = block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, k0 // SCALE_BLOCK,
-                             off_n, H, layout)
+                             col_block)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
         product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
@@ -272,21 +342,26 @@ def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias, g, G, part_m, start, end
 
 @gluon.jit
 def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a_bufs, b_bufs,
-                  c_bufs, ready, empty, turns, offs_ptr, T, N, K, G, bias, scales, gather, glu,
-                  A_T: gl.constexpr, B_T: gl.constexpr, C_T: gl.constexpr,
+                  c_bufs, ready, empty, turns, offs_ptr, T, N, K, G, bias, scales, gather, gu_desc,
+                  glu, out_scales, A_T: gl.constexpr, B_T: gl.constexpr, C_T: gl.constexpr,
                   SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, GLU: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                   STAGES: gl.constexpr, CTAS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
     program (in a cluster, PARTS = 1: each CTA's share of the tile's rows).
-    The features as ragged_m_ws_program's, but glu = (gu_desc, save_gu,
-    gpt_oss): kernels/glu.py's gated epilogue stores h through c_desc and gu
-    through gu_desc; turns: accumulate_blockwise's (None where the partitions
-    do not take turns)."""
+    The features as ragged_m_ws_program's, but glu = (save_gu, gpt_oss)
+    beside gu_desc: kernels/glu.py's gated epilogue stores h through c_desc
+    and gu through gu_desc (None: no gu; a partition's arguments hold no None
+    in a tuple); turns: accumulate_blockwise's (None where the partitions do
+    not take turns)."""
     warps: gl.constexpr = gl.num_warps()
     PART_M: gl.constexpr = BM // PARTS
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
     ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
+    # a's scales per row and 128-column K block; b's per column (scaled.py).
+    # (Comparisons, not `in`: the compiler takes no tuple of constexprs.)
+    BLOCK_ROWS: gl.constexpr = SCALING == BLOCKWISE or SCALING == BLOCKWISE_ROWWISE  # noqa: PLR1714
+    CHANNELS: gl.constexpr = SCALING == ROWWISE or SCALING == BLOCKWISE_ROWWISE  # noqa: PLR1714
     c_buf = c_bufs.index(half)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -304,32 +379,28 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                                                         tiles_end, n_tiles, G, K, BM, BN, ALIGN)
             part_m = off_m + half * PART_M
             if part_m < end:
-                if SCALING == BLOCKWISE and not FAST_ACCUM:
+                if BLOCK_ROWS and not FAST_ACCUM:
                     acc, count = accumulate_blockwise_promoted(
                         a_bufs, b_bufs, ready, empty, count, k_end, scales, g, part_m, end, K, N,
-                        off_n, half, PART_M, BN, BK, STAGES, acc_layout)
-                elif SCALING == BLOCKWISE:
+                        off_n, half, PART_M, BN, BK, STAGES, acc_layout, SCALING)
+                elif BLOCK_ROWS:
                     acc, count = accumulate_blockwise(
                         a_bufs, b_bufs, ready, empty, turns, count, k_end, scales, g, part_m, end,
-                        K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout)
+                        K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout, SCALING, GLU,
+                        gather)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
                                             PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
                                             FAST_ACCUM, gather)
-                if SCALING == ROWWISE:  # indices made here, not live through the K loop
-                    scale_a_ptr, scale_b_ptr = scales
-                    rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
-                    cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
-                    scale_a = gl.load(scale_a_ptr + rows, mask=rows < end, other=0.0)
-                    scale_b = gl.load(scale_b_ptr + g.to(gl.int64) * N + cols,
-                                      mask=(cols < N) & (g < G), other=0.0)
-                    acc = acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
+                if CHANNELS:
+                    acc = channel_scaled(acc, scales, gather, g, G, N, off_n, part_m, end, SCALING,
+                                         GLU, acc_layout)
                 if GLU < CONCATENATED:
                     store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias, g, G, part_m, start, end,
                                   off_n, N, ALIGN, C_T)
                 else:  # a row-major a: tiles start at their group's rows
-                    store_gated(acc, c_desc, c_buf, bias, glu, g, G, N, off_n, part_m, start, end,
-                                GLU)
+                    store_gated(acc, c_desc, c_buf, bias, (gu_desc, glu[0], glu[1]), g, G, N,
+                                off_n, part_m, start, end, GLU, out_scales)
             else:
                 count = pass_blocks(ready, empty, turns, count, k_end, half, BK, STAGES)
         tiles_before = chunk_end
@@ -343,15 +414,16 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
                         BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                         CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
                         SCALING: gl.constexpr = NO_SCALES, FAST_ACCUM: gl.constexpr = True,
-                        scales=None, gather=None, GLU: gl.constexpr = NO_GLU, glu=None):
+                        scales=None, gather=None, GLU: gl.constexpr = NO_GLU, glu=None,
+                        out_scales=None):
     """One program of the kernels below; its optional features are
     ragged.ragged_m_program's (bias, SCALING with FAST_ACCUM and scales,
-    gather, GLU with glu), each one argument, decided alike."""
+    gather, GLU with glu, out_scales), each one argument, decided alike."""
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = BM // CTAS // (16 * gl.num_warps())
     # A cluster's CTAs split the tile's rows; a partition's rows within a CTA,
     # blockwise scales and rows that do not start a TMA box are not split.
-    gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING != BLOCKWISE and not A_T and not C_T),
+    gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING < BLOCKWISE and not A_T and not C_T),
                      "a cluster kernel takes one MMA partition, no blockwise scales, a row-major a "
                      "and c")
     gl.static_assert(PARTS == 1 or PARTS == 2, "one or two MMA partitions")
@@ -367,10 +439,14 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
     LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
     if GATHER:
         gl.static_assert(not A_T and CTAS == 1, "gathered rows are row-major, in one CTA")
-    if GATED:  # the MMA partitions' glu: gu stored through a descriptor
+    if GATED:  # the MMA partitions' glu: gu stored through a descriptor, if at all
         gu_ptr, save_gu, gpt_oss = glu
-        gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
-    TURNS: gl.constexpr = SCALING == BLOCKWISE and FAST_ACCUM
+        SAVES_GU: gl.constexpr = gu_ptr is not None
+        if SAVES_GU:
+            gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
+    else:
+        SAVES_GU: gl.constexpr = False
+    TURNS: gl.constexpr = SCALING >= BLOCKWISE and FAST_ACCUM
     if TURNS:  # its partitions take turns (accumulate_blockwise)
         gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -382,7 +458,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
     gl.warp_specialize(
         [(mma_partition, (p, PARTS, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                           turns if TURNS else None, offs_ptr, T, N, K, G, bias, scales, gather,
-                          (gu_desc, save_gu, gpt_oss) if GATED else None, A_T, B_T, C_T,
+                          gu_desc if SAVES_GU else None, (save_gu, gpt_oss) if GATED else None,
+                          out_scales, A_T, B_T, C_T,
                           SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS))
          if p < PARTS else
          (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
@@ -436,3 +513,20 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                         (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, CTAS,
                         SCALING=SCALING, FAST_ACCUM=FAST_ACCUM, scales=(scale_a_ptr, scale_b_ptr))
+
+
+@gluon.jit
+def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
+                                c_scale_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, bias_ptr,
+                                has_bias, gpt_oss, rows_ptr, rows_div, SCALING: gl.constexpr,
+                                GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                                BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                                PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ragged.scaled_ragged_glu_kernel's contract, TMA only (USE_TMA and
+    PRECISION taken for the common signature)."""
+    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
+                        (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, 1,
+                        SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
+                        gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
+                        glu=(None, 0, gpt_oss), out_scales=c_scale_ptr)

@@ -10,6 +10,14 @@ BLOCKWISE  out = sum over 128-wide K blocks j of
            [G, ceil(N/128), ceil(K/128)] (128x128 weight blocks), both
            row-major; each block's product is scaled in float32 before it is
            added (the DeepSeek-V3 recipe).
+BLOCKWISE_ROWWISE
+           a's scales as BLOCKWISE's, b's as ROWWISE's:
+           out = sum over j of (a[:, j] @ b[j, :]) * scale_a[row, j], times
+           scale_b[g, col] (per-channel weights with activations quantized
+           per 1x128 block: the fused up projection's h, a per-channel model).
+
+Gathered rows (gathered_scaled_tile, the fused fp8 up projection): row r of
+a is a token's row, rows[r] // rows_div, and so are its scales' rows.
 
 FAST_ACCUM (torch's use_fast_accum): the tensor cores accumulate a tile's
 products over all of K, in their own precision, which loses bits as K grows.
@@ -21,9 +29,12 @@ so).
 import triton
 import triton.language as tl
 
+from .glu import CONCATENATED
+
 NO_SCALES = tl.constexpr(0)
 ROWWISE = tl.constexpr(1)
 BLOCKWISE = tl.constexpr(2)
+BLOCKWISE_ROWWISE = tl.constexpr(3)
 SCALE_BLOCK = tl.constexpr(128)
 
 
@@ -57,6 +68,15 @@ def scaled_tile_tma(a_desc, b_desc, scales, g, off_m, off_n, end, N, K, k_end,
         scale_a = tl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
         scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
         acc = acc * scale_a[:, None] * scale_b[None, :]
+    elif SCALING == BLOCKWISE_ROWWISE:
+        tl.static_assert(SCALE_BLOCK % BK == 0, "a K step must not straddle two scale blocks")
+        a_scales = scale_a_ptr + rows.to(tl.int64) * tl.cdiv(K, SCALE_BLOCK)
+        for k0 in range(0, k_end, BK):
+            a, b = _load_pair(a_desc, b_desc, g, off_m, off_n, k0, BN, BK)
+            scale_a = tl.load(a_scales + k0 // SCALE_BLOCK, mask=row_ok, other=0.0)
+            acc += tl.dot(a, b) * scale_a[:, None]
+        scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
+        acc = acc * scale_b[None, :]
     else:
         tl.static_assert(SCALE_BLOCK % BK == 0, "a K step must not straddle two scale blocks")
         k_blocks = tl.cdiv(K, SCALE_BLOCK)
@@ -81,3 +101,75 @@ def scaled_tile_tma(a_desc, b_desc, scales, g, off_m, off_n, end, N, K, k_end,
                 scale_b = tl.load(b_scales + block, mask=col_ok, other=0.0)
                 acc += tl.dot(a, b) * scale_a[:, None] * scale_b[None, :]
     return acc
+
+
+@triton.jit
+def gathered_scaled_tile(gather, scales, b_desc, g, off_m, off_n, end, N, K, k_end,
+                         SCALING: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr):
+    """scaled_tile_tma's tile for gathered rows, gather = (a_ptr, lda, rows_ptr,
+    rows_div): row r (below end) is a[rows[off_m + r] // rows_div], read by
+    16-byte pointer loads (the kernels' rules: K a multiple of 16, aligned
+    rows), scaled by its token's scales; b[g] by TMA through b_desc
+    ([G, N, K], blocks of [1, BN / 2, BK] for CONCATENATED, else [1, BN,
+    BK]).  The accumulator's columns are glu.w13_columns' (CONCATENATED: the
+    gate's BN / 2 from off_n / 2, then the up's from N / 2 + off_n / 2);
+    columns past their half or past N read scale 0."""
+    a_ptr, lda, rows_ptr, rows_div = gather
+    rows = off_m + tl.arange(0, BM)
+    row_ok = rows < end
+    tokens = tl.load(rows_ptr + rows, mask=row_ok, other=0) // rows_div
+    a_rows = tl.multiple_of(a_ptr + tokens * lda, 16)
+    operand = (a_rows, row_ok, tokens, b_desc, g)
+    if GLU == CONCATENATED:
+        gate = scaled_columns(operand, scales, off_n // 2, N // 2, N, K, k_end, SCALING, BM,
+                              BN // 2, BK)
+        up = scaled_columns(operand, scales, N // 2 + off_n // 2, N, N, K, k_end, SCALING, BM,
+                            BN // 2, BK)
+        return tl.reshape(tl.permute(tl.join(gate, up), (0, 2, 1)), (BM, BN))
+    else:
+        return scaled_columns(operand, scales, off_n, N, N, K, k_end, SCALING, BM, BN, BK)
+
+
+@triton.jit
+def scaled_columns(operand, scales, first, limit, N, K, k_end, SCALING: tl.constexpr,
+                   BM: tl.constexpr, W: tl.constexpr, BK: tl.constexpr):
+    """[BM, W] float32: gathered_scaled_tile's rows (operand = (a_rows,
+    row_ok, tokens, b_desc, g)) times b[g]'s rows first .. first + W (those
+    below limit; the others scaled by 0), scaled."""
+    a_rows, row_ok, tokens, b_desc, g = operand
+    scale_a_ptr, scale_b_ptr = scales
+    cols = first + tl.arange(0, W)
+    col_ok = cols < limit
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, W), dtype=tl.float32)
+    if SCALING == ROWWISE:
+        for k0 in range(0, k_end, BK):
+            acc = tl.dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
+                         b_desc.load([g, first, k0]).reshape(W, BK).T, acc)
+        scale_a = tl.load(scale_a_ptr + tokens, mask=row_ok, other=0.0)
+        scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
+        acc = acc * scale_a[:, None] * scale_b[None, :]
+    else:
+        tl.static_assert(SCALING == BLOCKWISE, "gathered rows take rowwise or blockwise scales")
+        tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
+        k_blocks = tl.cdiv(K, SCALE_BLOCK)
+        a_scales = scale_a_ptr + tokens * k_blocks
+        b_scales = scale_b_ptr + (g.to(tl.int64) * tl.cdiv(N, SCALE_BLOCK)
+                                  + cols // SCALE_BLOCK) * k_blocks
+        for k0 in range(0, k_end, BK):
+            product = tl.dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
+                             b_desc.load([g, first, k0]).reshape(W, BK).T)
+            block = k0 // SCALE_BLOCK
+            scale_a = tl.load(a_scales + block, mask=row_ok, other=0.0)
+            scale_b = tl.load(b_scales + block, mask=col_ok, other=0.0)
+            acc += product * scale_a[:, None] * scale_b[None, :]
+    return acc
+
+
+@triton.jit
+def gathered_block(a_rows, row_ok, ks, k_end):
+    """[rows, ks] of the gathered rows (zeros past k_end, which is a multiple
+    of 16: a 16-byte vector is wholly in or out)."""
+    in_k = tl.max_constancy(ks < k_end, 16)
+    return tl.load(a_rows[:, None] + ks[None, :], mask=row_ok[:, None] & in_k[None, :], other=0.0)

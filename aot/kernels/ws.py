@@ -281,11 +281,18 @@ def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
 
 
 @gluon.constexpr_function
-def gather_layout(BM, BK, warps):
-    """The loader's [BM, BK] copy of gathered rows: 16 bytes (8 elements) a
-    copy, a row's BK elements across BK / 8 threads."""
-    lanes = BK // 8
-    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
+def copy_elements(dtype):
+    """Elements of `dtype` in one 16-byte copy."""
+    return 128 // dtype.primitive_bitwidth
+
+
+@gluon.constexpr_function
+def gather_layout(BM, BK, warps, dtype):
+    """The loader's [BM, BK] copy of gathered rows of `dtype`: 16 bytes
+    (copy_elements) a copy, a row's BK elements across BK / copy_elements threads."""
+    vector = copy_elements(dtype)
+    lanes = BK // vector
+    return gl.BlockedLayout([1, vector], [32 // lanes, lanes], [warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -294,13 +301,13 @@ def gather_rows(gather, off_m, end, BM: gl.constexpr, BK: gl.constexpr):
     below end), row r being a[rows[r] // rows_div] for gather = (a_ptr, lda,
     rows_ptr, rows_div); rows_div = 0: a[r] (rows not read)."""
     a_ptr, lda, rows_ptr, rows_div = gather
-    layout: gl.constexpr = gather_layout(BM, BK, gl.num_warps())
+    layout: gl.constexpr = gather_layout(BM, BK, gl.num_warps(), a_ptr.dtype.element_ty)
     rm = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
     ok = rm < end
     src = gl.load(rows_ptr + rm, mask=ok & (rows_div != 0), other=0) // gl.maximum(rows_div, 1)
     src = gl.where(rows_div != 0, src, rm)
     # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and row
-    # stride, so each thread's 8 elements are one 16-byte copy.
+    # stride, so each thread's elements are one 16-byte copy.
     rows = gl.multiple_of(a_ptr + src * lda, 16)
     return gl.expand_dims(rows, 1), gl.expand_dims(ok, 1)
 
@@ -309,12 +316,13 @@ def gather_rows(gather, off_m, end, BM: gl.constexpr, BK: gl.constexpr):
 def copy_rows(buf, rows, row_ok, k0, K, bar, BK: gl.constexpr):
     """Columns k0 .. k0 + BK of gather_rows' rows into buf (zeros past K or the
     rows), each thread's copies arriving on bar when they land."""
-    layout: gl.constexpr = gather_layout(buf.shape[0], BK, gl.num_warps())
-    cols = gl.max_contiguous(gl.multiple_of(k0 + gl.arange(0, BK, gl.SliceLayout(0, layout)), 8),
-                             8)
-    # K is a multiple of 8 where this runs (its role in the ragged_glu family):
-    # whole copies are in or out.
-    in_k = gl.max_constancy(cols < K, 8)
+    layout: gl.constexpr = gather_layout(buf.shape[0], BK, gl.num_warps(), buf.dtype)
+    VECTOR: gl.constexpr = copy_elements(buf.dtype)
+    cols = gl.max_contiguous(
+        gl.multiple_of(k0 + gl.arange(0, BK, gl.SliceLayout(0, layout)), VECTOR), VECTOR)
+    # K is a row_length where this runs (a multiple of 16 bytes: its role in
+    # the gathering families): whole copies are in or out.
+    in_k = gl.max_constancy(cols < K, VECTOR)
     cp_async_load(buf, rows + gl.expand_dims(cols, 0), row_ok & gl.expand_dims(in_k, 0))
     async_copy.mbarrier_arrive(bar, increment_count=False)
 

@@ -1,11 +1,13 @@
 // gg_runtime::moe_experts_fp8: moe_experts' forward with float8_e4m3fn
 // expert weights and float32 scales, for inference, in one operator: every
 // check (messages name moe_experts' arguments), then the routing, the
-// tokens quantized and their rows gathered, the up projection (scaled_ragged_m),
-// SwiGLU, its output quantized, the down projection and the weighted
-// combine.  Activations are quantized as the weights are: per token per 128
-// columns for 128 x 128 weight blocks, per token for per-channel weights.
-// Meta tensors run the same code without the launches.
+// tokens quantized, the up projection on their rows gathered through the
+// routing with SwiGLU and h's quantization in its epilogue
+// (scaled_ragged_glu), the down projection (scaled_ragged_m) and the
+// weighted combine.  The tokens are quantized as the weights are: per token
+// per 128 columns for 128 x 128 weight blocks, per token for per-channel
+// weights; h per token per 128 columns either way.  Meta tensors run the
+// same code without the launches.
 #include <family_args.h>
 
 #include <optional>
@@ -81,10 +83,10 @@ Scales check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scal
   return scales;
 }
 
-// A per-channel scale as [E, N] (the form scaled_grouped_mm takes).
-Tensor channel_form(const Tensor& scale, Scales scales) {
-  if (scales == Scales::kBlockwise || scale.dim() == 2) return scale;
-  return torch::stable::reshape(scale, {scale.size(0), scale.size(1)});
+// A scale as the kernels read it: contiguous, a per-channel one as [E, N].
+Tensor kernel_form(const Tensor& scale, Scales scales) {
+  if (scales == Scales::kBlockwise || scale.dim() == 2) return as_contiguous(scale);
+  return as_contiguous(torch::stable::reshape(scale, {scale.size(0), scale.size(1)}));
 }
 
 // The products' output and bias dtype: the scaled kernels write bfloat16
@@ -93,18 +95,58 @@ constexpr ScalarType kRows = ScalarType::BFloat16;
 
 std::optional<Tensor> as_rows_dtype(const std::optional<Tensor>& bias) {
   if (!bias.has_value()) return bias;
-  return converted(*bias, kRows);
+  return as_contiguous(converted(*bias, kRows));
 }
 
-// The ragged-M product of the slots' fp8 rows with the weights w [E, N, K]:
-// [S, N] in bfloat16, tensor-core accumulation (the blocks' scales applied
-// per 128 columns of K).
-Tensor scaled_product(const std::tuple<Tensor, Tensor>& rows, const Tensor& w,
-                      const Tensor& w_scale, const Tensor& offs,
-                      const std::optional<Tensor>& bias) {
-  const auto& [q, q_scale] = rows;
-  return scaled_grouped_mm(q, torch::stable::transpose(w, 1, 2), q_scale, w_scale, offs, bias,
-                           std::nullopt, kRows, /*use_fast_accum=*/true);
+// What the up projection reads: the quantized tokens, the routing (slot r is
+// token order[r] / k's, in group order, groups ending at offs), the weights.
+struct UpProjection {
+  const std::tuple<Tensor, Tensor>& tokens;  // (q [T, H], its scales)
+  const Tensor& order;
+  int64_t k;
+  const Tensor& offs;
+  const Tensor& w13;
+  const Tensor& w13_scale;
+  const std::optional<Tensor>& b13;  // bfloat16
+};
+
+// (h [S, I] float8_e4m3fn, its scales [S, ceil(I/128)]): each slot's token
+// row times w13 (+ b13), activated, quantized per 128 columns, in one
+// scaled_ragged_glu launch.
+std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
+                                         family::GateUp gate_up, family::Activation activation,
+                                         Outputs& outputs) {
+  const auto& [xq, x_scale] = p.tokens;
+  const int64_t slots = p.order.size(0), n = p.w13.size(1), inter = n / 2;
+  Tensor h = outputs.make({slots, inter}, kFp8);
+  Tensor h_scale = outputs.make({slots, blocks(inter)}, ScalarType::Float);
+  if (shapes_only(h)) return {h, h_scale};
+  const family::ScaledRaggedGlu args{.a_ptr = address(xq),
+                                     .b_ptr = address(p.w13),
+                                     .c_ptr = address(h),
+                                     .offs_ptr = address(p.offs),
+                                     .scale_a_ptr = address(x_scale),
+                                     .scale_b_ptr = address(p.w13_scale),
+                                     .c_scale_ptr = address(h_scale),
+                                     .T = slots,
+                                     .N = n,
+                                     .K = xq.size(1),
+                                     .G = p.w13.size(0),
+                                     .lda = xq.stride(0),
+                                     .b_group_stride = p.w13.stride(0),
+                                     .ldb = p.w13.stride(1),
+                                     .ldc = inter,
+                                     .bias_ptr = p.b13 ? address(*p.b13) : 0,
+                                     .has_bias = p.b13 ? 1 : 0,
+                                     .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
+                                     .rows_ptr = address(p.order),
+                                     .rows_div = p.k};
+  const family::Scaling scaling =
+      scales == Scales::kBlockwise ? family::Scaling::kBlockwise : family::Scaling::kRowwise;
+  sm90_only([&] {
+    launch(args, {.scaling = scaling, .gate_up = gate_up}, target_of(xq, kFp8));
+  });
+  return {h, h_scale};
 }
 
 }  // namespace
@@ -115,27 +157,24 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
   const Scales scales = check(in, w13_scale, w2_scale);
   // Parsed here so that a bad value is refused before anything launches.
-  parse_choice<family::GateUp>("gate_up", gate_up);
-  parse_choice<family::Activation>("activation", activation);
+  const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
+  const auto activation_value = parse_choice<family::Activation>("activation", activation);
   const int64_t tokens = x.size(0), k = topk_ids.size(1), experts = w13.size(0);
-  const char* granularity = activation_granularity(scales);
-  LaunchGroup launches;
+  // The conversions, torch's work, before the launches (as in moe_experts).
   const Tensor ids = converted(topk_ids, ScalarType::Long);
   const Tensor weights = as_contiguous(converted(topk_weights, ScalarType::Float));
+  const std::optional<Tensor> b13_rows = as_rows_dtype(b13), b2_rows = as_rows_dtype(b2);
+  const Tensor w13_scales = kernel_form(w13_scale, scales), w2_scales = kernel_form(w2_scale, scales);
+  LaunchGroup launches;
   Outputs temporaries(x);
   const auto [order, offs, inverse] = route_slots(ids, experts, temporaries);
-  // Each token quantized once, then its fp8 row and scales gathered for each
-  // of its slots, in the routing's order.
-  const auto [xq, x_scale] = quantize_fp8(x, granularity);
-  const Tensor token = aten("aten::floor_divide", "", order, long_scalar(k, order));
-  const std::tuple<Tensor, Tensor> slots{
-      aten("aten::index_select", "", xq, int64_t{0}, token),
-      aten("aten::index_select", "", x_scale, int64_t{0}, token)};
-  const Tensor gu =
-      scaled_product(slots, w13, channel_form(w13_scale, scales), offs, as_rows_dtype(b13));
-  const Tensor h = swiglu(gu, gate_up, activation);
-  const Tensor ys = scaled_product(quantize_fp8(h, granularity), w2, channel_form(w2_scale, scales),
-                                   offs, as_rows_dtype(b2));
+  // Each token quantized once; the up projection reads each slot's row.
+  const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
+  const UpProjection up{quantized, order, k, offs, w13, w13_scales, b13_rows};
+  const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value, temporaries);
+  const Tensor ys = scaled_grouped_mm(h, torch::stable::transpose(w2, 1, 2), h_scale,
+                                      w2_scales, offs, b2_rows, std::nullopt,
+                                      kRows, /*use_fast_accum=*/true);
   const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
   launches.submit();
   return converted(out, x.scalar_type());

@@ -1,5 +1,6 @@
 // gg_runtime::scaled_grouped_mm: fp8 (e4m3) grouped GEMM with float32 scales,
-// rowwise or per 128-block, on the scaled_ragged_m kernel family: ragged M
+// rowwise, per 128-block, or a's per 128-block with b's per column, on the
+// scaled_ragged_m kernel family: ragged M
 // (a [T, K], b [G, K, N], offs) and batched (a [G, M, K], b [G, K, N]).  Every
 // check of the inputs, then one launch.  Meta tensors run the same code
 // without the launch (torch.compile's fake kernel).
@@ -24,10 +25,13 @@ void check_scale(const Tensor& scale, const char* name, const Shape& shape, cons
   check_companion(scale, name, shape, ScalarType::Float, a, "float32", "for these inputs");
 }
 
-// rowwise: one scale per row of a; blockwise: one per row and 128-wide K block.
-Scaling scaling_of(const Tensor& a, const Tensor& scale_a) {
+// rowwise: one scale per row of a; blockwise: one per row and 128-wide K
+// block, with b's per 128 x 128 block (3-D) or per column (2-D: blockwise_rowwise).
+Scaling scaling_of(const Tensor& a, const Tensor& scale_a, const Tensor& scale_b) {
   if (scale_a.dim() == a.dim() - 1) return Scaling::kRowwise;
-  if (scale_a.dim() == a.dim()) return Scaling::kBlockwise;
+  if (scale_a.dim() == a.dim()) {
+    return scale_b.dim() == 2 ? Scaling::kBlockwiseRowwise : Scaling::kBlockwise;
+  }
   value_error("scale_a must be ", a.dim() - 1, "-D (rowwise) or ", a.dim(),
               "-D (per 1x128 block) for a ", a.dim(), "-D mat_a, got shape ", shape_of(scale_a));
 }
@@ -37,6 +41,7 @@ std::pair<Shape, Shape> scale_shapes(Scaling scaling, int64_t groups, Shape rows
                                      int64_t k) {
   if (scaling == Scaling::kRowwise) return {rows, {groups, n}};
   rows.push_back(blocks(k));
+  if (scaling == Scaling::kBlockwiseRowwise) return {rows, {groups, n}};
   return {rows, {groups, blocks(n), blocks(k)}};
 }
 
@@ -101,7 +106,7 @@ Scaling check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Ten
     type_error("out_dtype must be ", dtype_list(Family::kOutDTypes, "torch."), ", got ",
                dtype_name(out_dtype));
   }
-  const Scaling scaling = scaling_of(a, scale_a);
+  const Scaling scaling = scaling_of(a, scale_a, scale_b);
   Shape rows = sizes_of(a);
   rows.pop_back();
   const auto [shape_a, shape_b] = scale_shapes(scaling, groups, rows, n, k);

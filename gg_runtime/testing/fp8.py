@@ -12,6 +12,9 @@ FP8_BLOCK = 128
 # Against float32 products of the dequantised inputs.  float32 output: looser than
 # TOLERANCE[torch.float32], as fp8 tensor cores do not accumulate in IEEE float32.
 FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
+# scaled_grouped_mm's granularities -> quantize_ref's for a's and b's scales.
+SCALE_KINDS = {"rowwise": ("rowwise", "rowwise"), "blockwise": ("1x128", "128x128"),
+               "blockwise_rowwise": ("1x128", "rowwise")}
 
 
 def _blocks(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -61,10 +64,11 @@ def dequantize_ref(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> to
 
 def fp8_moe_inputs(counts, n: int, k: int, granularity: str, device="cuda"):
     """(a [T, K], b [G, K, N] K-major, scale_a, scale_b, offs) quantised from
-    random data: 'rowwise' or 'blockwise' (1x128 activations, 128x128 weights)."""
+    random data: 'rowwise', 'blockwise' (1x128 activations, 128x128 weights)
+    or 'blockwise_rowwise' (1x128 activations, per-channel weights)."""
     x = randn(sum(counts), k, dtype=torch.float32, device=device)
     w = randn(len(counts), n, k, dtype=torch.float32, device=device, scale=max(k, 1) ** -0.5)
-    a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
+    a_kind, b_kind = SCALE_KINDS[granularity]
     a, scale_a = quantize_ref(x, a_kind)
     b, scale_b = quantize_ref(w, b_kind)
     return a, b.transpose(1, 2), scale_a, scale_b, offsets_from_counts(counts, device)
@@ -72,7 +76,7 @@ def fp8_moe_inputs(counts, n: int, k: int, granularity: str, device="cuda"):
 
 def dequantized(a, b, scale_a, scale_b, granularity: str):
     """float32 (a, b) of scaled_grouped_mm's inputs (b [G, K, N] K-major)."""
-    a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
+    a_kind, b_kind = SCALE_KINDS[granularity]
     a32 = dequantize_ref(a, scale_a, a_kind)
     return a32, dequantize_ref(b.transpose(-2, -1), scale_b, b_kind).transpose(-2, -1)
 

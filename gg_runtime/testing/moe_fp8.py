@@ -9,10 +9,12 @@ The reference mirrors each of the implementation's steps:
    (`"1x128"`) for 128 x 128 weight blocks, per row (`"rowwise"`) for
    per-channel weights;
 2. up projection in float64 on the dequantized operands (+ b13 rounded to
-   bfloat16), rounded to bfloat16 as the fp8 products write it;
-3. the activation (gated_activation) in float64, rounded to bfloat16;
-4. that output quantized per row the same way, the down projection as 2.
-   (+ b2), rounded to bfloat16;
+   bfloat16), not rounded (the kernel's epilogue reads its float32 sums);
+3. the activation (gated_activation) in float64;
+4. that output quantized per 128 columns (`"1x128"`, whatever the weights'
+   scales: the up projection's epilogue quantizes it so), the down
+   projection on it in float64 (+ b2 rounded to bfloat16), rounded to
+   bfloat16 as the fp8 products write it;
 5. each token's k rows weighted (the routing weights in float32, as the
    combine reads them) and summed in float64.
 
@@ -22,12 +24,12 @@ and its float32 roundings; tests/runtime/test_gpu_quantize.py compares them
 bit for bit), so on the tokens' rows the reference agrees with the kernels
 exactly, while a wrong quantization kernel cannot agree with itself.  The
 activation's output h is the reference's own (the implementation keeps its
-h): where the fp8 tensor cores' reduced-precision accumulation
-(use_fast_accum) lands an up-projection element on the other side of a
-bfloat16 rounding boundary, that element of h may quantize one e4m3 step
-apart (and, being its block's largest, move the block's scale).  On normal
-data these steps cost a few times the output's own rounding; on data made by
-exactly_quantized the up projection is exact and they do not occur.
+h): the kernel computes it in float32 from the fp8 tensor cores'
+reduced-precision sums (use_fast_accum), so an element of h that lies near
+an e4m3 rounding boundary may quantize one step apart (and, being its
+block's largest, move the block's scale).  On normal data these steps cost
+a few times the output's own rounding; on data made by exactly_quantized the
+up projection is exact, and only the activation's float32 rounding remains.
 Dequantization is exact: an e4m3 value times a float32 scale has at most 28
 significant bits.
 """
@@ -43,6 +45,8 @@ KINDS = ("blockwise", "channelwise")
 # quantize_fp8's granularity for the weights and for the activations, by kind.
 WEIGHT_GRANULARITY = {"blockwise": "128x128", "channelwise": "rowwise"}
 ACTIVATION_GRANULARITY = {"blockwise": "1x128", "channelwise": "rowwise"}
+# The down projection's input, SwiGLU's output, whatever the weights' scales.
+H_GRANULARITY = "1x128"
 
 
 def fp8_experts(w13: torch.Tensor, w2: torch.Tensor, kind: str):
@@ -121,25 +125,25 @@ def dequantized_layer(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b
 def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, granularity):
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) in float64 over
     float64 weights, expert by expert (ids outside [0, E) add nothing).  With
-    `granularity` the activations are quantized by it and the products'
-    outputs and the activation's rounded to bfloat16; None: exact."""
+    `granularity` x is quantized by it, the activation's output by
+    H_GRANULARITY, and the biases and the down projection's output are
+    rounded to bfloat16; None: exact."""
     def rounded(t):
         return t if granularity is None else t.to(torch.bfloat16).double()
 
-    def quantized(t):
-        return t if granularity is None else dequantize64(*quantize_ref(t, granularity),
-                                                          granularity)
+    def quantized(t, how):
+        return t if granularity is None else dequantize64(*quantize_ref(t, how), how)
 
     def product(rows, weight, bias):
-        return rounded(rows @ weight.T + (0 if bias is None else rounded(bias.double())))
+        return rows @ weight.T + (0 if bias is None else rounded(bias.double()))
 
-    tokens = quantized(x.double())
+    tokens = quantized(x.double(), granularity)
     weights = topk_weights.float().double()
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     for e in range(w13.shape[0]):
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         gu = product(tokens[token], w13[e], None if b13 is None else b13[e])
-        h = rounded(gated_activation(gu, gate_up == "interleaved", activation))
-        y = product(quantized(h), w2[e], None if b2 is None else b2[e])
+        h = gated_activation(gu, gate_up == "interleaved", activation)
+        y = rounded(product(quantized(h, H_GRANULARITY), w2[e], None if b2 is None else b2[e]))
         out.index_add_(0, token, y * weights[token, slot, None])
     return out

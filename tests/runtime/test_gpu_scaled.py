@@ -9,7 +9,8 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
-from gg_runtime.testing import (FP8_TOLERANCE, dequantized, forced, fp8_moe_inputs, group_parts,
+from gg_runtime.testing import (FP8_TOLERANCE, SCALE_KINDS, dequantized, forced, fp8_moe_inputs,
+                                group_parts,
                                 offsets_from_counts, quantize_ref, random_group_sizes,
                                 ref_scaled_grouped_mm, rel_error)
 
@@ -17,15 +18,16 @@ from conftest import device_arch
 
 pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
               pytest.mark.usefixtures("poison")]
-GRANULARITIES = ("rowwise", "blockwise")
+GRANULARITIES = ("rowwise", "blockwise", "blockwise_rowwise")
 
 
-def check(counts, n, k, granularity, out_dtype=torch.bfloat16, extra_rows=0):
+def check(counts, n, k, granularity, out_dtype=torch.bfloat16, extra_rows=0, fast=False):
     a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, n, k, granularity)
     if extra_rows:  # rows past the last group: zeros in the output
         a = torch.cat([a, a[:extra_rows]])
         scale_a = torch.cat([scale_a, scale_a[:extra_rows]])
-    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype)
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype,
+                                       use_fast_accum=fast)
     ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, granularity)
     assert out.shape == ref.shape and out.dtype == out_dtype
     assert rel_error(out, ref) < FP8_TOLERANCE[out_dtype]
@@ -35,14 +37,15 @@ def check(counts, n, k, granularity, out_dtype=torch.bfloat16, extra_rows=0):
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("fast", [False, True], ids=["promoted", "fast"])
 @pytest.mark.parametrize("counts,n,k", [
     ([150, 0, 3, 260, 70], 336, 208),  # N, K multiples of 16, not of 128
     ([1000], 128, 128),  # one group
     ([0, 0, 5], 16, 16),
     ([7, 130, 0, 0], 4096 + 16, 1024 + 48),
 ])
-def test_ragged(granularity, out_dtype, counts, n, k):
-    check(counts, n, k, granularity, out_dtype, extra_rows=9)
+def test_ragged(granularity, out_dtype, fast, counts, n, k):
+    check(counts, n, k, granularity, out_dtype, extra_rows=9, fast=fast)
 
 
 @pytest.mark.parametrize("seed", range(24), ids=[f"seed_{s}" for s in range(24)])
@@ -86,7 +89,7 @@ def test_batched(granularity):
     groups, m, n, k = 3, 77, 160, 272
     x = torch.randn(groups, m, k, device="cuda")
     w = torch.randn(groups, n, k, device="cuda") * k ** -0.5
-    a_kind, b_kind = ("rowwise", "rowwise") if granularity == "rowwise" else ("1x128", "128x128")
+    a_kind, b_kind = SCALE_KINDS[granularity]
     a, scale_a = quantize_ref(x, a_kind)
     b, scale_b = quantize_ref(w, b_kind)
     out = gg_runtime.scaled_grouped_mm(a, b.transpose(1, 2), scale_a, scale_b)
@@ -138,7 +141,8 @@ def test_unaligned_pointer_and_missing_kernels_are_errors():
 
 
 def blockwise_reference(a, b, scale_a, scale_b, counts):
-    """(result, the sum of its terms' magnitudes) in float64, K block by K block."""
+    """(result, the sum of its terms' magnitudes) in float64, K block by K
+    block; scale_b per 128 x 128 block [G, N/128, K/128] or per column [G, N]."""
     out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64, device=a.device)
     size = torch.zeros_like(out)
     start = 0
@@ -146,8 +150,9 @@ def blockwise_reference(a, b, scale_a, scale_b, counts):
         rows = slice(start, start + count)
         for j in range(scale_a.shape[1]):
             ks = slice(128 * j, 128 * (j + 1))
-            scale = (scale_a[rows, j, None].double()
-                     * scale_b[g, :, j].double().repeat_interleave(128)[None, :b.shape[2]])
+            columns = scale_b[g] if scale_b.dim() == 2 else \
+                scale_b[g, :, j].repeat_interleave(128)[:b.shape[2]]
+            scale = scale_a[rows, j, None].double() * columns.double()[None, :]
             x, w = a[rows, ks].double(), b[g, ks].double()
             out[rows] += (x @ w) * scale
             size[rows] += (x.abs() @ w.abs()) * scale.abs()
@@ -158,7 +163,7 @@ def blockwise_reference(a, b, scale_a, scale_b, counts):
 @pytest.mark.parametrize("key,fast", [(v["key"], v["axes"]["accumulation"] == "fast")
                                       for v in _C.variants() if v["arch"] == 90
                                       and v["family"] == "scaled_ragged_m"
-                                      and v["axes"]["scaling"] == "blockwise"])
+                                      and v["axes"]["scaling"].startswith("blockwise")])
 def test_blockwise_scales_far_apart(key, fast):
     """Scales from 1e-30 to 1e10 within one row and one weight block, and
     zeros over nonzero fp8 data: every output element within float32's
@@ -168,10 +173,11 @@ def test_blockwise_scales_far_apart(key, fast):
     counts, n, k = [70, 0, 130, 40], 384, 640
     a, b, _, _, offs = fp8_moe_inputs(counts, n, k, "blockwise")
     scale_a = 10 ** torch.empty(sum(counts), k // 128, device="cuda").uniform_(-30, 10)
-    scale_b = 10 ** torch.empty(len(counts), n // 128, k // 128, device="cuda").uniform_(-30, 10)
+    weight_blocks = (n,) if "blockwise_rowwise" in key else (n // 128, k // 128)
+    scale_b = 10 ** torch.empty(len(counts), *weight_blocks, device="cuda").uniform_(-30, 10)
     scale_a[::7, 1] = 0
     scale_a[5] = 0
-    scale_b[2, 1, 3] = 0
+    scale_b[2, 1][..., 3:4] = 0
     ref, size = blockwise_reference(a, b, scale_a, scale_b, counts)
     out_dtype = torch.float32 if "float32" in key else torch.bfloat16
     with forced(key):
@@ -208,7 +214,7 @@ def test_out_dtype_none_is_bfloat16():
     assert out.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("granularity", ["rowwise", "blockwise"])
+@pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_use_fast_accum_false_keeps_float32_accuracy_at_large_k(granularity):
     """use_fast_accum=False adds each K step's product on the CUDA cores: its
     error against float64 stays at the per-step level as K grows, where the

@@ -1,0 +1,64 @@
+"""scaled_ragged_glu: moe_experts' up projection in fp8, for serving
+(kernels/ragged.py scaled_ragged_glu_kernel): ragged_glu's gathered product
+and activation on float8_e4m3fn tokens and weights with float32 scales
+(scaled_ragged_m's SCALING), h written in float8_e4m3fn with one scale per
+row and 128 columns, the down projection's blockwise input (no bf16 gu or h
+in memory)."""
+from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
+from ..kernels.glu import CONCATENATED, INTERLEAVED
+from ..kernels.ragged import scaled_ragged_glu_kernel
+from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel
+from .ragged_m import FAMILY as RAGGED_M, RAGGED_ROWS_LIMIT
+from .scaled_ragged_m import SCALING
+
+FAMILY = Family(
+    name="scaled_ragged_glu",
+    kernel=scaled_ragged_glu_kernel,
+    ws_kernel=scaled_ragged_glu_ws_kernel,
+    params=(
+        # a: the tokens [*, K], gathered (rows_ptr, rows_div); b: w13 [G, N, K]
+        # K-major; c: h [T, N / 2]; c_scale: h's scales [T, cdiv(N / 2, 128)].
+        Param("a_ptr", "*T", "operand", aligned=True),
+        Param("b_ptr", "*T", "operand", aligned=True),
+        Param("c_ptr", "*O", "output", aligned=True),
+        Param("offs_ptr", "*i32", "offsets"),
+        Param("scale_a_ptr", "*fp32", "scale"),
+        Param("scale_b_ptr", "*fp32", "scale"),
+        Param("c_scale_ptr", "*fp32", "output"),
+        Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
+        Param("N", "i32", "extent", aligned=True),
+        Param("K", "i32", "row_length", aligned=True),
+        Param("G", "i32", "count"),
+        Param("lda", "i64", "stride", aligned=True),
+        Param("b_group_stride", "i64", "stride", aligned=True),
+        Param("ldb", "i64", "stride", aligned=True),
+        Param("ldc", "i64", "stride", aligned=True),
+        Param("bias_ptr", "*bf16", "bias"),
+        Param("has_bias", "i32", "flag"),
+        Param("gpt_oss", "i32", "flag"),
+        Param("rows_ptr", "*i64", "operand"),
+        Param("rows_div", "i32", "extent"),
+    ),
+    # The tokens quantized as the weights: per row with per-channel weights,
+    # per 1x128 block with 128 x 128 blocks.
+    axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
+    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
+                          "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},
+    tma=EVERY,
+    basic=False,
+    dtypes=("float8_e4m3fn",),
+    out_dtypes=("float8_e4m3fn",),
+    archs=(90,),
+    # A tile's h columns are one 128-column scale block: BN = 256.  Decode
+    # (few rows an expert) takes the Triton kernel's 64-row tiles, the rest
+    # scaled_ragged_m's warp-specialised schedule (two 64-row MMA
+    # partitions); untuned.
+    configs={(90, "tma"): (Config(64, 256, 128, 8, 3, max_rows=32),
+                           Config(128, 256, 128, 4, 3, ws=True))},
+    tiles=RAGGED_M.tiles,
+    # The warp-specialised kernel scales a tile's 128-column blocks, gate's
+    # and up's, by one weight block each, which holds where I = N / 2 is a
+    # multiple of 128 (kernels/ragged_ws.py column_blocks): other widths take
+    # the Triton kernel (per-column scales) at every size.
+    rows="T // max(G, 1) if N // 2 == cdiv(N // 2, 128) * 128 else 0",
+)
