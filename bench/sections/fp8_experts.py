@@ -65,28 +65,33 @@ def bench_case(model: str, scales: str, copy_tbps: float) -> dict:
             "shape": {"H": hidden, "I": inter, "E": experts, "k": top_k}, "rows": rows}
 
 
-def expert_weights(hidden: int, inter: int, experts: int, granularity: str) -> dict:
+def expert_weights(hidden: int, inter: int, experts: int, granularity: str,
+                   bf16: bool = True) -> dict:
     """Random w13 [E, 2I, H] and w2 [E, H, I] quantized to fp8 with scales of
-    `granularity`, and the bf16 weights they dequantize to."""
-    w13, w13_scale, w13_bf16 = quantized_experts(experts, 2 * inter, hidden, granularity)
-    w2, w2_scale, w2_bf16 = quantized_experts(experts, hidden, inter, granularity)
+    `granularity`, and the bf16 weights they dequantize to (None unless bf16)."""
+    w13, w13_scale, w13_bf16 = quantized_experts(experts, 2 * inter, hidden, granularity, bf16)
+    w2, w2_scale, w2_bf16 = quantized_experts(experts, hidden, inter, granularity, bf16)
     return {"w13": w13, "w13_scale": w13_scale, "w13_bf16": w13_bf16,
             "w2": w2, "w2_scale": w2_scale, "w2_bf16": w2_bf16}
 
 
-def quantized_experts(experts: int, rows: int, cols: int, granularity: str) -> tuple:
+def quantized_experts(experts: int, rows: int, cols: int, granularity: str,
+                      bf16: bool = True) -> tuple:
     """(q [E, rows, cols] float8_e4m3fn, its float32 scales [E, ...], q * scale
-    in bf16) of random normal weights of std cols ** -0.5 (products of O(1)
-    inputs stay O(1)), made and quantized one expert at a time: no full-size
-    16-bit original or float32 copy (DeepSeek-V3's experts are 22.5 GB in bf16)."""
+    in bf16 or, unless bf16, None) of random normal weights of std cols ** -0.5
+    (products of O(1) inputs stay O(1)), made and quantized one expert at a
+    time: no full-size 16-bit original or float32 copy (DeepSeek-V3's experts
+    are 22.5 GB in bf16)."""
     q = torch.empty(experts, rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
-    dequantized = torch.empty(experts, rows, cols, dtype=torch.bfloat16, device="cuda")
+    dequantized = (torch.empty(experts, rows, cols, dtype=torch.bfloat16, device="cuda")
+                   if bf16 else None)
     scales = []
     for e in range(experts):
         w = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda") * cols ** -0.5
         q_e, scale = gg_runtime.quantize_fp8(w, granularity)
         q[e] = q_e
-        dequantized[e] = dequantize_ref(q_e, scale, granularity)
+        if bf16:
+            dequantized[e] = dequantize_ref(q_e, scale, granularity)
         scales.append(scale)
     return q, torch.stack(scales), dequantized
 
@@ -98,9 +103,7 @@ def bench_tokens(name: str, tokens: int, top_k: int, weights: dict, scales: str,
     for decode, the fraction of the weight-read bound."""
     experts, _, hidden = weights["w13"].shape
     inter = weights["w2"].shape[2]
-    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
-    logits = torch.randn(tokens, experts, device="cuda")
-    topk_weights, topk_ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
+    x, topk_ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
     candidates = implementations(x, topk_ids, topk_weights, weights, scales)
     first_call = {impl: first_call_ms(fn) for impl, fn in candidates.items()}
     ref = candidates[REFERENCE]().float()
@@ -114,6 +117,15 @@ def bench_tokens(name: str, tokens: int, top_k: int, weights: dict, scales: str,
             "vs_torch_fp8": ratio(runs, "gg_fp8", "torch_fp8"),
             "of_bound": bound_fractions(runs, touched * 3 * hidden * inter, copy_tbps)
             if decode else {}}
+
+
+def routed_tokens(tokens: int, hidden: int, experts: int, top_k: int) -> tuple:
+    """(x [T, H] bf16, topk_ids [T, k] int64, topk_weights [T, k] float32):
+    random normal tokens, routed to the top k of a softmax of random logits."""
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(tokens, experts, device="cuda")
+    topk_weights, topk_ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
+    return x, topk_ids, topk_weights
 
 
 def implementations(x, topk_ids, topk_weights, weights: dict, scales: str) -> dict:

@@ -65,6 +65,11 @@ def test_results_md_from_results_json():
     assert "| 8 | 62 | 1.100 | 1.900 | - | 1.73 | - | 83% | 96% | - | 1.3 | 2.0 | - |" in lines
     assert ("- mixtral_channelwise, T=4096, torch_fp8: wrong result: relative error 1.00e+00"
             in lines)
+    assert ("| 1 | 8 | 0.100 | 0.150 | 1.50 | 1.2 | 2500.0 | 1.2e-02 | default, 16x64x128, 4w/4s, "
+            "naive, swap AB |") in lines
+    assert "| 4096 | 256 | 0.111 | - | - | 2.0 | 900.0 | - | tuned, 64x128x128, 4w/3s |" in lines
+    assert ("- deepseek_v3_blockwise, T=4096, vllm_fp8: wrong result: relative error 1.00e+00"
+            in lines)
     assert not any(line.startswith("Not run yet") for line in lines)
 
 
@@ -75,6 +80,11 @@ def test_sections_not_run_and_no_longer_known_are_said():
     assert f"Not run yet: {', '.join(name for name in NAMES if name != 'host')}." in lines
     assert "results.json also holds sections bench/sections no longer has: retired." in lines
     assert [line for line in lines if line.startswith("## ")] == [f"## {SECTIONS['host'].TITLE}"]
+
+
+def test_a_section_that_could_not_run_says_why():
+    contents = results({"vllm_fp8": {"skipped": "GG_VLLM_SRC is not set"}})
+    assert "Not run: GG_VLLM_SRC is not set." in report.render(contents).splitlines()
 
 
 def test_a_filtered_run_says_so():
