@@ -32,6 +32,7 @@ def test_valid_inputs_pass():
     a, b, scale_a, scale_b, offs = inputs()
     assert check(a, b, scale_a, scale_b, offs).shape == (10, 32)
     assert check(a, b, scales(10, 2), scales(2, 1, 2), offs, torch.float32).dtype == torch.float32
+    assert check(a, b, scales(10, 2), scales(2, 32), offs).shape == (10, 32)  # blockwise_rowwise
     batched_a = cuda(2, 5, 256, dtype=FP8)
     assert check(batched_a, b, scales(2, 5), scale_b, None).shape == (2, 5, 32)
     assert check(a, b, scale_a, scale_b, offs, bias=cuda(2, 32), scale_result=scales(1),
@@ -49,6 +50,10 @@ CASES = {
                         "scale_a must be float32"),
     "scale_b short": (lambda: {"scale_b": scales(2, 16)}, ValueError,
                       r"scale_b must have shape \(2, 32\)"),
+    "scale_b channels short": (lambda: {"scale_a": scales(10, 2), "scale_b": scales(2, 16)},
+                               ValueError, r"scale_b must have shape \(2, 32\)"),
+    "scale_b blocks short": (lambda: {"scale_a": scales(10, 2), "scale_b": scales(2, 1, 1)},
+                             ValueError, r"scale_b must have shape \(2, 1, 2\)"),
     "scale_a short": (lambda: {"scale_a": scales(5)}, ValueError,
                       r"scale_a must have shape \(10,\)"),
     "scale_a 3-D": (lambda: {"scale_a": scales(1, 1, 10)}, ValueError, "1-D .rowwise. or 2-D"),
