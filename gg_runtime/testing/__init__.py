@@ -7,7 +7,7 @@ torch, never Triton.  Used by tests/runtime, bench/ and `python -m aot tune`.
 """
 from .cases import (list_inputs, moe_inputs, moe_layer_inputs, offsets_from_counts, operand,
                     random_group_sizes, randn, skewed_counts)
-from .fp8 import (FP8_BLOCK, FP8_MAX, FP8_TOLERANCE, dequantize_ref, dequantized,
+from .fp8 import (FP8_BLOCK, FP8_MAX, FP8_TOLERANCE, SCALE_KINDS, dequantize_ref, dequantized,
                   fp8_moe_inputs, quantize_ref, ref_scaled_grouped_mm)
 from .hooks import forced, last_variant, poisoned
 from .moe_layers import (GPT_OSS_ALPHA, GPT_OSS_LIMIT, gated_activation, moe_layer,
@@ -20,7 +20,8 @@ from .timing import time_in_turns, time_ms
 __all__ = [
     "list_inputs", "moe_inputs", "moe_layer_inputs", "offsets_from_counts", "operand",
     "random_group_sizes", "randn", "skewed_counts",
-    "FP8_BLOCK", "FP8_MAX", "FP8_TOLERANCE", "dequantize_ref", "dequantized", "fp8_moe_inputs",
+    "FP8_BLOCK", "FP8_MAX", "FP8_TOLERANCE", "SCALE_KINDS", "dequantize_ref", "dequantized",
+    "fp8_moe_inputs",
     "quantize_ref", "ref_scaled_grouped_mm",
     "forced", "last_variant", "poisoned",
     "GPT_OSS_ALPHA", "GPT_OSS_LIMIT", "gated_activation", "moe_layer", "moe_layer_no_atomics",
