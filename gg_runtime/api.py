@@ -239,13 +239,15 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
     their own precision, as torch's True does (the same errors, growing with
     K), and runs faster (twice as wide tiles).
 
-    Blockwise scale_a with `use_fast_accum=True` (the kernel for groups of more than 32
-    rows) keeps one accumulator in units of the current block's scale,
-    rescaled between blocks: a block whose scale product is below 2^-100, or
-    below 2^-60 of the largest one of its row and column block so far (zero
-    included), counts at that bound.  That keeps the accumulator finite for any
-    finite scales and adds at most the bound times that block's product: far
-    below float32's rounding of the blocks that set it.
+    Blockwise scale_a with `use_fast_accum=True` (the kernel for groups of
+    more than 32 rows) keeps one accumulator in units of the current block's
+    scale, rescaled between blocks: a block whose scale product (with
+    per-channel scale_b: its scale_a) is below 2^-100, or below 2^-60 of the
+    largest one of its row and column block so far (zero included), counts
+    at that bound.  That keeps the accumulator finite for any finite scales
+    and adds at most the bound times that block's product (per-channel
+    scale_b: times scale_b too): far below float32's rounding of the blocks
+    that set it.
 
     Offsets are read as grouped_mm reads them (int32, on the GPU, no host
     sync: CUDA-graph capturable).  Traceable by `torch.compile` (the operator

@@ -140,11 +140,18 @@ def test_unaligned_pointer_and_missing_kernels_are_errors():
         gg_runtime.force_ptx(False)
 
 
+# The fast blockwise kernels count a block's scale below this as this
+# (scaled_grouped_mm's docstring): per-column b's scales multiply it after.
+UNIT_FLOOR = 2.0 ** -100
+
+
 def blockwise_reference(a, b, scale_a, scale_b, counts):
-    """(result, the sum of its terms' magnitudes) in float64, K block by K
-    block; scale_b per 128 x 128 block [G, N/128, K/128] or per column [G, N]."""
+    """(result, the sum of its terms' magnitudes, what the unit floor may
+    add) in float64, K block by K block; scale_b per 128 x 128 block [G,
+    N/128, K/128] or per column [G, N]."""
     out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64, device=a.device)
     size = torch.zeros_like(out)
+    floor = torch.zeros_like(out)
     start = 0
     for g, count in enumerate(counts):
         rows = slice(start, start + count)
@@ -156,8 +163,10 @@ def blockwise_reference(a, b, scale_a, scale_b, counts):
             x, w = a[rows, ks].double(), b[g, ks].double()
             out[rows] += (x @ w) * scale
             size[rows] += (x.abs() @ w.abs()) * scale.abs()
+            after = scale_b[g].double().abs() if scale_b.dim() == 2 else 1.0
+            floor[rows] += (x.abs() @ w.abs()) * UNIT_FLOOR * after
         start += count
-    return out, size
+    return out, size, floor
 
 
 @pytest.mark.parametrize("key,fast", [(v["key"], v["axes"]["accumulation"] == "fast")
@@ -169,7 +178,9 @@ def test_blockwise_scales_far_apart(key, fast):
     zeros over nonzero fp8 data: every output element within float32's
     rounding of its terms (the bf16 outputs: of their own rounding).  Groups
     of more and of fewer rows than one MMA partition of the warp-specialised
-    kernel takes (64; there the other partition skips the tile)."""
+    kernel takes (64; there the other partition skips the tile).  Zero
+    scales of a: the fast kernels count them at the unit floor, which per-
+    column scales of b multiply after the sum (up to 1e10 here)."""
     counts, n, k = [70, 0, 130, 40], 384, 640
     a, b, _, _, offs = fp8_moe_inputs(counts, n, k, "blockwise")
     scale_a = 10 ** torch.empty(sum(counts), k // 128, device="cuda").uniform_(-30, 10)
@@ -178,14 +189,15 @@ def test_blockwise_scales_far_apart(key, fast):
     scale_a[::7, 1] = 0
     scale_a[5] = 0
     scale_b[(2, 200) if scale_b.dim() == 2 else (2, 1, 3)] = 0
-    ref, size = blockwise_reference(a, b, scale_a, scale_b, counts)
+    ref, size, floor = blockwise_reference(a, b, scale_a, scale_b, counts)
     out_dtype = torch.float32 if "float32" in key else torch.bfloat16
     with forced(key):
         out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype=out_dtype,
                                            use_fast_accum=fast)
     assert out.dtype == out_dtype and torch.isfinite(out).all()
     error = (out.double() - ref).abs()
-    assert (error <= (1e-3 if out_dtype == torch.float32 else 1e-2) * size + 1e-20).all()
+    bound = (1e-3 if out_dtype == torch.float32 else 1e-2) * size + floor + 1e-20
+    assert (error <= bound).all()
 
 
 def test_grouped_mm_refuses_fp8():
