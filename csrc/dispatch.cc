@@ -202,11 +202,20 @@ size_t remembered_variant(const Request& r, const DeviceProps& d) {
 
 }  // namespace
 
+// Is `key` a variant of this build of another family than `family`?
+bool of_other_family(const std::string& key, int family) {
+  for (const KernelInfo& k : kernel_table()) {
+    if (key == k.key) return k.family != family;
+  }
+  return false;
+}
+
 size_t pick_variant(const Request& r, const DeviceProps& d) {
   Override& o = override_setting();
   if (!o.active.load(std::memory_order_acquire)) return remembered_variant(r, d);
   std::lock_guard<std::mutex> lock(o.mutex);
-  return o.key.empty() ? best_variant(r, d, o.basic_only) : variant_by_key(o.key, r, d);
+  if (o.key.empty()) return best_variant(r, d, o.basic_only);
+  return of_other_family(o.key, r.family) ? best_variant(r, d, false) : variant_by_key(o.key, r, d);
 }
 
 void set_override(const std::string& key, bool basic_only) {

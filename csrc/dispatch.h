@@ -53,9 +53,11 @@ struct Request {
 // test override (below) forces a variant or the `basic` flavour.
 size_t pick_variant(const Request& request, const DeviceProps& device);
 
-// Test-only: run exactly the variant `key` (throws std::invalid_argument when
-// it cannot run the problem) or, with basic_only, only the last (rule-free)
-// flavour.  Process-wide; the defaults ("", false) restore normal dispatch.
+// Test-only: launches of variant `key`'s family run exactly that variant
+// (throws std::invalid_argument when it cannot run the problem), the other
+// families' as usual; or, with basic_only, every launch runs the last
+// (rule-free) flavour.  Process-wide; the defaults ("", false) restore
+// normal dispatch.
 void set_override(const std::string& key, bool basic_only);
 
 }  // namespace gg

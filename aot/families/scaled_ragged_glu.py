@@ -53,8 +53,9 @@ FAMILY = Family(
     # (few rows an expert) takes the Triton kernel's 64-row tiles, the rest
     # scaled_ragged_m's warp-specialised schedule (two 64-row MMA
     # partitions); untuned.
-    configs={(90, "tma"): (Config(64, 256, 128, 8, 3, max_rows=32),
-                           Config(128, 256, 128, 4, 3, ws=True))},
+    configs={(90, "tma"): (Config(64, 256, 128, 8, 5, max_rows=32),
+                           Config(128, 256, 128, 4, 3, ws=True),
+                           Config(128, 256, 128, 4, 4, ws=True))},
     tiles=RAGGED_M.tiles,
     # The warp-specialised kernel scales a tile's 128-column blocks, gate's
     # and up's, by one weight block each, which holds where I = N / 2 is a

@@ -153,16 +153,25 @@ def scaled_columns(operand, scales, first, limit, N, K, k_end, SCALING: tl.const
     else:
         tl.static_assert(SCALING == BLOCKWISE, "gathered rows take rowwise or blockwise scales")
         tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
+        # The columns lie in b's 128-row block first / 128 and, past its
+        # end, the next (W = 256 starts on a block): two scalar loads a step.
+        tl.static_assert(W <= 2 * SCALE_BLOCK, "a tile's columns span at most two scale blocks")
         k_blocks = tl.cdiv(K, SCALE_BLOCK)
+        n_blocks = tl.cdiv(N, SCALE_BLOCK)
         a_scales = scale_a_ptr + tokens * k_blocks
-        b_scales = scale_b_ptr + (g.to(tl.int64) * tl.cdiv(N, SCALE_BLOCK)
-                                  + cols // SCALE_BLOCK) * k_blocks
+        first_block = first // SCALE_BLOCK
+        b_scales = scale_b_ptr + (g.to(tl.int64) * n_blocks + first_block) * k_blocks
+        in_second = cols // SCALE_BLOCK != first_block
+        second_exists = first_block + 1 < n_blocks
         for k0 in range(0, k_end, BK):
             product = tl.dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
                              b_desc.load([g, first, k0]).reshape(W, BK).T)
             block = k0 // SCALE_BLOCK
             scale_a = tl.load(a_scales + block, mask=row_ok, other=0.0)
-            scale_b = tl.load(b_scales + block, mask=col_ok, other=0.0)
+            scale_b = tl.where(in_second,
+                               tl.load(b_scales + k_blocks + block, mask=second_exists, other=0.0),
+                               tl.load(b_scales + block))
+            scale_b = tl.where(col_ok, scale_b, 0.0)
             acc += product * scale_a[:, None] * scale_b[None, :]
     return acc
 

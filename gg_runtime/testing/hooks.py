@@ -9,8 +9,10 @@ from .. import _C, _ops
 
 @contextlib.contextmanager
 def forced(variant: str = "", basic: bool = False):
-    """Within the block every launch runs exactly `variant` (an error if it
-    cannot run the call), or with basic=True only `basic` variants."""
+    """Within the block every launch of `variant`'s family runs exactly
+    `variant` (an error if it cannot run the call; the other families
+    dispatch as usual: a fused operator's one kernel can be chosen), or with
+    basic=True every launch runs only `basic` variants."""
     _C.set_override(variant, basic)
     try:
         yield

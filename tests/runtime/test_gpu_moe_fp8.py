@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime.testing import randn, rel_error
+from gg_runtime import _C
+from gg_runtime.testing import forced, randn, rel_error
 from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, KINDS, WEIGHT_GRANULARITY,
                                         dequantized_experts, dequantized_layer,
                                         exactly_quantized, fp8_experts, moe_experts_fp8_ref)
@@ -143,6 +144,21 @@ def test_layouts_activations_and_biases(kind, gate_up, activation, bias, shape):
     if activation == "gpt_oss":  # many gate and up values past the clamps (+-7)
         case["w13_scale"] = case["w13_scale"] * 4
     check(case, gate_up=gate_up, activation=activation)
+
+
+@pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
+                                     and v["family"] == "scaled_ragged_glu"],
+                         ids=lambda v: v["key"])
+def test_every_up_projection_kernel(variant):
+    """Each of the fused up projection's kernels forced, whatever the groups'
+    size (the other steps' kernels chosen as usual), on groups of many rows
+    and I a multiple of 128 (which every kernel runs)."""
+    kind = "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
+    case = make_case(*LARGE_GROUPS, kind, bias=True)
+    with forced(variant["key"]):
+        out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
+    assert_close(out, moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"]),
+                 EXACT_TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", KINDS)

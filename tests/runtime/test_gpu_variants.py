@@ -180,9 +180,14 @@ def test_persistent_many_groups_tiles_and_k_blocks(variant):
 def test_forcing_a_variant_that_cannot_run_is_an_error():
     if not RUNNABLE:
         pytest.skip("needs a GPU this wheel has kernels for")
-    list_key = next(v["key"] for v in RUNNABLE if v["family"] == "grouped_gemm")
+    other_dtype = next(v["key"] for v in RUNNABLE
+                       if v["family"] == "ragged_m" and v["dtype"] == "bfloat16")
     a = randn(8, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="cannot run this problem"), forced(variant=list_key):
+    with pytest.raises(ValueError, match="cannot run this problem"), forced(variant=other_dtype):
+        gg_runtime.grouped_mm(a, randn(1, 8, 8, dtype=torch.float16),
+                              torch.tensor([8], dtype=torch.int32, device="cuda"))
+    # Another family's variant leaves this call's dispatch alone.
+    with forced(next(v["key"] for v in RUNNABLE if v["family"] == "grouped_gemm")):
         gg_runtime.grouped_mm(a, randn(1, 8, 8, dtype=torch.float16),
                               torch.tensor([8], dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="no variant nonsense in this build"), forced("nonsense"):
