@@ -50,12 +50,12 @@ FAMILY = Family(
     out_dtypes=("float8_e4m3fn",),
     archs=(90,),
     # A tile's h columns are one 128-column scale block: BN = 256.  Decode
-    # (few rows an expert) takes the Triton kernel's 64-row tiles, the rest
-    # scaled_ragged_m's warp-specialised schedule (two 64-row MMA
-    # partitions); untuned.
+    # (few rows an expert) takes the Triton kernel's 64-row tiles (five
+    # stages: more of the weights in flight), the rest scaled_ragged_m's
+    # warp-specialised schedule (two 64-row MMA partitions); chosen from H100
+    # A/Bs (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md).
     configs={(90, "tma"): (Config(64, 256, 128, 8, 5, max_rows=32),
-                           Config(128, 256, 128, 4, 3, ws=True),
-                           Config(128, 256, 128, 4, 4, ws=True))},
+                           Config(128, 256, 128, 4, 3, ws=True))},
     tiles=RAGGED_M.tiles,
     # The warp-specialised kernel scales a tile's 128-column blocks, gate's
     # and up's, by one weight block each, which holds where I = N / 2 is a
