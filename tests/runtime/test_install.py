@@ -101,7 +101,7 @@ def test_build_info():
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
     assert build["families"] == ["combine", "gathered_k", "gathered_m", "grouped_gemm",
                                  "quantize_fp8", "ragged_glu", "ragged_k", "ragged_m", "route",
-                                 "scaled_ragged_m", "swiglu"]
+                                 "scaled_ragged_glu", "scaled_ragged_m", "swiglu"]
     assert build["variants"] == len(_C.variants()) > 0
 
 
