@@ -27,18 +27,19 @@ SM90_TRITON = (Config(64, 128, 64, 4, 3, max_rows=32), Config(128, 256, 64, 8, 3
 # moe_experts decides by it and tells its backward (csrc/ops/moe_experts.cc).
 GATHER_MAX_INTER = 4096
 
+# ragged_m's extents for gathered rows: K, the tokens' rows, is gathered in
+# 16-byte copies (kernels/ws.py copy_rows).
+GATHERED_EXTENTS = tuple(Param("K", "i32", "row_length", aligned=True) if p.name == "K" else p
+                         for p in EXTENTS)
+# The gather's index: a's row r is row rows[r] // rows_div of the tokens (int64 rows [T]).
+ROWS = (Param("rows_ptr", "*i64", "operand"), Param("rows_div", "i32", "extent"))
 # ragged_glu's parameters, gathered_m's too: c is h [T, I] (gathered_m's
-# product [T, N]), rows ldc apart; N = 2I.  K: the tokens' rows are gathered
-# in 16-byte copies (kernels/ws.py copy_rows).
-PARAMS = POINTERS + tuple(Param("K", "i32", "row_length", aligned=True) if p.name == "K" else p
-                          for p in EXTENTS) + BIAS + (
+# product [T, N]), rows ldc apart; N = 2I.
+PARAMS = POINTERS + GATHERED_EXTENTS + BIAS + (
     Param("gu_ptr", "*T", "output", aligned=True),
     Param("save_gu", "i32", "flag"),
     Param("gpt_oss", "i32", "flag"),
-    # a's row r is row rows[r] // rows_div of the tokens (int64 rows [T]).
-    Param("rows_ptr", "*i64", "operand"),
-    Param("rows_div", "i32", "extent"),
-)
+) + ROWS
 
 FAMILY = Family(
     name="ragged_glu",

@@ -8,39 +8,25 @@ from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.ragged import scaled_ragged_glu_kernel
 from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel
-from .ragged_m import FAMILY as RAGGED_M, RAGGED_ROWS_LIMIT
+from .ragged_glu import GATHERED_EXTENTS, ROWS
+from .ragged_m import FAMILY as RAGGED_M, POINTERS
 from .scaled_ragged_m import SCALING
 
 FAMILY = Family(
     name="scaled_ragged_glu",
     kernel=scaled_ragged_glu_kernel,
     ws_kernel=scaled_ragged_glu_ws_kernel,
-    params=(
-        # a: the tokens [*, K], gathered (rows_ptr, rows_div); b: w13 [G, N, K]
-        # K-major; c: h [T, N / 2]; c_scale: h's scales [T, cdiv(N / 2, 128)].
-        Param("a_ptr", "*T", "operand", aligned=True),
-        Param("b_ptr", "*T", "operand", aligned=True),
-        Param("c_ptr", "*O", "output", aligned=True),
-        Param("offs_ptr", "*i32", "offsets"),
+    # a: the tokens [*, K], gathered (ROWS); b: w13 [G, N, K] K-major; c: h
+    # [T, N / 2]; c_scale: h's scales [T, cdiv(N / 2, 128)]; bias: bfloat16 [G, N].
+    params=POINTERS + (
         Param("scale_a_ptr", "*fp32", "scale"),
         Param("scale_b_ptr", "*fp32", "scale"),
         Param("c_scale_ptr", "*fp32", "output"),
-        Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
-        Param("N", "i32", "extent", aligned=True),
-        Param("K", "i32", "row_length", aligned=True),
-        Param("G", "i32", "count"),
-        Param("lda", "i64", "stride", aligned=True),
-        Param("b_group_stride", "i64", "stride", aligned=True),
-        Param("ldb", "i64", "stride", aligned=True),
-        Param("ldc", "i64", "stride", aligned=True),
+    ) + GATHERED_EXTENTS + (
         Param("bias_ptr", "*bf16", "bias"),
         Param("has_bias", "i32", "flag"),
         Param("gpt_oss", "i32", "flag"),
-        Param("rows_ptr", "*i64", "operand"),
-        Param("rows_div", "i32", "extent"),
-    ),
-    # The tokens quantized as the weights: per row with per-channel weights,
-    # per 1x128 block with 128 x 128 blocks.
+    ) + ROWS,
     axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
     constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
                           "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},

@@ -143,9 +143,7 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
                                      .rows_div = p.k};
   const family::Scaling scaling =
       scales == Scales::kBlockwise ? family::Scaling::kBlockwise : family::Scaling::kRowwise;
-  sm90_only([&] {
-    launch(args, {.scaling = scaling, .gate_up = gate_up}, target_of(xq, kFp8));
-  });
+  sm90_only([&] { launch(args, {.scaling = scaling, .gate_up = gate_up}, target_of(xq, kFp8)); });
   return {h, h_scale};
 }
 
@@ -164,7 +162,8 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
   const Tensor ids = converted(topk_ids, ScalarType::Long);
   const Tensor weights = as_contiguous(converted(topk_weights, ScalarType::Float));
   const std::optional<Tensor> b13_rows = as_rows_dtype(b13), b2_rows = as_rows_dtype(b2);
-  const Tensor w13_scales = kernel_form(w13_scale, scales), w2_scales = kernel_form(w2_scale, scales);
+  const Tensor w13_scales = kernel_form(w13_scale, scales),
+               w2_scales = kernel_form(w2_scale, scales);
   LaunchGroup launches;
   Outputs temporaries(x);
   const auto [order, offs, inverse] = route_slots(ids, experts, temporaries);
@@ -172,9 +171,8 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
   const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
   const UpProjection up{quantized, order, k, offs, w13, w13_scales, b13_rows};
   const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value, temporaries);
-  const Tensor ys = scaled_grouped_mm(h, torch::stable::transpose(w2, 1, 2), h_scale,
-                                      w2_scales, offs, b2_rows, std::nullopt,
-                                      kRows, /*use_fast_accum=*/true);
+  const Tensor ys = scaled_grouped_mm(h, torch::stable::transpose(w2, 1, 2), h_scale, w2_scales,
+                                      offs, b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
   const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
   launches.submit();
   return converted(out, x.scalar_type());

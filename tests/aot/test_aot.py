@@ -287,12 +287,21 @@ def test_shared_estimate_covers_what_triton_allocates(manifest):
 
 def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     fp8 = [v for v in all_variants() if v.dtype == "float8_e4m3fn"]
-    assert {v.family for v in fp8} == {"scaled_ragged_m"}
+    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu"}
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
-    assert {v.out.name for v in fp8} == {"bfloat16", "float32"}
-    assert {v.axes for v in fp8} == {(s, a) for s in ("rowwise", "blockwise")
-                                     for a in ("promoted", "fast")}
-    assert {v.axes for v in fp8 if v.config.ws} == {v.axes for v in fp8}
+    scaled = [v for v in fp8 if v.family == "scaled_ragged_m"]
+    assert {v.out.name for v in scaled} == {"bfloat16", "float32"}
+    assert {v.axes for v in scaled} == {(s, a) for s in ("rowwise", "blockwise",
+                                                         "blockwise_rowwise")
+                                        for a in ("promoted", "fast")}
+    assert {v.axes for v in scaled if v.config.ws} == {v.axes for v in scaled}
+    # The fused up projection: fp8 h out, the tokens scaled as the weights
+    # (an axis restricted to two of Scaling's values).
+    glu = [v for v in fp8 if v.family == "scaled_ragged_glu"]
+    assert {v.out.name for v in glu} == {"float8_e4m3fn"}
+    assert {v.axes for v in glu} == {(s, g) for s in ("rowwise", "blockwise")
+                                     for g in ("concatenated", "interleaved")}
+    assert {v.axes for v in glu if v.config.ws} == {v.axes for v in glu}
 
 
 def test_warp_specialised_variants_are_gluon_where_they_can_run():
