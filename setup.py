@@ -106,6 +106,6 @@ setup(
     cmdclass={"build_py": BuildPyWithKernels},
     install_requires=[f"torch>={'.'.join(map(str, OLDEST_TORCH))}", "click"],
     entry_points={"console_scripts": ["gg-runtime = gg_runtime.cli:run"]},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     zip_safe=False,
 )

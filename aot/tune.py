@@ -9,9 +9,10 @@ then compiles those configs for every sm90 `tma` family.
 
 The problems and the timer are gg_runtime.testing's, so the wheel must come
 first on the path, before the source folder gg_runtime/ (which has no
-extensions): from the repository root, after `make bench-site`,
+extensions), and the current directory must not be the repository root
+(Python puts it first): after `make bench-site`,
 
-    PYTHONPATH=build/bench-site:. python -P -m aot tune
+    cd build && PYTHONPATH=bench-site:.. python -m aot tune
 """
 from __future__ import annotations
 

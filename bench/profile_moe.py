@@ -3,7 +3,7 @@ make bench): torch.profiler's kernels of a forward and of a forward +
 backward, of the experts section's layers PROFILED names, and the host side of
 moe_experts' forward on a tiny problem (the ops that cost CPU time).
 
-    PYTHONPATH=build/bench-site:. python -P -m bench.profile_moe [SHAPE ...] [--host]
+    cd build && PYTHONPATH=bench-site:.. python -m bench.profile_moe [SHAPE ...] [--host]
 
 SHAPE is a name of the training section's LAYERS, the experts section's shapes
 (default: all).  Prints tables only."""

@@ -4,7 +4,7 @@ name (torch.profiler), largest first; then, per layer, the grouped products'
 kernel time against everything else's, and how much faster than torch's the
 products would have to be for the layer to run `TARGET` times torch's.
 
-    PYTHONPATH=build/bench-site:. python -P -m bench.profile_training [layer ...]
+    cd build && PYTHONPATH=bench-site:.. python -m bench.profile_training [layer ...]
 
 Layer names: the training section's LAYERS (default: all).
 """

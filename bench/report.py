@@ -2,7 +2,7 @@
 latest run, with its device, date and commit, and its tables.  bench/run.py
 calls it after every section; it needs no GPU:
 
-    PYTHONPATH=build/bench-site:. python -P -m bench.report [DIR]
+    cd build && PYTHONPATH=bench-site:.. python -m bench.report [DIR]
 """
 from __future__ import annotations
 

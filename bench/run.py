@@ -4,11 +4,11 @@ bench/results.json (with the device, date, torch, commit and build it ran
 on); bench/RESULTS.md is then rendered from the whole file (bench/report.py).
 
     make bench BENCH_ARGS="--sections host,fp8 --only qwen3"
-    PYTHONPATH=build/bench-site:. python -P -m bench.run --sections host   # the same
+    cd build && PYTHONPATH=bench-site:.. python -m bench.run --sections host   # the same
 
-The wheel comes first on the path (make bench installs it in build/bench-site);
--P keeps the current directory, whose gg_runtime/ is the source without its
-extensions, from coming before it.
+The wheel comes first on the path (make bench installs it in build/bench-site),
+and it runs from build/: run from the repository root, Python would put the
+root first, whose gg_runtime/ is the source without its extensions.
 """
 from __future__ import annotations
 

@@ -378,7 +378,7 @@ def test_prebuilt_kernels_are_reused_only_when_current(manifest, tmp_path):
         assert reason in reason_to_compile(tmp_path, triton.__version__)
 
 
-def test_sources_digest_follows_every_file(tmp_path):
+def test_sources_digest_follows_every_compiled_file(tmp_path):
     from aot.sources import sources_digest
 
     (tmp_path / "kernels").mkdir()
@@ -390,4 +390,6 @@ def test_sources_digest_follows_every_file(tmp_path):
     (tmp_path / "tuning.json").write_text("{}")
     assert len({before, changed, sources_digest(tmp_path)}) == 3
     (tmp_path / "tuning.json").unlink()
+    assert sources_digest(tmp_path) == before
+    (tmp_path / "tune.py").write_text("runs beside the build")
     assert sources_digest(tmp_path) == before
