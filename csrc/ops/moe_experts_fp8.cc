@@ -120,6 +120,10 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
   const int64_t slots = p.order.size(0), n = p.w13.size(1), inter = n / 2;
   Tensor h = outputs.make({slots, inter}, kFp8);
   Tensor h_scale = outputs.make({slots, blocks(inter)}, ScalarType::Float);
+  // No experts (every slot dropped): nothing to launch, and nothing reads h
+  // (the down projection of no groups is zeros); the kernels would read a
+  // group's scales.
+  if (p.w13.size(0) == 0) return {h, h_scale};
   if (shapes_only(h)) return {h, h_scale};
   const family::ScaledRaggedGlu args{.a_ptr = address(xq),
                                      .b_ptr = address(p.w13),

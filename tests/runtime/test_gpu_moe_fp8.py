@@ -189,6 +189,17 @@ def test_no_tokens(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_no_experts(kind):
+    """E = 0 (a rank that holds none): every slot dropped, the output zeros."""
+    case = make_case(16, 272, 208, 1, 2, kind)
+    for name in ("w13", "w2", "w13_scale", "w2_scale"):
+        case[name] = case[name][:0]
+    case["topk_ids"].fill_(-1)
+    out = gg_runtime.moe_experts(**case)
+    assert out.shape == (16, 272) and out.eq(0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_all_tokens_on_one_expert(kind):
     case = make_case(300, 272, 208, 16, 1, kind)
     case["topk_ids"].fill_(7)
