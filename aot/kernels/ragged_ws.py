@@ -109,8 +109,9 @@ def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, col_
 def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, layout: gl.constexpr):
     """b's 128-column scale block of each of a tile's H 128-column blocks:
     off_n / 128 + i, or for CONCATENATED (H = 2) the gate's block and the
-    up's (kernels/glu.py's columns; the host makes N / 2 a multiple of 128,
-    so that the up's 128 columns are one block)."""
+    up's (kernels/glu.py's columns; right where N / 2 is a multiple of 128,
+    so that the up's 128 columns are one block: scaled_ragged_glu's bucket
+    key sends other widths to the Triton kernel)."""
     i = gl.arange(0, H, layout)
     if GLU == CONCATENATED:
         gl.static_assert(H == 2, "a gate half and an up half of 128 columns each")
@@ -359,7 +360,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
     ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
     # a's scales per row and 128-column K block; b's per column (scaled.py).
-    # (Comparisons, not `in`: the compiler takes no tuple of constexprs.)
+    # (Comparisons: the compiler implements no `in`.)
     BLOCK_ROWS: gl.constexpr = SCALING == BLOCKWISE or SCALING == BLOCKWISE_ROWWISE  # noqa: PLR1714
     CHANNELS: gl.constexpr = SCALING == ROWWISE or SCALING == BLOCKWISE_ROWWISE  # noqa: PLR1714
     c_buf = c_bufs.index(half)
