@@ -24,6 +24,7 @@ using gg::ops::moe_experts_fp8;
 using gg::ops::quantize_fp8;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
+using gg::ops::scaled_grouped_mm_k;
 using gg::ops::swiglu;
 using gg::ops::swiglu_backward;
 
@@ -45,6 +46,7 @@ template <bool kShapesOnly, typename Library>
 void implement(Library& m) {
   m.impl("grouped_mm", kernel<TORCH_BOX(&grouped_mm), kShapesOnly>());
   m.impl("scaled_grouped_mm", kernel<TORCH_BOX(&scaled_grouped_mm), kShapesOnly>());
+  m.impl("scaled_grouped_mm_k", kernel<TORCH_BOX(&scaled_grouped_mm_k), kShapesOnly>());
   m.impl("quantize_fp8", kernel<TORCH_BOX(&quantize_fp8), kShapesOnly>());
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
@@ -108,6 +110,9 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "scaled_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor scale_a, Tensor scale_b, "
       "Tensor? offs=None, Tensor? bias=None, Tensor? scale_result=None, "
       "ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
+  m.def(
+      "scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, "
+      "int rows, str scaling, ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
   m.def("swiglu(Tensor gu, str gate_up='concatenated', str activation='swiglu') -> Tensor");

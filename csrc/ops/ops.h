@@ -33,6 +33,12 @@ Tensor ragged_m(const Tensor& a, const Matrix& b, int64_t n, const Tensor& offs,
                 const std::optional<Tensor>& bias, ScalarType out_dtype, bool tf32,
                 Outputs& outputs, family::Major out_major = family::Major::kRow);
 
+// The fp8 weight gradient: out [G, M, N], out[g] = a_g @ b_g^T, of a [M, W]
+// and b [N, W] quantized along T within each group of `rows` rows (scaling
+// "rowwise" or "blockwise": family::Scaling).
+Tensor scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs,
+                           int64_t rows, std::string scaling, std::optional<ScalarType> out_dtype);
+
 // (q, scale) with x ~ q * scale.
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
 

@@ -287,7 +287,7 @@ def test_shared_estimate_covers_what_triton_allocates(manifest):
 
 def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     fp8 = [v for v in all_variants() if v.dtype == "float8_e4m3fn"]
-    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu"}
+    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu", "scaled_ragged_k"}
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
     scaled = [v for v in fp8 if v.family == "scaled_ragged_m"]
     assert {v.out.name for v in scaled} == {"bfloat16", "float32"}
@@ -302,6 +302,10 @@ def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     assert {v.axes for v in glu} == {(s, g) for s in ("rowwise", "blockwise")
                                      for g in ("concatenated", "interleaved")}
     assert {v.axes for v in glu if v.config.ws} == {v.axes for v in glu}
+    # The weight gradient: rowwise and blockwise, bfloat16 or float32 out.
+    grad = [v for v in fp8 if v.family == "scaled_ragged_k"]
+    assert {(v.axes, v.out.name) for v in grad} == {((s,), o) for s in ("rowwise", "blockwise")
+                                                    for o in ("bfloat16", "float32")}
 
 
 def test_warp_specialised_variants_are_gluon_where_they_can_run():

@@ -1,0 +1,150 @@
+"""fp8 training of grouped products: `fp8_grouped_mm`, a differentiable ragged-M
+product whose forward and backward run in fp8, quantizing their inputs as
+they go.  Every product is an fp8 operator (scaled_grouped_mm for the
+forward and the input gradient, scaled_grouped_mm_k for the weight
+gradient); every quantization one quantize_fp8 or quantize_fp8_columns
+launch.  What autograd keeps is the 16-bit inputs, as for grouped_mm."""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._native import OPS, call
+from .autograd import stored_transposed
+
+RECIPES = ("rowwise", "blockwise")
+# A recipe's granularities (quantize_fp8's names): of activations and
+# gradients, along a product's reduced dimension (rows of its left operand,
+# or, for the weight gradient, columns within each group:
+# quantize_fp8_columns); of weights.  The recipe's name is the weight
+# gradient's scaling (scaled_grouped_mm_k's).
+_ACTIVATIONS = {"rowwise": "rowwise", "blockwise": "1x128"}
+_WEIGHTS = {"rowwise": "rowwise", "blockwise": "128x128"}
+# fp8 rows are read in 16-byte copies (TMA), as torch requires of fp8 inputs too.
+_ALIGN = 16
+
+
+def _quantize(x, granularity):
+    return call(OPS.quantize_fp8.default, x, granularity)
+
+
+def _product(a, b_t, recipe, offs):
+    """a [T, R] @ b[g] for b given as b_t [G, C, R] (R the reduced dimension),
+    both quantized by the recipe: bfloat16 [T, C]."""
+    qa, scale_a = _quantize(a, _ACTIVATIONS[recipe])
+    qb, scale_b = _quantize(b_t, _WEIGHTS[recipe])
+    return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
+                torch.bfloat16, False)
+
+
+def _weight_gradient(left, right, offs, recipe):
+    """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R], each
+    quantized along T within the groups."""
+    granularity = _ACTIVATIONS[recipe]
+    q_left, scale_left = call(OPS.quantize_fp8_columns.default, left, offs, granularity)
+    q_right, scale_right = call(OPS.quantize_fp8_columns.default, right, offs, granularity)
+    return call(OPS.scaled_grouped_mm_k.default, q_left, q_right, scale_left, scale_right, offs,
+                left.shape[0], recipe, torch.bfloat16)
+
+
+class _Fp8GroupedMm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, offs, recipe):
+        ctx.save_for_backward(a, b, offs)
+        ctx.recipe = recipe
+        return _product(a, b.mT, recipe, offs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        """grad_a = grad @ b[g]^T (b [G, K, N] is its own [G, C, R] form:
+        its 128 x 128 blocks are the forward's transposed, so blockwise
+        dequantizes to the same weights); grad_b in b's layout: stored
+        transposed (w.mT), computed as (grad^T a)^T, else as a^T grad."""
+        a, b, offs = ctx.saved_tensors
+        recipe = ctx.recipe
+        grad = grad.to(torch.bfloat16)
+        grad_a = _product(grad, b, recipe, offs) if ctx.needs_input_grad[0] else None
+        grad_b = None
+        if ctx.needs_input_grad[1]:
+            if stored_transposed(b):
+                grad_b = _weight_gradient(grad, a, offs, recipe).mT
+            else:
+                grad_b = _weight_gradient(a, grad, offs, recipe)
+        return grad_a, grad_b, None, None
+
+
+def _check(mat_a, mat_b, offs, recipe):
+    """The errors the operators would name by their own arguments' names
+    (the quantized copies), named by fp8_grouped_mm's, before any launch."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    for name, x, dims in (("mat_a", mat_a, 2), ("mat_b", mat_b, 3), ("offs", offs, 1)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D, got shape {tuple(x.shape)}")
+    for name, x in (("mat_a", mat_a), ("mat_b", mat_b)):
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be torch.bfloat16, got {x.dtype}")
+    if mat_a.shape[1] != mat_b.shape[1]:
+        raise ValueError(f"mat_a is {tuple(mat_a.shape)} and mat_b is {tuple(mat_b.shape)}: "
+                         "expected mat_a [T, K] with mat_b [G, K, N]")
+    k, n = mat_b.shape[1:]
+    if k % _ALIGN or n % _ALIGN:
+        raise ValueError(f"fp8 needs K and N to be multiples of {_ALIGN}, got K={k}, N={n}")
+    if mat_b.device != mat_a.device:
+        raise ValueError(f"mat_b is on {mat_b.device} but mat_a is on {mat_a.device}")
+
+
+def fp8_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor, *,
+                   recipe: str = "blockwise") -> torch.Tensor:
+    """grouped_mm's ragged-M product for training in fp8, on compute capability 9.0.
+
+    `out[rows of g] = a[rows of g] @ b[g]` as `grouped_mm(mat_a, mat_b,
+    offs)`, with every product of the forward and the backward run by fp8
+    tensor cores on operands quantized as they are read (float8_e4m3fn,
+    `scale = amax / 448`, as `quantize_fp8`):
+
+    - `"blockwise"` (DeepSeek-V3's recipe): activations and output
+      gradients per row per 128 columns (1x128), weights per 128 x 128
+      block, and, for the weight gradient, both operands per column per 128
+      rows of a group (blocks start at each group's first row, so none
+      spans two groups).  Each block's product is scaled and added in
+      float32.
+    - `"rowwise"` (torchao's): activations and output gradients per row,
+      weights per output channel (per row of `b[g]^T` forward, per row of
+      `b[g]` for the input gradient), and, for the weight gradient, both
+      operands per column per group.  Each 128-deep step's product is added
+      to float32.
+
+    The weight gradient's operands are stored transposed, each group's rows
+    padded to whole 128-row blocks: its temporary memory is that of
+    `T + 128 G` rows of each operand in fp8.
+
+    Offsets are read as grouped_mm reads them (int32 on the GPU, no host
+    sync).  Autograd keeps mat_a, mat_b and offs (the 16-bit inputs, as
+    grouped_mm does); gradients come back in bfloat16 with their inputs'
+    strides (a weight passed as `w.transpose(1, 2)` gets a gradient with w's
+    strides).
+
+    Args:
+        mat_a: `[T, K]` bfloat16 on a CUDA device (activations).
+        mat_b: `[G, K, N]` bfloat16 on a's device, any strides (the weights;
+            typically `w.transpose(1, 2)` of a `[G, N, K]` w).
+        offs: `[G]` int32 cumulative end offsets of the groups' rows.
+        recipe: `"blockwise"` or `"rowwise"`, as above.
+
+    Returns:
+        `[T, N]` bfloat16; rows past `offs[-1]` are zero.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype, naming it.
+        ValueError: an unknown recipe; shapes that do not fit; K or N not a
+            multiple of 16; tensors on different devices; naming the argument.
+        UnsupportedDeviceError: a GPU of another compute capability than 9.0.
+    """
+    _check(mat_a, mat_b, offs, recipe)
+    if torch.is_grad_enabled() and (mat_a.requires_grad or mat_b.requires_grad):
+        return _Fp8GroupedMm.apply(mat_a, mat_b, offs, recipe)
+    return _product(mat_a, mat_b.mT, recipe, offs)
