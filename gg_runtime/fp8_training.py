@@ -75,8 +75,9 @@ class _Fp8GroupedMm(torch.autograd.Function):
 
 
 def _check(mat_a, mat_b, offs, recipe):
-    """The errors the operators would name by their own arguments' names
-    (the quantized copies), named by fp8_grouped_mm's, before any launch."""
+    """Every error of the arguments, named by fp8_grouped_mm's names, before
+    the first launch (the operators would name the quantized copies, after
+    the quantizations ran)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     for name, x, dims in (("mat_a", mat_a, 2), ("mat_b", mat_b, 3), ("offs", offs, 1)):
@@ -84,17 +85,25 @@ def _check(mat_a, mat_b, offs, recipe):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}-D, got shape {tuple(x.shape)}")
-    for name, x in (("mat_a", mat_a), ("mat_b", mat_b)):
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"{name} must be torch.bfloat16, got {x.dtype}")
-    if mat_a.shape[1] != mat_b.shape[1]:
+    for name, x, dtype in (("mat_a", mat_a, torch.bfloat16), ("mat_b", mat_b, torch.bfloat16),
+                           ("offs", offs, torch.int32)):
+        if x.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
+    if mat_a.device.type not in ("cuda", "meta"):
+        raise ValueError(f"mat_a must be on a CUDA device, got {mat_a.device}")
+    for name, x in (("mat_b", mat_b), ("offs", offs)):
+        if x.device != mat_a.device:
+            raise ValueError(f"{name} is on {x.device} but mat_a is on {mat_a.device}")
+    groups, k, n = mat_b.shape
+    if mat_a.shape[1] != k:
         raise ValueError(f"mat_a is {tuple(mat_a.shape)} and mat_b is {tuple(mat_b.shape)}: "
                          "expected mat_a [T, K] with mat_b [G, K, N]")
-    k, n = mat_b.shape[1:]
+    if offs.shape[0] != groups:
+        raise ValueError(f"offs has {offs.shape[0]} entries but mat_b has {groups} groups")
+    if groups > 1 and offs.stride(0) != 1:
+        raise ValueError("offs must be contiguous")
     if k % _ALIGN or n % _ALIGN:
         raise ValueError(f"fp8 needs K and N to be multiples of {_ALIGN}, got K={k}, N={n}")
-    if mat_b.device != mat_a.device:
-        raise ValueError(f"mat_b is on {mat_b.device} but mat_a is on {mat_a.device}")
 
 
 def fp8_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor, *,
