@@ -22,6 +22,7 @@ using gg::ops::moe_experts;
 using gg::ops::moe_experts_for_backward;
 using gg::ops::moe_experts_fp8;
 using gg::ops::quantize_fp8;
+using gg::ops::quantize_fp8_columns;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
 using gg::ops::scaled_grouped_mm_k;
@@ -48,6 +49,7 @@ void implement(Library& m) {
   m.impl("scaled_grouped_mm", kernel<TORCH_BOX(&scaled_grouped_mm), kShapesOnly>());
   m.impl("scaled_grouped_mm_k", kernel<TORCH_BOX(&scaled_grouped_mm_k), kShapesOnly>());
   m.impl("quantize_fp8", kernel<TORCH_BOX(&quantize_fp8), kShapesOnly>());
+  m.impl("quantize_fp8_columns", kernel<TORCH_BOX(&quantize_fp8_columns), kShapesOnly>());
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
   m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
@@ -114,6 +116,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, "
       "int rows, str scaling, ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
+  m.def("quantize_fp8_columns(Tensor x, Tensor offs, str granularity='1x128') -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
   m.def("swiglu(Tensor gu, str gate_up='concatenated', str activation='swiglu') -> Tensor");
   m.def(

@@ -7,8 +7,9 @@ torch, never Triton.  Used by tests/runtime, bench/ and `python -m aot tune`.
 """
 from .cases import (list_inputs, moe_inputs, moe_layer_inputs, offsets_from_counts, operand,
                     random_group_sizes, randn, skewed_counts)
-from .fp8 import (FP8_BLOCK, FP8_MAX, FP8_TOLERANCE, SCALE_KINDS, dequantize_ref, dequantized,
-                  fp8_moe_inputs, quantize_ref, ref_scaled_grouped_mm)
+from .fp8 import (FP8_BLOCK, FP8_MAX, FP8_TOLERANCE, SCALE_KINDS, column_blocks, dequantize_ref,
+                  dequantized, fp8_moe_inputs, quantize_columns_ref, quantize_ref,
+                  ref_scaled_grouped_mm)
 from .hooks import forced, last_variant, poisoned
 from .moe_layers import (GPT_OSS_ALPHA, GPT_OSS_LIMIT, gated_activation, moe_layer,
                          moe_layer_no_atomics, route_top_k, sorted_by_expert, with_added_bias)
@@ -20,9 +21,9 @@ from .timing import time_in_turns, time_ms
 __all__ = [
     "list_inputs", "moe_inputs", "moe_layer_inputs", "offsets_from_counts", "operand",
     "random_group_sizes", "randn", "skewed_counts",
-    "FP8_BLOCK", "FP8_MAX", "FP8_TOLERANCE", "SCALE_KINDS", "dequantize_ref", "dequantized",
-    "fp8_moe_inputs",
-    "quantize_ref", "ref_scaled_grouped_mm",
+    "FP8_BLOCK", "FP8_MAX", "FP8_TOLERANCE", "SCALE_KINDS", "column_blocks", "dequantize_ref",
+    "dequantized", "fp8_moe_inputs", "quantize_columns_ref", "quantize_ref",
+    "ref_scaled_grouped_mm",
     "forced", "last_variant", "poisoned",
     "GPT_OSS_ALPHA", "GPT_OSS_LIMIT", "gated_activation", "moe_layer", "moe_layer_no_atomics",
     "route_top_k", "sorted_by_expert", "with_added_bias",

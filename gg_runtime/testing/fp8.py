@@ -1,11 +1,12 @@
-"""fp8 (float8_e4m3fn) quantisation in float32 torch, scaled_grouped_mm's
-inputs made from random data, and its float32 reference."""
+"""fp8 (float8_e4m3fn) quantisation in float32 torch (quantize_fp8's and
+quantize_fp8_columns' layouts), scaled_grouped_mm's inputs made from random
+data, and its float32 reference."""
 from __future__ import annotations
 
 import torch
 
 from .cases import offsets_from_counts, randn
-from .references import ref_grouped_mm
+from .references import effective_ends, ref_grouped_mm
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_BLOCK = 128
@@ -49,6 +50,41 @@ def quantize_ref(x: torch.Tensor, granularity: str):
         scale = _blocks(x, rows).abs().amax(dim=(2, 3)).clamp(min=1e-12) / FP8_MAX
         full = _expand(scale, rows, x.shape)
     q = (x / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def column_blocks(offs: torch.Tensor, rows: int) -> list:
+    """(start, end, first block) of each group in quantize_fp8_columns' layout:
+    the group's rows [start, end) of x (offsets read as effective_ends), and
+    the first of q's 128-column blocks its 128-row blocks take in order
+    (start // 128 + the group's index)."""
+    groups, start = [], 0
+    for g, end in enumerate(effective_ends(offs, rows)):
+        groups.append((start, end, start // FP8_BLOCK + g))
+        start = end
+    return groups
+
+
+def quantize_columns_ref(x: torch.Tensor, offs: torch.Tensor, granularity: str):
+    """quantize_fp8_columns' (q, scale) in float32 torch: each group's rows of
+    x [T, C], transposed, quantised by quantize_ref, 'rowwise' (a scale per
+    column of the group: [C, G]) or '1x128' (per 128 of its rows:
+    [C, T // 128 + G]).  q [C, 128 * (T // 128 + G)] holds a group's columns
+    from its first block's on, its last block padded with zeros; columns and
+    scales in no group's blocks are zero here (the operator leaves them
+    unwritten)."""
+    rows, cols = x.shape
+    blocks = rows // FP8_BLOCK + len(offs)
+    q = torch.zeros(cols, blocks * FP8_BLOCK, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = x.new_zeros(cols, len(offs) if granularity == "rowwise" else blocks,
+                        dtype=torch.float32)
+    for g, (start, end, first) in enumerate(column_blocks(offs, rows)):
+        group_q, group_scale = quantize_ref(x[start:end].t(), granularity)
+        q[:, first * FP8_BLOCK:first * FP8_BLOCK + end - start] = group_q
+        if granularity == "rowwise":
+            scale[:, g] = group_scale
+        else:
+            scale[:, first:first + group_scale.shape[1]] = group_scale
     return q, scale
 
 

@@ -14,7 +14,9 @@ from gg_runtime.testing import (FP8_TOLERANCE, forced, fp8_moe_inputs, last_vari
 from conftest import device_arch
 
 # Families whose variants their own test file forces (with its exact reference).
-OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py", "swiglu": "test_gpu_moe_experts.py",
+OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py",
+            "quantize_fp8_columns": "test_gpu_quantize_columns.py",
+            "swiglu": "test_gpu_moe_experts.py",
             "ragged_glu": "test_gpu_moe_experts.py", "gathered_m": "test_gpu_moe_experts.py",
             "gathered_k": "test_gpu_moe_experts.py", "combine": "test_gpu_moe_experts.py",
             "route": "test_gpu_moe_experts.py", "scaled_ragged_glu": "test_gpu_moe_fp8.py"}

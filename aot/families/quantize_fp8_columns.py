@@ -1,0 +1,45 @@
+"""quantize_fp8_columns: x [T, C] (float16, bfloat16, float32) -> q [C, W]
+float8_e4m3fn quantised along T within each group of rows, stored K-major
+with every group's 128-row blocks aligned to 128 columns, and float32 scales
+per column of a group or of a 128-row block (aot/kernels/quantize_columns.py):
+the operands of the fp8 weight gradient.  sm90 only, as the fp8 GEMMs;
+`aligned` (16-byte vector loads of x) wherever x's base, row stride and C
+allow it, else `basic`."""
+from ..family import EVERY, Axis, Config, Family, Param
+from ..kernels.quantize_columns import quantize_fp8_columns_kernel
+from .quantize_fp8 import GRANULARITY
+
+# Memory-bound: a tile is one 128-row block by 64 columns (128 to 256 bytes
+# of each row loaded, 128 bytes of each of q's rows stored); 8 warps hold it
+# at 32 elements a thread, and a rowwise tile its running amax beside.  BK is
+# unused (16 keeps aot/variants.py's GEMM shared-memory estimate from
+# reshaping the config).
+TILE = (Config(128, 64, 16, 8, 1),)
+
+FAMILY = Family(
+    name="quantize_fp8_columns",
+    kernel=quantize_fp8_columns_kernel,
+    params=(
+        Param("x_ptr", "*T", "operand", aligned=True),
+        Param("q_ptr", "*O", "output", aligned=True),
+        Param("scale_ptr", "*fp32", "output"),
+        Param("offs_ptr", "*i32", "offsets"),
+        Param("T", "i32", "extent"),
+        Param("C", "i32", "extent", aligned=True),
+        Param("G", "i32", "count"),
+        Param("ldx", "i64", "stride", aligned=True),
+    ),
+    # What one scale covers: a column of a group, or of a 128-row block of it
+    # (aot/kernels/quantize.py's ROWWISE and BLOCK_1X128, the values' indices).
+    axes=(Axis("granularity", GRANULARITY, only=("rowwise", "1x128")),),
+    constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"])},
+    aligned=EVERY,
+    dtypes=("float16", "bfloat16", "float32"),
+    out_dtypes=("float8_e4m3fn",),
+    archs=(90,),
+    configs={(90, "aligned"): TILE, (90, "basic"): TILE},
+    # The 1x128 tiles (a block of every group by BN columns) bound the rowwise
+    # ones (a group by BN columns): programs past their count exit at once.
+    tiles="(T // 128 + G) * cdiv(C, BN)",
+    rows="C",  # the bucket key: one config, with no bound, takes every value
+)
