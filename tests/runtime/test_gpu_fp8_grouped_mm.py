@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime.testing import (FP8_TOLERANCE, effective_ends, offsets_from_counts, randn,
-                                ref_grouped_mm, ref_grouped_mm_grads, rel_error)
+from gg_runtime import _C
+from gg_runtime.testing import (FP8_TOLERANCE, effective_ends, forced, offsets_from_counts,
+                                randn, ref_grouped_mm, ref_grouped_mm_grads, rel_error)
 from gg_runtime.testing.fp8_training import (RECIPES, fp8_grouped_mm_grads_ref,
                                              fp8_grouped_mm_ref, fp8_training_inputs,
                                              stepped_within_groups)
@@ -89,6 +90,28 @@ def check(a, b, offs, grad, recipe):
 def test_output_and_gradients(recipe, weight_layout, shape):
     counts, n, k, extra_rows = shape
     check(*fp8_training_inputs(counts, n, k, weight_layout, extra_rows), recipe)
+
+
+@pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
+                                     and v["family"] == "scaled_ragged_k"],
+                         ids=lambda v: v["key"])
+def test_every_weight_gradient_kernel(variant):
+    """Each of the weight gradient's kernels forced, through its operator,
+    in its output dtype (fp8_grouped_mm asks for bfloat16 only): grad^T a of
+    the operands quantize_fp8_columns makes, which is the reference's grad_b
+    transposed."""
+    recipe = variant["axes"]["scaling"]
+    granularity = "rowwise" if recipe == "rowwise" else "1x128"
+    a, b, offs, grad = fp8_training_inputs(*SHAPES["tile_tails"][:3], extra_rows=9)
+    q_grad, scale_grad = torch.ops.gg_runtime.quantize_fp8_columns(grad, offs, granularity)
+    q_a, scale_a = torch.ops.gg_runtime.quantize_fp8_columns(a, offs, granularity)
+    out_dtype = getattr(torch, variant["out_dtype"])
+    with forced(variant["key"]):
+        got = torch.ops.gg_runtime.scaled_grouped_mm_k(q_grad, q_a, scale_grad, scale_a, offs,
+                                                       a.shape[0], recipe, out_dtype)
+    want = fp8_grouped_mm_grads_ref(a, b, offs, grad, recipe)[1].mT
+    assert got.dtype == out_dtype and got.shape == want.shape
+    assert rel_error(got, want) <= FP8_TOLERANCE[out_dtype]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
