@@ -33,7 +33,9 @@ FAMILY = Family(
     # accumulator, which leaves it no room for a 256-row tile.
     configs={(90, "tma", Where(scaling="rowwise")): (Config(256, 128, 128, 8, 3),),
              (90, "tma", Where(scaling="blockwise")): (Config(128, 256, 128, 8, 3, max_rows=16),
-                                                      Config(128, 128, 128, 4, 4, ws=True))},
+                                                      Config(128, 128, 128, 4, 4, ws=True,
+                                                             max_rows=32),
+                                                      Config(128, 256, 128, 4, 3, ws=True))},
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",
 )

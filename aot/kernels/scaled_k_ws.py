@@ -5,12 +5,12 @@ scaled_k.scaled_ragged_k_kernel.
 A loader warp fills a STAGES-deep ring with each tile's 128-wide K blocks of
 a and b (the group's blocks of the padded layout: no clipping, no
 clearing).  Two MMA partitions of one warpgroup each take 64 rows of a
-128-row tile and run apart: each makes a block's product from zero on the
-tensor cores, frees the slot, then scales the product by its rows' and
-columns' scales of that block and adds it to its float32 accumulator on the
-CUDA cores, while the other partition's MMA runs.  (ragged_ws.py's rescaled
-single accumulator does not apply: here the scales vary along both the
-rows and the columns of a tile, so its units would be per element.)
+128-row tile.  As ragged_ws.py's blockwise kernel, each keeps one
+accumulator that the tensor cores add every block's product to, rescaled
+between blocks on the CUDA cores, and the two take turns so that one's
+rescaling runs while the other's MMA does; here a block's scale is the
+product of a row's and a column's (1x128 along T on both operands), so the
+accumulator's unit is too (accumulate_blocks).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -19,12 +19,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 
 from .gluon_api import tma_load
 from .ragged_k_ws import locate, total_tiles
-from .ragged_ws import MMA_REGISTERS, operands, pass_blocks
+from .ragged_ws import MMA_REGISTERS, operands, pass_blocks, wait_turn
 from .scaled import BLOCKWISE, SCALE_BLOCK
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
                  allocate_ring, claim_slot, shared_layout, store_tile)
 
 PARTS = gl.constexpr(2)
+# The accumulator's units per operand are no smaller than these (unit_of).
+UNIT_FLOOR = gl.constexpr(2.0**-60)
+UNIT_RANGE = gl.constexpr(2.0**-30)
 
 
 @gluon.jit
@@ -55,49 +58,86 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N,
 
 @gluon.jit
 def block_scales(scale_a_ptr, scale_b_ptr, rows, row_ok, cols, col_ok, blocks, block, valid):
-    """A block's scales of the tile's rows and columns (0 past M and N, and
+    """A block's scales of the tile's rows and columns (1 past M and N, and
     where the block is not `valid`: past the group's last)."""
     scale_a = gl.load(scale_a_ptr + rows.to(gl.int64) * blocks + block, mask=row_ok & valid,
-                      other=0.0)
+                      other=1.0)
     scale_b = gl.load(scale_b_ptr + cols.to(gl.int64) * blocks + block, mask=col_ok & valid,
-                      other=0.0)
+                      other=1.0)
     return scale_a, scale_b
 
 
 @gluon.jit
-def accumulate_blocks(a_bufs, b_bufs, ready, empty, count, first, steps, scales, rows, cols,
-                      M, N, blocks, half: gl.constexpr, PART_M: gl.constexpr, BN: gl.constexpr,
-                      STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """(the partition's scaled sum over blocks first .. first + steps, the
-    ring count after it).  The next block's scales load while this one's
-    MMA runs."""
-    scale_a_ptr, scale_b_ptr = scales
-    row_ok = rows < M
-    col_ok = cols < N
-    acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
-    last = first + steps
-    scale_a, scale_b = block_scales(scale_a_ptr, scale_b_ptr, rows, row_ok, cols, col_ok, blocks,
-                                    first, steps > 0)
-    for block in range(first, last):
-        slot = count % STAGES
-        mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
-        product = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
-        next_a, next_b = block_scales(scale_a_ptr, scale_b_ptr, rows, row_ok, cols, col_ok,
-                                      blocks, block + 1, block + 1 < last)
-        product = warpgroup_mma_wait(0, deps=(product, ))
-        mbarrier.arrive(empty.index(slot))
-        acc += product * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
-        scale_a = next_a
-        scale_b = next_b
-        count += 1
-    return acc, count
+def unit_of(scale, largest):
+    """An operand's unit while a block of this scale is added: the scale,
+    raised to UNIT_FLOOR or UNIT_RANGE x the largest scale so far where it
+    is smaller.  Both operands' ratios of a block's scale to the current
+    unit are then at most 2^30, so |accumulator| stays below 2^60 x the sum
+    of the blocks' fp8 products; a block so raised adds at most UNIT_RANGE x
+    the largest block scale x its product more than it should.
+    quantize_fp8_columns' scales are at least 1e-12 / 448 (above the floor)."""
+    bound = gl.maximum(largest * UNIT_RANGE, UNIT_FLOOR)
+    return gl.where(gl.abs(scale) < bound, bound, scale)
 
 
 @gluon.jit
-def mma_partition(half: gl.constexpr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr,
-                  scales, M, N, T, G, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
+def accumulate_blocks(a_bufs, b_bufs, ready, empty, turns, count, first, steps, scales, rows,
+                      cols, M, N, blocks, half: gl.constexpr, PART_M: gl.constexpr,
+                      BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                      acc_layout: gl.constexpr):
+    """(the partition's scaled sum over blocks first .. first + steps, the
+    ring count after it), in one accumulator that the tensor cores add each
+    block's product to, kept in units of the current block's row and column
+    scales (unit_of): before block j's MMA the accumulator is multiplied by
+    unit[j-1] / unit[j] of its row and of its column, and at the end by the
+    last units.  The two partitions take turns as ragged_ws's
+    accumulate_blockwise's, so that one's multiplies run while the other's
+    MMA does; the next block's scales load a block ahead."""
+    scale_a_ptr, scale_b_ptr = scales
+    row_ok = rows < M
+    col_ok = cols < N
+    last = first + steps
+    acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
+    unit_a = gl.full([PART_M], 1.0, gl.float32, rows.type.layout)
+    unit_b = gl.full([BN], 1.0, gl.float32, cols.type.layout)
+    largest_a = gl.zeros([PART_M], gl.float32, rows.type.layout)
+    largest_b = gl.zeros([BN], gl.float32, cols.type.layout)
+    scale_a, scale_b = block_scales(scale_a_ptr, scale_b_ptr, rows, row_ok, cols, col_ok, blocks,
+                                    first, steps > 0)
+    HALF_K: gl.constexpr = BK // 2
+    for block in range(first, last):
+        slot = count % STAGES
+        next_a, next_b = block_scales(scale_a_ptr, scale_b_ptr, rows, row_ok, cols, col_ok,
+                                      blocks, block + 1, block + 1 < last)
+        largest_a = gl.maximum(largest_a, gl.abs(scale_a))
+        largest_b = gl.maximum(largest_b, gl.abs(scale_b))
+        new_a = unit_of(scale_a, largest_a)
+        new_b = unit_of(scale_b, largest_b)
+        mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=block > first)
+        acc = acc * gl.expand_dims(unit_a / new_a, 1) * gl.expand_dims(unit_b / new_b, 0)
+        unit_a = new_a
+        unit_b = new_b
+        scale_a = next_a
+        scale_b = next_b
+        a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
+        wait_turn(turns, half, count)
+        acc = warpgroup_mma(a.slice(0, HALF_K, dim=1), b.slice(0, HALF_K), acc, is_async=True)
+        acc = warpgroup_mma(a.slice(HALF_K, HALF_K, dim=1), b.slice(HALF_K, HALF_K), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc, ))  # the first half is done
+        mbarrier.arrive(turns.index(half))
+        count += 1
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=steps > 0)
+    return acc * gl.expand_dims(unit_a, 1) * gl.expand_dims(unit_b, 0), count
+
+
+@gluon.jit
+def mma_partition(half: gl.constexpr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns,
+                  offs_ptr, scales, M, N, T, G, BM: gl.constexpr, BN: gl.constexpr,
+                  BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr):
     """Rows half * 64 .. half * 64 + 64 of every tile of this program; a
     partition whose rows all lie past M passes its blocks unread."""
     PART_M: gl.constexpr = BM // PARTS
@@ -116,12 +156,12 @@ def mma_partition(half: gl.constexpr, c_desc, a_bufs, b_bufs, c_bufs, ready, emp
         if part_m < M:
             rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, acc_layout))
             cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, acc_layout))
-            acc, count = accumulate_blocks(a_bufs, b_bufs, ready, empty, count, first, steps,
-                                           scales, rows, cols, M, N, blocks, half, PART_M, BN,
-                                           STAGES, acc_layout)
+            acc, count = accumulate_blocks(a_bufs, b_bufs, ready, empty, turns, count, first,
+                                           steps, scales, rows, cols, M, N, blocks, half, PART_M,
+                                           BN, BK, STAGES, acc_layout)
             store_tile(acc, c_desc, c_buf, (g, part_m), off_n)
         else:
-            count = pass_blocks(ready, empty, None, count, steps * BK, half, BK, STAGES)
+            count = pass_blocks(ready, empty, turns, count, steps * BK, half, BK, STAGES)
     tma.store_wait(0)
 
 
@@ -151,11 +191,14 @@ def scaled_ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
     a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, [BM, BK], [BN, BK],
                                                          [PART_M, EPI_N], PARTS, STAGES)
     scales = (scale_a_ptr, scale_b_ptr)
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)
     gl.warp_specialize([
-        (mma_partition, (0, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, scales, M, N,
-                         T, G, BM, BN, BK, CHUNK, STAGES)),
-        (mma_partition, (1, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, scales, M, N,
-                         T, G, BM, BN, BK, CHUNK, STAGES)),
+        (mma_partition, (0, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, offs_ptr, scales,
+                         M, N, T, G, BM, BN, BK, CHUNK, STAGES)),
+        (mma_partition, (1, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, offs_ptr, scales,
+                         M, N, T, G, BM, BN, BK, CHUNK, STAGES)),
         (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G, BM,
                           BN, BK, CHUNK, STAGES)),
     ], [gl.num_warps(), LOADER_WARPS], [MMA_REGISTERS, LOADER_REGISTERS])
