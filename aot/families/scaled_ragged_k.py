@@ -4,14 +4,12 @@ b_g^T, from a [M, W] and b [N, W] quantized along T within each group
 block (aot/kernels/scaled_k.py).  sm90 TMA only, as every fp8 GEMM here."""
 from ..family import EVERY, Axis, Config, Family, Param, Where
 from ..kernels.scaled_k import scaled_ragged_k_kernel
-from ..kernels.scaled_k_ws import scaled_ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
 from .scaled_ragged_m import SCALING
 
 FAMILY = Family(
     name="scaled_ragged_k",
     kernel=scaled_ragged_k_kernel,
-    ws_kernel=scaled_ragged_k_ws_kernel,
     params=POINTERS + (
         Param("scale_a_ptr", "*fp32", "scale"),
         Param("scale_b_ptr", "*fp32", "scale"),
@@ -28,14 +26,11 @@ FAMILY = Family(
     dtypes=("float8_e4m3fn",),
     out_dtypes=("bfloat16", "float32"),
     archs=(90,),
-    # The best of five tiles measured on an H100 (docs/notes/2026-11-25-fp8-
-    # training-grouped-mm.md); blockwise holds each block's product beside the
-    # accumulator, which leaves it no room for a 256-row tile.
+    # The best of five tiles each on an H100 (docs/notes/2026-11-25-fp8-
+    # training-grouped-mm.md): blockwise holds each block's product beside
+    # the accumulator, which leaves it no room for 256 rows.
     configs={(90, "tma", Where(scaling="rowwise")): (Config(256, 128, 128, 8, 3),),
-             (90, "tma", Where(scaling="blockwise")): (Config(128, 256, 128, 8, 3, max_rows=16),
-                                                      Config(128, 128, 128, 4, 4, ws=True,
-                                                             max_rows=32),
-                                                      Config(128, 256, 128, 4, 3, ws=True))},
+             (90, "tma", Where(scaling="blockwise")): (Config(128, 256, 128, 8, 3),)},
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",
 )

@@ -13,10 +13,14 @@ q [C, W] float8_e4m3fn, row-major: q[c, 128 * b_g + i] = x[s_g + i, c]
 quantised; columns in no group's blocks are not written.  Scales float32,
 quantize.py's rule (scale_of, to_e4m3), MODE saying what one covers:
 
-ROWWISE        a column of a group          scale [C, G]; an empty group's
+ROWWISE        a column of a group          scale [G, C]; an empty group's
                                             is the all-zero one, 1e-12 / 448
-BLOCK_1X128    a column of a 128-row block  scale [C, T // 128 + G], at
-                                            [c, b_g + j] for block j of g
+BLOCK_1X128    a column of a 128-row block  scale [T // 128 + G, C], at
+                                            [b_g + j, c] for block j of g
+
+Scales are stored block by block (a row per group or block), so that a
+GEMM tile's scales of one block are contiguous: the weight gradient's
+pipeline loads a tile's scales of one block in one contiguous run.
 
 Memory-bound: a tile is BM = 128 rows (one block) by BN columns, loaded
 along x's rows and stored along q's, its scales one per column.
@@ -57,7 +61,7 @@ def block_tile(x_ptr, q_ptr, scale_ptr, start, end, block, j, col0, C, ldx, W,
     x = load_block(x_ptr, start, end, j, col0, C, ldx, BN, "")
     scale = scale_of(tl.max(tl.abs(x), axis=0))
     cols = col0 + tl.arange(0, BN)
-    tl.store(scale_ptr + cols.to(tl.int64) * (W // BLOCK) + block, scale, mask=cols < C)
+    tl.store(scale_ptr + block.to(tl.int64) * C + cols, scale, mask=cols < C)
     store_block(q_ptr, to_e4m3(x, scale[None, :]), block, col0, C, W, BN)
 
 
@@ -74,7 +78,7 @@ def group_tile(x_ptr, q_ptr, scale_ptr, g, G, start, end, first_block, col0, C, 
         amax = tl.maximum(amax, tl.abs(x))
     scale = scale_of(tl.max(amax, axis=0))
     cols = col0 + tl.arange(0, BN)
-    tl.store(scale_ptr + cols.to(tl.int64) * G + g, scale, mask=cols < C)
+    tl.store(scale_ptr + g.to(tl.int64) * C + cols, scale, mask=cols < C)
     for j in range(0, blocks):
         x = load_block(x_ptr, start, end, j, col0, C, ldx, BN, "evict_first")
         store_block(q_ptr, to_e4m3(x, scale[None, :]), first_block + j, col0, C, W, BN)

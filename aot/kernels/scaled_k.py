@@ -9,13 +9,13 @@ b_g = s_g // 128 + g on, zero-padded to a whole block, so no block holds two
 groups' rows and every K step is one whole block (no masking: the padding
 contributes zeros).
 
-ROWWISE    out[g] = (a_g @ b_g^T) * scale_a[m, g] * scale_b[n, g]
-           scale_a [M, G], scale_b [N, G]: one scale per row per group; each
+ROWWISE    out[g] = (a_g @ b_g^T) * scale_a[g, m] * scale_b[g, n]
+           scale_a [G, M], scale_b [G, N]: one scale per row per group; each
            128-deep step's product is added to the float32 accumulator by the
            CUDA cores (max_num_imprecise_acc).
 BLOCKWISE  out[g] = sum over the group's blocks j of
-           (a_j @ b_j^T) * scale_a[m, b_g + j] * scale_b[n, b_g + j]
-           scale_a [M, W / 128], scale_b [N, W / 128] (1x128 along T, the
+           (a_j @ b_j^T) * scale_a[b_g + j, m] * scale_b[b_g + j, n]
+           scale_a [W / 128, M], scale_b [W / 128, N] (1x128 along T, the
            DeepSeek-V3 recipe's weight gradient).
 """
 import triton
@@ -59,18 +59,18 @@ def scaled_ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
         cols = off_n + tl.arange(0, BN)
         if SCALING == ROWWISE:
             acc = rowwise_tile(a_desc, b_desc, off_m, off_n, first, steps, BM, BN, BK)
-            scale_a = tl.load(scale_a_ptr + rows.to(tl.int64) * G + g, mask=rows < M, other=0.0)
-            scale_b = tl.load(scale_b_ptr + cols.to(tl.int64) * G + g, mask=cols < N, other=0.0)
+            scale_a = tl.load(scale_a_ptr + g.to(tl.int64) * M + rows, mask=rows < M, other=0.0)
+            scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=cols < N, other=0.0)
             acc = acc * scale_a[:, None] * scale_b[None, :]
         else:
-            a_scales = scale_a_ptr + rows.to(tl.int64) * blocks
-            b_scales = scale_b_ptr + cols.to(tl.int64) * blocks
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for block in range(first, first + steps):
                 a = a_desc.load([off_m, block * BK])
                 b = b_desc.load([off_n, block * BK])
-                scale_a = tl.load(a_scales + block, mask=rows < M, other=0.0)
-                scale_b = tl.load(b_scales + block, mask=cols < N, other=0.0)
+                scale_a = tl.load(scale_a_ptr + block.to(tl.int64) * M + rows, mask=rows < M,
+                                  other=0.0)
+                scale_b = tl.load(scale_b_ptr + block.to(tl.int64) * N + cols, mask=cols < N,
+                                  other=0.0)
                 acc += tl.dot(a, b.T) * scale_a[:, None] * scale_b[None, :]
         c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
 

@@ -1,8 +1,8 @@
 // gg_runtime::quantize_fp8_columns: x [T, C] float16 / bfloat16 / float32 ->
 // q [C, W] float8_e4m3fn quantised along T within each group of rows (offs),
 // K-major, each group's 128-row blocks starting at a 128-column boundary,
-// and float32 scales per column of a group ("rowwise", [C, G]) or of a
-// 128-row block of it ("1x128", [C, T / 128 + G]): the operands of the fp8
+// and float32 scales per column of a group ("rowwise", [G, C]) or of a
+// 128-row block of it ("1x128", [T / 128 + G, C]): the operands of the fp8
 // weight gradient (aot/kernels/quantize_columns.py says the layout).  Checks,
 // outputs, one launch.  Meta tensors run the same code without the launch.
 #include <family_args.h>
@@ -64,7 +64,7 @@ std::tuple<Tensor, Tensor> quantize_fp8_columns(Tensor x, Tensor offs,
   const int64_t rows = x.size(0), cols = x.size(1), groups = offs.size(0);
   const int64_t blocks = column_blocks(rows, groups);
   Tensor q = new_output(x, {cols, blocks * kBlock}, kFp8);
-  Tensor scale = new_output(x, {cols, granularity == Granularity::kRowwise ? groups : blocks},
+  Tensor scale = new_output(x, {granularity == Granularity::kRowwise ? groups : blocks, cols},
                             ScalarType::Float);
   // No group, or no column: nothing the layout specifies.
   if (groups > 0 && cols > 0 && !shapes_only(q)) launch_quantize(granularity, x, offs, q, scale);

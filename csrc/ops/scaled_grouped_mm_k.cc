@@ -48,11 +48,14 @@ Scaling check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Ten
     value_error("b's rows (the output's columns) must be a multiple of ", kAlign, ", got ",
                 b.size(0));
   }
-  const int64_t per_row = scaling == Scaling::kRowwise ? groups : width / kBlock;
+  // Scales are stored group by group or block by block (a row each).
+  const int64_t scale_rows = scaling == Scaling::kRowwise ? groups : width / kBlock;
   const char* why =
-      scaling == Scaling::kRowwise ? "one per row per group" : "one per row per 128-wide block";
-  check_companion(scale_a, "scale_a", {a.size(0), per_row}, ScalarType::Float, a, "float32", why);
-  check_companion(scale_b, "scale_b", {b.size(0), per_row}, ScalarType::Float, a, "float32", why);
+      scaling == Scaling::kRowwise ? "one per group per row" : "one per 128-wide block per row";
+  check_companion(scale_a, "scale_a", {scale_rows, a.size(0)}, ScalarType::Float, a, "float32",
+                  why);
+  check_companion(scale_b, "scale_b", {scale_rows, b.size(0)}, ScalarType::Float, a, "float32",
+                  why);
   if (!stores(Family::kOutDTypes, out_dtype)) {
     type_error("out_dtype must be ", dtype_list(Family::kOutDTypes, "torch."), ", got ",
                dtype_name(out_dtype));

@@ -68,23 +68,23 @@ def column_blocks(offs: torch.Tensor, rows: int) -> list:
 def quantize_columns_ref(x: torch.Tensor, offs: torch.Tensor, granularity: str):
     """quantize_fp8_columns' (q, scale) in float32 torch: each group's rows of
     x [T, C], transposed, quantised by quantize_ref, 'rowwise' (a scale per
-    column of the group: [C, G]) or '1x128' (per 128 of its rows:
-    [C, T // 128 + G]).  q [C, 128 * (T // 128 + G)] holds a group's columns
+    column of the group: [G, C]) or '1x128' (per 128 of its rows:
+    [T // 128 + G, C]).  q [C, 128 * (T // 128 + G)] holds a group's columns
     from its first block's on, its last block padded with zeros; columns and
     scales in no group's blocks are zero here (the operator leaves them
     unwritten)."""
     rows, cols = x.shape
     blocks = rows // FP8_BLOCK + len(offs)
     q = torch.zeros(cols, blocks * FP8_BLOCK, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = x.new_zeros(cols, len(offs) if granularity == "rowwise" else blocks,
+    scale = x.new_zeros(len(offs) if granularity == "rowwise" else blocks, cols,
                         dtype=torch.float32)
     for g, (start, end, first) in enumerate(column_blocks(offs, rows)):
         group_q, group_scale = quantize_ref(x[start:end].t(), granularity)
         q[:, first * FP8_BLOCK:first * FP8_BLOCK + end - start] = group_q
         if granularity == "rowwise":
-            scale[:, g] = group_scale
+            scale[g] = group_scale
         else:
-            scale[:, first:first + group_scale.shape[1]] = group_scale
+            scale[first:first + group_scale.shape[1]] = group_scale.t()
     return q, scale
 
 

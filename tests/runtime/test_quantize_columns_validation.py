@@ -17,9 +17,9 @@ def offsets(groups: int, device="cuda") -> torch.Tensor:
 
 
 def expected_shapes(rows: int, cols: int, groups: int, granularity: str) -> tuple:
-    """q [C, 128 * (T // 128 + G)] and scale [C, G] (rowwise) or [C, T // 128 + G]."""
+    """q [C, 128 * (T // 128 + G)] and scale [G, C] (rowwise) or [T // 128 + G, C]."""
     blocks = rows // 128 + groups
-    return (cols, 128 * blocks), (cols, groups if granularity == "rowwise" else blocks)
+    return (cols, 128 * blocks), (groups if granularity == "rowwise" else blocks, cols)
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
@@ -44,7 +44,7 @@ def test_shapes(fake, granularity, dtype, make_x, groups):
 
 def test_granularity_defaults_to_1x128(fake):
     q, scale = torch.ops.gg_runtime.quantize_fp8_columns(cuda(300, 32), offsets(4))
-    assert q.shape == (32, 128 * 6) and scale.shape == (32, 6)
+    assert q.shape == (32, 128 * 6) and scale.shape == (6, 32)
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
