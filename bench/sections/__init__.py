@@ -11,5 +11,5 @@ from __future__ import annotations
 import importlib
 
 NAMES = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
-         "fp8_experts", "vllm_fp8", "model", "proxy", "host")
+         "fp8_experts", "vllm_fp8", "fp8_training", "model", "proxy", "host")
 SECTIONS = {name: importlib.import_module(f"{__name__}.{name}") for name in NAMES}

@@ -142,6 +142,13 @@ DATA = {
              ]},
         ],
     },
+    "fp8_training": {"workloads": [
+        {"name": "mixtral_down", "shape": [16384, 8, 14336, 4096],
+         "runs": {"bf16_fwd": timed(700.0), "rowwise_fwd": timed(800.0),
+                  "blockwise_fwd": timed(760.0), "bf16_step": timed(650.0),
+                  "rowwise_step": timed(600.0), "blockwise_step": FAILED},
+         "rowwise_fwd_vs_bf16": 1.14, "blockwise_fwd_vs_bf16": 1.09,
+         "rowwise_step_vs_bf16": 0.92, "blockwise_step_vs_bf16": None}]},
     "model": {"model": {"dim": 2048, "hidden": 1024, "experts": 32, "top_k": 2, "layers": 2},
               "forward": [{"tokens": 2048, "ms": {"gg_runtime": 1.5, "torch": 1.6},
                            "vs_torch": 1.07}]},
