@@ -4,16 +4,18 @@ b_g^T, from a [M, W] and b [N, W] quantized along T within each group
 block (aot/kernels/scaled_k.py).  sm90 TMA only, as every fp8 GEMM here."""
 from ..family import EVERY, Axis, Config, Family, Param, Where
 from ..kernels.scaled_k import scaled_ragged_k_kernel
+from ..kernels.scaled_k_ws import scaled_ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
 from .scaled_ragged_m import SCALING
 
 FAMILY = Family(
     name="scaled_ragged_k",
     kernel=scaled_ragged_k_kernel,
+    ws_kernel=scaled_ragged_k_ws_kernel,
     params=POINTERS + (
         Param("scale_a_ptr", "*fp32", "scale"),
         Param("scale_b_ptr", "*fp32", "scale"),
-        Param("M", "i32", "extent"),
+        Param("M", "i32", "extent", aligned=True),
         Param("N", "i32", "extent", aligned=True),
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),
         Param("G", "i32", "count"),
@@ -30,7 +32,8 @@ FAMILY = Family(
     # training-grouped-mm.md): blockwise holds each block's product beside
     # the accumulator, which leaves it no room for 256 rows.
     configs={(90, "tma", Where(scaling="rowwise")): (Config(256, 128, 128, 8, 3),),
-             (90, "tma", Where(scaling="blockwise")): (Config(128, 256, 128, 8, 3),)},
+             (90, "tma", Where(scaling="blockwise")): (Config(128, 256, 128, 8, 3, max_rows=16),
+                                                      Config(128, 128, 128, 4, 4, ws=True))},
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",
 )

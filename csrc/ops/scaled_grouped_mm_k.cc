@@ -44,9 +44,9 @@ Scaling check(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Ten
   const int64_t width = padded_blocks(rows, groups) * kBlock;
   check_width(a, "a", width);
   check_width(b, "b", width);
-  if (b.size(0) % kAlign) {
-    value_error("b's rows (the output's columns) must be a multiple of ", kAlign, ", got ",
-                b.size(0));
+  if (a.size(0) % kAlign || b.size(0) % kAlign) {
+    value_error("a's and b's rows (the output's rows and columns) must be multiples of ", kAlign,
+                ", got ", a.size(0), " and ", b.size(0));
   }
   // Scales are stored group by group or block by block (a row each).
   const int64_t scale_rows = scaling == Scaling::kRowwise ? groups : width / kBlock;
