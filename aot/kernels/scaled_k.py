@@ -17,12 +17,16 @@ BLOCKWISE  out[g] = sum over the group's blocks j of
            (a_j @ b_j^T) * scale_a[b_g + j, m] * scale_b[b_g + j, n]
            scale_a [W / 128, M], scale_b [W / 128, N] (1x128 along T, the
            DeepSeek-V3 recipe's weight gradient).
+
+This Triton kernel runs ROWWISE; BLOCKWISE runs the warp-specialised
+kernel (scaled_k_ws.py), whose partitions take turns at the CUDA cores'
+per-block work that here waits for every block's MMA.
 """
 import triton
 import triton.language as tl
 
 from .ragged import group_row_range
-from .scaled import BLOCKWISE, ROWWISE, SCALE_BLOCK
+from .scaled import ROWWISE, SCALE_BLOCK
 
 
 @triton.jit
@@ -31,17 +35,16 @@ def scaled_ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
                            BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                            PRECISION: tl.constexpr):
     """c [G, M, N] (rows ldc apart, groups M * ldc apart) as the module
-    docstring says.  Persistent: program p takes tiles p, p + P, ... of the
-    G * cdiv(M, BM) * cdiv(N, BN) tiles, group by group; a group with no rows
-    stores zeros.  PRECISION (a 16-bit GEMM constexpr) is unused."""
+    docstring says, ROWWISE.  Persistent: program p takes tiles p, p + P, ...
+    of the G * cdiv(M, BM) * cdiv(N, BN) tiles, group by group; a group with
+    no rows stores zeros.  PRECISION (a 16-bit GEMM constexpr) is unused."""
     tl.static_assert(USE_TMA, "scaled_ragged_k reads its operands by TMA")
     tl.static_assert(BK == SCALE_BLOCK, "one K step a 128-wide block")
-    tl.static_assert((SCALING == ROWWISE) | (SCALING == BLOCKWISE),
-                     "SCALING is ROWWISE or BLOCKWISE")
-    blocks = T // SCALE_BLOCK + G
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, blocks * BK], strides=[blocks * BK, 1],
+    tl.static_assert(SCALING == ROWWISE, "BLOCKWISE runs the warp-specialised kernel")
+    width = (T // SCALE_BLOCK + G) * BK
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, width], strides=[width, 1],
                                        block_shape=[BM, BK])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, blocks * BK], strides=[blocks * BK, 1],
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, width], strides=[width, 1],
                                        block_shape=[BN, BK])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                        block_shape=[1, BM, BN])
@@ -54,35 +57,14 @@ def scaled_ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
         off_n = (in_group // m_tiles) * BN
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
         first = start // SCALE_BLOCK + g
-        steps = tl.cdiv(end - start, SCALE_BLOCK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for block in range(first, first + tl.cdiv(end - start, SCALE_BLOCK)):
+            a = a_desc.load([off_m, block * BK])
+            b = b_desc.load([off_n, block * BK])
+            acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=BK)
         rows = off_m + tl.arange(0, BM)
         cols = off_n + tl.arange(0, BN)
-        if SCALING == ROWWISE:
-            acc = rowwise_tile(a_desc, b_desc, off_m, off_n, first, steps, BM, BN, BK)
-            scale_a = tl.load(scale_a_ptr + g.to(tl.int64) * M + rows, mask=rows < M, other=0.0)
-            scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=cols < N, other=0.0)
-            acc = acc * scale_a[:, None] * scale_b[None, :]
-        else:
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for block in range(first, first + steps):
-                a = a_desc.load([off_m, block * BK])
-                b = b_desc.load([off_n, block * BK])
-                scale_a = tl.load(scale_a_ptr + block.to(tl.int64) * M + rows, mask=rows < M,
-                                  other=0.0)
-                scale_b = tl.load(scale_b_ptr + block.to(tl.int64) * N + cols, mask=cols < N,
-                                  other=0.0)
-                acc += tl.dot(a, b.T) * scale_a[:, None] * scale_b[None, :]
+        scale_a = tl.load(scale_a_ptr + g.to(tl.int64) * M + rows, mask=rows < M, other=0.0)
+        scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=cols < N, other=0.0)
+        acc = acc * scale_a[:, None] * scale_b[None, :]
         c_desc.store([g, off_m, off_n], acc.to(c_desc.dtype).reshape(1, BM, BN))
-
-
-@triton.jit
-def rowwise_tile(a_desc, b_desc, off_m, off_n, first, steps, BM: tl.constexpr,
-                 BN: tl.constexpr, BK: tl.constexpr):
-    """The unscaled [BM, BN] sum over blocks first .. first + steps, each
-    step's product promoted into the float32 accumulator."""
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for block in range(first, first + steps):
-        a = a_desc.load([off_m, block * BK])
-        b = b_desc.load([off_n, block * BK])
-        acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=BK)
-    return acc
