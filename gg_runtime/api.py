@@ -307,8 +307,10 @@ def quantize_fp8(x: torch.Tensor,
 
     Args:
         x: `[T, K]` (activations) or `[G, N, K]` (weights, quantised group by
-            group), float16, bfloat16 or float32 on a CUDA device, any strides
-            (a last dimension without unit stride is copied first).
+            group), float16, bfloat16 or float32 on a CUDA device, any strides:
+            read in place where its last dimension or (a transposed view such
+            as `w.transpose(1, 2)`) its second-to-last has unit stride, else
+            copied first.
         granularity: what one scale covers, which gives its shape:
             `"rowwise"`, a row: `[T]` or `[G, N]`;
             `"1x128"`, 128 columns of a row: `[T, ceil(K/128)]` or

@@ -1,9 +1,11 @@
 """quantize_fp8: x [R, C] (float16, bfloat16, float32) -> q [R, C] float8_e4m3fn
 and float32 scales, one per row, per 1x128 or per 128x128 block
 (aot/kernels/quantize.py): the inputs of scaled_ragged_m in one call each.
-sm90 only, as the fp8 GEMMs; `aligned` (16-byte vectors) wherever x's base,
-row stride and C allow it, else `basic`."""
-from ..family import EVERY, Axis, Choice, Config, Family, Param, Where
+x row-major, or column-major (a transposed view, as a weight's
+w.transpose(1, 2)) read in place.  sm90 only, as the fp8 GEMMs; `aligned`
+(16-byte vectors) wherever x's base, strides and sizes allow it, else
+`basic`."""
+from ..family import EVERY, MAJOR, Axis, Choice, Config, Family, Param, Where
 from ..kernels.quantize import quantize_fp8_kernel
 
 # Memory-bound: what counts is the bytes in flight per SM, programs an SM x
@@ -19,7 +21,7 @@ from ..kernels.quantize import quantize_fp8_kernel
 # What one scale covers (aot/kernels/quantize.py): a row, 128 columns of a
 # row, a 128 x 128 block; the kernel's MODE is the value's index.
 GRANULARITY = Choice("Granularity", ("rowwise", "1x128", "128x128"))
-ONE_BLOCK_ONLY = Where(granularity="128x128")
+ONE_BLOCK_ONLY = Where(granularity="128x128", x_major="row")
 
 ALIGNED = (
     Config(8, 512, 16, 8, 1, max_rows=512),
@@ -28,6 +30,21 @@ ALIGNED = (
 )
 BASIC = (Config(2, 1024, 16, 8, 1),)
 ONE_BLOCK = (Config(128, 128, 16, 8, 1),)
+# A column-major x is loaded along its rows, each column's BM rows one
+# contiguous run, and converted (in shared memory) to store q along its rows,
+# which costs registers: ptxas gives an aligned 1x128 tile of 64 x 128 119
+# (2 programs an SM), and a 128 x 128 block 153 at 8 warps, 113 at 16.  A
+# rowwise tile, read twice, is 16 rows (32 bytes of 16-bit x a column: one
+# sector) by 256 columns a step (`basic`: half), 4096 elements as the aligned
+# row configs load.
+COLUMN_MAJOR = {  # (flavour, granularity) -> configs
+    ("aligned", "rowwise"): (Config(16, 256, 16, 8, 1),),
+    ("aligned", "1x128"): (Config(64, 128, 16, 8, 1),),
+    ("aligned", "128x128"): (Config(128, 128, 16, 16, 1),),
+    ("basic", "rowwise"): (Config(16, 128, 16, 8, 1),),
+    ("basic", "1x128"): (Config(32, 128, 16, 8, 1),),
+    ("basic", "128x128"): (Config(128, 128, 16, 16, 1),),
+}
 
 FAMILY = Family(
     name="quantize_fp8",
@@ -40,20 +57,32 @@ FAMILY = Family(
         Param("C", "i32", "extent", aligned=True),
         Param("group_rows", "i32", "extent"),  # 128x128 blocks start afresh every group_rows rows
         Param("ldx", "i64", "stride", aligned=True),
+        # A column-major x's: elements from a group's first to the next's, and
+        # the rows of a group, the extent its 16-byte vectors run along (0
+        # for a row-major x, which reads neither).  group_rows cannot carry
+        # that rule: `aligned` marks hold for every variant, and a row-major
+        # x's group_rows is any value.
+        Param("group_stride", "i64", "stride", aligned=True),
+        Param("contiguous_rows", "i32", "extent", aligned=True),
     ),
-    axes=(Axis("granularity", GRANULARITY),),
-    # aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128.
-    constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"])},
+    axes=(Axis("granularity", GRANULARITY), Axis("x_major", MAJOR)),
+    # aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128; X_T: column-major.
+    constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"]),
+                          "X_T": v["x_major"] == "column"},
     aligned=EVERY,
     dtypes=("float16", "bfloat16", "float32"),
     out_dtypes=("float8_e4m3fn",),
     archs=(90,),
     configs={(90, "aligned"): ALIGNED, (90, "basic"): BASIC,
-             (90, "aligned", ONE_BLOCK_ONLY): ONE_BLOCK, (90, "basic", ONE_BLOCK_ONLY): ONE_BLOCK},
+             (90, "aligned", ONE_BLOCK_ONLY): ONE_BLOCK, (90, "basic", ONE_BLOCK_ONLY): ONE_BLOCK,
+             **{(90, flavour, Where(x_major="column", granularity=granularity)): configs
+                for (flavour, granularity), configs in COLUMN_MAJOR.items()}},
     # Each granularity tiles differently (BM rows; BM x BN; 128 x 128 blocks
-    # restarting at each group): the grid is sized for the most tiles of any
-    # (programs past their own count exit at once).
-    tiles="max(cdiv(R, BM) * cdiv(C, BN), "
-          "R // max(group_rows, 1) * cdiv(group_rows, 128) * cdiv(C, 128))",
+    # restarting at each group; column-major x: BM x BN tiles restarting at
+    # each group, the term that is 0 for a row-major x): the grid is sized for
+    # the most tiles of any (programs past their own count exit at once).
+    tiles="max(max(cdiv(R, BM) * cdiv(C, BN), "
+          "R // max(group_rows, 1) * cdiv(group_rows, 128) * cdiv(C, 128)), "
+          "R // max(contiguous_rows, 1) * cdiv(contiguous_rows, BM) * cdiv(C, BN))",
     rows="C",  # the bucket key is the row length (see ALIGNED)
 )

@@ -1,6 +1,5 @@
-"""fp8 (e4m3) quantisation: x [R, C] (row stride ldx, unit column stride) ->
-q [R, C] float8_e4m3fn, contiguous, and float32 scales with x ~ q * scale
-(torch._scaled_grouped_mm's convention):
+"""fp8 (e4m3) quantisation: x [R, C] -> q [R, C] float8_e4m3fn, contiguous,
+and float32 scales with x ~ q * scale (torch._scaled_grouped_mm's convention):
 
     scale = max(amax(|x| over the elements it covers), 1e-12) / 448
     q     = x / scale, clamped to [-448, 448], rounded to nearest even
@@ -16,8 +15,23 @@ BLOCK_128X128  128 x 128             scale [R // group_rows * cdiv(group_rows, 1
                R is made of groups of group_rows rows (weights [G, N, K] as
                [G * N, K]): blocks start afresh at every group.
 
+x is read as stored, X_T saying how:
+
+row-major      element (r, c) at x_ptr + r * ldx + c: rows of unit stride,
+               groups stacked (the runtime copies x where they are not)
+column-major   (X_T) element (r, c) of group g, whose rows are
+               g * N .. g * N + N (N = contiguous_rows), at
+               x_ptr + g * group_stride + c * ldx + r - g * N: a transposed
+               view of row-major [G, C, N] (a weight's w.transpose(1, 2)),
+               read in place.  Tiles are loaded along the rows and q stored
+               along its columns (Triton converts the tile between the two,
+               in shared memory); each group's rows are tiled afresh, as the
+               address jumps between groups.
+
 Memory-bound: every tile moves several KiB per load (the aligned flavour's
-16-divisible x_ptr, q_ptr, C and ldx let Triton use 16-byte vectors), and q,
+16-divisible x_ptr, q_ptr, C, ldx, group_stride and contiguous_rows let
+Triton use 16-byte vectors along x's rows or columns, whichever are
+contiguous, and along q's rows), and q,
 written once and never read here, is stored streaming (.cs) so that it does
 not evict input lines a rowwise tile reads again.
 """
@@ -129,20 +143,104 @@ def block_128x128_tile(x_ptr, q_ptr, scale_ptr, tile, C, ldx, group_rows):
 
 
 @triton.jit
-def quantize_fp8_kernel(x_ptr, q_ptr, scale_ptr, R, C, group_rows, ldx,
-                        MODE: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                        PRECISION: tl.constexpr):
+def column_rows(row_tile, N, group_stride, BM: tl.constexpr):
+    """Row tile `row_tile` of a column-major x, cdiv(N, BM) tiles a group:
+    the element offset of its group's first element, its rows within the
+    group ([BM], int32: where they are contiguous) and among R ([BM], int64)."""
+    per_group = tl.cdiv(N, BM)
+    group = (row_tile // per_group).to(tl.int64)
+    local = (row_tile % per_group) * BM + tl.arange(0, BM)
+    return group * group_stride, local, group * N + local
+
+
+@triton.jit
+def column_rowwise_tile(x_ptr, q_ptr, scale_ptr, row_tile, C, N, ldx, group_stride,
+                        BM: tl.constexpr, BN: tl.constexpr):
+    """rowwise_tile for a column-major x: BM rows of one group, BN columns
+    at a time, an amax pass then a quantising pass, each column's BM rows
+    one contiguous run."""
+    group_start, local, rows = column_rows(row_tile, N, group_stride, BM)
+    in_rows = local[:, None] < N
+    x_rows = x_ptr + group_start + local[:, None]
+    q_rows = q_ptr + rows[:, None] * C
+    cols = tl.arange(0, BN)
+    x_tile = x_rows + cols.to(tl.int64)[None, :] * ldx
+    amax = tl.zeros((BM, BN), dtype=tl.float32)
+    for c0 in range(0, C, BN):
+        mask = in_rows & (c0 + cols[None, :] < C)
+        x = tl.load(x_tile + c0 * ldx, mask=mask, other=0.0, eviction_policy="evict_last")
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = scale_of(tl.max(amax, axis=1))
+    tl.store(scale_ptr + rows, scale, mask=local < N)
+    for c0 in range(0, C, BN):
+        mask = in_rows & (c0 + cols[None, :] < C)
+        x = tl.load(x_tile + c0 * ldx, mask=mask, other=0.0, eviction_policy="evict_first")
+        tl.store(q_rows + c0 + cols[None, :], to_e4m3(x.to(tl.float32), scale[:, None]),
+                 mask=mask, cache_modifier=".cs")
+
+
+@triton.jit
+def column_block_tile(x_ptr, q_ptr, scale_ptr, tile, C, N, ldx, group_stride,
+                      MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """A BM x 128 tile of a column-major x (tiles numbered row tile by row
+    tile, columns fastest), read once: BLOCK_1X128, BM one-row blocks;
+    BLOCK_128X128 (BM = 128), one block, its scale at the tile's number as
+    block_128x128_tile's."""
+    col_blocks = tl.cdiv(C, BLOCK)
+    col_block = tile % col_blocks
+    group_start, local, rows = column_rows(tile // col_blocks, N, group_stride, BM)
+    cols = col_block * BLOCK + tl.arange(0, BLOCK)
+    mask = (local[:, None] < N) & (cols[None, :] < C)
+    x = tl.load(x_ptr + group_start + cols.to(tl.int64)[None, :] * ldx + local[:, None],
+                mask=mask, other=0.0).to(tl.float32)
+    if MODE == BLOCK_1X128:
+        q = quantize_blocks(x, scale_ptr, rows, local < N, col_block, col_blocks)
+    else:
+        scale = scale_of(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+        tl.store(scale_ptr + tile, scale)
+        q = to_e4m3(x, scale)
+    tl.store(q_ptr + rows[:, None] * C + cols[None, :], q, mask=mask, cache_modifier=".cs")
+
+
+@triton.jit
+def quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, R, C, N, ldx, group_stride,
+                          MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """quantize_fp8_kernel's X_T tiling: each group's N rows in tiles of BM
+    rows (ROWWISE: BN columns at a time; else by 128 columns, BN = 128)."""
+    row_tiles = R // N * tl.cdiv(N, BM)
+    if MODE == ROWWISE:
+        for row_tile in range(pid, row_tiles, programs):
+            column_rowwise_tile(x_ptr, q_ptr, scale_ptr, row_tile, C, N, ldx, group_stride,
+                                BM, BN)
+    else:
+        tl.static_assert(BN == BLOCK, "a column-major tile's columns are one 128-column block")
+        tl.static_assert((MODE != BLOCK_128X128) | (BM == BLOCK), "a 128x128 tile is one block")
+        for tile in range(pid, row_tiles * tl.cdiv(C, BLOCK), programs):
+            column_block_tile(x_ptr, q_ptr, scale_ptr, tile, C, N, ldx, group_stride, MODE,
+                              BM, BN)
+
+
+@triton.jit
+def quantize_fp8_kernel(x_ptr, q_ptr, scale_ptr, R, C, group_rows, ldx, group_stride,
+                        contiguous_rows, MODE: tl.constexpr, X_T: tl.constexpr,
+                        USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """Persistent: program p takes tiles p, p + P, ... of its MODE's tiling
-    (BM rows; BM x BN; one 128 x 128 block, BM = BN = 128).  The runtime launches min(the family's
+    (BM rows; BM x BN; one 128 x 128 block, BM = BN = 128; X_T:
+    quantize_column_major's).  The runtime launches min(the family's
     `tiles`, one wave) programs, `tiles` being an upper bound of every MODE's
-    count: a program past its MODE's count exits at once.  BK, CHUNK and
+    count: a program past its MODE's count exits at once.  group_stride and
+    contiguous_rows are X_T's (the runtime passes 0 for a row-major x), which
+    reads no group_rows: contiguous_rows is its value there.  BK, CHUNK and
     PRECISION (GEMM constexprs every variant receives) are unused."""
     tl.static_assert(not USE_TMA, "quantize_fp8 has no TMA path")
     tl.static_assert(BN % BLOCK == 0, "a tile must hold whole 128-column blocks")
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    if MODE == ROWWISE:
+    if X_T:
+        quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, R, C, contiguous_rows, ldx,
+                              group_stride, MODE, BM, BN)
+    elif MODE == ROWWISE:
         for tile in range(pid, tl.cdiv(R, BM), programs):
             rowwise_tile(x_ptr, q_ptr, scale_ptr, tile * BM, R, C, ldx, BM, BN)
     elif MODE == BLOCK_1X128:

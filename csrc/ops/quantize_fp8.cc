@@ -50,30 +50,42 @@ Shape scale_shape(Granularity granularity, Shape shape) {
   return shape;
 }
 
-// x as [R, C] with unit inner stride, groups stacked, and its row stride;
-// copies only where no such view exists.
-Matrix rows_of(const Tensor& x_in) {
-  const Tensor x = x_in.stride(-1) != 1 && x_in.size(-1) > 1 ? contiguous_copy(x_in) : x_in;
+// Row-major x as [R, C], groups stacked (copied where they are not), and its
+// row stride.
+Matrix stacked_rows(const Tensor& x) {
   const int64_t cols = x.size(-1);
-  // A copy where 3-D groups are not stacked rows.
   const Tensor flat = torch::stable::reshape(x, {x.numel() / cols, cols});
   // A single row's stride is arbitrary: C keeps the aligned flavour's rule.
   return {flat, family::Major::kRow, flat.size(0) > 1 ? flat.stride(0) : cols};
 }
 
+// Elements from one group of a column-major x to the next (0 where there is
+// one group, whose stride is arbitrary: 0 keeps the aligned flavour's rule).
+int64_t group_stride(const Tensor& x) { return x.dim() == 3 && x.size(0) > 1 ? x.stride(0) : 0; }
+
 void launch_quantize(Granularity granularity, const Tensor& x, const Tensor& q,
                      const Tensor& scale) {
-  const Matrix flat = rows_of(x);
-  const Family args{.x_ptr = address(flat.t),
+  // Column-major x (a transposed view, as a weight's w.transpose(1, 2)) is
+  // read in place, group by group; a copy only where neither of x's last two
+  // dimensions is contiguous.
+  const Matrix stored = matrix_of(x);
+  const bool by_columns = stored.major == family::Major::kColumn;
+  const Matrix read = by_columns ? stored : stacked_rows(stored.t);
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  const Family args{.x_ptr = address(read.t),
                     .q_ptr = address(q),
                     .scale_ptr = address(scale),
-                    .R = flat.t.size(0),
-                    .C = flat.t.size(1),
-                    .group_rows = x.size(-2),
-                    .ldx = flat.ld};
+                    .R = x.numel() / cols,
+                    .C = cols,
+                    .group_rows = rows,
+                    .ldx = read.ld,
+                    .group_stride = by_columns ? group_stride(x) : 0,
+                    .contiguous_rows = by_columns ? rows : 0};
   // The input's own dtype code (tf32=false): TF32 has no meaning here.
-  sm90_only(
-      [&] { launch(args, {.granularity = granularity}, target_of(x, kFp8, /*tf32=*/false)); });
+  sm90_only([&] {
+    launch(args, {.granularity = granularity, .x_major = stored.major},
+           target_of(x, kFp8, /*tf32=*/false));
+  });
 }
 
 }  // namespace

@@ -1,14 +1,15 @@
 """quantize_fp8 on the GPU against gg_runtime.testing.quantize_ref (float32
 torch on the GPU), exactly: every granularity and dtype, every variant forced by key,
 shapes that are multiples of no tile, zero rows and blocks, magnitudes from
-subnormal to huge, strided, unaligned and transposed inputs, 3-D weights,
-empty inputs; outputs poisoned."""
+subnormal to huge, strided, unaligned and transposed inputs (column-major:
+read in place), 3-D weights and their transposed views, empty inputs;
+outputs poisoned."""
 import pytest
 import torch
 
 from gg_runtime import _C
 from gg_runtime import quantize_fp8
-from gg_runtime.testing import forced, last_variant, quantize_ref, randn, tf32_allowed
+from gg_runtime.testing import forced, last_variant, operand, quantize_ref, randn, tf32_allowed
 
 from conftest import device_arch
 
@@ -26,6 +27,12 @@ def floor_scale() -> torch.Tensor:
     return torch.tensor(1e-12, device="cuda") / 448
 
 
+def column_major(x):
+    """x's values stored column-major: a transposed view of a row-major copy
+    of its transpose."""
+    return x.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
 def check(x, granularity) -> str:
     """quantize_fp8(x) is the reference exactly: the kernel computes amax / 448
     as torch does on CUDA (times float32 1 / 448) and rounds x / scale as
@@ -41,13 +48,17 @@ def check(x, granularity) -> str:
 
 
 def run_variant(v, dtype, out_dtype):
-    """One variant (forced by the caller) on 3-D input whose sizes are
-    multiples of no tile (C a multiple of 16 for `aligned`), rowwise spanning
+    """One variant (forced by the caller) on 3-D input stored as its x_major
+    says, whose sizes are multiples of no tile (for `aligned`, the contiguous
+    ones multiples of 16: C, and a column-major x's rows), rowwise spanning
     several column steps, 128x128 blocks restarting at each group.  Returns
     [(q, reference q)]; the scales are checked here.  test_gpu_variants.py's
     runner for this family."""
-    cols = 4368 if v["flavour"] == "aligned" else 4363
-    x = randn(3, 150, cols, dtype=dtype)
+    aligned = v["flavour"] == "aligned"
+    row_major = v["axes"]["x_major"] == "row"
+    rows = 150 if row_major or not aligned else 160
+    cols = 4368 if aligned else 4363
+    x = operand((3, rows, cols), row_major=row_major, strided=False, dtype=dtype)
     granularity = v["axes"]["granularity"]
     q, scale = quantize_fp8(x, granularity)
     ref_q, ref_scale = quantize_ref(x, granularity)
@@ -93,6 +104,7 @@ def test_zero_rows_and_blocks(granularity):
     x[5] = 0
     x[128:256, 128:256] = 0
     check(x, granularity)
+    check(column_major(x), granularity)
     q, scale = quantize_fp8(torch.zeros(130, 300, dtype=torch.bfloat16, device="cuda"),
                             granularity)
     assert q.float().eq(0).all() and scale.eq(floor_scale()).all()
@@ -105,7 +117,9 @@ def test_magnitudes(granularity, dtype, low, high):
     """Rows from subnormal to near the dtype's largest: the quotient is
     correctly rounded (or too small for e4m3) at every magnitude."""
     magnitudes = torch.logspace(low, high, 256, device="cuda")[:, None]
-    check((torch.randn(256, 384, device="cuda") * magnitudes).to(dtype), granularity)
+    x = (torch.randn(256, 384, device="cuda") * magnitudes).to(dtype)
+    check(x, granularity)
+    check(column_major(x), granularity)
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
@@ -114,8 +128,11 @@ def test_strided_unaligned_and_transposed(granularity):
     assert ".aligned." in check(wide[:, :1024], granularity)  # ldx 1072 > C
     assert ".basic." in check(wide[:, 1:1025], granularity)  # base 2 bytes past alignment
     assert ".basic." in check(randn(130, 1030, dtype=torch.bfloat16)[:, :1024], granularity)
-    check(randn(1024, 130, dtype=torch.bfloat16).t(), granularity)  # copied to row-major
+    assert "-column.aligned." in check(randn(1024, 128, dtype=torch.bfloat16).t(), granularity)
+    assert "-column.basic." in check(randn(1024, 130, dtype=torch.bfloat16).t(), granularity)
     check(randn(1, 2048 + 16, dtype=torch.bfloat16)[:, 16:], granularity)  # one row
+    # Neither of the last two dimensions contiguous: copied to row-major.
+    assert "-row." in check(randn(260, 2048, dtype=torch.bfloat16)[::2, ::2], granularity)
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
@@ -125,6 +142,37 @@ def test_weights(granularity, dtype):
     check(randn(2, 256, 384, dtype=dtype), granularity)
     check(randn(3, 256, 336, dtype=dtype)[:, :200], granularity)  # groups not stacked: copied
     check(randn(4, 1, 272, dtype=dtype), granularity)
+
+
+# (rows, cols) of column-major x and the flavour it takes: basic, rows and C
+# multiples of no tile (a few rows: less than one rowwise tile); aligned, both
+# multiples of 16 (and so x's strides), of no tile either.
+TRANSPOSED_SHAPES = [(200, 333, "basic"), (208, 336, "aligned"), (3, 130, "basic")]
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, cols, flavour", TRANSPOSED_SHAPES)
+def test_transposed(granularity, dtype, rows, cols, flavour):
+    """x.t() of a row-major [C, R]: read in place, no copy."""
+    x = randn(cols, rows, dtype=dtype).t()
+    assert f"-column.{flavour}." in check(x, granularity)
+    wide = randn(cols, rows + 16, dtype=dtype)[:, :rows].t()  # ldx R + 16 > R
+    assert f"-column.{flavour}." in check(wide, granularity)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, cols, flavour", TRANSPOSED_SHAPES)
+@pytest.mark.parametrize("groups", [1, 5])
+def test_transposed_weights(granularity, dtype, rows, cols, flavour, groups):
+    """w.transpose(1, 2) of a row-major [G, C, R] (fp8_grouped_mm's weights),
+    and of a [G, C, R] slice whose groups lie further apart than C * R: read
+    in place, group by group (128x128 blocks restarting at each)."""
+    w = randn(groups, cols, rows, dtype=dtype)
+    assert f"-column.{flavour}." in check(w.transpose(1, 2), granularity)
+    apart = randn(groups, cols + 16, rows, dtype=dtype)[:, :cols]
+    assert f"-column.{flavour}." in check(apart.transpose(1, 2), granularity)
 
 
 @pytest.mark.parametrize("shape, granularity, scale_shape", [

@@ -11,12 +11,21 @@ from conftest import cuda
 GRANULARITIES = ("rowwise", "1x128", "128x128")
 
 
+def strided(shape, strides, dtype):
+    """An uninitialised CUDA tensor of these strides (fake under `fake`)."""
+    return torch.empty_strided(shape, strides, dtype=dtype, device="cuda")
+
+
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_valid_inputs_pass(fake, granularity, dtype):
     quantize_fp8(cuda(10, 256, dtype=dtype), granularity)
     quantize_fp8(cuda(2, 300, 256, dtype=dtype), granularity)
-    quantize_fp8(cuda(256, 10, dtype=dtype).t(), granularity)  # copied, not refused
+    quantize_fp8(cuda(256, 10, dtype=dtype).t(), granularity)  # column-major: read in place
+    quantize_fp8(cuda(3, 256, 10, dtype=dtype).transpose(1, 2), granularity)
+    # Groups further apart than their elements; neither last dimension contiguous (copied).
+    quantize_fp8(strided((3, 10, 256), (5120, 1, 20), dtype), granularity)
+    quantize_fp8(strided((10, 256), (1024, 2), dtype), granularity)
 
 
 @pytest.mark.parametrize("make, granularity, error, message", [
