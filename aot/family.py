@@ -173,14 +173,16 @@ class Config:
         cluster = f"_c{self.ctas}" if self.ctas > 1 else ""
         return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}{ws}{cluster}"
 
-    def shared_estimate(self, dtype, out, tma: bool) -> int:
+    def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
         what configs are fitted by: TMA pipelines keep num_stages A and B tiles,
         the output tile a TMA store stages (the `ws` kernel at most
         EPILOGUE_COLS columns of it at a time) and, for tf32x3, one more A tile
         (its split into high and low parts); sm80's cp.async pipelines keep
         num_stages - 1 tiles (sm90's non-TMA kernels up to twice that: far
-        below its limit; the build refuses any variant over it).  dtype, out:
+        below its limit; the build refuses any variant over it).  ring_scales:
+        a `ws` kernel's ring also holds each stage's float32 scales of the
+        tile's rows and columns (Family.ring_scales).  dtype, out:
         aot/variants.py DTypes."""
         rows = self.BM // self.ctas  # a CTA's
         tiles = (rows + self.BN) * self.BK * dtype.bytes
@@ -188,6 +190,8 @@ class Config:
             return max(self.num_stages - 1, 1) * tiles
         split = rows * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
         out_cols = min(self.BN, EPILOGUE_COLS) if self.ws else self.BN
+        if self.ws and ring_scales:
+            tiles += (rows + self.BN) * 4
         return self.num_stages * tiles + split + rows * out_cols * out.bytes
 
 
@@ -232,6 +236,9 @@ class Family:
     # A Gluon kernel with `kernel`'s parameters, run by the `ws` configs of the
     # TMA flavour (16-bit and fp8 inputs); None: the family has none.
     ws_kernel: object = None
+    # Its ws_kernel's ring holds each K block's float32 scales of the tile's
+    # rows and columns beside the tiles (Config.shared_estimate counts them).
+    ring_scales: bool = False
     # Integer constants the family's operator needs (a scratch size, a limit),
     # emitted into its generated C++ struct (family_args.h) under these names.
     constants: dict = field(default_factory=dict)

@@ -133,10 +133,11 @@ def flavours(family: str, axes: tuple, arch: Arch) -> tuple:
     return tuple(out)
 
 
-def _fitted(config: Config, limit: int, dtype: DType, out: DType, tma: bool) -> Config:
+def _fitted(config: Config, limit: int, dtype: DType, out: DType, tma: bool,
+            ring_scales: bool) -> Config:
     """The config, with fewer stages or a shorter BK where wider elements would
     overflow `limit` bytes of shared memory (tuned tables are measured for 16-bit)."""
-    while config.shared_estimate(dtype, out, tma) > limit:
+    while config.shared_estimate(dtype, out, tma, ring_scales) > limit:
         if config.num_stages > 2:
             config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
         elif config.BK > 16:
@@ -159,13 +160,14 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
         if entries:
             configs = tuple(Config(**e) for e in entries)
     tma = flavour == "tma"
-    large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma)
+    scales = FAMILIES[family].ring_scales
+    large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma, scales)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
     if not _runs_clustered(family, flavour, dtype, axes):
         configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False) for c in configs]
-    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma) for c in configs]
+    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma, scales) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 

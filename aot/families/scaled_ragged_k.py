@@ -31,6 +31,7 @@ FAMILY = Family(
     # Rowwise: the best of five Triton tiles on an H100; blockwise: the
     # warp-specialised kernel, which ran faster than every Triton tile
     # (docs/notes/2026-11-25-fp8-grouped-mm-training.md).
+    ring_scales=True,
     configs={(90, "tma", Where(scaling="rowwise")): (Config(256, 128, 128, 8, 3),),
              (90, "tma", Where(scaling="blockwise")): (Config(128, 128, 128, 4, 4, ws=True),)},
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
