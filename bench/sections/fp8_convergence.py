@@ -16,6 +16,7 @@ import gg_runtime
 from gg_runtime.testing import moe_layer
 
 from ..markdown import fmt, table
+from ..plotting import pyplot, save
 
 TITLE = "fp8 training: convergence"
 VOCAB, DIM, EXPERTS, INTER, TOP_K, LAYERS = 2048, 1024, 8, 1024, 2, 4
@@ -117,11 +118,8 @@ def train(mm, stream) -> list:
 
 def plot(runs, entropy, path) -> bool:
     """The loss curves at `path`; False where matplotlib is not importable."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for name, losses in runs.items():
@@ -133,9 +131,7 @@ def plot(runs, entropy, path) -> bool:
     ax.set_title(f"fp8_grouped_mm vs bf16: a {LAYERS}-layer MoE LM, "
                  f"{torch.cuda.get_device_name()}")
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     return True
 
 

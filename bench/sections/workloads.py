@@ -13,6 +13,7 @@ from gg_runtime.testing import (TOLERANCE, list_inputs, moe_inputs, ref_grouped_
 
 from ..markdown import fmt, geomean, not_timed, table
 from ..measure import DTYPES, measure, ratio
+from ..plotting import pyplot, save
 
 TITLE = "Workloads: grouped GEMM against its anchors"
 ANCHORS = {"gg_runtime": "ours", "torch_grouped_mm": "torch", "cublas_loop": "loop",
@@ -125,11 +126,8 @@ def seed_available() -> bool:
 def plot(rows, path) -> bool:
     """A bar chart of each workload's TFLOP/s per anchor at `path`; False where
     matplotlib is not importable."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(14, 5))
     width = 0.16
@@ -141,9 +139,7 @@ def plot(rows, path) -> bool:
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"grouped GEMM on {torch.cuda.get_device_name()}")
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     return True
 
 
