@@ -115,6 +115,15 @@ def test_every_weight_gradient_kernel(variant):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("counts, extra_rows", [([], 5), ([0, 0], 0), ([0, 0, 0], 7)],
+                         ids=["no_groups", "no_rows", "rows_past_empty_groups"])
+def test_nothing_to_multiply(recipe, counts, extra_rows):
+    """No groups, or groups without rows: zero outputs and gradients of the
+    inputs' shapes, nothing read out of bounds (outputs poisoned)."""
+    check(*fp8_training_inputs(counts, 32, 48, extra_rows=extra_rows), recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_strided_mat_a(recipe):
     """mat_a a column slice of a wider tensor (row stride K + 40)."""
     a, b, offs, grad = fp8_training_inputs([40, 0, 150], 96, 160, extra_rows=4)
