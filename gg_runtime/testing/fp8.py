@@ -38,8 +38,11 @@ def quantize_ref(x: torch.Tensor, granularity: str):
     a row ('rowwise'), a 1x128 or a 128x128 block; x 2-D [R, C], or 3-D
     [G, R, C] quantised group by group."""
     if x.dim() == 3:
-        pairs = [quantize_ref(group, granularity) for group in x]
-        return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+        # No groups: one group's shapes, none of it (stack takes no empty list).
+        groups = x if len(x) else x.new_zeros(1, *x.shape[1:])
+        pairs = [quantize_ref(group, granularity) for group in groups]
+        q, scale = torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+        return q[:len(x)], scale[:len(x)]
     x = x.float()
     if granularity == "rowwise":
         amax = x.abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0])
