@@ -66,7 +66,7 @@ def block_tile(x_ptr, q_ptr, scale_ptr, start, end, block, j, col0, C, ldx, W,
 
 
 @triton.jit
-def group_tile(x_ptr, q_ptr, scale_ptr, g, G, start, end, first_block, col0, C, ldx, W,
+def group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx, W,
                BN: tl.constexpr):
     """A whole group, BN columns: an amax pass over its blocks, then a
     quantising pass whose loads should hit the cache the first pass filled
@@ -129,7 +129,7 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
             first_block = start // BLOCK + g
             col0 = (in_group % col_tiles) * BN
             if MODE == ROWWISE:
-                group_tile(x_ptr, q_ptr, scale_ptr, g, G, start, end, first_block, col0, C, ldx,
+                group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx,
                            W, BN)
             else:
                 j = in_group // col_tiles
