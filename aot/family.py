@@ -157,7 +157,10 @@ class Config:
     loader warp feeds a num_stages-deep ring to BM / (16 x num_warps) MMA
     partitions of num_warps warps each (aot/kernels/ws.py).  `ctas`: a `ws`
     kernel's program is a cluster of that many CTAs (2: Triton >= 3.8), each
-    holding BM / ctas of the tile's rows, B's block multicast to all."""
+    holding BM / ctas of the tile's rows, B's block multicast to all.
+    `pingpong`: a `ws` kernel's two MMA partitions of num_warps warps take
+    turns at whole BM x BN tiles, one's epilogue running while the other's
+    MMAs do (Family.ws_kernel takes PINGPONG)."""
     BM: int
     BN: int
     BK: int
@@ -166,12 +169,15 @@ class Config:
     max_rows: int = 0
     ws: bool = False
     ctas: int = 1
+    pingpong: bool = False
 
     @property
     def tag(self) -> str:
         ws = "_ws" if self.ws else ""
         cluster = f"_c{self.ctas}" if self.ctas > 1 else ""
-        return f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}{ws}{cluster}"
+        pingpong = "_pp" if self.pingpong else ""
+        return (f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
+                f"{ws}{cluster}{pingpong}")
 
     def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
@@ -192,7 +198,9 @@ class Config:
         out_cols = min(self.BN, EPILOGUE_COLS) if self.ws else self.BN
         if self.ws and ring_scales:
             tiles += (rows + self.BN) * 4
-        return self.num_stages * tiles + split + rows * out_cols * out.bytes
+        # A pingpong kernel's two partitions stage whole tiles of their own.
+        staged = 2 * rows if self.pingpong else rows
+        return self.num_stages * tiles + split + staged * out_cols * out.bytes
 
 
 @dataclass(frozen=True)
@@ -297,6 +305,13 @@ class Family:
         """Whether ws_kernel runs as a cluster of CTAs (it takes CTAS: Config.ctas)."""
         return self.ws_kernel is not None and any(
             p.name == "CTAS" for p in self.ws_kernel.params if p.is_constexpr)
+
+    @property
+    def takes_pingpong(self) -> bool:
+        """Whether ws_kernel's MMA partitions can take turns at tiles (it takes
+        PINGPONG: Config.pingpong)."""
+        return self.ws_kernel is not None and any(
+            p.name == "PINGPONG" for p in self.ws_kernel.params if p.is_constexpr)
 
     def runtime_params(self) -> list:
         """The kernel's non-constexpr parameters, in declaration order."""

@@ -163,10 +163,12 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     scales = FAMILIES[family].ring_scales
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma, scales)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
+    if any(c.pingpong for c in configs) and not FAMILIES[family].takes_pingpong:
+        raise ValueError(f"{family}: a pingpong config, but its ws kernel takes no PINGPONG")
     if not _runs_clustered(family, flavour, dtype, axes):
         configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
-        configs = [replace(c, ws=False) for c in configs]
+        configs = [replace(c, ws=False, pingpong=False) for c in configs]
     fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma, scales) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
@@ -241,6 +243,8 @@ class Variant:
             values["STAGES"] = c.num_stages
             if family.takes_clusters:
                 values["CTAS"] = c.ctas
+            if family.takes_pingpong:
+                values["PINGPONG"] = c.pingpong
         if family.dtype_constexpr:
             values["DTYPE"] = DTYPES[self.dtype].triton
         return values

@@ -37,10 +37,15 @@ FAMILY = Family(
     archs=(90,),
     # A tile's h columns are one 128-column scale block: BN = 256.  Decode
     # (few rows an expert) takes the Triton kernel's 64-row tiles (five
-    # stages: more of the weights in flight), the rest scaled_ragged_m's
-    # warp-specialised schedule (two 64-row MMA partitions); chosen from H100
-    # A/Bs (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md).
+    # stages: more of the weights in flight); groups of up to 512 rows the
+    # warp-specialised kernel's 64-row tiles, its two MMA partitions taking
+    # turns at them (pingpong: one's SwiGLU and quantization run while the
+    # other's MMAs do); larger groups its 128-row tiles split between the two
+    # (their wgmma reads B once for twice the rows).  Chosen from H100 A/Bs
+    # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
+    # docs/notes/2026-11-25-pingpong-partitions.md).
     configs={(90, "tma"): (Config(64, 256, 128, 8, 5, max_rows=32),
+                           Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True),
                            Config(128, 256, 128, 4, 3, ws=True))},
     tiles=RAGGED_M.tiles,
     # The warp-specialised kernel scales a tile's 128-column blocks, gate's

@@ -13,6 +13,13 @@ its accumulator between K blocks, which waits for the block's wgmma; there
 the two take turns) runs while the other's MMAs do.  A partition whose rows
 all lie past its group's end (a group's last, short tile) skips its MMAs and
 store, leaving the tensor cores to the other.
+
+PINGPONG: two partitions of num_warps warps take turns at whole tiles
+instead (BM = 16 x num_warps x the rows each warp repeats): the program's
+tiles alternate between them, each slot of a tile freed by the one that reads
+it, so that one's epilogue (the tile's scaling, activation and stores) runs
+while the other's MMAs do, where the split tile's partitions both wait for
+theirs.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -208,10 +215,11 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
     would take, without that tile's registers: 256-column tiles, whose wgmma
     reads A once for twice the columns of a 128-column one.
 
-    The two partitions take turns (wait_turn), each issuing a block's MMA in
-    two halves and letting the other go once its first half is done: one's
-    multiplies then run while the other's MMA does (left alone they drift
-    into step and multiply at the same time: 1-5% slower, measured).
+    The two partitions of a split tile take turns (wait_turn), each issuing a
+    block's MMA in two halves and letting the other go once its first half
+    is done: one's multiplies then run while the other's MMA does (left alone
+    they drift into step and multiply at the same time: slower, measured);
+    turns None (PINGPONG): their tiles are apart already.
     SCALING: BLOCKWISE, or BLOCKWISE_ROWWISE (b's per-channel scales come
     after: one unit per row); GLU: the tile's columns (column_blocks);
     gather: accumulate()'s, whose rows' tokens take their scales (token_rows)."""
@@ -247,12 +255,17 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
         unit = new_unit
         scale = next_scale
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
-        wait_turn(turns, half, count)
-        acc = warpgroup_mma(a.slice(0, HALF_K, dim=1), b.slice(0, HALF_K), acc, is_async=True)
-        acc = warpgroup_mma(a.slice(HALF_K, HALF_K, dim=1), b.slice(HALF_K, HALF_K), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(1, deps=(acc, ))  # the first half is done
-        mbarrier.arrive(turns.index(half))
+        if turns is None:  # the partitions' tiles are their own (PINGPONG)
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc, ))  # still in flight (a loop-carried tensor)
+        else:
+            wait_turn(turns, half, count)
+            acc = warpgroup_mma(a.slice(0, HALF_K, dim=1), b.slice(0, HALF_K), acc,
+                                is_async=True)
+            acc = warpgroup_mma(a.slice(HALF_K, HALF_K, dim=1), b.slice(HALF_K, HALF_K), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc, ))  # the first half is done
+            mbarrier.arrive(turns.index(half))
         count += 1
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k_end > 0)
@@ -311,6 +324,24 @@ def pass_blocks(ready, empty, turns, count, k_end, half: gl.constexpr, BK: gl.co
 
 
 @gluon.jit
+def wait_tile(turns, half: gl.constexpr, turn, PINGPONG: gl.constexpr):
+    """PINGPONG, before partition `half` reads the ring for the program's tile
+    number `turn` (its own): wait until the other has waited for every slot of
+    the tile before (pass_tile).  Only then has each slot this tile reads
+    completed the round before its own, so that a wait on its `ready` phase
+    cannot pass on the parity of a round two behind."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(1 - half), (turn - 1) // 2 & 1, pred=turn > 0)
+
+
+@gluon.jit
+def pass_tile(turns, half: gl.constexpr, PINGPONG: gl.constexpr):
+    """PINGPONG: partition `half` has read its tile's slots; the other may go on."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index(half))
+
+
+@gluon.jit
 def store_group_rows(acc, c_desc, c_buf, row, start, end, off_n):
     """Store a tile at (row, off_n), row >= start, by TMA: rows past the group's
     end are clipped (the ragged descriptor of kernels/ragged.py)."""
@@ -347,16 +378,20 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                   glu, out_scales, A_T: gl.constexpr, B_T: gl.constexpr, C_T: gl.constexpr,
                   SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, GLU: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                  STAGES: gl.constexpr, CTAS: gl.constexpr):
+                  STAGES: gl.constexpr, CTAS: gl.constexpr, PINGPONG: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
-    program (in a cluster, PARTS = 1: each CTA's share of the tile's rows).
+    program (in a cluster, PARTS = 1: each CTA's share of the tile's rows),
+    or PINGPONG all rows of every other tile, from the program's tile `half`.
     The features as ragged_m_ws_program's, but glu = (save_gu, gpt_oss)
     beside gu_desc: kernels/glu.py's gated epilogue stores h through c_desc
     and gu through gu_desc (None: no gu; a partition's arguments hold no None
-    in a tuple); turns: accumulate_blockwise's (None where the partitions do
-    not take turns)."""
+    in a tuple); turns: the partitions' barriers for taking turns, at K blocks
+    (accumulate_blockwise's) or, PINGPONG, at tiles (wait_tile's); None where
+    they do not."""
     warps: gl.constexpr = gl.num_warps()
-    PART_M: gl.constexpr = BM // PARTS
+    PART_M: gl.constexpr = BM if PINGPONG else BM // PARTS
+    PART: gl.constexpr = 0 if PINGPONG else half  # which PART_M rows of a ring slot's A block
+    block_turns = None if PINGPONG else turns
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
     ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
     # a's scales per row and 128-column K block; b's per column (scaled.py).
@@ -370,6 +405,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
     count = 0
     tiles_before = 0
     rows_before = 0
+    turn = 0  # PINGPONG: the program's tiles so far (this partition's are those of its half)
     for chunk in range(0, G + 1, CHUNK):
         starts, ends, group_tiles, tiles_end = chunk_groups(
             offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK, warps,
@@ -378,21 +414,25 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
                                                         tiles_end, n_tiles, G, K, BM, BN, ALIGN)
-            part_m = off_m + half * PART_M
-            if part_m < end:
+            part_m = off_m if PINGPONG else off_m + half * PART_M
+            if PINGPONG and turn % 2 != half:  # the other's tile: its slots are not ours
+                count += (k_end + BK - 1) // BK
+            elif part_m < end:
+                wait_tile(turns, half, turn, PINGPONG)
                 if BLOCK_ROWS and not FAST_ACCUM:
                     acc, count = accumulate_blockwise_promoted(
                         a_bufs, b_bufs, ready, empty, count, k_end, scales, g, part_m, end, K, N,
-                        off_n, half, PART_M, BN, BK, STAGES, acc_layout, SCALING)
+                        off_n, PART, PART_M, BN, BK, STAGES, acc_layout, SCALING)
                 elif BLOCK_ROWS:
                     acc, count = accumulate_blockwise(
-                        a_bufs, b_bufs, ready, empty, turns, count, k_end, scales, g, part_m, end,
-                        K, N, off_n, half, PART_M, BN, BK, STAGES, acc_layout, SCALING, GLU,
-                        gather)
+                        a_bufs, b_bufs, ready, empty, block_turns, count, k_end, scales, g,
+                        part_m, end, K, N, off_n, PART, PART_M, BN, BK, STAGES, acc_layout,
+                        SCALING, GLU, gather)
                 else:
-                    acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half,
+                    acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, PART,
                                             PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
                                             FAST_ACCUM, gather)
+                pass_tile(turns, half, PINGPONG)
                 if CHANNELS:
                     acc = channel_scaled(acc, scales, gather, g, G, N, off_n, part_m, end, SCALING,
                                          GLU, acc_layout)
@@ -403,7 +443,10 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     store_gated(acc, c_desc, c_buf, bias, (gu_desc, glu[0], glu[1]), g, G, N,
                                 off_n, part_m, start, end, GLU, out_scales)
             else:
-                count = pass_blocks(ready, empty, turns, count, k_end, half, BK, STAGES)
+                wait_tile(turns, half, turn, PINGPONG)
+                count = pass_blocks(ready, empty, block_turns, count, k_end, half, BK, STAGES)
+                pass_tile(turns, half, PINGPONG)
+            turn += 1
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
     tma.store_wait(0)
@@ -416,12 +459,14 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
                         CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
                         SCALING: gl.constexpr = NO_SCALES, FAST_ACCUM: gl.constexpr = True,
                         scales=None, gather=None, GLU: gl.constexpr = NO_GLU, glu=None,
-                        out_scales=None):
+                        out_scales=None, PINGPONG: gl.constexpr = False):
     """One program of the kernels below; its optional features are
     ragged.ragged_m_program's (bias, SCALING with FAST_ACCUM and scales,
-    gather, GLU with glu, out_scales), each one argument, decided alike."""
+    gather, GLU with glu, out_scales), each one argument, decided alike;
+    PINGPONG: the MMA partitions take turns at whole tiles (the module's doc)."""
     # The same rule as ws.mma_partitions, which budgets the registers.
-    PARTS: gl.constexpr = BM // CTAS // (16 * gl.num_warps())
+    PARTS: gl.constexpr = 2 if PINGPONG else BM // CTAS // (16 * gl.num_warps())
+    gl.static_assert(not PINGPONG or CTAS == 1, "pingpong partitions take a CTA's tiles")
     # A cluster's CTAs split the tile's rows; a partition's rows within a CTA,
     # blockwise scales and rows that do not start a TMA box are not split.
     gl.static_assert(CTAS == 1 or (PARTS == 1 and SCALING < BLOCKWISE and not A_T and not C_T),
@@ -435,7 +480,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
     HALVES: gl.constexpr = GLU == CONCATENATED
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0, C_T)
+        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0, C_T, PINGPONG)
     LOADER: gl.constexpr = GATHER_WARPS if GATHER else LOADER_WARPS
     LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
     if GATHER:
@@ -444,12 +489,15 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
         gu_ptr, save_gu, gpt_oss = glu
         SAVES_GU: gl.constexpr = gu_ptr is not None
         if SAVES_GU:
-            gu_desc = gu_descriptor(gu_ptr, N, BM // PARTS, c_desc.block_shape[3], GLU)
+            gu_desc = gu_descriptor(gu_ptr, N, BM if PINGPONG else BM // PARTS,
+                                    c_desc.block_shape[3], GLU)
     else:
         SAVES_GU: gl.constexpr = False
-    TURNS: gl.constexpr = SCALING >= BLOCKWISE and FAST_ACCUM
-    if TURNS:  # its partitions take turns (accumulate_blockwise)
-        gl.static_assert(PARTS == 2, "blockwise takes two MMA partitions")
+    # Its partitions take turns at tiles (PINGPONG: wait_tile) or at K blocks
+    # (blockwise's split tiles: accumulate_blockwise).
+    TURNS: gl.constexpr = PINGPONG or (SCALING >= BLOCKWISE and FAST_ACCUM)
+    if TURNS:
+        gl.static_assert(PARTS == 2, "turns are taken by two MMA partitions")
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
@@ -461,7 +509,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
                           turns if TURNS else None, offs_ptr, T, N, K, G, bias, scales, gather,
                           gu_desc if SAVES_GU else None, (save_gu, gpt_oss) if GATED else None,
                           out_scales, A_T, B_T, C_T,
-                          SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS))
+                          SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, PINGPONG))
          if p < PARTS else
          (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                            A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, C_T))
@@ -475,15 +523,18 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
                        bias_ptr, has_bias, A_T: gl.constexpr, B_T: gl.constexpr,
                        C_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                        BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                       PRECISION: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr):
+                       PRECISION: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
+                       PINGPONG: gl.constexpr):
     """ragged_m_kernel's contract (a [T, K] or, A_T, stored [K, T]; b [G, K, N]
     or, B_T, [G, N, K]; c [T, N] row-major or, C_T, stored [N, T]: ws.store_columns),
     TMA only; USE_TMA and PRECISION (16-bit inputs only) are taken for the
     common signature.  CTAS: the
-    cluster's CTAs (ws.py), which the program's BM rows are split between."""
+    cluster's CTAs (ws.py), which the program's BM rows are split between;
+    PINGPONG: ragged_m_ws_program's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                        (bias_ptr, has_bias), A_T, B_T, C_T, BM, BN, BK, CHUNK, STAGES, CTAS)
+                        (bias_ptr, has_bias), A_T, B_T, C_T, BM, BN, BK, CHUNK, STAGES, CTAS,
+                        PINGPONG=PINGPONG)
 
 
 @gluon.jit
@@ -492,14 +543,15 @@ def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group
                          B_T: gl.constexpr,
                          GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                          BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                         PRECISION: gl.constexpr, STAGES: gl.constexpr):
+                         PRECISION: gl.constexpr, STAGES: gl.constexpr,
+                         PINGPONG: gl.constexpr):
     """ragged.ragged_glu_kernel's contract, TMA only (USE_TMA and PRECISION
-    taken for the common signature)."""
+    taken for the common signature); PINGPONG: ragged_m_ws_program's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                         (bias_ptr, has_bias), False, B_T, False, BM, BN, BK, CHUNK, STAGES, 1,
                         gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                        glu=(gu_ptr, save_gu, gpt_oss))
+                        glu=(gu_ptr, save_gu, gpt_oss), PINGPONG=PINGPONG)
 
 
 @gluon.jit
@@ -508,12 +560,14 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
                               SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr,
                               USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                               BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
-                              STAGES: gl.constexpr, CTAS: gl.constexpr):
-    """scaled_ragged_m_kernel's contract (b K-major); CTAS as ragged_m_ws_kernel's."""
+                              STAGES: gl.constexpr, CTAS: gl.constexpr, PINGPONG: gl.constexpr):
+    """scaled_ragged_m_kernel's contract (b K-major); CTAS and PINGPONG as
+    ragged_m_ws_kernel's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                         (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, CTAS,
-                        SCALING=SCALING, FAST_ACCUM=FAST_ACCUM, scales=(scale_a_ptr, scale_b_ptr))
+                        SCALING=SCALING, FAST_ACCUM=FAST_ACCUM, scales=(scale_a_ptr, scale_b_ptr),
+                        PINGPONG=PINGPONG)
 
 
 @gluon.jit
@@ -522,12 +576,13 @@ def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scal
                                 has_bias, gpt_oss, rows_ptr, rows_div, SCALING: gl.constexpr,
                                 GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                                 BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                                PRECISION: gl.constexpr, STAGES: gl.constexpr):
+                                PRECISION: gl.constexpr, STAGES: gl.constexpr,
+                                PINGPONG: gl.constexpr):
     """ragged.scaled_ragged_glu_kernel's contract, TMA only (USE_TMA and
-    PRECISION taken for the common signature)."""
+    PRECISION taken for the common signature); PINGPONG: ragged_m_ws_program's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                         (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, 1,
                         SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
                         gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                        glu=(None, 0, gpt_oss), out_scales=c_scale_ptr)
+                        glu=(None, 0, gpt_oss), out_scales=c_scale_ptr, PINGPONG=PINGPONG)

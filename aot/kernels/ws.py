@@ -37,7 +37,10 @@ EPILOGUE_COLS = gl.constexpr(128)
 
 def mma_partitions(config) -> int:
     """The MMA partitions of a config's kernel: one of num_warps warps covering
-    a CTA's BM / ctas rows, or two of half as many each (kernels/ragged_ws.py)."""
+    a CTA's BM / ctas rows, or two of half as many each, or (pingpong) two
+    taking turns at whole tiles (kernels/ragged_ws.py)."""
+    if config.pingpong:
+        return 2
     return config.BM // config.ctas // (16 * config.num_warps)
 
 
@@ -415,13 +418,14 @@ def ragged_descriptor(ptr, cols, ld, BR: gl.constexpr, BC: gl.constexpr, CTAS: g
 def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
                   b_tile: gl.constexpr, c_tile: gl.constexpr, PARTS: gl.constexpr,
                   STAGES: gl.constexpr, CTAS: gl.constexpr = 1, A_ROWS: gl.constexpr = 0,
-                  COPIERS: gl.constexpr = 0):
+                  COPIERS: gl.constexpr = 0, PINGPONG: gl.constexpr = False):
     """A kernel's shared memory: STAGES ring slots of an A and a B tile, a
     c_tile for each of PARTS MMA partitions to stage its stores in, and each
     slot's barriers: `ready` (its TMA copies, and the copies of COPIERS threads
     that each arrive once, have landed) and `empty` (all PARTS partitions are
-    done reading it).  In a cluster, A's dimension A_ROWS and c_tile's rows
-    are split between the CTAs, and B's block is whole in each."""
+    done reading it; PINGPONG: the one whose tile it holds).  In a cluster, A's
+    dimension A_ROWS and c_tile's rows are split between the CTAs, and B's
+    block is whole in each."""
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_tile,
                                        shared_layout(a_tile, dtype, CTAS, A_ROWS))
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_tile, shared_layout(b_tile, dtype, CTAS))
@@ -434,7 +438,7 @@ def allocate_ring(dtype: gl.constexpr, out: gl.constexpr, a_tile: gl.constexpr,
         empty = cluster_barriers(STAGES)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1 + COPIERS)
-        mbarrier.init(empty.index(i), count=PARTS)
+        mbarrier.init(empty.index(i), count=1 if PINGPONG else PARTS)
     return a_bufs, b_bufs, c_bufs, ready, empty
 
 
@@ -443,10 +447,13 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
                B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1,
                HALVES: gl.constexpr = False, HALF_C: gl.constexpr = False,
-               COPIERS: gl.constexpr = 0, C_T: gl.constexpr = False):
+               COPIERS: gl.constexpr = 0, C_T: gl.constexpr = False,
+               PINGPONG: gl.constexpr = False):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
-    (each has its c buffer, and each frees a ring slot: `empty` waits for all).
+    (each has its c buffer, and each frees a ring slot: `empty` waits for
+    all), or with PINGPONG by one of two partitions that take turns at whole
+    tiles (each has a BM-row c buffer, and frees the slots of its own tiles).
     A_T: a is stored [K, T] and its blocks land as [BK, BM].  In a cluster
     (one partition), the tile's rows are split between the CTAs.  HALVES
     (B_T): b [G, N, K] seen as [G, 2, N / 2, K], a block being BN / 2 rows of
@@ -479,7 +486,7 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     # Rows past a group's end are not stored.
     C_N: gl.constexpr = BN // 2 if HALF_C else BN
     EPI_N: gl.constexpr = C_N if C_N < EPILOGUE_COLS else EPILOGUE_COLS
-    PART_M: gl.constexpr = BM // PARTS
+    PART_M: gl.constexpr = BM if PINGPONG else BM // PARTS
     if C_T:
         c_desc = tma.make_tensor_descriptor(c_ptr, [N, T], [ldc, 1], [EPI_N, PART_M],
                                             shared_layout([EPI_N, PART_M], out))
@@ -489,5 +496,5 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
         c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)
     a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, b_tile,
                                                          [PART_M, EPI_N], PARTS, STAGES, CTAS,
-                                                         A_ROWS, COPIERS)
+                                                         A_ROWS, COPIERS, PINGPONG)
     return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty

@@ -357,6 +357,26 @@ def test_warp_specialised_register_budget_fits_an_sm(manifest):
         assert r["num_warps"] % 4 == 0, r["key"]  # whole warpgroups (setmaxnreg's unit)
 
 
+def test_pingpong_configs_need_a_kernel_that_takes_turns(monkeypatch):
+    """A pingpong config compiles a ws kernel that takes PINGPONG (its two MMA
+    partitions take turns at whole tiles: kernels/ragged_ws.py); a family whose
+    ws kernel does not is refused one, rather than given the split tile."""
+    from aot import variants
+    pingpong = [v for v in all_variants() if v.config.pingpong]
+    assert pingpong
+    for v in pingpong:
+        assert v.config.ws and FAMILIES[v.family].takes_pingpong, v.key
+        assert v.constexprs()["PINGPONG"] is True, v.key
+    assert not FAMILIES["gathered_k"].takes_pingpong
+    config = Config(128, 128, 64, 4, 4, ws=True, pingpong=True)
+    family = replace(FAMILIES["gathered_k"], configs={(90, "tma"): (config, )})
+    monkeypatch.setitem(variants.FAMILIES, "gathered_k", family)
+    arch = next(a for a in variants.ARCHS if a.arch == 90)
+    with pytest.raises(ValueError, match="gathered_k: a pingpong config"):
+        variants.configs_for("gathered_k", arch, "tma", DTYPES["bfloat16"], DTYPES["bfloat16"],
+                             family.axis_values()[0])
+
+
 def test_warp_specialised_kernel_uses_mbarriers_and_partitions():
     variant = next(v for v in all_variants() if v.config.ws and v.family == "ragged_m")
     ptx = compile_variant(variant).ptx
