@@ -85,6 +85,11 @@ def _family_lines(index: int, family) -> tuple:
     lines += _axes_arrays(prefix, family) + _constants_array(prefix, family)
     lines += _size_function(f"{prefix}_tiles", family.group_tiles or family.tiles, fields)
     lines += _size_function(f"{prefix}_rows", family.group_rows or family.rows, fields)
+    conditions = [f"{prefix}_when_{name}" for name in family.conditions]
+    for function, text in zip(conditions, family.conditions.values()):
+        lines += _size_function(function, text, fields)
+    if conditions:
+        lines += [f"const SizeFn {prefix}_conditions[] = {{{', '.join(conditions)}}};"]
     initializer = _init(
         name=_string(family.name),
         params=f"{prefix}_params", param_count=len(family.params),
@@ -93,7 +98,9 @@ def _family_lines(index: int, family) -> tuple:
         axes=f"{prefix}_axes" if family.axes else "nullptr", axis_count=len(family.axes),
         constants=f"{prefix}_constants" if family.constants else "nullptr",
         constant_count=len(family.constants),
-        tiles=f"{prefix}_tiles", rows=f"{prefix}_rows")
+        tiles=f"{prefix}_tiles", rows=f"{prefix}_rows",
+        conditions=f"{prefix}_conditions" if conditions else "nullptr",
+        condition_count=len(conditions))
     return lines, initializer
 
 
@@ -113,7 +120,15 @@ def table_entry(r: dict, family_index: dict, dtype_index: dict) -> str:
         flavour=list(FLAVOURS).index(r["flavour"]),
         block_m=c["BM"], block_n=c["BN"], block_k=c["BK"], max_rows=c["max_rows"],
         num_warps=r["num_warps"], num_ctas=r["num_ctas"], shared=r["shared"],
-        scratch_size=r["scratch_size"], scratch_align=r["scratch_align"]) + ","
+        scratch_size=r["scratch_size"], scratch_align=r["scratch_align"],
+        when=when_index(r)) + ","
+
+
+def when_index(record: dict) -> int:
+    """The index into its family's conditions of the one a manifest record's
+    config needs (registry.h KernelInfo::when), -1 for none."""
+    when = record["config"].get("when", "")
+    return list(FAMILIES[record["family"]].conditions).index(when) if when else -1
 
 
 def kernel_table_source(records: list, triton_version: str) -> str:

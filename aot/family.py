@@ -6,7 +6,8 @@ type and a role; its axes, the named choices its variants differ by (each a
 Choice: how an operand is stored, the gate/up arrangement, ...), and the
 kernel's constexprs for each combination of their values; which variants have
 a TMA flavour; how many tiles a call has (the grid) and how many rows a group
-typically has (the tuned-table bucket key).  `make build` generates the
+typically has (the tuned-table bucket key); conditions its configs may
+require of a call (a kernel's correctness rule).  `make build` generates the
 runtime's C++ tables and the operators' typed axes (an enum per Choice) from
 these descriptions; csrc/ packs arguments by name and checks TMA's alignment
 rules from the roles, and names no family.
@@ -160,7 +161,9 @@ class Config:
     holding BM / ctas of the tile's rows, B's block multicast to all.
     `pingpong`: a `ws` kernel's two MMA partitions of num_warps warps take
     turns at whole BM x BN tiles, one's epilogue running while the other's
-    MMAs do (Family.ws_kernel takes PINGPONG)."""
+    MMAs do (Family.ws_kernel takes PINGPONG).  `when`: the name of one of
+    the family's conditions (Family.conditions) that a call must meet for the
+    dispatch to pick this config, as a kernel's correctness rule ('' = none)."""
     BM: int
     BN: int
     BK: int
@@ -170,14 +173,16 @@ class Config:
     ws: bool = False
     ctas: int = 1
     pingpong: bool = False
+    when: str = ""
 
     @property
     def tag(self) -> str:
         ws = "_ws" if self.ws else ""
         cluster = f"_c{self.ctas}" if self.ctas > 1 else ""
         pingpong = "_pp" if self.pingpong else ""
+        when = f"_{self.when}" if self.when else ""
         return (f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
-                f"{ws}{cluster}{pingpong}")
+                f"{ws}{cluster}{pingpong}{when}")
 
     def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
@@ -250,6 +255,10 @@ class Family:
     # Integer constants the family's operator needs (a scratch size, a limit),
     # emitted into its generated C++ struct (family_args.h) under these names.
     constants: dict = field(default_factory=dict)
+    # Named conditions on a call's parameters (aot/expr.py, nonzero = holds;
+    # no tile sizes) that configs may require (Config.when): what a kernel
+    # needs beyond the flavours' alignment rules.  Per-call families only.
+    conditions: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._check_abi()
@@ -366,3 +375,20 @@ class Family:
         for text in (self.tiles, self.rows, self.group_tiles, self.group_rows):
             if text:
                 expr.to_cpp(text, names)  # raises ExprError naming the problem
+        if self.conditions and per_group:
+            raise ValueError(f"family {self.name}: conditions are on a call's parameters, "
+                             "not a group table's")
+        for text in self.conditions.values():
+            expr.to_cpp(text, [p.name for p in self.params])  # no BM, BN, BK: see above
+            if any(name in text for name in expr.TILE_NAMES):
+                raise ValueError(f"family {self.name}: condition {text!r} names a tile size")
+        for configs in self.configs.values():
+            for config in configs:
+                self.check_when(config)
+
+    def check_when(self, config: Config):
+        """A ValueError unless config.when is '' or one of the family's conditions."""
+        if config.when and config.when not in self.conditions:
+            raise ValueError(f"family {self.name}: config {config.tag} needs condition "
+                             f"{config.when!r}, which the family does not declare "
+                             f"({sorted(self.conditions)})")

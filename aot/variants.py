@@ -163,6 +163,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     scales = FAMILIES[family].ring_scales
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma, scales)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
+    for c in configs:  # a tuned table's too
+        FAMILIES[family].check_when(c)
     if any(c.pingpong for c in configs) and not FAMILIES[family].takes_pingpong:
         raise ValueError(f"{family}: a pingpong config, but its ws kernel takes no PINGPONG")
     if not _runs_clustered(family, flavour, dtype, axes):

@@ -79,7 +79,8 @@ DeviceProps query(int device) {
 
 bool matches(const KernelInfo& k, const Request& r, const DeviceProps& d) {
   return k.family == r.family && k.arch == r.arch && k.dtype == r.dtype &&
-         k.out_dtype == r.out_dtype && k.axes == r.axes && k.shared <= d.shared_optin;
+         k.out_dtype == r.out_dtype && k.axes == r.axes && k.shared <= d.shared_optin &&
+         (k.when < 0 || (r.conditions >> k.when & 1u));
 }
 
 long rows_bound(const KernelInfo& k) { return k.max_rows == 0 ? LONG_MAX : k.max_rows; }
@@ -188,11 +189,11 @@ long bound_above(long rows) {
 // thread its own memo: no lock on the launch path).  A request it cannot
 // serve throws every time and is not remembered.
 size_t remembered_variant(const Request& r, const DeviceProps& d) {
-  using Key = std::tuple<int, int, int, int, int, unsigned, long, int>;
+  using Key = std::tuple<int, int, int, int, int, unsigned, long, unsigned, int>;
   thread_local std::map<Key, size_t> memo;
   const Key key{
-      r.arch,        r.family, r.dtype, r.out_dtype, r.axes, r.flavours_ok, bound_above(r.rows),
-      d.shared_optin};
+      r.arch,       r.family,      r.dtype, r.out_dtype, r.axes, r.flavours_ok, bound_above(r.rows),
+      r.conditions, d.shared_optin};
   const auto found = memo.find(key);
   if (found != memo.end()) return found->second;
   const size_t index = best_variant(r, d, false);

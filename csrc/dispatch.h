@@ -47,6 +47,7 @@ struct Request {
   int axes;              // the family's axis values as one code (KernelInfo::axes)
   unsigned flavours_ok;  // bit f: the input meets flavours()[f]'s rule
   long rows;             // typical rows per group, picks the config bucket
+  unsigned conditions;   // bit i: the call meets its family's condition i
 };
 
 // Index into kernel_table() of the variant to run; throws if none fits.  A

@@ -117,6 +117,10 @@ struct FamilyInfo {
   size_t constant_count;
   SizeFn tiles;  // output tiles of a call (of one group, with a group table)
   SizeFn rows;   // rows per group, the tuned-table bucket key (likewise)
+  // Conditions a call may meet (nonzero: holds), which a variant may require
+  // (KernelInfo::when); none with a group table.
+  const SizeFn* conditions;
+  size_t condition_count;
 
   bool has_group_table() const { return group_field_count > 0; }
   std::span<const ParamInfo> param_list() const { return {params, param_count}; }
@@ -160,6 +164,7 @@ struct KernelInfo {
   int shared;        // dynamic shared memory of each CTA, bytes
   int scratch_size;  // global scratch of each CTA
   int scratch_align;
+  int when;  // index into its family's conditions of one a call must meet, -1 = none
 };
 
 std::span<const KernelInfo> kernel_table();

@@ -93,12 +93,16 @@ struct Survey {
   bool empty = true;
   unsigned flavours_ok = ~0u;  // bit f: every value meets flavours()[f]'s rule
   long rows = 0;               // per group, the bucket key
+  unsigned conditions = 0;     // bit i: the family's condition i holds
 };
 
 Survey survey_call(const FamilyInfo& f, const Call& c, int element_bytes) {
   Survey s;
   s.empty = f.tiles(c.args.data(), unit_tiles()) == 0;
   s.rows = static_cast<long>(f.rows(c.args.data(), unit_tiles()));
+  for (size_t i = 0; i < f.condition_count; ++i) {
+    if (f.conditions[i](c.args.data(), unit_tiles()) != 0) s.conditions |= 1u << i;
+  }
   std::vector<Values> values(f.param_count);
   for (size_t i = 0; i < f.param_count; ++i) values[i].add(c.args[i], element_bytes);
   s.flavours_ok = flavours_met(f.param_list(), values);
@@ -190,7 +194,8 @@ void run(const Call& c) {
   const KernelPath path = kernel_path(props);
   if (path.arch == 0) throw UnsupportedDevice(unsupported_reason(c.device, props));
   if (f.has_group_table()) refuse_capture(f, c.stream);
-  const Request request{path.arch, c.family, c.dtype, c.out_dtype, c.axes, s.flavours_ok, s.rows};
+  const Request request{path.arch, c.family,      c.dtype, c.out_dtype,
+                        c.axes,    s.flavours_ok, s.rows,  s.conditions};
   const size_t index = pick_variant(request, props);
   const KernelInfo& k = kernel_table()[index];
   const ReadyKernel ready = ready_kernel(index, path.ptx, c.device, props.shared_optin);

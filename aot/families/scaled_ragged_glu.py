@@ -4,13 +4,19 @@ and activation on float8_e4m3fn tokens and weights with float32 scales
 (scaled_ragged_m's SCALING), h written in float8_e4m3fn with one scale per
 row and 128 columns, the down projection's blockwise input (no bf16 gu or h
 in memory)."""
-from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
+from dataclasses import replace
+
+from ..family import EVERY, GATE_UP, Axis, Config, Family, Param, Where
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.ragged import scaled_ragged_glu_kernel
 from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel
 from .ragged_glu import GATHERED_EXTENTS, ROWS
 from .ragged_m import FAMILY as RAGGED_M, POINTERS
 from .scaled_ragged_m import SCALING
+
+TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
+PINGPONG = Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True, when="whole_halves")
+SPLIT = Config(128, 256, 128, 4, 3, ws=True, when="whole_halves")
 
 FAMILY = Family(
     name="scaled_ragged_glu",
@@ -35,22 +41,25 @@ FAMILY = Family(
     dtypes=("float8_e4m3fn",),
     out_dtypes=("float8_e4m3fn",),
     archs=(90,),
-    # A tile's h columns are one 128-column scale block: BN = 256.  Decode
-    # (few rows an expert) takes the Triton kernel's 64-row tiles (five
-    # stages: more of the weights in flight); groups of up to 512 rows the
-    # warp-specialised kernel's 64-row tiles, its two MMA partitions taking
-    # turns at them (pingpong: one's SwiGLU and quantization run while the
-    # other's MMAs do); larger groups its 128-row tiles split between the two
-    # (their wgmma reads B once for twice the rows).  Chosen from H100 A/Bs
-    # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
-    # docs/notes/2026-11-25-pingpong-partitions.md).
-    configs={(90, "tma"): (Config(64, 256, 128, 8, 5, max_rows=32),
-                           Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True),
-                           Config(128, 256, 128, 4, 3, ws=True))},
-    tiles=RAGGED_M.tiles,
     # The warp-specialised kernel scales a tile's 128-column blocks, gate's
     # and up's, by one weight block each, which holds where I = N / 2 is a
-    # multiple of 128 (kernels/ragged_ws.py column_blocks): other widths take
-    # the Triton kernel (per-column scales) at every size.
-    rows="T // max(G, 1) if N // 2 == cdiv(N // 2, 128) * 128 else 0",
+    # multiple of 128 (kernels/ragged_ws.py column_blocks): its configs need
+    # `whole_halves`, and other widths take the Triton kernel (per-column
+    # scales) at every size.
+    conditions={"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128"},
+    # A tile's h columns are one 128-column scale block: BN = 256.  Groups of
+    # up to 512 rows take the warp-specialised kernel's 64-row tiles, its two
+    # MMA partitions taking turns at them (pingpong: one's SwiGLU and
+    # quantization run while the other's MMAs do; its loader runs ahead
+    # across tiles); larger groups its 128-row tiles split between the two
+    # (their wgmma reads B once for twice the rows).  Per-channel decode (up
+    # to 32 rows an expert) keeps the Triton kernel's 64-row tiles, which read
+    # the weights faster there (five stages in flight).  Chosen from H100 A/Bs
+    # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
+    # docs/notes/2026-11-25-pingpong-partitions.md).
+    configs={(90, "tma", Where(scaling="rowwise")): (TRITON_DECODE, PINGPONG, SPLIT),
+             (90, "tma", Where(scaling="blockwise")): (PINGPONG, SPLIT,
+                                                       replace(TRITON_DECODE, max_rows=0))},
+    tiles=RAGGED_M.tiles,
+    rows="T // max(G, 1)",
 )

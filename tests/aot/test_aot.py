@@ -180,6 +180,41 @@ def test_kernel_table_rows_carry_each_variants_axis_code(manifest):
         assert codes == list(range(len(codes))), family.name
 
 
+def test_kernel_table_rows_carry_the_condition_their_config_needs(manifest):
+    """A row's `when` is the index among its family's conditions of the one its
+    config needs (-1: none), and the family lists a function per condition."""
+    table = (KERNELS / "kernel_table.inc").read_text()
+    needing = [r for r in manifest["variants"] if r["config"].get("when")]
+    assert needing  # scaled_ragged_glu's warp-specialised kernel needs whole_halves
+    for record in manifest["variants"]:
+        family = FAMILIES[record["family"]]
+        when = record["config"].get("when", "")
+        index = list(family.conditions).index(when) if when else -1
+        row = table.split(f'"{record["key"]}"', 1)[1].split("\n", 1)[0]
+        assert row.endswith(f".when = {index}}},"), record["key"]
+    for i, family in enumerate(FAMILIES.values()):
+        count = f".condition_count = {len(family.conditions)}}}"
+        assert count in table.split(f'{{.name = "{family.name}", ', 1)[1].split("\n", 1)[0]
+        for name in family.conditions:
+            assert f"k{i}_{family.name}_when_{name}(" in table
+
+
+def test_a_config_needs_a_condition_its_family_declares():
+    """Config.when names one of Family.conditions, which are on a call's
+    parameters (no tile sizes), in the size expressions' language."""
+    family = FAMILIES["scaled_ragged_glu"]
+    assert family.conditions == {"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128"}
+    needs = Config(128, 256, 128, 4, 3, ws=True, when="aligned_rows")
+    with pytest.raises(ValueError, match="needs condition 'aligned_rows'"):
+        replace(family, configs={(90, "tma"): (needs, )})
+    with pytest.raises(ValueError, match="names a tile size"):
+        replace(family, conditions={"whole_tiles": "N == cdiv(N, BN) * BN"})
+    with pytest.raises(expr.ExprError):
+        replace(family, conditions={"unknown": "Q == 1"})
+    assert expr.evaluate(family.conditions["whole_halves"], {"N": 512})
+    assert not expr.evaluate(family.conditions["whole_halves"], {"N": 416})
+
+
 def compile_against_family_args(tmp_path, body: str) -> subprocess.CompletedProcess:
     """g++ -fsyntax-only of `body` after the generated family_args.h, with the
     operators' flags for designated initializers."""

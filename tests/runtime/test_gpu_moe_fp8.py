@@ -48,10 +48,12 @@ GATE_UP = ("concatenated", "interleaved")
 ACTIVATIONS = ("swiglu", "gpt_oss")
 # (tokens, hidden, inter, experts, k)
 TAILS = (64, 272, 208, 8, 4)  # H and I multiples of 16, not of 128
-# The up projection's kernels: groups of at most 32 rows take the Triton
-# kernel, larger ones the warp-specialised one where I is a multiple of 128
-# (aot/families/scaled_ragged_glu.py), else the Triton kernel too.
+# The up projection's kernels (aot/families/scaled_ragged_glu.py): where I is
+# a multiple of 128 the warp-specialised one (pingpong tiles up to 512 rows a
+# group, split tiles beyond; per-channel groups of at most 32 rows take the
+# Triton kernel), else the Triton kernel at every size.
 SMALL_GROUPS = TAILS
+SMALL_GROUPS_WHOLE = (64, 272, 256, 8, 4)
 LARGE_GROUPS = (1024, 272, 256, 4, 2)
 LARGE_GROUPS_TAILS = (1024, 272, 208, 4, 2)
 SHAPES = {
@@ -146,19 +148,36 @@ def test_layouts_activations_and_biases(kind, gate_up, activation, bias, shape):
     check(case, gate_up=gate_up, activation=activation)
 
 
-@pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
-                                     and v["family"] == "scaled_ragged_glu"],
-                         ids=lambda v: v["key"])
-def test_every_up_projection_kernel(variant):
+UP_KERNELS = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "scaled_ragged_glu"]
+
+
+def up_kind(variant) -> str:
+    return "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
+
+
+@pytest.mark.parametrize("shape", [SMALL_GROUPS_WHOLE, LARGE_GROUPS], ids=["small", "large"])
+@pytest.mark.parametrize("variant", UP_KERNELS, ids=lambda v: v["key"])
+def test_every_up_projection_kernel(variant, shape):
     """Each of the fused up projection's kernels forced, whatever the groups'
-    size (the other steps' kernels chosen as usual), on groups of many rows
-    and I a multiple of 128 (which every kernel runs)."""
-    kind = "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
-    case = make_case(*LARGE_GROUPS, kind, bias=True)
+    size (the other steps' kernels chosen as usual), on groups of a few rows
+    and of many, I a multiple of 128 (which every kernel runs)."""
+    case = make_case(*shape, up_kind(variant), bias=True)
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
     assert_close(out, moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"]),
                  EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("variant", [v for v in UP_KERNELS if v["key"].endswith("_whole_halves")],
+                         ids=lambda v: v["key"])
+def test_a_kernel_for_whole_halves_is_refused_other_widths(variant):
+    """The warp-specialised kernel scales 128 columns by one weight block, so
+    it needs I a multiple of 128 (the family's condition `whole_halves`):
+    forced on another I it is refused, and the dispatch never picks it there
+    (SHAPES' large_groups_tails, I = 208, checked against the reference)."""
+    case = make_case(*LARGE_GROUPS_TAILS, up_kind(variant))
+    with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
+        gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
 
 
 @pytest.mark.parametrize("kind", KINDS)
