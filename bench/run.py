@@ -82,12 +82,19 @@ def main(argv=None) -> None:
 def run_sections(sections: dict, context: Context, provenance: dict, out_dir: Path) -> None:
     """Runs each section, prints its report, and puts its result with the
     provenance in out_dir's results.json in place of its last one; then
-    renders RESULTS.md again, after each section (a later failure keeps it)."""
+    renders RESULTS.md again, after each section (a later failure keeps it).
+    A section that could not run here (its data says why: `skipped`) leaves
+    a measured last result in place, and says so."""
     results = report.load(out_dir)
     for name, section in sections.items():
         print(f"\n## {section.TITLE} (`{name}`)\n", flush=True)
         data = section.run(context)
         print("\n".join(section.report(data)), flush=True)
+        last = results.get(name, {}).get("data", {})
+        if "skipped" in data and last and "skipped" not in last:
+            print(f"(kept the measured result of {results[name]['date']}, commit "
+                  f"{results[name]['commit']})", flush=True)
+            continue
         results[name] = {**provenance, "data": data}
         report.write(out_dir, results)
 

@@ -110,6 +110,24 @@ def test_a_run_replaces_only_its_sections_entries(tmp_path, capsys):
     assert "| mixtral_up_8e_8k | 1.25 | 1.33 |" in capsys.readouterr().out
 
 
+def test_a_section_that_cannot_run_keeps_a_measured_result(tmp_path, capsys):
+    """A machine without vLLM's source (a skipped vllm_fp8) does not erase the
+    results of one that had it; a skip replaces only another skip."""
+    measured = results({"vllm_fp8": DATA["vllm_fp8"]})
+    report.write(tmp_path, measured)
+    skipped = {"skipped": "GG_VLLM_SRC is not set"}
+    section = SimpleNamespace(TITLE=SECTIONS["vllm_fp8"].TITLE, run=lambda context: skipped,
+                              report=SECTIONS["vllm_fp8"].report)
+    later = {**PROVENANCE, "date": "2026-12-01", "commit": "def5678"}
+    run.run_sections({"vllm_fp8": section}, None, later, tmp_path)
+    assert json.loads((tmp_path / report.RESULTS).read_text()) == measured
+    assert "kept the measured result of" in capsys.readouterr().out
+    report.write(tmp_path, results({"vllm_fp8": {"skipped": "no GPU"}}))
+    run.run_sections({"vllm_fp8": section}, None, later, tmp_path)
+    assert json.loads((tmp_path / report.RESULTS).read_text())["vllm_fp8"] == {
+        **later, "data": skipped}
+
+
 def test_report_command_renders_a_folder(tmp_path):
     (tmp_path / report.RESULTS).write_text(json.dumps(results()))
     out = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path)],
