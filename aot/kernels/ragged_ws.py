@@ -15,11 +15,10 @@ all lie past its group's end (a group's last, short tile) skips its MMAs and
 store, leaving the tensor cores to the other.
 
 PINGPONG: two partitions of num_warps warps take turns at whole tiles
-instead (BM = 16 x num_warps x the rows each warp repeats): the program's
-tiles alternate between them, each slot of a tile freed by the one that reads
-it, so that one's epilogue (the tile's scaling, activation and stores) runs
-while the other's MMAs do, where the split tile's partitions both wait for
-theirs.
+instead, each holding a BM x BN accumulator: the program's tiles alternate
+between them, each slot of a tile freed by the one that reads it, so that
+one's epilogue (the tile's scaling, activation and stores) runs while the
+other's MMAs do, where the split tile's partitions both wait for theirs.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -33,7 +32,7 @@ from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, BLOCKWISE_ROWWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
                  accumulator_layout, chunk_groups, first_step_past, load_partition, locate,
-                 ring_setup, row_alignment, store_columns, store_rows, store_tile)
+                 partition_rows, ring_setup, row_alignment, store_columns, store_rows, store_tile)
 
 # Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
 UNIT_FLOOR = gl.constexpr(2.0**-100)
@@ -389,7 +388,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
     (accumulate_blockwise's) or, PINGPONG, at tiles (wait_tile's); None where
     they do not."""
     warps: gl.constexpr = gl.num_warps()
-    PART_M: gl.constexpr = BM if PINGPONG else BM // PARTS
+    PART_M: gl.constexpr = partition_rows(BM, PARTS, PINGPONG)
     PART: gl.constexpr = 0 if PINGPONG else half  # which PART_M rows of a ring slot's A block
     block_turns = None if PINGPONG else turns
     acc_layout: gl.constexpr = accumulator_layout(BN, warps, a_bufs.dtype.primitive_bitwidth, CTAS)
@@ -489,7 +488,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
         gu_ptr, save_gu, gpt_oss = glu
         SAVES_GU: gl.constexpr = gu_ptr is not None
         if SAVES_GU:
-            gu_desc = gu_descriptor(gu_ptr, N, BM if PINGPONG else BM // PARTS,
+            gu_desc = gu_descriptor(gu_ptr, N, partition_rows(BM, PARTS, PINGPONG),
                                     c_desc.block_shape[3], GLU)
     else:
         SAVES_GU: gl.constexpr = False

@@ -44,6 +44,13 @@ def mma_partitions(config) -> int:
     return config.BM // config.ctas // (16 * config.num_warps)
 
 
+@gluon.constexpr_function
+def partition_rows(BM, PARTS, PINGPONG):
+    """The rows of an MMA partition's accumulator: a split tile's share, or
+    (PINGPONG) a whole tile of its own."""
+    return BM if PINGPONG else BM // PARTS
+
+
 def max_registers(config) -> int:
     """Registers per thread the kernel is compiled for (ptxas's maxnreg): all
     warps of one program within an SM's 64K; at run time the MMA partitions
@@ -486,7 +493,7 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     # Rows past a group's end are not stored.
     C_N: gl.constexpr = BN // 2 if HALF_C else BN
     EPI_N: gl.constexpr = C_N if C_N < EPILOGUE_COLS else EPILOGUE_COLS
-    PART_M: gl.constexpr = BM if PINGPONG else BM // PARTS
+    PART_M: gl.constexpr = partition_rows(BM, PARTS, PINGPONG)
     if C_T:
         c_desc = tma.make_tensor_descriptor(c_ptr, [N, T], [ldc, 1], [EPI_N, PART_M],
                                             shared_layout([EPI_N, PART_M], out))
