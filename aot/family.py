@@ -378,6 +378,8 @@ class Family:
         if self.conditions and per_group:
             raise ValueError(f"family {self.name}: conditions are on a call's parameters, "
                              "not a group table's")
+        if len(self.conditions) > 32:  # the runtime's mask of those a call meets
+            raise ValueError(f"family {self.name}: at most 32 conditions")
         for text in self.conditions.values():
             expr.to_cpp(text, [p.name for p in self.params])  # no BM, BN, BK: see above
             if any(name in text for name in expr.TILE_NAMES):
