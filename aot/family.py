@@ -14,6 +14,7 @@ rules from the roles, and names no family.
 """
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 from collections.abc import Callable
@@ -312,15 +313,17 @@ class Family:
     @property
     def takes_clusters(self) -> bool:
         """Whether ws_kernel runs as a cluster of CTAs (it takes CTAS: Config.ctas)."""
-        return self.ws_kernel is not None and any(
-            p.name == "CTAS" for p in self.ws_kernel.params if p.is_constexpr)
+        return self._ws_takes("CTAS")
 
     @property
     def takes_pingpong(self) -> bool:
         """Whether ws_kernel's MMA partitions can take turns at tiles (it takes
         PINGPONG: Config.pingpong)."""
+        return self._ws_takes("PINGPONG")
+
+    def _ws_takes(self, constexpr: str) -> bool:
         return self.ws_kernel is not None and any(
-            p.name == "PINGPONG" for p in self.ws_kernel.params if p.is_constexpr)
+            p.name == constexpr for p in self.ws_kernel.params if p.is_constexpr)
 
     def runtime_params(self) -> list:
         """The kernel's non-constexpr parameters, in declaration order."""
@@ -382,7 +385,8 @@ class Family:
             raise ValueError(f"family {self.name}: at most 32 conditions")
         for text in self.conditions.values():
             expr.to_cpp(text, [p.name for p in self.params])  # no BM, BN, BK: see above
-            if any(name in text for name in expr.TILE_NAMES):
+            if expr.TILE_NAMES.keys() & {node.id for node in ast.walk(ast.parse(text))
+                                         if isinstance(node, ast.Name)}:
                 raise ValueError(f"family {self.name}: condition {text!r} names a tile size")
         for configs in self.configs.values():
             for config in configs:
