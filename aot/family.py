@@ -151,6 +151,10 @@ def no_constexprs(values: dict) -> dict:
     return {}
 
 
+def no_staging(values: dict) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Config:
     """Tile shape and schedule.  `max_rows` bounds the rows per group this config
@@ -253,6 +257,10 @@ class Family:
     # Its ws_kernel's ring holds each K block's float32 scales of the tile's
     # rows and columns beside the tiles (Config.shared_estimate counts them).
     ring_scales: bool = False
+    # The element type (a DTypes name) a variant's ws kernel stages its
+    # output tiles in, for its axis values ({axis name: value}), where wider
+    # than its output's (Config.shared_estimate counts it); None: the output's.
+    staged: Callable[[dict], str | None] = no_staging
     # Integer constants the family's operator needs (a scratch size, a limit),
     # emitted into its generated C++ struct (family_args.h) under these names.
     constants: dict = field(default_factory=dict)

@@ -161,6 +161,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
             configs = tuple(Config(**e) for e in entries)
     tma = flavour == "tma"
     scales = FAMILIES[family].ring_scales
+    staged = FAMILIES[family].staged(FAMILIES[family].named(axes))
+    staged_out = DTYPES[staged] if staged else out  # what a ws kernel's shared memory holds
     large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma, scales)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
     for c in configs:  # a tuned table's too
@@ -171,7 +173,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
         configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False, pingpong=False) for c in configs]
-    fitted = large + [_fitted(c, arch.shared_limit, dtype, out, tma, scales) for c in configs]
+    fitted = large + [_fitted(c, arch.shared_limit, dtype, staged_out if c.ws else out, tma,
+                              scales) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 

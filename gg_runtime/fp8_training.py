@@ -28,16 +28,22 @@ def _quantize(x, granularity):
     return call(OPS.quantize_fp8.default, x, granularity)
 
 
-def _product(a, b_t, recipe, offs):
+def quantize_weight(w, recipe):
+    """(q, scale): w [G, C, R] quantized as the recipe quantizes weights for
+    products that reduce R (per 128 x 128 block, or per row of each w[g])."""
+    return _quantize(w, _WEIGHTS[recipe])
+
+
+def product(a, b_t, recipe, offs):
     """a [T, R] @ b[g] for b given as b_t [G, C, R] (R the reduced dimension),
     both quantized by the recipe: bfloat16 [T, C]."""
     qa, scale_a = _quantize(a, _ACTIVATIONS[recipe])
-    qb, scale_b = _quantize(b_t, _WEIGHTS[recipe])
+    qb, scale_b = quantize_weight(b_t, recipe)
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
                 torch.bfloat16, False)
 
 
-def _weight_gradient(left, right, offs, recipe):
+def weight_gradient(left, right, offs, recipe):
     """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R], each
     quantized along T within the groups."""
     granularity = _ACTIVATIONS[recipe]
@@ -52,7 +58,7 @@ class _Fp8GroupedMm(torch.autograd.Function):
     def forward(ctx, a, b, offs, recipe):
         ctx.save_for_backward(a, b, offs)
         ctx.recipe = recipe
-        return _product(a, b.mT, recipe, offs)
+        return product(a, b.mT, recipe, offs)
 
     @staticmethod
     @once_differentiable
@@ -64,13 +70,13 @@ class _Fp8GroupedMm(torch.autograd.Function):
         a, b, offs = ctx.saved_tensors
         recipe = ctx.recipe
         grad = grad.to(torch.bfloat16)
-        grad_a = _product(grad, b, recipe, offs) if ctx.needs_input_grad[0] else None
+        grad_a = product(grad, b, recipe, offs) if ctx.needs_input_grad[0] else None
         grad_b = None
         if ctx.needs_input_grad[1]:
             if stored_transposed(b):
-                grad_b = _weight_gradient(grad, a, offs, recipe).mT
+                grad_b = weight_gradient(grad, a, offs, recipe).mT
             else:
-                grad_b = _weight_gradient(a, grad, offs, recipe)
+                grad_b = weight_gradient(a, grad, offs, recipe)
         return grad_a, grad_b, None, None
 
 
@@ -156,4 +162,4 @@ def fp8_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor,
     _check(mat_a, mat_b, offs, recipe)
     if torch.is_grad_enabled() and (mat_a.requires_grad or mat_b.requires_grad):
         return _Fp8GroupedMm.apply(mat_a, mat_b, offs, recipe)
-    return _product(mat_a, mat_b.mT, recipe, offs)
+    return product(mat_a, mat_b.mT, recipe, offs)

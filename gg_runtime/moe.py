@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import fp8_training
 from .autograd import bias_gradient, input_gradient, stored_transposed
 from ._native import OPS, _C, call, call_untracked_if_possible
 
@@ -117,6 +118,85 @@ class _Experts(torch.autograd.Function):
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None
 
 
+class _Fp8Experts(torch.autograd.Function):
+    """moe_experts(fp8=recipe) with 16-bit weights: every product of the
+    forward and the backward in fp8 (fp8_training's recipes), the weights
+    quantized as each product reads them, gradients in the inputs' dtypes."""
+
+    @staticmethod
+    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe):
+        out, gu, order, offs, inverse = _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2,
+                                                     gate_up, activation, recipe, True)
+        ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
+        ctx.gate_up, ctx.activation, ctx.recipe = gate_up, activation, recipe
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        """_Experts.backward's gradients, each product in fp8: dh and dx's
+        rows as fp8_grouped_mm's input gradient (the rows quantized along the
+        reduced dimension, the weights in the transposed orientation), dW13
+        and dW2 as its weight gradient (quantized along the rows within each
+        group).  The rows of grad and x are gathered by the routing's order
+        first (the fp8 kernels read rows in place)."""
+        x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
+        recipe = ctx.recipe
+        need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        weights = topk_weights.float()
+        tokens, k = weights.shape
+        scale = weights.reshape(-1).index_select(0, order)
+        dys = grad.to(torch.bfloat16).index_select(0, order // k)
+        dh = fp8_training.product(dys, w2.mT, recipe, offs)
+        dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
+        _release(gu)
+        del dh
+        d_weights = dw2 = db2 = dx = dw13 = db13 = None
+        if need_weights:
+            if b2 is not None:
+                dot += _bias_term(dys, b2, offs)
+            d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
+        del dot
+        if need_x:  # each token's k rows summed: a combine with unit weights
+            rows = fp8_training.product(dgu, w13.mT, recipe, offs)
+            dx = OPS.combine.default(rows, inverse.view(tokens, k), torch.ones_like(weights),
+                                     offs).to(x.dtype)
+        if need_w13:
+            xs = x.index_select(0, order // k)
+            dw13 = _fp8_weight_gradient(w13, dgu, xs, offs, recipe)
+            del xs
+        if need_b13:
+            db13 = bias_gradient(dgu, offs, False).to(w13.dtype)
+        del dgu
+        if need_w2:
+            dw2 = _fp8_weight_gradient(w2, dys, hs, offs, recipe)
+        if need_b2:
+            db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
+            db2 = db2.to(b2.dtype)
+        return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None
+
+
+def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
+                 for_backward):
+    """The fp8 forward of 16-bit weights: each weight quantized by the
+    recipe (fp8_training's granularities, the forward's orientation), then
+    the fp8 experts' operator (moe_experts_fp8, or with for_backward
+    moe_experts_fp8_for_backward: (out, gu, order, offs, inverse))."""
+    q13, scale13 = fp8_training.quantize_weight(w13, recipe)
+    q2, scale2 = fp8_training.quantize_weight(w2, recipe)
+    op = OPS.moe_experts_fp8_for_backward if for_backward else OPS.moe_experts_fp8
+    return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2, b13, b2, gate_up,
+                activation)
+
+
+def _fp8_weight_gradient(w, left, right, offs, recipe):
+    """left_g^T @ right_g in fp8 (fp8_training.weight_gradient), in w's
+    layout and dtype (input_gradient says why the layout)."""
+    if stored_transposed(w):
+        return fp8_training.weight_gradient(right, left, offs, recipe).mT.to(w.dtype)
+    return fp8_training.weight_gradient(left, right, offs, recipe).to(w.dtype)
+
+
 def _release(saved):
     """Free a saved tensor's memory once its last use is enqueued, as torch's
     own nodes let theirs go before the rest of the backward runs (a node's
@@ -159,7 +239,7 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
                 b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
-                w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+                w2_scale: torch.Tensor | None = None, fp8: str | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer, given the router's choice: one function.
 
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
@@ -214,6 +294,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             `[E, 2I, 1]` too).
         w2_scale: w2's scales, of the same kind: `[E, ceil(H/128),
             ceil(I/128)]` or `[E, H]` (`[E, H, 1]`).
+        fp8: None, or an fp8 training recipe for 16-bit weights,
+            `"blockwise"` or `"rowwise"` (see below).
 
     fp8 weights (`w13_scale` and `w2_scale` given): each weight is its fp8
     values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
@@ -232,24 +314,48 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     work as with 16-bit weights. The forward is the operator
     `torch.ops.gg_runtime.moe_experts_fp8` (sm90: H100, H200).
 
+    fp8 training (`fp8="blockwise"` or `"rowwise"`, 16-bit weights, no
+    scales; sm90): every product of the forward and the backward runs in fp8
+    on operands quantized as they are read, the recipes of `fp8_grouped_mm`.
+    The forward quantizes w13 and w2 on each call (`"blockwise"`: 128 x 128
+    blocks, `"rowwise"`: per output channel) and runs the fp8 weights'
+    forward above, which also keeps the up projection's output `[T*k, 2I]`
+    in bfloat16 for the backward.  The backward quantizes the output
+    gradient's and d(gu)'s rows along their reduced dimension (per 128
+    columns, or per row) and the weights in the transposed orientation for
+    the input gradients, and both operands of each weight gradient along
+    the rows within each expert's group (per 128 rows from the group's
+    first, or per group), accumulating in float32 per 128-deep step.
+    Differentiable in x, topk_weights, w13, w2 and the biases (once); the
+    gradients come back in their inputs' dtypes and the weights' strides.
+    Kept for the backward: as with 16-bit products.  Without gradients
+    (no_grad, nothing requiring grad) the call is the fp8 weights' forward
+    on the weights quantized.
+
     Returns:
         `[T, H]` in x's dtype.
 
     Raises:
         TypeError: an argument that is not a tensor (the biases: nor None), or
-            of a dtype that does not fit, naming it.
+            of a dtype that does not fit, naming it (with `fp8`: x not
+            float16 or bfloat16, or weights not of its dtype).
         ValueError: an unknown gate_up or activation; shapes that do not fit
             `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
-            tensors on different devices or not on a CUDA device; fp8: one
-            scale given without the other, scales of neither kind or of two
-            kinds, weights not K-major, H or I not multiples of 16, an input
-            that requires grad.
+            tensors on different devices or not on a CUDA device; fp8
+            weights: one scale given without the other, scales of neither
+            kind or of two kinds, weights not K-major, an input that
+            requires grad; fp8 weights or `fp8`: H or I not multiples of 16;
+            `fp8`: a value other than None and the recipes, or given with
+            scales.
         UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
             GPU but compute capability 9.0).
         CudaError: a driver or launch failure.
     """
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     _check_choices(gate_up, activation)
+    if fp8 is not None:
+        return _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale,
+                                     w2_scale, gate_up, activation, fp8)
     if w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn:
         return _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
                             gate_up, activation)
@@ -280,6 +386,33 @@ def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scal
                              "torch.inference_mode(), or detach it)")
     return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
                 w2_scale, b13, b2, gate_up, activation)
+
+
+def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
+                          gate_up, activation, recipe):
+    """moe_experts(fp8=recipe): the weights' checks that their quantization
+    would hide (the operator checks the rest, naming the same arguments),
+    then _Fp8Experts where a gradient is wanted, else the forward alone."""
+    if recipe not in fp8_training.RECIPES:
+        raise ValueError(f"fp8 must be None or one of {fp8_training.RECIPES}, got {recipe!r}")
+    if w13_scale is not None or w2_scale is not None:
+        raise ValueError(f"fp8={recipe!r} quantizes 16-bit weights itself: give w13 and w2 in "
+                         "x's dtype and no w13_scale or w2_scale")
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.dtype != x.dtype or x.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"with fp8={recipe!r}, x must be float16 or bfloat16 and {name} of "
+                            f"its dtype, got x {x.dtype} and {name} {w.dtype}")
+        if w.dim() != 3 or w.device != x.device:
+            raise ValueError(f"{name} must be 3-D on x's device {x.device}, got shape "
+                             f"{tuple(w.shape)} on {w.device}")
+    if torch.is_grad_enabled() and (
+            x.requires_grad or topk_weights.requires_grad or w13.requires_grad
+            or w2.requires_grad or (b13 is not None and b13.requires_grad)
+            or (b2 is not None and b2.requires_grad)):
+        return _Fp8Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
+                                 activation, recipe)
+    return _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
+                        False)
 
 
 _TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")

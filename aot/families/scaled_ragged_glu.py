@@ -2,11 +2,12 @@
 (kernels/ragged.py scaled_ragged_glu_kernel): ragged_glu's gathered product
 and activation on float8_e4m3fn tokens and weights with float32 scales
 (scaled_ragged_m's SCALING), h written in float8_e4m3fn with one scale per
-row and 128 columns, the down projection's blockwise input (no bf16 gu or h
-in memory)."""
+row and 128 columns, the down projection's blockwise input; gu (the product
+plus bias, bfloat16 [T, N]) written too where the `gu` axis is "kept" (fp8
+training's forward keeps it for the backward), else never in memory."""
 from dataclasses import replace
 
-from ..family import EVERY, GATE_UP, Axis, Config, Family, Param, Where
+from ..family import EVERY, GATE_UP, Axis, Choice, Config, Family, Param, Where
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.ragged import scaled_ragged_glu_kernel
 from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel
@@ -18,12 +19,17 @@ TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
 PINGPONG = Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True, when="whole_halves")
 SPLIT = Config(128, 256, 128, 4, 3, ws=True, when="whole_halves")
 
+# Whether gu is written (a compile-time choice: serving's kernels stage only
+# fp8 h, training's stage bf16 gu in the same buffer, twice as large).
+GU = Choice("Gu", ("dropped", "kept"))
+
 FAMILY = Family(
     name="scaled_ragged_glu",
     kernel=scaled_ragged_glu_kernel,
     ws_kernel=scaled_ragged_glu_ws_kernel,
     # a: the tokens [*, K], gathered (ROWS); b: w13 [G, N, K] K-major; c: h
-    # [T, N / 2]; c_scale: h's scales [T, cdiv(N / 2, 128)]; bias: bfloat16 [G, N].
+    # [T, N / 2]; c_scale: h's scales [T, cdiv(N / 2, 128)]; bias: bfloat16
+    # [G, N]; gu: bfloat16 [T, N] (read only where kept).
     params=POINTERS + (
         Param("scale_a_ptr", "*fp32", "scale"),
         Param("scale_b_ptr", "*fp32", "scale"),
@@ -32,14 +38,18 @@ FAMILY = Family(
         Param("bias_ptr", "*bf16", "bias"),
         Param("has_bias", "i32", "flag"),
         Param("gpt_oss", "i32", "flag"),
+        Param("gu_ptr", "*bf16", "output", aligned=True),
     ) + ROWS,
-    axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
+    axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP),
+          Axis("gu", GU)),
     constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
-                          "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},
+                          "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED,
+                          "SAVE_GU": v["gu"] == "kept"},
     tma=EVERY,
     basic=False,
     dtypes=("float8_e4m3fn",),
     out_dtypes=("float8_e4m3fn",),
+    staged=lambda v: "bfloat16" if v["gu"] == "kept" else None,
     archs=(90,),
     # The warp-specialised kernel scales a tile's 128-column blocks, gate's
     # and up's, by one weight block each, which holds where I = N / 2 is a

@@ -166,22 +166,23 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
 @triton.jit
 def scaled_ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, c_scale_ptr,
                              T, N, K, G, lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
-                             gpt_oss, rows_ptr, rows_div, SCALING: tl.constexpr,
-                             GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
-                             BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                             PRECISION: tl.constexpr):
+                             gpt_oss, gu_ptr, rows_ptr, rows_div, SCALING: tl.constexpr,
+                             GLU: tl.constexpr, SAVE_GU: tl.constexpr, USE_TMA: tl.constexpr,
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                             CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """ragged_glu_kernel's up projection in fp8 for inference: a [*, K] e4m3
     tokens (rows lda apart) gathered as rows[r] // rows_div (rows_div > 0),
     b [G, N, K] e4m3 (K-major), scaled as scaled.py's SCALING says (a's
     scales by token), tensor-core accumulation; bias [G, N] bfloat16; c [T,
     N / 2] = act(gate, up) in e4m3, each row's 128 columns one 1x128 block
     with its float32 scale in c_scale [T, cdiv(N / 2, 128)] (the down
-    projection's blockwise input).  No gu."""
+    projection's blockwise input); SAVE_GU: gu [T, N] (bfloat16, the product
+    plus bias) written too, as ragged_glu_kernel's."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                      (bias_ptr, has_bias), False, True, False, USE_TMA, BM, BN, BK, CHUNK,
                      PRECISION, SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
-                     gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU, glu=(None, 0, gpt_oss),
-                     out_scales=c_scale_ptr)
+                     gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
+                     glu=(gu_ptr if SAVE_GU else None, 1, gpt_oss), out_scales=c_scale_ptr)
 
 
 @triton.jit

@@ -477,21 +477,24 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
     GATHER: gl.constexpr = gather is not None
     GATED: gl.constexpr = GLU >= CONCATENATED
     HALVES: gl.constexpr = GLU == CONCATENATED
+    if GATED:  # the MMA partitions' glu: gu stored through a descriptor, if at all
+        gu_ptr, save_gu, gpt_oss = glu
+        SAVES_GU: gl.constexpr = gu_ptr is not None
+    else:
+        SAVES_GU: gl.constexpr = False
+    # The c buffers stage gu's parts too where it is stored (wider than h where h is fp8).
+    STAGED: gl.constexpr = gu_ptr.dtype.element_ty if SAVES_GU else c_ptr.dtype.element_ty
     a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty = ring_setup(
         a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A_T, B_T, BM, BN, BK,
-        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0, C_T, PINGPONG)
+        STAGES, PARTS, CTAS, HALVES, GATED, 32 * GATHER_WARPS if GATHER else 0, C_T, PINGPONG,
+        STAGED)
     LOADER: gl.constexpr = GATHER_WARPS if GATHER else LOADER_WARPS
     LOADER_REGS: gl.constexpr = GATHER_REGISTERS if GATHER else LOADER_REGISTERS
     if GATHER:
         gl.static_assert(not A_T and CTAS == 1, "gathered rows are row-major, in one CTA")
-    if GATED:  # the MMA partitions' glu: gu stored through a descriptor, if at all
-        gu_ptr, save_gu, gpt_oss = glu
-        SAVES_GU: gl.constexpr = gu_ptr is not None
-        if SAVES_GU:
-            gu_desc = gu_descriptor(gu_ptr, N, partition_rows(BM, PARTS, PINGPONG),
-                                    c_desc.block_shape[3], GLU)
-    else:
-        SAVES_GU: gl.constexpr = False
+    if SAVES_GU:
+        gu_desc = gu_descriptor(gu_ptr, N, partition_rows(BM, PARTS, PINGPONG),
+                                c_desc.block_shape[3], GLU)
     # Its partitions take turns at tiles (PINGPONG: wait_tile) or at K blocks
     # (blockwise's split tiles: accumulate_blockwise).
     TURNS: gl.constexpr = PINGPONG or (SCALING >= BLOCKWISE and FAST_ACCUM)
@@ -572,8 +575,9 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
 @gluon.jit
 def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
                                 c_scale_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, bias_ptr,
-                                has_bias, gpt_oss, rows_ptr, rows_div, SCALING: gl.constexpr,
-                                GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                                has_bias, gpt_oss, gu_ptr, rows_ptr, rows_div,
+                                SCALING: gl.constexpr, GLU: gl.constexpr, SAVE_GU: gl.constexpr,
+                                USE_TMA: gl.constexpr, BM: gl.constexpr,
                                 BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                                 PRECISION: gl.constexpr, STAGES: gl.constexpr,
                                 PINGPONG: gl.constexpr):
@@ -584,4 +588,5 @@ def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scal
                         (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, 1,
                         SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
                         gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                        glu=(None, 0, gpt_oss), out_scales=c_scale_ptr, PINGPONG=PINGPONG)
+                        glu=(gu_ptr if SAVE_GU else None, 1, gpt_oss), out_scales=c_scale_ptr,
+                        PINGPONG=PINGPONG)

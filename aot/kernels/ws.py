@@ -202,10 +202,14 @@ def store_tile(tile, c_desc, c_buf, origin, off_n):
     EPI_N: gl.constexpr = c_buf.shape[1]
     PARTS: gl.constexpr = tile.shape[1] // EPI_N
     staged = c_buf.reinterpret(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+    flat = c_buf
+    if c_buf.dtype != c_desc.dtype:  # allocated wider (ring_setup's STAGED): a 2-D view of c's type
+        flat = c_buf.reinterpret(c_desc.dtype, c_buf.shape,
+                                 shared_layout(c_buf.shape, c_desc.dtype))
     parts = column_parts(tile.to(c_desc.dtype), PARTS)
     for i in gl.static_range(PARTS):
         tma.store_wait(0)  # the previous store has read c_buf
-        c_buf.store(parts[i])
+        flat.store(parts[i])
         fence_async_shared()
         tma_store(c_desc, origin + (off_n + i * EPI_N, ), staged)
 
@@ -455,7 +459,7 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
                STAGES: gl.constexpr, PARTS: gl.constexpr, CTAS: gl.constexpr = 1,
                HALVES: gl.constexpr = False, HALF_C: gl.constexpr = False,
                COPIERS: gl.constexpr = 0, C_T: gl.constexpr = False,
-               PINGPONG: gl.constexpr = False):
+               PINGPONG: gl.constexpr = False, STAGED: gl.constexpr = None):
     """Descriptors, buffers and barriers of a ragged_m-shaped kernel whose
     output tile is stored by PARTS MMA partitions of BM // PARTS rows each
     (each has its c buffer, and each frees a ring slot: `empty` waits for
@@ -468,7 +472,8 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
     BN / 2 of them a tile (a gated epilogue's output, kernels/glu.py).
     COPIERS > 0: A's rows may be gathered by that many loader threads
     (load_partition's gather).  C_T: c is stored transposed, [N, T] row-major
-    (store_columns)."""
+    (store_columns).  STAGED: the c buffers' element type where they also
+    stage a wider tensor than c (None: c's)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
     k_dim = gl.maximum(K, 1)  # K = 0: a valid descriptor that is never loaded
@@ -501,7 +506,7 @@ def ring_setup(a_ptr, b_ptr, c_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, A
         c_desc = ragged_descriptor(c_ptr, N // 2, ldc, PART_M, EPI_N, CTAS)
     else:
         c_desc = ragged_descriptor(c_ptr, N, ldc, PART_M, EPI_N, CTAS)
-    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, b_tile,
-                                                         [PART_M, EPI_N], PARTS, STAGES, CTAS,
-                                                         A_ROWS, COPIERS, PINGPONG)
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out if STAGED is None else STAGED,
+                                                         a_tile, b_tile, [PART_M, EPI_N], PARTS,
+                                                         STAGES, CTAS, A_ROWS, COPIERS, PINGPONG)
     return a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty

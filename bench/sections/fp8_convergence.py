@@ -1,6 +1,7 @@
 """fp8 training converges as bf16 does (issue 49's criterion): a 4-layer
 MoE language model trained from one initialisation on one fixed synthetic
-token stream, its expert products bf16 grouped_mm or fp8_grouped_mm in each
+token stream, its experts a torch layer whose products are bf16 grouped_mm
+or fp8_grouped_mm in each recipe, or moe_experts in bf16 or with each fp8
 recipe (the router, embeddings and head in bf16 alike).  The stream is a
 first-order Markov chain with a few likely successors per token (its
 entropy is the loss floor); the model sees the current and the previous
@@ -13,7 +14,7 @@ import math
 import torch
 
 import gg_runtime
-from gg_runtime.testing import moe_layer
+from gg_runtime.testing import moe_layer, route_top_k
 
 from ..markdown import fmt, table
 from ..plotting import pyplot, save
@@ -28,11 +29,13 @@ RECIPES = ("rowwise", "blockwise")
 def run(context) -> dict:
     chain = markov_chain()
     stream = token_stream(chain)
-    runs = {"bf16": train(lambda a, b, offs, bias=None: gg_runtime.grouped_mm(a, b, offs),
-                          stream)}
+    runs = {"bf16": train(torch_layer(lambda a, b, offs, bias=None:
+                                      gg_runtime.grouped_mm(a, b, offs)), stream)}
     for recipe in RECIPES:
-        runs[recipe] = train(lambda a, b, offs, bias=None, r=recipe:
-                             gg_runtime.fp8_grouped_mm(a, b, offs, recipe=r), stream)
+        runs[recipe] = train(torch_layer(lambda a, b, offs, bias=None, r=recipe:
+                                         gg_runtime.fp8_grouped_mm(a, b, offs, recipe=r)), stream)
+    for recipe in (None,) + RECIPES:
+        runs[f"moe_experts {recipe or 'bf16'}"] = train(fused_layer(recipe), stream)
     data = {"model": {"vocab": VOCAB, "dim": DIM, "experts": EXPERTS, "inter": INTER,
                       "top_k": TOP_K, "layers": LAYERS, "batch_tokens": SEQUENCES * LENGTH,
                       "steps": STEPS, "lr": LR},
@@ -74,14 +77,27 @@ def token_stream(chain) -> torch.Tensor:
     return torch.stack(tokens, 1).view(STEPS, SEQUENCES, LENGTH + 2)
 
 
+def torch_layer(mm):
+    """The experts as a torch layer whose grouped products are mm's."""
+    return lambda x, router, w13, w2: moe_layer(mm, x, router, w13, w2, TOP_K)
+
+
+def fused_layer(recipe):
+    """The experts as moe_experts (fp8=recipe), routed as moe_layer routes."""
+    def layer(x, router, w13, w2):
+        weights, chosen = route_top_k(x, router, TOP_K)
+        return gg_runtime.moe_experts(x, chosen, weights, w13, w2, fp8=recipe)
+    return layer
+
+
 class Model(torch.nn.Module):
     """Embeddings of the current and previous token, LAYERS residual MoE
-    blocks (RMS norm, router, experts through `mm`), a head; float32
-    parameters, run in bf16."""
+    blocks (RMS norm, router, `experts`), a head; float32 parameters, run in
+    bf16."""
 
-    def __init__(self, mm):
+    def __init__(self, experts):
         super().__init__()
-        self.mm = mm
+        self.experts = experts
         self.embed = torch.nn.Parameter(torch.randn(VOCAB, DIM) * 0.02)
         self.embed_prev = torch.nn.Parameter(torch.randn(VOCAB, DIM) * 0.02)
         self.routers = torch.nn.Parameter(torch.randn(LAYERS, DIM, EXPERTS) * DIM ** -0.5)
@@ -95,15 +111,15 @@ class Model(torch.nn.Module):
         x = (self.embed[current] + self.embed_prev[previous]).to(bf16)
         for layer in range(LAYERS):
             h = torch.nn.functional.rms_norm(x, (DIM,))
-            x = x + moe_layer(self.mm, h, self.routers[layer].to(bf16),
-                              self.w13[layer].to(bf16), self.w2[layer].to(bf16), TOP_K)
+            x = x + self.experts(h, self.routers[layer].to(bf16), self.w13[layer].to(bf16),
+                                 self.w2[layer].to(bf16))
         return torch.nn.functional.rms_norm(x, (DIM,)) @ self.head.to(bf16)
 
 
-def train(mm, stream) -> list:
+def train(experts, stream) -> list:
     """The loss of each step (predicting token t + 1 from tokens t and t - 1)."""
     torch.manual_seed(0)
-    model = Model(mm).cuda()
+    model = Model(experts).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     losses = []
     for tokens in stream:
@@ -128,11 +144,16 @@ def plot(runs, entropy, path) -> bool:
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_yscale("log")
-    ax.set_title(f"fp8_grouped_mm vs bf16: a {LAYERS}-layer MoE LM, "
+    ax.set_title(f"fp8 vs bf16 experts: a {LAYERS}-layer MoE LM, "
                  f"{torch.cuda.get_device_name()}")
     ax.legend()
     save(fig, path)
     return True
+
+
+def bf16_of(run: str) -> str:
+    """The bf16 run a run is compared with: moe_experts' own, or the torch layer's."""
+    return "moe_experts bf16" if run.startswith("moe_experts") else "bf16"
 
 
 def report(data) -> list:
@@ -140,11 +161,13 @@ def report(data) -> list:
     lines = [f"A {m['layers']}-layer MoE language model (vocabulary {m['vocab']}, width "
              f"{m['dim']}, {m['experts']} experts of {m['inter']}, top-{m['top_k']}), "
              f"{m['steps']} AdamW steps (lr {m['lr']}) of {m['batch_tokens']} tokens from one "
-             "initialisation and one synthetic Markov stream; the expert products in bf16 "
-             "(grouped_mm) or fp8 (fp8_grouped_mm). Final loss: the mean of the last "
+             "initialisation and one synthetic Markov stream; the experts a torch layer "
+             "whose products are bf16 (grouped_mm) or fp8 (fp8_grouped_mm, by recipe), or "
+             "moe_experts in bf16 or fp8 (fp8=recipe). Final loss: the mean of the last "
              f"{TAIL} steps; the stream's entropy {data['entropy']:.3f} nats is the floor.", ""]
-    lines += table(["experts' products", "final loss", "x bf16's"], [
-        [name, f"{loss:.4f}", fmt(loss / final["bf16"], "{:.4f}")] for name, loss in final.items()])
+    lines += table(["experts", "final loss", "x its bf16's"], [
+        [name, f"{loss:.4f}", fmt(loss / final[bf16_of(name)], "{:.4f}")]
+        for name, loss in final.items() if bf16_of(name) in final])
     if "plot" in data:
         lines += ["", f"![loss curves]({data['plot']})"]
     return lines

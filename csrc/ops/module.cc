@@ -21,6 +21,7 @@ using gg::ops::grouped_mm_glu;
 using gg::ops::moe_experts;
 using gg::ops::moe_experts_for_backward;
 using gg::ops::moe_experts_fp8;
+using gg::ops::moe_experts_fp8_for_backward;
 using gg::ops::quantize_fp8;
 using gg::ops::quantize_fp8_columns;
 using gg::ops::route;
@@ -61,6 +62,8 @@ void implement(Library& m) {
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
   m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
   m.impl("moe_experts_fp8", kernel<TORCH_BOX(&moe_experts_fp8), kShapesOnly>());
+  m.impl("moe_experts_fp8_for_backward",
+         kernel<TORCH_BOX(&moe_experts_fp8_for_backward), kShapesOnly>());
 }
 
 // Whether the runtime's families and dtypes are those the operators were
@@ -145,6 +148,11 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
       "Tensor w13_scale, Tensor w2_scale, Tensor? b13=None, Tensor? b2=None, "
       "str gate_up='concatenated', str activation='swiglu') -> Tensor");
+  m.def(
+      "moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, "
+      "Tensor w2, Tensor w13_scale, Tensor w2_scale, Tensor? b13=None, Tensor? b2=None, "
+      "str gate_up='concatenated', str activation='swiglu') -> (Tensor out, Tensor gu, "
+      "Tensor order, Tensor offs, Tensor inverse)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

@@ -6,8 +6,9 @@
 // (scaled_ragged_glu), the down projection (scaled_ragged_m) and the
 // weighted combine.  The tokens are quantized as the weights are: per token
 // per 128 columns for 128 x 128 weight blocks, per token for per-channel
-// weights; h per token per 128 columns either way.  Meta tensors run the
-// same code without the launches.
+// weights; h per token per 128 columns either way.  For fp8 training's
+// backward (moe_experts_fp8_for_backward) the up projection writes gu, in
+// bfloat16, too.  Meta tensors run the same code without the launches.
 #include <family_args.h>
 
 #include <optional>
@@ -112,10 +113,11 @@ struct UpProjection {
 
 // (h [S, I] float8_e4m3fn, its scales [S, ceil(I/128)]): each slot's token
 // row times w13 (+ b13), activated, quantized per 128 columns, in one
-// scaled_ragged_glu launch.
+// scaled_ragged_glu launch; the product plus bias written to gu [S, 2I]
+// (bfloat16) too where gu is given.
 std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
                                          family::GateUp gate_up, family::Activation activation,
-                                         Outputs& outputs) {
+                                         Tensor* gu, Outputs& outputs) {
   const auto& [xq, x_scale] = p.tokens;
   const int64_t slots = p.order.size(0), n = p.w13.size(1), inter = n / 2;
   Tensor h = outputs.make({slots, inter}, kFp8);
@@ -143,12 +145,56 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
                                      .bias_ptr = p.b13 ? address(*p.b13) : 0,
                                      .has_bias = p.b13 ? 1 : 0,
                                      .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
+                                     .gu_ptr = gu ? address(*gu) : 0,
                                      .rows_ptr = address(p.order),
                                      .rows_div = p.k};
-  const family::Scaling scaling =
-      scales == Scales::kBlockwise ? family::Scaling::kBlockwise : family::Scaling::kRowwise;
-  sm90_only([&] { launch(args, {.scaling = scaling, .gate_up = gate_up}, target_of(xq, kFp8)); });
+  const family::ScaledRaggedGlu::Axes axes{.scaling = scales == Scales::kBlockwise
+                                                          ? family::Scaling::kBlockwise
+                                                          : family::Scaling::kRowwise,
+                                           .gate_up = gate_up,
+                                           .gu = gu ? family::Gu::kKept : family::Gu::kDropped};
+  sm90_only([&] { launch(args, axes, target_of(xq, kFp8)); });
   return {h, h_scale};
+}
+
+// What the backward reads beyond the inputs (ExpertsFp8ForBackward's tensors).
+struct Saved {
+  Tensor gu, order, offs, inverse;
+};
+
+// The forward; where `saved` is given, what the backward reads goes there
+// (else the routing is a temporary too).
+Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale,
+               const std::string& gate_up, const std::string& activation, Saved* saved) {
+  const Scales scales = check(in, w13_scale, w2_scale);
+  // Parsed here so that a bad value is refused before anything launches.
+  const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
+  const auto activation_value = parse_choice<family::Activation>("activation", activation);
+  const Tensor& x = in.x;
+  const int64_t tokens = x.size(0), k = in.topk_ids.size(1), experts = in.w13.size(0);
+  // The conversions, torch's work, before the launches (as in moe_experts).
+  const Tensor ids = converted(in.topk_ids, ScalarType::Long);
+  const Tensor weights = as_contiguous(converted(in.topk_weights, ScalarType::Float));
+  const std::optional<Tensor> b13_rows = as_rows_dtype(in.b13), b2_rows = as_rows_dtype(in.b2);
+  const Tensor w13_scales = kernel_form(w13_scale, scales),
+               w2_scales = kernel_form(w2_scale, scales);
+  LaunchGroup launches;
+  Outputs results(x);
+  Outputs temporaries(x);
+  const auto [order, offs, inverse] = route_slots(ids, experts, saved ? results : temporaries);
+  std::optional<Tensor> gu;
+  if (saved) gu = new_output(x, {order.size(0), in.w13.size(1)}, kRows);
+  // Each token quantized once; the up projection reads each slot's row.
+  const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
+  const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
+  const auto [h, h_scale] =
+      up_projection(up, scales, gate_up_value, activation_value, gu ? &*gu : nullptr, temporaries);
+  const Tensor ys = scaled_grouped_mm(h, torch::stable::transpose(in.w2, 1, 2), h_scale, w2_scales,
+                                      offs, b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
+  const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
+  launches.submit();
+  if (saved) *saved = {*gu, order, offs, inverse};
+  return converted(out, x.scalar_type());
 }
 
 }  // namespace
@@ -157,29 +203,18 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
                        Tensor w13_scale, Tensor w2_scale, std::optional<Tensor> b13,
                        std::optional<Tensor> b2, std::string gate_up, std::string activation) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  const Scales scales = check(in, w13_scale, w2_scale);
-  // Parsed here so that a bad value is refused before anything launches.
-  const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
-  const auto activation_value = parse_choice<family::Activation>("activation", activation);
-  const int64_t tokens = x.size(0), k = topk_ids.size(1), experts = w13.size(0);
-  // The conversions, torch's work, before the launches (as in moe_experts).
-  const Tensor ids = converted(topk_ids, ScalarType::Long);
-  const Tensor weights = as_contiguous(converted(topk_weights, ScalarType::Float));
-  const std::optional<Tensor> b13_rows = as_rows_dtype(b13), b2_rows = as_rows_dtype(b2);
-  const Tensor w13_scales = kernel_form(w13_scale, scales),
-               w2_scales = kernel_form(w2_scale, scales);
-  LaunchGroup launches;
-  Outputs temporaries(x);
-  const auto [order, offs, inverse] = route_slots(ids, experts, temporaries);
-  // Each token quantized once; the up projection reads each slot's row.
-  const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
-  const UpProjection up{quantized, order, k, offs, w13, w13_scales, b13_rows};
-  const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value, temporaries);
-  const Tensor ys = scaled_grouped_mm(h, torch::stable::transpose(w2, 1, 2), h_scale, w2_scales,
-                                      offs, b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
-  const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
-  launches.submit();
-  return converted(out, x.scalar_type());
+  return forward(in, w13_scale, w2_scale, gate_up, activation, nullptr);
+}
+
+ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
+                                                   Tensor w13, Tensor w2, Tensor w13_scale,
+                                                   Tensor w2_scale, std::optional<Tensor> b13,
+                                                   std::optional<Tensor> b2, std::string gate_up,
+                                                   std::string activation) {
+  const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
+  Saved saved;
+  const Tensor out = forward(in, w13_scale, w2_scale, gate_up, activation, &saved);
+  return {out, saved.gu, saved.order, saved.offs, saved.inverse};
 }
 
 }  // namespace gg::ops

@@ -130,4 +130,14 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
                        Tensor w13_scale, Tensor w2_scale, std::optional<Tensor> b13,
                        std::optional<Tensor> b2, std::string gate_up, std::string activation);
 
+// moe_experts_fp8's forward and what fp8 training's backward reads: (out,
+// gu [T*k, 2I] bfloat16 (the up projection's product plus bias), order,
+// offs, inverse), the routing as moe_experts_for_backward's.
+using ExpertsFp8ForBackward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
+                                                   Tensor w13, Tensor w2, Tensor w13_scale,
+                                                   Tensor w2_scale, std::optional<Tensor> b13,
+                                                   std::optional<Tensor> b2, std::string gate_up,
+                                                   std::string activation);
+
 }  // namespace gg::ops

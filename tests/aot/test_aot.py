@@ -314,10 +314,10 @@ def test_shared_estimate_covers_what_triton_allocates(manifest):
     limit binds (TMA variants and sm80's cp.async pipelines)."""
     for r in manifest["variants"]:
         if r["flavour"] == "tma" or r["arch"] == 80:
-            config = Config(**r["config"])
-            estimate = config.shared_estimate(DTYPES[r["dtype"]], DTYPES[r["out_dtype"]],
-                                              r["flavour"] == "tma",
-                                              FAMILIES[r["family"]].ring_scales)
+            config, family = Config(**r["config"]), FAMILIES[r["family"]]
+            staged = (config.ws and family.staged(r["axes"])) or r["out_dtype"]
+            estimate = config.shared_estimate(DTYPES[r["dtype"]], DTYPES[staged],
+                                              r["flavour"] == "tma", family.ring_scales)
             assert r["shared"] <= estimate + 1024, (r["key"], r["shared"], estimate)
 
 
@@ -332,11 +332,13 @@ def test_fp8_variants_are_opt_in_and_sm90_tma_only():
                                         for a in ("promoted", "fast")}
     assert {v.axes for v in scaled if v.config.ws} == {v.axes for v in scaled}
     # The fused up projection: fp8 h out, the tokens scaled as the weights
-    # (an axis restricted to two of Scaling's values).
+    # (an axis restricted to two of Scaling's values), gu dropped (serving) or
+    # kept (training).
     glu = [v for v in fp8 if v.family == "scaled_ragged_glu"]
     assert {v.out.name for v in glu} == {"float8_e4m3fn"}
-    assert {v.axes for v in glu} == {(s, g) for s in ("rowwise", "blockwise")
-                                     for g in ("concatenated", "interleaved")}
+    assert {v.axes for v in glu} == {(s, g, gu) for s in ("rowwise", "blockwise")
+                                     for g in ("concatenated", "interleaved")
+                                     for gu in ("dropped", "kept")}
     assert {v.axes for v in glu if v.config.ws} == {v.axes for v in glu}
     # The weight gradient: rowwise and blockwise, bfloat16 or float32 out.
     grad = [v for v in fp8 if v.family == "scaled_ragged_k"]

@@ -258,3 +258,55 @@ def test_fused_experts_channel_scales_need_per_channel_quant():
 def test_fused_experts_one_scale_is_named():
     with pytest.raises((TypeError, ValueError), match="w1_scale"):
         gg_runtime.fused_experts(**fused_args(w1_scale=None))
+
+
+def training_args(**changes):
+    """moe_experts' keyword arguments for fp8 training (16-bit weights)."""
+    given = {"x": meta(T, H), "topk_ids": meta(T, K, dtype=torch.int64),
+             "topk_weights": meta(T, K, dtype=torch.float32), "w13": meta(E, 2 * INTER, H),
+             "w2": meta(E, H, INTER)}
+    given.update(changes)
+    return given
+
+
+@pytest.mark.parametrize("recipe", ["blockwise", "rowwise"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_training_output_shape(recipe, grad):
+    """The weights quantized and the fp8 forward run on meta tensors; with
+    a gradient wanted, through the autograd function (gu kept)."""
+    given = training_args()
+    if grad:
+        given["w13"].requires_grad_()
+    out = gg_runtime.moe_experts(**given, fp8=recipe)
+    assert out.shape == (T, H) and out.dtype == torch.bfloat16 and out.requires_grad == grad
+
+
+def test_training_forward_keeps_gu():
+    given = training_args()
+    q13, s13 = gg_runtime.quantize_fp8(given["w13"], "128x128")
+    q2, s2 = gg_runtime.quantize_fp8(given["w2"], "128x128")
+    out, gu, order, offs, inverse = torch.ops.gg_runtime.moe_experts_fp8_for_backward(
+        given["x"], given["topk_ids"], given["topk_weights"], q13, q2, s13, s2)
+    assert out.shape == (T, H) and gu.shape == (T * K, 2 * INTER)
+    assert gu.dtype == torch.bfloat16 and order.shape == inverse.shape == (T * K,)
+    assert offs.shape == (E,)
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    ({"fp8": "1x128"}, ValueError, "fp8 must be None or one of"),
+    ({"fp8": "blockwise", "w13_scale": meta(E, 4, 3, dtype=torch.float32)}, ValueError,
+     "quantizes 16-bit weights itself"),
+    ({"fp8": "rowwise", "w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError,
+     "w2 of its dtype"),
+    ({"fp8": "rowwise", "x": meta(T, H, dtype=torch.float32),
+      "w13": meta(E, 2 * INTER, H, dtype=torch.float32),
+      "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError, "float16 or bfloat16"),
+    ({"fp8": "blockwise", "w13": meta(2 * INTER, H)}, ValueError, "w13 must be 3-D"),
+    ({"fp8": "blockwise", "w13": meta(E, 400, H), "w2": meta(E, H, 200)}, ValueError,
+     "multiples of 16"),
+    ({"fp8": "blockwise", "w13": meta(E, 2 * INTER, H + 16)}, ValueError, "w13"),
+], ids=["recipe", "scales", "weight_dtype", "float32", "weight_dims", "alignment", "shape"])
+def test_training_refuses(changes, error, match):
+    fp8 = changes.pop("fp8")
+    with pytest.raises(error, match=match):
+        gg_runtime.moe_experts(**training_args(**changes), fp8=fp8)

@@ -1,0 +1,111 @@
+"""fp8 training of the MoE experts (issue 49): moe_experts(fp8=recipe) in
+each recipe against bf16 moe_experts on the same bf16 inputs and routing,
+forward and forward+backward (gradients of x, the routing weights and both
+expert weights, through torch.autograd.grad), timed in turns; the memory
+the forward keeps for the backward and the peak of a step.  Each recipe's
+output and gradients are checked against bf16's before they are timed."""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+import gg_runtime
+from gg_runtime.testing import moe_layer_inputs, rel_error, route_top_k, time_in_turns
+
+from ..markdown import fmt, geomean, table
+from ..measure import peak_gb
+from .experts import saved_gb
+from .training import LAYERS
+
+TITLE = "fp8 training: moe_experts(fp8=...) against bf16 moe_experts"
+RECIPES = ("rowwise", "blockwise")
+IMPLEMENTATIONS = (None,) + RECIPES  # None: bf16
+# fp8 against bf16 on the same inputs: every product's operands rounded to
+# e4m3 (3 mantissa bits), a few percent of each result.
+FP8_VS_BF16 = 0.1
+
+
+def run(context) -> dict:
+    rows = []
+    for name, shape in LAYERS.items():
+        if context.only in name:
+            rows.append(bench_layer(name, shape))
+            torch.cuda.empty_cache()  # the next layer's inputs where this one's were
+    return {"layers": rows}
+
+
+def label(recipe) -> str:
+    return recipe or "bf16"
+
+
+def bench_layer(name: str, shape: tuple) -> dict:
+    tokens, hidden, inter, experts, top_k = shape
+    inputs = moe_layer_inputs(tokens, hidden, inter, experts)
+    with torch.no_grad():
+        weights, ids = route_top_k(inputs["x"], inputs["router"], top_k)
+    leaves = (inputs["x"], weights.requires_grad_(), inputs["w13"], inputs["w2"])
+    dy = torch.randn_like(inputs["x"])
+
+    def forward(recipe):
+        x, topk_weights, w13, w2 = leaves
+        return gg_runtime.moe_experts(x, ids, topk_weights, w13, w2, fp8=recipe)
+
+    def step(recipe):
+        return torch.autograd.grad(forward(recipe), leaves, dy)
+
+    row = {"name": name, "shape": dict(zip(("T", "H", "I", "E", "k"), shape)), "errors": {}}
+    reference = [forward(None).detach(), *step(None)]
+    for recipe in RECIPES:
+        got = [forward(recipe).detach(), *step(recipe)]
+        row["errors"][recipe] = max(rel_error(g, r.float()) for g, r in zip(got, reference))
+    del reference, got
+    if max(row["errors"].values()) > FP8_VS_BF16:
+        row["error"] = f"an fp8 recipe differs from bf16 by more than {FP8_VS_BF16}: " \
+                       f"{row['errors']}"
+        return row
+    forward_ms = time_in_turns({label(r): partial(forward, r) for r in IMPLEMENTATIONS})
+    step_ms = time_in_turns({label(r): partial(step, r) for r in IMPLEMENTATIONS})
+    for recipe in IMPLEMENTATIONS:
+        row[label(recipe)] = {"forward_ms": forward_ms[label(recipe)],
+                              "step_ms": step_ms[label(recipe)],
+                              "peak_step_gb": peak_gb(partial(step, recipe)),
+                              "saved_gb": saved_gb(partial(forward, recipe))}
+    bf16 = row["bf16"]
+    for recipe in RECIPES:
+        r = row[recipe]
+        r["forward_x"] = bf16["forward_ms"] / r["forward_ms"]
+        r["step_x"] = bf16["step_ms"] / r["step_ms"]
+    return row
+
+
+def report(data) -> list:
+    rows = [r for r in data["layers"] if "error" not in r]
+    lines = ["x bf16: bf16 moe_experts' time / moe_experts(fp8=recipe)'s, same inputs and "
+             "routing (fwd: forward; step: forward and the gradients of x, the routing "
+             "weights, w13 and w2).  Kept: GB the forward keeps for the backward; peak: GB "
+             "a step allocates at its peak.", ""]
+    head = ["layer (T, H, I, E, k)", "bf16 fwd ms", "bf16 step ms", "bf16 kept / peak GB"]
+    for recipe in RECIPES:
+        head += [f"{recipe} fwd x", f"{recipe} step x", f"{recipe} kept / peak GB"]
+    body = []
+    for r in data["layers"]:
+        shape = ", ".join(str(v) for v in r["shape"].values())
+        if "error" in r:
+            body.append([f"{r['name']} ({shape})", r["error"]] + [""] * (len(head) - 2))
+            continue
+        cells = [f"{r['name']} ({shape})", f"{r['bf16']['forward_ms']:.2f}",
+                 f"{r['bf16']['step_ms']:.2f}", memory(r["bf16"])]
+        for recipe in RECIPES:
+            cells += [fmt(r[recipe]["forward_x"]), fmt(r[recipe]["step_x"]), memory(r[recipe])]
+        body.append(cells)
+    lines += table(head, body)
+    if rows:
+        lines += ["", "Geomeans: " + ", ".join(
+            f"{recipe} fwd {fmt(geomean(r[recipe]['forward_x'] for r in rows))}, step "
+            f"{fmt(geomean(r[recipe]['step_x'] for r in rows))}" for recipe in RECIPES) + "."]
+    return lines
+
+
+def memory(run: dict) -> str:
+    return f"{run['saved_gb']:.2f} / {run['peak_step_gb']:.2f}"

@@ -1,0 +1,188 @@
+"""moe_experts(fp8=recipe), fp8 training of the experts, on the GPU: the
+output and every gradient against gg_runtime.testing.moe_fp8_training's
+float64 reference (the operands quantized as the implementation quantizes
+them), for both recipes: H and I multiples of 16 but not of 128 (the up
+projection's Triton kernel) and of 128 (its warp-specialised kernels,
+small and large groups), E = 1 and 256, k from 1 to 8, T = 0, 1 and 7,
+dropped and duplicate ids, both gate_up layouts and activations, biases,
+weights stored transposed (their gradients in their strides), float16
+tokens; each up-projection kernel that keeps gu forced; CUDA graphs.
+Outputs poisoned.
+
+Normal data: every quantization rounds, and the forward's fast
+accumulation (the serving kernels') moves some of gu's elements by its
+reduced precision, which the backward's products carry (TOLERANCE).
+"""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime import _C
+from gg_runtime.testing import forced, randn, rel_error
+from gg_runtime.testing.fp8_training import RECIPES
+from gg_runtime.testing.moe_fp8_training import GRADIENTS, moe_experts_fp8_training_ref
+
+from conftest import device_arch
+
+pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
+              pytest.mark.usefixtures("poison")]
+
+# fp8 products of normal data whose operands are the reference's own: their
+# accumulation and the bfloat16 roundings (the serving tests' RANDOM_TOLERANCE).
+TOLERANCE = 2e-2
+# (tokens, hidden, inter, experts, k)
+SHAPES = {
+    "tile_tails": (64, 272, 208, 8, 4),  # Triton up projection
+    "small_groups": (64, 272, 256, 8, 4),  # pingpong tiles
+    "large_groups": (1024, 272, 256, 4, 2),  # split tiles
+    "one_expert": (37, 144, 128, 1, 1),
+    "e256_k8": (300, 256, 128, 256, 8),
+    "one_token": (1, 272, 208, 16, 8),
+    "seven_tokens": (7, 128, 128, 8, 3),
+}
+
+
+def routing(tokens, experts, k):
+    """(topk_ids, topk_weights): k distinct experts per token, softmax weights."""
+    weights, ids = torch.rand(tokens, experts, device="cuda").topk(k, dim=-1)
+    return ids, weights.softmax(-1)
+
+
+def layer(tokens, hidden, inter, experts, k, dtype=torch.bfloat16, bias=False,
+          transposed=False):
+    """(x, topk_ids, topk_weights, w13, w2, b13, b2, grad): random data; the
+    weights stored [E, H, 2I] and [E, I, H] and given transposed where asked."""
+    ids, weights = routing(tokens, experts, k)
+    x = randn(tokens, hidden, dtype=dtype)
+    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, scale=hidden ** -0.5)
+    w2 = randn(experts, hidden, inter, dtype=dtype, scale=inter ** -0.5)
+    if transposed:
+        w13, w2 = w13.mT.contiguous().mT, w2.mT.contiguous().mT
+    b13 = randn(experts, 2 * inter, dtype=dtype, scale=0.1) if bias else None
+    b2 = randn(experts, hidden, dtype=dtype, scale=0.1) if bias else None
+    return x, ids, weights, w13, w2, b13, b2, randn(tokens, hidden, dtype=dtype)
+
+
+def run(x, ids, weights, w13, w2, b13, b2, grad, recipe, **options) -> dict:
+    """{"out": ..., name: gradient} of moe_experts(fp8=recipe), every
+    floating input a leaf that requires grad."""
+    leaves = {"x": x, "topk_weights": weights, "w13": w13, "w2": w2, "b13": b13, "b2": b2}
+    leaves = {n: t.detach().requires_grad_() for n, t in leaves.items() if t is not None}
+    out = gg_runtime.moe_experts(leaves["x"], ids, leaves["topk_weights"], leaves["w13"],
+                                 leaves["w2"], b13=leaves.get("b13"), b2=leaves.get("b2"),
+                                 fp8=recipe, **options)
+    got = dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), grad)))
+    return {"out": out, **got}
+
+
+def check(inputs, recipe, **options):
+    x, ids, weights, w13, w2, b13, b2, grad = inputs
+    got = run(*inputs, recipe, **options)
+    want = moe_experts_fp8_training_ref(x, ids, weights, w13, w2, grad, recipe, b13, b2,
+                                        **options)
+    originals = {"out": x, "x": x, "topk_weights": weights, "w13": w13, "w2": w2, "b13": b13,
+                 "b2": b2}
+    for name, value in got.items():
+        original = originals[name]
+        assert value.dtype == original.dtype and value.shape == original.shape, name
+        assert value.stride() == original.stride() or name in ("out", "x"), name
+        assert torch.isfinite(value).all(), f"{name}: not finite"
+        if want[name].abs().max() == 0:
+            assert value.eq(0).all(), f"{name}: not zero"
+        else:
+            error = rel_error(value, want[name])
+            assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
+    return got
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES)
+def test_output_and_gradients(recipe, shape):
+    check(layer(*shape), recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+def test_layouts_activations_biases(recipe, gate_up, activation):
+    """Biases and weights stored transposed: every gradient, the weights' in
+    their strides."""
+    inputs = layer(*SHAPES["small_groups"], bias=True, transposed=True)
+    check(inputs, recipe, gate_up=gate_up, activation=activation)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_float16_tokens(recipe):
+    check(layer(*SHAPES["tile_tails"], dtype=torch.float16), recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_dropped_and_duplicate_ids(recipe):
+    """Ids outside [0, E) add nothing and get zero weight gradients; an
+    expert twice in a token's top-k counts twice; every token on one expert."""
+    inputs = list(layer(*SHAPES["tile_tails"]))
+    ids = inputs[1]
+    ids[::3, 0] = -1
+    ids[1::3, 1] = 8
+    ids[2::3, 2] = ids[2::3, 3]
+    ids[:5] = 2
+    got = check(inputs, recipe)
+    dropped = (ids < 0) | (ids >= 8)
+    assert got["topk_weights"][dropped].eq(0).all()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_no_tokens(recipe):
+    x, ids, weights, w13, w2, _, _, grad = layer(0, 128, 128, 4, 2)
+    got = run(x, ids, weights, w13, w2, None, None, grad, recipe)
+    assert got["out"].shape == (0, 128)
+    assert got["w13"].eq(0).all() and got["w2"].eq(0).all()
+
+
+@pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
+                                     and v["family"] == "scaled_ragged_glu"
+                                     and v["axes"]["gu"] == "kept"],
+                         ids=lambda v: v["key"])
+def test_every_up_projection_kernel_that_keeps_gu(variant):
+    """Each kernel forced on a problem it runs (I a multiple of 128 where
+    its config says so): the output and every gradient (gu feeds them all)."""
+    axes = variant["axes"]
+    recipe = "blockwise" if axes["scaling"] == "blockwise" else "rowwise"
+    shape = (256, 272, 256, 4, 2) if "whole_halves" in variant["key"] else SHAPES["tile_tails"]
+    with forced(variant["key"]):
+        check(layer(*shape), recipe, gate_up=axes["gate_up"])
+
+
+def test_no_gradient_wanted_runs_the_forward():
+    """With nothing requiring grad, the forward alone: the reference's output."""
+    x, ids, weights, w13, w2, _, _, grad = layer(*SHAPES["tile_tails"])
+    out = gg_runtime.moe_experts(x, ids, weights, w13, w2, fp8="blockwise")
+    want = moe_experts_fp8_training_ref(x, ids, weights, w13, w2, grad, "blockwise")["out"]
+    assert rel_error(out, want) <= TOLERANCE
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cuda_graph_replays_new_routing(recipe):
+    """Forward and backward captured once, replayed with new routing and data."""
+    inputs = layer(*SHAPES["small_groups"])
+    static = [t.clone() for t in inputs if t is not None]
+    x, ids, weights, w13, w2, grad = static
+    leaves = [t.requires_grad_() for t in (x, weights, w13, w2)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture, as torch asks
+        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, fp8=recipe)
+        torch.autograd.grad(out, leaves, grad)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, fp8=recipe)
+        grads = torch.autograd.grad(out, leaves, grad)
+    fresh = layer(*SHAPES["small_groups"])
+    with torch.no_grad():
+        for target, source in zip(static, [t for t in fresh if t is not None]):
+            target.copy_(source)
+    graph.replay()
+    want = moe_experts_fp8_training_ref(*static[:5], static[5], recipe)
+    for name, value in zip(("out",) + GRADIENTS[:4], (out, *grads)):
+        assert rel_error(value, want[name]) <= TOLERANCE, name
