@@ -34,14 +34,13 @@ def quantize_weight(w, recipe):
     return _quantize(w, _WEIGHTS[recipe])
 
 
-def product(a, b_t, recipe, offs, fast_accum=False):
+def product(a, b_t, recipe, offs):
     """a [T, R] @ b[g] for b given as b_t [G, C, R] (R the reduced dimension),
-    both quantized by the recipe: bfloat16 [T, C]; fast_accum:
-    scaled_grouped_mm's use_fast_accum."""
+    both quantized by the recipe: bfloat16 [T, C]."""
     qa, scale_a = _quantize(a, _ACTIVATIONS[recipe])
     qb, scale_b = quantize_weight(b_t, recipe)
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
-                torch.bfloat16, fast_accum)
+                torch.bfloat16, False)
 
 
 def weight_gradient(left, right, offs, recipe):

@@ -118,12 +118,6 @@ class _Experts(torch.autograd.Function):
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None
 
 
-# Whether the fp8 backward's input-gradient products (dh, dx) accumulate on
-# the tensor cores across K, as the forward's do (scaled_grouped_mm's
-# use_fast_accum), or add each 128-deep step's product in float32.
-_FAST_INPUT_GRADIENTS = False
-
-
 class _Fp8Experts(torch.autograd.Function):
     """moe_experts(fp8=recipe) with 16-bit weights: every product of the
     forward and the backward in fp8 (fp8_training's recipes), the weights
@@ -153,7 +147,7 @@ class _Fp8Experts(torch.autograd.Function):
         tokens, k = weights.shape
         scale = weights.reshape(-1).index_select(0, order)
         dys = grad.to(torch.bfloat16).index_select(0, order // k)
-        dh = fp8_training.product(dys, w2.mT, recipe, offs, _FAST_INPUT_GRADIENTS)
+        dh = fp8_training.product(dys, w2.mT, recipe, offs)
         dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
         _release(gu)
         del dh
@@ -164,7 +158,7 @@ class _Fp8Experts(torch.autograd.Function):
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
         del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
-            rows = fp8_training.product(dgu, w13.mT, recipe, offs, _FAST_INPUT_GRADIENTS)
+            rows = fp8_training.product(dgu, w13.mT, recipe, offs)
             dx = OPS.combine.default(rows, inverse.view(tokens, k), torch.ones_like(weights),
                                      offs).to(x.dtype)
         if need_w13:
