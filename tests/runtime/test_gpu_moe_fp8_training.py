@@ -4,10 +4,11 @@ float64 reference (the operands quantized as the implementation quantizes
 them), for both recipes: H and I multiples of 16 but not of 128 (the up
 projection's Triton kernel) and of 128 (its warp-specialised kernels,
 small and large groups), E = 1 and 256, k from 1 to 8, T = 0, 1 and 7,
-dropped and duplicate ids, both gate_up layouts and activations, biases,
-weights stored transposed (their gradients in their strides), float16
-tokens; each up-projection kernel that keeps gu forced; CUDA graphs.
-Outputs poisoned.
+experts of 0, 1 and 127 rows, dropped and duplicate ids, both gate_up
+layouts and activations, biases, weights stored transposed (their
+gradients in their strides), float16 tokens, output-gradient rows from
+1e-30 to 1e10 and zero; each up-projection kernel that keeps gu forced;
+CUDA graphs; torch.compile.  Outputs poisoned.
 
 Normal data: every quantization rounds, and the forward's fast
 accumulation (the serving kernels') moves some of gu's elements by its
@@ -132,6 +133,18 @@ def test_dropped_and_duplicate_ids(recipe):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+def test_groups_of_0_1_127_rows(recipe):
+    """Experts with 0, 1, 127 and 200 rows (a 128-row block along the rows
+    cut by a group's end), tokens in a shuffled order."""
+    inputs = list(layer(328, 256, 128, 4, 1))
+    counts = torch.tensor([0, 1, 127, 200])
+    ids = torch.repeat_interleave(torch.arange(4), counts)[torch.randperm(328)]
+    inputs[1] = ids.view(-1, 1).cuda()
+    inputs[2] = torch.rand(328, 1, device="cuda")
+    check(inputs, recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_no_tokens(recipe):
     x, ids, weights, w13, w2, _, _, grad = layer(0, 128, 128, 4, 2)
     got = run(x, ids, weights, w13, w2, None, None, grad, recipe)
@@ -186,3 +199,39 @@ def test_cuda_graph_replays_new_routing(recipe):
     want = moe_experts_fp8_training_ref(*static[:5], static[5], recipe)
     for name, value in zip(("out",) + GRADIENTS[:4], (out, *grads)):
         assert rel_error(value, want[name]) <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_torch_compile_fullgraph(recipe):
+    """Traced whole (fullgraph) through the autograd function and the
+    operators' Meta kernels: the reference's output and gradients."""
+    torch._dynamo.reset()
+    compiled = torch.compile(gg_runtime.moe_experts, fullgraph=True, backend="aot_eager")
+    x, ids, weights, w13, w2, _, _, grad = layer(*SHAPES["tile_tails"])
+    leaves = [t.detach().requires_grad_() for t in (x, weights, w13, w2)]
+    got = [compiled(leaves[0], ids, *leaves[1:], fp8=recipe)]
+    got += torch.autograd.grad(got[0], leaves, grad)
+    want = moe_experts_fp8_training_ref(x, ids, weights, w13, w2, grad, recipe)
+    for name, value in zip(("out",) + GRADIENTS[:4], got):
+        assert rel_error(value, want[name]) <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_gradient_rows_from_1e_30_to_1e10(recipe):
+    """Output-gradient rows of magnitudes 1e-30 to 1e10 and zero: each
+    token's dx row judged against its own magnitude (its rows are quantized
+    on their own along H), a zero row's dx exactly zero; the weights'
+    gradients as the reference quantizes them (blocks along the rows mix
+    magnitudes)."""
+    inputs = list(layer(*SHAPES["small_groups"]))
+    grad = inputs[-1]
+    magnitudes = torch.tensor([1e-30, 1e-10, 1.0, 1e10, 0.0], device="cuda")
+    grad.mul_(magnitudes[torch.arange(grad.shape[0], device="cuda") % 5, None].to(grad.dtype))
+    got = check(inputs, recipe)
+    want = moe_experts_fp8_training_ref(*inputs[:5], grad, recipe)["x"]
+    for token in range(grad.shape[0]):
+        if grad[token].eq(0).all():
+            assert got["x"][token].eq(0).all(), f"token {token}: not zero"
+        else:
+            error = rel_error(got["x"][token], want[token])
+            assert error <= 2 * TOLERANCE, f"token {token}: relative error {error:.2e}"
