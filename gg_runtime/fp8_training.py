@@ -6,6 +6,8 @@ gradient); every quantization one quantize_fp8 or quantize_fp8_columns
 launch.  What autograd keeps is the 16-bit inputs, as for grouped_mm."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -24,8 +26,34 @@ _WEIGHTS = {"rowwise": "rowwise", "blockwise": "128x128"}
 _ALIGN = 16
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """An operand whose row r is x's row rows[r] // k (int64 rows: the
+    routing's order over token slots), read without a permuted copy."""
+    x: torch.Tensor
+    rows: torch.Tensor
+    k: int
+
+
 def _quantize(x, granularity):
     return call(OPS.quantize_fp8.default, x, granularity)
+
+
+def _quantized_rows(a, granularity):
+    """(q, scale) of a's rows, each quantized along itself: a Gathered
+    operand's tokens once, then the rows picked (fp8, a byte an element)."""
+    if not isinstance(a, Gathered):
+        return _quantize(a, granularity)
+    q, scale = _quantize(a.x, granularity)
+    token = a.rows // a.k
+    return q.view(torch.uint8).index_select(0, token).view(q.dtype), scale.index_select(0, token)
+
+
+def _quantized_columns(a, offs, granularity):
+    """quantize_fp8_columns of a (a Gathered operand's rows read in place)."""
+    if isinstance(a, Gathered):
+        return call(OPS.quantize_fp8_columns.default, a.x, offs, granularity, a.rows, a.k)
+    return call(OPS.quantize_fp8_columns.default, a, offs, granularity)
 
 
 def quantize_weight(w, recipe):
@@ -35,22 +63,23 @@ def quantize_weight(w, recipe):
 
 
 def product(a, b_t, recipe, offs):
-    """a [T, R] @ b[g] for b given as b_t [G, C, R] (R the reduced dimension),
-    both quantized by the recipe: bfloat16 [T, C]."""
-    qa, scale_a = _quantize(a, _ACTIVATIONS[recipe])
+    """a [T, R] (a tensor or Gathered) @ b[g] for b given as b_t [G, C, R]
+    (R the reduced dimension), both quantized by the recipe: bfloat16 [T, C]."""
+    qa, scale_a = _quantized_rows(a, _ACTIVATIONS[recipe])
     qb, scale_b = quantize_weight(b_t, recipe)
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
                 torch.bfloat16, False)
 
 
 def weight_gradient(left, right, offs, recipe):
-    """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R], each
-    quantized along T within the groups."""
+    """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R] (tensors
+    or Gathered), each quantized along T within the groups."""
     granularity = _ACTIVATIONS[recipe]
-    q_left, scale_left = call(OPS.quantize_fp8_columns.default, left, offs, granularity)
-    q_right, scale_right = call(OPS.quantize_fp8_columns.default, right, offs, granularity)
+    q_left, scale_left = _quantized_columns(left, offs, granularity)
+    q_right, scale_right = _quantized_columns(right, offs, granularity)
+    rows = left.rows.shape[0] if isinstance(left, Gathered) else left.shape[0]
     return call(OPS.scaled_grouped_mm_k.default, q_left, q_right, scale_left, scale_right, offs,
-                left.shape[0], recipe, torch.bfloat16)
+                rows, recipe, torch.bfloat16)
 
 
 class _Fp8GroupedMm(torch.autograd.Function):

@@ -138,23 +138,26 @@ class _Fp8Experts(torch.autograd.Function):
         rows as fp8_grouped_mm's input gradient (the rows quantized along the
         reduced dimension, the weights in the transposed orientation), dW13
         and dW2 as its weight gradient (quantized along the rows within each
-        group).  The rows of grad and x are gathered by the routing's order
-        first (the fp8 kernels read rows in place)."""
+        group).  The rows of grad and x are read through the routing's order:
+        quantized per token, then picked, for the products that reduce along
+        them; read in place by the quantization along the groups' rows."""
         x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
         recipe = ctx.recipe
         need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         weights = topk_weights.float()
         tokens, k = weights.shape
         scale = weights.reshape(-1).index_select(0, order)
-        dys = grad.to(torch.bfloat16).index_select(0, order // k)
+        dys = fp8_training.Gathered(grad, order, k)  # each sorted row's gradient, in place
         dh = fp8_training.product(dys, w2.mT, recipe, offs)
         dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
         _release(gu)
         del dh
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
+        # The rows themselves only for the down projection's bias.
+        dy_rows = grad.index_select(0, order // k) if b2 is not None else None
         if need_weights:
             if b2 is not None:
-                dot += _bias_term(dys, b2, offs)
+                dot += _bias_term(dy_rows, b2, offs)
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
         del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
@@ -162,16 +165,15 @@ class _Fp8Experts(torch.autograd.Function):
             dx = OPS.combine.default(rows, inverse.view(tokens, k), torch.ones_like(weights),
                                      offs).to(x.dtype)
         if need_w13:
-            xs = x.index_select(0, order // k)
+            xs = fp8_training.Gathered(x, order, k)
             dw13 = _fp8_weight_gradient(w13, dgu, xs, offs, recipe)
-            del xs
         if need_b13:
             db13 = bias_gradient(dgu, offs, False).to(w13.dtype)
         del dgu
         if need_w2:
             dw2 = _fp8_weight_gradient(w2, dys, hs, offs, recipe)
         if need_b2:
-            db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
+            db2 = bias_gradient(dy_rows.mul_(scale.to(dy_rows.dtype).unsqueeze(1)), offs, False)
             db2 = db2.to(b2.dtype)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None
 

@@ -4,10 +4,12 @@ with every group's 128-row blocks aligned to 128 columns, and float32 scales
 per column of a group or of a 128-row block (aot/kernels/quantize_columns.py):
 the operands of the fp8 weight gradient.  sm90 only, as the fp8 GEMMs;
 `aligned` (16-byte vector loads of x) wherever x's base, row stride and C
-allow it, else `basic`."""
+allow it, else `basic`.  Row r of the operand may be x's row rows[r] //
+rows_div (the routing's gather, where rows_div is not 0)."""
 from ..family import EVERY, Axis, Config, Family, Param
 from ..kernels.quantize_columns import quantize_fp8_columns_kernel
 from .quantize_fp8 import GRANULARITY
+from .ragged_glu import ROWS
 
 # Memory-bound: a tile is one 128-row block by 64 columns (128 to 256 bytes
 # of each row loaded, 128 bytes of each of q's rows stored); 8 warps hold it
@@ -28,7 +30,7 @@ FAMILY = Family(
         Param("C", "i32", "extent", aligned=True),
         Param("G", "i32", "count"),
         Param("ldx", "i64", "stride", aligned=True),
-    ),
+    ) + ROWS,
     # What one scale covers: a column of a group, or of a 128-row block of it
     # (aot/kernels/quantize.py's ROWWISE and BLOCK_1X128, the values' indices).
     axes=(Axis("granularity", GRANULARITY, only=("rowwise", "1x128")),),

@@ -34,13 +34,22 @@ from .tiles import first_step_past, pick
 
 
 @triton.jit
-def load_block(x_ptr, start, end, j, col0, C, ldx, BN: tl.constexpr, EVICTION: tl.constexpr):
+def load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN: tl.constexpr,
+               EVICTION: tl.constexpr):
     """Block j of the group [start, end), columns col0 .. col0 + BN, as
-    float32 [BLOCK, BN]: zeros past the group's end and past C."""
+    float32 [BLOCK, BN]: zeros past the group's end and past C.  gather =
+    (rows_ptr, rows_div): row r is x's row rows_ptr[r] // rows_div where
+    rows_div is not 0."""
     rows = start + j * BLOCK + tl.arange(0, BLOCK)
     cols = col0 + tl.arange(0, BN)
-    mask = (rows < end)[:, None] & (cols < C)[None, :]
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * ldx + cols[None, :], mask=mask, other=0.0,
+    in_group = rows < end
+    rows_ptr, rows_div = gather
+    if rows_div != 0:
+        source = tl.load(rows_ptr + rows, mask=in_group, other=0) // rows_div
+    else:
+        source = rows.to(tl.int64)
+    mask = in_group[:, None] & (cols < C)[None, :]
+    x = tl.load(x_ptr + source[:, None] * ldx + cols[None, :], mask=mask, other=0.0,
                 eviction_policy=EVICTION)
     return x.to(tl.float32)
 
@@ -55,10 +64,10 @@ def store_block(q_ptr, q, block, col0, C, W, BN: tl.constexpr):
 
 
 @triton.jit
-def block_tile(x_ptr, q_ptr, scale_ptr, start, end, block, j, col0, C, ldx, W,
+def block_tile(x_ptr, q_ptr, scale_ptr, start, end, block, j, col0, C, ldx, W, gather,
                BN: tl.constexpr):
     """Block j of a group (q's column block `block`), BN columns: read once."""
-    x = load_block(x_ptr, start, end, j, col0, C, ldx, BN, "")
+    x = load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN, "")
     scale = scale_of(tl.max(tl.abs(x), axis=0))
     cols = col0 + tl.arange(0, BN)
     tl.store(scale_ptr + block.to(tl.int64) * C + cols, scale, mask=cols < C)
@@ -66,7 +75,7 @@ def block_tile(x_ptr, q_ptr, scale_ptr, start, end, block, j, col0, C, ldx, W,
 
 
 @triton.jit
-def group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx, W,
+def group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx, W, gather,
                BN: tl.constexpr):
     """A whole group, BN columns: an amax pass over its blocks, then a
     quantising pass whose loads should hit the cache the first pass filled
@@ -74,22 +83,24 @@ def group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx
     blocks = tl.cdiv(end - start, BLOCK)
     amax = tl.zeros((BLOCK, BN), dtype=tl.float32)
     for j in range(0, blocks):
-        x = load_block(x_ptr, start, end, j, col0, C, ldx, BN, "evict_last")
+        x = load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN, "evict_last")
         amax = tl.maximum(amax, tl.abs(x))
     scale = scale_of(tl.max(amax, axis=0))
     cols = col0 + tl.arange(0, BN)
     tl.store(scale_ptr + g.to(tl.int64) * C + cols, scale, mask=cols < C)
     for j in range(0, blocks):
-        x = load_block(x_ptr, start, end, j, col0, C, ldx, BN, "evict_first")
+        x = load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN, "evict_first")
         store_block(q_ptr, to_e4m3(x, scale[None, :]), first_block + j, col0, C, W, BN)
 
 
 @triton.jit
-def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
-                                MODE: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
-                                BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
-                                PRECISION: tl.constexpr):
-    """x [T, C] (rows ldx apart, unit column stride), offs int32 [G] (G >= 1).
+def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx, rows_ptr,
+                                rows_div, MODE: tl.constexpr, USE_TMA: tl.constexpr,
+                                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                                CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """x [T, C] (rows ldx apart, unit column stride), offs int32 [G] (G >= 1);
+    where rows_div is not 0, row r is x's row rows[r] // rows_div (int64
+    rows [T]; x has its own number of rows).
 
     Persistent: program p takes tiles p, p + P, ... of the list made of
     every group's tiles in group order (ROWWISE: one per BN columns, the
@@ -130,10 +141,10 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
             col0 = (in_group % col_tiles) * BN
             if MODE == ROWWISE:
                 group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx,
-                           W, BN)
+                           W, (rows_ptr, rows_div), BN)
             else:
                 j = in_group // col_tiles
                 block_tile(x_ptr, q_ptr, scale_ptr, start, end, first_block + j, j, col0, C,
-                           ldx, W, BN)
+                           ldx, W, (rows_ptr, rows_div), BN)
         tiles_before = chunk_end
         rows_before = tl.max(ends)

@@ -5,7 +5,6 @@
 // outputs, launches; Meta tensors run the same code without the launches.
 #include <family_args.h>
 
-#include <limits>
 #include <string>
 #include <tuple>
 
@@ -18,21 +17,6 @@ namespace {
 using family::Activation;
 using family::GateUp;
 using family::Major;
-
-// rows: int64, 1-D, on like's device; each rows[r] / k a row of the gathered
-// operand (not checked: the routing makes them).
-void check_rows(const Tensor& rows, const Tensor& like, const char* like_name) {
-  check_tensor(rows, "rows", 1, ScalarType::Long);
-  if (rows.device() != like.device()) {
-    value_error("rows is on ", device_of(rows), " but ", like_name, " is on ", device_of(like));
-  }
-}
-
-void check_k(int64_t k) {
-  if (k < 1 || k > std::numeric_limits<int32_t>::max()) {
-    value_error("k must be in [1, 2**31), got ", k);
-  }
-}
 
 // w13 [G, 2I, H] against x [T, H]; returns I.
 int64_t check_w13(const Tensor& w13, const Tensor& x) {

@@ -119,7 +119,9 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, "
       "int rows, str scaling, ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
-  m.def("quantize_fp8_columns(Tensor x, Tensor offs, str granularity='1x128') -> (Tensor, Tensor)");
+  m.def(
+      "quantize_fp8_columns(Tensor x, Tensor offs, str granularity='1x128', Tensor? rows=None, "
+      "int k=1) -> (Tensor, Tensor)");
   m.def("grouped_gemm(Tensor[] As, Tensor[] Bs, bool trans_b=False) -> Tensor[]");
   m.def("swiglu(Tensor gu, str gate_up='concatenated', str activation='swiglu') -> Tensor");
   m.def(

@@ -213,6 +213,19 @@ void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups,
   if (offs.size(0) > 1 && offs.stride(0) != 1) value_error("offs must be contiguous");
 }
 
+void check_rows(const Tensor& rows, const Tensor& like, const char* like_name) {
+  check_tensor(rows, "rows", 1, ScalarType::Long);
+  if (rows.device() != like.device()) {
+    value_error("rows is on ", device_of(rows), " but ", like_name, " is on ", device_of(like));
+  }
+}
+
+void check_k(int64_t k) {
+  if (k < 1 || k > std::numeric_limits<int32_t>::max()) {
+    value_error("k must be in [1, 2**31), got ", k);
+  }
+}
+
 Matrix matrix_of(const Tensor& x) {
   const int64_t rows = x.size(-2), cols = x.size(-1);
   const int64_t row_stride = x.stride(-2), col_stride = x.stride(-1);

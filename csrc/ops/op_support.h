@@ -133,6 +133,11 @@ void check_bias(const Tensor& bias, int64_t groups, int64_t n, ScalarType out_dt
                 const Tensor& like);
 // offs: int32, 1-D, `groups` entries (`groups_name` has them), contiguous, on like's device.
 void check_offsets(const Tensor& offs, const char* groups_name, int64_t groups, const Tensor& like);
+// rows: int64, 1-D, on like's device; each rows[r] / k a row of the gathered
+// operand like_name (not checked: the routing makes them).
+void check_rows(const Tensor& rows, const Tensor& like, const char* like_name);
+// k, the divisor of a gather's rows: in [1, 2**31).
+void check_k(int64_t k);
 
 // Rows and columns of x's last two dimensions as a matrix: row-major (element
 // (r, c) at r * ld + c) or column-major (at c * ld + r: stored transposed).

@@ -43,8 +43,10 @@ Tensor scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, T
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
 // (q, scale) of x [T, C] quantised along T within each group of rows of offs,
 // q [C, 128 * (T / 128 + G)] K-major (csrc/ops/quantize_fp8_columns.cc): the
-// fp8 weight gradient's operands.
-std::tuple<Tensor, Tensor> quantize_fp8_columns(Tensor x, Tensor offs, std::string granularity);
+// fp8 weight gradient's operands; with rows, x's rows rows[r] / k (T = the
+// rows' count).
+std::tuple<Tensor, Tensor> quantize_fp8_columns(Tensor x, Tensor offs, std::string granularity,
+                                                std::optional<Tensor> rows, int64_t k);
 
 // C_i = A_i @ B_i (B_i^T with trans_b) for every i, one launch.
 std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs, bool trans_b);

@@ -7,7 +7,7 @@ writes bfloat16, expert by expert:
    (`"128x128"` blocks for `"blockwise"`, per output channel for
    `"rowwise"`); gu, the up projection plus b13, rounded to bfloat16 (the
    forward keeps it so);
-2. dh = dY's rows (the output gradient in bfloat16, quantized along H) times
+2. dh = dY's rows (the output gradient, quantized along H) times
    w2 quantized in the transposed orientation ([I, H] rows), rounded;
 3. the activation's backward in float64 on the rounded gu and dh: d(gu)
    (times the routing weight), h times the routing weight, <dh, h>; d(gu)
@@ -60,7 +60,7 @@ def moe_experts_fp8_training_ref(x, topk_ids, topk_weights, w13, w2, grad, recip
     w13_back = _dequantized(w13.mT, weight_kind)  # [E, H, 2I]
     w2_back = _dequantized(w2.mT, weight_kind)  # [E, I, H]
     tokens = _dequantized(x, rows_kind)
-    dy = grad.to(torch.bfloat16)
+    dy = grad
     weights = topk_weights.float().double()
     grads = {name: torch.zeros(t.shape, dtype=torch.float64, device=x.device)
              for name, t in (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2))}

@@ -4,7 +4,8 @@ GPU, group by group), exactly: both granularities, every dtype, every variant
 forced by key; groups of 0, 1, 127, 128, 129 rows, one group and over a
 thousand, rows past the last group, offsets out of order or range; C a
 multiple of no column tile; strided, unaligned and transposed inputs;
-magnitudes from subnormal to huge; empty inputs.  Outputs are poisoned, so a
+magnitudes from subnormal to huge; empty inputs; rows gathered through an
+index (bit for bit the gathered copy's).  Outputs are poisoned, so a
 block's padding that is not written (it must be zero) shows."""
 import pytest
 import torch
@@ -197,3 +198,23 @@ def test_nothing_to_write(granularity):
                                                                  else 2)
     q, scale = call(OP, x[:, :0], offsets_from_counts([300]), granularity)
     assert q.shape == (0, 3 * FP8_BLOCK) and scale.shape[1] == 0
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v["key"])
+def test_gathered_rows_are_the_gathered_copy(variant, granularity):
+    """Rows read through rows // k (the routing's order over token slots)
+    give exactly what quantizing the gathered copy gives, where written."""
+    if variant["axes"]["granularity"] != granularity:
+        pytest.skip("another granularity's variant")
+    dtype = getattr(torch, variant["dtype"])
+    tokens, k, counts = 150, 3, [0, 1, 127, 128, 129, 0, 65]
+    x = randn(tokens, 208, dtype=dtype)
+    rows = torch.randperm(tokens * k, device="cuda")[:sum(counts)]
+    offs = offsets_from_counts(counts)
+    with forced(variant["key"]):
+        q, scale = call(OP, x, offs, granularity, rows, k)
+    want_q, want_scale = call(OP, x.index_select(0, rows // k), offs, granularity)
+    q_columns, scales = written(offs, rows.shape[0], granularity)
+    assert torch.equal(scale[scales], want_scale[scales])
+    assert torch.equal(q[:, q_columns].float(), want_q[:, q_columns].float())

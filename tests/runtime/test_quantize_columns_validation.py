@@ -77,10 +77,24 @@ def test_meta_tensors(granularity):
      r"offs must be 1-D, got shape \(\)"),
     (lambda: (cuda(4, 8), torch.empty_strided((3,), (2,), dtype=torch.int32, device="cuda"),
               "rowwise"), ValueError, "offs must be contiguous"),
+    (lambda: (cuda(4, 8), offsets(1), "1x128", cuda(8, dtype=torch.int32), 2), TypeError,
+     "rows must be int64, got torch.int32"),
+    (lambda: (cuda(4, 8), offsets(1), "1x128", cuda(8, 1, dtype=torch.int64), 2), ValueError,
+     r"rows must be 1-D"),
+    (lambda: (cuda(4, 8), offsets(1), "1x128", cuda(8, dtype=torch.int64), 0), ValueError,
+     r"k must be in \[1, 2\*\*31\), got 0"),
 ])
 def test_refused(fake, make, error, message):
     with pytest.raises(error, match=message):
         call(OP, *make())
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_gathered_rows_shape(fake, granularity):
+    """With rows, T is the rows' count (x has its own number of rows)."""
+    rows = cuda(300, dtype=torch.int64)
+    q, scale = call(OP, cuda(75, 208), offsets(5), granularity, rows, 4)
+    assert (tuple(q.shape), tuple(scale.shape)) == expected_shapes(300, 208, 5, granularity)
 
 
 def test_offsets_on_another_device_refused():
