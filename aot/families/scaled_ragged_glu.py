@@ -16,8 +16,8 @@ from .ragged_m import FAMILY as RAGGED_M, POINTERS
 from .scaled_ragged_m import SCALING
 
 TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
-PINGPONG = Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True, when="whole_halves")
-SPLIT = Config(128, 256, 128, 4, 3, ws=True, when="whole_halves")
+PINGPONG = Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True)
+SPLIT = Config(128, 256, 128, 4, 3, ws=True)
 
 # Whether gu is written (a compile-time choice: serving's kernels stage only
 # fp8 h, training's stage bf16 gu in the same buffer, twice as large).
@@ -52,10 +52,11 @@ FAMILY = Family(
     staged=lambda v: "bfloat16" if v["gu"] == "kept" else None,
     archs=(90,),
     # The warp-specialised kernel scales a tile's 128-column blocks, gate's
-    # and up's, by one weight block each, which holds where I = N / 2 is a
-    # multiple of 128 (kernels/ragged_ws.py column_blocks): its configs need
-    # `whole_halves`, and other widths take the Triton kernel (per-column
-    # scales) at every size.
+    # and up's, by one 128 x 128 weight block each, which holds where I = N / 2
+    # is a multiple of 128 (kernels/ragged_ws.py column_blocks): its blockwise
+    # configs need `whole_halves`, and other widths take the Triton kernel
+    # (per-column scales) at every size.  Per-channel weights scale each
+    # column (channel_scaled): any I.
     conditions={"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128"},
     # A tile's h columns are one 128-column scale block: BN = 256.  Groups of
     # up to 512 rows take the warp-specialised kernel's 64-row tiles, its two
@@ -68,8 +69,9 @@ FAMILY = Family(
     # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
     # docs/notes/2026-11-25-pingpong-partitions.md).
     configs={(90, "tma", Where(scaling="rowwise")): (TRITON_DECODE, PINGPONG, SPLIT),
-             (90, "tma", Where(scaling="blockwise")): (PINGPONG, SPLIT,
-                                                       replace(TRITON_DECODE, max_rows=0))},
+             (90, "tma", Where(scaling="blockwise")): (
+                 replace(PINGPONG, when="whole_halves"), replace(SPLIT, when="whole_halves"),
+                 replace(TRITON_DECODE, max_rows=0))},
     tiles=RAGGED_M.tiles,
     rows="T // max(G, 1)",
 )

@@ -48,10 +48,11 @@ GATE_UP = ("concatenated", "interleaved")
 ACTIVATIONS = ("swiglu", "gpt_oss")
 # (tokens, hidden, inter, experts, k)
 TAILS = (64, 272, 208, 8, 4)  # H and I multiples of 16, not of 128
-# The up projection's kernels (aot/families/scaled_ragged_glu.py): where I is
-# a multiple of 128 the warp-specialised one (pingpong tiles up to 512 rows a
-# group, split tiles beyond; per-channel groups of at most 32 rows take the
-# Triton kernel), else the Triton kernel at every size.
+# The up projection's kernels (aot/families/scaled_ragged_glu.py): the
+# warp-specialised one (pingpong tiles up to 512 rows a group, split tiles
+# beyond; per-channel groups of at most 32 rows take the Triton kernel), for
+# 128 x 128 blocks only where I is a multiple of 128 (else the Triton kernel
+# at every size).
 SMALL_GROUPS = TAILS
 SMALL_GROUPS_WHOLE = (64, 272, 256, 8, 4)
 LARGE_GROUPS = (1024, 272, 256, 4, 2)
@@ -157,12 +158,19 @@ def up_kind(variant) -> str:
     return "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
 
 
-@pytest.mark.parametrize("shape", [SMALL_GROUPS_WHOLE, LARGE_GROUPS], ids=["small", "large"])
-@pytest.mark.parametrize("variant", UP_KERNELS, ids=lambda v: v["key"])
+UP_SHAPES = {"small": SMALL_GROUPS_WHOLE, "large": LARGE_GROUPS, "small_tails": SMALL_GROUPS,
+             "large_tails": LARGE_GROUPS_TAILS}
+
+
+@pytest.mark.parametrize("variant, shape", [
+    pytest.param(v, shape, id=f"{v['key']}-{name}") for v in UP_KERNELS
+    for name, shape in UP_SHAPES.items()
+    if shape[2] % 128 == 0 or not v["key"].endswith("_whole_halves")])
 def test_every_up_projection_kernel(variant, shape):
     """Each of the fused up projection's kernels forced, whatever the groups'
     size (the other steps' kernels chosen as usual), on groups of a few rows
-    and of many, I a multiple of 128 (which every kernel runs)."""
+    and of many, I a multiple of 128 (which every kernel runs) and, for
+    those without the condition `whole_halves`, I = 208."""
     case = make_case(*shape, up_kind(variant), bias=True)
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])

@@ -34,8 +34,9 @@ TOLERANCE = 2e-2
 # (tokens, hidden, inter, experts, k)
 SHAPES = {
     "tile_tails": (64, 272, 208, 8, 4),  # Triton up projection
-    "small_groups": (64, 272, 256, 8, 4),  # pingpong tiles
+    "small_groups": (64, 272, 256, 8, 4),  # pingpong tiles (rowwise: Triton, 32 rows)
     "large_groups": (1024, 272, 256, 4, 2),  # split tiles
+    "large_groups_tails": (1024, 272, 208, 4, 2),  # rowwise: split tiles; blockwise: Triton
     "one_expert": (37, 144, 128, 1, 1),
     "e256_k8": (300, 256, 128, 256, 8),
     "one_token": (1, 272, 208, 16, 8),
