@@ -2,12 +2,25 @@
 torch.ops.gg_runtime.grouped_mm: the one route in eager mode, under
 torch.compile and under functorch transforms.  Each gradient is one more
 grouped_mm of a known case on transposed views (no copies), computed in the
-layout of the input it belongs to."""
+layout of the input it belongs to.  Also the pieces the other autograd
+functions (moe.py, fp8_training.py) share: a gradient in its input's layout,
+a bias's gradient, an operand read through the routing's order."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ._native import OPS, call_untracked_if_possible
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """A product's operand whose row r is x's row rows[r] // k (int64 rows:
+    the routing's order over token slots), read without a permuted copy."""
+    x: torch.Tensor
+    rows: torch.Tensor
+    k: int
 
 
 def grouped_mm_op(a, b, offs, tf32: bool):

@@ -6,13 +6,11 @@ gradient); every quantization one quantize_fp8 or quantize_fp8_columns
 launch.  What autograd keeps is the 16-bit inputs, as for grouped_mm."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.autograd.function import once_differentiable
 
 from ._native import OPS, call
-from .autograd import stored_transposed
+from .autograd import Gathered, stored_transposed
 
 RECIPES = ("rowwise", "blockwise")
 # A recipe's granularities (quantize_fp8's names): of activations and
@@ -24,15 +22,6 @@ _ACTIVATIONS = {"rowwise": "rowwise", "blockwise": "1x128"}
 _WEIGHTS = {"rowwise": "rowwise", "blockwise": "128x128"}
 # fp8 rows are read in 16-byte copies (TMA), as torch requires of fp8 inputs too.
 _ALIGN = 16
-
-
-@dataclass(frozen=True)
-class Gathered:
-    """An operand whose row r is x's row rows[r] // k (int64 rows: the
-    routing's order over token slots), read without a permuted copy."""
-    x: torch.Tensor
-    rows: torch.Tensor
-    k: int
 
 
 def _quantize(x, granularity):

@@ -8,7 +8,9 @@ operators: one kernel for SwiGLU's backward (swiglu_backward), grouped
 products (those of the tokens' or the gradient's rows read them through the
 routing's order, gathered_mm and gathered_mm_k, where the forward's did:
 the operator decides, by aot/families/ragged_glu.py's GATHER_MAX_INTER),
-and combine.
+and combine.  With an fp8 recipe (moe_experts(fp8=...)) the forward is the
+fp8 weights' operator on the weights quantized, and the backward's products
+are fp8_training's.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output (freed as soon as the backward has read it:
@@ -21,7 +23,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import fp8_training
-from .autograd import bias_gradient, input_gradient, stored_transposed
+from .autograd import Gathered, bias_gradient, input_gradient, stored_transposed
 from ._native import OPS, _C, call, call_untracked_if_possible
 
 # The values the kernels are built for, read from the swiglu family's axes
@@ -56,15 +58,26 @@ def _mm(a, b, offs, bias=None):
 
 
 class _Experts(torch.autograd.Function):
+    """moe_experts' autograd function: its products in x's dtype, or with a
+    recipe in fp8 (moe_experts(fp8=...)): one backward, each product by
+    _product and _weight_gradient."""
+
     @staticmethod
-    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation):
-        # The forward and what the backward reads beyond the inputs, with whether
-        # the products gathered the tokens (csrc/ops/ops.h ExpertsForBackward).
-        out, gu, order, offs, inverse, gathered = call(
-            OPS.moe_experts_for_backward.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
-            gate_up, activation)
+    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe):
+        # The forward and what the backward reads beyond the inputs (csrc/ops/ops.h
+        # ExpertsForBackward, ExpertsFp8ForBackward), with whether the products
+        # gathered the tokens (fp8's do).
+        if recipe is None:
+            out, gu, order, offs, inverse, gathered = call(
+                OPS.moe_experts_for_backward.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
+                gate_up, activation)
+        else:
+            out, gu, order, offs, inverse = _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13,
+                                                         b2, gate_up, activation, recipe, True)
+            gathered = True
         ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
-        ctx.gate_up, ctx.activation, ctx.gathered = gate_up, activation, gathered
+        ctx.gate_up, ctx.activation, ctx.gathered, ctx.recipe = (gate_up, activation, gathered,
+                                                                 recipe)
         return out
 
     @staticmethod
@@ -79,16 +92,16 @@ class _Experts(torch.autograd.Function):
         tokens from x, through the routing's order (no permuted copies) where
         the forward's up projection did (ctx.gathered)."""
         x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
+        recipe = ctx.recipe
         weights = topk_weights.float()
         need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         tokens, k = weights.shape
         grad = grad.to(x.dtype)
         scale = weights.reshape(-1).index_select(0, order)
-        gather = ctx.gathered
-        # dys as rows, where the products do not gather them or the down
-        # projection's bias needs them.
-        dys = grad.index_select(0, order // k) if not gather or b2 is not None else None
-        dh = OPS.gathered_mm.default(grad, order, k, w2, offs) if gather else _mm(dys, w2, offs)
+        dys = _token_rows(grad, order, k, ctx.gathered)
+        # dys as rows where the down projection's bias needs them.
+        dy_rows = _rows_of(dys) if b2 is not None else None
+        dh = _product(dys, w2, offs, recipe)
         dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
         # Each intermediate goes as soon as its last use is done, gu too
         # (_release).  d(gu), as large as gu, goes first: its products run
@@ -98,80 +111,22 @@ class _Experts(torch.autograd.Function):
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
         if need_weights:
             if b2 is not None:
-                dot += _bias_term(dys, b2, offs)
-            d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
-        del dot
-        if need_x:  # each token's k rows summed: a combine with unit weights
-            ones = torch.ones_like(weights)
-            dx = OPS.combine.default(_mm(dgu, w13, offs), inverse.view(tokens, k), ones, offs)
-        if need_w13:
-            xs = x if gather else x.index_select(0, order // k)
-            dw13 = _token_gradient(w13, dgu, xs, offs, order, k, False, gather)
-            del xs
-        if need_b13:
-            db13 = bias_gradient(dgu, offs, False)
-        del dgu
-        if need_w2:
-            dw2 = _token_gradient(w2, grad if gather else dys, hs, offs, order, k, True, gather)
-        if need_b2:
-            db2 = bias_gradient(dys.mul_(scale.to(dys.dtype).unsqueeze(1)), offs, False)
-        return dx, None, d_weights, dw13, dw2, db13, db2, None, None
-
-
-class _Fp8Experts(torch.autograd.Function):
-    """moe_experts(fp8=recipe) with 16-bit weights: every product of the
-    forward and the backward in fp8 (fp8_training's recipes), the weights
-    quantized as each product reads them, gradients in the inputs' dtypes."""
-
-    @staticmethod
-    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe):
-        out, gu, order, offs, inverse = _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2,
-                                                     gate_up, activation, recipe, True)
-        ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
-        ctx.gate_up, ctx.activation, ctx.recipe = gate_up, activation, recipe
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        """_Experts.backward's gradients, each product in fp8: dh and dx's
-        rows as fp8_grouped_mm's input gradient (the rows quantized along the
-        reduced dimension, the weights in the transposed orientation), dW13
-        and dW2 as its weight gradient (quantized along the rows within each
-        group).  The rows of grad and x are read through the routing's order:
-        quantized per token, then picked, for the products that reduce along
-        them; read in place by the quantization along the groups' rows."""
-        x, topk_weights, w13, w2, b2, order, offs, inverse, gu = ctx.saved_tensors
-        recipe = ctx.recipe
-        need_x, _, need_weights, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
-        weights = topk_weights.float()
-        tokens, k = weights.shape
-        scale = weights.reshape(-1).index_select(0, order)
-        dys = fp8_training.Gathered(grad, order, k)  # each sorted row's gradient, in place
-        dh = fp8_training.product(dys, w2.mT, recipe, offs)
-        dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
-        _release(gu)
-        del dh
-        d_weights = dw2 = db2 = dx = dw13 = db13 = None
-        # The rows themselves only for the down projection's bias.
-        dy_rows = grad.index_select(0, order // k) if b2 is not None else None
-        if need_weights:
-            if b2 is not None:
                 dot += _bias_term(dy_rows, b2, offs)
             d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
         del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
-            rows = fp8_training.product(dgu, w13.mT, recipe, offs)
-            dx = OPS.combine.default(rows, inverse.view(tokens, k), torch.ones_like(weights),
-                                     offs).to(x.dtype)
+            ones = torch.ones_like(weights)
+            rows = _product(dgu, w13, offs, recipe)
+            dx = OPS.combine.default(rows, inverse.view(tokens, k), ones, offs).to(x.dtype)
         if need_w13:
-            xs = fp8_training.Gathered(x, order, k)
-            dw13 = _fp8_weight_gradient(w13, dgu, xs, offs, recipe)
+            xs = _token_rows(x, order, k, ctx.gathered)
+            dw13 = _weight_gradient(w13, dgu, xs, offs, recipe)
+            del xs
         if need_b13:
             db13 = bias_gradient(dgu, offs, False).to(w13.dtype)
         del dgu
         if need_w2:
-            dw2 = _fp8_weight_gradient(w2, dys, hs, offs, recipe)
+            dw2 = _weight_gradient(w2, dys, hs, offs, recipe)
         if need_b2:
             db2 = bias_gradient(dy_rows.mul_(scale.to(dy_rows.dtype).unsqueeze(1)), offs, False)
             db2 = db2.to(b2.dtype)
@@ -191,12 +146,47 @@ def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activatio
                 activation)
 
 
-def _fp8_weight_gradient(w, left, right, offs, recipe):
-    """left_g^T @ right_g in fp8 (fp8_training.weight_gradient), in w's
-    layout and dtype (input_gradient says why the layout)."""
-    if stored_transposed(w):
-        return fp8_training.weight_gradient(right, left, offs, recipe).mT.to(w.dtype)
-    return fp8_training.weight_gradient(left, right, offs, recipe).to(w.dtype)
+def _token_rows(t, order, k, gathered):
+    """t's row of each sorted row's token: read through the routing's order
+    (Gathered) where the products gather, else a permuted copy."""
+    return Gathered(t, order, k) if gathered else t.index_select(0, order // k)
+
+
+def _rows_of(a):
+    """A product's operand as a tensor of its rows."""
+    return a.x.index_select(0, a.rows // a.k) if isinstance(a, Gathered) else a
+
+
+def _product(a, b, offs, recipe):
+    """a @ b[g] over each group's rows (b [G, K, N], a a tensor or Gathered):
+    grouped_mm's kernels in a's dtype, or fp8_training's with a recipe (b's
+    transposed orientation quantized as a weight, bfloat16 out)."""
+    if recipe is not None:
+        return fp8_training.product(a, b.mT, recipe, offs)
+    if isinstance(a, Gathered):
+        return OPS.gathered_mm.default(a.x, a.rows, a.k, b, offs)
+    return _mm(a, b, offs)
+
+
+def _weight_gradient(w, left, right, offs, recipe):
+    """The gradient of w [E, M, N], left_g^T @ right_g over each group's
+    sorted rows, in w's layout and dtype (autograd.input_gradient says why
+    the layout): fp8_training's with a recipe, else grouped_mm's kernels,
+    those of gathered_mm_k where an operand is Gathered (at most one is)."""
+    transposed = stored_transposed(w)
+    if recipe is not None:
+        if transposed:
+            return fp8_training.weight_gradient(right, left, offs, recipe).mT.to(w.dtype)
+        return fp8_training.weight_gradient(left, right, offs, recipe).to(w.dtype)
+    if not isinstance(left, Gathered) and not isinstance(right, Gathered):
+        return input_gradient(w, left.mT, right, offs, False)
+    tokens = left if isinstance(left, Gathered) else right
+    left_t, right_t = (a.x if isinstance(a, Gathered) else a for a in (left, right))
+    tokens_left = tokens is left
+    if transposed:
+        return OPS.gathered_mm_k.default(right_t, left_t, offs, tokens.rows, tokens.k,
+                                         not tokens_left).mT
+    return OPS.gathered_mm_k.default(left_t, right_t, offs, tokens.rows, tokens.k, tokens_left)
 
 
 def _release(saved):
@@ -213,19 +203,6 @@ def _release(saved):
     if keeps_graph is None or keeps_graph():
         return
     saved.untyped_storage().resize_(0)
-
-
-def _token_gradient(w, left, right, offs, order, k, tokens_left, gather):
-    """The gradient of w [E, M, N], left_g^T @ right_g over each group's sorted
-    rows, in w's layout (autograd.input_gradient says why).  One operand
-    (left where tokens_left, else right) belongs to the tokens: with gather,
-    one row per token, read through the routing's order (row order[r] // k
-    for sorted row r); else already one row per sorted row."""
-    if not gather:
-        return input_gradient(w, left.mT, right, offs, False)
-    if stored_transposed(w):
-        return OPS.gathered_mm_k.default(right, left, offs, order, k, not tokens_left).mT
-    return OPS.gathered_mm_k.default(left, right, offs, order, k, tokens_left)
 
 
 def _bias_term(dys, b2, offs):
@@ -366,7 +343,7 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             x.requires_grad or topk_weights.requires_grad or w13.requires_grad
             or w2.requires_grad or (b13 is not None and b13.requires_grad)
             or (b2 is not None and b2.requires_grad)):
-        return _Experts.apply(*args)
+        return _Experts.apply(*args, None)
     return _experts_forward(*args)  # nothing to differentiate, nothing kept
 
 
@@ -394,7 +371,7 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
                           gate_up, activation, recipe):
     """moe_experts(fp8=recipe): the weights' checks that their quantization
     would hide (the operator checks the rest, naming the same arguments),
-    then _Fp8Experts where a gradient is wanted, else the forward alone."""
+    then _Experts where a gradient is wanted, else the forward alone."""
     if recipe not in fp8_training.RECIPES:
         raise ValueError(f"fp8 must be None or one of {fp8_training.RECIPES}, got {recipe!r}")
     if w13_scale is not None or w2_scale is not None:
@@ -411,8 +388,8 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
             x.requires_grad or topk_weights.requires_grad or w13.requires_grad
             or w2.requires_grad or (b13 is not None and b13.requires_grad)
             or (b2 is not None and b2.requires_grad)):
-        return _Fp8Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
-                                 activation, recipe)
+        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
+                              recipe)
     return _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
                         False)
 
