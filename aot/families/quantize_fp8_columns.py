@@ -12,11 +12,13 @@ from .quantize_fp8 import GRANULARITY
 from .ragged_glu import ROWS
 
 # Memory-bound: a tile is one 128-row block by 64 columns (128 to 256 bytes
-# of each row loaded, 128 bytes of each of q's rows stored); 8 warps hold it
-# at 32 elements a thread, and a rowwise tile its running amax beside.  BK is
-# unused (16 keeps aot/variants.py's GEMM shared-memory estimate from
-# reshaping the config).
-TILE = (Config(128, 64, 16, 8, 1),)
+# of each row loaded, 128 bytes of each of q's rows stored); 4 warps hold it
+# at 64 elements a thread, and a rowwise tile its running amax beside (an
+# H100 A/B of 8 and 4 warps, 32 to 128 columns, on fp8 training's operands:
+# docs/notes/2026-11-25-fp8-moe-experts-training.md).  BK is unused (16
+# keeps aot/variants.py's GEMM shared-memory estimate from reshaping the
+# config).
+TILE = (Config(128, 64, 16, 4, 1),)
 
 FAMILY = Family(
     name="quantize_fp8_columns",
