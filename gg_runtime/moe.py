@@ -118,6 +118,7 @@ class _Experts(torch.autograd.Function):
             ones = torch.ones_like(weights)
             rows = _product(dgu, w13, offs, recipe)
             dx = OPS.combine.default(rows, inverse.view(tokens, k), ones, offs).to(x.dtype)
+            del rows
         if need_w13:
             xs = _token_rows(x, order, k, ctx.gathered)
             dw13 = _weight_gradient(w13, dgu, xs, offs, recipe)
