@@ -340,12 +340,18 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         return _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
                             gate_up, activation)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
-    if torch.is_grad_enabled() and (
-            x.requires_grad or topk_weights.requires_grad or w13.requires_grad
-            or w2.requires_grad or (b13 is not None and b13.requires_grad)
-            or (b2 is not None and b2.requires_grad)):
+    if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
         return _Experts.apply(*args, None)
     return _experts_forward(*args)  # nothing to differentiate, nothing kept
+
+
+def _wants_gradient(x, topk_weights, w13, w2, b13, b2) -> bool:
+    """Whether autograd records the call (else nothing is kept).  Spelled
+    out, not a loop: the forward's host time counts."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or topk_weights.requires_grad or w13.requires_grad
+        or w2.requires_grad or (b13 is not None and b13.requires_grad)
+        or (b2 is not None and b2.requires_grad))
 
 
 def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
@@ -385,10 +391,7 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
         if w.dim() != 3 or w.device != x.device:
             raise ValueError(f"{name} must be 3-D on x's device {x.device}, got shape "
                              f"{tuple(w.shape)} on {w.device}")
-    if torch.is_grad_enabled() and (
-            x.requires_grad or topk_weights.requires_grad or w13.requires_grad
-            or w2.requires_grad or (b13 is not None and b13.requires_grad)
-            or (b2 is not None and b2.requires_grad)):
+    if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
         return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
                               recipe)
     return _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
