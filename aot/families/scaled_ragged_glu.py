@@ -67,11 +67,17 @@ FAMILY = Family(
     # to 32 rows an expert) keeps the Triton kernel's 64-row tiles, which read
     # the weights faster there (five stages in flight).  Chosen from H100 A/Bs
     # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
-    # docs/notes/2026-11-25-pingpong-partitions.md).
-    configs={(90, "tma", Where(scaling="rowwise")): (TRITON_DECODE, PINGPONG, SPLIT),
-             (90, "tma", Where(scaling="blockwise")): (
+    # docs/notes/2026-11-25-pingpong-partitions.md).  Training's kernels (gu
+    # kept) are the split tiles only (and the Triton kernel where blockwise
+    # needs it): its groups are large, and the wheel carries no more variants
+    # than a path runs.
+    configs={(90, "tma", Where(scaling="rowwise", gu="dropped")): (TRITON_DECODE, PINGPONG, SPLIT),
+             (90, "tma", Where(scaling="blockwise", gu="dropped")): (
                  replace(PINGPONG, when="whole_halves"), replace(SPLIT, when="whole_halves"),
-                 replace(TRITON_DECODE, max_rows=0))},
+                 replace(TRITON_DECODE, max_rows=0)),
+             (90, "tma", Where(scaling="rowwise", gu="kept")): (SPLIT,),
+             (90, "tma", Where(scaling="blockwise", gu="kept")): (
+                 replace(SPLIT, when="whole_halves"), replace(TRITON_DECODE, max_rows=0))},
     tiles=RAGGED_M.tiles,
     rows="T // max(G, 1)",
 )
