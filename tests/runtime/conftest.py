@@ -1,4 +1,5 @@
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -63,4 +64,6 @@ def allow_tma(request):
 
 @pytest.fixture(autouse=True)
 def fresh_seed(request):
-    torch.manual_seed(hash(request.node.nodeid) % (2 ** 31))
+    """Each test's own seed, the same in every run (str's hash() differs
+    between processes): a failure on random data reproduces."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
