@@ -155,7 +155,7 @@ def _token_rows(t, order, k, gathered):
 
 def _rows_of(a):
     """A product's operand as a tensor of its rows."""
-    return a.x.index_select(0, a.rows // a.k) if isinstance(a, Gathered) else a
+    return _token_rows(a.x, a.rows, a.k, False) if isinstance(a, Gathered) else a
 
 
 def _product(a, b, offs, recipe):
