@@ -4,11 +4,13 @@ from ._native import CudaError, UnsupportedDeviceError
 from .api import gmm, grouped_gemm, grouped_mm, quantize_fp8, scaled_grouped_mm
 from .fp8_training import fp8_grouped_mm
 from .info import info
-from .moe import MoEExperts, moe_experts, transformers_experts_forward
+from .moe import (Fp8ExpertWeights, MoEExperts, moe_experts, quantize_expert_weights,
+                  transformers_experts_forward)
 from .serving import fused_experts
 from .settings import force_ptx
 
 __version__ = "0.1.0"
 __all__ = ["grouped_gemm", "grouped_mm", "gmm", "scaled_grouped_mm", "quantize_fp8",
            "fp8_grouped_mm", "moe_experts", "MoEExperts", "transformers_experts_forward",
+           "quantize_expert_weights", "Fp8ExpertWeights",
            "fused_experts", "info", "force_ptx", "CudaError", "UnsupportedDeviceError"]

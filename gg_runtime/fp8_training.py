@@ -54,11 +54,12 @@ def quantize_weight(w, recipe):
     return _quantize(w, _WEIGHTS[recipe])
 
 
-def product(a, b_t, recipe, offs):
+def product(a, b_t, recipe, offs, quantized_b=None):
     """a [T, R] (a tensor or Gathered) @ b[g] for b given as b_t [G, C, R]
-    (R the reduced dimension), both quantized by the recipe: bfloat16 [T, C]."""
+    (R the reduced dimension), both quantized by the recipe: bfloat16 [T, C].
+    quantized_b: quantize_weight(b_t, recipe), made before (None: made here)."""
     qa, scale_a = _quantized_rows(a, _ACTIVATIONS[recipe])
-    qb, scale_b = quantize_weight(b_t, recipe)
+    qb, scale_b = quantize_weight(b_t, recipe) if quantized_b is None else quantized_b
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
                 torch.bfloat16, False)
 

@@ -63,7 +63,8 @@ class _Experts(torch.autograd.Function):
     _product and _weight_gradient."""
 
     @staticmethod
-    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe):
+    def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
+                quantized):
         # The forward and what the backward reads beyond the inputs (csrc/ops/ops.h
         # ExpertsForBackward, ExpertsFp8ForBackward), with whether the products
         # gathered the tokens (fp8's do).
@@ -73,11 +74,14 @@ class _Experts(torch.autograd.Function):
                 gate_up, activation)
         else:
             out, gu, order, offs, inverse = _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13,
-                                                         b2, gate_up, activation, recipe, True)
+                                                         b2, gate_up, activation, recipe, True,
+                                                         quantized)
             gathered = True
         ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.gate_up, ctx.activation, ctx.gathered, ctx.recipe = (gate_up, activation, gathered,
                                                                  recipe)
+        # The weights' quantized transposes the input gradients read, if made before.
+        ctx.transposed = quantized.backward if quantized is not None else (None, None)
         return out
 
     @staticmethod
@@ -101,7 +105,8 @@ class _Experts(torch.autograd.Function):
         dys = _token_rows(grad, order, k, ctx.gathered)
         # dys as rows where the down projection's bias needs them.
         dy_rows = _rows_of(dys) if b2 is not None else None
-        dh = _product(dys, w2, offs, recipe)
+        w13_t, w2_t = ctx.transposed
+        dh = _product(dys, w2, offs, recipe, w2_t)
         dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
         # Each intermediate goes as soon as its last use is done, gu too
         # (_release).  d(gu), as large as gu, goes first: its products run
@@ -116,7 +121,7 @@ class _Experts(torch.autograd.Function):
         del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
             ones = torch.ones_like(weights)
-            rows = _product(dgu, w13, offs, recipe)
+            rows = _product(dgu, w13, offs, recipe, w13_t)
             dx = OPS.combine.default(rows, inverse.view(tokens, k), ones, offs).to(x.dtype)
             del rows
         if need_w13:
@@ -131,17 +136,21 @@ class _Experts(torch.autograd.Function):
         if need_b2:
             db2 = bias_gradient(dy_rows.mul_(scale.to(dy_rows.dtype).unsqueeze(1)), offs, False)
             db2 = db2.to(b2.dtype)
-        return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None
+        return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None, None
 
 
 def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
-                 for_backward):
+                 for_backward, quantized=None):
     """The fp8 forward of 16-bit weights: each weight quantized by the
-    recipe (fp8_training's granularities, the forward's orientation), then
-    the fp8 experts' operator (moe_experts_fp8, or with for_backward
+    recipe (fp8_training's granularities, the forward's orientation), or
+    taken from `quantized` (Fp8ExpertWeights), then the fp8 experts'
+    operator (moe_experts_fp8, or with for_backward
     moe_experts_fp8_for_backward: (out, gu, order, offs, inverse))."""
-    q13, scale13 = fp8_training.quantize_weight(w13, recipe)
-    q2, scale2 = fp8_training.quantize_weight(w2, recipe)
+    if quantized is None:
+        (q13, scale13), (q2, scale2) = (fp8_training.quantize_weight(w, recipe)
+                                        for w in (w13, w2))
+    else:
+        (q13, scale13), (q2, scale2) = quantized.forward
     op = OPS.moe_experts_fp8_for_backward if for_backward else OPS.moe_experts_fp8
     return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2, b13, b2, gate_up,
                 activation)
@@ -158,12 +167,13 @@ def _rows_of(a):
     return _token_rows(a.x, a.rows, a.k, False) if isinstance(a, Gathered) else a
 
 
-def _product(a, b, offs, recipe):
+def _product(a, b, offs, recipe, quantized_b_t=None):
     """a @ b[g] over each group's rows (b [G, K, N], a a tensor or Gathered):
     grouped_mm's kernels in a's dtype, or fp8_training's with a recipe (b's
-    transposed orientation quantized as a weight, bfloat16 out)."""
+    transposed orientation quantized as a weight, or quantized_b_t where
+    made before; bfloat16 out)."""
     if recipe is not None:
-        return fp8_training.product(a, b.mT, recipe, offs)
+        return fp8_training.product(a, b.mT, recipe, offs, quantized_b_t)
     if isinstance(a, Gathered):
         return OPS.gathered_mm.default(a.x, a.rows, a.k, b, offs)
     return _mm(a, b, offs)
@@ -219,7 +229,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
                 b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
-                w2_scale: torch.Tensor | None = None, fp8: str | None = None) -> torch.Tensor:
+                w2_scale: torch.Tensor | None = None,
+                fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer, given the router's choice: one function.
 
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
@@ -275,7 +286,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         w2_scale: w2's scales, of the same kind: `[E, ceil(H/128),
             ceil(I/128)]` or `[E, H]` (`[E, H, 1]`).
         fp8: None, or an fp8 training recipe for 16-bit weights,
-            `"blockwise"` or `"rowwise"` (see below).
+            `"blockwise"` or `"rowwise"` (see below), or w13 and w2
+            quantized by one before (`quantize_expert_weights`).
 
     fp8 weights (`w13_scale` and `w2_scale` given): each weight is its fp8
     values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
@@ -310,7 +322,10 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     gradients come back in their inputs' dtypes and the weights' strides.
     Kept for the backward: as with 16-bit products.  Without gradients
     (no_grad, nothing requiring grad) the call is the fp8 weights' forward
-    on the weights quantized.
+    on the weights quantized.  With `fp8=quantize_expert_weights(w13, w2,
+    fp8=recipe)` the call skips both weights' quantizations, forward and
+    backward, and computes the same as with the recipe; those weights must be
+    the ones given, unchanged since.
 
     Returns:
         `[T, H]` in x's dtype.
@@ -325,8 +340,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             weights: one scale given without the other, scales of neither
             kind or of two kinds, weights not K-major, an input that
             requires grad; fp8 weights or `fp8`: H or I not multiples of 16;
-            `fp8`: a value other than None and the recipes, or given with
-            scales.
+            `fp8`: a value other than None, the recipes and an
+            Fp8ExpertWeights, or given with scales; an Fp8ExpertWeights of
+            other weights than w13 and w2, or of them before a change.
         UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
             GPU but compute capability 9.0).
         CudaError: a driver or launch failure.
@@ -341,7 +357,7 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                             gate_up, activation)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
     if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
-        return _Experts.apply(*args, None)
+        return _Experts.apply(*args, None, None)
     return _experts_forward(*args)  # nothing to differentiate, nothing kept
 
 
@@ -375,12 +391,15 @@ def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scal
 
 
 def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
-                          gate_up, activation, recipe):
-    """moe_experts(fp8=recipe): the weights' checks that their quantization
+                          gate_up, activation, fp8):
+    """moe_experts(fp8=...): the weights' checks that their quantization
     would hide (the operator checks the rest, naming the same arguments),
     then _Experts where a gradient is wanted, else the forward alone."""
+    quantized = fp8 if isinstance(fp8, Fp8ExpertWeights) else None
+    recipe = fp8.recipe if quantized is not None else fp8
     if recipe not in fp8_training.RECIPES:
-        raise ValueError(f"fp8 must be None or one of {fp8_training.RECIPES}, got {recipe!r}")
+        raise ValueError(f"fp8 must be None, one of {fp8_training.RECIPES} or an "
+                         f"Fp8ExpertWeights, got {fp8!r}")
     if w13_scale is not None or w2_scale is not None:
         raise ValueError(f"fp8={recipe!r} quantizes 16-bit weights itself: give w13 and w2 in "
                          "x's dtype and no w13_scale or w2_scale")
@@ -391,11 +410,113 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
         if w.dim() != 3 or w.device != x.device:
             raise ValueError(f"{name} must be 3-D on x's device {x.device}, got shape "
                              f"{tuple(w.shape)} on {w.device}")
+    if quantized is not None:
+        quantized.check(w13, w2)
     if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
         return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
-                              recipe)
+                              recipe, quantized)
     return _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
-                        False)
+                        False, quantized)
+
+
+def _fingerprint(w):
+    """What changes when a weight does: its storage (Fp8ExpertWeights keeps
+    it alive, so that no other takes its place), offset, shape, strides and
+    version (bumped by every in-place write, an optimizer's step included)."""
+    return (w.untyped_storage()._cdata, w.storage_offset(), tuple(w.shape), w.stride(),
+            w._version)
+
+
+class Fp8ExpertWeights:
+    """moe_experts' w13 and w2 quantized for fp8 training, once, for the
+    calls that follow while the weights do not change: what
+    `quantize_expert_weights` returns, given to `moe_experts` as `fp8`.
+
+    Holds each weight in fp8 in both orientations a training step reads (the
+    forward's, and the transposed one of the input gradients), with their
+    scales: as many bytes as the 16-bit weights.  Attributes: `recipe`;
+    `forward` and `backward`, ((q, scale) of w13, (q, scale) of w2) in the
+    forward's and the transposed orientation (fp8_training.quantize_weight's).
+    """
+
+    __slots__ = ("recipe", "forward", "backward", "_sources", "_storages")
+
+    def __init__(self, w13, w2, recipe):
+        self.recipe = recipe
+        self._sources = (_fingerprint(w13), _fingerprint(w2))
+        self._storages = (w13.untyped_storage(), w2.untyped_storage())
+        with torch.no_grad():
+            self.forward = tuple(fp8_training.quantize_weight(w, recipe) for w in (w13, w2))
+            self.backward = tuple(fp8_training.quantize_weight(w.mT, recipe) for w in (w13, w2))
+
+    def check(self, w13, w2):
+        """A ValueError unless w13 and w2 are the weights these were made
+        from, unchanged since."""
+        if (_fingerprint(w13), _fingerprint(w2)) != self._sources:
+            raise ValueError("fp8 is an Fp8ExpertWeights of other weights, or of w13 and w2 "
+                             "before they changed (an optimizer step): quantize them again "
+                             "(quantize_expert_weights) after each change")
+
+
+def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
+                            fp8: str = "blockwise") -> Fp8ExpertWeights:
+    """moe_experts' 16-bit weights quantized once for fp8 training (`moe_experts(..., fp8=...)`).
+
+    `moe_experts(x, ids, weights, w13, w2, fp8="blockwise")` quantizes w13 and
+    w2 on every call, in the forward's orientation and again, in the
+    backward, in the transposed one.  Where the same weights serve several
+    calls (gradient accumulation's micro-batches, activation checkpointing's
+    recomputed forward) they can be quantized once, after each optimizer
+    step, and given to each call instead of the recipe:
+
+        fp8_weights = gg_runtime.quantize_expert_weights(w13, w2, fp8="blockwise")
+        for x, ids, weights in micro_batches:
+            out = gg_runtime.moe_experts(x, ids, weights, w13, w2, fp8=fp8_weights)
+            ...backward...
+        optimizer.step()  # then quantize again before the next call
+
+    The calls then compute what `fp8="blockwise"` (the same recipe) does,
+    bit for bit, and the gradients still go to w13 and w2.  A call whose
+    w13 or w2 is not the tensor these were made from (its memory, shape or
+    strides), or has been written since (its version counter), raises a
+    ValueError: stale weights never give silently old products.  The result
+    holds fp8 copies of both weights in both orientations, as many bytes as
+    the 16-bit weights, until it is dropped.
+
+    Args:
+        w13: `[E, 2I, H]`, float16 or bfloat16 on a CUDA device, any strides
+            (as `moe_experts` takes it).
+        w2: `[E, H, I]` of w13's dtype and device.
+        fp8: the recipe, `"blockwise"` or `"rowwise"` (`moe_experts`' `fp8`).
+
+    Returns:
+        An `Fp8ExpertWeights`, for `moe_experts(..., fp8=...)`.
+
+    Raises:
+        TypeError: w13 or w2 not a tensor, or not float16 or bfloat16 of one dtype.
+        ValueError: an unknown recipe; weights not 3-D, or on different devices;
+            H or I not multiples of 16.
+        UnsupportedDeviceError: a GPU of another compute capability than 9.0.
+    """
+    if fp8 not in fp8_training.RECIPES:
+        raise ValueError(f"fp8 must be one of {fp8_training.RECIPES}, got {fp8!r}")
+    for name, w in (("w13", w13), ("w2", w2)):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+        if w.dtype not in (torch.float16, torch.bfloat16) or w.dtype != w13.dtype:
+            raise TypeError(f"w13 and w2 must be float16 or bfloat16 of one dtype, got "
+                            f"{w13.dtype} and {w2.dtype}")
+        if w.dim() != 3 or w.device != w13.device:
+            raise ValueError(f"{name} must be 3-D on w13's device {w13.device}, got shape "
+                             f"{tuple(w.shape)} on {w.device}")
+    experts, two_inter, hidden = w13.shape
+    if tuple(w2.shape) != (experts, hidden, two_inter // 2) or two_inter % 2:
+        raise ValueError(f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} must be [E, 2I, H] "
+                         "and [E, H, I]")
+    if hidden % 16 or two_inter // 2 % 16:
+        raise ValueError(f"fp8 needs H and I to be multiples of 16, got H={hidden}, "
+                         f"I={two_inter // 2}")
+    return Fp8ExpertWeights(w13, w2, fp8)
 
 
 _TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")

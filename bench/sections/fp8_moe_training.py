@@ -3,7 +3,10 @@ each recipe against bf16 moe_experts on the same bf16 inputs and routing,
 forward and forward+backward (gradients of x, the routing weights and both
 expert weights, through torch.autograd.grad), timed in turns; the memory
 the forward keeps for the backward and the peak of a step.  Each recipe's
-output and gradients are checked against bf16's before they are timed."""
+output and gradients are checked against bf16's before they are timed.
+Also each recipe's step with the weights quantized once before
+(quantize_expert_weights: gradient accumulation's micro-batches), and that
+quantization's own time."""
 from __future__ import annotations
 
 from functools import partial
@@ -54,6 +57,11 @@ def bench_layer(name: str, shape: tuple) -> dict:
     def step(recipe):
         return torch.autograd.grad(forward(recipe), leaves, dy)
 
+    def quantize(recipe):
+        return gg_runtime.quantize_expert_weights(leaves[2], leaves[3], fp8=recipe)
+
+    quantized = {recipe: quantize(recipe) for recipe in RECIPES}
+
     row = {"name": name, "shape": dict(zip(("T", "H", "I", "E", "k"), shape)), "errors": {}}
     reference = [forward(None).detach(), *step(None)]
     for recipe in RECIPES:
@@ -65,7 +73,10 @@ def bench_layer(name: str, shape: tuple) -> dict:
                        f"{row['errors']}"
         return row
     forward_ms = time_in_turns({label(r): partial(forward, r) for r in IMPLEMENTATIONS})
-    step_ms = time_in_turns({label(r): partial(step, r) for r in IMPLEMENTATIONS})
+    steps = {label(r): partial(step, r) for r in IMPLEMENTATIONS}
+    steps.update({f"{r} given": partial(step, quantized[r]) for r in RECIPES})
+    step_ms = time_in_turns(steps)
+    quantize_ms = time_in_turns({r: partial(quantize, r) for r in RECIPES})
     for recipe in IMPLEMENTATIONS:
         row[label(recipe)] = {"forward_ms": forward_ms[label(recipe)],
                               "step_ms": step_ms[label(recipe)],
@@ -76,6 +87,9 @@ def bench_layer(name: str, shape: tuple) -> dict:
         r = row[recipe]
         r["forward_x"] = bf16["forward_ms"] / r["forward_ms"]
         r["step_x"] = bf16["step_ms"] / r["step_ms"]
+        r["step_given_ms"] = step_ms[f"{recipe} given"]
+        r["step_given_x"] = bf16["step_ms"] / r["step_given_ms"]
+        r["quantize_ms"] = quantize_ms[recipe]
     return row
 
 
@@ -104,7 +118,24 @@ def report(data) -> list:
         lines += ["", "Geomeans: " + ", ".join(
             f"{recipe} fwd {fmt(geomean(r[recipe]['forward_x'] for r in rows))}, step "
             f"{fmt(geomean(r[recipe]['step_x'] for r in rows))}" for recipe in RECIPES) + "."]
+        lines += ["", *given_report(rows)]
     return lines
+
+
+def given_report(rows) -> list:
+    """The steps with the weights quantized once before (quantize_expert_weights)."""
+    lines = ["With the weights quantized once for several calls (`quantize_expert_weights`, "
+             "as gradient accumulation's micro-batches use them): x bf16 of such a step, and "
+             "the quantization's own ms (once per optimizer step, both weights in both "
+             "orientations).", ""]
+    head = ["layer"]
+    for recipe in RECIPES:
+        head += [f"{recipe} step x, weights given", f"{recipe} quantize ms"]
+    body = [[r["name"]] + [cell for recipe in RECIPES for cell in (
+        fmt(r[recipe]["step_given_x"]), f"{r[recipe]['quantize_ms']:.2f}")] for r in rows]
+    return lines + table(head, body) + ["", "Geomeans: " + ", ".join(
+        f"{recipe} {fmt(geomean(r[recipe]['step_given_x'] for r in rows))}"
+        for recipe in RECIPES) + "."]
 
 
 def memory(run: dict) -> str:

@@ -8,7 +8,8 @@ experts of 0, 1 and 127 rows, dropped and duplicate ids, both gate_up
 layouts and activations, biases, weights stored transposed (their
 gradients in their strides), float16 tokens, output-gradient rows from
 1e-30 to 1e10 and zero; each up-projection kernel that keeps gu forced;
-CUDA graphs; torch.compile.  Outputs poisoned.
+CUDA graphs; torch.compile; weights quantized once (quantize_expert_weights)
+against the recipe.  Outputs poisoned.
 
 Normal data: every quantization rounds, and the forward's fast
 accumulation (the serving kernels') moves some of gu's elements by its
@@ -203,6 +204,24 @@ def test_cuda_graph_replays_new_routing(recipe):
     want = moe_experts_fp8_training_ref(*static[:5], static[5], recipe)
     for name, value in zip(("out",) + GRADIENTS[:4], (out, *grads)):
         assert rel_error(value, want[name]) <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", ["tile_tails", "large_groups", "e256_k8"])
+def test_weights_quantized_once(recipe, shape):
+    """quantize_expert_weights' weights, reused by two micro-batches, give
+    what the recipe gives, output and every gradient bit for bit (biases,
+    weights stored transposed)."""
+    first = layer(*SHAPES[shape], bias=True, transposed=True)
+    w13, w2, b13, b2 = first[3:7]
+    quantized = gg_runtime.quantize_expert_weights(w13, w2, fp8=recipe)
+    second = layer(*SHAPES[shape])
+    for x, ids, weights, *_, grad in (first, second):
+        inputs = (x, ids, weights, w13, w2, b13, b2, grad)
+        want = run(*inputs, recipe)
+        got = run(*inputs, quantized)
+        for name, value in want.items():
+            assert torch.equal(got[name], value), name
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -293,7 +293,7 @@ def test_training_forward_keeps_gu():
 
 
 @pytest.mark.parametrize("changes, error, match", [
-    ({"fp8": "1x128"}, ValueError, "fp8 must be None or one of"),
+    ({"fp8": "1x128"}, ValueError, "fp8 must be None, one of"),
     ({"fp8": "blockwise", "w13_scale": meta(E, 4, 3, dtype=torch.float32)}, ValueError,
      "quantizes 16-bit weights itself"),
     ({"fp8": "rowwise", "w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError,
@@ -310,3 +310,55 @@ def test_training_refuses(changes, error, match):
     fp8 = changes.pop("fp8")
     with pytest.raises(error, match=match):
         gg_runtime.moe_experts(**training_args(**changes), fp8=fp8)
+
+
+@pytest.mark.parametrize("recipe", ["blockwise", "rowwise"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_quantized_weights_run(recipe, grad):
+    """Weights quantized once (both orientations) serve calls with and
+    without a gradient wanted, views of the same weights included."""
+    given = training_args()
+    if grad:
+        given["w13"].requires_grad_()
+    quantized = gg_runtime.quantize_expert_weights(given["w13"], given["w2"], fp8=recipe)
+    assert quantized.recipe == recipe
+    (q13, _), (q2, _) = quantized.forward
+    (q13_t, _), (q2_t, _) = quantized.backward
+    assert q13.shape == (E, 2 * INTER, H) and q13_t.shape == (E, H, 2 * INTER)
+    assert q2.shape == (E, H, INTER) and q2_t.shape == (E, INTER, H)
+    assert q13.dtype == q2_t.dtype == FP8
+    out = gg_runtime.moe_experts(**given, fp8=quantized)
+    assert out.shape == (T, H) and out.requires_grad == grad
+    view = given["w13"][:]  # another tensor object over the same weight
+    assert gg_runtime.moe_experts(**{**given, "w13": view}, fp8=quantized).shape == (T, H)
+
+
+def test_quantized_weights_refuse_changed_weights():
+    given = training_args()
+    quantized = gg_runtime.quantize_expert_weights(given["w13"], given["w2"])
+    with pytest.raises(ValueError, match="quantize them again"):
+        gg_runtime.moe_experts(**{**given, "w2": meta(E, H, INTER)}, fp8=quantized)
+    with pytest.raises(ValueError, match="quantize them again"):
+        gg_runtime.moe_experts(**{**given, "w13": given["w13"].mT.contiguous().mT},
+                               fp8=quantized)
+    with torch.no_grad():
+        given["w13"].mul_(0.5)  # as an optimizer's step writes it
+    with pytest.raises(ValueError, match="quantize them again"):
+        gg_runtime.moe_experts(**given, fp8=quantized)
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    ({"fp8": "128x128"}, ValueError, "fp8 must be one of"),
+    ({"w13": [1.0]}, TypeError, "w13 must be a torch.Tensor"),
+    ({"w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError, "one dtype"),
+    ({"w13": meta(E, 2 * INTER, H, dtype=torch.float32),
+      "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError, "float16 or bfloat16"),
+    ({"w2": meta(H, INTER)}, ValueError, "w2 must be 3-D"),
+    ({"w2": meta(E, H, INTER + 16)}, ValueError, r"\[E, 2I, H\] and \[E, H, I\]"),
+    ({"w13": meta(E, 400, H), "w2": meta(E, H, 200)}, ValueError, "multiples of 16"),
+], ids=["recipe", "type", "dtypes", "float32", "dims", "shapes", "alignment"])
+def test_quantize_expert_weights_refuses(changes, error, match):
+    given = {"w13": meta(E, 2 * INTER, H), "w2": meta(E, H, INTER), "fp8": "blockwise",
+             **changes}
+    with pytest.raises(error, match=match):
+        gg_runtime.quantize_expert_weights(given["w13"], given["w2"], fp8=given["fp8"])
