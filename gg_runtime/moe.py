@@ -449,10 +449,13 @@ class Fp8ExpertWeights:
             self.forward = tuple(fp8_training.quantize_weight(w, recipe) for w in (w13, w2))
             self.backward = tuple(fp8_training.quantize_weight(w.mT, recipe) for w in (w13, w2))
 
+    def matches(self, w13, w2) -> bool:
+        """Whether w13 and w2 are the weights these were made from, unchanged since."""
+        return (_fingerprint(w13), _fingerprint(w2)) == self._sources
+
     def check(self, w13, w2):
-        """A ValueError unless w13 and w2 are the weights these were made
-        from, unchanged since."""
-        if (_fingerprint(w13), _fingerprint(w2)) != self._sources:
+        """A ValueError unless they match (matches)."""
+        if not self.matches(w13, w2):
             raise ValueError("fp8 is an Fp8ExpertWeights of other weights, or of w13 and w2 "
                              "before they changed (an optimizer step): quantize them again "
                              "(quantize_expert_weights) after each change")
@@ -555,19 +558,29 @@ class MoEExperts(torch.nn.Module):
         gate_up: `"concatenated"` or `"interleaved"`, as in `moe_experts`.
         activation: `"swiglu"` or `"gpt_oss"`, as in `moe_experts`.
         bias: whether the two projections have biases (gpt-oss's do).
+        fp8: None, or an fp8 training recipe, `"blockwise"` or `"rowwise"`
+            (`moe_experts`' `fp8`): the module then quantizes its weights
+            once after each change (an optimizer step, found by the weights'
+            version counters: `quantize_expert_weights`) and its calls
+            until the next change reuse them, as gradient accumulation's
+            micro-batches do.  The module keeps those fp8 copies, as many
+            bytes as its weights, between calls.
         device (torch.device | str | None): where the parameters are made.
         dtype (torch.dtype | None): the parameters' dtype (float16 or bfloat16 to run).
 
     Raises:
-        ValueError: an unknown gate_up or activation.
+        ValueError: an unknown gate_up, activation or fp8 recipe.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  gate_up: str = "concatenated", activation: str = "swiglu", bias: bool = False,
-                 device=None, dtype=None):
+                 fp8: str | None = None, device=None, dtype=None):
         super().__init__()
         _check_choices(gate_up, activation)
-        self.gate_up, self.activation = gate_up, activation
+        if fp8 is not None and fp8 not in fp8_training.RECIPES:
+            raise ValueError(f"fp8 must be None or one of {fp8_training.RECIPES}, got {fp8!r}")
+        self.gate_up, self.activation, self.fp8 = gate_up, activation, fp8
+        self._fp8_weights = None  # quantize_expert_weights' of the weights as they are
         factory = {"device": device, "dtype": dtype}
         self.gate_up_proj = torch.nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
@@ -594,10 +607,21 @@ class MoEExperts(torch.nn.Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """`moe_experts(hidden_states, top_k_index, top_k_weights, ...)` with this
-        module's parameters, gate_up and activation: `[T, H]` -> `[T, H]`."""
+        module's parameters, gate_up, activation and fp8: `[T, H]` -> `[T, H]`."""
         return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                            self.down_proj, gate_up=self.gate_up, activation=self.activation,
-                           b13=self.gate_up_proj_bias, b2=self.down_proj_bias)
+                           b13=self.gate_up_proj_bias, b2=self.down_proj_bias,
+                           fp8=self._quantized_weights())
+
+    def _quantized_weights(self) -> Fp8ExpertWeights | None:
+        """None without fp8, else the weights quantized once per change."""
+        if self.fp8 is None:
+            return None
+        weights = (self.gate_up_proj, self.down_proj)
+        if self._fp8_weights is None or not self._fp8_weights.matches(*weights):
+            self._fp8_weights = None  # the old copies go before the new ones are made
+            self._fp8_weights = quantize_expert_weights(*weights, fp8=self.fp8)
+        return self._fp8_weights
 
 
 def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor,

@@ -225,6 +225,28 @@ def test_weights_quantized_once(recipe, shape):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+def test_module_requantizes_after_a_step(recipe):
+    """MoEExperts(fp8=recipe) computes what moe_experts(fp8=recipe) does on
+    its parameters, bit for bit, before and after an optimizer's step."""
+    tokens, hidden, inter, experts, k = SHAPES["small_groups"]
+    module = gg_runtime.MoEExperts(experts, hidden, inter, fp8=recipe, device="cuda",
+                                   dtype=torch.bfloat16)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    for _ in range(2):
+        x, ids, weights, *_, grad = layer(tokens, hidden, inter, experts, k)
+        got = module(x, ids, weights)
+        got_grads = torch.autograd.grad(got, list(module.parameters()), grad)
+        want = gg_runtime.moe_experts(x, ids, weights, module.gate_up_proj, module.down_proj,
+                                      fp8=recipe)
+        want_grads = torch.autograd.grad(want, list(module.parameters()), grad)
+        assert torch.equal(got, want)
+        assert all(torch.equal(a, b) for a, b in zip(got_grads, want_grads))
+        for parameter, gradient in zip(module.parameters(), got_grads):
+            parameter.grad = gradient
+        optimizer.step()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_torch_compile_fullgraph(recipe):
     """Traced whole (fullgraph) through the autograd function and the
     operators' Meta kernels: the reference's output and gradients."""

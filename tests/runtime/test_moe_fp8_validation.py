@@ -362,3 +362,25 @@ def test_quantize_expert_weights_refuses(changes, error, match):
              **changes}
     with pytest.raises(error, match=match):
         gg_runtime.quantize_expert_weights(given["w13"], given["w2"], fp8=given["fp8"])
+
+
+def test_module_quantizes_its_weights_once_per_change():
+    """MoEExperts(fp8=recipe) reuses its quantized weights until they change."""
+    experts = gg_runtime.MoEExperts(E, H, INTER, fp8="rowwise", device="meta",
+                                    dtype=torch.bfloat16)
+    x, ids, weights = meta(T, H), meta(T, K, dtype=torch.int64), meta(T, K, dtype=torch.float32)
+    assert experts(x, ids, weights).shape == (T, H)
+    first = experts._fp8_weights
+    assert first is not None and first.recipe == "rowwise"
+    experts(x, ids, weights)
+    assert experts._fp8_weights is first
+    with torch.no_grad():
+        experts.down_proj.add_(1.0)  # as an optimizer's step writes it
+    experts(x, ids, weights)
+    assert experts._fp8_weights is not first and experts._fp8_weights.matches(
+        experts.gate_up_proj, experts.down_proj)
+
+
+def test_module_refuses_unknown_recipe():
+    with pytest.raises(ValueError, match="fp8 must be None or one of"):
+        gg_runtime.MoEExperts(E, H, INTER, fp8="1x128", device="meta")

@@ -149,7 +149,7 @@ def test_matches_autograd_of_the_expert_loop(monkeypatch, shape, bias, gate_up, 
 
     def ours(x, topk_ids, topk_weights, w13, w2, b13, b2):
         return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
-                              None)
+                              None, None)
 
     def theirs(**given):
         return layer_ref(**given, interleaved=gate_up == "interleaved", activation=activation)
@@ -178,7 +178,7 @@ def test_backward_twice_with_the_graph_kept(reference_ops):
     given = inputs(29, 8, 4, 6, 2, bias=True, transposed=False)
     grad = torch.randn(29, 8, dtype=torch.float64)
     leaves = {n: t.clone().requires_grad_() if n in DIFFERENTIABLE else t for n, t in given.items()}
-    out = _Experts.apply(*leaves.values(), "concatenated", "swiglu", None)
+    out = _Experts.apply(*leaves.values(), "concatenated", "swiglu", None, None)
     out.backward(grad, retain_graph=True)
     once = {n: leaves[n].grad.clone() for n in DIFFERENTIABLE}
     out.backward(grad)
@@ -198,7 +198,7 @@ def test_activation_checkpointing(reference_ops, use_reentrant):
 
     def plain(x, topk_ids, topk_weights, w13, w2, b13, b2):
         return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, "concatenated",
-                              "swiglu", None)
+                              "swiglu", None, None)
 
     def checkpointed(**given):
         return torch.utils.checkpoint.checkpoint(plain, *given.values(),
