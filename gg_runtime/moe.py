@@ -248,7 +248,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
 
     Autograd: differentiable in x, topk_weights, w13, w2 and the biases, once
     (not twice); the weights' gradients come back in the weights' own strides.
-    Traceable by `torch.compile` (`fullgraph=True` included).  Memory: for the
+    Traceable by `torch.compile` (`fullgraph=True` included; with an
+    `Fp8ExpertWeights` as `fp8`, whose check reads version counters, the
+    graph breaks there and `fullgraph=True` refuses it).  Memory: for the
     backward it keeps the routing and the up projection's output `[T*k, 2I]`
     (the gathered tokens and the activation's output are recomputed) and frees
     that output once the backward has read it (unless `retain_graph=True`);
@@ -482,7 +484,9 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
     bit for bit, and the gradients still go to w13 and w2.  A call whose
     w13 or w2 is not the tensor these were made from (its memory, shape or
     strides), or has been written since (its version counter), raises a
-    ValueError: stale weights never give silently old products.  The result
+    ValueError rather than run on stale copies.  Writes through `w.data`
+    bypass the version counter and are not seen: quantize again after them
+    (or write under `torch.no_grad()`, which counts).  The result
     holds fp8 copies of both weights in both orientations, as many bytes as
     the 16-bit weights, until it is dropped.
 
@@ -564,7 +568,10 @@ class MoEExperts(torch.nn.Module):
             version counters: `quantize_expert_weights`) and its calls
             until the next change reuse them, as gradient accumulation's
             micro-batches do.  The module keeps those fp8 copies, as many
-            bytes as its weights, between calls.
+            bytes as its weights, between calls.  Writes through `.data`
+            bypass the version counters and are not seen (write the
+            parameters under `torch.no_grad()` instead); `torch.compile`
+            breaks its graph at the check.
         device (torch.device | str | None): where the parameters are made.
         dtype (torch.dtype | None): the parameters' dtype (float16 or bfloat16 to run).
 
