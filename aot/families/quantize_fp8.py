@@ -14,17 +14,20 @@ from ..kernels.quantize import quantize_fp8_kernel
 # registers (2 programs an SM) instead of 48 (5).  The tile is shaped to the
 # row length, the bucket key: short rows take many rows a tile, long rows few,
 # which also keeps a rowwise tile (read twice) small enough to stay in cache
-# between its passes.  `basic` (scalar loads, an address per element) loads
-# half as many.  A 128x128 tile is one block, which 8 warps hold at 64
-# elements a thread (128 registers).  BK is unused (16 keeps aot/variants.py's
-# GEMM shared-memory estimate from reshaping the configs).
+# between its passes.  Rows of up to 1536 take 8-row tiles (two or three
+# 512-column steps: an H100 A/B on rows of 768, 1024 and 1536 had them ahead
+# of 4 x 1024 and 2 x 2048 tiles, docs/notes/2026-11-25-fp8-weights-quantized-once.md).
+# `basic` (scalar loads, an address per element) loads half as many.  A
+# 128x128 tile is one block, which 8 warps hold at 64 elements a thread (128
+# registers).  BK is unused (16 keeps aot/variants.py's GEMM shared-memory
+# estimate from reshaping the configs).
 # What one scale covers (aot/kernels/quantize.py): a row, 128 columns of a
 # row, a 128 x 128 block; the kernel's MODE is the value's index.
 GRANULARITY = Choice("Granularity", ("rowwise", "1x128", "128x128"))
 ONE_BLOCK_ONLY = Where(granularity="128x128", x_major="row")
 
 ALIGNED = (
-    Config(8, 512, 16, 8, 1, max_rows=512),
+    Config(8, 512, 16, 8, 1, max_rows=1536),
     Config(2, 2048, 16, 8, 1, max_rows=2048),
     Config(1, 4096, 16, 8, 1),
 )
@@ -33,14 +36,16 @@ ONE_BLOCK = (Config(128, 128, 16, 8, 1),)
 # A column-major x is loaded along its rows, each column's BM rows one
 # contiguous run, and converted (in shared memory) to store q along its rows,
 # which costs registers: ptxas gives an aligned 1x128 tile of 64 x 128 119
-# (2 programs an SM), and a 128 x 128 block 153 at 8 warps, 113 at 16.  A
-# rowwise tile, read twice, is 16 rows (32 bytes of 16-bit x a column: one
-# sector) by 256 columns a step (`basic`: half), 4096 elements as the aligned
-# row configs load.
+# (2 programs an SM), and a 128 x 128 block 153 at 8 warps, 113 at 16.  Yet
+# an aligned 128 x 128 block runs fastest at 4 warps, more programs an SM
+# (the same H100 A/B: ahead of 8 and 16 warps on every weight; `basic`
+# unmeasured).  A rowwise tile, read twice, is 16 rows (32 bytes of 16-bit x
+# a column: one sector) by 256 columns a step (`basic`: half), 4096 elements
+# as the aligned row configs load (32 x 128 ran slower).
 COLUMN_MAJOR = {  # (flavour, granularity) -> configs
     ("aligned", "rowwise"): (Config(16, 256, 16, 8, 1),),
     ("aligned", "1x128"): (Config(64, 128, 16, 8, 1),),
-    ("aligned", "128x128"): (Config(128, 128, 16, 16, 1),),
+    ("aligned", "128x128"): (Config(128, 128, 16, 4, 1),),
     ("basic", "rowwise"): (Config(16, 128, 16, 8, 1),),
     ("basic", "1x128"): (Config(32, 128, 16, 8, 1),),
     ("basic", "128x128"): (Config(128, 128, 16, 16, 1),),
