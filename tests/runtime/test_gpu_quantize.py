@@ -93,7 +93,8 @@ def test_float32_ignores_the_tf32_setting():
         assert ".float32-float8_e4m3fn." in check(randn(70, 272, dtype=torch.float32), "1x128")
 
 
-@pytest.mark.parametrize("cols, config", [(512, "8x512"), (1040, "2x2048"), (8208, "1x4096")])
+@pytest.mark.parametrize("cols, config", [(512, "8x512"), (1040, "8x512"), (1552, "2x2048"),
+                                          (8208, "1x4096")])
 def test_config_follows_row_length(cols, config):
     assert f".aligned.{config}x" in check(randn(40, cols, dtype=torch.bfloat16), "rowwise")
 
