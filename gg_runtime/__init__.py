@@ -3,9 +3,9 @@ kernels.  No Triton, compiler or warm-up at run time."""
 from ._native import CudaError, UnsupportedDeviceError
 from .api import gmm, grouped_gemm, grouped_mm, quantize_fp8, scaled_grouped_mm
 from .fp8_training import fp8_grouped_mm
+from .fp8_expert_weights import Fp8ExpertWeights, quantize_expert_weights
 from .info import info
-from .moe import (Fp8ExpertWeights, MoEExperts, moe_experts, quantize_expert_weights,
-                  transformers_experts_forward)
+from .moe import MoEExperts, moe_experts, transformers_experts_forward
 from .serving import fused_experts
 from .settings import force_ptx
 
