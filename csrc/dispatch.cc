@@ -122,24 +122,32 @@ size_t best_variant(const Request& r, const DeviceProps& d, bool basic_only) {
   throw UnsupportedDevice("no " + describe(r, d));
 }
 
-size_t variant_by_key(const std::string& key, const Request& r, const DeviceProps& d) {
+// The index of the variant with this key (set_override resolves it once, so
+// that forced launches cost the host what dispatched ones do).
+size_t index_of_key(const std::string& key) {
   const auto table = kernel_table();
   for (size_t i = 0; i < table.size(); ++i) {
-    if (key != table[i].key) continue;
-    if (!matches(table[i], r, d) || !(r.flavours_ok >> table[i].flavour & 1u)) {
-      throw std::invalid_argument("variant " + key + " cannot run this problem (wants a " +
-                                  describe(r, d) + " whose inputs meet the " +
-                                  flavours()[table[i].flavour].name + " flavour's rule)");
-    }
-    return i;
+    if (key == table[i].key) return i;
   }
   throw std::invalid_argument("no variant " + key + " in this build");
+}
+
+// Variant `index`, forced, if it can run the request.
+size_t checked_variant(size_t index, const Request& r, const DeviceProps& d) {
+  const KernelInfo& k = kernel_table()[index];
+  if (!matches(k, r, d) || !(r.flavours_ok >> k.flavour & 1u)) {
+    throw std::invalid_argument(
+        std::string("variant ") + k.key + " cannot run this problem (wants a " + describe(r, d) +
+        " whose inputs meet the " + flavours()[k.flavour].name + " flavour's rule)");
+  }
+  return index;
 }
 
 struct Override {
   std::mutex mutex;
   std::atomic<bool> active{false};  // read on every call without the lock
-  std::string key;
+  bool forces_variant = false;
+  size_t index = 0;  // the forced variant's, where forces_variant
   bool basic_only = false;
 };
 
@@ -203,26 +211,22 @@ size_t remembered_variant(const Request& r, const DeviceProps& d) {
 
 }  // namespace
 
-// Is `key` a variant of this build of another family than `family`?
-bool of_other_family(const std::string& key, int family) {
-  for (const KernelInfo& k : kernel_table()) {
-    if (key == k.key) return k.family != family;
-  }
-  return false;
-}
-
 size_t pick_variant(const Request& r, const DeviceProps& d) {
   Override& o = override_setting();
   if (!o.active.load(std::memory_order_acquire)) return remembered_variant(r, d);
   std::lock_guard<std::mutex> lock(o.mutex);
-  if (o.key.empty()) return best_variant(r, d, o.basic_only);
-  return of_other_family(o.key, r.family) ? best_variant(r, d, false) : variant_by_key(o.key, r, d);
+  if (!o.forces_variant) return best_variant(r, d, o.basic_only);
+  // Another family's launches dispatch as usual (a fused operator's one kernel can be forced).
+  if (kernel_table()[o.index].family != r.family) return remembered_variant(r, d);
+  return checked_variant(o.index, r, d);
 }
 
 void set_override(const std::string& key, bool basic_only) {
+  const size_t index = key.empty() ? 0 : index_of_key(key);
   Override& o = override_setting();
   std::lock_guard<std::mutex> lock(o.mutex);
-  o.key = key;
+  o.forces_variant = !key.empty();
+  o.index = index;
   o.basic_only = basic_only;
   o.active.store(!key.empty() || basic_only, std::memory_order_release);
 }

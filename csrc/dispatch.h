@@ -55,10 +55,10 @@ struct Request {
 size_t pick_variant(const Request& request, const DeviceProps& device);
 
 // Test-only: launches of variant `key`'s family run exactly that variant
-// (throws std::invalid_argument when it cannot run the problem), the other
-// families' as usual; or, with basic_only, every launch runs the last
-// (rule-free) flavour.  Process-wide; the defaults ("", false) restore
-// normal dispatch.
+// (throws std::invalid_argument when it cannot run the problem; here, when
+// no variant has that key), the other families' as usual; or, with
+// basic_only, every launch runs the last (rule-free) flavour.  Process-wide;
+// the defaults ("", false) restore normal dispatch.
 void set_override(const std::string& key, bool basic_only);
 
 }  // namespace gg

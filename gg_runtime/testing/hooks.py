@@ -12,7 +12,8 @@ def forced(variant: str = "", basic: bool = False):
     """Within the block every launch of `variant`'s family runs exactly
     `variant` (an error if it cannot run the call; the other families
     dispatch as usual: a fused operator's one kernel can be chosen), or with
-    basic=True every launch runs only `basic` variants."""
+    basic=True every launch runs only `basic` variants.  A key this build
+    lacks raises ValueError on entry."""
     _C.set_override(variant, basic)
     try:
         yield

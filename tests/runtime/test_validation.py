@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import gg_runtime
+from gg_runtime import _C
+from gg_runtime.testing import forced
 
 from conftest import cuda, fake_autograd, gpu
 
@@ -158,3 +160,12 @@ def test_grouped_mm_records_a_gradient_only_where_an_input_needs_one(fake):
     with torch.no_grad():
         out = gg_runtime.grouped_mm(a, w, offs)
     assert out.grad_fn is None and not out.requires_grad and out.shape == (10, 5)
+
+
+def test_forcing_a_variant_this_build_lacks_is_refused_on_entry():
+    """The test hook resolves the key once, when the block is entered (a
+    forced launch then costs the host what a dispatched one does)."""
+    with pytest.raises(ValueError, match="no variant nonsense in this build"), forced("nonsense"):
+        pytest.fail("the block ran")
+    with forced(_C.variants()[0]["key"]):
+        pass
