@@ -1,6 +1,7 @@
 """`python -m aot build | list | tune`: the build-time command line."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -58,6 +59,21 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
     size = sum(r["cubin_size"] for r in records)
     click.echo(f"compiled {len(records)} variants ({size / 1e6:.1f} MB of cubins) "
                f"in {time.time() - started:.0f} s with {jobs} jobs -> {kernels}")
+    spilling = sum(1 for r in records if r["stack"])
+    click.echo(f"{spilling} of them spill (`python -m aot resources` lists them)")
+
+
+@main.command()
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT, show_default=True,
+              help="The folder `build` wrote.")
+@click.option("--only", default="", help="Only variants whose key contains this text.")
+def resources(out: Path, only: str):
+    """Print each compiled variant's registers per thread and stack frame
+    (bytes a thread spills), largest frames first: from the manifest, no GPU."""
+    records = json.loads((out / "kernels" / "manifest.json").read_text())["variants"]
+    chosen = [r for r in records if only in r["key"]]
+    for record in sorted(chosen, key=lambda r: (-r["stack"], r["key"])):
+        click.echo(f"{record['stack']:6d} {record['registers']:4d}  {record['key']}")
 
 
 @main.command(name="list")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +79,25 @@ def compile_variant(variant: Variant) -> Compiled:
         cubin_sha256=hashlib.sha256(cubin).hexdigest(),
         cubin_size=len(cubin),
         triton_version=triton.__version__,
+        **resource_usage(cubin),
     )
     return Compiled(record, cubin, kernel.asm["ptx"], kernel)
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """{"registers": per thread at launch, "stack": bytes of each thread's stack
+    frame (where ptxas puts its spills)} of the cubin's kernel, as Triton's
+    cuobjdump reads them: a spill shows here, on the machine that compiles,
+    without a GPU."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage",
+                                f.name], check=True, capture_output=True, text=True).stdout
+    match = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    if not match:
+        raise CompileError(f"no resource usage in cuobjdump's output:\n{usage}")
+    return {"registers": int(match.group(1)), "stack": int(match.group(2))}
 
 
 def _compile_to(args) -> dict:

@@ -148,6 +148,7 @@ def test_cubins_match_manifest(manifest):
         assert cubin_arch(cubin) == record["arch"], record["key"]
         assert record["num_ctas"] == record["config"].get("ctas", 1), record["key"]
         assert record["shared"] <= Arch.of(record["arch"]).shared_ceiling, record["key"]
+        assert 0 < record["registers"] <= 255 and record["stack"] >= 0, record["key"]
         assert bool(record["ptx"]) == Arch.of(record["arch"]).ptx
         if record["ptx"]:
             assert f".target sm_{record['arch']}" in (KERNELS / record["ptx"]).read_text()
