@@ -196,14 +196,17 @@ class Config:
         EPILOGUE_COLS columns of it at a time) and, for tf32x3, one more A tile
         (its split into high and low parts); sm80's cp.async pipelines keep
         num_stages - 1 tiles (sm90's non-TMA kernels up to twice that: far
-        below its limit; the build refuses any variant over it).  ring_scales:
+        below its limit; the build refuses any variant over it), or, where
+        more, the output tile (an epilogue converting the accumulator's
+        layout through shared memory for a column-major output: 8 warps'
+        128 x 128 float32 tiles do).  ring_scales:
         a `ws` kernel's ring also holds each stage's float32 scales of the
         tile's rows and columns (Family.ring_scales).  dtype, out:
         aot/variants.py DTypes."""
         rows = self.BM // self.ctas  # a CTA's
         tiles = (rows + self.BN) * self.BK * dtype.bytes
         if not tma:
-            return max(self.num_stages - 1, 1) * tiles
+            return max(max(self.num_stages - 1, 1) * tiles, rows * self.BN * out.bytes)
         split = rows * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
         out_cols = min(self.BN, EPILOGUE_COLS) if self.ws else self.BN
         if self.ws and ring_scales:

@@ -33,6 +33,14 @@ class Arch:
     # The most any GPU of the arch allows: LARGE_CONFIGS are fitted to it, and the
     # runtime picks their variants only where the device's opt-in limit admits them.
     shared_max: int = 0
+    # Accumulator registers a thread may hold where the inputs are 4 bytes wide
+    # (float32 as tf32x3 splits each operand in two and makes three products),
+    # 0 for no bound; such configs also step K at most WIDE_INPUT_BK deep.
+    # Past them sm80's kernels, whose mma.sync holds both operands' fragments
+    # in registers too, spill, and a 128 x 128 tile on 4 warps, 128 x 256 on 8
+    # or a 64-deep K step makes ptxas fall back to 32 registers and KBs of
+    # stack a thread (`python -m aot resources`).
+    wide_input_accumulator: int = 0
 
     @property
     def shared_ceiling(self) -> int:
@@ -43,9 +51,11 @@ class Arch:
         return next(a for a in ARCHS if a.arch == arch)
 
 
+WIDE_INPUT_BK = 32
+
 # sm80 cubins and PTX run on 8.6 / 8.9 (99 KiB a block) and 8.0 (163 KiB).
 ARCHS = (Arch(80, exact=False, tma=False, shared_limit=99 * 1024, ptx=True,
-              shared_max=163 * 1024),
+              shared_max=163 * 1024, wide_input_accumulator=64),
          Arch(90, exact=True, tma=True, shared_limit=227 * 1024))
 
 
@@ -86,7 +96,7 @@ FLAVOURS = {"tma": "tma", "aligned": "aligned", "basic": "none"}
 DEFAULT_CONFIGS = {
     (80, "basic"): (
         Config(64, 64, 32, 4, 4, max_rows=64),
-        Config(128, 128, 32, 4, 3),
+        Config(128, 128, 32, 8, 3),
     ),
     (80, "aligned"): (
         Config(64, 64, 32, 4, 4, max_rows=64),
@@ -133,10 +143,21 @@ def flavours(family: str, axes: tuple, arch: Arch) -> tuple:
     return tuple(out)
 
 
-def _fitted(config: Config, limit: int, dtype: DType, out: DType, tma: bool,
+def _fitted(config: Config, arch: Arch, limit: int, dtype: DType, out: DType, tma: bool,
             ring_scales: bool) -> Config:
-    """The config, with fewer stages or a shorter BK where wider elements would
-    overflow `limit` bytes of shared memory (tuned tables are measured for 16-bit)."""
+    """The config, with more warps or half the columns where 4-byte inputs
+    would hold more accumulator registers a thread than the arch takes
+    (Arch.wide_input_accumulator) and K steps at most WIDE_INPUT_BK deep
+    there, and fewer stages or a shorter BK where
+    wider elements would overflow `limit` bytes of shared memory (tuned
+    tables are measured for 16-bit)."""
+    if dtype.bytes == 4 and arch.wide_input_accumulator:
+        while config.BM * config.BN // (32 * config.num_warps) > arch.wide_input_accumulator:
+            if config.num_warps < 8:
+                config = replace(config, num_warps=config.num_warps * 2)
+            else:
+                config = replace(config, BN=config.BN // 2)
+        config = replace(config, BK=min(config.BK, WIDE_INPUT_BK))
     while config.shared_estimate(dtype, out, tma, ring_scales) > limit:
         if config.num_stages > 2:
             config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
@@ -163,7 +184,7 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     scales = FAMILIES[family].ring_scales
     staged = FAMILIES[family].staged(FAMILIES[family].named(axes))
     staged_out = DTYPES[staged] if staged else out  # what a ws kernel's shared memory holds
-    large = [] if own else [_fitted(c, arch.shared_ceiling, dtype, out, tma, scales)
+    large = [] if own else [_fitted(c, arch, arch.shared_ceiling, dtype, out, tma, scales)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
     for c in configs:  # a tuned table's too
         FAMILIES[family].check_when(c)
@@ -173,7 +194,7 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
         configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False, pingpong=False) for c in configs]
-    fitted = large + [_fitted(c, arch.shared_limit, dtype, staged_out if c.ws else out, tma,
+    fitted = large + [_fitted(c, arch, arch.shared_limit, dtype, staged_out if c.ws else out, tma,
                               scales) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
