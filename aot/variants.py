@@ -96,6 +96,8 @@ FLAVOURS = {"tma": "tma", "aligned": "aligned", "basic": "none"}
 DEFAULT_CONFIGS = {
     (80, "basic"): (
         Config(64, 64, 32, 4, 4, max_rows=64),
+        # 8 warps: on 4, a 128 x 128 accumulator and the masked loads' addresses
+        # do not fit a thread's registers, and ptxas falls back to 32 of them.
         Config(128, 128, 32, 8, 3),
     ),
     (80, "aligned"): (
@@ -147,10 +149,10 @@ def _fitted(config: Config, arch: Arch, limit: int, dtype: DType, out: DType, tm
             ring_scales: bool) -> Config:
     """The config, with more warps or half the columns where 4-byte inputs
     would hold more accumulator registers a thread than the arch takes
-    (Arch.wide_input_accumulator) and K steps at most WIDE_INPUT_BK deep
-    there, and fewer stages or a shorter BK where
-    wider elements would overflow `limit` bytes of shared memory (tuned
-    tables are measured for 16-bit)."""
+    (Arch.wide_input_accumulator), and K steps at most WIDE_INPUT_BK deep
+    there; then with fewer stages or a shorter BK where wider elements would
+    overflow `limit` bytes of shared memory (tuned tables are measured for
+    16-bit)."""
     if dtype.bytes == 4 and arch.wide_input_accumulator:
         while config.BM * config.BN // (32 * config.num_warps) > arch.wide_input_accumulator:
             if config.num_warps < 8:

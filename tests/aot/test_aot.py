@@ -159,9 +159,9 @@ def test_cubins_match_manifest(manifest):
 
 def test_no_variant_spills_on_few_registers(manifest):
     """ptxas's fallback where a tile's fragments cannot fit in 255 registers a
-    thread: a few dozen registers and KBs of stack (sm80's 128 x 128 tiles of
-    4 warps did: 4 TFLOP/s where the aligned variant ran 369).  The configs
-    are fitted so that none does (aot/variants.py _fitted)."""
+    thread: a few dozen registers and KBs of stack, two orders of magnitude
+    slower (sm80's 128 x 128 tiles of 4 warps did).  The configs are fitted
+    so that none does (aot/variants.py _fitted)."""
     fallen = [(r["key"], r["registers"], r["stack"]) for r in manifest["variants"]
               if r["stack"] and r["registers"] < 64]
     assert not fallen, fallen
