@@ -51,12 +51,14 @@ FAMILY = Family(
     out_dtypes=("float8_e4m3fn",),
     staged=lambda v: "bfloat16" if v["gu"] == "kept" else None,
     archs=(90,),
-    # The warp-specialised kernel scales a tile's 128-column blocks, gate's
-    # and up's, by one 128 x 128 weight block each, which holds where I = N / 2
-    # is a multiple of 128 (kernels/ragged_ws.py column_blocks): its blockwise
-    # configs need `whole_halves`, and other widths take the Triton kernel
-    # (per-column scales) at every size.  Per-channel weights scale each
-    # column (channel_scaled): any I.
+    # The warp-specialised kernel scales a tile's two 128-column blocks by one
+    # 128 x 128 weight block each (kernels/ragged_ws.py column_blocks).
+    # Interleaved, a 256-column tile at a multiple of 256 covers two whole
+    # blocks of w13's rows at any I.  Concatenated, its gate and up halves are
+    # 128 columns from each half of w13, one block each only where I = N / 2
+    # is a multiple of 128: those blockwise configs need `whole_halves`, and
+    # other widths take the Triton kernel (per-column scales) at every size.
+    # Per-channel weights scale each column (channel_scaled): any I.
     conditions={"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128"},
     # A tile's h columns are one 128-column scale block: BN = 256.  Groups of
     # up to 512 rows take the warp-specialised kernel's 64-row tiles, its two
@@ -72,10 +74,13 @@ FAMILY = Family(
     # needs it): its groups are large, and the wheel carries no more variants
     # than a path runs.
     configs={(90, "tma", Where(scaling="rowwise", gu="dropped")): (TRITON_DECODE, PINGPONG, SPLIT),
+             (90, "tma", Where(scaling="blockwise", gu="dropped", gate_up="interleaved")): (
+                 PINGPONG, SPLIT),
              (90, "tma", Where(scaling="blockwise", gu="dropped")): (
                  replace(PINGPONG, when="whole_halves"), replace(SPLIT, when="whole_halves"),
                  replace(TRITON_DECODE, max_rows=0)),
              (90, "tma", Where(scaling="rowwise", gu="kept")): (SPLIT,),
+             (90, "tma", Where(scaling="blockwise", gu="kept", gate_up="interleaved")): (SPLIT,),
              (90, "tma", Where(scaling="blockwise", gu="kept")): (
                  replace(SPLIT, when="whole_halves"), replace(TRITON_DECODE, max_rows=0))},
     tiles=RAGGED_M.tiles,

@@ -18,7 +18,7 @@ from gg_runtime.testing import moe_layer_inputs, rel_error, route_top_k, time_in
 
 from ..markdown import fmt, geomean, table
 from ..measure import peak_gb
-from .experts import saved_gb
+from .experts import OWN_ACTIVATION, saved_gb
 from .training import LAYERS
 
 TITLE = "fp8 training: moe_experts(fp8=...) against bf16 moe_experts"
@@ -30,10 +30,12 @@ FP8_VS_BF16 = 0.1
 
 
 def run(context) -> dict:
+    layers = [(name, shape, {}) for name, shape in LAYERS.items()]
+    layers += [(name, LAYERS[layer], options) for name, (layer, options) in OWN_ACTIVATION.items()]
     rows = []
-    for name, shape in LAYERS.items():
+    for name, shape, options in layers:
         if context.only in name:
-            rows.append(bench_layer(name, shape))
+            rows.append(bench_layer(name, shape, **options))
             torch.cuda.empty_cache()  # the next layer's inputs where this one's were
     return {"layers": rows}
 
@@ -42,17 +44,25 @@ def label(recipe) -> str:
     return recipe or "bf16"
 
 
-def bench_layer(name: str, shape: tuple) -> dict:
+def bench_layer(name: str, shape: tuple, bias=False, activation="swiglu",
+                interleaved=False) -> dict:
+    """One layer's rows; bias, activation, interleaved: as experts.OWN_ACTIVATION
+    gives them (gg_runtime.testing.moe_layer's arguments)."""
     tokens, hidden, inter, experts, top_k = shape
-    inputs = moe_layer_inputs(tokens, hidden, inter, experts)
+    inputs = moe_layer_inputs(tokens, hidden, inter, experts, bias=bias)
     with torch.no_grad():
         weights, ids = route_top_k(inputs["x"], inputs["router"], top_k)
-    leaves = (inputs["x"], weights.requires_grad_(), inputs["w13"], inputs["w2"])
+    biases = (inputs["b13"], inputs["b2"]) if bias else ()
+    leaves = (inputs["x"], weights.requires_grad_(), inputs["w13"], inputs["w2"], *biases)
+    layout = {"gate_up": "interleaved" if interleaved else "concatenated",
+              "activation": activation}
     dy = torch.randn_like(inputs["x"])
 
     def forward(recipe):
-        x, topk_weights, w13, w2 = leaves
-        return gg_runtime.moe_experts(x, ids, topk_weights, w13, w2, fp8=recipe)
+        x, topk_weights, w13, w2, *b = leaves
+        b13, b2 = b or (None, None)
+        return gg_runtime.moe_experts(x, ids, topk_weights, w13, w2, b13=b13, b2=b2, fp8=recipe,
+                                      **layout)
 
     def step(recipe):
         return torch.autograd.grad(forward(recipe), leaves, dy)
