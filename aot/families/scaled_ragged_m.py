@@ -43,11 +43,14 @@ FAMILY = Family(
     out_dtypes=("bfloat16", "float32"),
     archs=(90,),
     # Chosen from H100 measurements (docs/notes/2026-11-22-full-bench-h100.md,
-    # 2026-11-23-bias-fp8-accumulation-training.md): decode takes 64x128 tiles of
-    # the Triton kernel; otherwise the warp-specialised kernel
+    # 2026-11-23-bias-fp8-accumulation-training.md,
+    # 2026-11-25-interleaved-blocks-and-small-routes.md): decode takes 64x128
+    # tiles of the Triton kernel; otherwise the warp-specialised kernel
     # (kernels/ragged_ws.py), whose two MMA warpgroups take 64 rows each of a
     # 128x256 tile (blockwise: one accumulator rescaled between K blocks, 3
-    # stages, which ran faster than 4 before its partitions took turns).
+    # stages: 4 ran no faster), or, blockwise on groups of up to 128 rows,
+    # take turns at 64x256 tiles (one's epilogue runs while the other's MMAs
+    # do; the split tile is as fast from 256 rows on).
     # Without fast accumulation a second register tile holds each K step's
     # product: 128-column tiles of the warp-specialised kernel, two 64-row
     # partitions (rowwise: faster than the Triton kernel's 128x128 tiles beyond
@@ -55,7 +58,9 @@ FAMILY = Family(
     configs={(90, "tma", Where(scaling="rowwise", accumulation="fast")):
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", Where(scaling="blockwise", accumulation="fast")):
-             (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 3, ws=True)),
+             (Config(64, 128, 128, 4, 4, max_rows=32),
+              Config(64, 256, 128, 4, 4, max_rows=128, ws=True, pingpong=True),
+              Config(128, 256, 128, 4, 3, ws=True)),
              # blockwise's schedule (one unit a row instead of one a 128
              # columns); untuned.
              (90, "tma", Where(scaling="blockwise_rowwise", accumulation="fast")):

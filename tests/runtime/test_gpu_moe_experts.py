@@ -645,13 +645,13 @@ def test_combine_variant(variant):
     assert rel_error(got, combine_ref(rows, index, weights, offs)) < 1e-2
 
 
-@pytest.mark.parametrize("slots,experts", [(1, 1), (1023, 8), (1024, 128), (1025, 3),
-                                           (131079, 128), (70000, ROUTE_BINS - 1), (500, 0),
-                                           (5000, ROUTE_BINS), (3000, 4000)])
+@pytest.mark.parametrize("slots,experts", [(1, 1), (64, 256), (65, 8), (1023, 8), (1024, 128),
+                                           (1025, 3), (131079, 128), (70000, ROUTE_BINS - 1),
+                                           (500, 0), (5000, ROUTE_BINS), (3000, 4000)])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_route_operator(slots, experts, dtype):
     """The route kernels (the three phases, or the one for a single chunk of
-    up to 1024 slots: one variant each) against torch's stable sort, exactly:
+    up to 1024 slots or of up to 64) against torch's stable sort, exactly:
     ids in and out of [0, E) (-1, E, far past), chunks of slots whole and
     partial, more chunks than one scan step; past the kernels' bins, the
     operator's own sort."""
@@ -662,6 +662,26 @@ def test_route_operator(slots, experts, dtype):
         got = torch.ops.gg_runtime.route(ids.long(), experts)
     for name, g, want in zip(("order", "offs", "inverse"), got, route_by_sort(ids, experts)):
         assert g.dtype == want.dtype and torch.equal(g, want), name
+
+
+SINGLE_ROUTE_VARIANTS = [v for v in _C.variants() if v["family"] == "route"
+                         and v["axes"]["phase"] == "single" and v["arch"] == device_arch()]
+
+
+@pytest.mark.parametrize("variant", SINGLE_ROUTE_VARIANTS, ids=lambda v: v["key"])
+def test_every_single_chunk_route_kernel(variant):
+    """Each one-launch sort forced on as many slots as its chunk holds, and
+    the small chunk's refused one slot more (its condition `few_slots`)."""
+    slots = variant["block"][0]
+    ids = torch.randint(-1, 9, (slots,), device="cuda")
+    with forced(variant["key"]), poisoned():
+        got = torch.ops.gg_runtime.route(ids, 8)
+        assert last_variant() == variant["key"]
+    for name, g, want in zip(("order", "offs", "inverse"), got, route_by_sort(ids, 8)):
+        assert torch.equal(g, want), name
+    if variant["key"].endswith("_few_slots"):
+        with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
+            torch.ops.gg_runtime.route(torch.zeros(slots + 1, dtype=torch.int64, device="cuda"), 8)
 
 
 def test_route_operator_without_slots():
