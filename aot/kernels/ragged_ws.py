@@ -116,8 +116,8 @@ def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, layout: gl.const
     """b's 128-column scale block of each of a tile's H 128-column blocks:
     off_n / 128 + i, or for CONCATENATED (H = 2) the gate's block and the
     up's (kernels/glu.py's columns; right where N / 2 is a multiple of 128,
-    so that the up's 128 columns are one block: scaled_ragged_glu's configs
-    of this kernel need its condition `whole_halves`)."""
+    so that the up's 128 columns are one block: scaled_ragged_glu's
+    concatenated configs of this kernel need its condition `whole_halves`)."""
     i = gl.arange(0, H, layout)
     if GLU == CONCATENATED:
         gl.static_assert(H == 2, "a gate half and an up half of 128 columns each")
