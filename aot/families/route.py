@@ -38,8 +38,8 @@ FAMILY = Family(
     constexprs=lambda v: {"PHASE": PHASE.values.index(v["phase"])},
     dtypes=("float16",),
     conditions={"few_slots": f"N <= {FEW_SLOTS}"},
-    configs={key: value for arch in (80, 90) for key, value in (
-        ((arch, "basic", Where(phase="single")), SINGLE_CONFIGS), ((arch, "basic"), CONFIGS))},
+    configs={**{(arch, "basic"): CONFIGS for arch in (80, 90)},
+             **{(arch, "basic", Where(phase="single")): SINGLE_CONFIGS for arch in (80, 90)}},
     tiles="CHUNKS",
     rows="N",
     constants={"kSlotsPerChunk": SLOTS_PER_CHUNK, "kBins": BINS},
