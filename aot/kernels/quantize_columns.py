@@ -55,21 +55,12 @@ def load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN: tl.constexpr,
 
 
 @triton.jit
-def store_block(q_ptr, q, block, cols, C, W):
-    """q [BLOCK, n] (rows of x, its columns `cols`) as columns 128 * block ..
-    of q's rows `cols` (q [C, W]); all 128, so a cut block's rest is its zeros."""
+def store_block(q_ptr, q, block, col0, C, W, BN: tl.constexpr):
+    """q [BLOCK, BN] (rows of x, its columns col0 ..) as columns 128 * block ..
+    of q's rows col0 .. (q [C, W]); all 128, so a cut block's rest is its zeros."""
+    cols = col0 + tl.arange(0, BN)
     at = cols.to(tl.int64)[None, :] * W + block * BLOCK + tl.arange(0, BLOCK)[:, None]
     tl.store(q_ptr + at, q, mask=(cols < C)[None, :], cache_modifier=".cs")
-
-
-@triton.jit
-def quantize_block_columns(x, q_ptr, scale_ptr, block, cols, C, W):
-    """x [BLOCK, n] float32 (a 128-row block, columns `cols` of a C-column
-    operand) quantized along its rows: each column's scale stored at
-    scale_ptr[block, column] (scale [*, C]), q at q's column block `block`."""
-    scale = scale_of(tl.max(tl.abs(x), axis=0))
-    tl.store(scale_ptr + block.to(tl.int64) * C + cols, scale, mask=cols < C)
-    store_block(q_ptr, to_e4m3(x, scale[None, :]), block, cols, C, W)
 
 
 @triton.jit
@@ -77,7 +68,10 @@ def block_tile(x_ptr, q_ptr, scale_ptr, start, end, block, j, col0, C, ldx, W, g
                BN: tl.constexpr):
     """Block j of a group (q's column block `block`), BN columns: read once."""
     x = load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN, "")
-    quantize_block_columns(x, q_ptr, scale_ptr, block, col0 + tl.arange(0, BN), C, W)
+    scale = scale_of(tl.max(tl.abs(x), axis=0))
+    cols = col0 + tl.arange(0, BN)
+    tl.store(scale_ptr + block.to(tl.int64) * C + cols, scale, mask=cols < C)
+    store_block(q_ptr, to_e4m3(x, scale[None, :]), block, col0, C, W, BN)
 
 
 @triton.jit
@@ -96,19 +90,7 @@ def group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx
     tl.store(scale_ptr + g.to(tl.int64) * C + cols, scale, mask=cols < C)
     for j in range(0, blocks):
         x = load_block(x_ptr, start, end, j, col0, C, ldx, gather, BN, "evict_first")
-        store_block(q_ptr, to_e4m3(x, scale[None, :]), first_block + j, cols, C, W)
-
-
-@triton.jit
-def tile_place(t, chunk, starts, ends, group_tiles, tiles_end, CHUNK: tl.constexpr):
-    """(g, its first row, its end, t's index among g's tiles) of tile t, one
-    of chunk's groups (chunk .. chunk + CHUNK: their row ranges, tile counts
-    and tile counts' running ends, the tiles before the chunk included)."""
-    local_group = tl.sum((tiles_end <= t).to(tl.int32))
-    start = pick(starts, local_group, CHUNK)
-    end = pick(ends, local_group, CHUNK)
-    in_group = t - (pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group, CHUNK))
-    return chunk + local_group, start, end, in_group
+        store_block(q_ptr, to_e4m3(x, scale[None, :]), first_block + j, col0, C, W, BN)
 
 
 @triton.jit
@@ -149,8 +131,12 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
         # The start is derived from tiles_before rather than carried (ragged.py's
         # ragged_m_program says why).
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            g, start, end, in_group = tile_place(t, chunk, starts, ends, group_tiles,
-                                                 tiles_end, CHUNK)
+            local_group = tl.sum((tiles_end <= t).to(tl.int32))
+            g = chunk + local_group
+            start = pick(starts, local_group, CHUNK)
+            end = pick(ends, local_group, CHUNK)
+            in_group = t - (pick(tiles_end, local_group, CHUNK) -
+                            pick(group_tiles, local_group, CHUNK))
             first_block = start // BLOCK + g
             col0 = (in_group % col_tiles) * BN
             if MODE == ROWWISE:
