@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
-from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 from .families import FAMILIES
 from .kernels.ws import max_registers
@@ -49,8 +49,8 @@ def compile_variant(variant: Variant) -> Compiled:
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in variant.divisible_params()}
     family = FAMILIES[variant.family]
-    source_type, kernel = (GluonASTSource, family.ws_kernel) if config.ws else \
-        (ASTSource, family.kernel)
+    kernel = family.ws_kernel if config.ws else family.kernel
+    source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
     source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     try:
         kernel = triton.compile(source, target=target, options=options.__dict__)

@@ -6,8 +6,11 @@ gradient); every quantization one quantize_fp8 or quantize_fp8_columns
 launch.  What autograd keeps is the 16-bit inputs, as for grouped_mm.
 Its products and quantizations (product, weight_gradient, quantize_weight)
 are moe_experts(fp8=...)'s too (moe.py), whose operands may be read through
-the routing's order (autograd.Gathered)."""
+the routing's order (autograd.Gathered) or quantized where they were made
+(Quantized)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -27,6 +30,18 @@ _WEIGHTS = {"rowwise": "rowwise", "blockwise": "128x128"}
 _ALIGN = 16
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """An operand quantized by the kernel that made it (moe.py's SwiGLU
+    backward), as the blockwise recipe quantizes: along its rows
+    (quantize_fp8's (q, scale), 1x128) for a product that reduces them,
+    along its rows within each group (quantize_fp8_columns' (q, scale),
+    1x128) for a weight gradient; None where not made.  `count`: its rows."""
+    count: int
+    along_rows: tuple | None
+    along_columns: tuple
+
+
 def _quantize(x, granularity):
     return call(OPS.quantize_fp8.default, x, granularity)
 
@@ -34,6 +49,8 @@ def _quantize(x, granularity):
 def _quantized_rows(a, granularity):
     """(q, scale) of a's rows, each quantized along itself: a Gathered
     operand's tokens once, then the rows picked (fp8, a byte an element)."""
+    if isinstance(a, Quantized):
+        return a.along_rows
     if not isinstance(a, Gathered):
         return _quantize(a, granularity)
     q, scale = _quantize(a.x, granularity)
@@ -43,6 +60,8 @@ def _quantized_rows(a, granularity):
 
 def _quantized_columns(a, offs, granularity):
     """quantize_fp8_columns of a (a Gathered operand's rows read in place)."""
+    if isinstance(a, Quantized):
+        return a.along_columns
     if isinstance(a, Gathered):
         return call(OPS.quantize_fp8_columns.default, a.x, offs, granularity, a.rows, a.k)
     return call(OPS.quantize_fp8_columns.default, a, offs, granularity)
@@ -54,8 +73,14 @@ def quantize_weight(w, recipe):
     return _quantize(w, _WEIGHTS[recipe])
 
 
+def _row_count(a) -> int:
+    if isinstance(a, Quantized):
+        return a.count
+    return a.rows.shape[0] if isinstance(a, Gathered) else a.shape[0]
+
+
 def product(a, b_t, recipe, offs, quantized_b=None):
-    """a [T, R] (a tensor or Gathered) @ b[g] for b given as b_t [G, C, R]
+    """a [T, R] (a tensor, Gathered or Quantized) @ b[g] for b given as b_t [G, C, R]
     (R the reduced dimension), both quantized by the recipe: bfloat16 [T, C].
     quantized_b: quantize_weight(b_t, recipe), made before (None: made here)."""
     qa, scale_a = _quantized_rows(a, _ACTIVATIONS[recipe])
@@ -65,14 +90,13 @@ def product(a, b_t, recipe, offs, quantized_b=None):
 
 
 def weight_gradient(left, right, offs, recipe):
-    """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R] (tensors
-    or Gathered), each quantized along T within the groups."""
+    """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R] (tensors,
+    Gathered or Quantized), each quantized along T within the groups."""
     granularity = _ACTIVATIONS[recipe]
     q_left, scale_left = _quantized_columns(left, offs, granularity)
     q_right, scale_right = _quantized_columns(right, offs, granularity)
-    rows = left.rows.shape[0] if isinstance(left, Gathered) else left.shape[0]
     return call(OPS.scaled_grouped_mm_k.default, q_left, q_right, scale_left, scale_right, offs,
-                rows, recipe, torch.bfloat16)
+                _row_count(left), recipe, torch.bfloat16)
 
 
 class _Fp8GroupedMm(torch.autograd.Function):

@@ -10,7 +10,9 @@ routing's order, gathered_mm and gathered_mm_k, where the forward's did:
 the operator decides, by aot/families/ragged_glu.py's GATHER_MAX_INTER),
 and combine.  With an fp8 recipe (moe_experts(fp8=...)) the forward is the
 fp8 weights' operator on the weights quantized (or on fp8_expert_weights'
-copies, made once), and the backward's products are fp8_training's.
+copies, made once), and the backward's products are fp8_training's; with
+the blockwise recipe SwiGLU's backward kernel quantizes what it makes as
+those products read it (swiglu_backward_fp8) where its blocks allow.
 
 What the autograd function keeps for backward is the routing, the inputs
 and the up projection's output (freed as soon as the backward has read it:
@@ -108,7 +110,11 @@ class _Experts(torch.autograd.Function):
         dy_rows = _rows_of(dys) if b2 is not None else None
         w13_t, w2_t = ctx.transposed
         dh = _product(dys, w2, offs, recipe, w2_t)
-        dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up, ctx.activation)
+        if _quantizes_in_swiglu_backward(recipe, ctx.gate_up, gu.shape[1] // 2, need_b13):
+            dgu, hs, dot = _swiglu_backward_fp8(gu, dh, scale, offs, ctx.gate_up, ctx.activation)
+        else:
+            dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up,
+                                                       ctx.activation)
         # Each intermediate goes as soon as its last use is done, gu too
         # (_release).  d(gu), as large as gu, goes first: its products run
         # before dW2's, while h (half its size) waits.
@@ -138,6 +144,26 @@ class _Experts(torch.autograd.Function):
             db2 = bias_gradient(dy_rows.mul_(scale.to(dy_rows.dtype).unsqueeze(1)), offs, False)
             db2 = db2.to(b2.dtype)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None, None
+
+
+def _quantizes_in_swiglu_backward(recipe, gate_up, inter, need_b13) -> bool:
+    """Whether SwiGLU's backward quantizes d(gu) and h where it makes them
+    (swiglu_backward_fp8): the blockwise recipe, whose 1x128 blocks along
+    d(gu)'s rows then lie within one half (interleaved, or I a multiple of
+    128), and d(gu) not needed in 16 bits (for the bias's gradient)."""
+    return (recipe == "blockwise" and not need_b13
+            and (gate_up == "interleaved" or inter % 128 == 0))
+
+
+def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation):
+    """swiglu_backward's (d(gu), h scaled, dot) with d(gu) and h as the
+    blockwise recipe's products read them (fp8_training.Quantized), made in
+    one pass."""
+    dgu, dgu_scale, dgu_columns, dgu_columns_scale, h_columns, h_columns_scale, dot = (
+        OPS.swiglu_backward_fp8.default(gu, dh, scale, offs, gate_up, activation))
+    rows = gu.shape[0]
+    return (fp8_training.Quantized(rows, (dgu, dgu_scale), (dgu_columns, dgu_columns_scale)),
+            fp8_training.Quantized(rows, None, (h_columns, h_columns_scale)), dot.sum(0))
 
 
 def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
@@ -320,7 +346,11 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     columns, or per row) and the weights in the transposed orientation for
     the input gradients, and both operands of each weight gradient along
     the rows within each expert's group (per 128 rows from the group's
-    first, or per group), accumulating in float32 per 128-deep step.
+    first, or per group), accumulating in float32 per 128-deep step.  With
+    `"blockwise"`, SwiGLU's backward writes d(gu) and the down projection's
+    scaled input already quantized both ways, not in 16 bits, where each
+    half of gu holds whole 128-column blocks (`gate_up="interleaved"`, or I
+    a multiple of 128) and b13 needs no gradient.
     Differentiable in x, topk_weights, w13, w2 and the biases (once); the
     gradients come back in their inputs' dtypes and the weights' strides.
     Kept for the backward: as with 16-bit products.  Without gradients

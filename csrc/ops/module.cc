@@ -29,6 +29,7 @@ using gg::ops::scaled_grouped_mm;
 using gg::ops::scaled_grouped_mm_k;
 using gg::ops::swiglu;
 using gg::ops::swiglu_backward;
+using gg::ops::swiglu_backward_fp8;
 
 using Boxed = void (*)(StableIValue*, uint64_t, uint64_t);
 
@@ -54,6 +55,7 @@ void implement(Library& m) {
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
   m.impl("swiglu_backward", kernel<TORCH_BOX(&swiglu_backward), kShapesOnly>());
+  m.impl("swiglu_backward_fp8", kernel<TORCH_BOX(&swiglu_backward_fp8), kShapesOnly>());
   m.impl("grouped_mm_glu", kernel<TORCH_BOX(&grouped_mm_glu), kShapesOnly>());
   m.impl("gathered_mm", kernel<TORCH_BOX(&gathered_mm), kShapesOnly>());
   m.impl("gathered_mm_k", kernel<TORCH_BOX(&gathered_mm_k), kShapesOnly>());
@@ -127,6 +129,11 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "swiglu_backward(Tensor gu, Tensor grad, Tensor scale, str gate_up='concatenated', "
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "swiglu_backward_fp8(Tensor gu, Tensor grad, Tensor scale, Tensor offs, "
+      "str gate_up='concatenated', str activation='swiglu') -> (Tensor dgu, Tensor dgu_scale, "
+      "Tensor dgu_columns, Tensor dgu_columns_scale, Tensor h_columns, Tensor h_columns_scale, "
+      "Tensor dot)");
   m.def(
       "grouped_mm_glu(Tensor x, Tensor? rows, int k, Tensor w13, Tensor offs, Tensor? bias=None, "
       "str gate_up='concatenated', str activation='swiglu', bool save_gu=True) "

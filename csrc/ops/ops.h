@@ -58,6 +58,14 @@ std::vector<Tensor> grouped_gemm(std::vector<Tensor> As, std::vector<Tensor> Bs,
 Tensor swiglu(Tensor gu, std::string gate_up, std::string activation);
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tensor scale,
                                                    std::string gate_up, std::string activation);
+// swiglu_backward for fp8 training with 1x128 blocks, its outputs quantized as
+// the backward's products read them (aot/kernels/swiglu_backward_fp8.py says
+// the layouts), over the rows of offs's groups: d(gu) along its rows and along
+// T within the groups, h scaled along T, and each row's dot in partial sums
+// over 128 columns at a time (dot [cdiv(C, 128), R]).
+using Fp8Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+Fp8Backward swiglu_backward_fp8(Tensor gu, Tensor grad, Tensor scale, Tensor offs,
+                                std::string gate_up, std::string activation);
 
 // Products over rows gathered through the routing's order (rows int64 [R],
 // each rows[r] / k a row of the gathered operand: not checked, the routing

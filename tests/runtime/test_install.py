@@ -104,7 +104,7 @@ def test_build_info():
     assert build["families"] == ["combine", "gathered_k", "gathered_m", "grouped_gemm",
                                  "quantize_fp8", "quantize_fp8_columns", "ragged_glu", "ragged_k",
                                  "ragged_m", "route", "scaled_ragged_glu", "scaled_ragged_k",
-                                 "scaled_ragged_m", "swiglu"]
+                                 "scaled_ragged_m", "swiglu", "swiglu_backward_fp8"]
     assert build["variants"] == len(_C.variants()) > 0
 
 
@@ -114,8 +114,8 @@ def test_operators_are_registered_for_cuda_meta_and_cpu():
     CPU tensors get the error that names the argument."""
     for name in ("grouped_mm", "scaled_grouped_mm", "scaled_grouped_mm_k", "quantize_fp8",
                  "quantize_fp8_columns", "grouped_gemm", "swiglu", "swiglu_backward",
-                 "grouped_mm_glu", "gathered_mm", "gathered_mm_k", "combine", "route",
-                 "moe_experts"):
+                 "swiglu_backward_fp8", "grouped_mm_glu", "gathered_mm", "gathered_mm_k",
+                 "combine", "route", "moe_experts"):
         assert hasattr(torch.ops.gg_runtime, name), name
     a = torch.empty(7, 16, dtype=torch.bfloat16, device="meta")
     b = torch.empty(3, 16, 5, dtype=torch.bfloat16, device="meta")

@@ -110,6 +110,39 @@ def test_swiglu_operators_check_their_inputs(fake):
     assert [tuple(t.shape) for t in (h, dgu, hs, dot)] == [(4, 3), (4, 6), (4, 3), (4,)]
 
 
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: (cuda(300, 512, dtype=torch.float16), cuda(300, 256, dtype=torch.float16)),
+     TypeError, "gu must be bfloat16, got torch.float16"),
+    (lambda: (cuda(300, 511), cuda(300, 256)), ValueError, r"gu must be \[R, 2C\]"),
+    (lambda: (cuda(300, 512), cuda(300, 128)), ValueError, r"grad must have shape \(300, 256\)"),
+    (lambda: (cuda(300, 416), cuda(300, 208)), ValueError,
+     "gate_up='concatenated' needs gu's halves to have a multiple of 128 columns"),
+    (lambda: (cuda(300, 408), cuda(300, 204), "interleaved"), ValueError,
+     "gu's halves must have a multiple of 16 columns, got 204"),
+    (lambda: (cuda(300, 512), cuda(300, 256), "concatenated", "relu"), ValueError,
+     "activation must be 'swiglu' or 'gpt_oss', got 'relu'"),
+])
+def test_swiglu_backward_fp8_refuses(fake, make, error, message):
+    gu, grad, *choices = make()
+    with pytest.raises(error, match=message):
+        call(torch.ops.gg_runtime.swiglu_backward_fp8.default, gu, grad,
+             cuda(gu.shape[0], dtype=torch.float32), cuda(4, dtype=torch.int32), *choices)
+
+
+@pytest.mark.parametrize("gate_up, cols", [("concatenated", 256), ("interleaved", 208)])
+def test_swiglu_backward_fp8_shapes(fake, gate_up, cols):
+    """d(gu) along rows and columns, h along columns (7 groups: 300 // 128 +
+    7 blocks of 128 columns), the dot's partial sums per 128 columns."""
+    outs = call(torch.ops.gg_runtime.swiglu_backward_fp8.default, cuda(300, 2 * cols),
+                cuda(300, cols), cuda(300, dtype=torch.float32), cuda(7, dtype=torch.int32),
+                gate_up)
+    blocks = 300 // 128 + 7
+    assert [tuple(t.shape) for t in outs] == [
+        (300, 2 * cols), (300, (2 * cols + 127) // 128), (2 * cols, 128 * blocks),
+        (blocks, 2 * cols), (cols, 128 * blocks), (blocks, cols), ((cols + 127) // 128, 300)]
+    assert [t.dtype for t in outs] == [torch.float8_e4m3fn, torch.float32] * 3 + [torch.float32]
+
+
 def test_gathered_products_check_their_inputs(fake):
     """The backward's products over gathered rows (gathered_mm, gathered_mm_k)."""
     mm, mm_k = torch.ops.gg_runtime.gathered_mm.default, torch.ops.gg_runtime.gathered_mm_k.default

@@ -1,0 +1,48 @@
+"""swiglu_backward_fp8: SwiGLU's backward with its outputs quantized for fp8
+training with 1x128 blocks (aot/kernels/swiglu_backward_fp8.py): gu [R, 2C],
+the gradient of h and the rows' routing weights -> d(gu) quantized along its
+rows and along T within the groups, h scaled by the routing weight
+quantized along T, and each row's dot partials.  bfloat16 in (the fp8
+forward's gu and products are bfloat16), float8_e4m3fn out; sm90 only, as
+the fp8 GEMMs; plain loads, `aligned` (16-byte vectors) where the pointers
+and C allow it, else `basic`."""
+from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Config, Family, Param
+from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
+
+# A tile is one 128-row block by 128 of h's columns, computed BK = 16 at a
+# time and staged in shared memory (96 KiB).  16 warps, one program an SM:
+# ahead of 8 warps at one program an SM or two (those spill under ptxas'
+# 128-register cap) in an H100 A/B of the configs forced, each against the
+# composed kernels (docs/notes/2026-11-26-swiglu-backward-quantized-in-place.md).
+TILE = (Config(128, 128, 16, 16, 1),)
+
+FAMILY = Family(
+    name="swiglu_backward_fp8",
+    kernel=swiglu_backward_fp8_kernel,
+    params=(
+        Param("gu_ptr", "*T", "operand", aligned=True),
+        Param("grad_ptr", "*T", "operand", aligned=True),
+        Param("scale_ptr", "*fp32", "scale"),
+        Param("offs_ptr", "*i32", "offsets"),
+        Param("dgu_q_ptr", "*O", "output", aligned=True),
+        Param("dgu_scale_ptr", "*fp32", "output"),
+        Param("dgu_cols_ptr", "*O", "output", aligned=True),
+        Param("dgu_cols_scale_ptr", "*fp32", "output"),
+        Param("h_cols_ptr", "*O", "output", aligned=True),
+        Param("h_cols_scale_ptr", "*fp32", "output"),
+        Param("dot_ptr", "*fp32", "output"),
+        Param("R", "i32", "extent"),
+        Param("C", "i32", "extent", aligned=True),
+        Param("G", "i32", "count"),
+    ),
+    axes=(Axis("gate_up", GATE_UP), Axis("activation", ACTIVATION)),
+    constexprs=lambda v: {"INTERLEAVED": v["gate_up"] == "interleaved",
+                          "GPT_OSS": v["activation"] == "gpt_oss"},
+    aligned=EVERY,
+    dtypes=("bfloat16",),
+    out_dtypes=("float8_e4m3fn",),
+    archs=(90,),
+    configs={(90, "aligned"): TILE, (90, "basic"): TILE},
+    tiles="(R // 128 + G) * cdiv(C, BN)",
+    rows="C",  # the bucket key: one config, with no bound, takes every value
+)

@@ -1,0 +1,251 @@
+"""SwiGLU's backward for fp8 training with 1x128 blocks (DeepSeek-V3's
+recipe): swiglu.py's backward with its outputs quantized as the backward's
+fp8 products read them, in one pass over gu and the gradient instead of a
+16-bit write and three quantizing reads.  In Gluon, for its layouts: the
+composed kernels' work, the same per element, in one program.
+
+Inputs as swiglu.py's backward: gu [R, 2C] (gate and up halves, concatenated
+or INTERLEAVED), grad [R, C] (the gradient of h before the routing weight),
+scale [R] float32; and offs int32 [G], the groups of rows (read as
+ws.chunk_groups reads them).  Rows past the last group (dropped slots) are
+not read and nothing of theirs is written.  Outputs:
+
+dgu_q [R, 2C] fp8, dgu_scale [R, 2C / 128]   d(gu) quantized along its rows
+                                               (quantize.py's BLOCK_1X128): the
+                                               input gradient's operand
+dgu_cols [2C, W] fp8, dgu_cols_scale          d(gu) quantized along T within
+[R // 128 + G, 2C]                             the groups (quantize_columns.py's
+                                               BLOCK_1X128 layout, W = 128 (R //
+                                               128 + G)): w13's gradient's operand
+h_cols [C, W] fp8, h_cols_scale               h scaled by the routing weight,
+[R // 128 + G, C]                              the same way: w2's gradient's operand
+dot [cdiv(C, 128), R] float32                 row r's sum of grad * h over
+                                               columns 128 p .. 128 p + 128 at
+                                               [p, r]: summed over p, swiglu.py's dot
+
+Each value is rounded to gu's dtype before it is quantized, as swiglu.py
+stores it: the fp8 outputs are quantize_fp8's and quantize_fp8_columns' of
+swiglu_backward's outputs (the arithmetic is theirs: swiglu.activate,
+quantize.scale_of and to_e4m3).  Concatenated halves need C to be a multiple
+of 128 (each half's 1x128 blocks then start at a half's block boundary).
+
+A tile is one 128-row block of a group by BN = 128 of h's columns: d(gu)'s
+256 columns there (a gate block and an up block, or 128 gate/up pairs) and
+h's 128, staged in shared memory in 16 bits, in three phases:
+
+1. rows x BK columns at a time: gu and the gradient loaded, the values
+   computed and staged (d(gu) as its two 128-column blocks), the dot summed;
+2. the staged columns read 32 at a time with a warp on each column's 128
+   rows: amax, scale and quantize within the warp, the column's 128 bytes
+   stored in runs (the transposed layouts);
+3. the staged rows read 32 at a time, a row's 128-column block across 16
+   threads: amax, scale and quantize, the block's bytes stored in a run.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from .gluon_api import thread_barrier
+from .quantize import BLOCK, scale_of, to_e4m3
+from .swiglu import activate
+from .ws import chunk_groups, first_step_past, locate
+
+SLAB = gl.constexpr(32)  # staged columns (phase 2) or rows (phase 3) a step reads
+
+
+@gluon.constexpr_function
+def load_layout(cols, warps):
+    """A [BLOCK, cols] 16-bit block loaded along its rows: 16 bytes a thread."""
+    lanes = cols // 8
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def column_layout(warps):
+    """A warp on 32 consecutive rows of each of its columns (phase 2)."""
+    return gl.BlockedLayout([1, 1], [32, 1], [1, warps], [0, 1])
+
+
+@gluon.constexpr_function
+def row_layout(warps):
+    """A row's 128 columns across 16 threads, 8 each (phase 3)."""
+    return gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def halves_layout(cols, warps):
+    """A [BLOCK, 2, cols] block of gate and up loaded along its rows, a
+    thread's two halves in its own registers (concatenated gu)."""
+    lanes = cols // 8
+    return gl.BlockedLayout([1, 1, 8], [32 // lanes, 1, lanes], [warps, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def gate_and_up(gu_ptr, row0, end, c, C, INTERLEAVED: gl.constexpr, BK: gl.constexpr):
+    """The gate and up halves of rows row0 .. row0 + 128 (those below end) x
+    h's columns c .. c + BK, float32 [BLOCK, BK] each, in one layout."""
+    if INTERLEAVED:
+        layout: gl.constexpr = load_layout(2 * BK, gl.num_warps())
+        rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
+        cols = 2 * c + gl.arange(0, 2 * BK, gl.SliceLayout(0, layout))
+        at = gl.expand_dims(rows.to(gl.int64) * (2 * C), 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(rows < end, 1) & gl.expand_dims(cols < 2 * C, 0)
+        pairs = gl.load(gu_ptr + at, mask=mask, other=0.0).reshape([BLOCK, BK, 2])
+    else:
+        layout: gl.constexpr = halves_layout(BK, gl.num_warps())
+        across: gl.constexpr = gl.SliceLayout(0, layout)  # a row's [2, BK]
+        rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+        halves = gl.arange(0, 2, gl.SliceLayout(1, across))
+        cols = c + gl.arange(0, BK, gl.SliceLayout(0, across))
+        row_at = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * (2 * C), 1), 2)
+        col_at = gl.expand_dims(gl.expand_dims(halves * C, 1) + gl.expand_dims(cols, 0), 0)
+        mask = gl.expand_dims(gl.expand_dims(rows < end, 1), 2) & gl.expand_dims(
+            gl.expand_dims(cols < C, 0), 0)
+        pairs = gl.load(gu_ptr + row_at + col_at, mask=mask, other=0.0).permute((0, 2, 1))
+    gate, up = pairs.split()
+    return gate.to(gl.float32), up.to(gl.float32)
+
+
+@gluon.jit
+def compute_and_stage(gu_ptr, grad_ptr, scale_ptr, dgu_s, h_s, row0, end, c0, C,
+                      INTERLEAVED: gl.constexpr, GPT_OSS: gl.constexpr, BK: gl.constexpr):
+    """Phase 1: d(gu) and h scaled staged in 16 bits; returns each row's
+    sum of grad * h over the tile's columns."""
+    dtype: gl.constexpr = gu_ptr.dtype.element_ty
+    for step in gl.static_range(BLOCK // BK):
+        c = c0 + step * BK
+        gate, up = gate_and_up(gu_ptr, row0, end, c, C, INTERLEAVED, BK)
+        rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, gate.type.layout))
+        row_ok = rows < end
+        cols = c + gl.arange(0, BK, gl.SliceLayout(0, gate.type.layout))
+        at = gl.expand_dims(rows.to(gl.int64) * C, 1) + gl.expand_dims(cols, 0)
+        grad = gl.load(grad_ptr + at, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < C, 0),
+                       other=0.0).to(gl.float32)
+        scale = gl.expand_dims(gl.load(scale_ptr + rows, mask=row_ok, other=0.0), 1)
+        h, d_gate, d_up = activate(gate, up, GPT_OSS)
+        h = h.to(dtype).to(gl.float32)
+        if step == 0:
+            dot = gl.sum(grad * h, 1)
+        else:
+            dot += gl.sum(grad * h, 1)
+        dh = grad * scale
+        d_gate = (dh * d_gate).to(dtype)
+        d_up = (dh * d_up).to(dtype)
+        h_s.slice(step * BK, BK, 1).store((h * scale).to(dtype))
+        if INTERLEAVED:
+            dgu_s.slice(2 * step * BK, 2 * BK, 1).store(
+                gl.join(d_gate, d_up).reshape([BLOCK, 2 * BK]))
+        else:
+            dgu_s.slice(step * BK, BK, 1).store(d_gate)
+            dgu_s.slice(BLOCK + step * BK, BK, 1).store(d_up)
+    return dot
+
+
+@gluon.jit
+def quantize_columns(staged, q_ptr, scale_ptr, limit, W):
+    """Phase 2: staged [BLOCK, n] (n a multiple of SLAB) quantized along its
+    rows: column i (those below limit) to q_ptr + i * W, its scale to
+    scale_ptr[i].  The callers offset the pointers, so that every block's
+    addresses and masks are the same tensors plus scalars."""
+    layout: gl.constexpr = column_layout(gl.num_warps())
+    rows = gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
+    lanes = gl.arange(0, SLAB, gl.SliceLayout(0, layout))
+    at = gl.expand_dims(lanes.to(gl.int64) * W, 0) + gl.expand_dims(rows, 1)
+    for slab in gl.static_range(staged.shape[1] // SLAB):
+        ok = slab * SLAB + lanes < limit
+        x = staged.slice(slab * SLAB, SLAB, 1).load(layout).to(gl.float32)
+        scale = scale_of(gl.max(gl.abs(x), 0))
+        gl.store(scale_ptr + slab * SLAB + lanes, scale, mask=ok)
+        gl.store(q_ptr + slab * SLAB * W + at, to_e4m3(x, gl.expand_dims(scale, 0)),
+                 mask=gl.expand_dims(ok, 0))
+
+
+@gluon.jit
+def quantize_rows(staged, q_ptr, scale_ptr, ld, blocks, rows_left, cols_left):
+    """Phase 3: staged [BLOCK, 128] quantized along its rows: row r's (those
+    below rows_left) columns c (below cols_left) to q_ptr + r * ld + c, its
+    scale to scale_ptr[r * blocks]."""
+    layout: gl.constexpr = row_layout(gl.num_warps())
+    cols = gl.arange(0, BLOCK, gl.SliceLayout(0, layout))
+    lanes = gl.arange(0, SLAB, gl.SliceLayout(1, layout))
+    at = gl.expand_dims(lanes.to(gl.int64) * ld, 1) + gl.expand_dims(cols, 0)
+    col_ok = gl.expand_dims(cols < cols_left, 0)
+    for chunk in gl.static_range(BLOCK // SLAB):
+        ok = (chunk * SLAB + lanes < rows_left) & (cols_left > 0)
+        x = staged.slice(chunk * SLAB, SLAB, 0).load(layout).to(gl.float32)
+        scale = scale_of(gl.max(gl.abs(x), 1))
+        gl.store(scale_ptr + (chunk * SLAB + lanes).to(gl.int64) * blocks, scale, mask=ok)
+        gl.store(q_ptr + chunk * SLAB * ld + at, to_e4m3(x, gl.expand_dims(scale, 1)),
+                 mask=gl.expand_dims(ok, 1) & col_ok)
+
+
+@gluon.jit
+def tile(gu_ptr, grad_ptr, scale_ptr, outputs, dgu_s, h_s, row0, end, block, c0, R, C, W,
+         INTERLEAVED: gl.constexpr, GPT_OSS: gl.constexpr, BK: gl.constexpr):
+    """Rows row0 .. row0 + 128 (those below end) of a group, its column
+    block `block`, by h's columns c0 .. c0 + 128."""
+    dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr, \
+        dot_ptr = outputs
+    dot = compute_and_stage(gu_ptr, grad_ptr, scale_ptr, dgu_s, h_s, row0, end, c0, C,
+                            INTERLEAVED, GPT_OSS, BK)
+    rows = row0 + gl.arange(0, BLOCK, dot.type.layout)
+    gl.store(dot_ptr + (c0 // BLOCK) * R + rows, dot, mask=rows < end)
+    thread_barrier()  # every thread's staged values are in place
+    quantize_columns(h_s, h_cols_ptr + c0.to(gl.int64) * W + block * BLOCK,
+                     h_cols_scale_ptr + block.to(gl.int64) * C + c0, C - c0, W)
+    blocks = (2 * C + BLOCK - 1) // BLOCK
+    for i in gl.static_range(2):
+        # d(gu)'s column of the staged block i: the gate's and the up's, or pairs.
+        first = 2 * c0 + i * BLOCK if INTERLEAVED else i * C + c0
+        staged = dgu_s.slice(i * BLOCK, BLOCK, 1)
+        quantize_columns(staged, dgu_cols_ptr + first.to(gl.int64) * W + block * BLOCK,
+                         dgu_cols_scale_ptr + block.to(gl.int64) * (2 * C) + first,
+                         2 * C - first, W)
+        quantize_rows(staged, dgu_q_ptr + row0.to(gl.int64) * (2 * C) + first,
+                      dgu_scale_ptr + row0.to(gl.int64) * blocks + first // BLOCK, 2 * C, blocks,
+                      end - row0, 2 * C - first)
+    thread_barrier()  # the stage is read before the next tile's values go there
+
+
+@gluon.jit
+def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr, dgu_scale_ptr,
+                               dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr,
+                               dot_ptr, R, C, G, INTERLEAVED: gl.constexpr,
+                               GPT_OSS: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                               BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                               PRECISION: gl.constexpr):
+    """Persistent: program p takes tiles p, p + P, ... of every group's
+    128-row blocks by BN columns, in group order (ws.chunk_groups' scan, the
+    pseudo-group of the rows past the last one skipped).  The runtime
+    launches min(the family's `tiles`, one wave) programs.  BK: h's columns
+    phase 1 takes at once.  USE_TMA and PRECISION (GEMM constexprs every
+    variant receives) are unused."""
+    gl.static_assert(not USE_TMA, "swiglu_backward_fp8 has no TMA path")
+    gl.static_assert(BM == BLOCK and BN == BLOCK, "a tile is 128 rows by 128 of h's columns")
+    dtype: gl.constexpr = gu_ptr.dtype.element_ty
+    # 16-byte vectors permuted across 16 phases: the column reads of phase 2
+    # fall on distinct banks, 2 ways at most.
+    staged: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 16, order=[1, 0])
+    dgu_s = gl.allocate_shared_memory(dtype, [BLOCK, 2 * BLOCK], staged)
+    h_s = gl.allocate_shared_memory(dtype, [BLOCK, BLOCK], staged)
+    outputs = (dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr,
+               h_cols_scale_ptr, dot_ptr)
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    n_tiles = (C + BN - 1) // BN
+    W = (R // BLOCK + G) * BLOCK
+    tiles_before = 0
+    rows_before = 0
+    for chunk in range(0, G + 1, CHUNK):
+        starts, ends, group_tiles, tiles_end = chunk_groups(
+            offs_ptr, chunk, R, G, rows_before, tiles_before, n_tiles, BM, 1, CHUNK,
+            gl.num_warps())
+        chunk_end = tiles_before + gl.sum(group_tiles, 0)
+        for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
+            g, start, end, off_m, off_n, _ = locate(t, chunk, starts, ends, group_tiles,
+                                                    tiles_end, n_tiles, G, 0, BM, BN, 1)
+            if g < G:
+                block = start // BLOCK + g + (off_m - start) // BLOCK
+                tile(gu_ptr, grad_ptr, scale_ptr, outputs, dgu_s, h_s, off_m, end, block, off_n,
+                     R, C, W, INTERLEAVED, GPT_OSS, BK)
+        tiles_before = chunk_end
+        rows_before = gl.max(ends, 0)

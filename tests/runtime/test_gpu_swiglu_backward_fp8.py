@@ -1,0 +1,82 @@
+"""torch.ops.gg_runtime.swiglu_backward_fp8 against the operators it fuses:
+swiglu_backward, then quantize_fp8(d(gu), "1x128") and quantize_fp8_columns
+("1x128") of d(gu) and of h scaled.  The same bytes and scales (the
+unwritten ones poisoned alike), and the dot's partial sums adding up to
+swiglu_backward's (float32 sums in another order) and to a float64
+reference.  Both gate/up layouts and activations; halves of 128 columns and
+more, and (interleaved) halves that are no multiple of 64 or 128; groups of
+0, 1, 127 and 200 rows with rows past them (dropped slots); one group and
+1000.  Outputs poisoned."""
+import pytest
+import torch
+
+from gg_runtime.testing import randn
+
+from conftest import device_arch
+
+pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
+              pytest.mark.usefixtures("poison")]
+
+OPS = torch.ops.gg_runtime
+LAYOUTS = [("concatenated", 128), ("concatenated", 384), ("interleaved", 80),
+           ("interleaved", 208), ("interleaved", 256)]
+
+
+def inputs(counts, dropped, cols):
+    """gu, grad, scale and offs for groups of `counts` rows and `dropped` rows after them."""
+    rows = sum(counts) + dropped
+    gu = randn(rows, 2 * cols, dtype=torch.bfloat16, scale=2.0)
+    grad = randn(rows, cols, dtype=torch.bfloat16)
+    scale = torch.rand(rows, device="cuda")
+    offs = torch.tensor(counts, device="cuda").cumsum(0).int()
+    return gu, grad, scale, offs
+
+
+def same_bits(got, want):
+    """Equal byte for byte (NaN where neither was written)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def check(counts, dropped, gate_up, cols, activation):
+    gu, grad, scale, offs = inputs(counts, dropped, cols)
+    end = sum(counts)
+    got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, gate_up, activation)
+    dgu, hs, dot = OPS.swiglu_backward(gu, grad, scale, gate_up, activation)
+    q_rows, scale_rows = OPS.quantize_fp8(dgu, "1x128")
+    same_bits(got[0][:end], q_rows[:end])
+    same_bits(got[1][:end], scale_rows[:end])
+    for (q, q_scale), x in zip((got[2:4], got[4:6]), (dgu, hs)):
+        want_q, want_scale = OPS.quantize_fp8_columns(x, offs, "1x128")
+        same_bits(q, want_q)
+        same_bits(q_scale, want_scale)
+    got_dot = got[6].sum(0)
+    assert got_dot[end:].eq(0).all()
+    torch.testing.assert_close(got_dot[:end], dot[:end], rtol=1e-5, atol=1e-5)
+    h = OPS.swiglu(gu, gate_up, activation).double()
+    reference = (grad.double() * h).sum(1)[:end]
+    assert (got_dot[:end].double() - reference).norm() <= 1e-5 * reference.norm()
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("gate_up, cols", LAYOUTS)
+def test_groups_of_0_1_127_200_rows_and_dropped(gate_up, cols, activation):
+    check([0, 1, 127, 200, 0], 37, gate_up, cols, activation)
+
+
+@pytest.mark.parametrize("gate_up, cols", [("concatenated", 256), ("interleaved", 208)])
+def test_one_group(gate_up, cols):
+    check([300], 0, gate_up, cols, "swiglu")
+
+
+@pytest.mark.parametrize("gate_up, cols", [("concatenated", 128), ("interleaved", 80)])
+def test_1000_groups(gate_up, cols):
+    counts = torch.randint(0, 12, (1000,)).tolist()
+    counts[10] = 300  # blocks of 128 rows within a group among many
+    check(counts, 5, gate_up, cols, "gpt_oss")
+
+
+def test_no_rows():
+    gu, grad, scale, offs = inputs([0, 0], 0, 128)
+    got = OPS.swiglu_backward_fp8(gu, grad, scale, offs)
+    assert got[6].shape == (1, 0) and got[0].shape == (0, 256)
