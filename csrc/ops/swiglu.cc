@@ -99,9 +99,9 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
   using Fp8Family = family::SwigluBackwardFp8;
   check_tensor(gu_in, "gu", 2, Fp8Family::kDTypes);
   const int64_t c = check_gate_up(gu_in);
-  const Fp8Family::Axes axes{.gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
-                             .activation = parse_choice<family::Activation>("activation",
-                                                                            activation)};
+  const Fp8Family::Axes axes{
+      .gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
+      .activation = parse_choice<family::Activation>("activation", activation)};
   check_tensor(grad_in, "grad", 2, Fp8Family::kDTypes);
   check_backward_inputs(gu_in, grad_in, scale_in, c);
   check_offsets(offs, "offs", offs.dim() == 1 ? offs.size(0) : 0, gu_in);
@@ -121,8 +121,8 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
   Tensor h_columns_scale = new_output(gu_in, {column_blocks, c}, ScalarType::Float);
   // Rows outside the groups (dropped slots) are not written: their sums are 0.
   Tensor dot = filled(new_output(gu_in, {blocks(c), rows}, ScalarType::Float), 0.0);
-  const Fp8Backward out{dgu, dgu_scale, dgu_columns, dgu_columns_scale, h_columns,
-                        h_columns_scale, dot};
+  const Fp8Backward out{dgu,       dgu_scale,       dgu_columns, dgu_columns_scale,
+                        h_columns, h_columns_scale, dot};
   if (groups == 0 || rows == 0 || c == 0 || shapes_only(dgu)) return out;
   const Tensor gu = dense(gu_in), grad = dense(grad_in);
   const Tensor scale = as_contiguous(scale_in);
