@@ -6,11 +6,12 @@ swiglu_backward's (float32 sums in another order) and to a float64
 reference.  Both gate/up layouts and activations; halves of 128 columns and
 more, and (interleaved) halves that are no multiple of 64 or 128; groups of
 0, 1, 127 and 200 rows with rows past them (dropped slots); one group and
-1000.  Outputs poisoned."""
+1000; each variant forced.  Outputs poisoned."""
 import pytest
 import torch
 
-from gg_runtime.testing import randn
+from gg_runtime import _C
+from gg_runtime.testing import forced, last_variant, randn
 
 from conftest import device_arch
 
@@ -38,10 +39,13 @@ def same_bits(got, want):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
-def check(counts, dropped, gate_up, cols, activation):
+def check(counts, dropped, gate_up, cols, activation, variant=""):
+    """The operator (with `variant` forced, if given) against the composed operators."""
     gu, grad, scale, offs = inputs(counts, dropped, cols)
     end = sum(counts)
-    got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, gate_up, activation)
+    with forced(variant):
+        got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, gate_up, activation)
+        assert last_variant() == variant or not variant
     dgu, hs, dot = OPS.swiglu_backward(gu, grad, scale, gate_up, activation)
     q_rows, scale_rows = OPS.quantize_fp8(dgu, "1x128")
     same_bits(got[0][:end], q_rows[:end])
@@ -80,3 +84,13 @@ def test_no_rows():
     gu, grad, scale, offs = inputs([0, 0], 0, 128)
     got = OPS.swiglu_backward_fp8(gu, grad, scale, offs)
     assert got[6].shape == (1, 0) and got[0].shape == (0, 256)
+
+
+@pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
+                                     and v["family"] == "swiglu_backward_fp8"],
+                         ids=lambda v: v["key"])
+def test_every_variant(variant):
+    """Each compiled variant forced (`basic` and `aligned` alike), on tile tails."""
+    axes = variant["axes"]
+    cols = 256 if axes["gate_up"] == "concatenated" else 208
+    check([0, 1, 127, 200, 0], 37, axes["gate_up"], cols, axes["activation"], variant["key"])
