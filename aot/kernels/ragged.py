@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile, quantized_h
 from .scaled import NO_SCALES, gathered_scaled_tile, scaled_tile_tma
-from .tiles import (first_step_past, pick, running_max, tile_mma_basic, tile_store,
+from .tiles import (first_step_past, k_tile_origin, pick, running_max, tile_mma_basic, tile_store,
                     tile_store_transposed)
 
 
@@ -369,8 +369,7 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     for tile in range(pid, G * tiles_per_group, num_programs):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group
-        off_m = (in_group % m_tiles) * BM
-        off_n = (in_group // m_tiles) * BN
+        off_m, off_n = k_tile_origin(in_group, M, N, BM, BN)
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
         if USE_TMA:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -412,8 +411,7 @@ def gathered_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc, 
     for tile in range(pid, G * tiles_per_group, tl.num_programs(0)):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group
-        off_m = (in_group % m_tiles) * BM
-        off_n = (in_group // m_tiles) * BN
+        off_m, off_n = k_tile_origin(in_group, M, N, BM, BN)
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
         rm = off_m + tl.arange(0, BM)
         rn = off_n + tl.arange(0, BN)

@@ -23,6 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from .gluon_api import cp_async_load, thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
+from .tiles import k_tile_origin
 from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
                  accumulator_layout, allocate_ring, claim_slot, ragged_descriptor,
                  shared_layout, store_tile, tiled_rows)
@@ -60,7 +61,8 @@ def locate(tile, offs_ptr, M, N, T, last_g, last_start, last_end, BM: gl.constex
     end = last_end
     if g != last_g:
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
-    return g, in_group % m_tiles * BM, in_group // m_tiles * BN, start, end
+    off_m, off_n = k_tile_origin(in_group, M, N, BM, BN)
+    return g, off_m, off_n, start, end
 
 
 @gluon.jit

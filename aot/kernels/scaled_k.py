@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .ragged import group_row_range
 from .scaled import ROWWISE, SCALE_BLOCK
+from .tiles import k_tile_origin
 
 
 @triton.jit
@@ -53,8 +54,7 @@ def scaled_ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
     for tile in range(tl.program_id(0), G * tiles_per_group, tl.num_programs(0)):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group
-        off_m = (in_group % m_tiles) * BM
-        off_n = (in_group // m_tiles) * BN
+        off_m, off_n = k_tile_origin(in_group, M, N, BM, BN)
         start, end = group_row_range(offs_ptr, g, T, CHUNK)
         first = start // SCALE_BLOCK + g
         acc = tl.zeros((BM, BN), dtype=tl.float32)

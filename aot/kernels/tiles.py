@@ -151,3 +151,19 @@ def pick(values, index, CHUNK: tl.constexpr):
 def first_step_past(start, end, step):
     """The first of start, start + step, start + 2 * step, ... that is >= end."""
     return start + tl.cdiv(tl.maximum(end - start, 0), step) * step
+
+
+@triton.jit
+def k_tile_origin(in_group, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """(off_m, off_n) of a group's tile number in_group in a ragged-K product
+    out[g] [M, N] = a_g [M, Tg] @ b_g [Tg, N]: the shorter side's tiles vary
+    fastest.  The tiles running at once then share a few blocks of the longer
+    side's operand, which streams from memory once, and sweep the shorter
+    side's, which stays in L2; with the longer side fastest its operand was
+    read again for every tile along the shorter side wherever it outgrew L2."""
+    m_tiles = tl.cdiv(M, BM)
+    n_tiles = tl.cdiv(N, BN)
+    n_fastest = M > N
+    fastest = tl.where(n_fastest, n_tiles, m_tiles)
+    along, across = in_group % fastest, in_group // fastest
+    return tl.where(n_fastest, across, along) * BM, tl.where(n_fastest, along, across) * BN
