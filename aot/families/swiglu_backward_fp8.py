@@ -4,13 +4,14 @@ the gradient of h and the rows' routing weights -> d(gu) quantized along its
 rows and along T within the groups, h scaled by the routing weight
 quantized along T, and each row's dot partials.  bfloat16 in (the fp8
 forward's gu and products are bfloat16), float8_e4m3fn out; sm90 only, as
-the fp8 GEMMs; plain loads, `aligned` (16-byte vectors) where the pointers
-and C allow it, else `basic`."""
+the fp8 GEMMs; `aligned` only (its copies move 16 bytes: the operator
+copies an input that does not start at 16 bytes)."""
 from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Config, Family, Param
 from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 
 # A tile is one 128-row block by 128 of h's columns, computed BK = 16 at a
-# time and staged in shared memory (96 KiB).  16 warps, one program an SM:
+# time from its inputs copied into shared memory while the tile before is
+# quantized, and staged there (96 KiB each).  16 warps, one program an SM:
 # ahead of 8 warps at one program an SM or two (those spill under ptxas'
 # 128-register cap) in an H100 A/B of the configs forced, each against the
 # composed kernels (docs/notes/2026-11-26-swiglu-backward-quantized-in-place.md).
@@ -39,10 +40,11 @@ FAMILY = Family(
     constexprs=lambda v: {"INTERLEAVED": v["gate_up"] == "interleaved",
                           "GPT_OSS": v["activation"] == "gpt_oss"},
     aligned=EVERY,
+    basic=False,
     dtypes=("bfloat16",),
     out_dtypes=("float8_e4m3fn",),
     archs=(90,),
-    configs={(90, "aligned"): TILE, (90, "basic"): TILE},
+    configs={(90, "aligned"): TILE},
     tiles="(R // 128 + G) * cdiv(C, BN)",
     rows="C",  # the bucket key: one config, with no bound, takes every value
 )

@@ -43,8 +43,9 @@ h's 128, staged in shared memory in 16 bits, in three phases:
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
-from .gluon_api import thread_barrier
+from .gluon_api import cp_async_load, thread_barrier
 from .quantize import BLOCK, scale_of, to_e4m3
 from .swiglu import activate
 from .ws import chunk_groups, first_step_past, locate
@@ -72,55 +73,72 @@ def row_layout(warps):
 
 
 @gluon.constexpr_function
-def halves_layout(cols, warps):
-    """A [BLOCK, 2, cols] block of gate and up loaded along its rows, a
-    thread's two halves in its own registers (concatenated gu)."""
-    lanes = cols // 8
-    return gl.BlockedLayout([1, 1, 8], [32 // lanes, 1, lanes], [warps, 1, 1], [2, 1, 0])
+def half_layout(cols, warps):
+    """A [BLOCK, cols] block of one half of concatenated gu, 4 values a thread:
+    the layout of an interleaved block's halves after their split, so that
+    the 16 warps cover the 128 rows once."""
+    lanes = cols // 4
+    return gl.BlockedLayout([1, 4], [32 // lanes, lanes], [warps, 1], [1, 0])
 
 
 @gluon.jit
-def gate_and_up(gu_ptr, row0, end, c, C, INTERLEAVED: gl.constexpr, BK: gl.constexpr):
-    """The gate and up halves of rows row0 .. row0 + 128 (those below end) x
-    h's columns c .. c + BK, float32 [BLOCK, BK] each, in one layout."""
+def copy_block(buf, src_ptr, ld, row0, end, col0, cols_end):
+    """src[row0 + r, col0 + c] into buf[r, c] (zeros for rows at or past end or
+    columns at or past cols_end) by the threads' copies, SLAB rows at a time,
+    16 bytes a copy (`aligned`: rows and columns start at 16 bytes)."""
+    layout: gl.constexpr = load_layout(buf.shape[1], gl.num_warps())
+    rows = gl.arange(0, SLAB, gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, buf.shape[1], gl.SliceLayout(0, layout))
+    cols = gl.max_contiguous(gl.multiple_of(cols, 8), 8)
+    col_ok = gl.expand_dims(gl.max_constancy(cols < cols_end, 8), 0)
+    for slab in gl.static_range(BLOCK // SLAB):
+        r = row0 + slab * SLAB + rows
+        at = gl.expand_dims(r.to(gl.int64) * ld, 1) + gl.expand_dims(cols, 0)
+        cp_async_load(buf.slice(slab * SLAB, SLAB, 0), src_ptr + at,
+                      gl.expand_dims(r < end, 1) & col_ok)
+
+
+@gluon.jit
+def prefetch(gu_ptr, grad_ptr, gu_in, grad_in, row0, end, c0, C, INTERLEAVED: gl.constexpr):
+    """Start copying a tile's gu (its 128 gate/up pairs, or its gate block then
+    its up block) and gradient into gu_in [BLOCK, 2 BLOCK] and grad_in
+    [BLOCK, BLOCK]: they land while the tile before is quantized."""
+    if INTERLEAVED:
+        copy_block(gu_in, gu_ptr, 2 * C, row0, end, 2 * c0, 2 * C)
+    else:
+        copy_block(gu_in.slice(0, BLOCK, 1), gu_ptr, 2 * C, row0, end, c0, C)
+        copy_block(gu_in.slice(BLOCK, BLOCK, 1), gu_ptr + C, 2 * C, row0, end, c0, C)
+    copy_block(grad_in, grad_ptr, C, row0, end, c0, C)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def gate_and_up(gu_in, step, INTERLEAVED: gl.constexpr, BK: gl.constexpr):
+    """The gate and up halves of the prefetched tile's h columns step * BK ..
+    + BK, float32 [BLOCK, BK] each, in one layout."""
     if INTERLEAVED:
         layout: gl.constexpr = load_layout(2 * BK, gl.num_warps())
-        rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
-        cols = 2 * c + gl.arange(0, 2 * BK, gl.SliceLayout(0, layout))
-        at = gl.expand_dims(rows.to(gl.int64) * (2 * C), 1) + gl.expand_dims(cols, 0)
-        mask = gl.expand_dims(rows < end, 1) & gl.expand_dims(cols < 2 * C, 0)
-        pairs = gl.load(gu_ptr + at, mask=mask, other=0.0).reshape([BLOCK, BK, 2])
+        pairs = gu_in.slice(2 * step * BK, 2 * BK, 1).load(layout).reshape([BLOCK, BK, 2])
+        gate, up = pairs.split()
     else:
-        layout: gl.constexpr = halves_layout(BK, gl.num_warps())
-        across: gl.constexpr = gl.SliceLayout(0, layout)  # a row's [2, BK]
-        rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, gl.SliceLayout(2, layout)))
-        halves = gl.arange(0, 2, gl.SliceLayout(1, across))
-        cols = c + gl.arange(0, BK, gl.SliceLayout(0, across))
-        row_at = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * (2 * C), 1), 2)
-        col_at = gl.expand_dims(gl.expand_dims(halves * C, 1) + gl.expand_dims(cols, 0), 0)
-        mask = gl.expand_dims(gl.expand_dims(rows < end, 1), 2) & gl.expand_dims(
-            gl.expand_dims(cols < C, 0), 0)
-        pairs = gl.load(gu_ptr + row_at + col_at, mask=mask, other=0.0).permute((0, 2, 1))
-    gate, up = pairs.split()
+        layout: gl.constexpr = half_layout(BK, gl.num_warps())
+        gate = gu_in.slice(step * BK, BK, 1).load(layout)
+        up = gu_in.slice(BLOCK + step * BK, BK, 1).load(layout)
     return gate.to(gl.float32), up.to(gl.float32)
 
 
 @gluon.jit
-def compute_and_stage(gu_ptr, grad_ptr, scale_ptr, dgu_s, h_s, row0, end, c0, C,
+def compute_and_stage(gu_in, grad_in, scale_ptr, dgu_s, h_s, row0, end,
                       INTERLEAVED: gl.constexpr, GPT_OSS: gl.constexpr, BK: gl.constexpr):
-    """Phase 1: d(gu) and h scaled staged in 16 bits; returns each row's
+    """Phase 1, from the prefetched gu and gradient (zeros past the group's
+    rows and C): d(gu) and h scaled staged in 16 bits; returns each row's
     sum of grad * h over the tile's columns."""
-    dtype: gl.constexpr = gu_ptr.dtype.element_ty
+    dtype: gl.constexpr = dgu_s.dtype
     for step in gl.static_range(BLOCK // BK):
-        c = c0 + step * BK
-        gate, up = gate_and_up(gu_ptr, row0, end, c, C, INTERLEAVED, BK)
+        gate, up = gate_and_up(gu_in, step, INTERLEAVED, BK)
         rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, gate.type.layout))
-        row_ok = rows < end
-        cols = c + gl.arange(0, BK, gl.SliceLayout(0, gate.type.layout))
-        at = gl.expand_dims(rows.to(gl.int64) * C, 1) + gl.expand_dims(cols, 0)
-        grad = gl.load(grad_ptr + at, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < C, 0),
-                       other=0.0).to(gl.float32)
-        scale = gl.expand_dims(gl.load(scale_ptr + rows, mask=row_ok, other=0.0), 1)
+        grad = grad_in.slice(step * BK, BK, 1).load(gate.type.layout).to(gl.float32)
+        scale = gl.expand_dims(gl.load(scale_ptr + rows, mask=rows < end, other=0.0), 1)
         h, d_gate, d_up = activate(gate, up, GPT_OSS)
         h = h.to(dtype).to(gl.float32)
         if step == 0:
@@ -179,17 +197,23 @@ def quantize_rows(staged, q_ptr, scale_ptr, ld, blocks, rows_left, cols_left):
 
 
 @gluon.jit
-def tile(gu_ptr, grad_ptr, scale_ptr, outputs, dgu_s, h_s, row0, end, block, c0, R, C, W,
-         INTERLEAVED: gl.constexpr, GPT_OSS: gl.constexpr, BK: gl.constexpr):
-    """Rows row0 .. row0 + 128 (those below end) of a group, its column
-    block `block`, by h's columns c0 .. c0 + 128."""
+def start_tile(t, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, gu_ptr, grad_ptr,
+               gu_in, grad_in, C, INTERLEAVED: gl.constexpr, BM: gl.constexpr,
+               BN: gl.constexpr):
+    """Prefetch tile t's inputs (none for the pseudo-group's tiles)."""
+    g, start, end, off_m, off_n, _ = locate(t, chunk, starts, ends, group_tiles, tiles_end,
+                                            n_tiles, G, 0, BM, BN, 1)
+    if g < G:
+        prefetch(gu_ptr, grad_ptr, gu_in, grad_in, off_m, end, off_n, C, INTERLEAVED)
+
+
+@gluon.jit
+def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: gl.constexpr):
+    """Phases 2 and 3 of the staged tile: rows row0 .. row0 + 128 (those
+    below end) of a group, its column block `block`, by h's columns c0 .. c0
+    + 128."""
     dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr, \
-        dot_ptr = outputs
-    dot = compute_and_stage(gu_ptr, grad_ptr, scale_ptr, dgu_s, h_s, row0, end, c0, C,
-                            INTERLEAVED, GPT_OSS, BK)
-    rows = row0 + gl.arange(0, BLOCK, dot.type.layout)
-    gl.store(dot_ptr + (c0 // BLOCK) * R + rows, dot, mask=rows < end)
-    thread_barrier()  # every thread's staged values are in place
+        _ = outputs
     quantize_columns(h_s, h_cols_ptr + c0.to(gl.int64) * W + block * BLOCK,
                      h_cols_scale_ptr + block.to(gl.int64) * C + c0, C - c0, W)
     blocks = (2 * C + BLOCK - 1) // BLOCK
@@ -203,7 +227,6 @@ def tile(gu_ptr, grad_ptr, scale_ptr, outputs, dgu_s, h_s, row0, end, block, c0,
         quantize_rows(staged, dgu_q_ptr + row0.to(gl.int64) * (2 * C) + first,
                       dgu_scale_ptr + row0.to(gl.int64) * blocks + first // BLOCK, 2 * C, blocks,
                       end - row0, 2 * C - first)
-    thread_barrier()  # the stage is read before the next tile's values go there
 
 
 @gluon.jit
@@ -227,6 +250,8 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
     staged: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 16, order=[1, 0])
     dgu_s = gl.allocate_shared_memory(dtype, [BLOCK, 2 * BLOCK], staged)
     h_s = gl.allocate_shared_memory(dtype, [BLOCK, BLOCK], staged)
+    gu_in = gl.allocate_shared_memory(dtype, [BLOCK, 2 * BLOCK], staged)
+    grad_in = gl.allocate_shared_memory(dtype, [BLOCK, BLOCK], staged)
     outputs = (dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr,
                h_cols_scale_ptr, dot_ptr)
     pid = gl.program_id(0)
@@ -240,12 +265,27 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
             offs_ptr, chunk, R, G, rows_before, tiles_before, n_tiles, BM, 1, CHUNK,
             gl.num_warps())
         chunk_end = tiles_before + gl.sum(group_tiles, 0)
-        for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
+        first = first_step_past(pid, tiles_before, programs)
+        if first < chunk_end:
+            start_tile(first, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, gu_ptr,
+                       grad_ptr, gu_in, grad_in, C, INTERLEAVED, BM, BN)
+        for t in range(first, chunk_end, programs):
             g, start, end, off_m, off_n, _ = locate(t, chunk, starts, ends, group_tiles,
                                                     tiles_end, n_tiles, G, 0, BM, BN, 1)
+            async_copy.wait_group(0)
+            thread_barrier()  # every thread's copies of the tile have landed
+            if g < G:
+                dot = compute_and_stage(gu_in, grad_in, scale_ptr, dgu_s, h_s, off_m, end,
+                                        INTERLEAVED, GPT_OSS, BK)
+                rows = off_m + gl.arange(0, BLOCK, dot.type.layout)
+                gl.store(dot_ptr + (off_n // BLOCK) * R + rows, dot, mask=rows < end)
+            thread_barrier()  # the inputs are read and the stage written, by every thread
+            if t + programs < chunk_end:
+                start_tile(t + programs, chunk, starts, ends, group_tiles, tiles_end, n_tiles,
+                           G, gu_ptr, grad_ptr, gu_in, grad_in, C, INTERLEAVED, BM, BN)
             if g < G:
                 block = start // BLOCK + g + (off_m - start) // BLOCK
-                tile(gu_ptr, grad_ptr, scale_ptr, outputs, dgu_s, h_s, off_m, end, block, off_n,
-                     R, C, W, INTERLEAVED, GPT_OSS, BK)
+                quantize_tile(dgu_s, h_s, outputs, off_m, end, block, off_n, C, W, INTERLEAVED)
+            thread_barrier()  # the stage is read before the next tile's values go there
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)

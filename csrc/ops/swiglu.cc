@@ -94,6 +94,13 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
   return {dgu, h, dot};
 }
 
+// x packed and 16-byte aligned (a copy where it is not): the fp8 backward's
+// kernel copies its inputs' rows 16 bytes at a time, ahead of their use.
+Tensor packed_aligned(const Tensor& x) {
+  const Tensor packed = dense(x);
+  return address(packed) % kAlign == 0 ? packed : contiguous_copy(packed);
+}
+
 Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, Tensor offs,
                                 std::string gate_up, std::string activation) {
   using Fp8Family = family::SwigluBackwardFp8;
@@ -124,7 +131,7 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
   const Fp8Backward out{dgu,       dgu_scale,       dgu_columns, dgu_columns_scale,
                         h_columns, h_columns_scale, dot};
   if (groups == 0 || rows == 0 || c == 0 || shapes_only(dgu)) return out;
-  const Tensor gu = dense(gu_in), grad = dense(grad_in);
+  const Tensor gu = packed_aligned(gu_in), grad = packed_aligned(grad_in);
   const Tensor scale = as_contiguous(scale_in);
   const Fp8Family args{.gu_ptr = address(gu),
                        .grad_ptr = address(grad),
