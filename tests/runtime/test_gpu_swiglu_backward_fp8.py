@@ -6,7 +6,7 @@ swiglu_backward's (float32 sums in another order) and to a float64
 reference.  Both gate/up layouts and activations; halves of 128 columns and
 more, and (interleaved) halves that are no multiple of 64 or 128; groups of
 0, 1, 127 and 200 rows with rows past them (dropped slots); one group and
-1000; each variant forced.  Outputs poisoned."""
+1000; inputs that start off 16 bytes; each variant forced.  Outputs poisoned."""
 import pytest
 import torch
 
@@ -39,9 +39,19 @@ def same_bits(got, want):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
-def check(counts, dropped, gate_up, cols, activation, variant=""):
-    """The operator (with `variant` forced, if given) against the composed operators."""
+def misaligned(x):
+    """x's values in a packed tensor that starts 2 bytes past a 16-byte boundary."""
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:]
+    return flat.view(x.shape).copy_(x)
+
+
+def check(counts, dropped, gate_up, cols, activation, variant="", shift=False):
+    """The operator (with `variant` forced, if given; shift: its inputs
+    misaligned) against the composed operators."""
     gu, grad, scale, offs = inputs(counts, dropped, cols)
+    if shift:
+        gu, grad = misaligned(gu), misaligned(grad)
+        assert gu.data_ptr() % 16 and grad.data_ptr() % 16
     end = sum(counts)
     with forced(variant):
         got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, gate_up, activation)
@@ -80,6 +90,12 @@ def test_1000_groups(gate_up, cols):
     check(counts, 5, gate_up, cols, "gpt_oss")
 
 
+@pytest.mark.parametrize("gate_up, cols", [("concatenated", 128), ("interleaved", 80)])
+def test_inputs_not_at_16_bytes(gate_up, cols):
+    """The kernel copies rows 16 bytes at a time: the operator copies such inputs first."""
+    check([0, 1, 127, 200, 0], 37, gate_up, cols, "swiglu", shift=True)
+
+
 def test_no_rows():
     gu, grad, scale, offs = inputs([0, 0], 0, 128)
     got = OPS.swiglu_backward_fp8(gu, grad, scale, offs)
@@ -90,7 +106,7 @@ def test_no_rows():
                                      and v["family"] == "swiglu_backward_fp8"],
                          ids=lambda v: v["key"])
 def test_every_variant(variant):
-    """Each compiled variant forced (`basic` and `aligned` alike), on tile tails."""
+    """Each compiled variant forced, on tile tails."""
     axes = variant["axes"]
     cols = 256 if axes["gate_up"] == "concatenated" else 208
     check([0, 1, 127, 200, 0], 37, axes["gate_up"], cols, axes["activation"], variant["key"])
