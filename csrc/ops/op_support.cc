@@ -437,6 +437,11 @@ Tensor contiguous_copy(const Tensor& x) {
   return torch::stable::contiguous(x);
 }
 
+Tensor fresh_copy(const Tensor& x) {
+  submit_recorded();
+  return torch::stable::clone(x);
+}
+
 Tensor full(const Shape& shape, double value, ScalarType dtype, const Tensor& like) {
   submit_recorded();
   return torch::stable::full(shape, value, dtype, std::nullopt, like.device());

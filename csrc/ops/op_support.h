@@ -203,10 +203,12 @@ class LaunchGroup {
 };
 void submit_recorded();
 
-// Torch work, after submit_recorded(): x's contiguous copy; a new tensor of
-// `shape` filled with value on like's device; t zeroed or filled with value
-// (in place; returns t); t converted to dtype (t itself where it has it).
+// Torch work, after submit_recorded(): x's contiguous copy (x itself where it
+// is contiguous); x's copy in a new allocation; a new tensor of `shape` filled
+// with value on like's device; t zeroed or filled with value (in place;
+// returns t); t converted to dtype (t itself where it has it).
 Tensor contiguous_copy(const Tensor& x);
+Tensor fresh_copy(const Tensor& x);
 Tensor full(const Shape& shape, double value, ScalarType dtype, const Tensor& like);
 Tensor zeroed(Tensor t);
 Tensor filled(Tensor t, double value);
