@@ -33,8 +33,10 @@ A tile is one 128-row block of a group by BN = 128 of h's columns: d(gu)'s
 256 columns there (a gate block and an up block, or 128 gate/up pairs) and
 h's 128, staged in shared memory in 16 bits, in three phases:
 
-1. rows x BK columns at a time: gu and the gradient loaded, the values
-   computed and staged (d(gu) as its two 128-column blocks), the dot summed;
+1. rows x BK columns at a time: gu and the gradient read from shared memory,
+   where they were copied while the tile before ran phases 2 and 3 (rows 16
+   bytes a copy: the operator aligns its inputs), the values computed and
+   staged (d(gu) as its two 128-column blocks), the dot summed;
 2. the staged columns read 32 at a time with a warp on each column's 128
    rows: amax, scale and quantize within the warp, the column's 128 bytes
    stored in runs (the transposed layouts);
