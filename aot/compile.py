@@ -44,12 +44,16 @@ def compile_variant(variant: Variant) -> Compiled:
     if config.ws:  # the MMA warps get what the loader's warpgroup gives back
         options["maxnreg"] = max_registers(config)
     options = backend.parse_options(options)
-    constexprs = variant.constexprs()
+    family = FAMILIES[variant.family]
+    kernel = family.ws_kernel if config.ws else family.kernel
+    # A constexpr the kernel defaults (one only some variants set) takes its
+    # default elsewhere: Triton compiles no parameter left out.
+    constexprs = {**{p.name: p.default.value for p in kernel.params
+                     if p.is_constexpr and p.has_default},
+                  **variant.constexprs()}
     signature = dict(variant.signature())
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in variant.divisible_params()}
-    family = FAMILIES[variant.family]
-    kernel = family.ws_kernel if config.ws else family.kernel
     source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
     source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     try:

@@ -271,6 +271,9 @@ class Family:
     # no tile sizes) that configs may require (Config.when): what a kernel
     # needs beyond the flavours' alignment rules.  Per-call families only.
     conditions: dict = field(default_factory=dict)
+    # Constexprs of the configs that need a condition ({condition: {name:
+    # value}}): a kernel compiled for the calls that meet it.
+    when_constexprs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._check_abi()
@@ -402,6 +405,12 @@ class Family:
         for configs in self.configs.values():
             for config in configs:
                 self.check_when(config)
+        declared = {p.name for k in filter(None, (self.kernel, self.ws_kernel))
+                    for p in k.params if p.is_constexpr}
+        for when, values in self.when_constexprs.items():
+            if when not in self.conditions or not set(values) <= declared:
+                raise ValueError(f"family {self.name}: when_constexprs[{when!r}] = {values} "
+                                 "needs a declared condition and the kernel's constexprs")
 
     def check_when(self, config: Config):
         """A ValueError unless config.when is '' or one of the family's conditions."""

@@ -273,6 +273,7 @@ class Variant:
                 values["CTAS"] = c.ctas
             if family.takes_pingpong:
                 values["PINGPONG"] = c.pingpong
+        values.update(family.when_constexprs.get(c.when, {}))
         if family.dtype_constexpr:
             values["DTYPE"] = DTYPES[self.dtype].triton
         return values

@@ -19,6 +19,13 @@ TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
 PINGPONG = Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True)
 SPLIT = Config(128, 256, 128, 4, 3, ws=True)
 
+
+def halves(*configs) -> tuple:
+    """The warp-specialised configs for concatenated 128 x 128 blocks: each
+    for whole halves and for odd ones (FAMILY's conditions)."""
+    return tuple(replace(c, when=when) for c in configs for when in ("whole_halves", "odd_halves"))
+
+
 # Whether gu is written (a compile-time choice: serving's kernels stage only
 # fp8 h, training's stage bf16 gu in the same buffer, twice as large).
 GU = Choice("Gu", ("dropped", "kept"))
@@ -51,15 +58,20 @@ FAMILY = Family(
     out_dtypes=("float8_e4m3fn",),
     staged=lambda v: "bfloat16" if v["gu"] == "kept" else None,
     archs=(90,),
-    # The warp-specialised kernel scales a tile's two 128-column blocks by one
-    # 128 x 128 weight block each (kernels/ragged_ws.py column_blocks).
+    # The warp-specialised kernel scales each of a tile's column blocks by
+    # one 128 x 128 weight block (kernels/ragged_ws.py column_blocks).
     # Interleaved, a 256-column tile at a multiple of 256 covers two whole
     # blocks of w13's rows at any I.  Concatenated, its gate and up halves are
-    # 128 columns from each half of w13, one block each only where I = N / 2
-    # is a multiple of 128: those blockwise configs need `whole_halves`, and
-    # other widths take the Triton kernel (per-column scales) at every size.
-    # Per-channel weights scale each column (channel_scaled): any I.
-    conditions={"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128"},
+    # 128 columns from each half of w13: one weight block each where I = N /
+    # 2 is a multiple of 128 (`whole_halves`); where it is an odd multiple of
+    # 64 the up half's blocks start mid-tile, and the kernel compiled for
+    # `odd_halves` scales blocks of 64 columns (a unit more per row and block
+    # kept through the K loop: slower where 128 would do).  Other widths
+    # take the Triton kernel (per-column scales) at every size.  Per-channel
+    # weights scale each column (channel_scaled): any I.
+    conditions={"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128",
+                "odd_halves": "cdiv(N // 2, 128) * 128 - N // 2 == 64"},
+    when_constexprs={"odd_halves": {"BLOCK_COLUMNS": 64}},
     # A tile's h columns are one 128-column scale block: BN = 256.  Groups of
     # up to 512 rows take the warp-specialised kernel's 64-row tiles, its two
     # MMA partitions taking turns at them (pingpong: one's SwiGLU and
@@ -77,12 +89,11 @@ FAMILY = Family(
              (90, "tma", Where(scaling="blockwise", gu="dropped", gate_up="interleaved")): (
                  PINGPONG, SPLIT),
              (90, "tma", Where(scaling="blockwise", gu="dropped")): (
-                 replace(PINGPONG, when="whole_halves"), replace(SPLIT, when="whole_halves"),
-                 replace(TRITON_DECODE, max_rows=0)),
+                 *halves(PINGPONG, SPLIT), replace(TRITON_DECODE, max_rows=0)),
              (90, "tma", Where(scaling="rowwise", gu="kept")): (SPLIT,),
              (90, "tma", Where(scaling="blockwise", gu="kept", gate_up="interleaved")): (SPLIT,),
              (90, "tma", Where(scaling="blockwise", gu="kept")): (
-                 replace(SPLIT, when="whole_halves"), replace(TRITON_DECODE, max_rows=0))},
+                 *halves(SPLIT), replace(TRITON_DECODE, max_rows=0))},
     tiles=RAGGED_M.tiles,
     rows="T // max(G, 1)",
 )

@@ -94,7 +94,7 @@ def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, col_
     """[rows, the tile's column blocks] scales of K block `block`, for scales
     = (scale_a_ptr, scale_b_ptr): scale_a[row, block] x scale_b[g, column
     block, block] (rows: scale_a's, token_rows'; col_block: b's block of each
-    of the tile's 128-column blocks, column_blocks'; None: b's scales are per
+    of the tile's column blocks, column_blocks'; None: b's scales are per
     channel, applied after the sum, and the scales are scale_a's [rows, 1]).
     Rows past the group and column blocks past N (never stored) and blocks
     past k_end (never added; all of the pseudo-group's, which has no
@@ -111,27 +111,39 @@ def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, col_
         return gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)
 
 
+@gluon.constexpr_function
+def column_block_count(BN, SCALING, BLOCK_COLUMNS):
+    """How many column blocks of one weight scale each a tile's BN columns
+    make (column_blocks'): BN / BLOCK_COLUMNS for b's 128 x 128 blocks, 1
+    for per-channel weights (no block scales in the K loop)."""
+    return (BN + BLOCK_COLUMNS - 1) // BLOCK_COLUMNS if SCALING == BLOCKWISE else 1
+
+
 @gluon.jit
-def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, layout: gl.constexpr):
-    """b's 128-column scale block of each of a tile's H 128-column blocks:
-    off_n / 128 + i, or for CONCATENATED (H = 2) the gate's block and the
-    up's (kernels/glu.py's columns; right where N / 2 is a multiple of 128,
-    so that the up's 128 columns are one block: scaled_ragged_glu's
-    concatenated configs of this kernel need its condition `whole_halves`)."""
+def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, BLOCK_COLUMNS: gl.constexpr,
+                  layout: gl.constexpr):
+    """b's 128-row scale block of each of a tile's H blocks of BLOCK_COLUMNS
+    columns: off_n / 128 + i, or for CONCATENATED the gate half's H / 2
+    blocks then the up half's (from rows off_n / 2 + BLOCK_COLUMNS i of each
+    half: kernels/glu.py's columns).  Each such block lies within one weight
+    block where its first row is a multiple of BLOCK_COLUMNS: 128, or, where
+    I = N / 2 is an odd multiple of 64, 64 (scaled_ragged_glu's conditions
+    for its concatenated configs of this kernel)."""
     i = gl.arange(0, H, layout)
     if GLU == CONCATENATED:
-        gl.static_assert(H == 2, "a gate half and an up half of 128 columns each")
-        return (off_n // 2 + i * (N // 2)) // SCALE_BLOCK
+        HALF: gl.constexpr = H // 2
+        return (off_n // 2 + (i // HALF) * (N // 2) + (i % HALF) * BLOCK_COLUMNS) // SCALE_BLOCK
     else:
+        gl.static_assert(BLOCK_COLUMNS == SCALE_BLOCK, "a tile's columns start at a multiple of BN")
         return off_n // SCALE_BLOCK + i
 
 
 @gluon.jit
 def tile_column_blocks(off_n, N, H: gl.constexpr, SCALING: gl.constexpr, GLU: gl.constexpr,
-                       layout: gl.constexpr):
+                       BLOCK_COLUMNS: gl.constexpr, layout: gl.constexpr):
     """column_blocks' for b's 128 x 128 blocks (BLOCKWISE); None for per-channel ones."""
     if SCALING == BLOCKWISE:
-        return column_blocks(off_n, N, H, GLU, layout)
+        return column_blocks(off_n, N, H, GLU, BLOCK_COLUMNS, layout)
     else:
         return None
 
@@ -182,7 +194,7 @@ def unit_of(scale, largest):
 
 @gluon.jit
 def rescale(acc, factor, acc_layout: gl.constexpr):
-    """acc [M, BN] times factor [M, H], one factor per 128-column block (no data moves)."""
+    """acc [M, BN] times factor [M, H], one factor per column block (no data moves)."""
     M: gl.constexpr = acc.shape[0]
     H: gl.constexpr = factor.shape[1]
     blocks = acc.reshape([M, H, acc.shape[1] // H]) * gl.expand_dims(factor, 2)
@@ -205,7 +217,8 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
                          end, K, N, off_n, half: gl.constexpr, PART_M: gl.constexpr,
                          BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                          acc_layout: gl.constexpr, SCALING: gl.constexpr = BLOCKWISE,
-                         GLU: gl.constexpr = NO_GLU, gather=None):
+                         GLU: gl.constexpr = NO_GLU, gather=None,
+                         BLOCK_COLUMNS: gl.constexpr = SCALE_BLOCK):
     """accumulate() with each 128-deep K block's product scaled before it is
     added, in one accumulator kept in units of the current block's scale
     (unit_of): before block j's MMA adds its product the accumulator is
@@ -220,17 +233,19 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
     they drift into step and multiply at the same time: slower, measured);
     turns None (PINGPONG): their tiles are apart already.
     SCALING: BLOCKWISE, or BLOCKWISE_ROWWISE (b's per-channel scales come
-    after: one unit per row); GLU: the tile's columns (column_blocks);
-    gather: accumulate()'s, whose rows' tokens take their scales (token_rows)."""
+    after: one unit per row); GLU and BLOCK_COLUMNS: the tile's columns and
+    the width of those one weight scale takes (column_blocks); gather:
+    accumulate()'s, whose rows' tokens take their scales (token_rows)."""
     gl.static_assert(BK == SCALE_BLOCK, "one MMA a scale block")
-    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK if SCALING == BLOCKWISE else 1
+    H: gl.constexpr = column_block_count(BN, SCALING, BLOCK_COLUMNS)
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     # One unit per row and column block, in the layout of acc's column blocks.
     layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, layout))
     row_ok = rows < end
     rows = token_rows(gather, rows, row_ok)
-    col_block = tile_column_blocks(off_n, N, H, SCALING, GLU, gl.SliceLayout(0, layout))
+    col_block = tile_column_blocks(off_n, N, H, SCALING, GLU, BLOCK_COLUMNS,
+                                   gl.SliceLayout(0, layout))
     k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     unit = gl.full([PART_M, H], 1.0, gl.float32, layout)
@@ -282,12 +297,13 @@ def accumulate_blockwise_promoted(a_bufs, b_bufs, ready, empty, count, k_end, sc
     recipe), while the other partition's MMA runs.  SCALING as
     accumulate_blockwise's."""
     gl.static_assert(BK == SCALE_BLOCK, "one MMA a scale block")
-    H: gl.constexpr = (BN + SCALE_BLOCK - 1) // SCALE_BLOCK if SCALING == BLOCKWISE else 1
+    H: gl.constexpr = column_block_count(BN, SCALING, SCALE_BLOCK)
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     layout: gl.constexpr = gl.SliceLayout(2, acc.reshape([PART_M, H, BN // H]).type.layout)
     rows = part_m + gl.arange(0, PART_M, gl.SliceLayout(1, layout))
     row_ok = rows < end
-    col_block = tile_column_blocks(off_n, N, H, SCALING, NO_GLU, gl.SliceLayout(0, layout))
+    col_block = tile_column_blocks(off_n, N, H, SCALING, NO_GLU, SCALE_BLOCK,
+                                   gl.SliceLayout(0, layout))
     k_blocks = (K + SCALE_BLOCK - 1) // SCALE_BLOCK
     n_blocks = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     for k0 in range(0, k_end, BK):
@@ -377,7 +393,8 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                   glu, out_scales, A_T: gl.constexpr, B_T: gl.constexpr, C_T: gl.constexpr,
                   SCALING: gl.constexpr, FAST_ACCUM: gl.constexpr, GLU: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                  STAGES: gl.constexpr, CTAS: gl.constexpr, PINGPONG: gl.constexpr):
+                  STAGES: gl.constexpr, CTAS: gl.constexpr, PINGPONG: gl.constexpr,
+                  BLOCK_COLUMNS: gl.constexpr):
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
     program (in a cluster, PARTS = 1: each CTA's share of the tile's rows),
     or PINGPONG all rows of every other tile, from the program's tile `half`.
@@ -426,7 +443,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                     acc, count = accumulate_blockwise(
                         a_bufs, b_bufs, ready, empty, block_turns, count, k_end, scales, g,
                         part_m, end, K, N, off_n, PART, PART_M, BN, BK, STAGES, acc_layout,
-                        SCALING, GLU, gather)
+                        SCALING, GLU, gather, BLOCK_COLUMNS)
                 else:
                     acc, count = accumulate(a_bufs, b_bufs, ready, empty, count, k_end, PART,
                                             PART_M, A_T, B_T, BN, BK, STAGES, acc_layout,
@@ -458,11 +475,13 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
                         CHUNK: gl.constexpr, STAGES: gl.constexpr, CTAS: gl.constexpr,
                         SCALING: gl.constexpr = NO_SCALES, FAST_ACCUM: gl.constexpr = True,
                         scales=None, gather=None, GLU: gl.constexpr = NO_GLU, glu=None,
-                        out_scales=None, PINGPONG: gl.constexpr = False):
+                        out_scales=None, PINGPONG: gl.constexpr = False,
+                        BLOCK_COLUMNS: gl.constexpr = SCALE_BLOCK):
     """One program of the kernels below; its optional features are
     ragged.ragged_m_program's (bias, SCALING with FAST_ACCUM and scales,
     gather, GLU with glu, out_scales), each one argument, decided alike;
-    PINGPONG: the MMA partitions take turns at whole tiles (the module's doc)."""
+    PINGPONG: the MMA partitions take turns at whole tiles (the module's doc);
+    BLOCK_COLUMNS: accumulate_blockwise's."""
     # The same rule as ws.mma_partitions, which budgets the registers.
     PARTS: gl.constexpr = 2 if PINGPONG else BM // CTAS // (16 * gl.num_warps())
     gl.static_assert(not PINGPONG or CTAS == 1, "pingpong partitions take a CTA's tiles")
@@ -511,7 +530,8 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
                           turns if TURNS else None, offs_ptr, T, N, K, G, bias, scales, gather,
                           gu_desc if SAVES_GU else None, (save_gu, gpt_oss) if GATED else None,
                           out_scales, A_T, B_T, C_T,
-                          SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, PINGPONG))
+                          SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, PINGPONG,
+                          BLOCK_COLUMNS))
          if p < PARTS else
          (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
                            A_T, B_T, BM, BN, BK, CHUNK, STAGES, CTAS, HALVES, gather, C_T))
@@ -580,13 +600,14 @@ def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scal
                                 USE_TMA: gl.constexpr, BM: gl.constexpr,
                                 BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                                 PRECISION: gl.constexpr, STAGES: gl.constexpr,
-                                PINGPONG: gl.constexpr):
+                                PINGPONG: gl.constexpr, BLOCK_COLUMNS: gl.constexpr = SCALE_BLOCK):
     """ragged.scaled_ragged_glu_kernel's contract, TMA only (USE_TMA and
-    PRECISION taken for the common signature); PINGPONG: ragged_m_ws_program's."""
+    PRECISION taken for the common signature); PINGPONG and BLOCK_COLUMNS:
+    ragged_m_ws_program's."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                         (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, 1,
                         SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
                         gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
                         glu=(gu_ptr if SAVE_GU else None, 1, gpt_oss), out_scales=c_scale_ptr,
-                        PINGPONG=PINGPONG)
+                        PINGPONG=PINGPONG, BLOCK_COLUMNS=BLOCK_COLUMNS)

@@ -197,7 +197,7 @@ def test_kernel_table_rows_carry_the_condition_their_config_needs(manifest):
     config needs (-1: none), and the family lists a function per condition."""
     table = (KERNELS / "kernel_table.inc").read_text()
     needing = [r for r in manifest["variants"] if r["config"].get("when")]
-    assert needing  # scaled_ragged_glu's warp-specialised kernel needs whole_halves
+    assert needing  # scaled_ragged_glu's warp-specialised kernel needs whole_halves or odd_halves
     for record in manifest["variants"]:
         family = FAMILIES[record["family"]]
         when = record["config"].get("when", "")
@@ -215,7 +215,8 @@ def test_a_config_needs_a_condition_its_family_declares():
     """Config.when names one of Family.conditions, which are on a call's
     parameters (no tile sizes), in the size expressions' language."""
     family = FAMILIES["scaled_ragged_glu"]
-    assert family.conditions == {"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128"}
+    assert family.conditions == {"whole_halves": "N // 2 == cdiv(N // 2, 128) * 128",
+                                 "odd_halves": "cdiv(N // 2, 128) * 128 - N // 2 == 64"}
     needs = Config(128, 256, 128, 4, 3, ws=True, when="aligned_rows")
     with pytest.raises(ValueError, match="needs condition 'aligned_rows'"):
         replace(family, configs={(90, "tma"): (needs, )})
@@ -223,8 +224,9 @@ def test_a_config_needs_a_condition_its_family_declares():
         replace(family, conditions={"whole_tiles": "N == cdiv(N, BN) * BN"})
     with pytest.raises(expr.ExprError):
         replace(family, conditions={"unknown": "Q == 1"})
-    assert expr.evaluate(family.conditions["whole_halves"], {"N": 512})
-    assert not expr.evaluate(family.conditions["whole_halves"], {"N": 416})
+    for inter, holds in {256: "whole_halves", 320: "odd_halves", 208: None}.items():
+        for name, text in family.conditions.items():
+            assert bool(expr.evaluate(text, {"N": 2 * inter})) == (name == holds)
 
 
 def compile_against_family_args(tmp_path, body: str) -> subprocess.CompletedProcess:

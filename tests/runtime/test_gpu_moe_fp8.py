@@ -51,11 +51,14 @@ TAILS = (64, 272, 208, 8, 4)  # H and I multiples of 16, not of 128
 # The up projection's kernels (aot/families/scaled_ragged_glu.py): the
 # warp-specialised one (pingpong tiles up to 512 rows a group, split tiles
 # beyond; per-channel groups of at most 32 rows take the Triton kernel), for
-# 128 x 128 blocks only where I is a multiple of 128 (else the Triton kernel
-# at every size).
+# 128 x 128 blocks only where I is a multiple of 64 (else the Triton kernel
+# at every size): a kernel for I a multiple of 128 and one for I an odd
+# multiple of 64 (I = 320: the up half's blocks start mid-tile).
 SMALL_GROUPS = TAILS
 SMALL_GROUPS_WHOLE = (64, 272, 256, 8, 4)
+SMALL_GROUPS_HALVES = (64, 272, 320, 8, 4)
 LARGE_GROUPS = (1024, 272, 256, 4, 2)
+LARGE_GROUPS_HALVES = (1024, 272, 320, 4, 2)
 LARGE_GROUPS_TAILS = (1024, 272, 208, 4, 2)
 SHAPES = {
     "tile_tails": TAILS,
@@ -66,6 +69,7 @@ SHAPES = {
     "e256_k8": (512, 256, 128, 256, 8),
     "t4096": (4096, 512, 256, 16, 4),
     "large_groups_tails": LARGE_GROUPS_TAILS,
+    "large_groups_halves": LARGE_GROUPS_HALVES,
 }
 
 
@@ -154,23 +158,32 @@ UP_KERNELS = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "sc
               and v["axes"]["gu"] == "dropped"]
 
 
+def runs_on(variant, inter: int) -> bool:
+    """Whether the up projection's kernel runs on experts of width `inter`
+    (the family's conditions, which its key ends with)."""
+    if variant["key"].endswith("_whole_halves"):
+        return inter % 128 == 0
+    return inter % 128 == 64 if variant["key"].endswith("_odd_halves") else True
+
+
 def up_kind(variant) -> str:
     return "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
 
 
 UP_SHAPES = {"small": SMALL_GROUPS_WHOLE, "large": LARGE_GROUPS, "small_tails": SMALL_GROUPS,
-             "large_tails": LARGE_GROUPS_TAILS}
+             "large_tails": LARGE_GROUPS_TAILS, "small_halves": SMALL_GROUPS_HALVES,
+             "large_halves": LARGE_GROUPS_HALVES}
 
 
 @pytest.mark.parametrize("variant, shape", [
     pytest.param(v, shape, id=f"{v['key']}-{name}") for v in UP_KERNELS
     for name, shape in UP_SHAPES.items()
-    if shape[2] % 128 == 0 or not v["key"].endswith("_whole_halves")])
+    if runs_on(v, shape[2])])
 def test_every_up_projection_kernel(variant, shape):
     """Each of the fused up projection's kernels forced, whatever the groups'
     size (the other steps' kernels chosen as usual), on groups of a few rows
-    and of many, I a multiple of 128 (which every kernel runs) and, for
-    those without the condition `whole_halves`, I = 208."""
+    and of many, I = 256, 320 and 208, each where the kernel's condition
+    holds."""
     case = make_case(*shape, up_kind(variant), bias=True)
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
@@ -178,14 +191,17 @@ def test_every_up_projection_kernel(variant, shape):
                  EXACT_TOLERANCE)
 
 
-@pytest.mark.parametrize("variant", [v for v in UP_KERNELS if v["key"].endswith("_whole_halves")],
-                         ids=lambda v: v["key"])
-def test_a_kernel_for_whole_halves_is_refused_other_widths(variant):
-    """The warp-specialised kernel scales 128 columns by one weight block, so
-    it needs I a multiple of 128 (the family's condition `whole_halves`):
+@pytest.mark.parametrize("variant, shape", [
+    pytest.param(v, shape, id=f"{v['key']}-{name}") for v in UP_KERNELS
+    for name, shape in {"tails": LARGE_GROUPS_TAILS, "whole": LARGE_GROUPS,
+                        "halves": LARGE_GROUPS_HALVES}.items() if not runs_on(v, shape[2])])
+def test_a_kernel_is_refused_widths_its_condition_excludes(variant, shape):
+    """The warp-specialised kernel scales each half's columns in blocks of
+    128 (the family's condition `whole_halves`: I a multiple of 128) or 64
+    (`odd_halves`: an odd multiple of 64), each within one weight block:
     forced on another I it is refused, and the dispatch never picks it there
-    (SHAPES' large_groups_tails, I = 208, checked against the reference)."""
-    case = make_case(*LARGE_GROUPS_TAILS, up_kind(variant))
+    (test_every_up_projection_kernel's shapes, checked against the reference)."""
+    case = make_case(*shape, up_kind(variant))
     with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
         gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
 

@@ -36,11 +36,13 @@ TOLERANCE = 2e-2
 SHAPES = {
     # The up projection that keeps gu (aot/families/scaled_ragged_glu.py): the
     # warp-specialised split tiles, for 128 x 128 blocks only where I is a
-    # multiple of 128 (else the Triton kernel).
+    # multiple of 64 (else the Triton kernel; I = 320, an odd multiple: the
+    # up half's blocks start mid-tile).
     "tile_tails": (64, 272, 208, 8, 4),
     "small_groups": (64, 272, 256, 8, 4),
     "large_groups": (1024, 272, 256, 4, 2),
     "large_groups_tails": (1024, 272, 208, 4, 2),
+    "large_groups_halves": (1024, 272, 320, 4, 2),
     "one_expert": (37, 144, 128, 1, 1),
     "e256_k8": (300, 256, 128, 256, 8),
     "one_token": (1, 272, 208, 16, 8),
@@ -162,11 +164,13 @@ def test_no_tokens(recipe):
                                      and v["axes"]["gu"] == "kept"],
                          ids=lambda v: v["key"])
 def test_every_up_projection_kernel_that_keeps_gu(variant):
-    """Each kernel forced on a problem it runs (I a multiple of 128 where
-    its config says so): the output and every gradient (gu feeds them all)."""
+    """Each kernel forced on a problem it runs (I as its config's condition
+    says): the output and every gradient (gu feeds them all)."""
     axes = variant["axes"]
     recipe = "blockwise" if axes["scaling"] == "blockwise" else "rowwise"
-    shape = (256, 272, 256, 4, 2) if "whole_halves" in variant["key"] else SHAPES["tile_tails"]
+    inter = next((i for i, when in ((256, "_whole_halves"), (320, "_odd_halves"))
+                  if variant["key"].endswith(when)), None)
+    shape = (256, 272, inter, 4, 2) if inter else SHAPES["tile_tails"]
     with forced(variant["key"]):
         check(layer(*shape), recipe, gate_up=axes["gate_up"])
 
