@@ -227,6 +227,18 @@ def test_a_config_needs_a_condition_its_family_declares():
     for inter, holds in {256: "whole_halves", 320: "odd_halves", 208: None}.items():
         for name, text in family.conditions.items():
             assert bool(expr.evaluate(text, {"N": 2 * inter})) == (name == holds)
+    with pytest.raises(ValueError, match="when_constexprs"):
+        replace(family, when_constexprs={"unknown": {"BLOCK_COLUMNS": 64}})
+    with pytest.raises(ValueError, match="when_constexprs"):
+        replace(family, when_constexprs={"odd_halves": {"NOT_A_PARAM": 64}})
+
+
+def test_a_config_for_a_condition_compiles_that_conditions_constexprs():
+    """Family.when_constexprs: scaled_ragged_glu's kernels for odd halves scale
+    64-column blocks, the others the kernel's default."""
+    widths = {v.config.when: v.constexprs().get("BLOCK_COLUMNS") for v in all_variants()
+              if v.family == "scaled_ragged_glu" and v.config.ws}
+    assert widths == {"": None, "whole_halves": None, "odd_halves": 64}
 
 
 def compile_against_family_args(tmp_path, body: str) -> subprocess.CompletedProcess:
