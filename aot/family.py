@@ -374,13 +374,17 @@ class Family:
                 raise ValueError(f"family {self.name}: {where!r} is no Where (a condition on "
                                  "axis values)")
             where.check(self.name, self.axes)
-        declared = {p.name for k in filter(None, (self.kernel, self.ws_kernel))
-                    for p in k.params if p.is_constexpr}
+        declared = self._constexpr_names()
         for values in self.axis_values():
             unknown = set(self.constexprs(self.named(values))) - declared
             if unknown:
                 raise ValueError(f"family {self.name}: constexprs {sorted(unknown)} of "
                                  f"{self.named(values)} are not the kernel's")
+
+    def _constexpr_names(self) -> set:
+        """The constexpr parameters of the family's kernels (Triton's and Gluon's)."""
+        return {p.name for k in filter(None, (self.kernel, self.ws_kernel))
+                for p in k.params if p.is_constexpr}
 
     def _check_expressions(self):
         per_call = bool(self.tiles) and bool(self.rows)
@@ -405,10 +409,8 @@ class Family:
         for configs in self.configs.values():
             for config in configs:
                 self.check_when(config)
-        declared = {p.name for k in filter(None, (self.kernel, self.ws_kernel))
-                    for p in k.params if p.is_constexpr}
         for when, values in self.when_constexprs.items():
-            if when not in self.conditions or not set(values) <= declared:
+            if when not in self.conditions or not set(values) <= self._constexpr_names():
                 raise ValueError(f"family {self.name}: when_constexprs[{when!r}] = {values} "
                                  "needs a declared condition and the kernel's constexprs")
 
