@@ -113,9 +113,9 @@ def block_scales(scales, g, rows, row_ok, k_end, k_blocks, n_blocks, block, col_
 
 @gluon.constexpr_function
 def column_block_count(BN, SCALING, BLOCK_COLUMNS):
-    """How many column blocks of one weight scale each a tile's BN columns
-    make (column_blocks'): BN / BLOCK_COLUMNS for b's 128 x 128 blocks, 1
-    for per-channel weights (no block scales in the K loop)."""
+    """The number of a tile's column blocks, each scaled by one weight scale
+    in the K loop (column_blocks'): BN / BLOCK_COLUMNS for b's 128 x 128
+    blocks, 1 for per-channel weights (no weight scales in the K loop)."""
     return (BN + BLOCK_COLUMNS - 1) // BLOCK_COLUMNS if SCALING == BLOCKWISE else 1
 
 
@@ -134,7 +134,7 @@ def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, BLOCK_COLUMNS: g
         HALF: gl.constexpr = H // 2
         return (off_n // 2 + (i // HALF) * (N // 2) + (i % HALF) * BLOCK_COLUMNS) // SCALE_BLOCK
     else:
-        gl.static_assert(BLOCK_COLUMNS == SCALE_BLOCK, "a tile's columns start at a multiple of BN")
+        gl.static_assert(BLOCK_COLUMNS == SCALE_BLOCK, "64-column blocks are concatenated halves'")
         return off_n // SCALE_BLOCK + i
 
 
