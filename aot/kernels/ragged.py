@@ -358,8 +358,7 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    m_tiles = tl.cdiv(M, BM)
-    tiles_per_group = m_tiles * tl.cdiv(N, BN)
+    tiles_per_group = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     if USE_TMA:  # descriptors built once
         if A_T:
             a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
@@ -406,8 +405,7 @@ def gathered_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc, 
     flavour's configs are warp-specialised (ragged_k_ws.gathered_k_ws_kernel)."""
     tl.static_assert(not USE_TMA, "the TMA flavour runs the warp-specialised kernel")
     pid = tl.program_id(0)
-    m_tiles = tl.cdiv(M, BM)
-    tiles_per_group = m_tiles * tl.cdiv(N, BN)
+    tiles_per_group = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in range(pid, G * tiles_per_group, tl.num_programs(0)):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group

@@ -53,8 +53,7 @@ def locate(tile, offs_ptr, M, N, T, last_g, last_start, last_end, BM: gl.constex
     (last_g, whose range is last_start, last_end): reading it is a round trip
     to memory before the tile's first MMA, and a program's tiles stay in one
     group for many tiles where groups have many."""
-    m_tiles = (M + BM - 1) // BM
-    tiles_per_group = m_tiles * ((N + BN - 1) // BN)
+    tiles_per_group = (M + BM - 1) // BM * ((N + BN - 1) // BN)
     g = tile // tiles_per_group
     in_group = tile % tiles_per_group
     start = last_start

@@ -49,8 +49,7 @@ def scaled_ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
                                        block_shape=[BN, BK])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                        block_shape=[1, BM, BN])
-    m_tiles = tl.cdiv(M, BM)
-    tiles_per_group = m_tiles * tl.cdiv(N, BN)
+    tiles_per_group = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in range(tl.program_id(0), G * tiles_per_group, tl.num_programs(0)):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group
