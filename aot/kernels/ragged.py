@@ -16,8 +16,8 @@ import triton.language as tl
 
 from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile, quantized_h
 from .scaled import NO_SCALES, gathered_scaled_tile, scaled_tile_tma
-from .tiles import (first_step_past, k_tile_origin, pick, running_max, tile_mma_basic, tile_store,
-                    tile_store_transposed)
+from .tiles import (first_step_past, k_group_tiles, k_tile_origin, pick, running_max,
+                    tile_mma_basic, tile_store, tile_store_transposed)
 
 
 # Row ranges clipped by the hardware through one descriptor (the scheme of
@@ -358,7 +358,7 @@ def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    tiles_per_group = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    tiles_per_group = k_group_tiles(M, N, BM, BN)
     if USE_TMA:  # descriptors built once
         if A_T:
             a_desc = ragged_descriptor(a_ptr, M, lda, BK, BM)
@@ -405,7 +405,7 @@ def gathered_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc, 
     flavour's configs are warp-specialised (ragged_k_ws.gathered_k_ws_kernel)."""
     tl.static_assert(not USE_TMA, "the TMA flavour runs the warp-specialised kernel")
     pid = tl.program_id(0)
-    tiles_per_group = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    tiles_per_group = k_group_tiles(M, N, BM, BN)
     for tile in range(pid, G * tiles_per_group, tl.num_programs(0)):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group

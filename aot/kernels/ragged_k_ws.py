@@ -23,7 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from .gluon_api import cp_async_load, thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
-from .tiles import k_tile_origin
+from .tiles import k_group_tiles, k_tile_origin
 from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
                  accumulator_layout, allocate_ring, claim_slot, ragged_descriptor,
                  shared_layout, store_tile, tiled_rows)
@@ -53,7 +53,7 @@ def locate(tile, offs_ptr, M, N, T, last_g, last_start, last_end, BM: gl.constex
     (last_g, whose range is last_start, last_end): reading it is a round trip
     to memory before the tile's first MMA, and a program's tiles stay in one
     group for many tiles where groups have many."""
-    tiles_per_group = (M + BM - 1) // BM * ((N + BN - 1) // BN)
+    tiles_per_group = k_group_tiles(M, N, BM, BN)
     g = tile // tiles_per_group
     in_group = tile % tiles_per_group
     start = last_start

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .ragged import group_row_range
 from .scaled import ROWWISE, SCALE_BLOCK
-from .tiles import k_tile_origin
+from .tiles import k_group_tiles, k_tile_origin
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def scaled_ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
                                        block_shape=[BN, BK])
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, M, N], strides=[M * ldc, ldc, 1],
                                        block_shape=[1, BM, BN])
-    tiles_per_group = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    tiles_per_group = k_group_tiles(M, N, BM, BN)
     for tile in range(tl.program_id(0), G * tiles_per_group, tl.num_programs(0)):
         g = tile // tiles_per_group
         in_group = tile % tiles_per_group

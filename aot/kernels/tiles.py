@@ -154,6 +154,13 @@ def first_step_past(start, end, step):
 
 
 @triton.jit
+def k_group_tiles(M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """The tiles of each group's out[g] [M, N] in a ragged-K product (all
+    groups have as many)."""
+    return tl.cdiv(M, BM) * tl.cdiv(N, BN)
+
+
+@triton.jit
 def k_tile_origin(in_group, M, N, BM: tl.constexpr, BN: tl.constexpr):
     """(off_m, off_n) of a group's tile number in_group in a ragged-K product
     out[g] [M, N] = a_g [M, Tg] @ b_g [Tg, N]: the shorter side's tiles vary
