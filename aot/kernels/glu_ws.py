@@ -8,6 +8,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
+from .fast_math import sigmoid
 from .gluon_api import tma_store
 from .glu import CONCATENATED
 from .quantize import AMAX_FLOOR, E4M3_MAX, E4M3_MAX_RECIPROCAL
@@ -45,13 +46,14 @@ def w13_columns(off_n, N, BN: gl.constexpr, GLU: gl.constexpr, layout: gl.conste
 
 @gluon.jit
 def activate(gate, up, gpt_oss):
-    """glu.act (kernels/swiglu.py's activation), float32."""
+    """glu.act (kernels/swiglu.py's activation), float32, with fast_math's
+    sigmoid (the same bits but where gate < -87: there 0, not a subnormal)."""
     if gpt_oss != 0:
         g = gl.minimum(gate, GPT_OSS_LIMIT)
         u = gl.minimum(gl.maximum(up, -GPT_OSS_LIMIT), GPT_OSS_LIMIT)
-        h = (u + 1.0) * g / (1.0 + gl.exp(-GPT_OSS_ALPHA * g))
+        h = (u + 1.0) * (g * sigmoid(GPT_OSS_ALPHA * g))
     else:
-        h = gate / (1.0 + gl.exp(-gate)) * up
+        h = gate * sigmoid(gate) * up
     return h
 
 

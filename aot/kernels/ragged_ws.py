@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from .fast_math import reciprocal
 from .glu import CONCATENATED, NO_GLU
 from .glu_ws import gu_descriptor, store_gated, w13_columns
 from .ragged import RAGGED_ROWS
@@ -222,7 +223,10 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
     """accumulate() with each 128-deep K block's product scaled before it is
     added, in one accumulator kept in units of the current block's scale
     (unit_of): before block j's MMA adds its product the accumulator is
-    multiplied by unit[j-1] / unit[j], and at the end by the last unit.  One
+    multiplied by unit[j-1] / unit[j], and at the end by the last unit.  The
+    quotient is unit[j-1] x fast_math.reciprocal(unit[j]), the same bits while
+    units stay below 2^126 (a scale that large, whose products overflow
+    float32 from an fp8 product of 4 on, zeroes the blocks before it).  One
     multiply an element a block, as many as scaling a separate product tile
     would take, without that tile's registers: 256-column tiles, whose wgmma
     reads A once for twice the columns of a 128-column one.
@@ -265,7 +269,7 @@ def accumulate_blockwise(a_bufs, b_bufs, ready, empty, turns, count, k_end, scal
                 fence_async_shared()
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k0 > 0)
-        acc = rescale(acc, unit / new_unit, acc_layout)
+        acc = rescale(acc, unit * reciprocal(new_unit), acc_layout)
         unit = new_unit
         scale = next_scale
         a, b = operands(a_bufs, b_bufs, slot, half, PART_M, False, True)
