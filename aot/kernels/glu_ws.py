@@ -9,7 +9,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
 from .fast_math import sigmoid
-from .gluon_api import tma_store
+from .gluon_api import clamp, tma_store
 from .glu import CONCATENATED
 from .quantize import AMAX_FLOOR, E4M3_MAX, E4M3_MAX_RECIPROCAL
 from .ragged import RAGGED_MAX, RAGGED_ROWS
@@ -66,7 +66,7 @@ def quantize_blocks(x, scale_ptr, rows, row_ok, block, blocks_per_row):
     inv = gl.div_rn(1.0, scale)
     q = x * inv
     q = gl.fma(gl.fma(-q, scale, x), inv, q)
-    return gl.clamp(q, -E4M3_MAX, E4M3_MAX).to(gl.float8e4nv)
+    return clamp(q, -E4M3_MAX, E4M3_MAX).to(gl.float8e4nv)
 
 
 @gluon.jit

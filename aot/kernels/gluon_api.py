@@ -4,11 +4,14 @@ same for both: Triton 3.8 renamed the TMA copies (async_copy_global_to_shared
 -> tma.async_load, async_copy_shared_to_global -> tma.async_store) and the
 pointer copy (async_copy.async_copy_global_to_shared -> async_copy.async_load),
 and 3.9 removed the old names; shared_memory_descriptor._reinterpret became
-public (reinterpret) and gl.thread_barrier became gl.barrier.  The choice is made
+public (reinterpret), gl.thread_barrier became gl.barrier and gl.clamp
+appeared (3.6's Gluon has Triton's clamp under no name).  The choice is made
 once, when this module is imported by the compiler's Python; every kernel
 module that uses one of these imports this one."""
 from triton.experimental import gluon
+from triton import language as tl
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language import _core as gluon_core
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
 
 _RENAMED = hasattr(tma, "async_load")
@@ -23,6 +26,9 @@ tma_store = tma.async_store if _RENAMED else tma.async_copy_shared_to_global
 # copied into buffer by cp.async (zeros where mask is false).
 cp_async_load = (async_copy.async_load if hasattr(async_copy, "async_load")
                  else async_copy.async_copy_global_to_shared)
+
+# clamp(x, low, high): tl.clamp's semantics, in Gluon.
+clamp = gl.clamp if hasattr(gl, "clamp") else gluon_core.builtin(tl.clamp)
 
 # buf.reinterpret(dtype, shape, layout): the same bytes seen another way.  A
 # method, so no jit function can stand in for it (3.6 takes no list of ints as
