@@ -8,8 +8,8 @@ public (reinterpret), gl.thread_barrier became gl.barrier and gl.clamp
 appeared (3.6's Gluon has Triton's clamp under no name).  The choice is made
 once, when this module is imported by the compiler's Python; every kernel
 module that uses one of these imports this one."""
-from triton.experimental import gluon
 from triton import language as tl
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language import _core as gluon_core
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma

@@ -66,7 +66,8 @@ def locate(tile, offs_ptr, M, N, T, last_g, last_start, last_end, BM: gl.constex
 
 @gluon.jit
 def total_tiles(M, N, G, BM: gl.constexpr, BN: gl.constexpr):
-    return G * ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+    """The tiles of all G groups' outputs (k_group_tiles each)."""
+    return G * k_group_tiles(M, N, BM, BN)
 
 
 @gluon.constexpr_function

@@ -27,6 +27,15 @@ def device_arch():
     return _C.device_info(0)["kernel_arch"] if HAS_GPU else None
 
 
+def up_projection_runs_on(variant, inter: int) -> bool:
+    """Whether a scaled_ragged_glu variant runs on experts of width `inter`:
+    the family's conditions (aot/families/scaled_ragged_glu.py), which its key
+    ends with."""
+    if variant["key"].endswith("_whole_halves"):
+        return inter % 128 == 0
+    return inter % 128 == 64 if variant["key"].endswith("_odd_halves") else True
+
+
 def tma_runs_here() -> bool:
     """Whether the wheel has `tma` variants for the path this GPU takes."""
     return any(v["flavour"] == "tma" and v["arch"] == device_arch() for v in _C.variants())

@@ -30,7 +30,7 @@ from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, KINDS, WEIGHT_GR
                                         dequantized_experts, dequantized_layer,
                                         exactly_quantized, fp8_experts, moe_experts_fp8_ref)
 
-from conftest import device_arch
+from conftest import device_arch, up_projection_runs_on
 
 pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
               pytest.mark.usefixtures("poison")]
@@ -158,14 +158,6 @@ UP_KERNELS = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "sc
               and v["axes"]["gu"] == "dropped"]
 
 
-def runs_on(variant, inter: int) -> bool:
-    """Whether the up projection's kernel runs on experts of width `inter`
-    (the family's conditions, which its key ends with)."""
-    if variant["key"].endswith("_whole_halves"):
-        return inter % 128 == 0
-    return inter % 128 == 64 if variant["key"].endswith("_odd_halves") else True
-
-
 def up_kind(variant) -> str:
     return "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
 
@@ -178,7 +170,7 @@ UP_SHAPES = {"small": SMALL_GROUPS_WHOLE, "large": LARGE_GROUPS, "small_tails": 
 @pytest.mark.parametrize("variant, shape", [
     pytest.param(v, shape, id=f"{v['key']}-{name}") for v in UP_KERNELS
     for name, shape in UP_SHAPES.items()
-    if runs_on(v, shape[2])])
+    if up_projection_runs_on(v, shape[2])])
 def test_every_up_projection_kernel(variant, shape):
     """Each of the fused up projection's kernels forced, whatever the groups'
     size (the other steps' kernels chosen as usual), on groups of a few rows
@@ -194,7 +186,8 @@ def test_every_up_projection_kernel(variant, shape):
 @pytest.mark.parametrize("variant, shape", [
     pytest.param(v, shape, id=f"{v['key']}-{name}") for v in UP_KERNELS
     for name, shape in {"tails": LARGE_GROUPS_TAILS, "whole": LARGE_GROUPS,
-                        "halves": LARGE_GROUPS_HALVES}.items() if not runs_on(v, shape[2])])
+                        "halves": LARGE_GROUPS_HALVES}.items()
+    if not up_projection_runs_on(v, shape[2])])
 def test_a_kernel_is_refused_widths_its_condition_excludes(variant, shape):
     """The warp-specialised kernel scales each half's columns in blocks of
     128 (the family's condition `whole_halves`: I a multiple of 128) or 64
