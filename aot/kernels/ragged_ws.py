@@ -143,10 +143,10 @@ def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, BLOCK_COLUMNS: g
 def tile_column_blocks(off_n, N, H: gl.constexpr, SCALING: gl.constexpr, GLU: gl.constexpr,
                        BLOCK_COLUMNS: gl.constexpr, layout: gl.constexpr):
     """column_blocks' for b's 128 x 128 blocks (BLOCKWISE); None for per-channel ones."""
+    col_block = None
     if SCALING == BLOCKWISE:
-        return column_blocks(off_n, N, H, GLU, BLOCK_COLUMNS, layout)
-    else:
-        return None
+        col_block = column_blocks(off_n, N, H, GLU, BLOCK_COLUMNS, layout)
+    return col_block
 
 
 @gluon.jit
