@@ -143,6 +143,7 @@ def column_blocks(off_n, N, H: gl.constexpr, GLU: gl.constexpr, BLOCK_COLUMNS: g
 def tile_column_blocks(off_n, N, H: gl.constexpr, SCALING: gl.constexpr, GLU: gl.constexpr,
                        BLOCK_COLUMNS: gl.constexpr, layout: gl.constexpr):
     """column_blocks' for b's 128 x 128 blocks (BLOCKWISE); None for per-channel ones."""
+    # One return: Triton 3.6 refuses a None returned from a branch.
     col_block = None
     if SCALING == BLOCKWISE:
         col_block = column_blocks(off_n, N, H, GLU, BLOCK_COLUMNS, layout)
