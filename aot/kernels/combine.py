@@ -34,6 +34,12 @@ def combine_kernel(rows_ptr, index_ptr, weights_ptr, offs_ptr, out_ptr, R, T, H,
                      BM, BN)
 
 
+# Slots read at once: the loop over a token's k slots is unrolled this far,
+# so that a program's k index loads, then its k row loads, are in flight
+# together rather than one slot's after another's.
+SLOTS = tl.constexpr(4)
+
+
 @triton.jit
 def combine_tile(rows_ptr, index_ptr, weights_ptr, out_ptr, tokens, cols, end, T, H, K,
                  BM: tl.constexpr, BN: tl.constexpr):
@@ -41,12 +47,15 @@ def combine_tile(rows_ptr, index_ptr, weights_ptr, out_ptr, tokens, cols, end, T
     col_ok = cols < H
     slots = tokens.to(tl.int64) * K
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for j in range(K):
-        row = tl.load(index_ptr + slots + j, mask=token_ok, other=-1)
-        kept = token_ok & (row >= 0) & (row < end)
-        weight = tl.load(weights_ptr + slots + j, mask=kept, other=0.0)
-        values = tl.load(rows_ptr + row[:, None] * H + cols[None, :],
-                         mask=kept[:, None] & col_ok[None, :], other=0.0)
-        acc += weight[:, None] * values.to(tl.float32)
+    for first in range(0, K, SLOTS):
+        for s in tl.static_range(SLOTS):  # in slot order: one sum whatever SLOTS is
+            j = first + s
+            slot_ok = token_ok & (j < K)
+            row = tl.load(index_ptr + slots + j, mask=slot_ok, other=-1)
+            kept = slot_ok & (row >= 0) & (row < end)
+            weight = tl.load(weights_ptr + slots + j, mask=kept, other=0.0)
+            values = tl.load(rows_ptr + row[:, None] * H + cols[None, :],
+                             mask=kept[:, None] & col_ok[None, :], other=0.0)
+            acc += weight[:, None] * values.to(tl.float32)
     out = out_ptr + tokens.to(tl.int64)[:, None] * H + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & col_ok[None, :])
