@@ -16,6 +16,9 @@
 #             the package index, in its own environment (.venv-torch-X); CI runs it for
 #             the oldest and the newest torch the wheel's metadata allows
 #             (make test-torch-range).
+# make kernels-check: one variant of each kernel code path compiled with Triton 3.6 (its
+#             own environment, .venv-aot-3.6.0), nothing kept: CI's check that the
+#             sources still compile under the Triton docs/build.md names besides the pin.
 # make docs:  the documentation (docs/, mkdocs.yml: the API reference from the docstrings,
 #             guides, design, dated notes), built with --strict into build/docs in its own
 #             environment (.venv-docs, docs/requirements.txt); a broken link or reference
@@ -55,8 +58,8 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build kernels test bench bench-site docs clean build-env aot-env ext-env test-env \
-	test-torch test-torch-range lint
+.PHONY: build kernels kernels-check test bench bench-site docs clean build-env aot-env ext-env \
+	test-env test-torch test-torch-range lint
 
 # Style tools, pinned (their rules and output change between releases); installed with
 # the kernel compiler's environment where make creates it.
@@ -91,6 +94,18 @@ build: ext-env
 # without network and without the pinned Triton.
 kernels: aot-env
 	$(AOT_PY) -m aot build --out build/aot --jobs $(JOBS) --keep-ptx
+
+# The other Triton the sources compile under (docs/build.md; torch 2.11's, on GPU machines
+# without network): one variant of each code path compiled with it, in its own environment,
+# nothing kept.
+CHECKED_TRITON := 3.6.0
+CHECK_VENV := .venv-aot-$(CHECKED_TRITON)
+kernels-check:
+	@[ -x $(CHECK_VENV)/bin/python ] || { $(PYTHON) -m venv $(CHECK_VENV) && \
+	  $(CHECK_VENV)/bin/pip install -q "triton==$(CHECKED_TRITON)" click; }
+	$(CHECK_VENV)/bin/python -m aot build --out build/aot-$(CHECKED_TRITON) --jobs $(JOBS) \
+	  --one-per-path
+	rm -rf build/aot-$(CHECKED_TRITON)
 
 # venv [packages]: make the environment unless it exists and passes its check.
 define make_env
@@ -184,4 +199,5 @@ $(DOCS_VENV)/installed: docs/requirements.txt
 	touch $@
 
 clean:
-	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV) $(DOCS_VENV) .venv-torch-*
+	rm -rf build dist *.egg-info $(AOT_VENV) $(BUILD_VENV) $(TEST_VENV) $(DOCS_VENV) .venv-torch-* \
+	  $(CHECK_VENV)

@@ -29,7 +29,10 @@ def main():
               help="Compiler processes.")
 @click.option("--only", default="", help="Compile only variants whose key contains this text.")
 @click.option("--keep-ptx", is_flag=True, help="Also write each variant's PTX.")
-def build(out: Path, jobs: int, only: str, keep_ptx: bool):
+@click.option("--one-per-path", is_flag=True,
+              help="Compile one variant of each code path (Variant.path), not every dtype and "
+                   "tile size: how another Triton release is checked (make kernels-check).")
+def build(out: Path, jobs: int, only: str, keep_ptx: bool, one_per_path: bool):
     """Compile every variant for sm80 and sm90 and generate the runtime's kernel table."""
     import triton
 
@@ -37,6 +40,11 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
     # edit made during a long build leaves them).
     digest = sources_digest()
     variants = [v for v in all_variants() if only in v.key]
+    if one_per_path:
+        first = {}
+        for variant in variants:
+            first.setdefault(variant.path, variant)
+        variants = list(first.values())
     if not variants:
         raise click.ClickException(f"no variant key contains {only!r}")
     kernels = out / "kernels"
@@ -54,7 +62,7 @@ def build(out: Path, jobs: int, only: str, keep_ptx: bool):
         records = compile_all(variants, kernels, jobs, keep_ptx, progress)
     except CompileError as exc:
         raise click.ClickException(str(exc)) from exc
-    codegen.write_outputs(records, kernels, triton.__version__, partial=bool(only),
+    codegen.write_outputs(records, kernels, triton.__version__, partial=bool(only) or one_per_path,
                           sources_sha256=digest)
     size = sum(r["cubin_size"] for r in records)
     click.echo(f"compiled {len(records)} variants ({size / 1e6:.1f} MB of cubins) "

@@ -250,6 +250,15 @@ class Variant:
         axes = FAMILIES[self.family].axes_key(self.axes)
         return f"{self.family}.sm{self.arch}.{types}.{axes}.{self.flavour}.{self.config.tag}"
 
+    @property
+    def path(self) -> tuple:
+        """What decides which kernel code a variant compiles beyond its types'
+        widths and its tile sizes: its family, arch, axis values, flavour and
+        the config's kernel choices (warp-specialised, pingpong, condition,
+        cluster size)."""
+        c = self.config
+        return (self.family, self.arch, self.axes, self.flavour, c.ws, c.pingpong, c.when, c.ctas)
+
     def signature(self) -> dict:
         return FAMILIES[self.family].signature(DTYPES[self.dtype].short, self.out.short)
 
