@@ -100,9 +100,9 @@ kernels: aot-env
 # nothing kept.
 CHECKED_TRITON := 3.6.0
 CHECK_VENV := .venv-aot-$(CHECKED_TRITON)
+CHECKED_ENV := import triton, click; assert triton.__version__ == '$(CHECKED_TRITON)'
 kernels-check:
-	@[ -x $(CHECK_VENV)/bin/python ] || { $(PYTHON) -m venv $(CHECK_VENV) && \
-	  $(CHECK_VENV)/bin/pip install -q "triton==$(CHECKED_TRITON)" click; }
+	$(call make_env,$(CHECK_VENV)/bin/python,$(CHECK_VENV),$(CHECKED_ENV),"triton==$(CHECKED_TRITON)" click)
 	$(CHECK_VENV)/bin/python -m aot build --out build/aot-$(CHECKED_TRITON) --jobs $(JOBS) \
 	  --one-per-path
 	rm -rf build/aot-$(CHECKED_TRITON)
