@@ -1,25 +1,48 @@
 """route: moe_experts' routing (aot/kernels/route.py), a stable counting sort
 of the token slots by expert in three launches, one phase each (count, scan,
-place), or one (single) where the slots fit one chunk (a chunk of 64 slots
-where they fit that).  Integer work with plain loads: every arch, `basic`
-only, one 16-bit dtype (the ids are int64 whatever the tokens' dtype).  Its
-chunk and bin counts are constants the operator sizes its scratch by
-(csrc/ops/route.cc)."""
+place), or one (single) where the slots fit one program's chunk.  Integer
+work with plain loads: every arch, `basic` only, one 16-bit dtype (the ids
+are int64 whatever the tokens' dtype).  Its chunk and bin counts are
+constants the operator sizes its scratch by (csrc/ops/route.cc)."""
 from ..family import Axis, Choice, Config, Family, Param, Where
-from ..kernels.route import route_kernel
+from ..kernels.route import SCAN_BINS, route_kernel
 
-SLOTS_PER_CHUNK = 1024  # BM: token slots a program sorts at a time
-BINS = 1024  # BN: one per expert and one for dropped slots, so E <= BINS - 1
-# Decode's few slots take a smaller single chunk: the sort and the
-# histograms' work grows with BM whatever the slots.
+# BM: the token slots a program of the three launches sorts at a time, and
+# the most slots the one launch sorts (one program).  A chunk's sort and
+# histograms take time that grows with BM whatever the slots: many small
+# chunks in parallel beat a few large ones once there are three launches to
+# pay for.
+SLOTS_PER_CHUNK = 256
+SINGLE_SLOTS = 512
+# Decode's few slots take a smaller single chunk still.
 FEW_SLOTS = 64
+# BN: one bin per expert and one for dropped slots (E <= BN - 1).  Each
+# kernel's histograms and scans run over all its bins, so a call takes the
+# fewest that hold its experts; the scan takes SCAN_BINS at a time.
+BINS = (SCAN_BINS.value, 128, 256, 512, 1024)
+MOST_BINS = BINS[-1]
 
 # The sort's launches (aot/kernels/route.py): the kernel's PHASE is the value's index.
 PHASE = Choice("Phase", ("count", "scan", "place", "single"))
 
-CONFIGS = (Config(SLOTS_PER_CHUNK, BINS, 16, 4, 1),)
-SINGLE_CONFIGS = (Config(FEW_SLOTS, BINS, 16, 4, 1, max_rows=FEW_SLOTS, when="few_slots"),
-                  *CONFIGS)
+
+def bins_condition(bins: int, few_slots: bool = False) -> str:
+    """The name of the condition for `bins` bins ('' for the most: any E the
+    kernels take), and for the small single chunk where few_slots."""
+    names = (["few_slots"] if few_slots else []) + ([f"bins_{bins}"] if bins < MOST_BINS else [])
+    return "_".join(names)
+
+
+CONDITIONS = {bins_condition(bins, few): " and ".join(
+    ([f"N <= {FEW_SLOTS}"] if few else []) + ([f"E < {bins}"] if bins < MOST_BINS else []))
+    for bins in BINS for few in (False, True)}
+CONDITIONS.pop("")
+# Fewest bins first: of the configs a call meets, the dispatch takes the one listed first.
+CONFIGS = tuple(Config(SLOTS_PER_CHUNK, bins, 16, 4, 1, when=bins_condition(bins))
+                for bins in BINS)
+SINGLE_CONFIGS = tuple(config for bins in BINS for config in (
+    Config(FEW_SLOTS, bins, 16, 4, 1, max_rows=FEW_SLOTS, when=bins_condition(bins, True)),
+    Config(SINGLE_SLOTS, bins, 16, 4, 1, when=bins_condition(bins))))
 
 FAMILY = Family(
     name="route",
@@ -37,10 +60,11 @@ FAMILY = Family(
     axes=(Axis("phase", PHASE),),
     constexprs=lambda v: {"PHASE": PHASE.values.index(v["phase"])},
     dtypes=("float16",),
-    conditions={"few_slots": f"N <= {FEW_SLOTS}"},
+    conditions=CONDITIONS,
     configs={**{(arch, "basic"): CONFIGS for arch in (80, 90)},
              **{(arch, "basic", Where(phase="single")): SINGLE_CONFIGS for arch in (80, 90)}},
     tiles="CHUNKS",
     rows="N",
-    constants={"kSlotsPerChunk": SLOTS_PER_CHUNK, "kBins": BINS},
+    constants={"kSlotsPerChunk": SLOTS_PER_CHUNK, "kSingleSlots": SINGLE_SLOTS,
+               "kBins": MOST_BINS},
 )

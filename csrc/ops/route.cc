@@ -1,7 +1,7 @@
 // gg_runtime::route: moe_experts' routing (the route kernel family): the token
 // slots sorted by expert, stably, with the groups' end offsets and the inverse
 // permutation, on the GPU (no host sync): three kernels (launched as one
-// graph), or one where the slots fit one chunk.  Checks, outputs, scratch,
+// graph), or one where the slots fit one program's chunk.  Checks, outputs, scratch,
 // launches; Meta tensors run the same code without the launches.
 #include <family_args.h>
 
@@ -40,10 +40,12 @@ std::tuple<Tensor, Tensor, Tensor> route_by_sort(const Tensor& ids, int64_t expe
 }
 
 // Each chunk's counts per bin, then the totals (a row more): the scratch of
-// the three-launch sort; one chunk is sorted by one program without it.
+// the three-launch sort, rows of the most bins a variant has; up to
+// kSingleSlots slots are sorted by one program without it.
 Shape hist_shape(int64_t slots) {
+  if (slots <= Family::kSingleSlots) return {};
   const int64_t chunks = (slots + Family::kSlotsPerChunk - 1) / Family::kSlotsPerChunk;
-  return chunks > 1 ? Shape{chunks + 1, Family::kBins} : Shape{};
+  return {chunks + 1, Family::kBins};
 }
 
 bool sorts_by_torch(int64_t slots, int64_t experts) {

@@ -37,6 +37,11 @@ DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 # The route kernels' bins (aot/families/route.py): one per expert and one for
 # dropped slots; the route operator sorts with torch past ROUTE_BINS - 1 experts.
 ROUTE_BINS = _C.families()["route"]["constants"]["kBins"]
+# Every route variant's bin count, and experts on either side of its limit
+# (E <= bins - 1) with one launch's slots, small and large, and three's.
+ROUTE_BIN_COUNTS = sorted({v["block"][1] for v in _C.variants() if v["family"] == "route"})
+ROUTE_BIN_EDGES = [(slots, experts) for bins in ROUTE_BIN_COUNTS[:-1]
+                   for experts in (bins - 1, bins) for slots in (37, 300, 2000)]
 # The widest experts (I) whose products gather rows through the routing's order
 # (aot/families/ragged_glu.py); wider ones read permuted copies.
 GATHER_MAX_INTER = _C.families()["ragged_glu"]["constants"]["kGatherMaxInter"]
@@ -196,7 +201,7 @@ def test_cuda_graph_replay_with_new_routing():
 # specialised or decode-sized up projections, so consecutive forwards' graphs
 # differ in length, kernels and grids.
 GRAPH_PROBLEMS = [(256, 64, 32, 8, 2), (3000, 96, 48, 16, 4), (5, 128, 40, 64, 8),
-                  (700, 64, 4104, 4, 1), (1, 64, 32, 1, 1)]
+                  (500, 64, 4104, 4, 1), (1, 64, 32, 1, 1)]
 
 
 def test_forwards_launched_as_one_graph_each_across_shapes_and_streams():
@@ -225,9 +230,9 @@ def test_forwards_launched_as_one_graph_each_across_shapes_and_streams():
                             for n, t in inputs.items()})
         assert rel_error(out, want) < 2e-2
     # One graph a forward (the wide experts' holds the kernels after torch's
-    # permuted copy of the tokens) once each stream's kernel scratch, which a
-    # graph's kernels share, has grown to the largest problem's (growing it
-    # submits the kernels recorded before).
+    # permuted copy of the tokens, its routing one launch before it) once
+    # each stream's kernel scratch, which a graph's kernels share, has grown
+    # to the largest problem's (growing it submits the kernels recorded before).
     assert launched[2:] == [len(problems)] * 2, launched
 
 
@@ -647,14 +652,15 @@ def test_combine_variant(variant):
 
 @pytest.mark.parametrize("slots,experts", [(1, 1), (64, 256), (65, 8), (1023, 8), (1024, 128),
                                            (1025, 3), (131079, 128), (70000, ROUTE_BINS - 1),
-                                           (500, 0), (5000, ROUTE_BINS), (3000, 4000)])
+                                           (500, 0), (5000, ROUTE_BINS), (3000, 4000),
+                                           *ROUTE_BIN_EDGES])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_route_operator(slots, experts, dtype):
-    """The route kernels (the three phases, or the one for a single chunk of
-    up to 1024 slots or of up to 64) against torch's stable sort, exactly:
-    ids in and out of [0, E) (-1, E, far past), chunks of slots whole and
-    partial, more chunks than one scan step; past the kernels' bins, the
-    operator's own sort."""
+    """The route kernels (the three phases, or the one for a single chunk,
+    large or small) against torch's stable sort, exactly: ids in and out of
+    [0, E) (-1, E, far past), chunks of slots whole and partial, more chunks
+    than one scan step, experts on each side of every bin count's limit;
+    past the kernels' bins, the operator's own sort."""
     torch.manual_seed(slots)
     ids = torch.randint(-2, experts + 3, (slots,), device="cuda", dtype=dtype)
     ids[::97] = 2**31 - 1
@@ -670,18 +676,25 @@ SINGLE_ROUTE_VARIANTS = [v for v in _C.variants() if v["family"] == "route"
 
 @pytest.mark.parametrize("variant", SINGLE_ROUTE_VARIANTS, ids=lambda v: v["key"])
 def test_every_single_chunk_route_kernel(variant):
-    """Each one-launch sort forced on as many slots as its chunk holds, and
-    the small chunk's refused one slot more (its condition `few_slots`)."""
-    slots = variant["block"][0]
-    ids = torch.randint(-1, 9, (slots,), device="cuda")
+    """Each one-launch sort forced on as many slots as its chunk holds and
+    as many experts as its bins hold; the small chunk's refused one slot
+    more (its condition `few_slots`), and each but the widest refused one
+    expert more (its condition `bins_*`)."""
+    slots, bins = variant["block"][:2]
+    experts = bins - 1
+    ids = torch.randint(-1, experts + 1, (slots,), device="cuda")
     with forced(variant["key"]), poisoned():
-        got = torch.ops.gg_runtime.route(ids, 8)
+        got = torch.ops.gg_runtime.route(ids, experts)
         assert last_variant() == variant["key"]
-    for name, g, want in zip(("order", "offs", "inverse"), got, route_by_sort(ids, 8)):
+    for name, g, want in zip(("order", "offs", "inverse"), got, route_by_sort(ids, experts)):
         assert torch.equal(g, want), name
-    if variant["key"].endswith("_few_slots"):
+    if "_few_slots" in variant["key"]:
         with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
-            torch.ops.gg_runtime.route(torch.zeros(slots + 1, dtype=torch.int64, device="cuda"), 8)
+            torch.ops.gg_runtime.route(torch.zeros(slots + 1, dtype=torch.int64, device="cuda"),
+                                       experts)
+    if bins < ROUTE_BINS:
+        with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
+            torch.ops.gg_runtime.route(ids, bins)
 
 
 def test_route_operator_without_slots():
