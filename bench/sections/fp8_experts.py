@@ -18,7 +18,7 @@ from gg_runtime.testing import (dequantize_ref, gated_activation, quantize_ref, 
                                 sorted_by_expert)
 
 from ..markdown import fmt, not_timed, table
-from ..measure import measure, ratio
+from ..measure import SETTLED_WITHIN, measure, ratio
 
 TITLE = "MoE experts with fp8 weights (serving)"
 # (H, I, E, k) of each model's MoE layers.
@@ -108,7 +108,7 @@ def bench_tokens(name: str, tokens: int, top_k: int, weights: dict, scales: str,
     first_call = {impl: first_call_ms(fn) for impl, fn in candidates.items()}
     ref = candidates[REFERENCE]().float()
     flops = 2 * tokens * top_k * 3 * hidden * inter
-    runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE, flops)
+    runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE, flops, settle=True)
     touched = topk_ids.unique().numel()
     decode = tokens in DECODE_TOKENS
     return {"name": name, "T": tokens, "decode": decode, "touched_experts": touched,
@@ -201,7 +201,9 @@ def report(data) -> list:
         f"of bound (decode rows): the time to read the touched experts' weights once at this "
         f"run's device-copy bandwidth, {data['copy_tbps']:.2f} TB/s, / the time. 1st: the "
         "first call on that token count, wall-clock, host included. Bf16 tokens, random top-k "
-        f"routing; each output within {TOLERANCE:.0e} (relative) of bf16's before it is timed."]
+        f"routing; each output within {TOLERANCE:.0e} (relative) of bf16's before it is timed; "
+        f"times in turns, the turns repeated until two runs of them agree within "
+        f"{SETTLED_WITHIN:.0%}."]
     for case in data["cases"]:
         shape = ", ".join(f"{axis} {value}" for axis, value in case["shape"].items())
         scales = "128 x 128 blocks" if case["scales"] == "blockwise" else "per output channel"
