@@ -50,7 +50,11 @@ FAMILY = Family(
     # 128x256 tile (blockwise: one accumulator rescaled between K blocks, 3
     # stages: 4 ran no faster), or, blockwise on groups of up to 128 rows,
     # take turns at 64x256 tiles (one's epilogue runs while the other's MMAs
-    # do; the split tile is as fast from 256 rows on).
+    # do; the split tile is as fast from 256 rows on).  Decode with few
+    # groups and few 128-column tiles (`few_tiles`: Mixtral's two experts at
+    # T = 1 have 64, on 132 SMs) takes 64-column tiles, eight stages deep,
+    # so that more programs stream the weights
+    # (2026-11-26-routing-bins-and-decode-read-floor.md).
     # Without fast accumulation a second register tile holds each K step's
     # product: 128-column tiles of the warp-specialised kernel, two 64-row
     # partitions (rowwise: faster than the Triton kernel's 128x128 tiles beyond
@@ -58,7 +62,8 @@ FAMILY = Family(
     configs={(90, "tma", Where(scaling="rowwise", accumulation="fast")):
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", Where(scaling="blockwise", accumulation="fast")):
-             (Config(64, 128, 128, 4, 4, max_rows=32),
+             (Config(64, 64, 128, 4, 8, max_rows=32, when="few_tiles"),
+              Config(64, 128, 128, 4, 4, max_rows=32),
               Config(64, 256, 128, 4, 4, max_rows=128, ws=True, pingpong=True),
               Config(128, 256, 128, 4, 3, ws=True)),
              # blockwise's schedule (one unit a row instead of one a 128
@@ -67,6 +72,9 @@ FAMILY = Family(
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 3, ws=True)),
              (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
                            Config(128, 128, 128, 4, 4, ws=True))},
+    # Groups with rows (at most min(G, T)) times 128-column tiles: fewer than
+    # an H100's or H200's SMs.
+    conditions={"few_tiles": "min(G, T) * cdiv(N, 128) < 128"},
     # As ragged_m: one partial m-tile per group boundary, +1 for the rows past the last group.
     tiles="0 if T == 0 else (cdiv(T, BM) + G + 1) * cdiv(N, BN)",
     rows="T // max(G, 1)",

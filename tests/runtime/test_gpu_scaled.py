@@ -10,7 +10,7 @@ import torch
 import gg_runtime
 from gg_runtime import _C
 from gg_runtime.testing import (FP8_TOLERANCE, SCALE_KINDS, dequantized, forced, fp8_moe_inputs,
-                                group_parts,
+                                group_parts, last_variant,
                                 offsets_from_counts, quantize_ref, random_group_sizes,
                                 ref_scaled_grouped_mm, rel_error)
 
@@ -239,3 +239,19 @@ def test_use_fast_accum_false_keeps_float32_accuracy_at_large_k(granularity):
         for fast in (False, True)}
     assert errors[False] < 6e-4, errors
     assert errors[True] > 2 * errors[False], errors
+
+
+@pytest.mark.parametrize("counts,few_tiles", [([0, 1, 0, 0, 0, 1, 0, 0], True),
+                                              ([0, 1, 0, 2, 1, 0, 1, 1], False)],
+                         ids=["two_experts", "five_experts"])
+def test_decode_with_few_column_tiles_takes_narrow_tiles(counts, few_tiles):
+    """Decode's blockwise down projection (fast accumulation, a few rows an
+    expert, N = 4096: 32 tiles of 128 columns a group with rows): two groups
+    with rows make fewer tiles than the SMs and take 64-column tiles (the
+    family's condition `few_tiles`), five do not; both against the float32
+    product of the dequantised inputs."""
+    a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, 4096, 1040, "blockwise")
+    out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, use_fast_accum=True)
+    assert last_variant().endswith("_few_tiles") == few_tiles, last_variant()
+    ref = ref_scaled_grouped_mm(a, b, scale_a, scale_b, offs, "blockwise")
+    assert rel_error(out, ref) < FP8_TOLERANCE[torch.bfloat16]
