@@ -33,10 +33,15 @@ def bins_condition(bins: int, few_slots: bool = False) -> str:
     return "_".join(names)
 
 
-CONDITIONS = {bins_condition(bins, few): " and ".join(
-    ([f"N <= {FEW_SLOTS}"] if few else []) + ([f"E < {bins}"] if bins < MOST_BINS else []))
-    for bins in BINS for few in (False, True)}
-CONDITIONS.pop("")
+def bins_rule(bins: int, few_slots: bool) -> str:
+    """The expression of the condition bins_condition(bins, few_slots) names."""
+    rules = ([f"N <= {FEW_SLOTS}"] if few_slots else []) + ([f"E < {bins}"] if bins < MOST_BINS
+                                                             else [])
+    return " and ".join(rules)
+
+
+CONDITIONS = {bins_condition(bins, few): bins_rule(bins, few)
+              for bins in BINS for few in (False, True) if bins_condition(bins, few)}
 # Fewest bins first: of the configs a call meets, the dispatch takes the one listed first.
 CONFIGS = tuple(Config(SLOTS_PER_CHUNK, bins, 16, 4, 1, when=bins_condition(bins))
                 for bins in BINS)
