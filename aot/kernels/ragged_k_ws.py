@@ -25,8 +25,8 @@ from .gluon_api import cp_async_load, thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
 from .tiles import k_group_tiles, k_tile_origin
 from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
-                 accumulator_layout, allocate_ring, claim_slot, ragged_descriptor,
-                 shared_layout, store_tile, tiled_rows)
+                 accumulator_layout, allocate_ring, claim_slot, fence_before_k_loop,
+                 ragged_descriptor, shared_layout, store_tile, tiled_rows)
 
 
 @gluon.jit
@@ -148,6 +148,7 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T
                                              CHUNK)
         first, span = tiled_rows(start, end, ALIGN)
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+        fence_before_k_loop()
         for k in range(0, span, BK):  # the loader's count of K blocks
             slot = count % STAGES
             mbarrier.wait(ready.index(slot), count // STAGES & 1)

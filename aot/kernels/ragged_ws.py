@@ -32,8 +32,9 @@ from .glu_ws import gu_descriptor, store_gated, w13_columns
 from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, BLOCKWISE_ROWWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
 from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
-                 accumulator_layout, chunk_groups, first_step_past, load_partition, locate,
-                 partition_rows, ring_setup, row_alignment, store_columns, store_rows, store_tile)
+                 accumulator_layout, chunk_groups, fence_before_k_loop, first_step_past,
+                 load_partition, locate, partition_rows, ring_setup, row_alignment,
+                 store_columns, store_rows, store_tile)
 
 # Blockwise fp8 keeps its accumulator in units no smaller than these (accumulate_blockwise).
 UNIT_FLOOR = gl.constexpr(2.0**-100)
@@ -440,6 +441,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
                 count += (k_end + BK - 1) // BK
             elif part_m < end:
                 wait_tile(turns, half, turn, PINGPONG)
+                fence_before_k_loop()
                 if BLOCK_ROWS and not FAST_ACCUM:
                     acc, count = accumulate_blockwise_promoted(
                         a_bufs, b_bufs, ready, empty, count, k_end, scales, g, part_m, end, K, N,

@@ -283,6 +283,17 @@ def first_step_past(start, end, step):
 
 
 @gluon.jit
+def fence_before_k_loop():
+    """A proxy fence before an MMA partition's K loop, once a tile.  Triton's
+    proxy-fence pass puts one before any wgmma that a generic shared-memory
+    write of this partition may precede, and it found one before every K
+    block's MMA (MEMBAR.ALL.CTA in the loop).  With this fence the loop
+    starts with none to order; blocks that the loader's threads copy in (a
+    gather) still take a fence in the loop, as they need."""
+    fence_async_shared()
+
+
+@gluon.jit
 def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
     """(slot, its ready barrier) for the loader's load number `count`: waits
     until the slot's last reader has freed it, then has its barrier expect

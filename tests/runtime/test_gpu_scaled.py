@@ -241,15 +241,15 @@ def test_use_fast_accum_false_keeps_float32_accuracy_at_large_k(granularity):
     assert errors[True] > 2 * errors[False], errors
 
 
-@pytest.mark.parametrize("counts,few_tiles", [([0, 1, 0, 0, 0, 1, 0, 0], True),
+@pytest.mark.parametrize("counts,few_tiles", [([5], True), ([0, 1, 0, 0, 0, 1, 0, 0], True),
                                               ([0, 1, 0, 2, 1, 0, 1, 1], False)],
-                         ids=["two_experts", "five_experts"])
+                         ids=["one_expert", "two_experts", "five_experts"])
 def test_decode_with_few_column_tiles_takes_narrow_tiles(counts, few_tiles):
     """Decode's blockwise down projection (fast accumulation, a few rows an
-    expert, N = 4096: 32 tiles of 128 columns a group with rows): two groups
-    with rows make fewer tiles than the SMs and take 64-column tiles (the
-    family's condition `few_tiles`), five do not; both against the float32
-    product of the dequantised inputs."""
+    expert, N = 4096: 32 tiles of 128 columns a group with rows): one expert,
+    or two groups with rows, make fewer tiles than the SMs and take 64-column
+    tiles (the family's condition `few_tiles`), five do not; each against the
+    float32 product of the dequantised inputs."""
     a, b, scale_a, scale_b, offs = fp8_moe_inputs(counts, 4096, 1040, "blockwise")
     out = gg_runtime.scaled_grouped_mm(a, b, scale_a, scale_b, offs, use_fast_accum=True)
     assert last_variant().endswith("_few_tiles") == few_tiles, last_variant()
