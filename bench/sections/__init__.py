@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-NAMES = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
+NAMES = ("workloads", "wgrad", "training", "experts", "sonic", "bias", "fp16", "cases", "fp8",
          "fp8_experts", "vllm_fp8", "fp8_training", "fp8_moe_training", "fp8_convergence",
          "model", "proxy", "host")
 SECTIONS = {name: importlib.import_module(f"{__name__}.{name}") for name in NAMES}

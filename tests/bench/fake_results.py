@@ -53,6 +53,17 @@ DATA = {
         {"name": "gpt_oss_20b_as_is", "shape": LAYER_SHAPE, "errors": {"moe_experts": 0.5},
          "error": "a layer differs from the no_atomics torch layer"},
     ]},
+    "sonic": {"sonicmoe": "0.1.2.post1", "layers": [
+        {"name": "olmoe", "shape": LAYER_SHAPE, "error": 4e-3,
+         "first_call_s": {"moe_experts": 0.05, "sonicmoe": 95.0},
+         "moe_experts": {"forward_ms": 2.0, "step_ms": 6.0, "forward_tflops": 579.0,
+                         "step_tflops": 538.0, "peak_step_gb": 1.6},
+         "sonicmoe": {"forward_ms": 2.1, "step_ms": 6.1, "forward_tflops": 548.0,
+                      "step_tflops": 535.0, "peak_step_gb": 1.92},
+         "forward_x": 1.06, "step_x": 1.01, "dense_tflops": 700.0, "of_dense": 0.77},
+        {"name": "deepseek_v2_lite", "shape": LAYER_SHAPE, "error": 0.5,
+         "first_call_s": {"moe_experts": 0.04, "sonicmoe": 60.0}},
+    ]},
     "bias": {"workloads": [{"name": "mixtral_up_8e_8k",
                             "runs": {"gg_bias": timed(600.0), "torch_grouped_mm_then_add":
                                      timed(450.0), "gg": timed(601.0)},

@@ -70,6 +70,10 @@ def test_results_md_from_results_json():
     assert "| 4096 | 256 | 0.111 | - | - | 2.0 | 900.0 | - | tuned, 64x128x128, 4w/3s |" in lines
     assert ("- deepseek_v3_blockwise, T=4096, vllm_fp8: wrong result: relative error 1.00e+00"
             in lines)
+    assert ("| olmoe (16384, 2048, 1024, 64, 8) | 579 / 538 | 548 / 535 | 1.06 | 1.01 | 700 | 0.77 "
+            "| 1.60 / 1.92 | 0.1 / 95.0 | 4.0e-03 |") in lines
+    assert ("| deepseek_v2_lite (16384, 2048, 1024, 64, 8) | - | - | - | - | - | - | - "
+            "| 0.0 / 60.0 | 5.0e-01 (not timed) |") in lines
     assert not any(line.startswith("Not run yet") for line in lines)
 
 
