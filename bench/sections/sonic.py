@@ -69,7 +69,7 @@ def bench_layer(name: str, shape: tuple, sonic, dense_tflops: float) -> dict:
     """One layer: each implementation's first forward + backward (wall-clock,
     SonicMoE's autotuning included), its output and gradients against
     moe_experts', then forward and forward + backward timed in turns, and a
-    step's peak memory."""
+    step's peak memory above the inputs and weights."""
     tokens, hidden, inter, experts, top_k = shape
     inputs = moe_layer_inputs(tokens, hidden, inter, experts)
     with torch.no_grad():
@@ -102,6 +102,8 @@ def bench_layer(name: str, shape: tuple, sonic, dense_tflops: float) -> dict:
     forward_ms = time_in_turns({impl: partial(forward, impl) for impl in layers})
     step_ms = time_in_turns({impl: partial(step, impl) for impl in layers})
     for impl in layers:
+        for t in leaves:  # a step's peak counts the gradients it makes
+            t.grad = None
         row[impl] = {"forward_ms": forward_ms[impl], "step_ms": step_ms[impl],
                      "forward_tflops": flops / forward_ms[impl] / 1e9,
                      "step_tflops": 3 * flops / step_ms[impl] / 1e9,
