@@ -1,7 +1,7 @@
 """gg_runtime.moe_experts against SonicMoE (bf16, forward and forward +
-backward), the fastest public MoE kernels on Hopper, where SonicMoE is
-installed (its code is run, never copied: ../shared/ANCHORS.md says how to
-install it on the GPU machine).  Both take the same tokens, weights and
+backward), the fastest public MoE kernels on Hopper, where SonicMoE imports
+(its code is run, never copied; docs/build.md says how to install it for
+this).  Both take the same tokens, weights and
 top-k routing; SonicMoE through moe_general_routing_inputs with w13 and w2
 as its [2I, H, E] and [H, I, E] views (gate rows then up rows).  TFLOP/s
 count 6 T k H I for the forward and 18 T k H I with the backward, against
@@ -42,8 +42,8 @@ def sonicmoe():
 def run(context) -> dict:
     sonic = sonicmoe()
     if sonic is None:
-        return {"skipped": "sonicmoe does not import here (../shared/ANCHORS.md: installing "
-                           "SonicMoE on the GPU machine)"}
+        return {"skipped": "sonicmoe does not import here (docs/build.md, PYTHONPATH: "
+                           "installing SonicMoE for this section)"}
     dense = context.ceilings()["matmul_tflops"]
     return {"sonicmoe": sonic.__version__,
             "layers": [bench_layer(name, shape, sonic, dense) for name, shape in LAYERS.items()
