@@ -26,7 +26,8 @@ INTRO = [
     "random normal; every result is checked against a float32 reference before it is timed "
     "(a candidate that fails is listed, not timed); the implementations compared in a row are "
     "timed in five turns, interleaved, in reverse order every other turn, as the GPU's clock "
-    "drifts within a run.",
+    "drifts within a run: under sustained load the GPU reaches its power limit and its clock "
+    "falls, so a time is that of a GPU at work, not of one fresh from idle.",
 ]
 
 
