@@ -26,7 +26,9 @@ StreamGetter stream_getter() {
   return getter;
 }
 
-// torch's name of a dtype without "torch.", or nullptr for one no operator takes.
+// torch's name of a dtype without "torch.", or nullptr for the few with none
+// (the quantized and bit types).  Every dtype a user can make is named, so
+// that an error about a wrong one says which it was.
 const char* short_dtype_name(ScalarType type) {
   switch (type) {
     case ScalarType::Half:
@@ -39,10 +41,40 @@ const char* short_dtype_name(ScalarType type) {
       return "float64";
     case ScalarType::Float8_e4m3fn:
       return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2:
+      return "float8_e5m2";
+    case ScalarType::Float8_e4m3fnuz:
+      return "float8_e4m3fnuz";
+    case ScalarType::Float8_e5m2fnuz:
+      return "float8_e5m2fnuz";
+    case ScalarType::Float8_e8m0fnu:
+      return "float8_e8m0fnu";
+    case ScalarType::Float4_e2m1fn_x2:
+      return "float4_e2m1fn_x2";
+    case ScalarType::ComplexHalf:
+      return "complex32";
+    case ScalarType::ComplexFloat:
+      return "complex64";
+    case ScalarType::ComplexDouble:
+      return "complex128";
+    case ScalarType::Bool:
+      return "bool";
+    case ScalarType::Byte:
+      return "uint8";
+    case ScalarType::Char:
+      return "int8";
+    case ScalarType::Short:
+      return "int16";
     case ScalarType::Int:
       return "int32";
     case ScalarType::Long:
       return "int64";
+    case ScalarType::UInt16:
+      return "uint16";
+    case ScalarType::UInt32:
+      return "uint32";
+    case ScalarType::UInt64:
+      return "uint64";
     default:
       return nullptr;
   }

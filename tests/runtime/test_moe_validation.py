@@ -33,6 +33,8 @@ BAD = [
     (lambda: {"x": cuda(T, H, dtype=torch.float32)}, TypeError, "x must be float16 or bfloat16"),
     (lambda: {"topk_ids": cuda(T, K, dtype=torch.float32)}, TypeError,
      "topk_ids must be int32 or int64"),
+    (lambda: {"topk_ids": torch.zeros(T, K, dtype=torch.uint8, device="cuda")}, TypeError,
+     "topk_ids must be int32 or int64, got torch.uint8"),
     (lambda: {"topk_weights": torch.zeros(T, K, dtype=torch.int64, device="cuda")}, TypeError,
      "topk_weights must be a floating-point tensor"),
     (lambda: {"w2": cuda(E, H, INTER, dtype=torch.float16)}, TypeError, "w2 must have x's dtype"),
