@@ -68,13 +68,28 @@ def _translated(error: Exception):
     return None
 
 
+def _wrong_tensor_argument(op, args):
+    """A TypeError naming the first tensor argument of op's schema that args
+    gives as something else, or None.  torch's dispatcher says nothing useful
+    of such an argument, and not the same in every release (None taken for an
+    undefined tensor; no tensor at all: no kernel to dispatch to)."""
+    for argument, value in zip(op._schema.arguments, args):
+        expected = str(argument.type)
+        optional = expected == "Optional[Tensor]"
+        if expected in ("Tensor", "Optional[Tensor]") and not (
+                isinstance(value, torch.Tensor) or (optional and value is None)):
+            return TypeError(f"{argument.name} must be {_TYPE_NAMES[expected]}, got "
+                             f"{type(value).__name__}")
+    return None
+
+
 def call(op, *args):
     """op(*args), its errors raised as TypeError, ValueError, CudaError or
     UnsupportedDeviceError (no cost unless it raises)."""
     try:
         return op(*args)
-    except (ValueError, RuntimeError) as error:
-        translated = _translated(error)
+    except (ValueError, RuntimeError) as error:  # NotImplementedError is a RuntimeError
+        translated = _translated(error) or _wrong_tensor_argument(op, args)
         if translated is None:
             raise
         raise translated from None

@@ -67,3 +67,10 @@ def test_empty_input_launches_nothing(fake, shape, granularity, scale_shape):
     q, scale = quantize_fp8(cuda(*shape), granularity)
     assert q.shape == shape and q.dtype == torch.float8_e4m3fn
     assert scale.shape == scale_shape and scale.dtype == torch.float32
+
+
+def test_none_is_refused_by_name():
+    """Outside torch.compile's fake mode the dispatcher finds no tensor to
+    dispatch on; the error names x all the same."""
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
+        quantize_fp8(None, "rowwise")

@@ -69,6 +69,8 @@ GROUPED_MM_ERRORS = [
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(2)), ValueError,
      r"offs has 2 entries but mat_b has 3"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), None), ValueError, r"offs is required"),
+    (lambda: (None, cuda(3, 8, 5), offsets(3)), TypeError,
+     r"mat_a must be a torch.Tensor, got NoneType"),
     (lambda: (cuda(10, 8), cuda(3, 8, 5), offsets(3).long()), TypeError, r"offs must be int32"),
     (lambda: (cuda(8, 10), cuda(9, 5), offsets(3)), ValueError, r"T differs"),
     (lambda: (cuda(2, 8, 4), cuda(2, 4, 5), offsets(2)), ValueError, r"offs must be None"),
