@@ -98,6 +98,7 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
     for name, w in (("w13", w13), ("w2", w2)):
         if not isinstance(w, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    for name, w in (("w13", w13), ("w2", w2)):
         if w.dtype not in (torch.float16, torch.bfloat16) or w.dtype != w13.dtype:
             raise TypeError(f"w13 and w2 must be float16 or bfloat16 of one dtype, got "
                             f"{w13.dtype} and {w2.dtype}")

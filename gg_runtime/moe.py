@@ -502,13 +502,20 @@ class MoEExperts(torch.nn.Module):
         dtype (torch.dtype | None): the parameters' dtype (float16 or bfloat16 to run).
 
     Raises:
-        ValueError: an unknown gate_up, activation or fp8 recipe.
+        TypeError: a size that is not an int.
+        ValueError: a size below 1; an unknown gate_up, activation or fp8 recipe.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  gate_up: str = "concatenated", activation: str = "swiglu", bias: bool = False,
                  fp8: str | None = None, device=None, dtype=None):
         super().__init__()
+        for name, size in (("num_experts", num_experts), ("hidden_size", hidden_size),
+                           ("intermediate_size", intermediate_size)):
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise TypeError(f"{name} must be an int, got {type(size).__name__}")
+            if size < 1:
+                raise ValueError(f"{name} must be at least 1, got {size}")
         _check_choices(gate_up, activation)
         if fp8 is not None and fp8 not in fp8_training.RECIPES:
             raise ValueError(f"fp8 must be None or one of {fp8_training.RECIPES}, got {fp8!r}")

@@ -63,8 +63,17 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     Raises:
         ValueError: an argument this entry does not support (named), or any
             error of `moe_experts`.
-        TypeError: as `moe_experts`.
+        TypeError: an argument of the wrong type (named), or as `moe_experts`.
     """
+    _check_types({"hidden_states": hidden_states, "w1": w1, "w2": w2,
+                  "topk_weights": topk_weights, "topk_ids": topk_ids},
+                 {"expert_map": expert_map, "w1_scale": w1_scale, "w2_scale": w2_scale,
+                  "a1_scale": a1_scale, "a2_scale": a2_scale},
+                 {"inplace": inplace, "apply_router_weight_on_input": apply_router_weight_on_input,
+                  "use_fp8_w8a8": use_fp8_w8a8, "per_channel_quant": per_channel_quant})
+    if not isinstance(global_num_experts, int) or isinstance(global_num_experts, bool):
+        raise TypeError(f"global_num_experts must be an int, got "
+                        f"{type(global_num_experts).__name__}")
     _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
                      per_channel_quant)
     scales_given = (w1_scale is not None, w2_scale is not None)
@@ -73,8 +82,8 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                          f"False with neither; got use_fp8_w8a8={use_fp8_w8a8}, w1_scale "
                          f"{'given' if scales_given[0] else 'None'}, w2_scale "
                          f"{'given' if scales_given[1] else 'None'}")
-    if use_fp8_w8a8 and (w1_scale.dim() >= 2 and w1_scale.shape[1] == w1.shape[1]) != \
-            per_channel_quant:
+    if use_fp8_w8a8 and (w1_scale.dim() >= 2 and w1.dim() >= 2
+                         and w1_scale.shape[1] == w1.shape[1]) != per_channel_quant:
         raise ValueError(f"w1_scale {tuple(w1_scale.shape)} does not match per_channel_quant="
                          f"{per_channel_quant} (per channel: [E, 2I]; blocks: "
                          "[E, ceil(2I/128), ceil(H/128)])")
@@ -83,6 +92,21 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     out = moe_experts(hidden_states, topk_ids, topk_weights, w1, w2, w13_scale=w1_scale,
                       w2_scale=w2_scale)
     return hidden_states.copy_(out) if inplace else out
+
+
+def _check_types(tensors: dict, optional: dict, flags: dict):
+    """A TypeError naming the first argument of the wrong type: {name: value}
+    of tensors, of tensors or None, of bools.  Before the checks that read
+    them (moe_experts checks the tensors' dtypes and shapes)."""
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    for name, value in optional.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
@@ -94,6 +118,8 @@ def _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scal
     if a1_scale is not None or a2_scale is not None:
         raise ValueError("a1_scale and a2_scale must be None: activations are quantized "
                          "dynamically (per token per 128 columns, or per token)")
+    if block_shape is not None and not isinstance(block_shape, (list, tuple)):
+        raise TypeError(f"block_shape must be a list or None, got {type(block_shape).__name__}")
     if block_shape is not None and (per_channel_quant or list(block_shape) != _BLOCK_SHAPE):
         raise ValueError(f"block_shape must be {_BLOCK_SHAPE} (or None with per_channel_quant), "
                          f"got {block_shape}")
@@ -103,6 +129,11 @@ def _local_ids(topk_ids, expert_map, global_num_experts):
     """Global expert ids to local ones through expert_map (-1: another rank's);
     ids outside [0, global experts) stay dropped slots (-1), as moe_experts
     drops them, read on the GPU without a host sync."""
+    for name, ids in (("expert_map", expert_map), ("topk_ids", topk_ids)):
+        if ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {ids.dtype}")
+    if expert_map.dim() != 1:
+        raise ValueError(f"expert_map must be 1-D, got shape {tuple(expert_map.shape)}")
     experts = expert_map.shape[0]
     if global_num_experts not in (-1, experts):
         raise ValueError(f"expert_map must have global_num_experts = {global_num_experts} "

@@ -249,6 +249,36 @@ def test_fused_experts_refuses(name):
         gg_runtime.fused_experts(**fused_args(**changes))
 
 
+FUSED_WRONG_TYPES = {
+    "hidden_states": ({"hidden_states": None},
+                      "hidden_states must be a torch.Tensor, got NoneType"),
+    "w1_scale": ({"w1_scale": 1.0}, "w1_scale must be a torch.Tensor or None, got float"),
+    "expert_map": ({"expert_map": [0, 1, 2, 3]},
+                   "expert_map must be a torch.Tensor or None, got list"),
+    "expert_map dtype": ({"expert_map": meta(E, dtype=torch.float32)},
+                         "expert_map must be int32 or int64, got torch.float32"),
+    "topk_ids with expert_map": ({"expert_map": meta(E, dtype=torch.int32),
+                                  "topk_ids": meta(T, K, dtype=torch.float32)},
+                                 "topk_ids must be int32 or int64, got torch.float32"),
+    "inplace": ({"inplace": 1}, "inplace must be a bool, got int"),
+    "global_num_experts": ({"global_num_experts": 4.0},
+                           "global_num_experts must be an int, got float"),
+    "block_shape": ({"block_shape": 128}, "block_shape must be a list or None, got int"),
+}
+
+
+@pytest.mark.parametrize("name", FUSED_WRONG_TYPES)
+def test_fused_experts_names_a_wrong_type(name):
+    changes, message = FUSED_WRONG_TYPES[name]
+    with pytest.raises(TypeError, match=message):
+        gg_runtime.fused_experts(**fused_args(**changes))
+
+
+def test_fused_experts_refuses_an_expert_map_not_1d():
+    with pytest.raises(ValueError, match=r"expert_map must be 1-D, got shape \(2, 4\)"):
+        gg_runtime.fused_experts(**fused_args(expert_map=meta(2, E, dtype=torch.int32)))
+
+
 def test_fused_experts_channel_scales_need_per_channel_quant():
     with pytest.raises(ValueError, match=r"w1_scale \(4, 416\) does not match "
                                          "per_channel_quant=False"):
@@ -350,13 +380,14 @@ def test_quantized_weights_refuse_changed_weights():
 @pytest.mark.parametrize("changes, error, match", [
     ({"fp8": "128x128"}, ValueError, "fp8 must be one of"),
     ({"w13": [1.0]}, TypeError, "w13 must be a torch.Tensor"),
+    ({"w2": "w2"}, TypeError, "w2 must be a torch.Tensor, got str"),
     ({"w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError, "one dtype"),
     ({"w13": meta(E, 2 * INTER, H, dtype=torch.float32),
       "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError, "float16 or bfloat16"),
     ({"w2": meta(H, INTER)}, ValueError, "w2 must be 3-D"),
     ({"w2": meta(E, H, INTER + 16)}, ValueError, r"\[E, 2I, H\] and \[E, H, I\]"),
     ({"w13": meta(E, 400, H), "w2": meta(E, H, 200)}, ValueError, "multiples of 16"),
-], ids=["recipe", "type", "dtypes", "float32", "dims", "shapes", "alignment"])
+], ids=["recipe", "type", "type of w2", "dtypes", "float32", "dims", "shapes", "alignment"])
 def test_quantize_expert_weights_refuses(changes, error, match):
     given = {"w13": meta(E, 2 * INTER, H), "w2": meta(E, H, INTER), "fp8": "blockwise",
              **changes}
@@ -384,3 +415,14 @@ def test_module_quantizes_its_weights_once_per_change():
 def test_module_refuses_unknown_recipe():
     with pytest.raises(ValueError, match="fp8 must be None or one of"):
         gg_runtime.MoEExperts(E, H, INTER, fp8="1x128", device="meta")
+
+
+@pytest.mark.parametrize("sizes, error, message", [
+    ((0, H, INTER), ValueError, "num_experts must be at least 1, got 0"),
+    ((E, H, -2), ValueError, "intermediate_size must be at least 1, got -2"),
+    ((E, 2.5, INTER), TypeError, "hidden_size must be an int, got float"),
+    ((True, H, INTER), TypeError, "num_experts must be an int, got bool"),
+])
+def test_module_refuses_bad_sizes(sizes, error, message):
+    with pytest.raises(error, match=message):
+        gg_runtime.MoEExperts(*sizes, device="meta")
