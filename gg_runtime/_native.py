@@ -83,6 +83,14 @@ def _wrong_tensor_argument(op, args):
     return None
 
 
+def check_dtype_argument(name: str, value) -> None:
+    """A TypeError unless value is a torch.dtype or None: torch's dispatcher
+    takes an int for a dtype argument (the enum's value), and fails inside
+    torch on one that names no dtype."""
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+
+
 def call(op, *args):
     """op(*args), its errors raised as TypeError, ValueError, CudaError or
     UnsupportedDeviceError (no cost unless it raises)."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
-from ._native import OPS, call, call_untracked_if_possible, tf32_allowed
+from ._native import OPS, call, call_untracked_if_possible, check_dtype_argument, tf32_allowed
 
 
 def grouped_gemm(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], *,
@@ -141,6 +141,7 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | No
         CudaError: a driver or launch failure (the kernel's key and the CUDA
             error's name).
     """
+    check_dtype_argument("out_dtype", out_dtype)
     tf32 = getattr(mat_a, "dtype", None) is torch.float32 and tf32_allowed()
     return call_untracked_if_possible(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype,
                                       tf32)
@@ -286,6 +287,7 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
     """
     if not isinstance(use_fast_accum, bool):  # the operator's schema would take None
         raise TypeError(f"use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
+    check_dtype_argument("out_dtype", out_dtype)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in
                                        (mat_a, mat_b, scale_a, scale_b, bias, scale_result)):
         raise RuntimeError("scaled_grouped_mm is not differentiable: fp8 training is not "

@@ -593,11 +593,15 @@ def transformers_experts_forward(module: torch.nn.Module, hidden_states: torch.T
         `[T, H]` in hidden_states' dtype.
 
     Raises:
+        TypeError: a module without `gate_up_proj` and `down_proj`.
         ValueError: experts without a gate, with their own gating, with an
             activation other than SiLU, or a GptOssExperts whose alpha and
             limit differ from 1.702 and 7.0.
     """
     activation = _activation_of(module)
+    if not (hasattr(module, "gate_up_proj") and hasattr(module, "down_proj")):
+        raise TypeError(f"module must be a transformers experts module (gate_up_proj and "
+                        f"down_proj), got {type(module).__name__}")
     transposed = getattr(module, "is_transposed", False)
     weights = [module.gate_up_proj, module.down_proj]
     w13, w2 = (w.mT if transposed else w for w in weights)

@@ -271,6 +271,12 @@ def test_transformers_experts_forward_refuses_other_gating(fake):
         gg_runtime.transformers_experts_forward(GptOssExperts(limit=5.0), *args_for_module())
 
 
+@pytest.mark.parametrize("module", [None, torch.nn.Linear(2, 2)], ids=["None", "Linear"])
+def test_transformers_experts_forward_refuses_other_modules(fake, module):
+    with pytest.raises(TypeError, match="module must be a transformers experts module"):
+        gg_runtime.transformers_experts_forward(module, *args_for_module())
+
+
 @fake_autograd
 def test_transformers_experts_forward_runs_gpt_oss_with_its_activation(fake, monkeypatch):
     seen = {}

@@ -83,6 +83,8 @@ CASES = {
                              "scale_result must be a torch.Tensor or None"),
     "use_fast_accum None": (lambda: {"use_fast_accum": None}, TypeError,
                             "use_fast_accum must be a bool"),
+    "out_dtype an int": (lambda: {"out_dtype": 100}, TypeError,
+                         "out_dtype must be a torch.dtype or None, got int"),
 }
 
 

@@ -110,6 +110,9 @@ def test_grouped_mm_errors_on_the_fast_path(args, error, message):
 def test_grouped_mm_out_dtype_refused(fake):
     with pytest.raises(TypeError, match="out_dtype=torch.float16 is not supported"):
         gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), None, torch.float16)
+    # torch would take an int for the enum's value; -1 names no dtype.
+    with pytest.raises(TypeError, match="out_dtype must be a torch.dtype or None, got int"):
+        gg_runtime.grouped_mm(cuda(10, 8), cuda(3, 8, 5), offsets(3), None, -1)
 
 
 def test_grouped_mm_cpu_tensor():
