@@ -83,6 +83,23 @@ def _wrong_tensor_argument(op, args):
     return None
 
 
+def check_types(tensors=(), optional=(), flags=()) -> None:
+    """A TypeError naming the first argument of the wrong type, in the words
+    of the operators' own (_TYPE_NAMES): (name, value) pairs of tensors, of
+    tensors or None, of bools.  For the Python entry points' checks before
+    they read their arguments."""
+    for name, value in tensors:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be {_TYPE_NAMES['Tensor']}, got {type(value).__name__}")
+    for name, value in optional:
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be {_TYPE_NAMES['Optional[Tensor]']}, got "
+                            f"{type(value).__name__}")
+    for name, value in flags:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be {_TYPE_NAMES['bool']}, got {type(value).__name__}")
+
+
 def check_dtype_argument(name: str, value) -> None:
     """A TypeError unless value is a torch.dtype or None: torch's dispatcher
     takes an int for a dtype argument (the enum's value), and fails inside

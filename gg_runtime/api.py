@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import torch
 
 from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
-from ._native import OPS, call, call_untracked_if_possible, check_dtype_argument, tf32_allowed
+from ._native import (OPS, call, call_untracked_if_possible, check_dtype_argument, check_types,
+                      tf32_allowed)
 
 
 def grouped_gemm(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], *,
@@ -177,16 +178,11 @@ def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor,
         ValueError: batch_sizes' length is not b's number of groups; CPU
             counts negative or not summing to T; otherwise as grouped_mm.
     """
-    for x, name in ((a, "a"), (b, "b")):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(batch_sizes, torch.Tensor):
-        raise TypeError(f"batch_sizes must be a torch.Tensor, got {type(batch_sizes).__name__}")
+    check_types(tensors=(("a", a), ("b", b), ("batch_sizes", batch_sizes)),
+                flags=(("trans_b", trans_b),))
     if batch_sizes.dtype not in (torch.int32, torch.int64) or batch_sizes.dim() != 1:
         raise TypeError(f"batch_sizes must be a 1-D int32 or int64 tensor, got "
                         f"{batch_sizes.dtype} of shape {tuple(batch_sizes.shape)}")
-    if not isinstance(trans_b, bool):
-        raise TypeError(f"trans_b must be a bool, got {type(trans_b).__name__}")
     if batch_sizes.shape[0] != b.shape[0]:
         raise ValueError(f"batch_sizes has {batch_sizes.shape[0]} entries but b has "
                          f"{b.shape[0]} groups")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from . import fp8_training
+from ._native import check_types
 
 
 def _fingerprint(w):
@@ -95,9 +96,7 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
     """
     if fp8 not in fp8_training.RECIPES:
         raise ValueError(f"fp8 must be one of {fp8_training.RECIPES}, got {fp8!r}")
-    for name, w in (("w13", w13), ("w2", w2)):
-        if not isinstance(w, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    check_types(tensors=(("w13", w13), ("w2", w2)))
     for name, w in (("w13", w13), ("w2", w2)):
         if w.dtype not in (torch.float16, torch.bfloat16) or w.dtype != w13.dtype:
             raise TypeError(f"w13 and w2 must be float16 or bfloat16 of one dtype, got "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._native import OPS, call
+from ._native import OPS, call, check_types
 from .autograd import Gathered, stored_transposed
 
 RECIPES = ("rowwise", "blockwise")
@@ -132,9 +132,8 @@ def _check(mat_a, mat_b, offs, recipe):
     the quantizations ran)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    check_types(tensors=(("mat_a", mat_a), ("mat_b", mat_b), ("offs", offs)))
     for name, x, dims in (("mat_a", mat_a, 2), ("mat_b", mat_b, 3), ("offs", offs, 1)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}-D, got shape {tuple(x.shape)}")
     for name, x, dtype in (("mat_a", mat_a, torch.bfloat16), ("mat_b", mat_b, torch.bfloat16),

@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from . import fp8_training
 from .autograd import Gathered, bias_gradient, input_gradient, stored_transposed
 from .fp8_expert_weights import Fp8ExpertWeights, quantize_expert_weights
-from ._native import OPS, _C, call, call_untracked_if_possible
+from ._native import OPS, _C, call, call_untracked_if_possible, check_types
 
 # The values the kernels are built for, read from the swiglu family's axes
 # (aot/families/swiglu.py), the one description the operators parse them by.
@@ -452,10 +452,6 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
                         False, quantized)
 
 
-_TENSOR_NAMES = ("x", "topk_ids", "topk_weights", "w13", "w2", "b13", "b2")
-_OPTIONAL = ("b13", "b2")
-
-
 def _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2):
     """A TypeError naming the argument that is no tensor (the operator checks
     the rest).  Spelled out, not a loop: the forward's host time counts."""
@@ -465,10 +461,9 @@ def _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2):
             and isinstance(w2, tensor) and (b13 is None or isinstance(b13, tensor))
             and (b2 is None or isinstance(b2, tensor))):
         return
-    for name, value in zip(_TENSOR_NAMES, (x, topk_ids, topk_weights, w13, w2, b13, b2)):
-        if not isinstance(value, tensor) and (value is not None or name not in _OPTIONAL):
-            kind = "a torch.Tensor or None" if name in _OPTIONAL else "a torch.Tensor"
-            raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                         ("w13", w13), ("w2", w2)),
+                optional=(("b13", b13), ("b2", b2)))
 
 
 class MoEExperts(torch.nn.Module):

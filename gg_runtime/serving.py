@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ._native import check_types
 from .moe import moe_experts
 
 _BLOCK_SHAPE = [128, 128]
@@ -65,12 +66,13 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
             error of `moe_experts`.
         TypeError: an argument of the wrong type (named), or as `moe_experts`.
     """
-    _check_types({"hidden_states": hidden_states, "w1": w1, "w2": w2,
-                  "topk_weights": topk_weights, "topk_ids": topk_ids},
-                 {"expert_map": expert_map, "w1_scale": w1_scale, "w2_scale": w2_scale,
-                  "a1_scale": a1_scale, "a2_scale": a2_scale},
-                 {"inplace": inplace, "apply_router_weight_on_input": apply_router_weight_on_input,
-                  "use_fp8_w8a8": use_fp8_w8a8, "per_channel_quant": per_channel_quant})
+    check_types(tensors=(("hidden_states", hidden_states), ("w1", w1), ("w2", w2),
+                         ("topk_weights", topk_weights), ("topk_ids", topk_ids)),
+                optional=(("expert_map", expert_map), ("w1_scale", w1_scale),
+                          ("w2_scale", w2_scale), ("a1_scale", a1_scale), ("a2_scale", a2_scale)),
+                flags=(("inplace", inplace),
+                       ("apply_router_weight_on_input", apply_router_weight_on_input),
+                       ("use_fp8_w8a8", use_fp8_w8a8), ("per_channel_quant", per_channel_quant)))
     if not isinstance(global_num_experts, int) or isinstance(global_num_experts, bool):
         raise TypeError(f"global_num_experts must be an int, got "
                         f"{type(global_num_experts).__name__}")
@@ -92,21 +94,6 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     out = moe_experts(hidden_states, topk_ids, topk_weights, w1, w2, w13_scale=w1_scale,
                       w2_scale=w2_scale)
     return hidden_states.copy_(out) if inplace else out
-
-
-def _check_types(tensors: dict, optional: dict, flags: dict):
-    """A TypeError naming the first argument of the wrong type: {name: value}
-    of tensors, of tensors or None, of bools.  Before the checks that read
-    them (moe_experts checks the tensors' dtypes and shapes)."""
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    for name, value in optional.items():
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
