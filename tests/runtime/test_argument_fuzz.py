@@ -1,0 +1,88 @@
+"""Random arguments, mostly wrong, to the public entry points on meta tensors:
+every refusal is a TypeError or ValueError (never an AttributeError, an
+IndexError or torch's own RuntimeError from inside the dispatcher), and no
+message names a dtype as torch.dtype(N).  Seeded: the same calls every run.
+Runs on CPU (meta tensors run each operator's checks and launch nothing)."""
+import random
+
+import pytest
+import torch
+
+import gg_runtime
+
+FP8 = torch.float8_e4m3fn
+DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, FP8, torch.float8_e5m2,
+          torch.int32, torch.int64, torch.uint8, torch.bool)
+JUNK = (None, 0, -1, 3, 2.5, "x", True, [128, 128], (1,), torch.float32, object())
+T, H, I, E, K = 7, 256, 128, 4, 2  # noqa: E741 (the experts' intermediate size, as elsewhere)
+
+
+class Arguments:
+    """Random arguments near the valid ones: a tensor of the expected shape and
+    dtype, or one with a size, dimension or dtype changed, or no tensor at all."""
+
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+
+    def tensor(self, *shape, dtype=torch.bfloat16, transposed=False):
+        """transposed: made as shape, then seen through .mT (a K-major operand)."""
+        rng = self.rng
+        if rng.random() < 0.08:
+            return rng.choice(JUNK)
+        shape = [s if rng.random() < 0.85 else rng.choice((0, 1, 17, 128)) for s in shape]
+        if shape and rng.random() < 0.1:
+            shape.pop()
+        if rng.random() < 0.2:
+            dtype = rng.choice(DTYPES)
+        t = torch.empty(shape, dtype=dtype, device="meta")
+        return t.mT if t.dim() >= 2 and (transposed != (rng.random() < 0.1)) else t
+
+    def value(self, valid):
+        return self.rng.choice(JUNK) if self.rng.random() < 0.15 else valid
+
+
+def calls(args: Arguments):
+    """One call of each entry point, with args' random arguments."""
+    t, v = args.tensor, args.value
+    ids, f32 = torch.int64, torch.float32
+    yield lambda: gg_runtime.grouped_mm(t(T, H), t(E, H, I), t(E, dtype=torch.int32),
+                                        out_dtype=v(None))
+    yield lambda: gg_runtime.gmm(t(T, H), t(E, H, I), t(E, dtype=ids), trans_b=v(False))
+    yield lambda: gg_runtime.scaled_grouped_mm(
+        t(T, H, dtype=FP8), t(E, I, H, dtype=FP8, transposed=True), t(T, dtype=f32),
+        t(E, I, dtype=f32), t(E, dtype=torch.int32), out_dtype=v(torch.bfloat16),
+        use_fast_accum=v(False))
+    yield lambda: gg_runtime.quantize_fp8(t(T, H), v("1x128"))
+    yield lambda: gg_runtime.fp8_grouped_mm(t(T, H), t(E, H, I), t(E, dtype=torch.int32),
+                                            recipe=v("blockwise"))
+    yield lambda: gg_runtime.moe_experts(
+        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H), t(E, H, I),
+        gate_up=v("concatenated"), activation=v("swiglu"), b13=v(None), fp8=v(None))
+    yield lambda: gg_runtime.moe_experts(
+        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H, dtype=FP8),
+        t(E, H, I, dtype=FP8), w13_scale=t(E, 2 * I // 128, H // 128, dtype=f32),
+        w2_scale=t(E, H // 128, I // 128, dtype=f32))
+    yield lambda: gg_runtime.fused_experts(
+        t(T, H), t(E, 2 * I, H, dtype=FP8), t(E, H, I, dtype=FP8), t(T, K, dtype=f32),
+        t(T, K, dtype=ids), inplace=v(False), use_fp8_w8a8=v(True),
+        expert_map=v(None), global_num_experts=v(-1),
+        w1_scale=t(E, 2 * I // 128, H // 128, dtype=f32),
+        w2_scale=t(E, H // 128, I // 128, dtype=f32), block_shape=v([128, 128]))
+    yield lambda: gg_runtime.quantize_expert_weights(t(E, 2 * I, H), t(E, H, I),
+                                                     fp8=v("rowwise"))
+    yield lambda: gg_runtime.MoEExperts(v(E), v(H), v(I), device="meta")(
+        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32))
+    yield lambda: gg_runtime.transformers_experts_forward(
+        v(gg_runtime.MoEExperts(E, H, I, device="meta")), t(T, H), t(T, K, dtype=ids),
+        t(T, K, dtype=f32))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_refusals_are_type_or_value_errors(seed):
+    args = Arguments(seed)
+    for _ in range(20):
+        for call in calls(args):
+            try:
+                call()
+            except (TypeError, ValueError) as error:
+                assert "torch.dtype(" not in str(error), error
