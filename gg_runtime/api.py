@@ -142,8 +142,10 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | No
         CudaError: a driver or launch failure (the kernel's key and the CUDA
             error's name).
     """
+    check_types(tensors=(("mat_a", mat_a), ("mat_b", mat_b)), optional=(("offs", offs),
+                                                                       ("bias", bias)))
     check_dtype_argument("out_dtype", out_dtype)
-    tf32 = getattr(mat_a, "dtype", None) is torch.float32 and tf32_allowed()
+    tf32 = mat_a.dtype is torch.float32 and tf32_allowed()
     return call_untracked_if_possible(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype,
                                       tf32)
 
@@ -281,8 +283,10 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
         UnsupportedDeviceError: a GPU of another compute capability than 9.0.
         CudaError: a driver or launch failure.
     """
-    if not isinstance(use_fast_accum, bool):  # the operator's schema would take None
-        raise TypeError(f"use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
+    check_types(tensors=(("mat_a", mat_a), ("mat_b", mat_b), ("scale_a", scale_a),
+                         ("scale_b", scale_b)),
+                optional=(("offs", offs), ("bias", bias), ("scale_result", scale_result)),
+                flags=(("use_fast_accum", use_fast_accum),))  # the schema would take None
     check_dtype_argument("out_dtype", out_dtype)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in
                                        (mat_a, mat_b, scale_a, scale_b, bias, scale_result)):
@@ -325,4 +329,5 @@ def quantize_fp8(x: torch.Tensor,
             device.
         UnsupportedDeviceError: a GPU of another compute capability than 9.0.
     """
+    check_types(tensors=(("x", x),))
     return call(OPS.quantize_fp8.default, x, granularity)
