@@ -39,6 +39,9 @@ def provenance(entry: dict) -> str:
             f"({build['variants']} variants)")
     if entry.get("only"):
         line += f"; only the cases whose name contains `{entry['only']}`"
+    if entry.get("runs"):
+        line += "; rows merged from one run per filter: " + ", ".join(
+            f"`{only}`" if only else "all" for only in entry["runs"])
     return line + "."
 
 

@@ -1,7 +1,9 @@
 """gg_runtime's benchmark on one GPU, in one process: each section of
 bench/sections/ measures, and its result replaces that section's entry in
 bench/results.json (with the device, date, torch, commit and build it ran
-on); bench/RESULTS.md is then rendered from the whole file (bench/report.py).
+on), or, for a section of named rows run with --only, merges into it
+(merged); bench/RESULTS.md is then rendered from the whole file
+(bench/report.py).
 
     make bench BENCH_ARGS="--sections host,fp8 --only qwen3"
     cd build && PYTHONPATH=bench-site:.. python -m bench.run --sections host   # the same
@@ -95,8 +97,24 @@ def run_sections(sections: dict, context: Context, provenance: dict, out_dir: Pa
             print(f"(kept the measured result of {results[name]['date']}, commit "
                   f"{results[name]['commit']})", flush=True)
             continue
-        results[name] = {**provenance, "data": data}
+        results[name] = merged(section, results.get(name), {**provenance, "data": data})
         report.write(out_dir, results)
+
+
+def merged(section, last: dict | None, entry: dict) -> dict:
+    """entry, or, where the section's rows are named (its ROWS: the key of the
+    data's list of rows, each with a "name") and entry ran with --only on the
+    commit and device of the last result, that result's rows with entry's in
+    place of those of the same name: a section too long for one process runs
+    a filter at a time.  The merged entry lists its runs' filters ("" for all)."""
+    key = getattr(section, "ROWS", None)
+    if (key is None or not entry["only"] or not last or "skipped" in last["data"]
+            or (last["commit"], last["device"]) != (entry["commit"], entry["device"])):
+        return entry
+    rows = {row["name"]: row for row in last["data"][key]}
+    rows.update((row["name"], row) for row in entry["data"][key])
+    runs = [*last.get("runs", [last.get("only", "")]), entry["only"]]
+    return {**entry, "only": "", "runs": runs, "data": {**entry["data"], key: list(rows.values())}}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ this).  Both take the same tokens, weights and
 top-k routing; SonicMoE through moe_general_routing_inputs with w13 and w2
 as its [2I, H, E] and [H, I, E] views (gate rows then up rows).  TFLOP/s
 count 6 T k H I for the forward and 18 T k H I with the backward, against
-the dense bf16 matmul rate measured in the same run."""
+the dense bf16 matmul rate measured in the same run.  SonicMoE's first call
+of each layer can take minutes: run a layer at a time where a process is
+time-limited (--only NAME); runs of one commit and device merge their rows
+(bench/run.py merged)."""
 from __future__ import annotations
 
 import time
@@ -28,6 +31,7 @@ LAYERS = {name: TRAINING_LAYERS[name]
           for name in ("qwen3_30b_a3b", "olmoe", "mixtral_8x7b", "dsv3_ep8_slice")}
 LAYERS["deepseek_v2_lite"] = (16384, 2048, 1408, 64, 6)
 IMPLEMENTATIONS = ("moe_experts", "sonicmoe")
+ROWS = "layers"  # named rows: --only runs of one commit merge (bench/run.py merged)
 
 
 def sonicmoe():

@@ -132,6 +132,31 @@ def test_a_section_that_cannot_run_keeps_a_measured_result(tmp_path, capsys):
         **later, "data": skipped}
 
 
+def test_filtered_runs_of_one_commit_merge_their_rows(tmp_path):
+    """A section of named rows (sonic's layers) run a layer at a time: each
+    --only run on the last result's commit and device replaces its rows and
+    keeps the others; another commit's run replaces the whole entry."""
+    report.write(tmp_path, results())
+    olmoe, v2_lite = DATA["sonic"]["layers"]
+    remeasured = {**olmoe, "step_x": 1.2}
+    qwen3 = {**olmoe, "name": "qwen3_30b_a3b"}
+    sonic = SECTIONS["sonic"]
+    for only, layers in (("olmoe", [remeasured]), ("qwen3", [qwen3])):
+        section = SimpleNamespace(TITLE=sonic.TITLE, ROWS=sonic.ROWS, report=sonic.report,
+                                  run=lambda context, rows=layers: {"sonicmoe": "0.1.2.post1",
+                                                                    "layers": rows})
+        run.run_sections({"sonic": section}, None, {**PROVENANCE, "only": only}, tmp_path)
+    entry = json.loads((tmp_path / report.RESULTS).read_text())["sonic"]
+    assert entry["data"]["layers"] == [remeasured, v2_lite, qwen3]
+    assert entry["only"] == "" and entry["runs"] == ["", "olmoe", "qwen3"]
+    assert "rows merged from one run per filter: all, `olmoe`, `qwen3`" in report.provenance(
+        entry)
+    later = {**PROVENANCE, "commit": "def5678", "only": "olmoe"}
+    run.run_sections({"sonic": section}, None, later, tmp_path)
+    entry = json.loads((tmp_path / report.RESULTS).read_text())["sonic"]
+    assert entry == {**later, "data": {"sonicmoe": "0.1.2.post1", "layers": [qwen3]}}
+
+
 def test_report_command_renders_a_folder(tmp_path):
     (tmp_path / report.RESULTS).write_text(json.dumps(results()))
     out = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path)],
