@@ -68,26 +68,13 @@ def _translated(error: Exception):
     return None
 
 
-def _wrong_tensor_argument(op, args):
-    """A TypeError naming the first tensor argument of op's schema that args
-    gives as something else, or None.  torch's dispatcher says nothing useful
-    of such an argument, and not the same in every release (None taken for an
-    undefined tensor; no tensor at all: no kernel to dispatch to)."""
-    for argument, value in zip(op._schema.arguments, args):
-        expected = str(argument.type)
-        optional = expected == "Optional[Tensor]"
-        if expected in ("Tensor", "Optional[Tensor]") and not (
-                isinstance(value, torch.Tensor) or (optional and value is None)):
-            return TypeError(f"{argument.name} must be {_TYPE_NAMES[expected]}, got "
-                             f"{type(value).__name__}")
-    return None
-
-
-def check_types(tensors=(), optional=(), flags=()) -> None:
+def check_types(tensors=(), optional=(), flags=(), dtypes=()) -> None:
     """A TypeError naming the first argument of the wrong type, in the words
     of the operators' own (_TYPE_NAMES): (name, value) pairs of tensors, of
-    tensors or None, of bools.  For the Python entry points' checks before
-    they read their arguments."""
+    tensors or None, of bools, of torch.dtypes or None.  For the Python entry
+    points, before they read their arguments or pass them to an operator
+    (torch's dispatcher takes None for a tensor and an int for a dtype, and
+    fails inside torch on them, differently from release to release)."""
     for name, value in tensors:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be {_TYPE_NAMES['Tensor']}, got {type(value).__name__}")
@@ -98,14 +85,9 @@ def check_types(tensors=(), optional=(), flags=()) -> None:
     for name, value in flags:
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be {_TYPE_NAMES['bool']}, got {type(value).__name__}")
-
-
-def check_dtype_argument(name: str, value) -> None:
-    """A TypeError unless value is a torch.dtype or None: torch's dispatcher
-    takes an int for a dtype argument (the enum's value), and fails inside
-    torch on one that names no dtype."""
-    if value is not None and not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    for name, value in dtypes:
+        if value is not None and not isinstance(value, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
 
 
 def call(op, *args):
@@ -113,8 +95,8 @@ def call(op, *args):
     UnsupportedDeviceError (no cost unless it raises)."""
     try:
         return op(*args)
-    except (ValueError, RuntimeError) as error:  # NotImplementedError is a RuntimeError
-        translated = _translated(error) or _wrong_tensor_argument(op, args)
+    except (ValueError, RuntimeError) as error:
+        translated = _translated(error)
         if translated is None:
             raise
         raise translated from None

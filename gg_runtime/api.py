@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
-from ._native import (OPS, call, call_untracked_if_possible, check_dtype_argument, check_types,
-                      tf32_allowed)
+from ._native import OPS, call, call_untracked_if_possible, check_types, tf32_allowed
 
 
 def grouped_gemm(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], *,
@@ -142,9 +141,8 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | No
         CudaError: a driver or launch failure (the kernel's key and the CUDA
             error's name).
     """
-    check_types(tensors=(("mat_a", mat_a), ("mat_b", mat_b)), optional=(("offs", offs),
-                                                                       ("bias", bias)))
-    check_dtype_argument("out_dtype", out_dtype)
+    check_types(tensors=(("mat_a", mat_a), ("mat_b", mat_b)),
+                optional=(("offs", offs), ("bias", bias)), dtypes=(("out_dtype", out_dtype),))
     tf32 = mat_a.dtype is torch.float32 and tf32_allowed()
     return call_untracked_if_possible(OPS.grouped_mm.default, mat_a, mat_b, offs, bias, out_dtype,
                                       tf32)
@@ -286,8 +284,8 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
     check_types(tensors=(("mat_a", mat_a), ("mat_b", mat_b), ("scale_a", scale_a),
                          ("scale_b", scale_b)),
                 optional=(("offs", offs), ("bias", bias), ("scale_result", scale_result)),
-                flags=(("use_fast_accum", use_fast_accum),))  # the schema would take None
-    check_dtype_argument("out_dtype", out_dtype)
+                flags=(("use_fast_accum", use_fast_accum),),  # the schema would take None
+                dtypes=(("out_dtype", out_dtype),))
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in
                                        (mat_a, mat_b, scale_a, scale_b, bias, scale_result)):
         raise RuntimeError("scaled_grouped_mm is not differentiable: fp8 training is not "
