@@ -68,10 +68,10 @@ def _translated(error: Exception):
     return None
 
 
-def check_types(tensors=(), optional=(), flags=(), dtypes=()) -> None:
+def check_types(tensors=(), optional=(), flags=(), dtypes=(), ints=()) -> None:
     """A TypeError naming the first argument of the wrong type, in the words
     of the operators' own (_TYPE_NAMES): (name, value) pairs of tensors, of
-    tensors or None, of bools, of torch.dtypes or None.  For the Python entry
+    tensors or None, of bools, of torch.dtypes or None, of ints (not bools).  For the Python entry
     points, before they read their arguments or pass them to an operator
     (torch's dispatcher takes None for a tensor and an int for a dtype, and
     fails inside torch on them, differently from release to release)."""
@@ -88,6 +88,9 @@ def check_types(tensors=(), optional=(), flags=(), dtypes=()) -> None:
     for name, value in dtypes:
         if value is not None and not isinstance(value, torch.dtype):
             raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    for name, value in ints:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
 
 def call(op, *args):

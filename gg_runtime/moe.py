@@ -505,10 +505,10 @@ class MoEExperts(torch.nn.Module):
                  gate_up: str = "concatenated", activation: str = "swiglu", bias: bool = False,
                  fp8: str | None = None, device=None, dtype=None):
         super().__init__()
-        for name, size in (("num_experts", num_experts), ("hidden_size", hidden_size),
-                           ("intermediate_size", intermediate_size)):
-            if not isinstance(size, int) or isinstance(size, bool):
-                raise TypeError(f"{name} must be an int, got {type(size).__name__}")
+        sizes = (("num_experts", num_experts), ("hidden_size", hidden_size),
+                 ("intermediate_size", intermediate_size))
+        check_types(ints=sizes)
+        for name, size in sizes:
             if size < 1:
                 raise ValueError(f"{name} must be at least 1, got {size}")
         _check_choices(gate_up, activation)

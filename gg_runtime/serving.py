@@ -72,10 +72,8 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                           ("w2_scale", w2_scale), ("a1_scale", a1_scale), ("a2_scale", a2_scale)),
                 flags=(("inplace", inplace),
                        ("apply_router_weight_on_input", apply_router_weight_on_input),
-                       ("use_fp8_w8a8", use_fp8_w8a8), ("per_channel_quant", per_channel_quant)))
-    if not isinstance(global_num_experts, int) or isinstance(global_num_experts, bool):
-        raise TypeError(f"global_num_experts must be an int, got "
-                        f"{type(global_num_experts).__name__}")
+                       ("use_fp8_w8a8", use_fp8_w8a8), ("per_channel_quant", per_channel_quant)),
+                ints=(("global_num_experts", global_num_experts),))
     _check_supported(activation, apply_router_weight_on_input, a1_scale, a2_scale, block_shape,
                      per_channel_quant)
     scales_given = (w1_scale is not None, w2_scale is not None)
