@@ -28,11 +28,6 @@ FAMILY = Family(
     aligned=Where(a_major="column"),
     tma_only=Where(a_major="row"),
     float32_output=True,
-    # Groups of at most 1024 rows on average: each tile's K loop is short, and
-    # the pingpong config (aot/tuning/sm90.json) hides one partition's
-    # epilogue behind the other's MMAs; on longer groups its 128 x 128 tiles
-    # load more per product than the split 128 x 256 one.
-    conditions={"short_groups": "T // max(G, 1) <= 1024"},
     tiles="G * cdiv(M, BM) * cdiv(N, BN)",
     rows="M",
 )

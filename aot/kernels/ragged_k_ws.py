@@ -10,9 +10,7 @@ a zero tile.
 The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp
 fills a STAGES-deep ring of (A, B) K blocks, the default partition runs
 asynchronous wgmmas on it (one in flight) and stores each tile through TMA in
-column parts (ws.store_tile); or (PINGPONG) two MMA partitions take turns at
-whole tiles, as ragged_ws.py's pingpong ones do, each one's epilogue running
-while the other's MMAs do.  A stored [T, M] (A_T, dB's x^T) lands as
+column parts (ws.store_tile).  A stored [T, M] (A_T, dB's x^T) lands as
 [BK, BM] blocks that wgmma reads transposed; a row-major A [M, T] as [BM, BK]
 blocks from a multiple of BK columns at or before the group's first row
 (k_block_step, ws.tiled_rows), which the MMA partition clears outside the group.
@@ -25,7 +23,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from .gluon_api import cp_async_load, thread_barrier, tma_load
 from .ragged import RAGGED_ROWS
-from .ragged_ws import MMA_REGISTERS, pass_tile, wait_tile
 from .tiles import k_group_tiles, k_tile_origin
 from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
                  accumulator_layout, allocate_ring, claim_slot, fence_before_k_loop,
@@ -134,92 +131,57 @@ def clear_outside(a_buf, b_buf, k0, start, end):
 
 
 @gluon.jit
-def accumulate_tile(a_bufs, b_bufs, ready, empty, count, first, span, start, end,
-                    A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                    STAGES: gl.constexpr, GATHER: gl.constexpr):
-    """(a tile's [BM, BN] float32 sum over its group's K blocks, the ring
-    count after them): asynchronous wgmmas with one in flight, each freeing
-    the slot of the one before; an empty group runs none (a zero tile)."""
-    acc = gl.zeros([BM, BN], gl.float32, accumulator_layout(BN, gl.num_warps()))
-    fence_before_k_loop()
-    for k in range(0, span, BK):  # the loader's count of K blocks
-        slot = count % STAGES
-        mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        if GATHER:
-            fence_async_shared()
-        if A_T:
-            a = a_bufs.index(slot).permute((1, 0))  # [BK, BM] as [BM, BK]
-        else:
-            k0 = first + k
-            if (k0 < start) | (k0 + BK > end):
-                clear_outside(a_bufs.index(slot), b_bufs.index(slot), k0, start, end)
-            a = a_bufs.index(slot)
-        acc = warpgroup_mma(a, b_bufs.index(slot), acc, is_async=True)
-        # One MMA in flight: the one before it is done with its slot.
-        acc = warpgroup_mma_wait(1, deps=(acc, ))
-        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-        count += 1
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=span > 0)
-    return acc, count
-
-
-@gluon.jit
-def mma_partition(half: gl.constexpr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns,
-                  offs_ptr, M, N, T, G, A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                  BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                  GATHER: gl.constexpr, PINGPONG: gl.constexpr):
-    """Every tile of this program, or (PINGPONG) every other one, from tile
-    `half`, the two partitions taking turns at the ring (ragged_ws.wait_tile:
-    turns are their barriers, None without PINGPONG; each frees the slots of
-    its own tiles and counts the other's).  GATHER: one operand's blocks were
-    written by the loader's threads (gathered_load_partition), which wgmma's
-    reads (the async proxy) see only after a proxy fence."""
+def mma_partition(c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
+                  A_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  CHUNK: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr = False):
+    """GATHER: one operand's blocks were written by the loader's threads
+    (gathered_load_partition), which wgmma's reads (the async proxy) see only
+    after a proxy fence."""
     ALIGN: gl.constexpr = k_block_step(A_T, BK)
-    c_buf = c_bufs.index(half)
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
+    acc_layout: gl.constexpr = accumulator_layout(BN, gl.num_warps())
     count = 0
     g = -1
     start = 0
     end = 0
-    for tile in range(pid, total_tiles(M, N, G, BM, BN), programs):
+    for tile in range(gl.program_id(0), total_tiles(M, N, G, BM, BN), gl.num_programs(0)):
         g, off_m, off_n, start, end = locate(tile, offs_ptr, M, N, T, g, start, end, BM, BN,
                                              CHUNK)
         first, span = tiled_rows(start, end, ALIGN)
-        turn = (tile - pid) // programs  # the program's tiles before this one
-        if PINGPONG and turn % 2 != half:  # the other's tile: its slots are not ours
-            count += (span + BK - 1) // BK
-        else:
-            wait_tile(turns, half, turn, PINGPONG)
-            acc, count = accumulate_tile(a_bufs, b_bufs, ready, empty, count, first, span,
-                                         start, end, A_T, BM, BN, BK, STAGES, GATHER)
-            pass_tile(turns, half, PINGPONG)
-            store_tile(acc, c_desc, c_buf, (g, off_m), off_n)
+        acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+        fence_before_k_loop()
+        for k in range(0, span, BK):  # the loader's count of K blocks
+            slot = count % STAGES
+            mbarrier.wait(ready.index(slot), count // STAGES & 1)
+            if GATHER:
+                fence_async_shared()
+            if A_T:
+                a = a_bufs.index(slot).permute((1, 0))  # [BK, BM] as [BM, BK]
+            else:
+                k0 = first + k
+                if (k0 < start) | (k0 + BK > end):
+                    clear_outside(a_bufs.index(slot), b_bufs.index(slot), k0, start, end)
+                a = a_bufs.index(slot)
+            acc = warpgroup_mma(a, b_bufs.index(slot), acc, is_async=True)
+            # One MMA in flight: the one before it is done with its slot.
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+            count += 1
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        # An empty group ran no MMA: nothing to free, its zero tile is stored.
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=span > 0)
+        store_tile(acc, c_desc, c_buf, (g, off_m), off_n)
     tma.store_wait(0)
-
-
-@gluon.jit
-def tile_turns():
-    """The two MMA partitions' barriers for taking turns at tiles (PINGPONG)."""
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
-    return turns
 
 
 @gluon.jit
 def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
                        A_T: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                        BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                       PRECISION: gl.constexpr, STAGES: gl.constexpr,
-                       PINGPONG: gl.constexpr):
+                       PRECISION: gl.constexpr, STAGES: gl.constexpr):
     """ragged_k_kernel's contract (a [M, T] stored as row-major [T, M] (A_T) or
     row-major, b [T, N] row-major, c [G, M, N] with rows ldc apart and groups
     M * ldc apart), TMA only; USE_TMA and PRECISION (16-bit inputs only) are
-    taken for the common signature.  PINGPONG: two MMA partitions of
-    num_warps warps take turns at whole tiles (mma_partition), one's
-    epilogue running while the other's MMAs do."""
+    taken for the common signature."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     out: gl.constexpr = c_ptr.dtype.element_ty
@@ -233,22 +195,15 @@ def ragged_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
     EPI_N: gl.constexpr = BN if BN < EPILOGUE_COLS else EPILOGUE_COLS
     c_desc = tma.make_tensor_descriptor(c_ptr, [G, M, N], [M * ldc, ldc, 1], [1, BM, EPI_N],
                                         shared_layout([1, BM, EPI_N], out))
-    PARTS: gl.constexpr = 2 if PINGPONG else 1
     a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(dtype, out, a_tile, [BK, BN],
-                                                         [BM, EPI_N], PARTS, STAGES,
-                                                         PINGPONG=PINGPONG)
-    if PINGPONG:
-        turns = tile_turns()
-    gl.warp_specialize(
-        [(mma_partition, (p, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
-                          turns if PINGPONG else None, offs_ptr, M,
-                          N, T, G, A_T, BM, BN, BK, CHUNK, STAGES, False, PINGPONG))
-         if p < PARTS else
-         (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
-                           A_T, BM, BN, BK, CHUNK, STAGES))
-         for p in ((0, 1) if PARTS == 1 else (0, 1, 2))],
-        [LOADER_WARPS] if PARTS == 1 else [gl.num_warps(), LOADER_WARPS],
-        [LOADER_REGISTERS] if PARTS == 1 else [MMA_REGISTERS, LOADER_REGISTERS])
+                                                         [BM, EPI_N], 1, STAGES)
+    c_buf = c_bufs.index(0)
+    gl.warp_specialize([
+        (mma_partition, (c_desc, a_bufs, b_bufs, c_buf, ready, empty, offs_ptr, M, N, T, G,
+                         A_T, BM, BN, BK, CHUNK, STAGES)),
+        (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, T, G,
+                          A_T, BM, BN, BK, CHUNK, STAGES)),
+    ], [LOADER_WARPS], [LOADER_REGISTERS])
 
 
 @gluon.constexpr_function
@@ -385,8 +340,8 @@ def gathered_k_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ld
                                                          [BM, EPI_N], 1, STAGES,
                                                          COPIERS=32 * GATHER_WARPS)
     gl.warp_specialize([
-        (mma_partition, (0, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, None, offs_ptr, M, N,
-                         T, G, True, BM, BN, BK, CHUNK, STAGES, True, False)),
+        (mma_partition, (c_desc, a_bufs, b_bufs, c_bufs.index(0), ready, empty, offs_ptr, M, N,
+                         T, G, True, BM, BN, BK, CHUNK, STAGES, True)),
         (gathered_load_partition, (desc, a_bufs, b_bufs, ready, empty, offs_ptr, src_ptr, ld_src,
                                    rows_ptr, rows_div, M, N, T, G, GATHER_A, BM, BN, BK, CHUNK,
                                    STAGES)),
