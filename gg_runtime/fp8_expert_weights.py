@@ -37,9 +37,8 @@ class Fp8ExpertWeights:
         self._sources = (_fingerprint(w13), _fingerprint(w2))
         self._storages = (w13.untyped_storage(), w2.untyped_storage())
         with torch.no_grad():
-            both = [fp8_training.quantize_weight_both_ways(w, recipe) for w in (w13, w2)]
-        self.forward = tuple(forward for forward, _ in both)
-        self.backward = tuple(backward for _, backward in both)
+            self.forward = tuple(fp8_training.quantize_weight(w, recipe) for w in (w13, w2))
+            self.backward = tuple(fp8_training.quantize_weight(w.mT, recipe) for w in (w13, w2))
 
     def matches(self, w13, w2) -> bool:
         """Whether w13 and w2 are the weights these were made from, unchanged since."""

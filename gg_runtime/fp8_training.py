@@ -73,19 +73,6 @@ def quantize_weight(w, recipe):
     return _quantize(w, _WEIGHTS[recipe])
 
 
-def quantize_weight_both_ways(w, recipe):
-    """(quantize_weight(w, recipe), quantize_weight(w.mT, recipe)): the
-    forward's orientation and the input gradients'.  With 128 x 128 blocks
-    the second is the first transposed (the same blocks, amax, scales and
-    roundings), so it is copied that way, a third of the bytes of quantizing
-    w again."""
-    forward = quantize_weight(w, recipe)
-    if _WEIGHTS[recipe] != "128x128":
-        return forward, quantize_weight(w.mT, recipe)
-    q, scale = forward
-    return forward, (q.mT.contiguous(), scale.mT.contiguous())
-
-
 def _row_count(a) -> int:
     if isinstance(a, Quantized):
         return a.count
