@@ -184,9 +184,10 @@ def fp8_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor,
 
     Offsets are read as grouped_mm reads them (int32 on the GPU, no host
     sync).  Autograd keeps mat_a, mat_b and offs (the 16-bit inputs, as
-    grouped_mm does); gradients come back in bfloat16 with their inputs'
+    grouped_mm does); gradients come back in bfloat16, mat_b's with its
     strides (a weight passed as `w.transpose(1, 2)` gets a gradient with w's
-    strides).
+    strides), mat_a's row-major whatever mat_a's strides (grouped_mm's
+    follows a column-major mat_a).
 
     Args:
         mat_a: `[T, K]` bfloat16 on a CUDA device (activations).

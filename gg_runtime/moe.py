@@ -366,12 +366,13 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Raises:
         TypeError: an argument that is not a tensor (the biases: nor None), or
             of a dtype that does not fit, naming it (with `fp8`: x not
-            float16 or bfloat16, or weights not of its dtype).
+            float16 or bfloat16, or weights not of its dtype); fp8 weights
+            with a scale not given.
         ValueError: an unknown gate_up or activation; shapes that do not fit
             `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
             tensors on different devices or not on a CUDA device; fp8
-            weights: one scale given without the other, scales of neither
-            kind or of two kinds, weights not K-major, an input that
+            weights: scales of neither kind or of two kinds, weights not
+            K-major, an input that
             requires grad; fp8 weights or `fp8`: H or I not multiples of 16;
             `fp8`: a value other than None, the recipes and an
             Fp8ExpertWeights, or given with scales; an Fp8ExpertWeights of

@@ -62,9 +62,14 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
         `[T, H]` in hidden_states' dtype.
 
     Raises:
-        ValueError: an argument this entry does not support (named), or any
-            error of `moe_experts`.
+        ValueError: an argument this entry does not support (named);
+            global_num_experts other than -1 or w1's E without expert_map;
+            or any error of `moe_experts`.
         TypeError: an argument of the wrong type (named), or as `moe_experts`.
+
+    The errors `moe_experts` raises name its arguments: `x` for
+    hidden_states, `w13` for w1, `w13_scale` and `w2_scale` for w1_scale and
+    w2_scale, `topk_ids` for the local ids made through expert_map.
     """
     check_types(tensors=(("hidden_states", hidden_states), ("w1", w1), ("w2", w2),
                          ("topk_weights", topk_weights), ("topk_ids", topk_ids)),
@@ -89,6 +94,10 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                          "[E, ceil(2I/128), ceil(H/128)])")
     if expert_map is not None:
         topk_ids = _local_ids(topk_ids, expert_map, global_num_experts)
+    elif global_num_experts not in (-1, w1.shape[0]):
+        raise ValueError(f"global_num_experts = {global_num_experts} needs an expert_map (its "
+                         f"ids would index w1's {w1.shape[0]} experts); without one it must be "
+                         "-1 or w1's E")
     out = moe_experts(hidden_states, topk_ids, topk_weights, w1, w2, w13_scale=w1_scale,
                       w2_scale=w2_scale)
     return hidden_states.copy_(out) if inplace else out

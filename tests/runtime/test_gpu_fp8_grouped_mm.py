@@ -132,6 +132,16 @@ def test_strided_mat_a(recipe):
     check(wide[:, 8:8 + a.shape[1]], b, offs, grad, recipe)
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_column_major_mat_a(recipe):
+    """mat_a stored transposed (a view of [K, T]): the reference's output
+    and gradients, grad_a row-major (the docstring's promise)."""
+    a, b, offs, grad = fp8_training_inputs([40, 0, 150], 96, 160, extra_rows=4)
+    got = forward_backward(fp8_mm(recipe), a.t().contiguous().t(), b, offs, grad)
+    assert_matches_reference(got, a, b, offs, grad, recipe)
+    assert got[1].is_contiguous()
+
+
 # Per group, the magnitudes of a's rows, w and grad's rows: the output (a w),
 # grad_a (grad w) and grad_b (a grad) of the first five groups from 1e-20 to
 # 1e20, every product of two scales a normal float32; then 1e-30, below

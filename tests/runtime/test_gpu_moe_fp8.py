@@ -4,7 +4,9 @@ quantizes the activations as the implementation does: both kinds of scales,
 H and I multiples of 16 but not of 128, E from 1 to 256, k from 1 to 8, T
 from 0 to 4096, every token on one expert, duplicate and dropped ids, both
 gate_up layouts and activations, biases, float16 tokens, strided and padded
-storage, a non-finite token, CUDA graphs; outputs poisoned.
+storage, a non-finite token, CUDA graphs (k, one expert's tokens, the ids,
+the non-finite token and the graphs on each up projection kernel's widths,
+INTERS); outputs poisoned.
 
 Two kinds of data.  Most tests draw x and w13 with exactly_quantized: fp8
 holds them without loss and the tensor cores sum their products exactly, so
@@ -60,6 +62,11 @@ SMALL_GROUPS_HALVES = (64, 272, 320, 8, 4)
 LARGE_GROUPS = (1024, 272, 256, 4, 2)
 LARGE_GROUPS_HALVES = (1024, 272, 320, 4, 2)
 LARGE_GROUPS_TAILS = (1024, 272, 208, 4, 2)
+# Expert widths that take each up projection kernel (the edge-case tests run
+# each): the Triton kernel with 128 x 128 blocks (I = 208), the
+# warp-specialised one for whole halves (256) and for odd halves (320).
+INTERS = {"tails": 208, "whole": 256, "halves": 320}
+every_inter = pytest.mark.parametrize("inter", INTERS.values(), ids=INTERS)
 SHAPES = {
     "tile_tails": TAILS,
     "smallest": (5, 16, 16, 4, 2),
@@ -201,8 +208,12 @@ def test_a_kernel_is_refused_widths_its_condition_excludes(variant, shape):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", range(1, 9))
-def test_every_k(kind, k):
-    check(make_case(33, 272, 208, 16, k, kind))
+@pytest.mark.parametrize("tokens", [33, 300], ids=["few_rows", "many_rows"])
+@every_inter
+def test_every_k(kind, k, tokens, inter):
+    """Groups of about 2-17 rows and 19-150 (past the per-channel decode
+    kernel's 32), on every width."""
+    check(make_case(tokens, 272, inter, 16, k, kind))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -238,16 +249,21 @@ def test_no_experts(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_all_tokens_on_one_expert(kind):
-    case = make_case(300, 272, 208, 16, 1, kind)
+@pytest.mark.parametrize("tokens", [300, 1100], ids=["pingpong", "split"])
+@every_inter
+def test_all_tokens_on_one_expert(kind, tokens, inter):
+    """One group of every row, the others empty: up to 512 rows a group the
+    warp-specialised kernel's pingpong tiles, beyond its split ones."""
+    case = make_case(tokens, 272, inter, 16, 1, kind)
     case["topk_ids"].fill_(7)
     check(case)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_duplicate_ids_in_a_token(kind):
+@every_inter
+def test_duplicate_ids_in_a_token(kind, inter):
     """A token may name an expert twice: both slots count, each with its weight."""
-    case = make_case(64, 272, 208, 8, 4, kind)
+    case = make_case(160, 272, inter, 8, 4, kind)
     ids = case["topk_ids"]
     ids[:, 1] = ids[:, 0]
     ids[::3, 3] = ids[::3, 0]
@@ -255,10 +271,11 @@ def test_duplicate_ids_in_a_token(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_dropped_ids_add_nothing(kind):
+@every_inter
+def test_dropped_ids_add_nothing(kind, inter):
     """-1 and ids >= E (other ranks' experts) drop their slots; a token whose
     slots are all dropped gets zeros (its row written: outputs are poisoned)."""
-    case = make_case(97, 272, 208, 8, 4, kind)
+    case = make_case(197, 272, inter, 8, 4, kind)
     ids = case["topk_ids"]
     ids[torch.rand(ids.shape, device="cuda") < 0.3] = -1
     ids[0] = torch.tensor([8, 9, 2 ** 31 - 1, -300])
@@ -294,35 +311,48 @@ def test_strided_and_padded_storage(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_non_finite_token_stays_in_its_row(kind):
+@every_inter
+def test_non_finite_token_stays_in_its_row(kind, inter):
     """A NaN in one token, an inf in another: every other token finite and
     as the reference (what the two get is undefined: their rows' scales are)."""
-    case = make_case(64, 272, 208, 8, 4, kind)
+    case = make_case(160, 272, inter, 8, 4, kind)
     case["x"][3, 10] = float("nan")
     case["x"][40, 200] = float("inf")
     out = gg_runtime.moe_experts(**case)
-    good = torch.ones(64, dtype=torch.bool, device="cuda")
+    good = torch.ones(160, dtype=torch.bool, device="cuda")
     good[[3, 40]] = False
     assert torch.isfinite(out[good]).all()
     assert_close(out[good], moe_experts_fp8_ref(**case)[good], EXACT_TOLERANCE)
 
 
+def skewed_routing(tokens, experts, k):
+    """Most slots on expert 0, some dropped (-1): groups far from the captured ones."""
+    ids, weights = routing(tokens, experts, k)
+    ids[: tokens * 3 // 4, 0] = 0
+    ids[::5, -1] = -1
+    return ids, weights
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_graph_replays_new_tokens_and_routing(kind):
-    """Captured (nothing may wait for the host), then replayed with new tokens,
-    ids and weights copied into the captured inputs."""
-    case = make_case(128, 272, 208, 8, 2, kind)
+@every_inter
+def test_cuda_graph_replays_new_tokens_and_routing(kind, inter):
+    """Captured (nothing may wait for the host), then replayed, each time with
+    new tokens, ids and weights copied into the captured inputs: the routing
+    captured, one skewed onto an expert with dropped slots, then another."""
+    case = make_case(256, 272, inter, 8, 2, kind)
     gg_runtime.moe_experts(**case)  # loads the kernels outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = gg_runtime.moe_experts(**case)
-    ids, weights = routing(128, 8, 2)
-    case["x"].copy_(token_rows(128, 272, kind))
-    case["topk_ids"].copy_(ids)
-    case["topk_weights"].copy_(weights)
-    graph.replay()
-    assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+    for new_routing in (skewed_routing, routing):
+        ids, weights = new_routing(256, 8, 2)
+        case["x"].copy_(token_rows(256, 272, kind))
+        case["topk_ids"].copy_(ids)
+        case["topk_weights"].copy_(weights)
+        out.fill_(float("nan"))
+        graph.replay()
+        assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
 
 
 def vllm_options(kind):

@@ -7,8 +7,9 @@ large groups, E = 1 and 256, k from 1 to 8, T = 0, 1 and 7,
 experts of 0, 1 and 127 rows, dropped and duplicate ids, both gate_up
 layouts and activations, biases, weights stored transposed (their
 gradients in their strides), float16 tokens, output-gradient rows from
-1e-30 to 1e10 and zero; each up-projection kernel that keeps gu forced;
-CUDA graphs; torch.compile; weights quantized once (quantize_expert_weights)
+1e-30 to 1e10 and zero, token rows of 1e-10 to 1e10 and experts' weights of
+magnitudes far apart; some inputs frozen; each up-projection kernel that
+keeps gu forced; CUDA graphs; torch.compile; weights quantized once (quantize_expert_weights)
 against the recipe.  Outputs poisoned.
 
 Normal data: every quantization rounds, and the forward's fast
@@ -112,11 +113,37 @@ def test_output_and_gradients(recipe, shape):
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
-def test_layouts_activations_biases(recipe, gate_up, activation):
+@pytest.mark.parametrize("biases", ["both", "b2", "none"])
+def test_layouts_activations_biases(recipe, gate_up, activation, biases):
     """Biases and weights stored transposed: every gradient, the weights' in
-    their strides."""
-    inputs = layer(*SHAPES["small_groups"], bias=True, transposed=True)
+    their strides.  Without b13 (whose gradient needs d(gu) in 16 bits) the
+    blockwise backward quantizes d(gu) and h in SwiGLU's backward."""
+    inputs = list(layer(*SHAPES["small_groups"], bias=True, transposed=True))
+    if biases != "both":
+        inputs[5] = None
+    if biases == "none":
+        inputs[6] = None
     check(inputs, recipe, gate_up=gate_up, activation=activation)
+
+
+FROZEN = {"experts_frozen": ("x", "topk_weights"), "tokens_frozen": ("w13", "w2", "b13", "b2"),
+          "w2_only": ("w2",), "x_only": ("x",)}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("wanted", FROZEN.values(), ids=FROZEN)
+def test_some_inputs_frozen(recipe, wanted):
+    """Only some inputs require grad: their gradients as the reference's."""
+    x, ids, weights, w13, w2, b13, b2, grad = layer(*SHAPES["small_groups"], bias=True)
+    given = {"x": x, "topk_weights": weights, "w13": w13, "w2": w2, "b13": b13, "b2": b2}
+    leaves = {n: t.detach().requires_grad_(n in wanted) for n, t in given.items()}
+    out = gg_runtime.moe_experts(leaves["x"], ids, leaves["topk_weights"], leaves["w13"],
+                                 leaves["w2"], b13=leaves["b13"], b2=leaves["b2"], fp8=recipe)
+    got = torch.autograd.grad(out, [leaves[n] for n in wanted], grad)
+    want = moe_experts_fp8_training_ref(x, ids, weights, w13, w2, grad, recipe, b13, b2)
+    assert rel_error(out, want["out"]) <= TOLERANCE
+    for name, value in zip(wanted, got):
+        assert rel_error(value, want[name]) <= TOLERANCE, name
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -285,3 +312,63 @@ def test_gradient_rows_from_1e_30_to_1e10(recipe):
         else:
             error = rel_error(got["x"][token], want[token])
             assert error <= 2 * TOLERANCE, f"token {token}: relative error {error:.2e}"
+
+
+def scaled_token_rows(recipe, magnitudes):
+    """run()'s results and the reference's for token rows scaled by
+    `magnitudes` in turn: (got, want, each token's magnitude)."""
+    inputs = list(layer(*SHAPES["small_groups"]))
+    x = inputs[0]
+    magnitudes = torch.tensor(magnitudes, device="cuda")
+    of_token = magnitudes[torch.arange(x.shape[0], device="cuda") % len(magnitudes)]
+    x.mul_(of_token[:, None].to(x.dtype))
+    return run(*inputs, recipe), moe_experts_fp8_training_ref(*inputs[:5], inputs[-1], recipe), \
+        of_token.tolist()
+
+
+def assert_token_close(got, want, token):
+    error = rel_error(got[token], want[token])
+    assert error <= 2 * TOLERANCE, f"token {token}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_token_rows_from_1e_10_to_1e3(recipe):
+    """Token rows of magnitudes 1e-10 to 1e3 and zero, each quantized on its
+    own: each token's output and dx judged against its own magnitude (a zero
+    row's output exactly zero: no bias), the other gradients whole."""
+    got, want, magnitudes = scaled_token_rows(recipe, [1e-10, 1e-3, 1.0, 1e3, 0.0])
+    for name in ("w13", "w2", "topk_weights"):
+        assert rel_error(got[name], want[name]) <= TOLERANCE, name
+    for token, magnitude in enumerate(magnitudes):
+        if magnitude == 0:
+            assert got["out"][token].eq(0).all(), f"token {token}: not zero"
+        else:
+            assert_token_close(got["out"], want["out"], token)
+            assert_token_close(got["x"], want["x"], token)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_token_rows_of_1e10(recipe):
+    """Tokens of magnitude 1e10 among ones: each output as the reference's,
+    every gradient finite.  Their gradients are not compared: the up
+    projection's accumulation error (about 1e-4 of a row's magnitude) is
+    some 1e6 there, far wider than SiLU's bend (|gate| < 10), so a gate that
+    small may take the other sign than the reference's, and its gradient
+    the other side of a step (0 or 1 times up)."""
+    got, want, _ = scaled_token_rows(recipe, [1.0, 1e10])
+    for token in range(want["out"].shape[0]):
+        assert_token_close(got["out"], want["out"], token)
+    for name, value in got.items():
+        assert torch.isfinite(value).all(), name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_experts_of_far_apart_magnitudes(recipe):
+    """Each expert's weights scaled by its own factor, 1e-6 to 1e3 and zero
+    (a weight block of zeros): the output and every gradient as the
+    reference's (larger gates than 1e3 x normal: test_token_rows_of_1e10)."""
+    inputs = list(layer(*SHAPES["small_groups"]))
+    factors = torch.tensor([1.0, 1e-6, 1e3, 0.0, 1e-3, 1e2, 1.0, 1e-6], device="cuda")
+    for w in inputs[3:5]:
+        w.mul_(factors[:, None, None].to(w.dtype))
+    check(inputs, recipe)

@@ -139,10 +139,11 @@ def test_bad_arguments(name):
         gg_runtime.moe_experts(**args(**changes()))
 
 
-@pytest.mark.parametrize("name", ["w13_scale", "w2_scale", "w13", "w2"])
+@pytest.mark.parametrize("name", ["w13_scale", "w2_scale", "w13", "w2", "topk_ids",
+                                  "topk_weights", "b13", "b2"])
 def test_tensors_on_other_devices_are_refused(name):
     """A CPU tensor among meta ones."""
-    given = args()
+    given = args(b13=meta(E, 2 * INTER), b2=meta(E, H))
     given[name] = torch.zeros(given[name].shape, dtype=given[name].dtype)
     with pytest.raises(ValueError, match=f"{name} is on cpu but x is on meta"):
         gg_runtime.moe_experts(**given)
@@ -239,6 +240,8 @@ FUSED_BAD = {
     "expert_map length": ({"expert_map": meta(3 * E, dtype=torch.int32),
                            "global_num_experts": 2 * E},
                           "expert_map must have global_num_experts = 8 entries, got 12"),
+    "global_num_experts without expert_map": ({"global_num_experts": 3 * E},
+                                              "global_num_experts = 12 needs an expert_map"),
 }
 
 
