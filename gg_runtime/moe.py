@@ -372,11 +372,11 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
             tensors on different devices or not on a CUDA device; fp8
             weights: scales of neither kind or of two kinds, weights not
-            K-major, an input that
-            requires grad; fp8 weights or `fp8`: H or I not multiples of 16;
-            `fp8`: a value other than None, the recipes and an
-            Fp8ExpertWeights, or given with scales; an Fp8ExpertWeights of
-            other weights than w13 and w2, or of them before a change.
+            K-major, an input that requires grad; fp8 weights or `fp8`: H or
+            I not multiples of 16; `fp8`: a value other than None, the
+            recipes and an Fp8ExpertWeights, or given with scales; an
+            Fp8ExpertWeights of other weights than w13 and w2, or of them
+            before a change.
         UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
             GPU but compute capability 9.0).
         CudaError: a driver or launch failure.

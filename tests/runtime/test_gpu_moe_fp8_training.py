@@ -9,8 +9,8 @@ layouts and activations, biases, weights stored transposed (their
 gradients in their strides), float16 tokens, output-gradient rows from
 1e-30 to 1e10 and zero, token rows of 1e-10 to 1e10 and experts' weights of
 magnitudes far apart; some inputs frozen; each up-projection kernel that
-keeps gu forced; CUDA graphs; torch.compile; weights quantized once (quantize_expert_weights)
-against the recipe.  Outputs poisoned.
+keeps gu forced; CUDA graphs; torch.compile; weights quantized once
+(quantize_expert_weights) against the recipe.  Outputs poisoned.
 
 Normal data: every quantization rounds, and the forward's fast
 accumulation (the serving kernels') moves some of gu's elements by its
