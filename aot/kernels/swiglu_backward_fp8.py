@@ -52,7 +52,7 @@ from .quantize import BLOCK, scale_of, to_e4m3
 from .swiglu import activate
 from .ws import chunk_groups, first_step_past, locate
 
-SLAB = gl.constexpr(32)  # staged columns (phase 2) or rows (phase 3) a step reads
+SLAB = gl.constexpr(64)  # staged columns (phase 2) or rows (phase 3) a step reads
 
 
 @gluon.constexpr_function
