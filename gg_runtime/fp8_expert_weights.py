@@ -37,8 +37,10 @@ class Fp8ExpertWeights:
         self._sources = (_fingerprint(w13), _fingerprint(w2))
         self._storages = (w13.untyped_storage(), w2.untyped_storage())
         with torch.no_grad():
-            self.forward = tuple(fp8_training.quantize_weight(w, recipe) for w in (w13, w2))
-            self.backward = tuple(fp8_training.quantize_weight(w.mT, recipe) for w in (w13, w2))
+            (forward13, backward13), (forward2, backward2) = (
+                fp8_training.quantize_weight_both(w, recipe) for w in (w13, w2))
+        self.forward = (forward13, forward2)
+        self.backward = (backward13, backward2)
 
     def matches(self, w13, w2) -> bool:
         """Whether w13 and w2 are the weights these were made from, unchanged since."""

@@ -73,6 +73,15 @@ def quantize_weight(w, recipe):
     return _quantize(w, _WEIGHTS[recipe])
 
 
+def quantize_weight_both(w, recipe):
+    """(quantize_weight(w, recipe), quantize_weight(w.mT, recipe)): blockwise
+    from one read of w (its 128 x 128 blocks, transposed, are w.mT's)."""
+    if recipe == "blockwise":
+        q, scale, q_t, scale_t = call(OPS.quantize_fp8_both_orientations.default, w)
+        return (q, scale), (q_t, scale_t)
+    return quantize_weight(w, recipe), quantize_weight(w.mT, recipe)
+
+
 def _row_count(a) -> int:
     if isinstance(a, Quantized):
         return a.count

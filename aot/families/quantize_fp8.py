@@ -5,6 +5,8 @@ x row-major, or column-major (a transposed view, as a weight's
 w.transpose(1, 2)) read in place.  sm90 only, as the fp8 GEMMs; `aligned`
 (16-byte vectors) wherever x's base, strides and sizes allow it, else
 `basic`."""
+from dataclasses import replace
+
 from ..family import EVERY, MAJOR, Axis, Choice, Config, Family, Param, Where
 from ..kernels.quantize import quantize_fp8_kernel
 
@@ -33,6 +35,16 @@ ALIGNED = (
 )
 BASIC = (Config(2, 1024, 16, 8, 1),)
 ONE_BLOCK = (Config(128, 128, 16, 8, 1),)
+
+
+def orientations(configs) -> tuple:
+    """A column-major x's 128x128 configs for calls with and without the
+    transposed copy (FAMILY's conditions): a kernel each, so that the copy's
+    stores cost the others nothing."""
+    return tuple(replace(c, when=when) for c in configs for when in ORIENTATIONS)
+
+
+ORIENTATIONS = ("one_orientation", "both_orientations")
 # A column-major x is loaded along its rows, each column's BM rows one
 # contiguous run, and converted (in shared memory) to store q along its rows,
 # which costs registers: ptxas gives an aligned 1x128 tile of 64 x 128 119
@@ -69,19 +81,28 @@ FAMILY = Family(
         # x's group_rows is any value.
         Param("group_stride", "i64", "stride", aligned=True),
         Param("contiguous_rows", "i32", "extent", aligned=True),
+        # 128x128's transposed copy (q^T and its scales; quantize_fp8_both_orientations)
+        # and its row length, each group's rows: 0 for none (the pointers then
+        # repeat q's and scale's).
+        Param("qt_ptr", "*O", "output", aligned=True),
+        Param("qt_scale_ptr", "*fp32", "output"),
+        Param("qt_columns", "i32", "extent", aligned=True),
     ),
     axes=(Axis("granularity", GRANULARITY), Axis("x_major", MAJOR)),
     # aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128; X_T: column-major.
     constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"]),
-                          "X_T": v["x_major"] == "column"},
+                          "X_T": v["x_major"] == "column", "TRANSPOSED": False},
     aligned=EVERY,
     dtypes=("float16", "bfloat16", "float32"),
     out_dtypes=("float8_e4m3fn",),
     archs=(90,),
     configs={(90, "aligned"): ALIGNED, (90, "basic"): BASIC,
              (90, "aligned", ONE_BLOCK_ONLY): ONE_BLOCK, (90, "basic", ONE_BLOCK_ONLY): ONE_BLOCK,
-             **{(90, flavour, Where(x_major="column", granularity=granularity)): configs
+             **{(90, flavour, Where(x_major="column", granularity=granularity)):
+                orientations(configs) if granularity == "128x128" else configs
                 for (flavour, granularity), configs in COLUMN_MAJOR.items()}},
+    conditions={"one_orientation": "qt_columns == 0", "both_orientations": "qt_columns > 0"},
+    when_constexprs={"both_orientations": {"TRANSPOSED": True}},
     # Each granularity tiles differently (BM rows; BM x BN; 128 x 128 blocks
     # restarting at each group; column-major x: BM x BN tiles restarting at
     # each group, the term that is 0 for a row-major x): the grid is sized for

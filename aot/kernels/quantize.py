@@ -28,6 +28,14 @@ column-major   (X_T) element (r, c) of group g, whose rows are
                in shared memory); each group's rows are tiled afresh, as the
                address jumps between groups.
 
+A column-major x's BLOCK_128X128 can also store each block transposed
+(TRANSPOSED): q^T [G, C, N] contiguous beside q, with scales [G, cdiv(C,
+128), cdiv(N, 128)] (N = qt_columns, each group's rows): the same blocks, so
+the same values as quantizing the transposed x, from one read of x.  Its
+tile is loaded along x's rows, as q^T stores it: only q's stores convert it
+(a row-major x's transposed stores would convert theirs, which ran slower
+than two reads; the runtime passes a row-major x as its transposed view).
+
 Memory-bound: every tile moves several KiB per load (the aligned flavour's
 16-divisible x_ptr, q_ptr, C, ldx, group_stride and contiguous_rows let
 Triton use 16-byte vectors along x's rows or columns, whichever are
@@ -73,6 +81,20 @@ def quantize_blocks(x, scale_ptr, rows, row_ok, block, blocks_per_row):
     scale = scale_of(tl.max(tl.abs(x), axis=1))
     tl.store(scale_ptr + rows.to(tl.int64) * blocks_per_row + block, scale, mask=row_ok)
     return to_e4m3(x, scale[:, None])
+
+
+@triton.jit
+def store_transposed(qt_ptr, qt_scale_ptr, q, scale, group, row_block, col_block, local, cols,
+                     mask, C, N):
+    """A 128 x 128 block of group `group` (its rows `local` within the group,
+    row block `row_block` there, columns `cols`, q [128, 128] and its scale)
+    stored again as q^T's: group g's [C, N] at qt_ptr + g * C * N, its
+    scales [cdiv(C, 128), cdiv(N, 128)] after the groups before it."""
+    row_blocks = tl.cdiv(N, BLOCK)
+    g = group.to(tl.int64)
+    tl.store(qt_scale_ptr + (g * tl.cdiv(C, BLOCK) + col_block) * row_blocks + row_block, scale)
+    tl.store(qt_ptr + g * C * N + cols.to(tl.int64)[:, None] * N + local[None, :], tl.trans(q),
+             mask=tl.trans(mask), cache_modifier=".cs")
 
 
 @triton.jit
@@ -180,15 +202,18 @@ def column_rowwise_tile(x_ptr, q_ptr, scale_ptr, row_tile, C, N, ldx, group_stri
 
 
 @triton.jit
-def column_block_tile(x_ptr, q_ptr, scale_ptr, tile, C, N, ldx, group_stride,
-                      MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def column_block_tile(x_ptr, q_ptr, scale_ptr, qt_ptr, qt_scale_ptr, tile, C, N, ldx,
+                      group_stride, qt_columns, MODE: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, TRANSPOSED: tl.constexpr):
     """A BM x 128 tile of a column-major x (tiles numbered row tile by row
     tile, columns fastest), read once: BLOCK_1X128, BM one-row blocks;
     BLOCK_128X128 (BM = 128), one block, its scale at the tile's number as
-    block_128x128_tile's."""
+    block_128x128_tile's, and with TRANSPOSED (qt_columns is N then) also
+    stored transposed."""
     col_blocks = tl.cdiv(C, BLOCK)
     col_block = tile % col_blocks
-    group_start, local, rows = column_rows(tile // col_blocks, N, group_stride, BM)
+    row_tile = tile // col_blocks
+    group_start, local, rows = column_rows(row_tile, N, group_stride, BM)
     cols = col_block * BLOCK + tl.arange(0, BLOCK)
     mask = (local[:, None] < N) & (cols[None, :] < C)
     x = tl.load(x_ptr + group_start + cols.to(tl.int64)[None, :] * ldx + local[:, None],
@@ -199,12 +224,17 @@ def column_block_tile(x_ptr, q_ptr, scale_ptr, tile, C, N, ldx, group_stride,
         scale = scale_of(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
         tl.store(scale_ptr + tile, scale)
         q = to_e4m3(x, scale)
+        if TRANSPOSED:
+            per_group = tl.cdiv(N, BM)
+            store_transposed(qt_ptr, qt_scale_ptr, q, scale, row_tile // per_group,
+                             row_tile % per_group, col_block, local, cols, mask, C, qt_columns)
     tl.store(q_ptr + rows[:, None] * C + cols[None, :], q, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
-def quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, R, C, N, ldx, group_stride,
-                          MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, qt_ptr, qt_scale_ptr, R, C, N,
+                          ldx, group_stride, qt_columns, MODE: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, TRANSPOSED: tl.constexpr):
     """quantize_fp8_kernel's X_T tiling: each group's N rows in tiles of BM
     rows (ROWWISE: BN columns at a time; else by 128 columns, BN = 128)."""
     row_tiles = R // N * tl.cdiv(N, BM)
@@ -216,30 +246,37 @@ def quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, R, C, N, ldx, 
         tl.static_assert(BN == BLOCK, "a column-major tile's columns are one 128-column block")
         tl.static_assert((MODE != BLOCK_128X128) | (BM == BLOCK), "a 128x128 tile is one block")
         for tile in range(pid, row_tiles * tl.cdiv(C, BLOCK), programs):
-            column_block_tile(x_ptr, q_ptr, scale_ptr, tile, C, N, ldx, group_stride, MODE,
-                              BM, BN)
+            column_block_tile(x_ptr, q_ptr, scale_ptr, qt_ptr, qt_scale_ptr, tile, C, N, ldx,
+                              group_stride, qt_columns, MODE, BM, BN, TRANSPOSED)
 
 
 @triton.jit
 def quantize_fp8_kernel(x_ptr, q_ptr, scale_ptr, R, C, group_rows, ldx, group_stride,
-                        contiguous_rows, MODE: tl.constexpr, X_T: tl.constexpr,
-                        USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+                        contiguous_rows, qt_ptr, qt_scale_ptr, qt_columns, MODE: tl.constexpr,
+                        X_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                        PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr):
     """Persistent: program p takes tiles p, p + P, ... of its MODE's tiling
     (BM rows; BM x BN; one 128 x 128 block, BM = BN = 128; X_T:
     quantize_column_major's).  The runtime launches min(the family's
     `tiles`, one wave) programs, `tiles` being an upper bound of every MODE's
     count: a program past its MODE's count exits at once.  group_stride and
     contiguous_rows are X_T's (the runtime passes 0 for a row-major x), which
-    reads no group_rows: contiguous_rows is its value there.  BK, CHUNK and
+    reads no group_rows: contiguous_rows is its value there.  qt_ptr,
+    qt_scale_ptr and qt_columns: BLOCK_128X128's transposed copy, stored
+    where TRANSPOSED (a variant of its own: the other's registers stay
+    few), the runtime passing qt_columns > 0 for it.  BK, CHUNK and
     PRECISION (GEMM constexprs every variant receives) are unused."""
     tl.static_assert(not USE_TMA, "quantize_fp8 has no TMA path")
     tl.static_assert(BN % BLOCK == 0, "a tile must hold whole 128-column blocks")
+    tl.static_assert(((MODE == BLOCK_128X128) & X_T) | (not TRANSPOSED),
+                     "only a column-major x's 128x128 blocks are stored transposed too")
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if X_T:
-        quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, R, C, contiguous_rows, ldx,
-                              group_stride, MODE, BM, BN)
+        quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, qt_ptr, qt_scale_ptr, R, C,
+                              contiguous_rows, ldx, group_stride, qt_columns, MODE, BM, BN,
+                              TRANSPOSED)
     elif MODE == ROWWISE:
         for tile in range(pid, tl.cdiv(R, BM), programs):
             rowwise_tile(x_ptr, q_ptr, scale_ptr, tile * BM, R, C, ldx, BM, BN)

@@ -23,6 +23,7 @@ using gg::ops::moe_experts_for_backward;
 using gg::ops::moe_experts_fp8;
 using gg::ops::moe_experts_fp8_for_backward;
 using gg::ops::quantize_fp8;
+using gg::ops::quantize_fp8_both_orientations;
 using gg::ops::quantize_fp8_columns;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
@@ -51,6 +52,8 @@ void implement(Library& m) {
   m.impl("scaled_grouped_mm", kernel<TORCH_BOX(&scaled_grouped_mm), kShapesOnly>());
   m.impl("scaled_grouped_mm_k", kernel<TORCH_BOX(&scaled_grouped_mm_k), kShapesOnly>());
   m.impl("quantize_fp8", kernel<TORCH_BOX(&quantize_fp8), kShapesOnly>());
+  m.impl("quantize_fp8_both_orientations",
+         kernel<TORCH_BOX(&quantize_fp8_both_orientations), kShapesOnly>());
   m.impl("quantize_fp8_columns", kernel<TORCH_BOX(&quantize_fp8_columns), kShapesOnly>());
   m.impl("grouped_gemm", kernel<TORCH_BOX(&grouped_gemm), kShapesOnly>());
   m.impl("swiglu", kernel<TORCH_BOX(&swiglu), kShapesOnly>());
@@ -121,6 +124,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, "
       "int rows, str scaling, ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_fp8(Tensor x, str granularity='rowwise') -> (Tensor, Tensor)");
+  m.def("quantize_fp8_both_orientations(Tensor x) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "quantize_fp8_columns(Tensor x, Tensor offs, str granularity='1x128', Tensor? rows=None, "
       "int k=1) -> (Tensor, Tensor)");

@@ -41,6 +41,9 @@ Tensor scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, T
 
 // (q, scale) with x ~ q * scale.
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, std::string granularity);
+// (q, scale, q_t, scale_t): x [.., N, K] quantized per 128 x 128 block, and
+// x.mT's (the same blocks transposed, contiguous [.., K, N]), from one read.
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_fp8_both_orientations(Tensor x);
 // (q, scale) of x [T, C] quantised along T within each group of rows of offs,
 // q [C, 128 * (T / 128 + G)] K-major (csrc/ops/quantize_fp8_columns.cc): the
 // fp8 weight gradient's operands; with rows, x's rows rows[r] / k (T = the

@@ -3,7 +3,8 @@ torch on the GPU), exactly: every granularity and dtype, every variant forced by
 shapes that are multiples of no tile, zero rows and blocks, magnitudes from
 subnormal to huge, strided, unaligned and transposed inputs (column-major:
 read in place), 3-D weights and their transposed views, empty inputs;
-outputs poisoned."""
+quantize_fp8_both_orientations (128x128, and x.mT's from the same read)
+likewise; outputs poisoned."""
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ GRANULARITIES = ("rowwise", "1x128", "128x128")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 VARIANTS = [v for v in _C.variants()
             if v["family"] == "quantize_fp8" and v["arch"] == device_arch()]
+BOTH = torch.ops.gg_runtime.quantize_fp8_both_orientations.default
 
 
 def floor_scale() -> torch.Tensor:
@@ -47,6 +49,20 @@ def check(x, granularity) -> str:
     return key
 
 
+def check_both(x) -> str:
+    """quantize_fp8_both_orientations(x) is the 128x128 reference of x and of
+    x.mT, exactly, each contiguous.  Returns the variant that ran."""
+    q, scale, q_t, scale_t = BOTH(x)
+    key = last_variant()
+    assert key.endswith("_both_orientations"), key
+    for got_q, got_scale, of in ((q, scale, x), (q_t, scale_t, x.mT)):
+        ref_q, ref_scale = quantize_ref(of, "128x128")
+        assert got_q.dtype == FP8 and got_q.shape == of.shape and got_q.is_contiguous()
+        assert torch.equal(got_scale, ref_scale), key
+        assert torch.equal(got_q.float(), ref_q.float()), key
+    return key
+
+
 def run_variant(v, dtype, out_dtype):
     """One variant (forced by the caller) on 3-D input stored as its x_major
     says, whose sizes are multiples of no tile (for `aligned`, the contiguous
@@ -60,20 +76,28 @@ def run_variant(v, dtype, out_dtype):
     cols = 4368 if aligned else 4363
     x = operand((3, rows, cols), row_major=row_major, strided=False, dtype=dtype)
     granularity = v["axes"]["granularity"]
-    q, scale = quantize_fp8(x, granularity)
-    ref_q, ref_scale = quantize_ref(x, granularity)
-    assert torch.equal(scale, ref_scale)
-    assert q.dtype == out_dtype
-    return [(q, ref_q.float())]
+    if v["key"].endswith("_both_orientations"):
+        q, scale, q_t, scale_t = BOTH(x)
+        pairs = ((q, scale, x), (q_t, scale_t, x.mT))
+    else:
+        pairs = (quantize_fp8(x, granularity) + (x,),)
+    checked = []
+    for q, scale, of in pairs:
+        ref_q, ref_scale = quantize_ref(of, granularity)
+        assert torch.equal(scale, ref_scale)
+        assert q.dtype == out_dtype
+        checked.append((q, ref_q.float()))
+    return checked
 
 
 @pytest.mark.skipif(not VARIANTS, reason="needs quantize_fp8 kernels for this GPU")
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v["key"] for v in VARIANTS])
 def test_variant(variant):
     with forced(variant=variant["key"]):
-        [(q, ref)] = run_variant(variant, getattr(torch, variant["dtype"]), FP8)
+        checked = run_variant(variant, getattr(torch, variant["dtype"]), FP8)
         assert last_variant() == variant["key"]
-    assert torch.equal(q.float(), ref)
+    for q, ref in checked:
+        assert torch.equal(q.float(), ref)
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
@@ -187,3 +211,43 @@ def test_empty(shape, granularity, scale_shape):
     q, scale = quantize_fp8(randn(*shape, dtype=torch.bfloat16), granularity)
     assert q.shape == shape and scale.shape == scale_shape
     assert scale.eq(floor_scale()).all()  # rows without elements: the all-zero scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [
+    (1, 1), (3, 77), (131, 259), (130, 512), (300, 400),  # 2-D, basic and aligned
+    (3, 200, 320), (2, 256, 384), (4, 1, 272), (5, 208, 336), (2, 131, 259),
+])
+def test_both_orientations(dtype, shape):
+    """Row-major x (read as x.mT, column-major), blocks restarting at every
+    group (N % 128 != 0)."""
+    assert "-column." in check_both(randn(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, cols, flavour", TRANSPOSED_SHAPES)
+@pytest.mark.parametrize("groups", [1, 5])
+def test_both_orientations_of_transposed_weights(dtype, rows, cols, flavour, groups):
+    """w.transpose(1, 2) read in place, groups stacked or further apart."""
+    w = randn(groups, cols, rows, dtype=dtype)
+    assert f"-column.{flavour}." in check_both(w.transpose(1, 2))
+    apart = randn(groups, cols + 16, rows, dtype=dtype)[:, :cols]
+    assert f"-column.{flavour}." in check_both(apart.transpose(1, 2))
+
+
+def test_both_orientations_of_zero_blocks_and_magnitudes():
+    x = (torch.randn(3, 256, 384, device="cuda")
+         * torch.logspace(-40, 37, 256, device="cuda")[:, None]).to(torch.bfloat16)
+    x[1, 128:256, 128:256] = 0
+    check_both(x)
+    check_both(column_major(x))
+    check_both(randn(300, 2048, dtype=torch.bfloat16)[:, :1024])  # strided rows
+    check_both(randn(260, 2048, dtype=torch.bfloat16)[::2, ::2])  # neither contiguous: copied
+
+
+@pytest.mark.parametrize("shape", [(0, 300), (5, 0), (0, 200, 8), (3, 200, 0)])
+def test_both_orientations_empty(shape):
+    q, scale, q_t, scale_t = BOTH(randn(*shape, dtype=torch.bfloat16))
+    assert q.shape == shape and q_t.shape == shape[:-2] + shape[:-3:-1]
+    assert scale.shape[-2:] == tuple(-(-n // 128) for n in shape[-2:])
+    assert scale_t.shape == scale.mT.shape

@@ -113,9 +113,9 @@ def test_operators_are_registered_for_cuda_meta_and_cpu():
     torch (any release from the wheel's oldest): shapes come from meta tensors,
     CPU tensors get the error that names the argument."""
     for name in ("grouped_mm", "scaled_grouped_mm", "scaled_grouped_mm_k", "quantize_fp8",
-                 "quantize_fp8_columns", "grouped_gemm", "swiglu", "swiglu_backward",
-                 "swiglu_backward_fp8", "grouped_mm_glu", "gathered_mm", "gathered_mm_k",
-                 "combine", "route", "moe_experts"):
+                 "quantize_fp8_both_orientations", "quantize_fp8_columns", "grouped_gemm",
+                 "swiglu", "swiglu_backward", "swiglu_backward_fp8", "grouped_mm_glu",
+                 "gathered_mm", "gathered_mm_k", "combine", "route", "moe_experts"):
         assert hasattr(torch.ops.gg_runtime, name), name
     a = torch.empty(7, 16, dtype=torch.bfloat16, device="meta")
     b = torch.empty(3, 16, 5, dtype=torch.bfloat16, device="meta")

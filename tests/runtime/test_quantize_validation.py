@@ -1,14 +1,17 @@
-"""quantize_fp8 refuses bad input with a message naming the argument, before
-anything touches CUDA, and launches nothing for empty input.  Runs on CPU:
-fake CUDA tensors carry shapes, dtypes and strides without a GPU."""
+"""quantize_fp8 (and quantize_fp8_both_orientations) refuses bad input with a
+message naming the argument, before anything touches CUDA, and launches
+nothing for empty input.  Runs on CPU: fake CUDA tensors carry shapes, dtypes
+and strides without a GPU."""
 import pytest
 import torch
 
 from gg_runtime import quantize_fp8
+from gg_runtime._native import call
 
 from conftest import cuda
 
 GRANULARITIES = ("rowwise", "1x128", "128x128")
+BOTH = torch.ops.gg_runtime.quantize_fp8_both_orientations.default
 
 
 def strided(shape, strides, dtype):
@@ -74,3 +77,26 @@ def test_none_is_refused_by_name():
     dispatch on; the error names x all the same."""
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
         quantize_fp8(None, "rowwise")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: cuda(300, 200), lambda: cuda(3, 300, 200), lambda: cuda(3, 200, 300).transpose(1, 2),
+    lambda: strided((3, 10, 256), (5120, 1, 20), torch.bfloat16),
+])
+def test_both_orientations_shapes(fake, make):
+    x = make()
+    q, scale, q_t, scale_t = call(BOTH, x)
+    assert q.shape == x.shape and q_t.shape == x.mT.shape and q_t.is_contiguous()
+    assert q.dtype == q_t.dtype == torch.float8_e4m3fn
+    assert scale.shape == quantize_fp8(x, "128x128")[1].shape
+    assert scale_t.shape == scale.mT.shape
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: cuda(8), ValueError, r"x must be 2-D \[T, K\] \(activations\) or 3-D"),
+    (lambda: cuda(4, 8, dtype=torch.float64), TypeError, "x must be float16 or bfloat16 or "
+     "float32, got torch.float64"),
+])
+def test_both_orientations_refused(fake, make, error, message):
+    with pytest.raises(error, match=message):
+        call(BOTH, make())
