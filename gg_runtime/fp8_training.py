@@ -28,6 +28,9 @@ _ACTIVATIONS = {"rowwise": "rowwise", "blockwise": "1x128"}
 _WEIGHTS = {"rowwise": "rowwise", "blockwise": "128x128"}
 # fp8 rows are read in 16-byte copies (TMA), as torch requires of fp8 inputs too.
 _ALIGN = 16
+# fp8_grouped_mm's inputs, each also its gradient's dtype (float32: master
+# weights, whose gradient is the float32 product, not rounded to 16 bits).
+_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -88,24 +91,26 @@ def _row_count(a) -> int:
     return a.rows.shape[0] if isinstance(a, Gathered) else a.shape[0]
 
 
-def product(a, b_t, recipe, offs, quantized_b=None):
+def product(a, b_t, recipe, offs, quantized_b=None, out_dtype=torch.bfloat16):
     """a [T, R] (a tensor, Gathered or Quantized) @ b[g] for b given as b_t [G, C, R]
-    (R the reduced dimension), both quantized by the recipe: bfloat16 [T, C].
-    quantized_b: quantize_weight(b_t, recipe), made before (None: made here)."""
+    (R the reduced dimension), both quantized by the recipe: [T, C] in
+    out_dtype (bfloat16 or float32).  quantized_b: quantize_weight(b_t,
+    recipe), made before (None: made here)."""
     qa, scale_a = _quantized_rows(a, _ACTIVATIONS[recipe])
     qb, scale_b = quantize_weight(b_t, recipe) if quantized_b is None else quantized_b
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
-                torch.bfloat16, False)
+                out_dtype, False)
 
 
-def weight_gradient(left, right, offs, recipe):
-    """[G, L, R]: left_g^T @ right_g for left [T, L], right [T, R] (tensors,
-    Gathered or Quantized), each quantized along T within the groups."""
+def weight_gradient(left, right, offs, recipe, out_dtype=torch.bfloat16):
+    """[G, L, R] in out_dtype (bfloat16 or float32): left_g^T @ right_g for
+    left [T, L], right [T, R] (tensors, Gathered or Quantized), each
+    quantized along T within the groups."""
     granularity = _ACTIVATIONS[recipe]
     q_left, scale_left = _quantized_columns(left, offs, granularity)
     q_right, scale_right = _quantized_columns(right, offs, granularity)
     return call(OPS.scaled_grouped_mm_k.default, q_left, q_right, scale_left, scale_right, offs,
-                _row_count(left), recipe, torch.bfloat16)
+                _row_count(left), recipe, out_dtype)
 
 
 class _Fp8GroupedMm(torch.autograd.Function):
@@ -113,7 +118,7 @@ class _Fp8GroupedMm(torch.autograd.Function):
     def forward(ctx, a, b, offs, recipe):
         ctx.save_for_backward(a, b, offs)
         ctx.recipe = recipe
-        return product(a, b.mT, recipe, offs)
+        return product(a, b.mT, recipe, offs, out_dtype=a.dtype)
 
     @staticmethod
     @once_differentiable
@@ -124,14 +129,15 @@ class _Fp8GroupedMm(torch.autograd.Function):
         transposed (w.mT), computed as (grad^T a)^T, else as a^T grad."""
         a, b, offs = ctx.saved_tensors
         recipe = ctx.recipe
-        grad = grad.to(torch.bfloat16)
-        grad_a = product(grad, b, recipe, offs) if ctx.needs_input_grad[0] else None
-        grad_b = None
+        grad = grad.to(a.dtype)
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_a = product(grad, b, recipe, offs, out_dtype=a.dtype)
         if ctx.needs_input_grad[1]:
             if stored_transposed(b):
-                grad_b = weight_gradient(grad, a, offs, recipe).mT
+                grad_b = weight_gradient(grad, a, offs, recipe, b.dtype).mT
             else:
-                grad_b = weight_gradient(a, grad, offs, recipe)
+                grad_b = weight_gradient(a, grad, offs, recipe, b.dtype)
         return grad_a, grad_b, None, None
 
 
@@ -145,10 +151,11 @@ def _check(mat_a, mat_b, offs, recipe):
     for name, x, dims in (("mat_a", mat_a, 2), ("mat_b", mat_b, 3), ("offs", offs, 1)):
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}-D, got shape {tuple(x.shape)}")
-    for name, x, dtype in (("mat_a", mat_a, torch.bfloat16), ("mat_b", mat_b, torch.bfloat16),
-                           ("offs", offs, torch.int32)):
-        if x.dtype != dtype:
-            raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
+    for name, x in (("mat_a", mat_a), ("mat_b", mat_b)):
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be torch.bfloat16 or torch.float32, got {x.dtype}")
+    if offs.dtype != torch.int32:
+        raise TypeError(f"offs must be torch.int32, got {offs.dtype}")
     if mat_a.device.type not in ("cuda", "meta"):
         raise ValueError(f"mat_a must be on a CUDA device, got {mat_a.device}")
     for name, x in (("mat_b", mat_b), ("offs", offs)):
@@ -192,21 +199,24 @@ def fp8_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor,
     `T + 128 G` rows of each operand in fp8.
 
     Offsets are read as grouped_mm reads them (int32 on the GPU, no host
-    sync).  Autograd keeps mat_a, mat_b and offs (the 16-bit inputs, as
-    grouped_mm does); gradients come back in bfloat16, mat_b's with its
-    strides (a weight passed as `w.transpose(1, 2)` gets a gradient with w's
-    strides), mat_a's row-major whatever mat_a's strides (grouped_mm's
-    follows a column-major mat_a).
+    sync).  Autograd keeps mat_a, mat_b and offs (the inputs themselves, as
+    grouped_mm does); each gradient comes back in its input's dtype,
+    mat_b's with its strides (a weight passed as `w.transpose(1, 2)` gets a
+    gradient with w's strides), mat_a's row-major whatever mat_a's strides
+    (grouped_mm's follows a column-major mat_a).  A float32 input (master
+    weights, say) is quantized from its float32 values and gets the float32
+    product as its gradient, not rounded to 16 bits; the output is in
+    mat_a's dtype.
 
     Args:
-        mat_a: `[T, K]` bfloat16 on a CUDA device (activations).
-        mat_b: `[G, K, N]` bfloat16 on a's device, any strides (the weights;
-            typically `w.transpose(1, 2)` of a `[G, N, K]` w).
+        mat_a: `[T, K]` bfloat16 or float32 on a CUDA device (activations).
+        mat_b: `[G, K, N]` bfloat16 or float32 on a's device, any strides
+            (the weights; typically `w.transpose(1, 2)` of a `[G, N, K]` w).
         offs: `[G]` int32 cumulative end offsets of the groups' rows.
         recipe: `"blockwise"` or `"rowwise"`, as above.
 
     Returns:
-        `[T, N]` bfloat16; rows past `offs[-1]` are zero.
+        `[T, N]` in mat_a's dtype; rows past `offs[-1]` are zero.
 
     Raises:
         TypeError: an argument of the wrong type or dtype, naming it.
@@ -217,4 +227,4 @@ def fp8_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor,
     _check(mat_a, mat_b, offs, recipe)
     if torch.is_grad_enabled() and (mat_a.requires_grad or mat_b.requires_grad):
         return _Fp8GroupedMm.apply(mat_a, mat_b, offs, recipe)
-    return product(mat_a, mat_b.mT, recipe, offs)
+    return product(mat_a, mat_b.mT, recipe, offs, out_dtype=mat_a.dtype)

@@ -29,19 +29,22 @@ def call(recipe="blockwise", **changes):
 def test_valid_inputs_pass(fake, recipe):
     padded_rows = torch.empty_strided((T, K), (K + 16, 1), dtype=torch.bfloat16, device="cuda")
     for changes in ({}, {"mat_b": cuda(G, K, N)}, {"mat_a": padded_rows},
-                    {"offs": offsets(1), "mat_b": cuda(1, K, N)}):
+                    {"offs": offsets(1), "mat_b": cuda(1, K, N)},
+                    {"mat_b": cuda(G, K, N, dtype=torch.float32)}):
         out = call(recipe, **changes)
         assert out.shape == (T, N) and out.dtype == torch.bfloat16
+    out = call(recipe, mat_a=cuda(T, K, dtype=torch.float32))
+    assert out.shape == (T, N) and out.dtype == torch.float32  # mat_a's dtype
 
 
 # Each case replaces some of the valid inputs; made in the test, under fake mode.
 CASES = {
     "mat_a float16": (lambda: {"mat_a": cuda(T, K, dtype=torch.float16)}, TypeError, "mat_a"),
-    "mat_a float32": (lambda: {"mat_a": cuda(T, K, dtype=torch.float32)}, TypeError, "mat_a"),
+    "mat_a float64": (lambda: {"mat_a": cuda(T, K, dtype=torch.float64)}, TypeError, "mat_a"),
     "mat_a fp8": (lambda: {"mat_a": cuda(T, K, dtype=torch.float8_e4m3fn)}, TypeError, "mat_a"),
     "mat_b float16": (lambda: {"mat_b": cuda(G, K, N, dtype=torch.float16)}, TypeError,
                       "mat_b"),
-    "mat_b float32": (lambda: {"mat_b": cuda(G, K, N, dtype=torch.float32)}, TypeError,
+    "mat_b float64": (lambda: {"mat_b": cuda(G, K, N, dtype=torch.float64)}, TypeError,
                       "mat_b"),
     "K not 16n": (lambda: {"mat_a": cuda(T, 40), "mat_b": cuda(G, N, 40).transpose(1, 2)},
                   ValueError, "16"),

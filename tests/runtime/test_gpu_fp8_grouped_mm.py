@@ -5,9 +5,9 @@ are multiples of no tile (0, 1, 127, 128, 129 rows), one group, 256 and
 1,000 groups, rows past the last group, weights as w.transpose(1, 2) and
 contiguous (grad_b in their strides), a strided mat_a, groups from 1e-30 to
 1e10 in magnitude and all-zero ones (each group judged against its own
-magnitude), blocks along T starting at each group's first row; then what
-fp8 costs against bfloat16 grouped_mm, CUDA graphs and torch.compile.
-Outputs poisoned."""
+magnitude), blocks along T starting at each group's first row, float32
+inputs (their gradients the float32 products); then what fp8 costs against
+bfloat16 grouped_mm, CUDA graphs and torch.compile.  Outputs poisoned."""
 import pytest
 import torch
 
@@ -59,15 +59,15 @@ def assert_part_close(got, want, where):
 
 
 def assert_matches_reference(got, a, b, offs, grad, recipe):
-    """got = (out, grad_a, grad_b) against the reference: bfloat16 of the
-    inputs' shapes, grad_b in b's strides, each whole within TOLERANCE, each
-    group's part within GROUP_TOLERANCE."""
+    """got = (out, grad_a, grad_b) against the reference: of the inputs'
+    shapes and dtypes (out a's), grad_b in b's strides, each whole within its
+    dtype's tolerance, each group's part within GROUP_TOLERANCE."""
     want = (fp8_grouped_mm_ref(a, b, offs, recipe),
             *fp8_grouped_mm_grads_ref(a, b, offs, grad, recipe))
-    for name, x, y in zip(NAMES, got, want):
-        assert x.dtype == torch.bfloat16 and x.shape == y.shape, name
+    for name, x, y, dtype in zip(NAMES, got, want, (a.dtype, a.dtype, b.dtype)):
+        assert x.dtype == dtype and x.shape == y.shape, name
         error = rel_error(x, y)
-        assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
+        assert error <= FP8_TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
     assert got[2].stride() == b.stride()
     start = 0
     for g, end in enumerate(effective_ends(offs, a.shape[0])):
@@ -121,6 +121,24 @@ def test_nothing_to_multiply(recipe, counts, extra_rows):
     """No groups, or groups without rows: zero outputs and gradients of the
     inputs' shapes, nothing read out of bounds (outputs poisoned)."""
     check(*fp8_training_inputs(counts, 32, 48, extra_rows=extra_rows), recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("float32", ["mat_a", "mat_b", "both"])
+def test_float32_inputs(recipe, float32):
+    """float32 inputs (master weights): quantized from their float32 values,
+    each gradient the float32 product (within float32's tolerance, and not
+    rounded to bfloat16), the output in mat_a's dtype."""
+    a, b, offs, grad = fp8_training_inputs(*SHAPES["tile_tails"][:3], extra_rows=9)
+    if float32 != "mat_b":
+        a, grad = a.float().mul_(1 + 2 ** -12), grad.float()  # values bfloat16 cannot hold
+    if float32 != "mat_a":
+        b = b.float().mul_(1 + 2 ** -12)
+    got = forward_backward(fp8_mm(recipe), a, b, offs, grad)
+    assert_matches_reference(got, a, b, offs, grad, recipe)
+    for x in got:
+        if x.dtype == torch.float32:
+            assert not torch.equal(x, x.to(torch.bfloat16).float())
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
