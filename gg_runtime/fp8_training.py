@@ -3,11 +3,12 @@ product whose forward and backward run in fp8, quantizing their inputs as
 they go.  Every product is an fp8 operator (scaled_grouped_mm for the
 forward and the input gradient, scaled_grouped_mm_k for the weight
 gradient); every quantization one quantize_fp8 or quantize_fp8_columns
-launch.  What autograd keeps is the 16-bit inputs, as for grouped_mm.
-Its products and quantizations (product, weight_gradient, quantize_weight)
-are moe_experts(fp8=...)'s too (moe.py), whose operands may be read through
-the routing's order (autograd.Gathered) or quantized where they were made
-(Quantized)."""
+launch (a weight's two orientations, blockwise, one
+quantize_fp8_both_orientations launch).  What autograd keeps is the inputs
+themselves, as for grouped_mm.  Its products and quantizations (product,
+weight_gradient, quantize_weight) are moe_experts(fp8=...)'s too (moe.py),
+whose operands may be read through the routing's order (autograd.Gathered)
+or quantized where they were made (Quantized)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

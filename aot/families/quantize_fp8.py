@@ -35,16 +35,15 @@ ALIGNED = (
 )
 BASIC = (Config(2, 1024, 16, 8, 1),)
 ONE_BLOCK = (Config(128, 128, 16, 8, 1),)
+ORIENTATIONS = ("one_orientation", "both_orientations")  # FAMILY's conditions
 
 
 def orientations(configs) -> tuple:
     """A column-major x's 128x128 configs for calls with and without the
-    transposed copy (FAMILY's conditions): a kernel each, so that the copy's
-    stores cost the others nothing."""
+    transposed copy: a kernel each, so that the copy's stores cost the
+    others nothing."""
     return tuple(replace(c, when=when) for c in configs for when in ORIENTATIONS)
 
-
-ORIENTATIONS = ("one_orientation", "both_orientations")
 # A column-major x is loaded along its rows, each column's BM rows one
 # contiguous run, and converted (in shared memory) to store q along its rows,
 # which costs registers: ptxas gives an aligned 1x128 tile of 64 x 128 119
