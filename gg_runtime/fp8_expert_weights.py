@@ -82,8 +82,8 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
     the 16-bit weights, until it is dropped.
 
     Args:
-        w13: `[E, 2I, H]`, float16 or bfloat16 on a CUDA device, any strides
-            (as `moe_experts` takes it).
+        w13: `[E, 2I, H]`, float16, bfloat16 or float32 on a CUDA device,
+            any strides (as `moe_experts` takes it).
         w2: `[E, H, I]` of w13's dtype and device.
         fp8: the recipe, `"blockwise"` or `"rowwise"` (`moe_experts`' `fp8`).
 
@@ -91,7 +91,8 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
         An `Fp8ExpertWeights`, for `moe_experts(..., fp8=...)`.
 
     Raises:
-        TypeError: w13 or w2 not a tensor, or not float16 or bfloat16 of one dtype.
+        TypeError: w13 or w2 not a tensor, or not float16, bfloat16 or float32
+            of one dtype.
         ValueError: an unknown recipe; weights not 3-D, or on different devices;
             H or I not multiples of 16.
         UnsupportedDeviceError: a GPU of another compute capability than 9.0.
@@ -100,8 +101,8 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
         raise ValueError(f"fp8 must be one of {fp8_training.RECIPES}, got {fp8!r}")
     check_types(tensors=(("w13", w13), ("w2", w2)))
     for name, w in (("w13", w13), ("w2", w2)):
-        if w.dtype not in (torch.float16, torch.bfloat16) or w.dtype != w13.dtype:
-            raise TypeError(f"w13 and w2 must be float16 or bfloat16 of one dtype, got "
+        if w.dtype not in (torch.float16, torch.bfloat16, torch.float32) or w.dtype != w13.dtype:
+            raise TypeError(f"w13 and w2 must be float16, bfloat16 or float32 of one dtype, got "
                             f"{w13.dtype} and {w2.dtype}")
         if w.dim() != 3 or w.device != w13.device:
             raise ValueError(f"{name} must be 3-D on w13's device {w13.device}, got shape "

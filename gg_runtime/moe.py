@@ -178,6 +178,8 @@ def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activatio
                                         for w in (w13, w2))
     else:
         (q13, scale13), (q2, scale2) = quantized.forward
+    # float32 master weights' biases, as the operator adds them: in x's dtype.
+    b13, b2 = (b if b is None else b.to(x.dtype) for b in (b13, b2))
     op = OPS.moe_experts_fp8_for_backward if for_backward else OPS.moe_experts_fp8
     return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2, b13, b2, gate_up,
                 activation)
@@ -213,9 +215,11 @@ def _weight_gradient(w, left, right, offs, recipe):
     those of gathered_mm_k where an operand is Gathered (at most one is)."""
     transposed = stored_transposed(w)
     if recipe is not None:
+        # float32 master weights get the float32 product, 16-bit ones bfloat16's.
+        out = torch.float32 if w.dtype == torch.float32 else torch.bfloat16
         if transposed:
-            return fp8_training.weight_gradient(right, left, offs, recipe).mT.to(w.dtype)
-        return fp8_training.weight_gradient(left, right, offs, recipe).to(w.dtype)
+            return fp8_training.weight_gradient(right, left, offs, recipe, out).mT.to(w.dtype)
+        return fp8_training.weight_gradient(left, right, offs, recipe, out).to(w.dtype)
     if not isinstance(left, Gathered) and not isinstance(right, Gathered):
         return input_gradient(w, left.mT, right, offs, False)
     tokens = left if isinstance(left, Gathered) else right
@@ -291,11 +295,11 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         topk_weights: `[T, k]`, any floating dtype (converted to float32 for
             the combine): each slot's routing weight; its gradient comes back
             in this dtype.
-        w13: `[E, 2I, H]` in x's dtype: each expert's gate and up projections
-            in nn.Linear's `[out, in]` layout (transformers' `gate_up_proj`),
-            or any strided view of that shape (a transposed `[E, H, 2I]`
-            tensor, say).
-        w2: `[E, H, I]` in x's dtype: the down projections, `[out, in]`
+        w13: `[E, 2I, H]` in x's dtype (with an fp8 recipe, or float32):
+            each expert's gate and up projections in nn.Linear's `[out, in]`
+            layout (transformers' `gate_up_proj`), or any strided view of
+            that shape (a transposed `[E, H, 2I]` tensor, say).
+        w2: `[E, H, I]` in w13's dtype: the down projections, `[out, in]`
             (transformers' `down_proj`), or any strided view of that shape.
         gate_up: how w13's rows hold the two halves: `"concatenated"` (gate
             rows, then up rows: Qwen3-MoE, Mixtral, DeepSeek, OLMoE) or
@@ -304,8 +308,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             gpt-oss's clamped form `(clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g')`
             with `g' = min(g, 7)` (gradients zero where a clamp holds, as
             `torch.clamp`'s).
-        b13: None, or `[E, 2I]` in x's dtype: the up projection's bias.
-        b2: None, or `[E, H]` in x's dtype: the down projection's bias.
+        b13: None, or `[E, 2I]` in x's dtype (with an fp8 recipe, or the
+            weights'): the up projection's bias.
+        b2: None, or `[E, H]`, as b13: the down projection's bias.
         w13_scale: None for 16-bit weights. With w13 and w2 in
             `torch.float8_e4m3fn` (inference; see below): w13's float32
             scales, `[E, ceil(2I/128), ceil(H/128)]` (one per 128 x 128 block
@@ -353,7 +358,10 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     a multiple of 128) and b13 needs no gradient.
     Differentiable in x, topk_weights, w13, w2 and the biases (once); the
     gradients come back in their inputs' dtypes and the weights' strides.
-    Kept for the backward: as with 16-bit products.  Without gradients
+    float32 weights (master weights, with 16-bit x) are quantized from their
+    float32 values, and their gradients are the float32 products, not
+    rounded to 16 bits; float32 biases are added in x's dtype.  Kept for the
+    backward: as with 16-bit products.  Without gradients
     (no_grad, nothing requiring grad) the call is the fp8 weights' forward
     on the weights quantized.  With `fp8=quantize_expert_weights(w13, w2,
     fp8=recipe)` the call skips both weights' quantizations, forward and
@@ -366,8 +374,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Raises:
         TypeError: an argument that is not a tensor (the biases: nor None), or
             of a dtype that does not fit, naming it (with `fp8`: x not
-            float16 or bfloat16, or weights not of its dtype); fp8 weights
-            with a scale not given.
+            float16 or bfloat16, weights neither both of its dtype nor both
+            float32, or a bias of neither's); fp8 weights with a scale not
+            given.
         ValueError: an unknown gate_up or activation; shapes that do not fit
             `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
             tensors on different devices or not on a CUDA device; fp8
@@ -437,10 +446,16 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
     if w13_scale is not None or w2_scale is not None:
         raise ValueError(f"fp8={recipe!r} quantizes 16-bit weights itself: give w13 and w2 in "
                          "x's dtype and no w13_scale or w2_scale")
+    if x.dtype not in (torch.float16, torch.bfloat16) or w13.dtype not in (
+            x.dtype, torch.float32) or w2.dtype != w13.dtype:
+        raise TypeError(f"with fp8={recipe!r}, x must be float16 or bfloat16 and w13 and w2 "
+                        f"both of its dtype or both float32, got x {x.dtype}, w13 {w13.dtype} "
+                        f"and w2 {w2.dtype}")
+    for name, b in (("b13", b13), ("b2", b2)):
+        if b is not None and b.dtype not in (x.dtype, w13.dtype):
+            raise TypeError(f"with fp8={recipe!r}, {name} must have x's or the weights' dtype, "
+                            f"got {b.dtype}")
     for name, w in (("w13", w13), ("w2", w2)):
-        if w.dtype != x.dtype or x.dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"with fp8={recipe!r}, x must be float16 or bfloat16 and {name} of "
-                            f"its dtype, got x {x.dtype} and {name} {w.dtype}")
         if w.dim() != 3 or w.device != x.device:
             raise ValueError(f"{name} must be 3-D on x's device {x.device}, got shape "
                              f"{tuple(w.shape)} on {w.device}")
@@ -495,7 +510,9 @@ class MoEExperts(torch.nn.Module):
             parameters under `torch.no_grad()` instead); `torch.compile`
             breaks its graph at the check.
         device (torch.device | str | None): where the parameters are made.
-        dtype (torch.dtype | None): the parameters' dtype (float16 or bfloat16 to run).
+        dtype (torch.dtype | None): the parameters' dtype (float16 or bfloat16
+            to run; with `fp8` also float32, master weights for 16-bit
+            hidden states).
 
     Raises:
         TypeError: a size that is not an int.

@@ -10,7 +10,8 @@ gradients in their strides), float16 tokens, output-gradient rows from
 1e-30 to 1e10 and zero, token rows of 1e-10 to 1e10 and experts' weights of
 magnitudes far apart; some inputs frozen; each up-projection kernel that
 keeps gu forced; CUDA graphs; torch.compile; weights quantized once
-(quantize_expert_weights) against the recipe.  Outputs poisoned.
+(quantize_expert_weights) against the recipe; float32 master weights.
+Outputs poisoned.
 
 Normal data: every quantization rounds, and the forward's fast
 accumulation (the serving kernels') moves some of gu's elements by its
@@ -142,6 +143,22 @@ def test_some_inputs_frozen(recipe, wanted):
     assert set(got) == {"out", *wanted}
     for name, value in got.items():
         assert rel_error(value, want[name]) <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_float32_master_weights(recipe, bias):
+    """float32 weights (and biases) with bfloat16 tokens: the output and
+    every gradient as the reference's, in their inputs' dtypes, the weights'
+    the float32 products (not rounded to bfloat16).  Without biases the
+    blockwise backward quantizes in SwiGLU's backward."""
+    inputs = list(layer(*SHAPES["small_groups"], bias=bias))
+    for i in range(3, 7):
+        if inputs[i] is not None:
+            inputs[i] = inputs[i].float().mul_(1 + 2 ** -12)  # values bfloat16 cannot hold
+    got = check(inputs, recipe)
+    for name in ("w13", "w2"):
+        assert not torch.equal(got[name], got[name].to(torch.bfloat16).float()), name
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

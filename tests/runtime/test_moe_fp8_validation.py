@@ -314,6 +314,19 @@ def test_training_output_shape(recipe, grad):
     assert out.shape == (T, H) and out.dtype == torch.bfloat16 and out.requires_grad == grad
 
 
+@pytest.mark.parametrize("recipe", ["blockwise", "rowwise"])
+def test_training_float32_weights(recipe):
+    """float32 master weights and biases with bfloat16 tokens: the output in
+    x's dtype, through the autograd function, and quantized once too."""
+    given = training_args(w13=meta(E, 2 * INTER, H, dtype=torch.float32).requires_grad_(),
+                          w2=meta(E, H, INTER, dtype=torch.float32),
+                          b13=meta(E, 2 * INTER, dtype=torch.float32), b2=meta(E, H))
+    out = gg_runtime.moe_experts(**given, fp8=recipe)
+    assert out.shape == (T, H) and out.dtype == torch.bfloat16 and out.requires_grad
+    quantized = gg_runtime.quantize_expert_weights(given["w13"], given["w2"], fp8=recipe)
+    assert gg_runtime.moe_experts(**given, fp8=quantized).dtype == torch.bfloat16
+
+
 def test_training_forward_keeps_gu():
     given = training_args()
     q13, s13 = gg_runtime.quantize_fp8(given["w13"], "128x128")
@@ -330,15 +343,20 @@ def test_training_forward_keeps_gu():
     ({"fp8": "blockwise", "w13_scale": meta(E, 4, 3, dtype=torch.float32)}, ValueError,
      "quantizes 16-bit weights itself"),
     ({"fp8": "rowwise", "w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError,
-     "w2 of its dtype"),
+     "both of its dtype or both float32"),
+    ({"fp8": "rowwise", "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError,
+     "both of its dtype or both float32"),
     ({"fp8": "rowwise", "x": meta(T, H, dtype=torch.float32),
       "w13": meta(E, 2 * INTER, H, dtype=torch.float32),
       "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError, "float16 or bfloat16"),
+    ({"fp8": "blockwise", "b2": meta(E, H, dtype=torch.float16)}, TypeError,
+     "b2 must have x's or the weights' dtype"),
     ({"fp8": "blockwise", "w13": meta(2 * INTER, H)}, ValueError, "w13 must be 3-D"),
     ({"fp8": "blockwise", "w13": meta(E, 400, H), "w2": meta(E, H, 200)}, ValueError,
      "multiples of 16"),
     ({"fp8": "blockwise", "w13": meta(E, 2 * INTER, H + 16)}, ValueError, "w13"),
-], ids=["recipe", "scales", "weight_dtype", "float32", "weight_dims", "alignment", "shape"])
+], ids=["recipe", "scales", "weight_dtype", "one_float32", "float32_x", "bias_dtype",
+        "weight_dims", "alignment", "shape"])
 def test_training_refuses(changes, error, match):
     fp8 = changes.pop("fp8")
     with pytest.raises(error, match=match):
@@ -385,12 +403,12 @@ def test_quantized_weights_refuse_changed_weights():
     ({"w13": [1.0]}, TypeError, "w13 must be a torch.Tensor"),
     ({"w2": "w2"}, TypeError, "w2 must be a torch.Tensor, got str"),
     ({"w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError, "one dtype"),
-    ({"w13": meta(E, 2 * INTER, H, dtype=torch.float32),
-      "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError, "float16 or bfloat16"),
+    ({"w13": meta(E, 2 * INTER, H, dtype=torch.float64),
+      "w2": meta(E, H, INTER, dtype=torch.float64)}, TypeError, "float16, bfloat16 or float32"),
     ({"w2": meta(H, INTER)}, ValueError, "w2 must be 3-D"),
     ({"w2": meta(E, H, INTER + 16)}, ValueError, r"\[E, 2I, H\] and \[E, H, I\]"),
     ({"w13": meta(E, 400, H), "w2": meta(E, H, 200)}, ValueError, "multiples of 16"),
-], ids=["recipe", "type", "type of w2", "dtypes", "float32", "dims", "shapes", "alignment"])
+], ids=["recipe", "type", "type of w2", "dtypes", "float64", "dims", "shapes", "alignment"])
 def test_quantize_expert_weights_refuses(changes, error, match):
     given = {"w13": meta(E, 2 * INTER, H), "w2": meta(E, H, INTER), "fp8": "blockwise",
              **changes}
