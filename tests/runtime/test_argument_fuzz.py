@@ -68,8 +68,12 @@ def calls(args: Arguments):
         expert_map=v(None), global_num_experts=v(-1),
         w1_scale=t(E, 2 * I // 128, H // 128, dtype=f32),
         w2_scale=t(E, H // 128, I // 128, dtype=f32), block_shape=v([128, 128]))
-    yield lambda: gg_runtime.quantize_expert_weights(t(E, 2 * I, H), t(E, H, I),
-                                                     fp8=v("rowwise"))
+    yield lambda: gg_runtime.moe_experts(
+        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H, dtype=f32),
+        t(E, H, I, dtype=f32), b13=t(E, 2 * I), b2=t(E, H, dtype=f32), fp8=v("blockwise"))
+    for recipe in ("rowwise", "blockwise"):
+        yield lambda recipe=recipe: gg_runtime.quantize_expert_weights(
+            t(E, 2 * I, H), t(E, H, I), fp8=v(recipe))
     yield lambda: gg_runtime.MoEExperts(v(E), v(H), v(I), device="meta")(
         t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32))
     yield lambda: gg_runtime.transformers_experts_forward(
