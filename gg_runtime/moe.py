@@ -168,7 +168,7 @@ def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation):
 
 def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
                  for_backward, quantized=None):
-    """The fp8 forward of 16-bit weights: each weight quantized by the
+    """The fp8 forward of 16-bit or float32 weights: each weight quantized by the
     recipe (fp8_training's granularities, the forward's orientation), or
     taken from `quantized` (Fp8ExpertWeights), then the fp8 experts'
     operator (moe_experts_fp8, or with for_backward
@@ -444,8 +444,8 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
         raise ValueError(f"fp8 must be None, one of {fp8_training.RECIPES} or an "
                          f"Fp8ExpertWeights, got {fp8!r}")
     if w13_scale is not None or w2_scale is not None:
-        raise ValueError(f"fp8={recipe!r} quantizes 16-bit weights itself: give w13 and w2 in "
-                         "x's dtype and no w13_scale or w2_scale")
+        raise ValueError(f"fp8={recipe!r} quantizes 16-bit or float32 weights itself: give w13 "
+                         "and w2 in x's dtype or float32 and no w13_scale or w2_scale")
     if x.dtype not in (torch.float16, torch.bfloat16) or w13.dtype not in (
             x.dtype, torch.float32) or w2.dtype != w13.dtype:
         raise TypeError(f"with fp8={recipe!r}, x must be float16 or bfloat16 and w13 and w2 "

@@ -341,7 +341,7 @@ def test_training_forward_keeps_gu():
 @pytest.mark.parametrize("changes, error, match", [
     ({"fp8": "1x128"}, ValueError, "fp8 must be None, one of"),
     ({"fp8": "blockwise", "w13_scale": meta(E, 4, 3, dtype=torch.float32)}, ValueError,
-     "quantizes 16-bit weights itself"),
+     "quantizes 16-bit or float32 weights itself"),
     ({"fp8": "rowwise", "w2": meta(E, H, INTER, dtype=torch.float16)}, TypeError,
      "both of its dtype or both float32"),
     ({"fp8": "rowwise", "w2": meta(E, H, INTER, dtype=torch.float32)}, TypeError,
