@@ -41,10 +41,12 @@ def compile_variant(variant: Variant) -> Compiled:
     # turns it off).
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages,
                "num_ctas": config.ctas, "enable_fp_fusion": True}
+    family = FAMILIES[variant.family]
     if config.ws:  # the MMA warps get what the loader's warpgroup gives back
         options["maxnreg"] = max_registers(config)
+    elif family.max_registers:
+        options["maxnreg"] = family.max_registers
     options = backend.parse_options(options)
-    family = FAMILIES[variant.family]
     kernel = family.ws_kernel if config.ws else family.kernel
     # A constexpr the kernel defaults (one only some variants set) takes its
     # default elsewhere: Triton compiles no parameter left out.

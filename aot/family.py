@@ -264,6 +264,10 @@ class Family:
     # output tiles in, for its axis values ({axis name: value}), where wider
     # than its output's (Config.shared_estimate counts it); None: the output's.
     staged: Callable[[dict], str | None] = no_staging
+    # ptxas's cap on a thread's registers (maxnreg) for `kernel`; 0: ptxas's
+    # choice.  A memory-bound kernel that ptxas gives more registers than it
+    # needs keeps fewer programs, so fewer loads, in flight on an SM.
+    max_registers: int = 0
     # Integer constants the family's operator needs (a scratch size, a limit),
     # emitted into its generated C++ struct (family_args.h) under these names.
     constants: dict = field(default_factory=dict)

@@ -19,6 +19,10 @@ from .ragged_glu import ROWS
 # keeps aot/variants.py's GEMM shared-memory estimate from reshaping the
 # config).
 TILE = (Config(128, 64, 16, 4, 1),)
+# Left to itself ptxas gives the kernel about 180 registers a thread: two
+# programs an SM.  168 fits three, without spilling (an H100 A/B of caps,
+# docs/notes/2026-11-27-column-quantization-in-flight.md).
+MAX_REGISTERS = 168
 
 FAMILY = Family(
     name="quantize_fp8_columns",
@@ -46,4 +50,5 @@ FAMILY = Family(
     # ones (a group by BN columns): programs past their count exit at once.
     tiles="(T // 128 + G) * cdiv(C, BN)",
     rows="C",  # the bucket key: one config, with no bound, takes every value
+    max_registers=MAX_REGISTERS,
 )

@@ -9,15 +9,17 @@ copies an input that does not start at 16 bytes)."""
 from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Config, Family, Param
 from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 
-# A tile is one 128-row block by 128 of h's columns, computed BK = 32 at a
+# A tile is one 128-row block by 128 of h's columns, computed BK = 64 at a
 # time from its inputs copied into shared memory while the tile before is
 # quantized, and staged there (96 KiB each).  16 warps, one program an SM:
 # ahead of 8 warps at one program an SM or two (those spill under ptxas'
 # 128-register cap) in an H100 A/B of the configs forced, each against the
 # composed kernels (docs/notes/2026-11-26-swiglu-backward-quantized-in-place.md).
 # BK = 32 ran ahead of 16 and 8 (fewer steps, and ptxas spills less), its
-# outputs the same (docs/notes/2026-11-27-weights-both-ways-and-swiglu-steps.md).
-TILE = (Config(128, 128, 32, 16, 1),)
+# outputs the same (docs/notes/2026-11-27-weights-both-ways-and-swiglu-steps.md);
+# BK = 64 ahead of 32 on interleaved gate/up, level on concatenated
+# (docs/notes/2026-11-27-column-quantization-in-flight.md).
+TILE = (Config(128, 128, 64, 16, 1),)
 
 FAMILY = Family(
     name="swiglu_backward_fp8",

@@ -330,20 +330,6 @@ def group_row_range(offs_ptr, g, T, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def group_row_ranges(offs_ptr, first, G, T, rows_before, CHUNK: tl.constexpr):
-    """group_row_range of groups first .. first + CHUNK at once, for a scan
-    of the groups CHUNK at a time: vectors (starts, ends), given rows_before
-    = e_{first-1} (0 for first = 0; then tl.max(ends) for the next chunk).
-    Indices past G are empty groups at the last group's end."""
-    idx = first + tl.arange(0, CHUNK)
-    ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
-    starts = tl.load(offs_ptr + idx - 1, mask=(idx > first) & (idx <= G), other=0)
-    ends = tl.maximum(running_max(tl.minimum(tl.maximum(ends, 0), T)), rows_before)
-    starts = tl.maximum(running_max(tl.minimum(tl.maximum(starts, 0), T)), rows_before)
-    return starts, ends
-
-
-@triton.jit
 def ragged_k_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N, T, G, lda, ldb, ldc,
                     A_T: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,

@@ -106,7 +106,7 @@ def _max(a, b):
 
 
 @gluon.jit
-def _add(a, b):
+def plus(a, b):
     return a + b
 
 
@@ -153,12 +153,12 @@ def chunk_groups(offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM: 
     starts = gl.maximum(starts, rows_before)
     rows = tiled_rows(starts, ends, ALIGN)[1]
     group_tiles = (rows + BM - 1) // BM * n_tiles
-    tiles_end = tiles_before + gl.associative_scan(group_tiles, 0, _add)
+    tiles_end = tiles_before + gl.associative_scan(group_tiles, 0, plus)
     return starts, ends, group_tiles, tiles_end
 
 
 @gluon.jit
-def _pick(values, index):
+def pick(values, index):
     """values[index] for a runtime index into a register vector."""
     lanes = gl.arange(0, values.shape[0], values.type.layout)
     return gl.sum(gl.where(lanes == index, values, 0), 0)
@@ -170,9 +170,9 @@ def locate(t, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, K, BM: gl
     """(group, its row range, tile origin, K to walk) of tile t of the chunk of
     groups from `chunk`: the pseudo-group G (rows past the last group) walks none."""
     local = gl.sum((tiles_end <= t).to(gl.int32), 0)
-    start = _pick(starts, local)
-    end = _pick(ends, local)
-    in_group = t - (_pick(tiles_end, local) - _pick(group_tiles, local))
+    start = pick(starts, local)
+    end = pick(ends, local)
+    in_group = t - (pick(tiles_end, local) - pick(group_tiles, local))
     first, rows = tiled_rows(start, end, ALIGN)
     m_tiles = (rows + BM - 1) // BM
     off_m = first + (in_group % m_tiles) * BM

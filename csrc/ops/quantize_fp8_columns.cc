@@ -9,6 +9,7 @@
 // same code without the launch.
 #include <family_args.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -37,6 +38,10 @@ void check(const Tensor& x, const Tensor& offs, const std::optional<Tensor>& row
   check_offsets(offs, "offs", offs.dim() == 1 ? offs.size(0) : 0, x);
   if (rows.has_value()) check_rows(*rows, x, "x");
   check_k(k);
+  // The kernel divides the gathered slot numbers (x's rows times k) in int32.
+  if (rows.has_value() && x.size(0) * k > std::numeric_limits<int32_t>::max()) {
+    value_error("x's rows times k must be below 2**31, got ", x.size(0), " x ", k);
+  }
 }
 
 // 128-row blocks of q's columns: every group's blocks fit, whatever its rows.

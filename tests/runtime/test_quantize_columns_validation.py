@@ -83,6 +83,8 @@ def test_meta_tensors(granularity):
      r"rows must be 1-D"),
     (lambda: (cuda(4, 8), offsets(1), "1x128", cuda(8, dtype=torch.int64), 0), ValueError,
      r"k must be in \[1, 2\*\*31\), got 0"),
+    (lambda: (cuda(2**28, 8), offsets(1), "1x128", cuda(8, dtype=torch.int64), 8), ValueError,
+     r"x's rows times k must be below 2\*\*31, got 268435456 x 8"),
 ])
 def test_refused(fake, make, error, message):
     with pytest.raises(error, match=message):
