@@ -85,6 +85,16 @@ def test_manifest_lists_every_variant(manifest):
     assert manifest["triton_version"] == triton.__version__
 
 
+def test_register_caps_hold(manifest):
+    """A family's max_registers is what ptxas compiled its kernel to (the
+    warp-specialised configs take ws.max_registers instead)."""
+    capped = [r for r in manifest["variants"]
+              if FAMILIES[r["family"]].max_registers and not r["config"]["ws"]]
+    assert capped  # quantize_fp8_columns has one
+    for record in capped:
+        assert record["registers"] <= FAMILIES[record["family"]].max_registers, record["key"]
+
+
 def test_manifest_abi_matches_ptx_and_family(manifest):
     """Every variant's parameter list, in order: the description's names and
     roles, the kernel's declared names, and the PTX .entry types."""
