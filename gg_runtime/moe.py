@@ -178,8 +178,6 @@ def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activatio
                                         for w in (w13, w2))
     else:
         (q13, scale13), (q2, scale2) = quantized.forward
-    # float32 master weights' biases, as the operator adds them: in x's dtype.
-    b13, b2 = (b if b is None else b.to(x.dtype) for b in (b13, b2))
     op = OPS.moe_experts_fp8_for_backward if for_backward else OPS.moe_experts_fp8
     return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2, b13, b2, gate_up,
                 activation)
@@ -308,8 +306,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             gpt-oss's clamped form `(clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g')`
             with `g' = min(g, 7)` (gradients zero where a clamp holds, as
             `torch.clamp`'s).
-        b13: None, or `[E, 2I]` in x's dtype (with an fp8 recipe, or the
-            weights'): the up projection's bias.
+        b13: None, or `[E, 2I]` in x's dtype, or float32 where the weights
+            are float8_e4m3fn, or float32 with an fp8 recipe: the up
+            projection's bias.
         b2: None, or `[E, H]`, as b13: the down projection's bias.
         w13_scale: None for 16-bit weights. With w13 and w2 in
             `torch.float8_e4m3fn` (inference; see below): w13's float32

@@ -18,7 +18,10 @@ from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 # BK = 32 ran ahead of 16 and 8 (fewer steps, and ptxas spills less), its
 # outputs the same (docs/notes/2026-11-27-weights-both-ways-and-swiglu-steps.md);
 # BK = 64 ahead of 32 on interleaved gate/up, level on concatenated
-# (docs/notes/2026-11-27-column-quantization-in-flight.md).
+# (docs/notes/2026-11-27-column-quantization-in-flight.md).  Phase 2 reading
+# each staged block whole, stores streaming: faster on concatenated gate/up,
+# a little slower on interleaved
+# (docs/notes/2026-11-27-swiglu-backward-whole-block-columns.md).
 TILE = (Config(128, 128, 64, 16, 1),)
 
 FAMILY = Family(

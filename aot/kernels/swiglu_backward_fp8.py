@@ -37,11 +37,15 @@ h's 128, staged in shared memory in 16 bits, in three phases:
    where they were copied while the tile before ran phases 2 and 3 (rows 16
    bytes a copy: the operator aligns its inputs), the values computed and
    staged (d(gu) as its two 128-column blocks), the dot summed;
-2. the staged columns read 32 at a time with a warp on each column's 128
-   rows: amax, scale and quantize within the warp, the column's 128 bytes
-   stored in runs (the transposed layouts);
-3. the staged rows read 32 at a time, a row's 128-column block across 16
+2. each staged 128-column block read whole, a warp on all 128 rows of its
+   columns, 8 columns a thread (16-byte reads): amax within the warp, scale
+   and quantize, a thread's rows of a column stored as one run of q's bytes
+   (the transposed layouts);
+3. the staged rows read SLAB at a time, a row's 128-column block across 16
    threads: amax, scale and quantize, the block's bytes stored in a run.
+
+The quantized outputs are stored streaming (.cs): written once and never
+read here, they should not evict the next tile's inputs on their way in.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -52,7 +56,7 @@ from .quantize import BLOCK, scale_of, to_e4m3
 from .swiglu import activate
 from .ws import chunk_groups, first_step_past, locate
 
-SLAB = gl.constexpr(64)  # staged columns (phase 2) or rows (phase 3) a step reads
+SLAB = gl.constexpr(64)  # rows a copy (phase 1's inputs) or a step of phase 3 takes
 
 
 @gluon.constexpr_function
@@ -63,9 +67,17 @@ def load_layout(cols, warps):
 
 
 @gluon.constexpr_function
-def column_layout(warps):
-    """A warp on 32 consecutive rows of each of its columns (phase 2)."""
-    return gl.BlockedLayout([1, 1], [32, 1], [1, warps], [0, 1])
+def column_layout(warps, q_order):
+    """A staged [BLOCK, BLOCK] block in phase 2: a warp on BLOCK / warps
+    columns, all its rows, 8 columns (a 16-byte vector of a row) of BLOCK /
+    (its lanes down the rows) rows a thread.  A column's amax then stays
+    within its warp, and a thread's rows of a column are contiguous bytes of
+    q: ordered along the staged rows (loads), or along q's (q_order: the same
+    elements in each thread, so converting between the two moves no data)."""
+    lanes_c = BLOCK // warps // 8
+    lanes_r = 32 // lanes_c
+    return gl.BlockedLayout([BLOCK // lanes_r, 8], [lanes_r, lanes_c], [1, warps],
+                            [0, 1] if q_order else [1, 0])
 
 
 @gluon.constexpr_function
@@ -161,22 +173,22 @@ def compute_and_stage(gu_in, grad_in, scale_ptr, dgu_s, h_s, row0, end,
 
 
 @gluon.jit
-def quantize_columns(staged, q_ptr, scale_ptr, limit, W):
-    """Phase 2: staged [BLOCK, n] (n a multiple of SLAB) quantized along its
-    rows: column i (those below limit) to q_ptr + i * W, its scale to
-    scale_ptr[i].  The callers offset the pointers, so that every block's
-    addresses and masks are the same tensors plus scalars."""
-    layout: gl.constexpr = column_layout(gl.num_warps())
-    rows = gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
-    lanes = gl.arange(0, SLAB, gl.SliceLayout(0, layout))
-    at = gl.expand_dims(lanes.to(gl.int64) * W, 0) + gl.expand_dims(rows, 1)
-    for slab in gl.static_range(staged.shape[1] // SLAB):
-        ok = slab * SLAB + lanes < limit
-        x = staged.slice(slab * SLAB, SLAB, 1).load(layout).to(gl.float32)
-        scale = scale_of(gl.max(gl.abs(x), 0))
-        gl.store(scale_ptr + slab * SLAB + lanes, scale, mask=ok)
-        gl.store(q_ptr + slab * SLAB * W + at, to_e4m3(x, gl.expand_dims(scale, 0)),
-                 mask=gl.expand_dims(ok, 0))
+def quantize_columns(staged, q_ptr, scale_ptr, first, limit, W):
+    """Phase 2: staged [BLOCK, BLOCK] quantized along its rows, in one read: its
+    column i is q's row first + i, stored at q_ptr + (first + i) * W with its
+    scale at scale_ptr[first + i], where first + i < limit.  The callers
+    offset the pointers to the tile's row block."""
+    loaded: gl.constexpr = column_layout(gl.num_warps(), False)
+    stored: gl.constexpr = column_layout(gl.num_warps(), True)
+    x = staged.load(loaded).to(gl.float32)
+    scale = scale_of(gl.max(gl.abs(x), 0))
+    index = first + gl.arange(0, BLOCK, gl.SliceLayout(0, loaded))
+    gl.store(scale_ptr + index, scale, mask=index < limit)
+    q = gl.convert_layout(to_e4m3(x, gl.expand_dims(scale, 0)), stored)
+    index = first + gl.arange(0, BLOCK, gl.SliceLayout(0, stored))
+    rows = gl.arange(0, BLOCK, gl.SliceLayout(1, stored))
+    at = gl.expand_dims(index.to(gl.int64) * W, 0) + gl.expand_dims(rows, 1)
+    gl.store(q_ptr + at, q, mask=gl.expand_dims(index < limit, 0), cache_modifier=".cs")
 
 
 @gluon.jit
@@ -195,7 +207,7 @@ def quantize_rows(staged, q_ptr, scale_ptr, ld, blocks, rows_left, cols_left):
         scale = scale_of(gl.max(gl.abs(x), 1))
         gl.store(scale_ptr + (chunk * SLAB + lanes).to(gl.int64) * blocks, scale, mask=ok)
         gl.store(q_ptr + chunk * SLAB * ld + at, to_e4m3(x, gl.expand_dims(scale, 1)),
-                 mask=gl.expand_dims(ok, 1) & col_ok)
+                 mask=gl.expand_dims(ok, 1) & col_ok, cache_modifier=".cs")
 
 
 @gluon.jit
@@ -216,16 +228,15 @@ def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: 
     + 128."""
     dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr, \
         _ = outputs
-    quantize_columns(h_s, h_cols_ptr + c0.to(gl.int64) * W + block * BLOCK,
-                     h_cols_scale_ptr + block.to(gl.int64) * C + c0, C - c0, W)
+    quantize_columns(h_s, h_cols_ptr + block * BLOCK, h_cols_scale_ptr + block.to(gl.int64) * C,
+                     c0, C, W)
     blocks = (2 * C + BLOCK - 1) // BLOCK
     for i in gl.static_range(2):
         # d(gu)'s column of the staged block i: the gate's and the up's, or pairs.
         first = 2 * c0 + i * BLOCK if INTERLEAVED else i * C + c0
         staged = dgu_s.slice(i * BLOCK, BLOCK, 1)
-        quantize_columns(staged, dgu_cols_ptr + first.to(gl.int64) * W + block * BLOCK,
-                         dgu_cols_scale_ptr + block.to(gl.int64) * (2 * C) + first,
-                         2 * C - first, W)
+        quantize_columns(staged, dgu_cols_ptr + block * BLOCK,
+                         dgu_cols_scale_ptr + block.to(gl.int64) * (2 * C), first, 2 * C, W)
         quantize_rows(staged, dgu_q_ptr + row0.to(gl.int64) * (2 * C) + first,
                       dgu_scale_ptr + row0.to(gl.int64) * blocks + first // BLOCK, 2 * C, blocks,
                       end - row0, 2 * C - first)

@@ -57,11 +57,23 @@ Scales scales_of(const Tensor& scale, const char* name, const Tensor& weight) {
               " (per output channel) for its weight ", shape_of(weight), ", got ", shape_of(scale));
 }
 
+// Biases in x's dtype or float32 (fp8 training's float32 master weights'):
+// the kernels add them in bfloat16, each converted once (as_rows_dtype).
+void check_bias_dtypes(const MoeInputs& in) {
+  for (const auto& [name, bias] : {Named{"b13", given(in.b13)}, {"b2", given(in.b2)}}) {
+    if (bias != nullptr && bias->scalar_type() != in.x.scalar_type() &&
+        bias->scalar_type() != ScalarType::Float) {
+      type_error(name, " must have x's dtype (", dtype_name(in.x.scalar_type()),
+                 ") or be float32, got ", dtype_name(bias->scalar_type()));
+    }
+  }
+}
+
 // Every check of the arguments; how the weights are scaled.
 Scales check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale) {
   check_dtype(in.x, "x", family::Swiglu::kDTypes);  // its output's, h's
   check_routing_dtypes(in);
-  check_like_x(in, {{"b13", given(in.b13)}, {"b2", given(in.b2)}});
+  check_bias_dtypes(in);
   check_devices(in, {{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}});
   check_shapes(in);
   const int64_t hidden = in.x.size(1), inter = in.w2.size(2);

@@ -10,7 +10,8 @@ gradients in their strides), float16 tokens, output-gradient rows from
 1e-30 to 1e10 and zero, token rows of 1e-10 to 1e10 and experts' weights of
 magnitudes far apart; some inputs frozen; each up-projection kernel that
 keeps gu forced; CUDA graphs; torch.compile; weights quantized once
-(quantize_expert_weights) against the recipe; float32 master weights.
+(quantize_expert_weights) against the recipe; float32 master weights and
+biases.
 Outputs poisoned.
 
 Normal data: every quantization rounds, and the forward's fast
@@ -164,6 +165,24 @@ def test_float32_master_weights(recipe, bias):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_float16_tokens(recipe):
     check(layer(*SHAPES["tile_tails"], dtype=torch.float16), recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_float32_biases_rounded_once(recipe):
+    """float32 biases with float16 tokens reach the kernels' bfloat16 in one
+    rounding: 1 + 2^-8 + 2^-11 gives what 1 + 2^-7 does, where rounding to
+    float16 first would tie to 1 + 2^-8 and then to 1."""
+    x, ids, weights, w13, w2, _, _, _ = layer(*SHAPES["small_groups"], dtype=torch.float16)
+    w13, w2 = w13.float(), w2.float()
+
+    def forward(value):
+        b13 = torch.full(w13.shape[:2], value, device="cuda")
+        b2 = torch.full(w2.shape[:2], value, device="cuda")
+        return gg_runtime.moe_experts(x, ids, weights, w13, w2, b13=b13, b2=b2, fp8=recipe)
+
+    got = forward(1 + 2 ** -8 + 2 ** -11)
+    assert torch.equal(got, forward(1 + 2 ** -7))
+    assert not torch.equal(got, forward(1.0))
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -49,12 +49,16 @@ def test_output_shape_and_dtype(kind, dtype, tokens):
 
 
 def test_accepted_variants():
-    """Channel scales as [E, N, 1]; biases; int32 ids; both layouts and
-    activations; weights in padded storage (rows 16-byte multiples apart)."""
+    """Channel scales as [E, N, 1]; biases, in x's dtype or float32; int32
+    ids; both layouts and activations; weights in padded storage (rows
+    16-byte multiples apart)."""
     channel_columns = {n: meta(*s, 1, dtype=torch.float32) for n, s in CHANNELS.items()}
     out = gg_runtime.moe_experts(**args(CHANNELS, **channel_columns, b13=meta(E, 2 * INTER),
                                         b2=meta(E, H), topk_ids=meta(T, K, dtype=torch.int32)),
                                  gate_up="interleaved", activation="gpt_oss")
+    assert out.shape == (T, H)
+    out = gg_runtime.moe_experts(**args(b13=meta(E, 2 * INTER, dtype=torch.float32),
+                                        b2=meta(E, H, dtype=torch.float32)))
     assert out.shape == (T, H)
     out = gg_runtime.moe_experts(**args(w13=padded(E, 2 * INTER, H, columns=H + 32),
                                         w2=padded(E, H, INTER, columns=INTER + 16)))
@@ -122,8 +126,8 @@ BAD = {
                               "multiples of 16"),
     "x float32": (lambda: {"x": meta(T, H, dtype=torch.float32)}, TypeError,
                   "x must be float16 or bfloat16"),
-    "b13 float32": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float32)}, TypeError,
-                    r"b13 must have x's dtype \(torch.bfloat16\)"),
+    "b13 float16": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float16)}, TypeError,
+                    r"b13 must have x's dtype \(torch.bfloat16\) or be float32"),
     "b2 shape": (lambda: {"b2": meta(E, INTER)}, ValueError, r"b2 must have shape \(4, 272\)"),
     "topk_ids float": (lambda: {"topk_ids": meta(T, K, dtype=torch.float32)}, TypeError,
                        "topk_ids must be int32 or int64"),
