@@ -306,9 +306,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             gpt-oss's clamped form `(clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g')`
             with `g' = min(g, 7)` (gradients zero where a clamp holds, as
             `torch.clamp`'s).
-        b13: None, or `[E, 2I]` in x's dtype, or float32 where the weights
-            are float8_e4m3fn, or float32 with an fp8 recipe: the up
-            projection's bias.
+        b13: None, or `[E, 2I]` in x's dtype; float32 too with
+            float8_e4m3fn weights, and with an fp8 recipe the weights'
+            dtype: the up projection's bias.
         b2: None, or `[E, H]`, as b13: the down projection's bias.
         w13_scale: None for 16-bit weights. With w13 and w2 in
             `torch.float8_e4m3fn` (inference; see below): w13's float32
