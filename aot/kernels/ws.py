@@ -102,11 +102,13 @@ def vector_layout(size, warps, CTAS=1):
 
 @gluon.jit
 def _max(a, b):
+    """The combine function of a running maximum (gl.associative_scan's)."""
     return gl.maximum(a, b)
 
 
 @gluon.jit
 def plus(a, b):
+    """The combine function of a running sum (gl.associative_scan's)."""
     return a + b
 
 
