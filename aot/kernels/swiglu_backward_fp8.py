@@ -34,9 +34,10 @@ A tile is one 128-row block of a group by BN = 128 of h's columns: d(gu)'s
 h's 128, staged in shared memory in 16 bits, in three phases:
 
 1. rows x BK columns at a time: gu and the gradient read from shared memory,
-   where they were copied while the tile before ran phases 2 and 3 (rows 16
+   where they were copied while the tile before ran (two buffers, rows 16
    bytes a copy: the operator aligns its inputs), the values computed and
-   staged (d(gu) as its two 128-column blocks), the dot summed;
+   staged in place of the inputs they came from (d(gu) over gu, as its two
+   128-column blocks, h over the gradient), the dot summed;
 2. each staged 128-column block read whole, a warp on all 128 rows of its
    columns, 8 columns a thread (16-byte reads): amax within the warp, scale
    and quantize, a thread's rows of a column stored as one run of q's bytes
@@ -116,14 +117,14 @@ def copy_block(buf, src_ptr, ld, row0, end, col0, cols_end):
 def prefetch(gu_ptr, grad_ptr, gu_in, grad_in, row0, end, c0, C, INTERLEAVED: gl.constexpr):
     """Start copying a tile's gu (its 128 gate/up pairs, or its gate block then
     its up block) and gradient into gu_in [BLOCK, 2 BLOCK] and grad_in
-    [BLOCK, BLOCK]: they land while the tile before is quantized."""
+    [BLOCK, BLOCK]: they land while the tile before runs (the caller commits
+    the copies as a group)."""
     if INTERLEAVED:
         copy_block(gu_in, gu_ptr, 2 * C, row0, end, 2 * c0, 2 * C)
     else:
         copy_block(gu_in.slice(0, BLOCK, 1), gu_ptr, 2 * C, row0, end, c0, C)
         copy_block(gu_in.slice(BLOCK, BLOCK, 1), gu_ptr + C, 2 * C, row0, end, c0, C)
     copy_block(grad_in, grad_ptr, C, row0, end, c0, C)
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -142,12 +143,13 @@ def gate_and_up(gu_in, step, INTERLEAVED: gl.constexpr, BK: gl.constexpr):
 
 
 @gluon.jit
-def compute_and_stage(gu_in, grad_in, scale_ptr, dgu_s, h_s, row0, end,
-                      INTERLEAVED: gl.constexpr, GPT_OSS: gl.constexpr, BK: gl.constexpr):
+def compute_and_stage(gu_in, grad_in, scale_ptr, row0, end, INTERLEAVED: gl.constexpr,
+                      GPT_OSS: gl.constexpr, BK: gl.constexpr):
     """Phase 1, from the prefetched gu and gradient (zeros past the group's
-    rows and C): d(gu) and h scaled staged in 16 bits; returns each row's
-    sum of grad * h over the tile's columns."""
-    dtype: gl.constexpr = dgu_s.dtype
+    rows and C): d(gu) and h scaled staged in 16 bits in their place (gu_in
+    and grad_in then hold d(gu) and h); returns each row's sum of grad * h
+    over the tile's columns."""
+    dtype: gl.constexpr = gu_in.dtype
     for step in gl.static_range(BLOCK // BK):
         gate, up = gate_and_up(gu_in, step, INTERLEAVED, BK)
         rows = row0 + gl.arange(0, BLOCK, gl.SliceLayout(1, gate.type.layout))
@@ -162,13 +164,14 @@ def compute_and_stage(gu_in, grad_in, scale_ptr, dgu_s, h_s, row0, end,
         dh = grad * scale
         d_gate = (dh * d_gate).to(dtype)
         d_up = (dh * d_up).to(dtype)
-        h_s.slice(step * BK, BK, 1).store((h * scale).to(dtype))
+        thread_barrier()  # the step's inputs are read, by every thread, before they are replaced
+        grad_in.slice(step * BK, BK, 1).store((h * scale).to(dtype))
         if INTERLEAVED:
-            dgu_s.slice(2 * step * BK, 2 * BK, 1).store(
+            gu_in.slice(2 * step * BK, 2 * BK, 1).store(
                 gl.join(d_gate, d_up).reshape([BLOCK, 2 * BK]))
         else:
-            dgu_s.slice(step * BK, BK, 1).store(d_gate)
-            dgu_s.slice(BLOCK + step * BK, BK, 1).store(d_up)
+            gu_in.slice(step * BK, BK, 1).store(d_gate)
+            gu_in.slice(BLOCK + step * BK, BK, 1).store(d_up)
     return dot
 
 
@@ -261,10 +264,9 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
     # 16-byte vectors permuted across 16 phases: the column reads of phase 2
     # fall on distinct banks, 2 ways at most.
     staged: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 16, order=[1, 0])
-    dgu_s = gl.allocate_shared_memory(dtype, [BLOCK, 2 * BLOCK], staged)
-    h_s = gl.allocate_shared_memory(dtype, [BLOCK, BLOCK], staged)
-    gu_in = gl.allocate_shared_memory(dtype, [BLOCK, 2 * BLOCK], staged)
-    grad_in = gl.allocate_shared_memory(dtype, [BLOCK, BLOCK], staged)
+    # Two tiles' inputs: one's copies land while the other runs its phases.
+    gu_in = gl.allocate_shared_memory(dtype, [2, BLOCK, 2 * BLOCK], staged)
+    grad_in = gl.allocate_shared_memory(dtype, [2, BLOCK, BLOCK], staged)
     outputs = (dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr,
                h_cols_scale_ptr, dot_ptr)
     pid = gl.program_id(0)
@@ -273,6 +275,7 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
     W = (R // BLOCK + G) * BLOCK
     tiles_before = 0
     rows_before = 0
+    started = 0  # the program's tiles begun: buffer started % 2 takes the next one's inputs
     for chunk in range(0, G + 1, CHUNK):
         starts, ends, group_tiles, tiles_end = chunk_groups(
             offs_ptr, chunk, R, G, rows_before, tiles_before, n_tiles, BM, 1, CHUNK,
@@ -281,24 +284,32 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
         first = first_step_past(pid, tiles_before, programs)
         if first < chunk_end:
             start_tile(first, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, gu_ptr,
-                       grad_ptr, gu_in, grad_in, C, INTERLEAVED, BM, BN)
+                       grad_ptr, gu_in.index(started % 2), grad_in.index(started % 2), C,
+                       INTERLEAVED, BM, BN)
+        async_copy.commit_group()
         for t in range(first, chunk_end, programs):
             g, start, end, off_m, off_n, _ = locate(t, chunk, starts, ends, group_tiles,
                                                     tiles_end, n_tiles, G, 0, BM, BN, 1)
-            async_copy.wait_group(0)
-            thread_barrier()  # every thread's copies of the tile have landed
-            if g < G:
-                dot = compute_and_stage(gu_in, grad_in, scale_ptr, dgu_s, h_s, off_m, end,
-                                        INTERLEAVED, GPT_OSS, BK)
-                rows = off_m + gl.arange(0, BLOCK, dot.type.layout)
-                gl.store(dot_ptr + (off_n // BLOCK) * R + rows, dot, mask=rows < end)
-            thread_barrier()  # the inputs are read and the stage written, by every thread
+            # The next tile's copies go to the other buffer (free: the tile
+            # before this one ended with a barrier) and land while this one runs.
             if t + programs < chunk_end:
                 start_tile(t + programs, chunk, starts, ends, group_tiles, tiles_end, n_tiles,
-                           G, gu_ptr, grad_ptr, gu_in, grad_in, C, INTERLEAVED, BM, BN)
+                           G, gu_ptr, grad_ptr, gu_in.index((started + 1) % 2),
+                           grad_in.index((started + 1) % 2), C, INTERLEAVED, BM, BN)
+            async_copy.commit_group()
+            async_copy.wait_group(1)  # every group but the next tile's: this tile's copies
+            thread_barrier()  # every thread's copies of the tile have landed
+            gu_t = gu_in.index(started % 2)
+            grad_t = grad_in.index(started % 2)
             if g < G:
+                dot = compute_and_stage(gu_t, grad_t, scale_ptr, off_m, end, INTERLEAVED,
+                                        GPT_OSS, BK)
+                rows = off_m + gl.arange(0, BLOCK, dot.type.layout)
+                gl.store(dot_ptr + (off_n // BLOCK) * R + rows, dot, mask=rows < end)
+                thread_barrier()  # the stage is written, by every thread
                 block = start // BLOCK + g + (off_m - start) // BLOCK
-                quantize_tile(dgu_s, h_s, outputs, off_m, end, block, off_n, C, W, INTERLEAVED)
-            thread_barrier()  # the stage is read before the next tile's values go there
+                quantize_tile(gu_t, grad_t, outputs, off_m, end, block, off_n, C, W, INTERLEAVED)
+            thread_barrier()  # the buffer is read before the tile after next copies into it
+            started += 1
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
