@@ -10,8 +10,8 @@ from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Config, Family, Param
 from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 
 # A tile is one 128-row block by 128 of h's columns, computed BK = 64 at a
-# time from its inputs copied into shared memory while the tile before is
-# quantized, and staged there (96 KiB each).  16 warps, one program an SM:
+# time from its inputs copied into shared memory while the tile before runs,
+# and staged in their place (two 96 KiB buffers).  16 warps, one program an SM:
 # ahead of 8 warps at one program an SM or two (those spill under ptxas'
 # 128-register cap) in an H100 A/B of the configs forced, each against the
 # composed kernels (docs/notes/2026-11-26-swiglu-backward-quantized-in-place.md).
@@ -21,7 +21,10 @@ from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 # (docs/notes/2026-11-27-column-quantization-in-flight.md).  Phase 2 reading
 # each staged block whole, stores streaming: faster on concatenated gate/up,
 # a little slower on interleaved
-# (docs/notes/2026-11-27-swiglu-backward-whole-block-columns.md).
+# (docs/notes/2026-11-27-swiglu-backward-whole-block-columns.md).  The two
+# input buffers (a tile's copies landing while the one before runs): faster
+# on concatenated gate/up, a little slower on interleaved; BK = 128 slower on
+# both (docs/notes/2026-11-27-swiglu-backward-two-buffers.md).
 TILE = (Config(128, 128, 64, 16, 1),)
 
 FAMILY = Family(
