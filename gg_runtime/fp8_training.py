@@ -59,7 +59,17 @@ def _quantized_rows(a, granularity):
         return _quantize(a, granularity)
     q, scale = _quantize(a.x, granularity)
     token = a.rows // a.k
-    return q.view(torch.uint8).index_select(0, token).view(q.dtype), scale.index_select(0, token)
+    return q.view(torch.uint8).index_select(0, token).view(q.dtype), _picked_rows(scale, token)
+
+
+def _picked_rows(t, rows):
+    """t.index_select(0, rows) of a contiguous 1-D or 2-D t; a 2-D t's
+    elements picked one by one through a flat index, as index_select is slow
+    on rows as short as the 1x128 scales' (a few dozen bytes)."""
+    if t.dim() == 1:
+        return t.index_select(0, rows)
+    columns = torch.arange(t.shape[1], device=t.device)
+    return t.view(-1)[(rows * t.shape[1]).unsqueeze(1) + columns]
 
 
 def _quantized_columns(a, offs, granularity):
