@@ -106,8 +106,6 @@ class _Experts(torch.autograd.Function):
         grad = grad.to(x.dtype)
         scale = weights.reshape(-1).index_select(0, order)
         dys = _token_rows(grad, order, k, ctx.gathered)
-        # dys as rows where the down projection's bias needs them.
-        dy_rows = _rows_of(dys) if b2 is not None else None
         w13_t, w2_t = ctx.transposed
         dh = _product(dys, w2, offs, recipe, w2_t)
         if _quantizes_in_swiglu_backward(recipe, ctx.gate_up, gu.shape[1] // 2, need_b13):
@@ -121,10 +119,13 @@ class _Experts(torch.autograd.Function):
         _release(gu)
         del dh
         d_weights = dw2 = db2 = dx = dw13 = db13 = None
+        # Each slot's expert, where the down projection's bias needs it.
+        slot_experts = _slot_experts(offs, inverse, tokens, k) if b2 is not None else None
         if need_weights:
+            d_weights = dot.index_select(0, inverse).view(tokens, k)
             if b2 is not None:
-                dot += _bias_term(dy_rows, b2, offs)
-            d_weights = dot.index_select(0, inverse).view(tokens, k).to(topk_weights.dtype)
+                d_weights += _bias_terms(grad, b2, slot_experts)
+            d_weights = d_weights.to(topk_weights.dtype)
         del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
             ones = torch.ones_like(weights)
@@ -141,8 +142,7 @@ class _Experts(torch.autograd.Function):
         if need_w2:
             dw2 = _weight_gradient(w2, dys, hs, offs, recipe)
         if need_b2:
-            db2 = bias_gradient(dy_rows.mul_(scale.to(dy_rows.dtype).unsqueeze(1)), offs, False)
-            db2 = db2.to(b2.dtype)
+            db2 = _down_bias_gradient(grad, weights, slot_experts, b2.shape[0]).to(b2.dtype)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None, None
 
 
@@ -187,11 +187,6 @@ def _token_rows(t, order, k, gathered):
     """t's row of each sorted row's token: read through the routing's order
     (Gathered) where the products gather, else a permuted copy."""
     return Gathered(t, order, k) if gathered else t.index_select(0, order // k)
-
-
-def _rows_of(a):
-    """A product's operand as a tensor of its rows."""
-    return _token_rows(a.x, a.rows, a.k, False) if isinstance(a, Gathered) else a
 
 
 def _product(a, b, offs, recipe, quantized_b_t=None):
@@ -245,13 +240,31 @@ def _release(saved):
     saved.untyped_storage().resize_(0)
 
 
-def _bias_term(dys, b2, offs):
-    """<grad row, b2[group of the row]> per sorted row: the routing weight's
-    gradient through the down projection's bias (0 past the last group)."""
-    rows = torch.arange(dys.shape[0], dtype=offs.dtype, device=dys.device)
-    group = torch.searchsorted(offs, rows, right=True)
-    bias = torch.cat([b2, b2.new_zeros(1, b2.shape[1])]).float()
-    return (dys.float() * bias[group]).sum(-1)
+def _slot_experts(offs, inverse, tokens, k):
+    """Each token's slots' experts [tokens, k] from the routing: the group of
+    the slot's sorted row, the number of experts for a dropped id (its row
+    lies past the last group)."""
+    return torch.searchsorted(offs, inverse.to(offs.dtype), right=True).view(tokens, k)
+
+
+def _bias_terms(grad, b2, slot_experts):
+    """<grad[t], b2[e]> for each token's slots (0 for a dropped id): the
+    routing weights' gradient through the down projection's bias, from one
+    [T, H] x [H, E] product, in float32."""
+    per_expert = grad.float() @ b2.float().t()
+    dropped = per_expert.new_zeros(per_expert.shape[0], 1)
+    return torch.cat([per_expert, dropped], 1).gather(1, slot_experts)
+
+
+def _down_bias_gradient(grad, weights, slot_experts, experts):
+    """db2[e]: the sum of weight * grad[t] over the slots routed to e, as one
+    [E, T] x [T, H] product in float32.  Each slot's weight is put in its own
+    [k, E + 1] row before the k are summed: no atomics, so the same sum each
+    run with duplicate ids too."""
+    tokens, k = weights.shape
+    routed = weights.new_zeros(tokens, k, experts + 1)
+    routed.scatter_(2, slot_experts.unsqueeze(2), weights.unsqueeze(2))
+    return routed.sum(1)[:, :experts].t() @ grad.float()
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

@@ -1,3 +1,4 @@
+import importlib.util
 import sys
 import zlib
 from pathlib import Path
@@ -15,6 +16,11 @@ from gg_runtime.testing import forced, poisoned  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+# torch.compile's backends for the traced tests: inductor generates Triton
+# kernels for the ops around ours, so it needs Triton (a training machine has it;
+# a serving one that runs gg_runtime alone need not).
+COMPILE_BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="inductor needs Triton"))]
 # Autograd over fake CUDA tensors asks torch's CUDA device guard, which a
 # CPU-only torch build does not have: it aborts the process (or raises).
 fake_autograd = pytest.mark.skipif(

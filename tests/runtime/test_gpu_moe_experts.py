@@ -14,7 +14,7 @@ from moe_reference import combine_ref, layer_ref, route_by_sort
 from gg_runtime.testing import (forced, gated_activation, last_variant, offsets_from_counts,
                                 poisoned, randn, rel_error)
 
-from conftest import device_arch, gpu
+from conftest import COMPILE_BACKENDS, device_arch, gpu
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 
@@ -118,15 +118,18 @@ def test_all_tokens_on_one_expert_and_empty_experts():
     check_against_reference(inputs)
 
 
-def test_dropped_slots_add_nothing():
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_dropped_slots_add_nothing(bias):
     """-1 (and any id outside [0, E)) drops the slot: the output is that of the
-    other slots and the dropped weight's gradient is zero."""
-    inputs = make_inputs(97, 64, 48, 8, 4)
+    other slots and the dropped weight's gradient is zero (the biases' terms
+    included).  A token with one expert in all its slots counts it each time."""
+    inputs = make_inputs(97, 64, 48, 8, 4, bias=bias)
     ids = inputs["topk_ids"]
     dropped = torch.rand(ids.shape, device="cuda") < 0.3
     ids[dropped] = -1
     ids[0, 0] = 8  # past the last expert: dropped too
     dropped[0, 0] = True
+    ids[1], dropped[1] = 3, False
     out, *grads = check_against_reference(inputs)
     d_weights = grads[1]
     assert torch.all(d_weights[dropped] == 0)
@@ -250,10 +253,11 @@ def test_forward_without_autograd_allocates_twice(tokens):
     assert rel_error(out, want) < 2e-2
 
 
-def test_torch_compile_fullgraph():
-    """Traced whole, forward and backward (aot_eager: inductor needs Triton)."""
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    """Traced whole, forward and backward."""
     torch._dynamo.reset()
-    compiled = torch.compile(gg_runtime.moe_experts, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(gg_runtime.moe_experts, fullgraph=True, backend=backend)
     check_against_reference(make_inputs(90, 64, 48, 8, 2), fn=compiled)
 
 

@@ -27,7 +27,7 @@ from gg_runtime.testing import forced, randn, rel_error
 from gg_runtime.testing.fp8_training import RECIPES
 from gg_runtime.testing.moe_fp8_training import GRADIENTS, moe_experts_fp8_training_ref
 
-from conftest import device_arch, up_projection_runs_on
+from conftest import COMPILE_BACKENDS, device_arch, up_projection_runs_on
 
 pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
               pytest.mark.usefixtures("poison")]
@@ -312,12 +312,13 @@ def test_module_requantizes_after_a_step(recipe):
         optimizer.step()
 
 
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_torch_compile_fullgraph(recipe):
+def test_torch_compile_fullgraph(recipe, backend):
     """Traced whole (fullgraph) through the autograd function and the
     operators' Meta kernels: the reference's output and gradients."""
     torch._dynamo.reset()
-    compiled = torch.compile(gg_runtime.moe_experts, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(gg_runtime.moe_experts, fullgraph=True, backend=backend)
     x, ids, weights, w13, w2, _, _, grad = layer(*SHAPES["tile_tails"])
     leaves = [t.detach().requires_grad_() for t in (x, weights, w13, w2)]
     got = [compiled(leaves[0], ids, *leaves[1:], fp8=recipe)]
