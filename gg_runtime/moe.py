@@ -118,13 +118,14 @@ class _Experts(torch.autograd.Function):
         # before dW2's, while h (half its size) waits.
         _release(gu)
         del dh
-        d_weights = dw2 = db2 = dx = dw13 = db13 = None
-        # Each slot's expert, where the down projection's bias needs it.
-        slot_experts = _slot_experts(offs, inverse, tokens, k) if b2 is not None else None
+        d_weights = dw2 = dx = dw13 = db13 = bias_terms = db2 = None
+        if b2 is not None:
+            bias_terms, db2 = _through_down_bias(grad, b2, weights, offs, inverse, need_weights,
+                                                 need_b2)
         if need_weights:
             d_weights = dot.index_select(0, inverse).view(tokens, k)
-            if b2 is not None:
-                d_weights += _bias_terms(grad, b2, slot_experts)
+            if bias_terms is not None:
+                d_weights += bias_terms
             d_weights = d_weights.to(topk_weights.dtype)
         del dot
         if need_x:  # each token's k rows summed: a combine with unit weights
@@ -141,8 +142,6 @@ class _Experts(torch.autograd.Function):
         del dgu
         if need_w2:
             dw2 = _weight_gradient(w2, dys, hs, offs, recipe)
-        if need_b2:
-            db2 = _down_bias_gradient(grad, weights, slot_experts, b2.shape[0]).to(b2.dtype)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None, None
 
 
@@ -240,31 +239,29 @@ def _release(saved):
     saved.untyped_storage().resize_(0)
 
 
-def _slot_experts(offs, inverse, tokens, k):
-    """Each token's slots' experts [tokens, k] from the routing: the group of
-    the slot's sorted row, the number of experts for a dropped id (its row
-    lies past the last group)."""
-    return torch.searchsorted(offs, inverse.to(offs.dtype), right=True).view(tokens, k)
-
-
-def _bias_terms(grad, b2, slot_experts):
-    """<grad[t], b2[e]> for each token's slots (0 for a dropped id): the
-    routing weights' gradient through the down projection's bias, from one
-    [T, H] x [H, E] product, in float32."""
-    per_expert = grad.float() @ b2.float().t()
-    dropped = per_expert.new_zeros(per_expert.shape[0], 1)
-    return torch.cat([per_expert, dropped], 1).gather(1, slot_experts)
-
-
-def _down_bias_gradient(grad, weights, slot_experts, experts):
-    """db2[e]: the sum of weight * grad[t] over the slots routed to e, as one
-    [E, T] x [T, H] product in float32.  Each slot's weight is put in its own
-    [k, E + 1] row before the k are summed: no atomics, so the same sum each
-    run with duplicate ids too."""
+def _through_down_bias(grad, b2, weights, offs, inverse, need_terms, need_b2):
+    """What flows through the down projection's bias: each slot's
+    <grad[t], b2[e]> [T, k] in float32 (the routing weight's gradient term; 0
+    for a dropped id) from one [T, H] x [H, E] product, and b2's gradient (each
+    expert's sum of weight * grad[t] over its slots, in b2's dtype) from one
+    [E, T] x [T, H] product, both computed in float32.  A slot's expert is the
+    group of its sorted row (past the last group for a dropped id: column E,
+    cut off).  Each slot's weight is put in its own row before the k are
+    summed: no atomics, so duplicate ids sum the same each run."""
     tokens, k = weights.shape
-    routed = weights.new_zeros(tokens, k, experts + 1)
-    routed.scatter_(2, slot_experts.unsqueeze(2), weights.unsqueeze(2))
-    return routed.sum(1)[:, :experts].t() @ grad.float()
+    experts = b2.shape[0]
+    slot_experts = torch.searchsorted(offs, inverse.to(offs.dtype), right=True).view(tokens, k)
+    grad = grad.float()
+    terms = db2 = None
+    if need_terms:
+        per_expert = grad @ b2.float().t()
+        dropped = per_expert.new_zeros(tokens, 1)
+        terms = torch.cat([per_expert, dropped], 1).gather(1, slot_experts)
+    if need_b2:
+        routed = weights.new_zeros(tokens, k, experts + 1)
+        routed.scatter_(2, slot_experts.unsqueeze(2), weights.unsqueeze(2))
+        db2 = (routed.sum(1)[:, :experts].t() @ grad).to(b2.dtype)
+    return terms, db2
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
