@@ -108,11 +108,13 @@ class _Experts(torch.autograd.Function):
         dys = _token_rows(grad, order, k, ctx.gathered)
         w13_t, w2_t = ctx.transposed
         dh = _product(dys, w2, offs, recipe, w2_t)
-        if _quantizes_in_swiglu_backward(recipe, ctx.gate_up, gu.shape[1] // 2, need_b13):
-            dgu, hs, dot = _swiglu_backward_fp8(gu, dh, scale, offs, ctx.gate_up, ctx.activation)
+        if _quantizes_in_swiglu_backward(recipe, ctx.gate_up, gu.shape[1] // 2):
+            dgu, hs, dot, db13_parts = _swiglu_backward_fp8(gu, dh, scale, offs, ctx.gate_up,
+                                                            ctx.activation, need_b13)
         else:
             dgu, hs, dot = OPS.swiglu_backward.default(gu, dh, scale, ctx.gate_up,
                                                        ctx.activation)
+            db13_parts = (dgu, offs)
         # Each intermediate goes as soon as its last use is done, gu too
         # (_release).  d(gu), as large as gu, goes first: its products run
         # before dW2's, while h (half its size) waits.
@@ -138,31 +140,36 @@ class _Experts(torch.autograd.Function):
             dw13 = _weight_gradient(w13, dgu, xs, offs, recipe)
             del xs
         if need_b13:
-            db13 = bias_gradient(dgu, offs, False).to(w13.dtype)
-        del dgu
+            db13 = bias_gradient(*db13_parts, False).to(w13.dtype)
+        del dgu, db13_parts
         if need_w2:
             dw2 = _weight_gradient(w2, dys, hs, offs, recipe)
         return dx, None, d_weights, dw13, dw2, db13, db2, None, None, None, None
 
 
-def _quantizes_in_swiglu_backward(recipe, gate_up, inter, need_b13) -> bool:
+def _quantizes_in_swiglu_backward(recipe, gate_up, inter) -> bool:
     """Whether SwiGLU's backward quantizes d(gu) and h where it makes them
     (swiglu_backward_fp8): the blockwise recipe, whose 1x128 blocks along
     d(gu)'s rows then lie within one half (interleaved, or I a multiple of
-    128), and d(gu) not needed in 16 bits (for the bias's gradient)."""
-    return (recipe == "blockwise" and not need_b13
-            and (gate_up == "interleaved" or inter % 128 == 0))
+    128)."""
+    return recipe == "blockwise" and (gate_up == "interleaved" or inter % 128 == 0)
 
 
-def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation):
+def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation, need_b13):
     """swiglu_backward's (d(gu), h scaled, dot) with d(gu) and h as the
     blockwise recipe's products read them (fp8_training.Quantized), made in
-    one pass."""
-    dgu, dgu_scale, dgu_columns, dgu_columns_scale, h_columns, h_columns_scale, dot = (
-        OPS.swiglu_backward_fp8.default(gu, dh, scale, offs, gate_up, activation))
+    one pass; and where need_b13, b13's gradient as bias_gradient's
+    arguments: d(gu)'s sums over each group's 128-row blocks, whose groups
+    end at block offs[g] // 128 + g + 1 (the blocks between two groups'
+    rows are zeros)."""
+    dgu, dgu_scale, dgu_columns, dgu_columns_scale, h_columns, h_columns_scale, dot, sums = (
+        OPS.swiglu_backward_fp8.default(gu, dh, scale, offs, gate_up, activation, need_b13))
     rows = gu.shape[0]
+    block_ends = offs // 128 + torch.arange(1, offs.shape[0] + 1, dtype=offs.dtype,
+                                            device=offs.device)
     return (fp8_training.Quantized(rows, (dgu, dgu_scale), (dgu_columns, dgu_columns_scale)),
-            fp8_training.Quantized(rows, None, (h_columns, h_columns_scale)), dot.sum(0))
+            fp8_training.Quantized(rows, None, (h_columns, h_columns_scale)), dot.sum(0),
+            (sums, block_ends))
 
 
 def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,

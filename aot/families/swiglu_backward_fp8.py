@@ -2,11 +2,12 @@
 training with 1x128 blocks (aot/kernels/swiglu_backward_fp8.py): gu [R, 2C],
 the gradient of h and the rows' routing weights -> d(gu) quantized along its
 rows and along T within the groups, h scaled by the routing weight
-quantized along T, and each row's dot partials.  bfloat16 in (the fp8
+quantized along T, each row's dot partials and d(gu)'s sums over the
+column blocks' rows (b13's gradient, summed over a group's blocks).  bfloat16 in (the fp8
 forward's gu and products are bfloat16), float8_e4m3fn out; sm90 only, as
 the fp8 GEMMs; `aligned` only (its copies move 16 bytes: the operator
 copies an input that does not start at 16 bytes)."""
-from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Config, Family, Param
+from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Choice, Config, Family, Param
 from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 
 # A tile is one 128-row block by 128 of h's columns, computed BK = 64 at a
@@ -26,6 +27,9 @@ from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 # on concatenated gate/up, a little slower on interleaved; BK = 128 slower on
 # both (docs/notes/2026-11-27-swiglu-backward-two-buffers.md).
 TILE = (Config(128, 128, 64, 16, 1),)
+# Whether d(gu)'s column sums (b13's gradient) are written: a compile-time
+# choice, so that the kernels without them are those measured above.
+SUMS = Choice("Sums", ("none", "dgu"))
 
 FAMILY = Family(
     name="swiglu_backward_fp8",
@@ -42,13 +46,14 @@ FAMILY = Family(
         Param("h_cols_ptr", "*O", "output", aligned=True),
         Param("h_cols_scale_ptr", "*fp32", "output"),
         Param("dot_ptr", "*fp32", "output"),
+        Param("dgu_cols_sum_ptr", "*fp32", "output"),
         Param("R", "i32", "extent"),
         Param("C", "i32", "extent", aligned=True),
         Param("G", "i32", "count"),
     ),
-    axes=(Axis("gate_up", GATE_UP), Axis("activation", ACTIVATION)),
+    axes=(Axis("gate_up", GATE_UP), Axis("activation", ACTIVATION), Axis("sums", SUMS)),
     constexprs=lambda v: {"INTERLEAVED": v["gate_up"] == "interleaved",
-                          "GPT_OSS": v["activation"] == "gpt_oss"},
+                          "GPT_OSS": v["activation"] == "gpt_oss", "SUMS": v["sums"] == "dgu"},
     aligned=EVERY,
     basic=False,
     dtypes=("bfloat16",),

@@ -22,6 +22,12 @@ h_cols [C, W] fp8, h_cols_scale               h scaled by the routing weight,
 dot [cdiv(C, 128), R] float32                 row r's sum of grad * h over
                                                columns 128 p .. 128 p + 128 at
                                                [p, r]: summed over p, swiglu.py's dot
+dgu_cols_sum [R // 128 + G, 2C] float32       with SUMS, d(gu)'s sum over each
+                                               row block of dgu_cols_scale (a
+                                               block's row there): summed over
+                                               a group's blocks, b13's
+                                               gradient; blocks of no rows not
+                                               written
 
 Each value is rounded to gu's dtype before it is quantized, as swiglu.py
 stores it: the fp8 outputs are quantize_fp8's and quantize_fp8_columns' of
@@ -176,17 +182,20 @@ def compute_and_stage(gu_in, grad_in, scale_ptr, row0, end, INTERLEAVED: gl.cons
 
 
 @gluon.jit
-def quantize_columns(staged, q_ptr, scale_ptr, first, limit, W):
+def quantize_columns(staged, q_ptr, scale_ptr, first, limit, W, sum_ptr=None):
     """Phase 2: staged [BLOCK, BLOCK] quantized along its rows, in one read: its
     column i is q's row first + i, stored at q_ptr + (first + i) * W with its
-    scale at scale_ptr[first + i], where first + i < limit.  The callers
-    offset the pointers to the tile's row block."""
+    scale at scale_ptr[first + i] (and its sum at sum_ptr[first + i], if
+    given), where first + i < limit.  The callers offset the pointers to the
+    tile's row block."""
     loaded: gl.constexpr = column_layout(gl.num_warps(), False)
     stored: gl.constexpr = column_layout(gl.num_warps(), True)
     x = staged.load(loaded).to(gl.float32)
     scale = scale_of(gl.max(gl.abs(x), 0))
     index = first + gl.arange(0, BLOCK, gl.SliceLayout(0, loaded))
     gl.store(scale_ptr + index, scale, mask=index < limit)
+    if sum_ptr is not None:
+        gl.store(sum_ptr + index, gl.sum(x, 0), mask=index < limit)
     q = gl.convert_layout(to_e4m3(x, gl.expand_dims(scale, 0)), stored)
     index = first + gl.arange(0, BLOCK, gl.SliceLayout(0, stored))
     rows = gl.arange(0, BLOCK, gl.SliceLayout(1, stored))
@@ -225,12 +234,13 @@ def start_tile(t, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, gu_pt
 
 
 @gluon.jit
-def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: gl.constexpr):
+def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: gl.constexpr,
+                  SUMS: gl.constexpr):
     """Phases 2 and 3 of the staged tile: rows row0 .. row0 + 128 (those
     below end) of a group, its column block `block`, by h's columns c0 .. c0
     + 128."""
     dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr, \
-        _ = outputs
+        _, dgu_cols_sum_ptr = outputs
     quantize_columns(h_s, h_cols_ptr + block * BLOCK, h_cols_scale_ptr + block.to(gl.int64) * C,
                      c0, C, W)
     blocks = (2 * C + BLOCK - 1) // BLOCK
@@ -238,8 +248,12 @@ def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: 
         # d(gu)'s column of the staged block i: the gate's and the up's, or pairs.
         first = 2 * c0 + i * BLOCK if INTERLEAVED else i * C + c0
         staged = dgu_s.slice(i * BLOCK, BLOCK, 1)
+        sum_ptr = None
+        if SUMS:
+            sum_ptr = dgu_cols_sum_ptr + block.to(gl.int64) * (2 * C)
         quantize_columns(staged, dgu_cols_ptr + block * BLOCK,
-                         dgu_cols_scale_ptr + block.to(gl.int64) * (2 * C), first, 2 * C, W)
+                         dgu_cols_scale_ptr + block.to(gl.int64) * (2 * C), first, 2 * C, W,
+                         sum_ptr)
         quantize_rows(staged, dgu_q_ptr + row0.to(gl.int64) * (2 * C) + first,
                       dgu_scale_ptr + row0.to(gl.int64) * blocks + first // BLOCK, 2 * C, blocks,
                       end - row0, 2 * C - first)
@@ -248,16 +262,18 @@ def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: 
 @gluon.jit
 def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr, dgu_scale_ptr,
                                dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr,
-                               dot_ptr, R, C, G, INTERLEAVED: gl.constexpr,
-                               GPT_OSS: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                               dot_ptr, dgu_cols_sum_ptr, R, C, G, INTERLEAVED: gl.constexpr,
+                               GPT_OSS: gl.constexpr, SUMS: gl.constexpr,
+                               USE_TMA: gl.constexpr, BM: gl.constexpr,
                                BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                                PRECISION: gl.constexpr):
     """Persistent: program p takes tiles p, p + P, ... of every group's
     128-row blocks by BN columns, in group order (ws.chunk_groups' scan, the
     pseudo-group of the rows past the last one skipped).  The runtime
     launches min(the family's `tiles`, one wave) programs.  BK: h's columns
-    phase 1 takes at once.  USE_TMA and PRECISION (GEMM constexprs every
-    variant receives) are unused."""
+    phase 1 takes at once.  SUMS: dgu_cols_sum written (else not touched).
+    USE_TMA and PRECISION (GEMM constexprs every variant receives) are
+    unused."""
     gl.static_assert(not USE_TMA, "swiglu_backward_fp8 has no TMA path")
     gl.static_assert(BM == BLOCK and BN == BLOCK, "a tile is 128 rows by 128 of h's columns")
     dtype: gl.constexpr = gu_ptr.dtype.element_ty
@@ -268,7 +284,7 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
     gu_in = gl.allocate_shared_memory(dtype, [2, BLOCK, 2 * BLOCK], staged)
     grad_in = gl.allocate_shared_memory(dtype, [2, BLOCK, BLOCK], staged)
     outputs = (dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr,
-               h_cols_scale_ptr, dot_ptr)
+               h_cols_scale_ptr, dot_ptr, dgu_cols_sum_ptr)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (C + BN - 1) // BN
@@ -308,7 +324,8 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
                 gl.store(dot_ptr + (off_n // BLOCK) * R + rows, dot, mask=rows < end)
                 thread_barrier()  # the stage is written, by every thread
                 block = start // BLOCK + g + (off_m - start) // BLOCK
-                quantize_tile(gu_t, grad_t, outputs, off_m, end, block, off_n, C, W, INTERLEAVED)
+                quantize_tile(gu_t, grad_t, outputs, off_m, end, block, off_n, C, W, INTERLEAVED,
+                              SUMS)
             thread_barrier()  # the buffer is read before the tile after next copies into it
             started += 1
         tiles_before = chunk_end

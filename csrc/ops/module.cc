@@ -135,9 +135,10 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "str activation='swiglu') -> (Tensor, Tensor, Tensor)");
   m.def(
       "swiglu_backward_fp8(Tensor gu, Tensor grad, Tensor scale, Tensor offs, "
-      "str gate_up='concatenated', str activation='swiglu') -> (Tensor dgu, Tensor dgu_scale, "
+      "str gate_up='concatenated', str activation='swiglu', bool dgu_sums=False) -> "
+      "(Tensor dgu, Tensor dgu_scale, "
       "Tensor dgu_columns, Tensor dgu_columns_scale, Tensor h_columns, Tensor h_columns_scale, "
-      "Tensor dot)");
+      "Tensor dot, Tensor dgu_columns_sum)");
   m.def(
       "grouped_mm_glu(Tensor x, Tensor? rows, int k, Tensor w13, Tensor offs, Tensor? bias=None, "
       "str gate_up='concatenated', str activation='swiglu', bool save_gu=True) "

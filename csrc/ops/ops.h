@@ -64,11 +64,13 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu, Tensor grad, Tenso
 // swiglu_backward for fp8 training with 1x128 blocks, its outputs quantized as
 // the backward's products read them (aot/kernels/swiglu_backward_fp8.py says
 // the layouts), over the rows of offs's groups: d(gu) along its rows and along
-// T within the groups, h scaled along T, and each row's dot in partial sums
-// over 128 columns at a time (dot [cdiv(C, 128), R]).
-using Fp8Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+// T within the groups, h scaled along T, each row's dot in partial sums
+// over 128 columns at a time (dot [cdiv(C, 128), R]), and with dgu_sums,
+// d(gu)'s sums over the row blocks of its columns' layout (b13's gradient in
+// partial sums; else [0, 2C]).
+using Fp8Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 Fp8Backward swiglu_backward_fp8(Tensor gu, Tensor grad, Tensor scale, Tensor offs,
-                                std::string gate_up, std::string activation);
+                                std::string gate_up, std::string activation, bool dgu_sums);
 
 // Products over rows gathered through the routing's order (rows int64 [R],
 // each rows[r] / k a row of the gathered operand: not checked, the routing

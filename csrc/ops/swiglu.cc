@@ -102,13 +102,14 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
 }
 
 Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, Tensor offs,
-                                std::string gate_up, std::string activation) {
+                                std::string gate_up, std::string activation, bool dgu_sums) {
   using Fp8Family = family::SwigluBackwardFp8;
   check_tensor(gu_in, "gu", 2, Fp8Family::kDTypes);
   const int64_t c = check_gate_up(gu_in);
   const Fp8Family::Axes axes{
       .gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
-      .activation = parse_choice<family::Activation>("activation", activation)};
+      .activation = parse_choice<family::Activation>("activation", activation),
+      .sums = dgu_sums ? family::Sums::kDgu : family::Sums::kNone};
   check_tensor(grad_in, "grad", 2, Fp8Family::kDTypes);
   check_backward_inputs(gu_in, grad_in, scale_in, c);
   check_offsets(offs, "offs", offs.dim() == 1 ? offs.size(0) : 0, gu_in);
@@ -126,10 +127,13 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
   Tensor dgu_columns_scale = new_output(gu_in, {column_blocks, 2 * c}, ScalarType::Float);
   Tensor h_columns = new_output(gu_in, {c, column_blocks * kBlock}, kFp8);
   Tensor h_columns_scale = new_output(gu_in, {column_blocks, c}, ScalarType::Float);
-  // Rows outside the groups (dropped slots) are not written: their sums are 0.
+  // Rows outside the groups (dropped slots) are not written: their sums are 0;
+  // so are the column sums of the blocks no group's rows fall in.
   Tensor dot = filled(new_output(gu_in, {blocks(c), rows}, ScalarType::Float), 0.0);
+  Tensor dgu_columns_sum =
+      filled(new_output(gu_in, {dgu_sums ? column_blocks : 0, 2 * c}, ScalarType::Float), 0.0);
   const Fp8Backward out{dgu,       dgu_scale,       dgu_columns, dgu_columns_scale,
-                        h_columns, h_columns_scale, dot};
+                        h_columns, h_columns_scale, dot,         dgu_columns_sum};
   if (groups == 0 || rows == 0 || c == 0 || shapes_only(dgu)) return out;
   const Tensor gu = packed_aligned(gu_in), grad = packed_aligned(grad_in);
   const Tensor scale = as_contiguous(scale_in);
@@ -144,6 +148,7 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
                        .h_cols_ptr = address(h_columns),
                        .h_cols_scale_ptr = address(h_columns_scale),
                        .dot_ptr = address(dot),
+                       .dgu_cols_sum_ptr = address(dgu_columns_sum),
                        .R = rows,
                        .C = c,
                        .G = groups};

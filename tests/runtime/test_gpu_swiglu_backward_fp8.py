@@ -1,10 +1,12 @@
 """torch.ops.gg_runtime.swiglu_backward_fp8 against the operators it fuses:
 swiglu_backward, then quantize_fp8(d(gu), "1x128") and quantize_fp8_columns
 ("1x128") of d(gu) and of h scaled.  The same bytes and scales (the
-unwritten ones poisoned alike), and the dot's partial sums adding up to
+unwritten ones poisoned alike), the dot's partial sums adding up to
 swiglu_backward's (float32 sums in another order) and to a float64
-reference.  Both gate/up layouts and activations; halves of 128 columns and
-more, and (interleaved) halves that are no multiple of 64 or 128; groups of
+reference, and d(gu)'s sums over the column layout's row blocks against
+float64 sums of swiglu_backward's d(gu) (zeros where no rows are).  Both
+gate/up layouts and activations; halves of 128 columns and more, and
+(interleaved) halves that are no multiple of 64 or 128; groups of
 0, 1, 127 and 200 rows with rows past them (dropped slots); one group and
 1000; inputs that start off 16 bytes; each variant forced.  Outputs poisoned."""
 import pytest
@@ -45,16 +47,16 @@ def misaligned(x):
     return flat.view(x.shape).copy_(x)
 
 
-def check(counts, dropped, gate_up, cols, activation, variant="", shift=False):
+def check(counts, dropped, gate_up, cols, activation, variant="", shift=False, sums=True):
     """The operator (with `variant` forced, if given; shift: its inputs
-    misaligned) against the composed operators."""
+    misaligned; sums: d(gu)'s sums asked for) against the composed operators."""
     gu, grad, scale, offs = inputs(counts, dropped, cols)
     if shift:
         gu, grad = misaligned(gu), misaligned(grad)
         assert gu.data_ptr() % 16 and grad.data_ptr() % 16
     end = sum(counts)
     with forced(variant):
-        got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, gate_up, activation)
+        got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, gate_up, activation, sums)
         assert last_variant() == variant or not variant
     dgu, hs, dot = OPS.swiglu_backward(gu, grad, scale, gate_up, activation)
     q_rows, scale_rows = OPS.quantize_fp8(dgu, "1x128")
@@ -70,6 +72,23 @@ def check(counts, dropped, gate_up, cols, activation, variant="", shift=False):
     h = OPS.swiglu(gu, gate_up, activation).double()
     reference = (grad.double() * h).sum(1)[:end]
     assert (got_dot[:end].double() - reference).norm() <= 1e-5 * reference.norm()
+    if not sums:
+        assert got[7].shape == (0, 2 * cols)
+        return
+    want_sums = block_sums(dgu.double(), offs)
+    assert (got[7].double() - want_sums).norm() <= 1e-6 * want_sums.norm()
+    assert got[7][want_sums.eq(0).all(1)].eq(0).all()
+
+
+def block_sums(x, offs):
+    """x's rows summed over each group's 128-row blocks, in the column layout's
+    rows (quantize_fp8_columns: group g's block j at start // 128 + g + j)."""
+    starts = torch.cat([offs.new_zeros(1), offs[:-1]]).long()
+    sums = x.new_zeros(x.shape[0] // 128 + offs.shape[0], x.shape[1])
+    for g, (start, end) in enumerate(zip(starts.tolist(), offs.long().tolist())):
+        for row in range(start, end, 128):
+            sums[start // 128 + g + (row - start) // 128] = x[row:min(row + 128, end)].sum(0)
+    return sums
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
@@ -78,9 +97,10 @@ def test_groups_of_0_1_127_200_rows_and_dropped(gate_up, cols, activation):
     check([0, 1, 127, 200, 0], 37, gate_up, cols, activation)
 
 
+@pytest.mark.parametrize("sums", [False, True])
 @pytest.mark.parametrize("gate_up, cols", [("concatenated", 256), ("interleaved", 208)])
-def test_one_group(gate_up, cols):
-    check([300], 0, gate_up, cols, "swiglu")
+def test_one_group(gate_up, cols, sums):
+    check([300], 0, gate_up, cols, "swiglu", sums=sums)
 
 
 @pytest.mark.parametrize("gate_up, cols", [("concatenated", 128), ("interleaved", 80)])
@@ -98,8 +118,9 @@ def test_inputs_not_at_16_bytes(gate_up, cols):
 
 def test_no_rows():
     gu, grad, scale, offs = inputs([0, 0], 0, 128)
-    got = OPS.swiglu_backward_fp8(gu, grad, scale, offs)
+    got = OPS.swiglu_backward_fp8(gu, grad, scale, offs, dgu_sums=True)
     assert got[6].shape == (1, 0) and got[0].shape == (0, 256)
+    assert got[7].shape == (2, 256) and got[7].eq(0).all()
 
 
 @pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
@@ -109,4 +130,5 @@ def test_every_variant(variant):
     """Each compiled variant forced, on tile tails."""
     axes = variant["axes"]
     cols = 256 if axes["gate_up"] == "concatenated" else 208
-    check([0, 1, 127, 200, 0], 37, axes["gate_up"], cols, axes["activation"], variant["key"])
+    check([0, 1, 127, 200, 0], 37, axes["gate_up"], cols, axes["activation"], variant["key"],
+          sums=axes["sums"] == "dgu")

@@ -131,18 +131,21 @@ def test_swiglu_backward_fp8_refuses(fake, make, error, message):
              cuda(gu.shape[0], dtype=torch.float32), cuda(4, dtype=torch.int32), *choices)
 
 
+@pytest.mark.parametrize("sums", [False, True])
 @pytest.mark.parametrize("gate_up, cols", [("concatenated", 256), ("interleaved", 208)])
-def test_swiglu_backward_fp8_shapes(fake, gate_up, cols):
+def test_swiglu_backward_fp8_shapes(fake, gate_up, cols, sums):
     """d(gu) along rows and columns, h along columns (7 groups: 300 // 128 +
-    7 blocks of 128 columns), the dot's partial sums per 128 columns."""
+    7 blocks of 128 columns), the dot's partial sums per 128 columns, d(gu)'s
+    sums per block of the column layout where asked for (else none)."""
     outs = call(torch.ops.gg_runtime.swiglu_backward_fp8.default, cuda(300, 2 * cols),
                 cuda(300, cols), cuda(300, dtype=torch.float32), cuda(7, dtype=torch.int32),
-                gate_up)
+                gate_up, "swiglu", sums)
     blocks = 300 // 128 + 7
     assert [tuple(t.shape) for t in outs] == [
         (300, 2 * cols), (300, (2 * cols + 127) // 128), (2 * cols, 128 * blocks),
-        (blocks, 2 * cols), (cols, 128 * blocks), (blocks, cols), ((cols + 127) // 128, 300)]
-    assert [t.dtype for t in outs] == [torch.float8_e4m3fn, torch.float32] * 3 + [torch.float32]
+        (blocks, 2 * cols), (cols, 128 * blocks), (blocks, cols), ((cols + 127) // 128, 300),
+        (blocks if sums else 0, 2 * cols)]
+    assert [t.dtype for t in outs] == [torch.float8_e4m3fn, torch.float32] * 3 + [torch.float32] * 2
 
 
 def test_gathered_products_check_their_inputs(fake):
