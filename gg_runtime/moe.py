@@ -121,7 +121,7 @@ class _Experts(torch.autograd.Function):
         _release(gu)
         del dh
         d_weights = dw2 = dx = dw13 = db13 = bias_terms = db2 = None
-        if b2 is not None:
+        if b2 is not None and (need_weights or need_b2):
             bias_terms, db2 = _through_down_bias(grad, b2, weights, offs, inverse, need_weights,
                                                  need_b2)
         if need_weights:

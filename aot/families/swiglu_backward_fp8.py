@@ -2,9 +2,10 @@
 training with 1x128 blocks (aot/kernels/swiglu_backward_fp8.py): gu [R, 2C],
 the gradient of h and the rows' routing weights -> d(gu) quantized along its
 rows and along T within the groups, h scaled by the routing weight
-quantized along T, each row's dot partials and d(gu)'s sums over the
-column blocks' rows (b13's gradient, summed over a group's blocks).  bfloat16 in (the fp8
-forward's gu and products are bfloat16), float8_e4m3fn out; sm90 only, as
+quantized along T, each row's dot partials and, where asked (the `sums`
+axis), d(gu)'s sums over the column layout's row blocks (b13's gradient,
+summed over a group's blocks).  bfloat16 in (the fp8 forward's gu and
+products are bfloat16), float8_e4m3fn out; sm90 only, as
 the fp8 GEMMs; `aligned` only (its copies move 16 bytes: the operator
 copies an input that does not start at 16 bytes)."""
 from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Choice, Config, Family, Param
