@@ -158,18 +158,20 @@ def _quantizes_in_swiglu_backward(recipe, gate_up, inter) -> bool:
 def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation, need_b13):
     """swiglu_backward's (d(gu), h scaled, dot) with d(gu) and h as the
     blockwise recipe's products read them (fp8_training.Quantized), made in
-    one pass; and where need_b13, b13's gradient as bias_gradient's
-    arguments: d(gu)'s sums over each group's 128-row blocks, whose groups
-    end at block offs[g] // 128 + g + 1 (the blocks between two groups'
-    rows are zeros)."""
+    one pass; and where need_b13 (else None), b13's gradient as
+    bias_gradient's arguments: d(gu)'s sums over each group's 128-row
+    blocks, whose groups end at block offs[g] // 128 + g + 1 (the blocks
+    between two groups' rows are zeros)."""
     dgu, dgu_scale, dgu_columns, dgu_columns_scale, h_columns, h_columns_scale, dot, sums = (
         OPS.swiglu_backward_fp8.default(gu, dh, scale, offs, gate_up, activation, need_b13))
     rows = gu.shape[0]
-    block_ends = offs // 128 + torch.arange(1, offs.shape[0] + 1, dtype=offs.dtype,
-                                            device=offs.device)
+    db13_parts = None
+    if need_b13:
+        groups = torch.arange(1, offs.shape[0] + 1, dtype=offs.dtype, device=offs.device)
+        db13_parts = (sums, offs // 128 + groups)
     return (fp8_training.Quantized(rows, (dgu, dgu_scale), (dgu_columns, dgu_columns_scale)),
             fp8_training.Quantized(rows, None, (h_columns, h_columns_scale)), dot.sum(0),
-            (sums, block_ends))
+            db13_parts)
 
 
 def _fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
