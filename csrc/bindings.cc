@@ -144,8 +144,8 @@ bool runs_tma(int device) {
 }
 
 const gg::RuntimeApi kRuntimeApi{
-    gg::kRuntimeApiVersion, &run_reporting,    &gg::families,      &gg::dtypes, &runs_tma,
-    &gg::start_recording,   &submit_reporting, &gg::stop_recording};
+    gg::kRuntimeApiVersion, &run_reporting,       &gg::families,     &gg::dtypes,        &runs_tma,
+    &gg::forces_family,     &gg::start_recording, &submit_reporting, &gg::stop_recording};
 
 }  // namespace
 

@@ -221,6 +221,13 @@ size_t pick_variant(const Request& r, const DeviceProps& d) {
   return checked_variant(o.index, r, d);
 }
 
+bool forces_family(int family) {
+  Override& o = override_setting();
+  if (!o.active.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(o.mutex);
+  return o.forces_variant && kernel_table()[o.index].family == family;
+}
+
 void set_override(const std::string& key, bool basic_only) {
   const size_t index = key.empty() ? 0 : index_of_key(key);
   Override& o = override_setting();

@@ -60,5 +60,8 @@ size_t pick_variant(const Request& request, const DeviceProps& device);
 // basic_only, every launch runs the last (rule-free) flavour.  Process-wide;
 // the defaults ("", false) restore normal dispatch.
 void set_override(const std::string& key, bool basic_only);
+// Whether the test override forces a variant of family `family` (an operator
+// with two paths takes the one that launches it).
+bool forces_family(int family);
 
 }  // namespace gg

@@ -14,7 +14,7 @@
 
 namespace gg {
 
-inline constexpr int kRuntimeApiVersion = 4;
+inline constexpr int kRuntimeApiVersion = 5;
 // PyCapsule_Import's dotted path: the capsule is _C's attribute `runtime_api`.
 inline constexpr char kRuntimeApiCapsule[] = "gg_runtime._C.runtime_api";
 
@@ -35,6 +35,8 @@ struct RuntimeApi {
   // Whether calls on this device run the table's `tma` variants (sm90
   // cubins, not the sm80 path that forcing PTX takes).
   bool (*runs_tma)(int device);
+  // Whether the test override forces a variant of this family (dispatch.h).
+  bool (*forces_family)(int family);
   // The calling thread's launches recorded and submitted together
   // (launch_group.h): start_recording, submit_recorded, stop_recording.
   void (*start_recording)();

@@ -59,3 +59,41 @@ def combine_tile(rows_ptr, index_ptr, weights_ptr, out_ptr, tokens, cols, end, T
             acc += weight[:, None] * values.to(tl.float32)
     out = out_ptr + tokens.to(tl.int64)[:, None] * H + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def combine_parts_kernel(parts_ptr, index_ptr, weights_ptr, offs_ptr, out_ptr, R, T, H, K, G, P,
+                         USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """The combine of rows made in P parts (the decode forward's, kernels/
+    experts_decode.py): parts [R, P, H] float32, row r's parts at r * P ..
+    r * P + P - 1, contiguous;
+
+    out[t] = sum over j, c of weights[t, j] * parts[index[t, j], c]
+
+    over the kept slots as combine_kernel's.  Persistent: program p takes
+    tiles p, p + P, ... of one token x BN columns; a tile's K * P parts are
+    read BK at a time (the loads of a step in flight together), each step
+    summed in one fixed order.  USE_TMA, BM, CHUNK and PRECISION are unused."""
+    end = 0
+    if G > 0:
+        end = tl.minimum(tl.load(offs_ptr + G - 1), R)
+    col_tiles = tl.cdiv(H, BN)
+    for tile in range(tl.program_id(0), T * col_tiles, tl.num_programs(0)):
+        token = tile // col_tiles
+        cols = (tile % col_tiles) * BN + tl.arange(0, BN)
+        col_ok = cols < H
+        slots = token.to(tl.int64) * K
+        acc = tl.zeros((BN,), dtype=tl.float32)
+        for first in range(0, K * P, BK):
+            pair = first + tl.arange(0, BK)
+            pair_ok = pair < K * P
+            j = pair // P
+            row = tl.load(index_ptr + slots + j, mask=pair_ok, other=-1)
+            kept = pair_ok & (row >= 0) & (row < end)
+            weight = tl.load(weights_ptr + slots + j, mask=kept, other=0.0)
+            values = tl.load(parts_ptr + ((row * P + pair % P) * H)[:, None] + cols[None, :],
+                             mask=kept[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.sum(values * weight[:, None], axis=0)
+        tl.store(out_ptr + token.to(tl.int64) * H + cols, acc.to(out_ptr.dtype.element_ty),
+                 mask=col_ok)

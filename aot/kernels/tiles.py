@@ -174,3 +174,37 @@ def k_tile_origin(in_group, M, N, BM: tl.constexpr, BN: tl.constexpr):
     fastest = tl.where(n_fastest, n_tiles, m_tiles)
     along, across = in_group % fastest, in_group // fastest
     return tl.where(n_fastest, across, along) * BM, tl.where(n_fastest, along, across) * BN
+
+
+@triton.jit
+def walk_groups(offs_ptr, chunk, G, T, rows_before, tiles_before, n_tiles, BM: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """Groups chunk .. chunk + CHUNK of a ragged-M product of T rows (offs [G]
+    their ends, clamped to [rows_before, T] and made non-decreasing; index G
+    is the pseudo-group of the rows past the last group, ending at T; those
+    past it are empty), each with n_tiles column tiles: (starts, ends,
+    group_tiles, tiles_end), the last the inclusive prefix of the group
+    tiles after tiles_before, m-tiles of BM rows."""
+    idx = chunk + tl.arange(0, CHUNK)
+    ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
+    ends = tl.where(idx >= G, T, ends)
+    starts = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
+    starts = tl.where(idx > G, T, starts)
+    ends = tl.maximum(running_max(tl.minimum(tl.maximum(ends, 0), T)), rows_before)
+    starts = tl.maximum(running_max(tl.minimum(tl.maximum(starts, 0), T)), rows_before)
+    group_tiles = tl.cdiv(ends - starts, BM) * n_tiles
+    tiles_end = tiles_before + tl.cumsum(group_tiles, 0)
+    return starts, ends, group_tiles, tiles_end
+
+
+@triton.jit
+def locate_tile(t, starts, ends, group_tiles, tiles_end, BM: tl.constexpr, CHUNK: tl.constexpr):
+    """(group within the chunk, its rows' start and end, the tile's first row,
+    its column tile) of tile t of walk_groups' chunk: m-tiles fastest, so that
+    programs running together share a column tile of the weights."""
+    local = tl.sum((tiles_end <= t).to(tl.int32))
+    start = pick(starts, local, CHUNK)
+    end = pick(ends, local, CHUNK)
+    in_group = t - (pick(tiles_end, local, CHUNK) - pick(group_tiles, local, CHUNK))
+    m_tiles = tl.cdiv(end - start, BM)
+    return local, start, end, start + (in_group % m_tiles) * BM, in_group // m_tiles

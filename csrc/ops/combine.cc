@@ -1,6 +1,7 @@
 // gg_runtime::combine: the weighted combine that ends moe_experts' forward
 // (the combine kernel family), one launch.  Checks, output, launch; Meta
-// tensors run the same code without the launch.
+// tensors run the same code without the launch.  combine_parts: the fp8
+// decode forward's (the combine_parts family).
 #include <family_args.h>
 
 #include "op_support.h"
@@ -38,6 +39,27 @@ Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t toke
                              .K = k,
                              .G = offs.size(0)};
   launch(args, {}, target_of(rows, rows.scalar_type()));
+  return out;
+}
+
+Tensor combine_parts(const Tensor& parts, const Tensor& index_in, int64_t tokens, int64_t k,
+                     const Tensor& weights_in, const Tensor& offs) {
+  const int64_t hidden = parts.size(2);
+  Tensor out = new_output(parts, {tokens, hidden}, ScalarType::BFloat16);
+  if (out.numel() == 0 || shapes_only(out)) return out;
+  const Tensor index = as_contiguous(index_in), weights = as_contiguous(weights_in);
+  const family::CombineParts args{.parts_ptr = address(parts),
+                                  .index_ptr = address(index),
+                                  .weights_ptr = address(weights),
+                                  .offs_ptr = address(offs),
+                                  .out_ptr = address(out),
+                                  .R = parts.size(0),
+                                  .T = tokens,
+                                  .H = hidden,
+                                  .K = k,
+                                  .G = offs.size(0),
+                                  .P = parts.size(1)};
+  launch(args, {}, target_of(parts, ScalarType::BFloat16));
   return out;
 }
 

@@ -6,7 +6,9 @@
 // (scaled_ragged_glu), the down projection (scaled_ragged_m) and the
 // weighted combine.  The tokens are quantized as the weights are: per token
 // per 128 columns for 128 x 128 weight blocks, per token for per-channel
-// weights; h per token per 128 columns either way.  For fp8 training's
+// weights; h per token per 128 columns either way.  A call of few slots
+// (serving's decode) runs both projections in one kernel instead
+// (scaled_experts_decode, then combine_parts).  For fp8 training's
 // backward (moe_experts_fp8_for_backward) the up projection writes gu, in
 // bfloat16, too.  Meta tensors run the same code without the launches.
 #include <family_args.h>
@@ -169,6 +171,70 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
   return {h, h_scale};
 }
 
+// What the down projection reads beyond the up projection's.
+struct DownProjection {
+  const Tensor& w2;
+  const Tensor& w2_scale;
+  const std::optional<Tensor>& b2;  // bfloat16
+};
+
+// Whether the forward takes the decode kernel: few slots, where the experts'
+// weight bytes are all the work (aot/families/scaled_experts_decode.py); a
+// test forcing a kernel of either path takes that path.
+bool takes_decode(int64_t slots) {
+  if (forces_family(family::ScaledExpertsDecode::kIndex) ||
+      forces_family(family::CombineParts::kIndex)) {
+    return true;
+  }
+  if (forces_family(family::ScaledRaggedGlu::kIndex) ||
+      forces_family(family::ScaledRaggedM::kIndex) || forces_family(family::Combine::kIndex)) {
+    return false;
+  }
+  return slots <= family::ScaledExpertsDecode::kMaxSlots;
+}
+
+// The down projection's rows made in parts, [S, cdiv(I, 128), H] float32:
+// both projections of each tile of an expert's slot rows and 128 columns of
+// h in one scaled_experts_decode launch (combine_parts sums them).
+Tensor decode_parts(const UpProjection& up, const DownProjection& down, Scales scales,
+                    family::GateUp gate_up, family::Activation activation, Outputs& outputs) {
+  const auto& [xq, x_scale] = up.tokens;
+  const int64_t slots = up.order.size(0), hidden = xq.size(1), inter = down.w2.size(2);
+  Tensor parts = outputs.make({slots, blocks(inter), hidden}, ScalarType::Float);
+  if (up.w13.size(0) == 0 || shapes_only(parts)) return parts;  // as up_projection's
+  const family::ScaledExpertsDecode args{
+      .x_ptr = address(xq),
+      .x_scale_ptr = address(x_scale),
+      .rows_ptr = address(up.order),
+      .rows_div = up.k,
+      .offs_ptr = address(up.offs),
+      .w13_ptr = address(up.w13),
+      .w13_scale_ptr = address(up.w13_scale),
+      .w2_ptr = address(down.w2),
+      .w2_scale_ptr = address(down.w2_scale),
+      .b13_ptr = up.b13 ? address(*up.b13) : 0,
+      .has_b13 = up.b13 ? 1 : 0,
+      .b2_ptr = down.b2 ? address(*down.b2) : 0,
+      .has_b2 = down.b2 ? 1 : 0,
+      .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
+      .parts_ptr = address(parts),
+      .S = slots,
+      .H = hidden,
+      .N = up.w13.size(1),
+      .G = up.w13.size(0),
+      .ldx = xq.stride(0),
+      .w13_group_stride = up.w13.stride(0),
+      .ld13 = up.w13.stride(1),
+      .w2_group_stride = down.w2.stride(0),
+      .ld2 = down.w2.stride(1)};
+  const family::ScaledExpertsDecode::Axes axes{.scaling = scales == Scales::kBlockwise
+                                                              ? family::Scaling::kBlockwise
+                                                              : family::Scaling::kRowwise,
+                                               .gate_up = gate_up};
+  sm90_only([&] { launch(args, axes, target_of(xq, ScalarType::Float)); });
+  return parts;
+}
+
 // What the backward reads beyond the inputs (ExpertsFp8ForBackward's tensors).
 struct Saved {
   Tensor gu, order, offs, inverse;
@@ -199,11 +265,20 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
   // Each token quantized once; the up projection reads each slot's row.
   const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
   const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
-  const auto [h, h_scale] =
-      up_projection(up, scales, gate_up_value, activation_value, gu ? &*gu : nullptr, temporaries);
-  const Tensor ys = scaled_grouped_mm(h, torch::stable::transpose(in.w2, 1, 2), h_scale, w2_scales,
-                                      offs, b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
-  const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
+  Tensor out;
+  if (!saved && takes_decode(order.size(0))) {
+    const DownProjection down{in.w2, w2_scales, b2_rows};
+    const Tensor parts =
+        decode_parts(up, down, scales, gate_up_value, activation_value, temporaries);
+    out = combine_parts(parts, inverse, tokens, k, weights, offs);
+  } else {
+    const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value,
+                                            gu ? &*gu : nullptr, temporaries);
+    const Tensor ys =
+        scaled_grouped_mm(h, torch::stable::transpose(in.w2, 1, 2), h_scale, w2_scales, offs,
+                          b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
+    out = combine_slots(ys, inverse, tokens, k, weights, offs);
+  }
   launches.submit();
   if (saved) *saved = {*gu, order, offs, inverse};
   return converted(out, x.scalar_type());

@@ -394,6 +394,8 @@ bool runs_tma(const Tensor& t) {
   return t.is_cuda() && !in_shapes_only() && g_runtime->runs_tma(t.get_device_index());
 }
 
+bool forces_family(int family) { return g_runtime->forces_family(family); }
+
 namespace {
 
 void* current_stream(int device) {

@@ -248,6 +248,9 @@ inline int64_t address(const Tensor& t) {
 void set_runtime(const RuntimeApi* api);
 // Whether sm90's TMA kernels run on this device.
 bool runs_tma(const Tensor& t);
+// Whether the test override (gg_runtime.testing.forced) forces a variant of
+// family `family` (its kIndex): an operator with two paths takes its one.
+bool forces_family(int family);
 
 // Where and how a call runs: its device's current stream, the runtime's
 // input and output dtypes (float32 inputs take `tf32` where asked).

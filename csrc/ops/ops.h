@@ -104,6 +104,10 @@ Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 // shape; weights float32), for operators that checked them.
 Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, int64_t k,
                      const Tensor& weights, const Tensor& offs);
+// The same for rows made in parts: parts [rows, P, H] float32 (contiguous),
+// each row the sum of its P parts; out bfloat16.
+Tensor combine_parts(const Tensor& parts, const Tensor& index, int64_t tokens, int64_t k,
+                     const Tensor& weights, const Tensor& offs);
 
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the

@@ -359,7 +359,8 @@ def test_shared_estimate_covers_what_triton_allocates(manifest):
 
 def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     fp8 = [v for v in all_variants() if v.dtype == "float8_e4m3fn"]
-    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu", "scaled_ragged_k"}
+    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu", "scaled_ragged_k",
+                                       "scaled_experts_decode"}
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
     scaled = [v for v in fp8 if v.family == "scaled_ragged_m"]
     assert {v.out.name for v in scaled} == {"bfloat16", "float32"}

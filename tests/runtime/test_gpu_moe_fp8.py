@@ -27,7 +27,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import _C
-from gg_runtime.testing import forced, randn, rel_error
+from gg_runtime.testing import forced, last_variant, randn, rel_error
 from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, KINDS, WEIGHT_GRANULARITY,
                                         dequantized_experts, dequantized_layer,
                                         exactly_quantized, fp8_experts, moe_experts_fp8_ref)
@@ -206,6 +206,103 @@ def test_a_kernel_is_refused_widths_its_condition_excludes(variant, shape):
         gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
 
 
+# The decode kernel (aot/families/scaled_experts_decode.py), which calls of few
+# slots take: forced here on every shape, so that it meets many rows an
+# expert too, each forced variant's scales and gate/up layout.
+DECODE_KERNELS = [v for v in _C.variants() if v["arch"] == 90
+                  and v["family"] == "scaled_experts_decode"]
+decode_kernels = pytest.mark.parametrize("variant", DECODE_KERNELS,
+                                         ids=[v["key"] for v in DECODE_KERNELS])
+
+
+def decode_runs_on(variant, case) -> bool:
+    """Whether a scaled_experts_decode variant runs the call: its `few_units`
+    condition (aot/families/scaled_experts_decode.py), which its key ends with."""
+    if not variant["key"].endswith("_few_units"):
+        return True
+    slots, experts, inter = case["topk_ids"].numel(), case["w2"].shape[0], case["w2"].shape[2]
+    return min(slots, experts) * math.ceil(inter / 128) <= 128
+
+
+def check_decode(variant, case, tolerance=EXACT_TOLERANCE, **options):
+    """moe_experts with `variant` forced (its scales must be case's), against
+    the reference; returns its output.  A variant whose condition the call
+    does not meet is refused."""
+    options["gate_up"] = variant["axes"]["gate_up"]
+    if not decode_runs_on(variant, case):
+        with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
+            gg_runtime.moe_experts(**case, **options)
+        return None
+    with forced(variant["key"]):
+        out = gg_runtime.moe_experts(**case, **options)
+        assert last_variant().startswith("combine_parts.")
+    assert_close(out, moe_experts_fp8_ref(**case, **options), tolerance)
+    return out
+
+
+@decode_kernels
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES)
+def test_decode_kernel_on_every_shape(variant, shape):
+    check_decode(variant, make_case(*shape, up_kind(variant)))
+
+
+@decode_kernels
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
+def test_decode_kernel_activations_biases_and_random_data(variant, activation, exact):
+    case = make_case(*SMALL_GROUPS, up_kind(variant), exact=exact, bias=True)
+    if activation == "gpt_oss" and exact:  # many gate and up values past the clamps
+        case["w13_scale"] = case["w13_scale"] * 4
+    check_decode(variant, case, EXACT_TOLERANCE if exact else RANDOM_TOLERANCE,
+                 activation=activation)
+
+
+@decode_kernels
+@pytest.mark.parametrize("inter", [16, *INTERS.values()])
+def test_decode_kernel_duplicate_dropped_and_non_finite(variant, inter):
+    """A token naming an expert twice, dropped slots (a token with all of
+    them: zeros), a NaN and an inf in two tokens (the others as the
+    reference), on widths of one partial chunk of h and more."""
+    case = make_case(40, 272, inter, 8, 4, up_kind(variant))
+    ids = case["topk_ids"]
+    ids[:, 1] = ids[:, 0]
+    ids[::7, 2] = -1
+    ids[0] = torch.tensor([8, 9, 2 ** 31 - 1, -300])
+    out = check_decode(variant, case)
+    assert out[0].eq(0).all()
+    case["x"][3, 10] = float("nan")
+    case["x"][20, 200] = float("inf")
+    with forced(variant["key"]):
+        out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
+    good = torch.ones(40, dtype=torch.bool, device="cuda")
+    good[[3, 20]] = False
+    assert torch.isfinite(out[good]).all()
+    reference = moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"])
+    assert_close(out[good], reference[good], EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_combine_parts_forced(kind):
+    """combine_parts' variant forced: the decode path, whatever the slots
+    (here 2048, with groups of about 128 rows)."""
+    (variant,) = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "combine_parts"]
+    case = make_case(1024, 272, 208, 16, 2, kind)
+    with forced(variant["key"]):
+        out = gg_runtime.moe_experts(**case)
+    assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_few_slots_take_the_decode_kernel(kind):
+    """A token's 8 slots: the decode kernel and its combine; 4096 tokens' 8192:
+    the two projections and the combine."""
+    for tokens, k, family in ((1, 8, "combine_parts"), (4096, 2, "combine")):
+        case = make_case(tokens, 272, 208, 16, k, kind)
+        out = gg_runtime.moe_experts(**case)
+        assert last_variant().startswith(family + ".")
+        assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("tokens", [33, 300], ids=["few_rows", "many_rows"])
@@ -334,20 +431,22 @@ def skewed_routing(tokens, experts, k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tokens", [8, 256], ids=["decode", "two_projections"])
 @every_inter
-def test_cuda_graph_replays_new_tokens_and_routing(kind, inter):
+def test_cuda_graph_replays_new_tokens_and_routing(kind, tokens, inter):
     """Captured (nothing may wait for the host), then replayed, each time with
     new tokens, ids and weights copied into the captured inputs: the routing
-    captured, one skewed onto an expert with dropped slots, then another."""
-    case = make_case(256, 272, inter, 8, 2, kind)
+    captured, one skewed onto an expert with dropped slots, then another; 8
+    tokens take the decode kernel, 256 the two projections."""
+    case = make_case(tokens, 272, inter, 8, 2, kind)
     gg_runtime.moe_experts(**case)  # loads the kernels outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = gg_runtime.moe_experts(**case)
     for new_routing in (skewed_routing, routing):
-        ids, weights = new_routing(256, 8, 2)
-        case["x"].copy_(token_rows(256, 272, kind))
+        ids, weights = new_routing(tokens, 8, 2)
+        case["x"].copy_(token_rows(tokens, 272, kind))
         case["topk_ids"].copy_(ids)
         case["topk_weights"].copy_(weights)
         out.fill_(float("nan"))

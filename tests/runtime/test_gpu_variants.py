@@ -21,6 +21,7 @@ OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py",
             "gathered_k": "test_gpu_moe_experts.py", "combine": "test_gpu_moe_experts.py",
             "route": "test_gpu_moe_experts.py", "scaled_ragged_glu": "test_gpu_moe_fp8.py",
             "scaled_ragged_k": "test_gpu_fp8_grouped_mm.py",
+            "scaled_experts_decode": "test_gpu_moe_fp8.py", "combine_parts": "test_gpu_moe_fp8.py",
             "swiglu_backward_fp8": "test_gpu_swiglu_backward_fp8.py"}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch() and v["family"] not in OWN_TEST]
 pytestmark = pytest.mark.usefixtures("poison")

@@ -1,0 +1,68 @@
+"""scaled_experts_decode: moe_experts' fp8 forward for serving's decode, both
+projections in one kernel (aot/kernels/experts_decode.py): each unit, a tile
+of an expert's slot rows and a 128-column chunk of h, reads its w13 rows and
+w2 columns once and writes its part of the down projection, float32 [S, C,
+H]; combine_parts sums them.  Taken where a call has at most kMaxSlots slots
+(csrc/ops/moe_experts_fp8.cc), where the weights' bytes are all the work.
+The weights come by TMA, the tokens' rows by 16-byte pointer loads (fp8's
+rules: aligned rows, H and I multiples of 16), sm90."""
+from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
+from ..kernels.experts_decode import scaled_experts_decode_kernel
+from ..kernels.glu import CONCATENATED, INTERLEAVED
+from .scaled_ragged_m import SCALING
+
+# BM: slot rows a unit, the MMAs' N; BN: w2's rows a step of the down
+# projection; BK: 128, the up projection's step (a scale block).  A call
+# with at most about one unit an SM (`few_units`: a bound on the units, the
+# tiles of groups with rows times h's chunks) takes deeper pipelines, one
+# unit an SM; others three stages, several units an SM.  Chosen from H100
+# A/Bs (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md).
+CONFIGS = (Config(16, 256, 128, 4, 5, when="few_units"), Config(16, 128, 128, 4, 3))
+
+FAMILY = Family(
+    name="scaled_experts_decode",
+    kernel=scaled_experts_decode_kernel,
+    # x: the quantized tokens [*, H] and their scales; rows: the routing's
+    # order (slot row r is token rows[r] // rows_div); w13 [G, 2I, H], w2 [G,
+    # H, I] and their scales, contiguous; b13 [G, 2I], b2 [G, H]; parts [S, C,
+    # H] float32.
+    params=(
+        Param("x_ptr", "*T", "operand", aligned=True),
+        Param("x_scale_ptr", "*fp32", "scale"),
+        Param("rows_ptr", "*i64", "operand"),
+        Param("rows_div", "i32", "extent"),
+        Param("offs_ptr", "*i32", "offsets"),
+        Param("w13_ptr", "*T", "operand", aligned=True),
+        Param("w13_scale_ptr", "*fp32", "scale"),
+        Param("w2_ptr", "*T", "operand", aligned=True),
+        Param("w2_scale_ptr", "*fp32", "scale"),
+        Param("b13_ptr", "*bf16", "bias"),
+        Param("has_b13", "i32", "flag"),
+        Param("b2_ptr", "*bf16", "bias"),
+        Param("has_b2", "i32", "flag"),
+        Param("gpt_oss", "i32", "flag"),
+        Param("parts_ptr", "*O", "output", aligned=True),
+        Param("S", "i32", "extent"),
+        Param("H", "i32", "row_length", aligned=True),
+        Param("N", "i32", "row_length", aligned=True),
+        Param("G", "i32", "count"),
+        Param("ldx", "i64", "stride", aligned=True),
+        Param("w13_group_stride", "i64", "stride", aligned=True),
+        Param("ld13", "i64", "stride", aligned=True),
+        Param("w2_group_stride", "i64", "stride", aligned=True),
+        Param("ld2", "i64", "stride", aligned=True),
+    ),
+    axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
+    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
+                          "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},
+    tma=EVERY,
+    basic=False,
+    dtypes=("float8_e4m3fn",),
+    out_dtypes=("float32",),
+    archs=(90,),
+    configs={(90, "tma"): CONFIGS},
+    conditions={"few_units": "min(S, G) * cdiv(N // 2, 128) <= 128"},
+    constants={"kMaxSlots": 64},
+    tiles="0 if S == 0 else (cdiv(S, BM) + G) * cdiv(N // 2, 128)",
+    rows="S // max(G, 1)",
+)
