@@ -6,7 +6,8 @@ from 0 to 4096, every token on one expert, duplicate and dropped ids, both
 gate_up layouts and activations, biases, float16 tokens, strided and padded
 storage, a non-finite token, CUDA graphs (k, one expert's tokens, the ids,
 the non-finite token and the graphs on each up projection kernel's widths,
-INTERS); outputs poisoned.
+INTERS); the decode kernel (few slots) forced on every shape and case;
+outputs poisoned.
 
 Two kinds of data.  Most tests draw x and w13 with exactly_quantized: fp8
 holds them without loss and the tensor cores sum their products exactly, so
