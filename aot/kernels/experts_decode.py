@@ -25,9 +25,9 @@ says.  Only the sums' order and roundings differ: the down projection's sum
 over chunks is the combine's, in float32.
 
 GLU (glu.py) places h's column j's gate and up rows in w13: j and I + j
-(CONCATENATED) or 2j and 2j + 1 (INTERLEAVED).  Each row's scale is read
-for its own 128-row block, so either layout and any I (a multiple of 16)
-scale right.
+(CONCATENATED) or 2j and 2j + 1 (INTERLEAVED); a 4-D view of w13 makes
+either a box of 128 gate or up rows.  Each row's scale is read for its own
+128-row block, so either layout and any I (a multiple of 16) scale right.
 
 Persistent: the units are the tiles of a ragged-M product with C column
 tiles (tiles.py walk_groups / locate_tile); rows past the last group (dropped
@@ -67,10 +67,16 @@ def scaled_experts_decode_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs_pt
     rows_end = tl.minimum(tl.load(offs_ptr + G - 1), S)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    W13_ROWS: tl.constexpr = CHUNK_COLUMNS if GLU == CONCATENATED else 2 * CHUNK_COLUMNS
-    w13_desc = tl.make_tensor_descriptor(w13_ptr, shape=[G, N, H],
-                                         strides=[w13_group_stride, ld13, 1],
-                                         block_shape=[1, W13_ROWS, BK])
+    # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
+    # (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either way.
+    if GLU == CONCATENATED:
+        w13_desc = tl.make_tensor_descriptor(w13_ptr, shape=[G, 2, inter, H],
+                                             strides=[w13_group_stride, inter * ld13, ld13, 1],
+                                             block_shape=[1, 1, CHUNK_COLUMNS, BK])
+    else:
+        w13_desc = tl.make_tensor_descriptor(w13_ptr, shape=[G, inter, 2, H],
+                                             strides=[w13_group_stride, 2 * ld13, ld13, 1],
+                                             block_shape=[1, CHUNK_COLUMNS, 1, BK])
     w2_desc = tl.make_tensor_descriptor(w2_ptr, shape=[G, H, inter],
                                         strides=[w2_group_stride, ld2, 1],
                                         block_shape=[1, BN, CHUNK_COLUMNS])
@@ -80,17 +86,17 @@ def scaled_experts_decode_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs_pt
     extents = (H, inter, ldx)
     tiles_before = 0
     rows_before = 0
+    lane = tl.arange(0, CHUNK)
     for chunk in range(0, G, CHUNK):
-        starts, ends, group_tiles, tiles_end = walk_groups(offs_ptr, chunk, G, rows_end,
-                                                           rows_before, tiles_before, chunks, BM,
-                                                           CHUNK)
+        starts, ends, group_tiles, tiles_end = walk_groups(offs_ptr, chunk + lane, G, rows_end,
+                                                           rows_before, tiles_before, chunks, BM)
         chunk_end = tiles_before + tl.sum(group_tiles)
         # The start from tiles_before, not carried: ragged.py ragged_m_program says why.
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            local, _, end, off_m, column = locate_tile(t, starts, ends, group_tiles, tiles_end,
-                                                       BM, CHUNK)
-            unit(weights, biases, extents, parts_ptr, chunk + local, off_m, end, column, chunks,
-                 SCALING, GLU, BM, BN, BK)
+            g, _, end, off_m, column = locate_tile(t, chunk, starts, ends, group_tiles,
+                                                   tiles_end, BM, 1, CHUNK)
+            unit(weights, biases, extents, parts_ptr, g, off_m, end, column, chunks, SCALING,
+                 GLU, BM, BN, BK)
         tiles_before = chunk_end
         rows_before = tl.max(ends)
 
@@ -111,19 +117,13 @@ def unit(weights, biases, extents, parts_ptr, g, off_m, end, column, chunks,
     g64 = g.to(tl.int64)
     x = (tl.multiple_of(x_ptr + tokens * ldx, 16), x_scale_ptr, tokens, row_ok)
     first = column * CHUNK_COLUMNS
-    w13 = (w13_desc, w13_scale_ptr, g, 2 * inter)
+    w13 = (w13_desc, w13_scale_ptr, g, first, inter)
     # Gate's and up's rows in loops of their own: a unit keeps half the
     # stages, so more units share an SM (measured faster at decode).
-    if GLU == CONCATENATED:
-        gate_rows = j
-        up_rows = inter + j
-        gate = w13_product(w13, first, x, H, SCALING, CHUNK_COLUMNS, BM, BK).T
-        up = w13_product(w13, inter + first, x, H, SCALING, CHUNK_COLUMNS, BM, BK).T
-    else:  # one box of rows 2j and 2j + 1 side by side
-        gate_rows = 2 * j
-        up_rows = 2 * j + 1
-        pairs = w13_product(w13, 2 * first, x, H, SCALING, 2 * CHUNK_COLUMNS, BM, BK)
-        gate, up = tl.split(tl.reshape(pairs.T, (BM, CHUNK_COLUMNS, 2)))
+    gate = w13_product(w13, 0, x, H, SCALING, GLU, BM, BK).T
+    up = w13_product(w13, 1, x, H, SCALING, GLU, BM, BK).T
+    gate_rows = w13_rows(j, 0, inter, GLU)
+    up_rows = w13_rows(j, 1, inter, GLU)
     if has_b13 != 0:
         bias = b13_ptr + g64 * 2 * inter
         gate += tl.load(bias + gate_rows, mask=j_ok, other=0.0).to(tl.float32)[None, :]
@@ -148,37 +148,53 @@ def unit(weights, biases, extents, parts_ptr, g, off_m, end, column, chunks,
 
 
 @triton.jit
-def w13_product(w13, first, x, K, SCALING: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
+def w13_rows(j, half, inter, GLU: tl.constexpr):
+    """w13's rows of h's columns j: their gate's (half 0) or up's (half 1)."""
+    if GLU == CONCATENATED:
+        return half * inter + j
+    else:
+        return 2 * j + half
+
+
+@triton.jit
+def w13_product(w13, half, x, K, SCALING: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr,
                 BK: tl.constexpr):
-    """[ROWS, BM] float32: w13[g]'s rows first .. first + ROWS (w13 = (its
-    descriptor [G, N, K] of [1, ROWS, BK] boxes, scale_ptr, g, N); rows past
-    N read 0) times the slots' token rows (x = (their first elements, the
-    scales' base, the token of each, row_ok)), scaled: each row by its own
-    128-row block's scales (BLOCKWISE) or its channel's (ROWWISE)."""
-    desc, scale_ptr, g, N = w13
+    """[128, BM] float32: the gate (half 0) or up (half 1) rows of w13[g] of
+    h's columns first .. first + 128 (w13 = (its descriptor, scale_ptr, g,
+    first, I); columns past I read 0) times the slots' token rows (x = (their
+    first elements, the scales' base, the token of each, row_ok)), scaled:
+    each row by its own 128-row block's scales (BLOCKWISE) or its channel's
+    (ROWWISE)."""
+    desc, scale_ptr, g, first, inter = w13
     x_rows, x_scale_ptr, token, row_ok = x
     g64 = g.to(tl.int64)
-    w_rows = first + tl.arange(0, ROWS)
-    w_ok = w_rows < N
+    j = first + tl.arange(0, CHUNK_COLUMNS)
+    j_ok = j < inter
+    w_rows = w13_rows(j, half, inter, GLU)
     ks = tl.arange(0, BK)
-    acc = tl.zeros((ROWS, BM), dtype=tl.float32)
+    acc = tl.zeros((CHUNK_COLUMNS, BM), dtype=tl.float32)
     if SCALING == BLOCKWISE:
         k_blocks = tl.cdiv(K, SCALE_BLOCK)
-        w_scales = scale_ptr + (g64 * tl.cdiv(N, SCALE_BLOCK) + w_rows // SCALE_BLOCK) * k_blocks
+        row_blocks = g64 * tl.cdiv(2 * inter, SCALE_BLOCK) + w_rows // SCALE_BLOCK
+        w_scales = scale_ptr + row_blocks * k_blocks
         x_scales = x_scale_ptr + token * k_blocks
     for k0 in range(0, K, BK):
         in_k = tl.max_constancy(k0 + ks < K, 16)
         xs = tl.load(x_rows[:, None] + k0 + ks[None, :], mask=row_ok[:, None] & in_k[None, :],
                      other=0.0).T
-        w = desc.load([g, first, k0]).reshape(ROWS, BK)
+        if GLU == CONCATENATED:
+            w = desc.load([g, half, first, k0]).reshape(CHUNK_COLUMNS, BK)
+        else:
+            w = desc.load([g, first, half, k0]).reshape(CHUNK_COLUMNS, BK)
         if SCALING == BLOCKWISE:
             block = k0 // SCALE_BLOCK
             x_scale = tl.load(x_scales + block, mask=row_ok, other=0.0)[None, :]
-            w_scale = tl.load(w_scales + block, mask=w_ok, other=0.0)[:, None]
+            w_scale = tl.load(w_scales + block, mask=j_ok, other=0.0)[:, None]
             acc += tl.dot(w, xs) * x_scale * w_scale
         else:
             acc = tl.dot(w, xs, acc)
     if SCALING == ROWWISE:
         x_scale = tl.load(x_scale_ptr + token, mask=row_ok, other=0.0)[None, :]
-        acc = acc * x_scale * tl.load(scale_ptr + g64 * N + w_rows, mask=w_ok, other=0.0)[:, None]
+        w_scale = tl.load(scale_ptr + g64 * 2 * inter + w_rows, mask=j_ok, other=0.0)[:, None]
+        acc = acc * x_scale * w_scale
     return acc

@@ -16,8 +16,8 @@ import triton.language as tl
 
 from .glu import CONCATENATED, NO_GLU, glu_epilogue, glu_tile, quantized_h
 from .scaled import NO_SCALES, gathered_scaled_tile, scaled_tile_tma
-from .tiles import (first_step_past, k_group_tiles, k_tile_origin, pick, running_max,
-                    tile_mma_basic, tile_store, tile_store_transposed)
+from .tiles import (first_step_past, k_group_tiles, k_tile_origin, locate_tile, tile_mma_basic,
+                    tile_store, tile_store_transposed, walk_groups)
 
 
 # Row ranges clipped by the hardware through one descriptor (the scheme of
@@ -252,31 +252,15 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_str
     tiles_before = 0
     rows_before = 0
     for chunk in range(0, G + 1, CHUNK):
-        idx = chunk + lane
-        # Index G is the pseudo-group that ends at T; past it, empty groups.
-        ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
-        ends = tl.where(idx >= G, T, ends)
-        starts = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
-        starts = tl.where(idx > G, T, starts)
-        ends = tl.maximum(running_max(tl.minimum(tl.maximum(ends, 0), T)), rows_before)
-        starts = tl.maximum(running_max(tl.minimum(tl.maximum(starts, 0), T)), rows_before)
-        group_tiles = tl.cdiv(ends - starts, BM) * n_tiles
-        tiles_end = tiles_before + tl.cumsum(group_tiles, 0)
+        starts, ends, group_tiles, tiles_end = walk_groups(offs_ptr, chunk + lane, G, T,
+                                                           rows_before, tiles_before, n_tiles, BM)
         chunk_end = tiles_before + tl.sum(group_tiles)
         # The start is derived from tiles_before rather than carried: Triton 3.6's
         # remove-layout-conversions pass drops a loop-carried scalar used as an
         # inner loop's lower bound (seen in the TTGIR; wrong tiles ran).
         for t in range(first_step_past(pid, tiles_before, num_programs), chunk_end, num_programs):
-            local_group = tl.sum((tiles_end <= t).to(tl.int32))
-            g = chunk + local_group
-            start = pick(starts, local_group, CHUNK)
-            end = pick(ends, local_group, CHUNK)
-            group_first_tile = pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group,
-                                                                          CHUNK)
-            in_group = t - group_first_tile
-            m_tiles = tl.cdiv(end - start, BM)
-            off_m = start + (in_group % m_tiles) * BM
-            off_n = (in_group // m_tiles) * BN
+            g, start, end, off_m, off_n = locate_tile(t, chunk, starts, ends, group_tiles,
+                                                      tiles_end, BM, BN, CHUNK)
             k_end = tl.where(g < G, K, 0)
             if SCALED_GATHER:
                 acc = gathered_scaled_tile(gather, scales, b_desc, tl.minimum(g, G - 1), off_m,

@@ -177,15 +177,13 @@ def k_tile_origin(in_group, M, N, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def walk_groups(offs_ptr, chunk, G, T, rows_before, tiles_before, n_tiles, BM: tl.constexpr,
-                CHUNK: tl.constexpr):
-    """Groups chunk .. chunk + CHUNK of a ragged-M product of T rows (offs [G]
-    their ends, clamped to [rows_before, T] and made non-decreasing; index G
-    is the pseudo-group of the rows past the last group, ending at T; those
-    past it are empty), each with n_tiles column tiles: (starts, ends,
-    group_tiles, tiles_end), the last the inclusive prefix of the group
-    tiles after tiles_before, m-tiles of BM rows."""
-    idx = chunk + tl.arange(0, CHUNK)
+def walk_groups(offs_ptr, idx, G, T, rows_before, tiles_before, n_tiles, BM: tl.constexpr):
+    """Groups idx (a chunk's indices, chunk + arange) of a ragged-M product of T
+    rows (offs [G] their ends, clamped to [rows_before, T] and made
+    non-decreasing; index G is the pseudo-group of the rows past the last
+    group, ending at T; those past it are empty), each with n_tiles column
+    tiles: (starts, ends, group_tiles, tiles_end), the last the inclusive
+    prefix of the group tiles after tiles_before, m-tiles of BM rows."""
     ends = tl.load(offs_ptr + idx, mask=idx < G, other=0)
     ends = tl.where(idx >= G, T, ends)
     starts = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= G), other=0)
@@ -198,13 +196,17 @@ def walk_groups(offs_ptr, chunk, G, T, rows_before, tiles_before, n_tiles, BM: t
 
 
 @triton.jit
-def locate_tile(t, starts, ends, group_tiles, tiles_end, BM: tl.constexpr, CHUNK: tl.constexpr):
-    """(group within the chunk, its rows' start and end, the tile's first row,
-    its column tile) of tile t of walk_groups' chunk: m-tiles fastest, so that
-    programs running together share a column tile of the weights."""
-    local = tl.sum((tiles_end <= t).to(tl.int32))
-    start = pick(starts, local, CHUNK)
-    end = pick(ends, local, CHUNK)
-    in_group = t - (pick(tiles_end, local, CHUNK) - pick(group_tiles, local, CHUNK))
+def locate_tile(t, chunk, starts, ends, group_tiles, tiles_end, BM: tl.constexpr,
+                BN: tl.constexpr, CHUNK: tl.constexpr):
+    """(group, its rows' start and end, the tile's first row and first column)
+    of tile t of walk_groups' chunk from `chunk`, column tiles BN wide: m-tiles
+    fastest, so that programs running together share a column tile of the
+    weights."""
+    local_group = tl.sum((tiles_end <= t).to(tl.int32))
+    g = chunk + local_group
+    start = pick(starts, local_group, CHUNK)
+    end = pick(ends, local_group, CHUNK)
+    group_first_tile = pick(tiles_end, local_group, CHUNK) - pick(group_tiles, local_group, CHUNK)
+    in_group = t - group_first_tile
     m_tiles = tl.cdiv(end - start, BM)
-    return local, start, end, start + (in_group % m_tiles) * BM, in_group // m_tiles
+    return g, start, end, start + (in_group % m_tiles) * BM, (in_group // m_tiles) * BN
