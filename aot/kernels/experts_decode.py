@@ -31,7 +31,7 @@ either a box of 128 gate or up rows.  Each row's scale is read for its own
 
 Persistent: the units are the tiles of a ragged-M product with C column
 tiles (tiles.py walk_groups / locate_tile); rows past the last group (dropped
-slots) have none.  BM: slot rows a unit (16 to 64); BN: H rows of w2 a step
+slots) have none.  BM: slot rows a unit (the MMAs' N); BN: H rows of w2 a step
 of the down projection; BK: 128, the up projection's step and the scales'
 block.
 """
