@@ -3,7 +3,10 @@ projections in one kernel (aot/kernels/experts_decode.py): each unit, a tile
 of an expert's slot rows and a 128-column chunk of h, reads its w13 rows and
 w2 columns once and writes its part of the down projection, float32 [S, C,
 H]; combine_parts sums them.  Taken where a call has at most kMaxSlots slots
-(csrc/ops/moe_experts_fp8.cc), where the weights' bytes are all the work.
+and fewer slots than experts (csrc/ops/moe_experts_fp8.cc), where the
+weights' bytes are all the work: with two or more rows an expert the two
+projections' kernels measured faster (docs/notes/
+2026-11-27-fp8-decode-fewer-slots-than-experts.md).
 The weights come by TMA, the tokens' rows by 16-byte pointer loads (fp8's
 rules: aligned rows, H and I multiples of 16), sm90."""
 from ..family import EVERY, GATE_UP, Axis, Config, Family, Param

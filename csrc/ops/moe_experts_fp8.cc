@@ -178,10 +178,11 @@ struct DownProjection {
   const std::optional<Tensor>& b2;  // bfloat16
 };
 
-// Whether the forward takes the decode kernel: few slots, where the experts'
-// weight bytes are all the work (aot/families/scaled_experts_decode.py); a
-// test forcing a kernel of either path takes that path.
-bool takes_decode(int64_t slots) {
+// Whether the forward takes the decode kernel: few slots, fewer than the
+// experts, where the experts' weight bytes are all the work
+// (aot/families/scaled_experts_decode.py); a test forcing a kernel of either
+// path takes that path.
+bool takes_decode(int64_t slots, int64_t experts) {
   if (forces_family(family::ScaledExpertsDecode::kIndex) ||
       forces_family(family::CombineParts::kIndex)) {
     return true;
@@ -190,7 +191,7 @@ bool takes_decode(int64_t slots) {
       forces_family(family::ScaledRaggedM::kIndex) || forces_family(family::Combine::kIndex)) {
     return false;
   }
-  return slots <= family::ScaledExpertsDecode::kMaxSlots;
+  return slots <= family::ScaledExpertsDecode::kMaxSlots && slots < experts;
 }
 
 // The down projection's rows made in parts, [S, cdiv(I, 128), H] float32:
@@ -266,7 +267,7 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
   const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
   const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
   Tensor out;
-  if (!saved && takes_decode(order.size(0))) {
+  if (!saved && takes_decode(order.size(0), experts)) {
     const DownProjection down{in.w2, w2_scales, b2_rows};
     const Tensor parts =
         decode_parts(up, down, scales, gate_up_value, activation_value, temporaries);

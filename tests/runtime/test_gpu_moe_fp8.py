@@ -295,9 +295,10 @@ def test_combine_parts_forced(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_few_slots_take_the_decode_kernel(kind):
-    """A token's 8 slots: the decode kernel and its combine; 4096 tokens' 8192:
-    the two projections and the combine."""
-    for tokens, k, family in ((1, 8, "combine_parts"), (4096, 2, "combine")):
+    """A token's 8 slots among 16 experts: the decode kernel and its combine;
+    8 tokens' 32 slots, more than the experts, and 4096 tokens' 8192: the two
+    projections and the combine."""
+    for tokens, k, family in ((1, 8, "combine_parts"), (8, 4, "combine"), (4096, 2, "combine")):
         case = make_case(tokens, 272, 208, 16, k, kind)
         out = gg_runtime.moe_experts(**case)
         assert last_variant().startswith(family + ".")
@@ -432,13 +433,14 @@ def skewed_routing(tokens, experts, k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("tokens", [8, 256], ids=["decode", "two_projections"])
+@pytest.mark.parametrize("tokens", [3, 256], ids=["decode", "two_projections"])
 @every_inter
 def test_cuda_graph_replays_new_tokens_and_routing(kind, tokens, inter):
     """Captured (nothing may wait for the host), then replayed, each time with
     new tokens, ids and weights copied into the captured inputs: the routing
-    captured, one skewed onto an expert with dropped slots, then another; 8
-    tokens take the decode kernel, 256 the two projections."""
+    captured, one skewed onto an expert with dropped slots, then another; 3
+    tokens (6 slots, 8 experts) take the decode kernel, 256 the two
+    projections."""
     case = make_case(tokens, 272, inter, 8, 2, kind)
     gg_runtime.moe_experts(**case)  # loads the kernels outside the capture
     torch.cuda.synchronize()
