@@ -443,6 +443,7 @@ def test_cuda_graph_replays_new_tokens_and_routing(kind, tokens, inter):
     projections."""
     case = make_case(tokens, 272, inter, 8, 2, kind)
     gg_runtime.moe_experts(**case)  # loads the kernels outside the capture
+    assert last_variant().startswith("combine_parts." if tokens == 3 else "combine.")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
