@@ -77,7 +77,7 @@ def test_wheel_contents_match_manifest():
     assert not any(n.startswith("aot/") or n.startswith("tests/") for n in names)
     # A guard against growth nobody chose (a config table multiplying the
     # variants), raised on purpose when a feature adds kernels.
-    assert os.path.getsize(wheel) < 25e6
+    assert os.path.getsize(wheel) < 26e6
 
 
 def test_kernel_table_matches_shipped_manifest():
@@ -101,9 +101,10 @@ def test_build_info():
     build = gg_runtime.info()["build"]
     assert build["archs"] == ["sm80", "sm90"]
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
-    assert build["families"] == ["combine", "gathered_k", "gathered_m", "grouped_gemm",
-                                 "quantize_fp8", "quantize_fp8_columns", "ragged_glu", "ragged_k",
-                                 "ragged_m", "route", "scaled_ragged_glu", "scaled_ragged_k",
+    assert build["families"] == ["combine", "combine_parts", "gathered_k", "gathered_m",
+                                 "grouped_gemm", "quantize_fp8", "quantize_fp8_columns",
+                                 "ragged_glu", "ragged_k", "ragged_m", "route",
+                                 "scaled_experts_decode", "scaled_ragged_glu", "scaled_ragged_k",
                                  "scaled_ragged_m", "swiglu", "swiglu_backward_fp8"]
     assert build["variants"] == len(_C.variants()) > 0
 
