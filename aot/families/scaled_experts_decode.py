@@ -1,5 +1,6 @@
 """scaled_experts_decode: moe_experts' fp8 forward for serving's decode, both
-projections in one kernel (aot/kernels/experts_decode.py): each unit, a tile
+projections in one kernel (aot/kernels/experts_decode.py, and its
+warp-specialised twin aot/kernels/experts_decode_ws.py): each unit, a tile
 of an expert's slot rows and a 128-column chunk of h, reads its w13 rows and
 w2 columns once and writes its part of the down projection, float32 [S, C,
 H]; combine_parts sums them.  Taken where a call has at most kMaxSlots slots
@@ -7,24 +8,28 @@ and fewer slots than experts (csrc/ops/moe_experts_fp8.cc), where the
 weights' bytes are all the work: with two or more rows an expert the two
 projections' kernels measured faster (docs/notes/
 2026-11-27-fp8-decode-fewer-slots-than-experts.md).
-The weights come by TMA, the tokens' rows by 16-byte pointer loads (fp8's
-rules: aligned rows, H and I multiples of 16), sm90."""
+The weights come by TMA, the tokens' rows by 16-byte pointer loads or
+copies (fp8's rules: aligned rows, H and I multiples of 16), sm90."""
 from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
 from ..kernels.experts_decode import scaled_experts_decode_kernel
+from ..kernels.experts_decode_ws import scaled_experts_decode_ws_kernel
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from .scaled_ragged_m import SCALING
 
 # BM: slot rows a unit, the MMAs' N; BN: w2's rows a step of the down
 # projection; BK: 128, the up projection's step (a scale block).  A call
 # with at most about one unit an SM (`few_units`: a bound on the units, the
-# tiles of groups with rows times h's chunks) takes deeper pipelines, one
-# unit an SM; others three stages, several units an SM.  Chosen from H100
-# A/Bs (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md).
-CONFIGS = (Config(16, 256, 128, 4, 5, when="few_units"), Config(16, 128, 128, 4, 3))
+# tiles of groups with rows times h's chunks) takes the warp-specialised
+# kernel, one unit an SM with six slots of weights in flight; others the
+# Triton kernel's three stages, several units an SM.  Chosen from H100 A/Bs
+# (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md,
+# docs/notes/2026-11-27-fp8-decode-warp-specialised.md).
+CONFIGS = (Config(16, 256, 128, 4, 6, ws=True, when="few_units"), Config(16, 128, 128, 4, 3))
 
 FAMILY = Family(
     name="scaled_experts_decode",
     kernel=scaled_experts_decode_kernel,
+    ws_kernel=scaled_experts_decode_ws_kernel,
     # x: the quantized tokens [*, H] and their scales; rows: the routing's
     # order (slot row r is token rows[r] // rows_div); w13 [G, 2I, H], w2 [G,
     # H, I] and their scales, contiguous; b13 [G, 2I], b2 [G, H]; parts [S, C,

@@ -1,9 +1,10 @@
 """kernels/glu.py's gated epilogue in Gluon, for the warp-specialised
 ragged_glu and scaled_ragged_glu kernels (kernels/ragged_ws.py): the bias,
 gu's optional store, h's optional quantization to fp8 and h's store through
-TMA, staged in the MMA partition's c buffer.  w13_columns, activate and
-quantize_blocks are twins of glu.py's, swiglu.py's and quantize.py's Triton
-functions (a Gluon kernel cannot call a Triton one): change them together."""
+TMA, staged in the MMA partition's c buffer.  w13_columns, activate,
+quantize_blocks and to_e4m3 are twins of glu.py's, swiglu.py's and
+quantize.py's Triton functions (a Gluon kernel cannot call a Triton one):
+change them together."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
@@ -62,7 +63,13 @@ def quantize_blocks(x, scale_ptr, rows, row_ok, block, blocks_per_row):
     """quantize.quantize_blocks: x [R, 128] float32, each row one block."""
     scale = gl.maximum(gl.max(gl.abs(x), 1), AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
     gl.store(scale_ptr + rows.to(gl.int64) * blocks_per_row + block, scale, mask=row_ok)
-    scale = gl.expand_dims(scale, 1)
+    return to_e4m3(x, gl.expand_dims(scale, 1))
+
+
+@gluon.jit
+def to_e4m3(x, scale):
+    """quantize.to_e4m3: x / scale (scale broadcast over x) saturated to
+    e4m3's finite range."""
     inv = gl.div_rn(1.0, scale)
     q = x * inv
     q = gl.fma(gl.fma(-q, scale, x), inv, q)

@@ -38,10 +38,12 @@ EPILOGUE_COLS = gl.constexpr(128)
 def mma_partitions(config) -> int:
     """The MMA partitions of a config's kernel: one of num_warps warps covering
     a CTA's BM / ctas rows, or two of half as many each, or (pingpong) two
-    taking turns at whole tiles (kernels/ragged_ws.py)."""
+    taking turns at whole tiles (kernels/ragged_ws.py); at least one (the
+    decode kernel's MMA rows are weight rows, not BM's:
+    kernels/experts_decode_ws.py)."""
     if config.pingpong:
         return 2
-    return config.BM // config.ctas // (16 * config.num_warps)
+    return max(config.BM // config.ctas // (16 * config.num_warps), 1)
 
 
 @gluon.constexpr_function
