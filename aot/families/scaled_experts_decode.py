@@ -20,11 +20,13 @@ from .scaled_ragged_m import SCALING
 # projection; BK: 128, the up projection's step (a scale block).  A call
 # with at most about one unit an SM (`few_units`: a bound on the units, the
 # tiles of groups with rows times h's chunks) takes the warp-specialised
-# kernel, one unit an SM with six slots of weights in flight; others the
-# Triton kernel's three stages, several units an SM.  Chosen from H100 A/Bs
+# kernel, one unit an SM with three 64 KB slots of weights in flight (BK =
+# 256: each step two scale blocks); others the Triton kernel's three
+# stages, several units an SM.  Chosen from H100 A/Bs
 # (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md,
-# docs/notes/2026-11-27-fp8-decode-warp-specialised.md).
-CONFIGS = (Config(16, 256, 128, 4, 6, ws=True, when="few_units"), Config(16, 128, 128, 4, 3))
+# docs/notes/2026-11-27-fp8-decode-warp-specialised.md,
+# docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
+CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units"), Config(16, 128, 128, 4, 3))
 
 FAMILY = Family(
     name="scaled_experts_decode",

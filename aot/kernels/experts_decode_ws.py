@@ -4,15 +4,18 @@ Gluon: one stream of weight reads an SM, never drained between units.
 
 The loader partition (a warpgroup: its threads copy the slots' token rows,
 ws.gather_rows) walks the program's units and fills a ring of STAGES slots,
-each of BN = 256 rows of 128 weight bytes and the BM token rows of a K step:
-for a unit, its H / 128 up-projection steps (the gate's and the up's 128 rows
-of w13, the tokens' 128 columns), then its cdiv(H, BN) down-projection steps
-(BN rows of w2's 128 columns), then the next unit's.  The MMA partition (one
-warpgroup) takes the slots in the same order: it scales each step's gate and
-up products into their accumulators, applies the activation, quantizes h per
-slot row, keeps it in shared memory as the down projection's operand, and
-stores each step's part.  So the next unit's weights are on their way while
-a unit's epilogue runs, where a single warpgroup would wait for them.
+each of BK / 128 x BN = 256 rows of 128 weight bytes and the BM token rows of
+each 128-byte block: for a unit, its cdiv(H, BK) up-projection steps (the
+gate's and the up's 128 rows of w13 and the tokens, BK columns), then its
+down-projection steps (BK / 128 x BN rows of w2's 128 columns), then the
+next unit's.  A step reads BK bytes of each weight row at once (128 at a
+time measured slower: docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
+The MMA partition (one warpgroup) takes the slots in the same order: it
+scales each 128-deep block's gate and up products into their accumulators,
+applies the activation, quantizes h per slot row, keeps it in shared memory
+as the down projection's operand, and stores each block's part.  So the next
+unit's weights are on their way while a unit's epilogue runs, where a single
+warpgroup would wait for them.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -59,23 +62,27 @@ def load_unit(descs, bufs, ready, empty, count, rows, row_ok, g, first, H, GLU: 
     """The loader's steps of one unit (h's columns first .. of group g, slot
     rows gather_rows' rows); returns the ring count after them."""
     w13_desc, w2_desc = descs
-    w_bufs, halves, x_bufs = bufs
-    W13_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * w_bufs.dtype.primitive_bitwidth // 8
-    W2_BYTES: gl.constexpr = BN * CHUNK_COLUMNS * w_bufs.dtype.primitive_bitwidth // 8
+    boxes, w2_boxes, x_bufs = bufs
+    SUB: gl.constexpr = BK // SCALE_BLOCK
+    SLOT_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * boxes.dtype.primitive_bitwidth // 8
     for k0 in range(0, H, BK):
-        slot, bar = claim_slot(ready, empty, count, W13_BYTES, STAGES)
-        copy_rows(x_bufs.index(slot), rows, row_ok, k0, H, bar, BK)
-        for half in gl.static_range(2):
-            buf = halves.index(2 * slot + half)
-            tma_load(w13_desc, w13_origin(g, half, first, k0, GLU), bar,
-                     buf.reinterpret(w13_desc.dtype, w13_desc.block_shape, w13_desc.layout))
+        slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
+        for sub in gl.static_range(SUB):
+            k = k0 + sub * SCALE_BLOCK
+            copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, k, H, bar, SCALE_BLOCK)
+            for half in gl.static_range(2):
+                buf = boxes.index((2 * slot + half) * SUB + sub)
+                tma_load(w13_desc, w13_origin(g, half, first, k, GLU), bar,
+                         buf.reinterpret(w13_desc.dtype, w13_desc.block_shape, w13_desc.layout))
         count += 1
-    for n0 in range(0, H, BN):
-        slot, bar = claim_slot(ready, empty, count, W2_BYTES, STAGES)
-        mbarrier.arrive(bar, count=32 * gl.num_warps())  # no rows to copy: the copiers' share
-        buf = w_bufs.index(slot)
-        tma_load(w2_desc, [g, n0, first], bar,
-                 buf.reinterpret(w2_desc.dtype, w2_desc.block_shape, w2_desc.layout))
+    for n0 in range(0, H, BN * SUB):
+        slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
+        # No rows to copy: one arrival for the copiers' SUB x 32 x num_warps.
+        mbarrier.arrive(bar, count=SUB * 32 * gl.num_warps())
+        for part in gl.static_range(SUB):
+            buf = w2_boxes.index(slot * SUB + part)
+            tma_load(w2_desc, [g, n0 + part * BN, first], bar,
+                     buf.reinterpret(w2_desc.dtype, w2_desc.block_shape, w2_desc.layout))
         count += 1
     return count
 
@@ -99,7 +106,7 @@ def load_partition(descs, bufs, ready, empty, walk, gather, H, GLU: gl.constexpr
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, _, end, off_m, column, _ = locate(t, chunk, starts, ends, group_tiles, tiles_end,
                                                  chunks, G, H, BM, TILE_COLUMNS, ALIGN)
-            rows, row_ok = gather_rows(gather, off_m, end, BM, BK)
+            rows, row_ok = gather_rows(gather, off_m, end, BM, SCALE_BLOCK)
             count = load_unit(descs, bufs, ready, empty, count, rows, row_ok, g,
                               column * CHUNK_COLUMNS, H, GLU, BN, BK, STAGES)
         tiles_before = chunk_end
@@ -107,41 +114,44 @@ def load_partition(descs, bufs, ready, empty, walk, gather, H, GLU: gl.constexpr
 
 
 @gluon.jit
-def up_projection(halves, x_bufs, ready, empty, count, w_scales, x_scales, j_ok, row_ok, H,
+def up_projection(boxes, x_bufs, ready, empty, count, w_scales, x_scales, j_ok, row_ok, H,
                   SCALING: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                   acc_layout: gl.constexpr):
     """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
-    (BLOCKWISE: each K step's block by its own; else by the caller).
+    (BLOCKWISE: each 128-deep block by its own; else by the caller).
     w_scales: the gate's and up's rows' first block scales; x_scales: the
     slots' tokens' (BLOCKWISE: each row's blocks follow its first)."""
     BM: gl.constexpr = x_bufs.shape[1]
+    SUB: gl.constexpr = BK // SCALE_BLOCK
     gate = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     up = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     for k0 in range(0, H, BK):
         slot = count % STAGES
-        if SCALING == BLOCKWISE:  # loaded before the wait: their latency hides behind it
-            block = k0 // SCALE_BLOCK
-            x_scale = gl.expand_dims(gl.load(x_scales + block, mask=row_ok, other=0.0), 0)
-            gate_scale = gl.expand_dims(gl.load(w_scales[0] + block, mask=j_ok, other=0.0), 1)
-            up_scale = gl.expand_dims(gl.load(w_scales[1] + block, mask=j_ok, other=0.0), 1)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         fence_async_shared()  # the loader's threads wrote the tokens' rows
-        x = x_bufs.index(slot).permute((1, 0))
-        if SCALING == BLOCKWISE:
-            gate_step = warpgroup_mma(halves.index(2 * slot), x, gate, use_acc=False,
-                                      is_async=True)
-            up_step = warpgroup_mma(halves.index(2 * slot + 1), x, up, use_acc=False,
-                                    is_async=True)
-            gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
-            mbarrier.arrive(empty.index(slot))
-            gate += gate_step * x_scale * gate_scale
-            up += up_step * x_scale * up_scale
-        else:
-            gate = warpgroup_mma(halves.index(2 * slot), x, gate, is_async=True)
-            up = warpgroup_mma(halves.index(2 * slot + 1), x, up, is_async=True)
+        for sub in gl.static_range(SUB):
+            x = x_bufs.index(slot * SUB + sub).permute((1, 0))
+            gate_box = boxes.index(2 * slot * SUB + sub)
+            up_box = boxes.index((2 * slot + 1) * SUB + sub)
+            if SCALING == BLOCKWISE:
+                block = k0 // SCALE_BLOCK + sub
+                live = block * SCALE_BLOCK < H
+                x_scale = gl.load(x_scales + block, mask=row_ok & live, other=0.0)
+                gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
+                up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
+                gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
+                up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
+                gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
+                x_scale = gl.expand_dims(x_scale, 0)
+                gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
+                up += up_step * x_scale * gl.expand_dims(up_scale, 1)
+            else:
+                gate = warpgroup_mma(gate_box, x, gate, is_async=True)
+                up = warpgroup_mma(up_box, x, up, is_async=True)
+        if SCALING != BLOCKWISE:
             gate, up = warpgroup_mma_wait(0, deps=(gate, up))
-            mbarrier.arrive(empty.index(slot))
+        mbarrier.arrive(empty.index(slot))
         count += 1
     return gate, up, count
 
@@ -175,38 +185,41 @@ def unit_h(gate, up, scales, biases, g, first, inter, tokens, row_ok, SCALING: g
 
 
 @gluon.jit
-def down_projection(w_bufs, h_buf, ready, empty, count, w2_scale_ptr, b2, h_scale, parts, row_ok,
-                    g, column, chunks, H, SCALING: gl.constexpr, STAGES: gl.constexpr,
-                    acc_layout: gl.constexpr):
+def down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, b2, h_scale, parts,
+                    row_ok, g, column, chunks, H, SCALING: gl.constexpr, SUB: gl.constexpr,
+                    STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """The ring count after the unit's down-projection steps: each step's
-    BN rows of w2's chunk times h (h_buf), scaled, plus b2 (b2 = (b2_ptr,
-    has_b2), chunk 0 only), stored at parts (the slot rows' part bases)."""
-    BN: gl.constexpr = w_bufs.shape[1]
+    SUB boxes of BN rows of w2's chunk times h (h_buf), scaled, plus b2 (b2 =
+    (b2_ptr, has_b2), chunk 0 only), stored at parts (the slot rows' part
+    bases)."""
+    BN: gl.constexpr = w2_boxes.shape[1]
     BM: gl.constexpr = h_buf.shape[1]
     b2_ptr, has_b2 = b2
     g64 = g.to(gl.int64)
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     column_scale = gl.expand_dims(h_scale, 0)
     h_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
-    for n0 in range(0, H, BN):
+    for n0 in range(0, H, BN * SUB):
         slot = count % STAGES
-        ns = n0 + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
-        n_ok = ns < H
-        if SCALING == BLOCKWISE:
-            at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
-        else:
-            at = g64 * H + ns
-        row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        acc = warpgroup_mma(w_bufs.index(slot), h_buf, acc, use_acc=False, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        for part in gl.static_range(SUB):
+            ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
+            n_ok = ns < H
+            if SCALING == BLOCKWISE:
+                at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
+            else:
+                at = g64 * H + ns
+            row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
+            acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc, use_acc=False,
+                                is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            part_sum = acc * column_scale * row_scale
+            if has_b2 != 0 and column == 0:
+                bias = gl.load(b2_ptr + g64 * H + ns, mask=n_ok, other=0.0).to(gl.float32)
+                part_sum += gl.expand_dims(bias, 1)
+            gl.store(parts + gl.expand_dims(ns, 1), part_sum,
+                     mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
         mbarrier.arrive(empty.index(slot))
-        part = acc * column_scale * row_scale
-        if has_b2 != 0 and column == 0:
-            bias = gl.load(b2_ptr + g64 * H + ns, mask=n_ok, other=0.0).to(gl.float32)
-            part += gl.expand_dims(bias, 1)
-        gl.store(parts + gl.expand_dims(ns, 1), part,
-                 mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
         count += 1
     return count
 
@@ -216,7 +229,7 @@ def run_unit(bufs, ready, empty, count, scales, biases, gather, parts_ptr, g, of
              chunks, H, inter, SCALING: gl.constexpr, GLU: gl.constexpr, BK: gl.constexpr,
              STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """The MMA partition's work of one unit; returns the ring count after it."""
-    w_bufs, halves, x_bufs, h_buf = bufs
+    boxes, w2_boxes, x_bufs, h_buf = bufs
     x_scale_ptr, w13_scale_ptr, w2_scale_ptr = scales
     b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
     rows_ptr, rows_div = gather
@@ -231,7 +244,7 @@ def run_unit(bufs, ready, empty, count, scales, biases, gather, parts_ptr, g, of
     row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
     w_scales = (w13_scale_ptr + (row_blocks + w13_rows(j, 0, inter, GLU) // SCALE_BLOCK) * k_blocks,
                 w13_scale_ptr + (row_blocks + w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
-    gate, up, count = up_projection(halves, x_bufs, ready, empty, count, w_scales,
+    gate, up, count = up_projection(boxes, x_bufs, ready, empty, count, w_scales,
                                     x_scale_ptr + tokens * k_blocks, j_ok, row_ok, H, SCALING, BK,
                                     STAGES, acc_layout)
     h, h_scale = unit_h(gate, up, (x_scale_ptr, w13_scale_ptr), (b13_ptr, has_b13, gpt_oss), g,
@@ -239,9 +252,9 @@ def run_unit(bufs, ready, empty, count, scales, biases, gather, parts_ptr, g, of
     h_buf.store(h)  # the last unit's down projection has read it (its MMAs were waited for)
     fence_async_shared()
     parts = gl.expand_dims(parts_ptr + (rows.to(gl.int64) * chunks + column) * H, 0)
-    return down_projection(w_bufs, h_buf, ready, empty, count, w2_scale_ptr, (b2_ptr, has_b2),
-                           h_scale, parts, row_ok, g, column, chunks, H, SCALING, STAGES,
-                           acc_layout)
+    return down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, (b2_ptr, has_b2),
+                           h_scale, parts, row_ok, g, column, chunks, H, SCALING,
+                           BK // SCALE_BLOCK, STAGES, acc_layout)
 
 
 @gluon.jit
@@ -282,9 +295,9 @@ def scaled_experts_decode_ws_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs
     """scaled_experts_decode_kernel's contract; USE_TMA and PRECISION are taken
     for the common signature; STAGES: the ring's slots."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    gl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
-    gl.static_assert(BN == 2 * CHUNK_COLUMNS,
-                     "a slot holds a step's gate and up rows, or BN rows of w2")
+    gl.static_assert(BK % SCALE_BLOCK == 0, "a K step of whole scale blocks")
+    gl.static_assert(BN == 2 * CHUNK_COLUMNS, "a box of w2 as large as a block's gate and up rows")
+    SUB: gl.constexpr = BK // SCALE_BLOCK
     dtype: gl.constexpr = w13_ptr.dtype.element_ty
     inter = N // 2
     chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
@@ -292,37 +305,40 @@ def scaled_experts_decode_ws_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs
     # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
     # (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either way.
     if GLU == CONCATENATED:
-        block: gl.constexpr = [1, 1, CHUNK_COLUMNS, BK]
+        block: gl.constexpr = [1, 1, CHUNK_COLUMNS, SCALE_BLOCK]
         w13_desc = tma.make_tensor_descriptor(
             w13_ptr, [G, 2, inter, H], [w13_group_stride, inter * ld13, ld13, 1], block,
             shared_layout(block, dtype))
     else:
-        block: gl.constexpr = [1, CHUNK_COLUMNS, 1, BK]
+        block: gl.constexpr = [1, CHUNK_COLUMNS, 1, SCALE_BLOCK]
         w13_desc = tma.make_tensor_descriptor(
             w13_ptr, [G, inter, 2, H], [w13_group_stride, 2 * ld13, ld13, 1], block,
             shared_layout(block, dtype))
     w2_block: gl.constexpr = [1, BN, CHUNK_COLUMNS]
     w2_desc = tma.make_tensor_descriptor(
         w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
-    # A slot: BN weight rows (w2's, or the gate's 128 then the up's: `halves`)
-    # and the tokens' BM rows.
-    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], shared_layout([BN, BK], dtype))
-    halves = w_bufs.reinterpret(dtype, [2 * STAGES, CHUNK_COLUMNS, BK],
-                                shared_layout([CHUNK_COLUMNS, BK], dtype))
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], shared_layout([BM, BK], dtype))
+    # A slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
+    # gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
+    # and the tokens' BM rows of each block.
+    box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
+    boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
+    w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
+                                 shared_layout([BN, SCALE_BLOCK], dtype))
+    x_bufs = gl.allocate_shared_memory(dtype, [STAGES * SUB, BM, SCALE_BLOCK],
+                                       shared_layout([BM, SCALE_BLOCK], dtype))
     h_buf = gl.allocate_shared_memory(dtype, [CHUNK_COLUMNS, BM], transposed_shared(dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1 + 32 * GATHER_WARPS)
+        mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
     walk = (offs_ptr, G, rows_end, chunks)
     gl.warp_specialize(
-        [(mma_partition, ((w_bufs, halves, x_bufs, h_buf), ready, empty, walk,
+        [(mma_partition, ((boxes, w2_boxes, x_bufs, h_buf), ready, empty, walk,
                           (x_scale_ptr, w13_scale_ptr, w2_scale_ptr),
                           (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss), (rows_ptr, rows_div),
                           parts_ptr, H, inter, SCALING, GLU, BM, BK, CHUNK, STAGES)),
-         (load_partition, ((w13_desc, w2_desc), (w_bufs, halves, x_bufs), ready, empty, walk,
+         (load_partition, ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, walk,
                            (x_ptr, ldx, rows_ptr, rows_div), H, GLU, BM, BN, BK, CHUNK,
                            STAGES))],
         [GATHER_WARPS], [GATHER_REGISTERS])
