@@ -29,6 +29,8 @@ GLU (glu.py) places h's column j's gate and up rows in w13: j and I + j
 either a box of 128 gate or up rows.  Each row's scale is read for its own
 128-row block, so either layout and any I (a multiple of 16) scale right.
 
+kernels/experts_decode_ws.py runs the same units warp-specialised, in Gluon.
+
 Persistent: the units are the tiles of a ragged-M product with C column
 tiles (tiles.py walk_groups / locate_tile); rows past the last group (dropped
 slots) have none.  BM: slot rows a unit (the MMAs' N); BN: H rows of w2 a step
@@ -113,7 +115,7 @@ def unit(weights, biases, extents, parts_ptr, g, off_m, end, column, chunks,
     row_ok = rows < end
     tokens = tl.load(rows_ptr + rows, mask=row_ok, other=0) // rows_div
     j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
-    j_ok = tl.max_constancy(j < inter, 16)
+    j_ok = j < inter
     g64 = g.to(tl.int64)
     x = (tl.multiple_of(x_ptr + tokens * ldx, 16), x_scale_ptr, tokens, row_ok)
     first = column * CHUNK_COLUMNS

@@ -39,7 +39,9 @@ TILE_COLUMNS = gl.constexpr(1)
 
 @gluon.jit
 def w13_rows(j, half, inter, GLU: gl.constexpr):
-    """w13's rows of h's columns j: their gate's (half 0) or up's (half 1)."""
+    """w13's rows of h's columns j: their gate's (half 0) or up's (half 1).
+    kernels/experts_decode.py's w13_rows in Gluon (a Gluon kernel cannot call
+    a Triton function): change them together."""
     if GLU == CONCATENATED:
         return half * inter + j
     else:
