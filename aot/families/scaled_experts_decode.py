@@ -16,8 +16,9 @@ from ..kernels.experts_decode_ws import scaled_experts_decode_ws_kernel
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from .scaled_ragged_m import SCALING
 
-# BM: slot rows a unit, the MMAs' N; BN: w2's rows a step of the down
-# projection; BK: 128, the up projection's step (a scale block).  A call
+# BM: slot rows a unit, the MMAs' N; BN: w2's rows a step (the ws kernel: a
+# box) of the down projection; BK: the up projection's step in whole scale
+# blocks (the Triton kernel's one, 128).  A call
 # with at most about one unit an SM (`few_units`: a bound on the units, the
 # tiles of groups with rows times h's chunks) takes the warp-specialised
 # kernel, one unit an SM with three 64 KB slots of weights in flight (BK =
