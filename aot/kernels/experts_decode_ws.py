@@ -59,12 +59,15 @@ def w13_origin(g, half, first, k0, GLU: gl.constexpr):
 
 
 @gluon.jit
-def load_unit(descs, bufs, ready, empty, count, rows, row_ok, g, first, H, GLU: gl.constexpr,
-              BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
-    """The loader's steps of one unit (h's columns first .. of group g, slot
-    rows gather_rows' rows); returns the ring count after them."""
+def load_unit(work, count, g, off_m, end, column, SCALING: gl.constexpr, GLU: gl.constexpr,
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """The loader's steps of one unit (walk_units' visit); returns the ring
+    count after them."""
+    descs, bufs, ready, empty, gather, H = work
     w13_desc, w2_desc = descs
     boxes, w2_boxes, x_bufs = bufs
+    rows, row_ok = gather_rows(gather, off_m, end, BM, SCALE_BLOCK)
+    first = column * CHUNK_COLUMNS
     SUB: gl.constexpr = BK // SCALE_BLOCK
     SLOT_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * boxes.dtype.primitive_bitwidth // 8
     for k0 in range(0, H, BK):
@@ -90,10 +93,14 @@ def load_unit(descs, bufs, ready, empty, count, rows, row_ok, g, first, H, GLU: 
 
 
 @gluon.jit
-def load_partition(descs, bufs, ready, empty, walk, gather, H, GLU: gl.constexpr,
-                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                   STAGES: gl.constexpr):
-    """Fills the ring with the program's units' steps (load_unit)."""
+def walk_units(walk, H, visit: gl.constexpr, work, SCALING: gl.constexpr, GLU: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+               STAGES: gl.constexpr):
+    """A partition's walk of its program's units, the same in both:
+    count = visit(work, count, g, off_m, end, column, the constexprs) for each
+    (slot rows off_m .. end of group g, h's chunk `column`), the ring count
+    from 0.  The constexprs are arguments of their own: in a tuple they would
+    arrive as values."""
     offs_ptr, G, rows_end, chunks = walk
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -108,9 +115,7 @@ def load_partition(descs, bufs, ready, empty, walk, gather, H, GLU: gl.constexpr
         for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
             g, _, end, off_m, column, _ = locate(t, chunk, starts, ends, group_tiles, tiles_end,
                                                  chunks, G, H, BM, TILE_COLUMNS, ALIGN)
-            rows, row_ok = gather_rows(gather, off_m, end, BM, SCALE_BLOCK)
-            count = load_unit(descs, bufs, ready, empty, count, rows, row_ok, g,
-                              column * CHUNK_COLUMNS, H, GLU, BN, BK, STAGES)
+            count = visit(work, count, g, off_m, end, column, SCALING, GLU, BM, BN, BK, STAGES)
         tiles_before = chunk_end
         rows_before = gl.max(ends, 0)
 
@@ -227,15 +232,16 @@ def down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, b2, h_sc
 
 
 @gluon.jit
-def run_unit(bufs, ready, empty, count, scales, biases, gather, parts_ptr, g, off_m, end, column,
-             chunks, H, inter, SCALING: gl.constexpr, GLU: gl.constexpr, BK: gl.constexpr,
-             STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """The MMA partition's work of one unit; returns the ring count after it."""
+def run_unit(work, count, g, off_m, end, column, SCALING: gl.constexpr, GLU: gl.constexpr,
+             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """The MMA partition's work of one unit (walk_units' visit); returns the
+    ring count after it."""
+    bufs, ready, empty, scales, biases, gather, parts_ptr, chunks, H, inter = work
     boxes, w2_boxes, x_bufs, h_buf = bufs
     x_scale_ptr, w13_scale_ptr, w2_scale_ptr = scales
     b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
     rows_ptr, rows_div = gather
-    BM: gl.constexpr = x_bufs.shape[1]
+    acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
     rows = off_m + gl.arange(0, BM, gl.SliceLayout(0, acc_layout))
     row_ok = rows < end
     tokens = gl.load(rows_ptr + rows, mask=row_ok, other=0) // rows_div
@@ -260,30 +266,20 @@ def run_unit(bufs, ready, empty, count, scales, biases, gather, parts_ptr, g, of
 
 
 @gluon.jit
-def mma_partition(bufs, ready, empty, walk, scales, biases, gather, parts_ptr, H, inter,
-                  SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                  CHUNK: gl.constexpr, STAGES: gl.constexpr):
-    """Runs the program's units (run_unit) on the ring's slots."""
-    offs_ptr, G, rows_end, chunks = walk
-    acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    count = 0
-    tiles_before = 0
-    rows_before = 0
-    for chunk in range(0, G, CHUNK):
-        starts, ends, group_tiles, tiles_end = chunk_groups(
-            offs_ptr, chunk, rows_end, G, rows_before, tiles_before, chunks, BM, ALIGN, CHUNK,
-            gl.num_warps())
-        chunk_end = tiles_before + gl.sum(group_tiles, 0)
-        for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            g, _, end, off_m, column, _ = locate(t, chunk, starts, ends, group_tiles, tiles_end,
-                                                 chunks, G, H, BM, TILE_COLUMNS, ALIGN)
-            count = run_unit(bufs, ready, empty, count, scales, biases, gather, parts_ptr, g,
-                             off_m, end, column, chunks, H, inter, SCALING, GLU, BK, STAGES,
-                             acc_layout)
-        tiles_before = chunk_end
-        rows_before = gl.max(ends, 0)
+def mma_partition(walk, H, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """The MMA warpgroup: run_unit on each of the program's units (a function
+    passed through warp_specialize is more than Triton 3.6 takes)."""
+    walk_units(walk, H, run_unit, work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES)
+
+
+@gluon.jit
+def load_partition(walk, H, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
+                   BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                   STAGES: gl.constexpr):
+    """The loader: load_unit on each of the program's units."""
+    walk_units(walk, H, load_unit, work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES)
 
 
 @gluon.jit
@@ -335,12 +331,13 @@ def scaled_experts_decode_ws_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs
         mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
     walk = (offs_ptr, G, rows_end, chunks)
+    mma_work = ((boxes, w2_boxes, x_bufs, h_buf), ready, empty,
+                (x_scale_ptr, w13_scale_ptr, w2_scale_ptr),
+                (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss), (rows_ptr, rows_div), parts_ptr,
+                chunks, H, inter)
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty,
+                 (x_ptr, ldx, rows_ptr, rows_div), H)
     gl.warp_specialize(
-        [(mma_partition, ((boxes, w2_boxes, x_bufs, h_buf), ready, empty, walk,
-                          (x_scale_ptr, w13_scale_ptr, w2_scale_ptr),
-                          (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss), (rows_ptr, rows_div),
-                          parts_ptr, H, inter, SCALING, GLU, BM, BK, CHUNK, STAGES)),
-         (load_partition, ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, walk,
-                           (x_ptr, ldx, rows_ptr, rows_div), H, GLU, BM, BN, BK, CHUNK,
-                           STAGES))],
+        [(mma_partition, (walk, H, mma_work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES)),
+         (load_partition, (walk, H, load_work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES))],
         [GATHER_WARPS], [GATHER_REGISTERS])
