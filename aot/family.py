@@ -24,8 +24,9 @@ from . import expr
 from .kernels.ws import EPILOGUE_COLS
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
-# Other pointer types are fixed (a bfloat16 bias beside an fp8 output).
-TYPES = ("*T", "*O", "*bf16", "*fp32", "*i32", "*i64", "i32", "i64")
+# Other pointer types are fixed (a bfloat16 bias beside an fp8 output, fp8
+# weights beside 16-bit tokens).
+TYPES = ("*T", "*O", "*fp8e4nv", "*bf16", "*fp32", "*i32", "*i64", "i32", "i64")
 
 # What the runtime does with a parameter of each role.
 ROLES = {
@@ -189,7 +190,8 @@ class Config:
         return (f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
                 f"{ws}{cluster}{pingpong}{when}")
 
-    def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False) -> int:
+    def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False,
+                        weights=None) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
         what configs are fitted by: TMA pipelines keep num_stages A and B tiles,
         the output tile a TMA store stages (the `ws` kernel at most
@@ -201,10 +203,11 @@ class Config:
         layout through shared memory for a column-major output: 8 warps'
         128 x 128 float32 tiles do).  ring_scales:
         a `ws` kernel's ring also holds each stage's float32 scales of the
-        tile's rows and columns (Family.ring_scales).  dtype, out:
+        tile's rows and columns (Family.ring_scales).  dtype, out and weights
+        (the BN side's tiles' type where not dtype, Family.weights):
         aot/variants.py DTypes."""
         rows = self.BM // self.ctas  # a CTA's
-        tiles = (rows + self.BN) * self.BK * dtype.bytes
+        tiles = (rows * dtype.bytes + self.BN * (weights or dtype).bytes) * self.BK
         if not tma:
             return max(max(self.num_stages - 1, 1) * tiles, rows * self.BN * out.bytes)
         split = rows * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
@@ -264,6 +267,10 @@ class Family:
     # output tiles in, for its axis values ({axis name: value}), where wider
     # than its output's (Config.shared_estimate counts it); None: the output's.
     staged: Callable[[dict], str | None] = no_staging
+    # The element type (a DTypes name) of the BN side's tiles (the weights),
+    # where not the variant's input dtype (the decode kernels' fp8 weights
+    # beside 16-bit tokens); "": the input's.
+    weights: str = ""
     # ptxas's cap on a thread's registers (maxnreg) for `kernel`; 0: ptxas's
     # choice.  A memory-bound kernel that ptxas gives more registers than it
     # needs keeps fewer programs, so fewer loads, in flight on an SM.

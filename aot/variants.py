@@ -146,7 +146,7 @@ def flavours(family: str, axes: tuple, arch: Arch) -> tuple:
 
 
 def _fitted(config: Config, arch: Arch, limit: int, dtype: DType, out: DType, tma: bool,
-            ring_scales: bool) -> Config:
+            ring_scales: bool, weights: DType | None = None) -> Config:
     """The config, with more warps or half the columns where 4-byte inputs
     would hold more accumulator registers a thread than the arch takes
     (Arch.wide_input_accumulator), and K steps at most WIDE_INPUT_BK deep
@@ -160,7 +160,7 @@ def _fitted(config: Config, arch: Arch, limit: int, dtype: DType, out: DType, tm
             else:
                 config = replace(config, BN=config.BN // 2)
         config = replace(config, BK=min(config.BK, WIDE_INPUT_BK))
-    while config.shared_estimate(dtype, out, tma, ring_scales) > limit:
+    while config.shared_estimate(dtype, out, tma, ring_scales, weights) > limit:
         if config.num_stages > 2:
             config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
         elif config.BK > 16:
@@ -186,7 +186,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     scales = FAMILIES[family].ring_scales
     staged = FAMILIES[family].staged(FAMILIES[family].named(axes))
     staged_out = DTYPES[staged] if staged else out  # what a ws kernel's shared memory holds
-    large = [] if own else [_fitted(c, arch, arch.shared_ceiling, dtype, out, tma, scales)
+    weights = DTYPES.get(FAMILIES[family].weights)
+    large = [] if own else [_fitted(c, arch, arch.shared_ceiling, dtype, out, tma, scales, weights)
                             for c in LARGE_CONFIGS.get((arch.arch, flavour), ())]
     for c in configs:  # a tuned table's too
         FAMILIES[family].check_when(c)
@@ -196,8 +197,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
         configs = [c for c in configs if c.ctas == 1]
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False, pingpong=False) for c in configs]
-    fitted = large + [_fitted(c, arch, arch.shared_limit, dtype, staged_out if c.ws else out, tma,
-                              scales) for c in configs]
+    fitted = large + [_fitted(c, arch, arch.shared_limit, dtype, staged_out if c.ws else out,
+                              tma, scales, weights) for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 

@@ -1,25 +1,25 @@
 """combine_parts: the combine of rows made in parts, float32 (aot/kernels/
 combine.py combine_parts_kernel): the decode forward's down projection
-(scaled_experts_decode) leaves each slot row's product in one part per chunk
+(scaled_experts_decode) leaves each slot's product in one part per chunk
 of h's columns; this sums a token's slots' parts, weighted, into bfloat16.
 Memory-bound plain loads, sm90 (the fp8 forward's only)."""
 from ..family import EVERY, Config, Family, Param
 from ..kernels.combine import combine_parts_kernel
 
-# A program takes one token x BN columns, BK parts at a time: 4 warps over
-# [128, 32] float32 elements, 16-byte vectors along the columns.
-CONFIGS = (Config(1, 32, 128, 4, 1),)
+# A program takes one token x BN columns, BK parts at a time: 8 warps over
+# [256, 32] float32 elements, 16-byte vectors along the columns, so that a
+# decode call's parts (k x cdiv(I, 128): 224 for Mixtral) are one step of
+# loads in flight.
+CONFIGS = (Config(1, 32, 256, 8, 1),)
 
 FAMILY = Family(
     name="combine_parts",
     kernel=combine_parts_kernel,
     params=(
         Param("parts_ptr", "*T", "operand", aligned=True),
-        Param("index_ptr", "*i64", "operand"),
+        Param("ids_ptr", "*i64", "operand"),
         Param("weights_ptr", "*fp32", "scale"),
-        Param("offs_ptr", "*i32", "offsets"),
         Param("out_ptr", "*O", "output", aligned=True),
-        Param("R", "i32", "extent"),
         Param("T", "i32", "extent"),
         Param("H", "i32", "extent", aligned=True),
         Param("K", "i32", "extent"),

@@ -1,17 +1,20 @@
-"""scaled_experts_decode: moe_experts' fp8 forward for serving's decode, both
-projections in one kernel (aot/kernels/experts_decode.py, and its
-warp-specialised twin aot/kernels/experts_decode_ws.py): each unit, a tile
-of an expert's slot rows and a 128-column chunk of h, reads its w13 rows and
-w2 columns once and writes its part of the down projection, float32 [S, C,
-H]; combine_parts sums them.  Taken where a call has at most kMaxSlots slots
+"""scaled_experts_decode: moe_experts' fp8 forward for serving's decode in
+one kernel (aot/kernels/experts_decode.py, and its warp-specialised twin
+aot/kernels/experts_decode_ws.py): the routing of the call's slots, the
+tokens' quantization (with 128 x 128 weight blocks; per-channel weights'
+per-token scales come from quantize_fp8) and both projections of each unit, a tile of an
+expert's slots and a 128-column chunk of h, which reads its w13 rows and w2
+columns once and writes its part of the down projection, float32 [S, C, H];
+combine_parts sums them.  Taken where a call has at most kMaxSlots slots
 and fewer slots than experts (csrc/ops/moe_experts_fp8.cc), where the
 weights' bytes are all the work: with two or more rows an expert the two
 projections' kernels measured faster (docs/notes/
-2026-11-27-fp8-decode-fewer-slots-than-experts.md).
+2026-11-27-fp8-decode-fewer-slots-than-experts.md).  The family's dtype is
+the tokens' (16-bit); the weights are float8_e4m3fn.
 The weights come by TMA, the tokens' rows by 16-byte pointer loads or
 copies (fp8's rules: aligned rows, H and I multiples of 16), sm90."""
 from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
-from ..kernels.experts_decode import scaled_experts_decode_kernel
+from ..kernels.experts_decode import MAX_SLOTS, scaled_experts_decode_kernel
 from ..kernels.experts_decode_ws import scaled_experts_decode_ws_kernel
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from .scaled_ragged_m import SCALING
@@ -27,25 +30,27 @@ from .scaled_ragged_m import SCALING
 # (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md,
 # docs/notes/2026-11-27-fp8-decode-warp-specialised.md,
 # docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
-CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units"), Config(16, 128, 128, 4, 3))
+FEW_SLOTS = f"S <= {MAX_SLOTS.value}"
+CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units"),
+           Config(16, 128, 128, 4, 3, when="few_slots"))
 
 FAMILY = Family(
     name="scaled_experts_decode",
     kernel=scaled_experts_decode_kernel,
     ws_kernel=scaled_experts_decode_ws_kernel,
-    # x: the quantized tokens [*, H] and their scales; rows: the routing's
-    # order (slot row r is token rows[r] // rows_div); w13 [G, 2I, H], w2 [G,
-    # H, I] and their scales, contiguous; b13 [G, 2I], b2 [G, H]; parts [S, C,
-    # H] float32.
+    # x: the tokens [*, H] (blockwise), or xq, x_scale: quantize_fp8's per
+    # token (rowwise), contiguous; ids: the slots' experts [S] (slot s is
+    # token s // k's); w13 [G, 2I, H], w2 [G, H, I] and their scales,
+    # contiguous; b13 [G, 2I], b2 [G, H]; parts [S, C, H] float32.
     params=(
         Param("x_ptr", "*T", "operand", aligned=True),
+        Param("xq_ptr", "*fp8e4nv", "operand", aligned=True),
         Param("x_scale_ptr", "*fp32", "scale"),
-        Param("rows_ptr", "*i64", "operand"),
-        Param("rows_div", "i32", "extent"),
-        Param("offs_ptr", "*i32", "offsets"),
-        Param("w13_ptr", "*T", "operand", aligned=True),
+        Param("ids_ptr", "*i64", "operand"),
+        Param("k", "i32", "extent"),
+        Param("w13_ptr", "*fp8e4nv", "operand", aligned=True),
         Param("w13_scale_ptr", "*fp32", "scale"),
-        Param("w2_ptr", "*T", "operand", aligned=True),
+        Param("w2_ptr", "*fp8e4nv", "operand", aligned=True),
         Param("w2_scale_ptr", "*fp32", "scale"),
         Param("b13_ptr", "*bf16", "bias"),
         Param("has_b13", "i32", "flag"),
@@ -57,7 +62,6 @@ FAMILY = Family(
         Param("H", "i32", "row_length", aligned=True),
         Param("N", "i32", "row_length", aligned=True),
         Param("G", "i32", "count"),
-        Param("ldx", "i64", "stride", aligned=True),
         Param("w13_group_stride", "i64", "stride", aligned=True),
         Param("ld13", "i64", "stride", aligned=True),
         Param("w2_group_stride", "i64", "stride", aligned=True),
@@ -68,12 +72,15 @@ FAMILY = Family(
                           "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},
     tma=EVERY,
     basic=False,
-    dtypes=("float8_e4m3fn",),
+    dtypes=("bfloat16", "float16"),
+    weights="float8_e4m3fn",
     out_dtypes=("float32",),
     archs=(90,),
     configs={(90, "tma"): CONFIGS},
-    conditions={"few_units": "min(S, G) * cdiv(N // 2, 128) <= 128"},
-    constants={"kMaxSlots": 64},
-    tiles="0 if S == 0 else (cdiv(S, BM) + G) * cdiv(N // 2, 128)",
+    # The kernels route at most MAX_SLOTS slots: no variant takes more.
+    conditions={"few_slots": FEW_SLOTS,
+                "few_units": f"{FEW_SLOTS} and min(S, G) * cdiv(N // 2, 128) <= 128"},
+    constants={"kMaxSlots": MAX_SLOTS.value},
+    tiles="0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128)",
     rows="S // max(G, 1)",
 )

@@ -62,22 +62,21 @@ def combine_tile(rows_ptr, index_ptr, weights_ptr, out_ptr, tokens, cols, end, T
 
 
 @triton.jit
-def combine_parts_kernel(parts_ptr, index_ptr, weights_ptr, offs_ptr, out_ptr, R, T, H, K, G, P,
+def combine_parts_kernel(parts_ptr, ids_ptr, weights_ptr, out_ptr, T, H, K, G, P,
                          USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                          BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """The combine of rows made in P parts (the decode forward's, kernels/
-    experts_decode.py): parts [R, P, H] float32, row r's parts at r * P ..
-    r * P + P - 1, contiguous;
+    experts_decode.py): parts [T * K, P, H] float32, slot s = t * K + j's
+    parts at s * P .. s * P + P - 1, contiguous, in the slots' own order;
 
-    out[t] = sum over j, c of weights[t, j] * parts[index[t, j], c]
+    out[t] = sum over j, c of weights[t, j] * parts[t * K + j, c]
 
-    over the kept slots as combine_kernel's.  Persistent: program p takes
-    tiles p, p + P, ... of one token x BN columns; a tile's K * P parts are
-    read BK at a time (the loads of a step in flight together), each step
-    summed in one fixed order.  USE_TMA, BM, CHUNK and PRECISION are unused."""
-    end = 0
-    if G > 0:
-        end = tl.minimum(tl.load(offs_ptr + G - 1), R)
+    over the j with 0 <= ids[t, j] < G (a dropped slot's parts are never
+    written, and add nothing whatever its weight).  Persistent: program p
+    takes tiles p, p + P, ... of one token x BN columns; a tile's K * P parts
+    are read BK at a time (the loads of a step in flight together), each
+    step summed in one fixed order.  USE_TMA, BM, CHUNK and PRECISION are
+    unused."""
     col_tiles = tl.cdiv(H, BN)
     for tile in range(tl.program_id(0), T * col_tiles, tl.num_programs(0)):
         token = tile // col_tiles
@@ -89,10 +88,10 @@ def combine_parts_kernel(parts_ptr, index_ptr, weights_ptr, offs_ptr, out_ptr, R
             pair = first + tl.arange(0, BK)
             pair_ok = pair < K * P
             j = pair // P
-            row = tl.load(index_ptr + slots + j, mask=pair_ok, other=-1)
-            kept = pair_ok & (row >= 0) & (row < end)
+            expert = tl.load(ids_ptr + slots + j, mask=pair_ok, other=-1)
+            kept = pair_ok & (expert >= 0) & (expert < G)
             weight = tl.load(weights_ptr + slots + j, mask=kept, other=0.0)
-            values = tl.load(parts_ptr + ((row * P + pair % P) * H)[:, None] + cols[None, :],
+            values = tl.load(parts_ptr + ((slots + j) * P + pair % P)[:, None] * H + cols[None, :],
                              mask=kept[:, None] & col_ok[None, :], other=0.0)
             acc += tl.sum(values * weight[:, None], axis=0)
         tl.store(out_ptr + token.to(tl.int64) * H + cols, acc.to(out_ptr.dtype.element_ty),

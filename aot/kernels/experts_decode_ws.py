@@ -3,15 +3,16 @@ units and quantities) as a warp-specialised persistent kernel for sm90, in
 Gluon: one stream of weight reads an SM, never drained between units.
 
 The loader partition (a warpgroup: its threads copy the slots' token rows,
-ws.gather_rows) walks the program's units and fills a ring of STAGES slots,
+ws.copy_rows) walks the program's units and fills a ring of STAGES slots,
 each of BK / 128 x BN = 256 rows of 128 weight bytes and the BM token rows of
-each 128-byte block: for a unit, its cdiv(H, BK) up-projection steps (the
+each 128-column block: for a unit, its cdiv(H, BK) up-projection steps (the
 gate's and the up's 128 rows of w13 and the tokens, BK columns), then its
 down-projection steps (BK / 128 x BN rows of w2's 128 columns), then the
 next unit's.  A step reads BK bytes of each weight row at once (128 at a
 time measured slower: docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
 The MMA partition (one warpgroup) takes the slots in the same order: it
-scales each 128-deep block's gate and up products into their accumulators,
+quantizes the tokens' blocks into shared memory as they come, scales each
+128-deep block's gate and up products into their accumulators,
 applies the activation, quantizes h per slot row, keeps it in shared memory
 as the down projection's operand, and stores each block's part.  So the next
 unit's weights are on their way while a unit's epilogue runs, where a single
@@ -22,19 +23,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from .experts_decode import MAX_SLOTS
 from .glu import CONCATENATED
 from .glu_ws import activate, to_e4m3
 from .gluon_api import tma_load
 from .quantize import AMAX_FLOOR, E4M3_MAX_RECIPROCAL
 from .scaled import BLOCKWISE, SCALE_BLOCK
-from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, chunk_groups, claim_slot,
-                 copy_rows, first_step_past, gather_rows, locate, shared_layout,
-                 transposed_shared)
+from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, claim_slot, copy_rows,
+                 gather_layout, shared_layout, transposed_shared, vector_layout)
 
 CHUNK_COLUMNS = gl.constexpr(128)  # h's columns a unit: one scale block
-# Tile walk: a unit is a tile of BM slot rows and one chunk (its "column").
-ALIGN = gl.constexpr(1)
-TILE_COLUMNS = gl.constexpr(1)
 
 
 @gluon.jit
@@ -58,26 +56,80 @@ def w13_origin(g, half, first, k0, GLU: gl.constexpr):
         return [g, first, half, k0]
 
 
+@gluon.constexpr_function
+def routing_layout(warps):
+    """The routing's [rows, MAX_SLOTS] tiles: a slot a lane along a row."""
+    return gl.BlockedLayout([1, MAX_SLOTS // 32], [1, 32], [warps, 1], [1, 0])
+
+
 @gluon.jit
-def load_unit(work, count, g, off_m, end, column, SCALING: gl.constexpr, GLU: gl.constexpr,
+def slot_groups(ids_ptr, S, G, chunks, BM: gl.constexpr):
+    """kernels/experts_decode.py's slot_groups in Gluon (change them
+    together), each vector along the slots of routing_layout's rows."""
+    layout: gl.constexpr = routing_layout(gl.num_warps())
+    lanes: gl.constexpr = gl.SliceLayout(0, layout)
+    s = gl.arange(0, MAX_SLOTS, gl.SliceLayout(1, layout))
+    ids = gl.load(ids_ptr + s, mask=s < S, other=-1)
+    kept = (ids >= 0) & (ids < G)
+    expert = gl.where(kept, ids, -1).to(gl.int32)
+    same = (gl.expand_dims(expert, 1) == gl.expand_dims(gl.convert_layout(expert, lanes), 0)) \
+        & gl.expand_dims(kept, 1)
+    before = gl.expand_dims(gl.arange(0, MAX_SLOTS, lanes), 0) < gl.expand_dims(s, 1)
+    rank = gl.sum((same & before).to(gl.int32), 1)
+    size = gl.sum(same.to(gl.int32), 1)
+    units = gl.where(kept & (rank == 0), (size + BM - 1) // BM * chunks, 0)
+    # (scans take a blocked layout, not a slice of one)
+    ends = gl.cumsum(gl.convert_layout(units, vector_layout(MAX_SLOTS, gl.num_warps())), 0)
+    return (gl.convert_layout(expert, lanes), gl.convert_layout(rank, lanes),
+            gl.convert_layout(units, lanes), gl.convert_layout(ends, lanes))
+
+
+@gluon.jit
+def locate_unit(t, groups, chunks, BM: gl.constexpr, slot_layout: gl.constexpr):
+    """kernels/experts_decode.py's locate_unit in Gluon (change them
+    together): (g, slots [BM] and row_ok in slot_layout, h's chunk)."""
+    layout: gl.constexpr = routing_layout(gl.num_warps())
+    expert, rank, units, ends = groups
+    here = (ends - units <= t) & (t < ends)
+    g = gl.sum(gl.where(here, expert, 0), 0)
+    local = t - gl.sum(gl.where(here, ends - units, 0), 0)
+    ranks = (local // chunks) * BM + gl.arange(0, BM, gl.SliceLayout(1, layout))
+    match = (gl.expand_dims(expert, 0) == g) & \
+        (gl.expand_dims(rank, 0) == gl.expand_dims(ranks, 1))
+    lanes = gl.expand_dims(gl.arange(0, MAX_SLOTS, gl.SliceLayout(0, layout)), 0)
+    slots = gl.sum(gl.where(match, lanes, 0), 1)
+    row_ok = gl.sum(match.to(gl.int32), 1) > 0
+    return (g, gl.convert_layout(slots, slot_layout), gl.convert_layout(row_ok, slot_layout),
+            local % chunks)
+
+
+@gluon.jit
+def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
-    """The loader's steps of one unit (walk_units' visit); returns the ring
+    """The loader's steps of unit t (walk_units' visit); returns the ring
     count after them."""
-    descs, bufs, ready, empty, gather, H = work
+    descs, bufs, ready, empty, tokens, chunks, H = work
     w13_desc, w2_desc = descs
     boxes, w2_boxes, x_bufs = bufs
-    rows, row_ok = gather_rows(gather, off_m, end, BM, SCALE_BLOCK)
+    x_ptr, _, k = tokens
+    rows_layout: gl.constexpr = gl.SliceLayout(
+        1, gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_ptr.dtype.element_ty))
+    g, slots, row_ok, column = locate_unit(t, groups, chunks, BM, rows_layout)
+    # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and row
+    # stride, so each thread's elements are one 16-byte copy.
+    rows = gl.expand_dims(gl.multiple_of(x_ptr + (slots // k).to(gl.int64) * H, 16), 1)
+    row_ok = gl.expand_dims(row_ok, 1)
     first = column * CHUNK_COLUMNS
     SUB: gl.constexpr = BK // SCALE_BLOCK
     SLOT_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * boxes.dtype.primitive_bitwidth // 8
     for k0 in range(0, H, BK):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
         for sub in gl.static_range(SUB):
-            k = k0 + sub * SCALE_BLOCK
-            copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, k, H, bar, SCALE_BLOCK)
+            kk = k0 + sub * SCALE_BLOCK
+            copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, kk, H, bar, SCALE_BLOCK)
             for half in gl.static_range(2):
                 buf = boxes.index((2 * slot + half) * SUB + sub)
-                tma_load(w13_desc, w13_origin(g, half, first, k, GLU), bar,
+                tma_load(w13_desc, w13_origin(g, half, first, kk, GLU), bar,
                          buf.reinterpret(w13_desc.dtype, w13_desc.block_shape, w13_desc.layout))
         count += 1
     for n0 in range(0, H, BN * SUB):
@@ -93,44 +145,41 @@ def load_unit(work, count, g, off_m, end, column, SCALING: gl.constexpr, GLU: gl
 
 
 @gluon.jit
-def walk_units(walk, H, visit: gl.constexpr, work, SCALING: gl.constexpr, GLU: gl.constexpr,
-               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-               STAGES: gl.constexpr):
+def walk_units(walk, visit: gl.constexpr, work, SCALING: gl.constexpr, GLU: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """A partition's walk of its program's units, the same in both:
-    count = visit(work, count, g, off_m, end, column, the constexprs) for each
-    (slot rows off_m .. end of group g, h's chunk `column`), the ring count
-    from 0.  The constexprs are arguments of their own: in a tuple they would
-    arrive as values."""
-    offs_ptr, G, rows_end, chunks = walk
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
+    count = visit(work, count, t, groups, the constexprs) for each of its
+    units t of slot_groups' groups, the ring count from 0.  The constexprs
+    are arguments of their own: in a tuple they would arrive as values."""
+    ids_ptr, S, G, chunks = walk
+    groups = slot_groups(ids_ptr, S, G, chunks, BM)
     count = 0
-    tiles_before = 0
-    rows_before = 0
-    for chunk in range(0, G, CHUNK):
-        starts, ends, group_tiles, tiles_end = chunk_groups(
-            offs_ptr, chunk, rows_end, G, rows_before, tiles_before, chunks, BM, ALIGN, CHUNK,
-            gl.num_warps())
-        chunk_end = tiles_before + gl.sum(group_tiles, 0)
-        for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            g, _, end, off_m, column, _ = locate(t, chunk, starts, ends, group_tiles, tiles_end,
-                                                 chunks, G, H, BM, TILE_COLUMNS, ALIGN)
-            count = visit(work, count, g, off_m, end, column, SCALING, GLU, BM, BN, BK, STAGES)
-        tiles_before = chunk_end
-        rows_before = gl.max(ends, 0)
+    for t in range(gl.program_id(0), gl.sum(groups[2], 0), gl.num_programs(0)):
+        count = visit(work, count, t, groups, SCALING, GLU, BM, BN, BK, STAGES)
 
 
 @gluon.jit
-def up_projection(boxes, x_bufs, ready, empty, count, w_scales, x_scales, j_ok, row_ok, H,
+def quantized_x(x_buf, xq_buf, layout: gl.constexpr):
+    """The scale of each token's block in x_buf [BM, 128] (16-bit), from its
+    amax (in layout's rows); the block quantized by it into xq_buf."""
+    xs = x_buf.load(layout).to(gl.float32)
+    scale = gl.maximum(gl.max(gl.abs(xs), 1), AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
+    xq_buf.store(to_e4m3(xs, gl.expand_dims(scale, 1)))
+    return scale
+
+
+@gluon.jit
+def up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H,
                   SCALING: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                   acc_layout: gl.constexpr):
     """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
-    (BLOCKWISE: each 128-deep block by its own; else by the caller).
-    w_scales: the gate's and up's rows' first block scales; x_scales: the
-    slots' tokens' (BLOCKWISE: each row's blocks follow its first)."""
+    (BLOCKWISE: each 128-deep block by its own, the tokens' 16-bit blocks
+    quantized into xq_bufs as they come; else by the caller, the tokens
+    e4m3).  w_scales: the gate's and up's rows' first block scales."""
     BM: gl.constexpr = x_bufs.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
+    x_layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
     gate = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     up = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     for k0 in range(0, H, BK):
@@ -138,22 +187,27 @@ def up_projection(boxes, x_bufs, ready, empty, count, w_scales, x_scales, j_ok, 
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         fence_async_shared()  # the loader's threads wrote the tokens' rows
         for sub in gl.static_range(SUB):
-            x = x_bufs.index(slot * SUB + sub).permute((1, 0))
             gate_box = boxes.index(2 * slot * SUB + sub)
             up_box = boxes.index((2 * slot + 1) * SUB + sub)
             if SCALING == BLOCKWISE:
+                # The last step's MMAs were waited for: xq_bufs is free.
+                x_scale = quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
+                                      x_layout)
+                fence_async_shared()
+                x = xq_bufs.index(sub).permute((1, 0))
                 block = k0 // SCALE_BLOCK + sub
                 live = block * SCALE_BLOCK < H
-                x_scale = gl.load(x_scales + block, mask=row_ok & live, other=0.0)
                 gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
                 up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
                 gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
                 up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
                 gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
-                x_scale = gl.expand_dims(x_scale, 0)
+                x_scale = gl.expand_dims(gl.convert_layout(x_scale, gl.SliceLayout(0, acc_layout)),
+                                         0)
                 gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
                 up += up_step * x_scale * gl.expand_dims(up_scale, 1)
             else:
+                x = x_bufs.index(slot * SUB + sub).permute((1, 0))
                 gate = warpgroup_mma(gate_box, x, gate, is_async=True)
                 up = warpgroup_mma(up_box, x, up, is_async=True)
         if SCALING != BLOCKWISE:
@@ -164,12 +218,12 @@ def up_projection(boxes, x_bufs, ready, empty, count, w_scales, x_scales, j_ok, 
 
 
 @gluon.jit
-def unit_h(gate, up, scales, biases, g, first, inter, tokens, row_ok, SCALING: gl.constexpr,
+def unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, x_scale, SCALING: gl.constexpr,
            GLU: gl.constexpr):
     """(h [128, BM] in e4m3, its scales [BM]): the activation of the unit's
-    gate and up (per-channel scales and b13 applied here), each slot row's
-    128 columns one 1x128 block (columns past I are 0)."""
-    x_scale_ptr, w13_scale_ptr = scales
+    gate and up (per-channel scales, with the tokens' x_scale, and b13
+    applied here), each slot row's 128 columns one 1x128 block (columns past
+    I are 0)."""
     b13_ptr, has_b13, gpt_oss = biases
     layout: gl.constexpr = gate.type.layout
     j = first + gl.arange(0, CHUNK_COLUMNS, gl.SliceLayout(1, layout))
@@ -178,7 +232,7 @@ def unit_h(gate, up, scales, biases, g, first, inter, tokens, row_ok, SCALING: g
     gate_rows = w13_rows(j, 0, inter, GLU)
     up_rows = w13_rows(j, 1, inter, GLU)
     if SCALING != BLOCKWISE:
-        x_scale = gl.expand_dims(gl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0), 0)
+        x_scale = gl.expand_dims(x_scale, 0)
         channels = w13_scale_ptr + g64 * 2 * inter
         gate *= x_scale * gl.expand_dims(gl.load(channels + gate_rows, mask=j_ok, other=0.0), 1)
         up *= x_scale * gl.expand_dims(gl.load(channels + up_rows, mask=j_ok, other=0.0), 1)
@@ -232,19 +286,20 @@ def down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, b2, h_sc
 
 
 @gluon.jit
-def run_unit(work, count, g, off_m, end, column, SCALING: gl.constexpr, GLU: gl.constexpr,
+def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
-    """The MMA partition's work of one unit (walk_units' visit); returns the
+    """The MMA partition's work of unit t (walk_units' visit); returns the
     ring count after it."""
-    bufs, ready, empty, scales, biases, gather, parts_ptr, chunks, H, inter = work
-    boxes, w2_boxes, x_bufs, h_buf = bufs
-    x_scale_ptr, w13_scale_ptr, w2_scale_ptr = scales
+    bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
+    boxes, w2_boxes, x_bufs, xq_bufs, h_buf = bufs
+    w13_scale_ptr, w2_scale_ptr = scales
     b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
-    rows_ptr, rows_div = gather
+    _, x_scale_ptr, k = tokens
     acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
-    rows = off_m + gl.arange(0, BM, gl.SliceLayout(0, acc_layout))
-    row_ok = rows < end
-    tokens = gl.load(rows_ptr + rows, mask=row_ok, other=0) // rows_div
+    g, slots, row_ok, column = locate_unit(t, groups, chunks, BM, gl.SliceLayout(0, acc_layout))
+    x_scale = 1.0  # BLOCKWISE scales each block's product as it comes
+    if SCALING != BLOCKWISE:
+        x_scale = gl.load(x_scale_ptr + slots // k, mask=row_ok, other=0.0)
     first = column * CHUNK_COLUMNS
     j = first + gl.arange(0, CHUNK_COLUMNS, gl.SliceLayout(1, acc_layout))
     j_ok = j < inter
@@ -252,54 +307,57 @@ def run_unit(work, count, g, off_m, end, column, SCALING: gl.constexpr, GLU: gl.
     row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
     w_scales = (w13_scale_ptr + (row_blocks + w13_rows(j, 0, inter, GLU) // SCALE_BLOCK) * k_blocks,
                 w13_scale_ptr + (row_blocks + w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
-    gate, up, count = up_projection(boxes, x_bufs, ready, empty, count, w_scales,
-                                    x_scale_ptr + tokens * k_blocks, j_ok, row_ok, H, SCALING, BK,
-                                    STAGES, acc_layout)
-    h, h_scale = unit_h(gate, up, (x_scale_ptr, w13_scale_ptr), (b13_ptr, has_b13, gpt_oss), g,
-                        first, inter, tokens, row_ok, SCALING, GLU)
+    gate, up, count = up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok,
+                                    H, SCALING, BK, STAGES, acc_layout)
+    h, h_scale = unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, gpt_oss), g, first, inter,
+                        x_scale, SCALING, GLU)
     h_buf.store(h)  # the last unit's down projection has read it (its MMAs were waited for)
     fence_async_shared()
-    parts = gl.expand_dims(parts_ptr + (rows.to(gl.int64) * chunks + column) * H, 0)
+    parts = gl.expand_dims(parts_ptr + (slots.to(gl.int64) * chunks + column) * H, 0)
     return down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, (b2_ptr, has_b2),
                            h_scale, parts, row_ok, g, column, chunks, H, SCALING,
                            BK // SCALE_BLOCK, STAGES, acc_layout)
 
 
 @gluon.jit
-def mma_partition(walk, H, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                  STAGES: gl.constexpr):
+def mma_partition(walk, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The MMA warpgroup: run_unit on each of the program's units (a function
     passed through warp_specialize is more than Triton 3.6 takes)."""
-    walk_units(walk, H, run_unit, work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES)
+    walk_units(walk, run_unit, work, SCALING, GLU, BM, BN, BK, STAGES)
 
 
 @gluon.jit
-def load_partition(walk, H, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
-                   BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                   STAGES: gl.constexpr):
+def load_partition(walk, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
+                   BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The loader: load_unit on each of the program's units."""
-    walk_units(walk, H, load_unit, work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES)
+    walk_units(walk, load_unit, work, SCALING, GLU, BM, BN, BK, STAGES)
 
 
 @gluon.jit
-def scaled_experts_decode_ws_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs_ptr, w13_ptr,
-                                    w13_scale_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr,
-                                    has_b2, gpt_oss, parts_ptr, S, H, N, G, ldx, w13_group_stride,
-                                    ld13, w2_group_stride, ld2, SCALING: gl.constexpr,
+def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr,
+                                    w13_scale_ptr, w2_ptr,
+                                    w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss,
+                                    parts_ptr, S, H, N, G, w13_group_stride, ld13,
+                                    w2_group_stride, ld2, SCALING: gl.constexpr,
                                     GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                                     BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                                     PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """scaled_experts_decode_kernel's contract; USE_TMA and PRECISION are taken
-    for the common signature; STAGES: the ring's slots."""
+    """scaled_experts_decode_kernel's contract; USE_TMA, CHUNK and PRECISION
+    are taken for the common signature; STAGES: the ring's slots."""
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     gl.static_assert(BK % SCALE_BLOCK == 0, "a K step of whole scale blocks")
     gl.static_assert(BN == 2 * CHUNK_COLUMNS, "a box of w2 as large as a block's gate and up rows")
     SUB: gl.constexpr = BK // SCALE_BLOCK
     dtype: gl.constexpr = w13_ptr.dtype.element_ty
+    # The tokens' rows: 16-bit, quantized here (BLOCKWISE), or e4m3.
+    if SCALING == BLOCKWISE:
+        rows_ptr = x_ptr
+    else:
+        rows_ptr = xq_ptr
+    x_dtype: gl.constexpr = rows_ptr.dtype.element_ty
     inter = N // 2
     chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
-    rows_end = gl.minimum(gl.load(offs_ptr + G - 1), S)
     # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
     # (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either way.
     if GLU == CONCATENATED:
@@ -317,27 +375,30 @@ def scaled_experts_decode_ws_kernel(x_ptr, x_scale_ptr, rows_ptr, rows_div, offs
         w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
     # A slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
     # gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
-    # and the tokens' BM rows of each block.
+    # and the tokens' BM rows of each block (x_bufs; xq_bufs: BLOCKWISE's
+    # step's blocks quantized).
     box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
     w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
                                  shared_layout([BN, SCALE_BLOCK], dtype))
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES * SUB, BM, SCALE_BLOCK],
-                                       shared_layout([BM, SCALE_BLOCK], dtype))
+    x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
+                                       shared_layout([BM, SCALE_BLOCK], x_dtype))
+    xq_bufs = gl.allocate_shared_memory(dtype, [SUB, BM, SCALE_BLOCK],
+                                        shared_layout([BM, SCALE_BLOCK], dtype))
     h_buf = gl.allocate_shared_memory(dtype, [CHUNK_COLUMNS, BM], transposed_shared(dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
-    walk = (offs_ptr, G, rows_end, chunks)
-    mma_work = ((boxes, w2_boxes, x_bufs, h_buf), ready, empty,
-                (x_scale_ptr, w13_scale_ptr, w2_scale_ptr),
-                (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss), (rows_ptr, rows_div), parts_ptr,
-                chunks, H, inter)
-    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty,
-                 (x_ptr, ldx, rows_ptr, rows_div), H)
+    walk = (ids_ptr, S, G, chunks)
+    tokens = (rows_ptr, x_scale_ptr, k)
+    mma_work = ((boxes, w2_boxes, x_bufs, xq_bufs, h_buf), ready, empty,
+                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss),
+                tokens, parts_ptr, chunks, H, inter)
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
+                 H)
     gl.warp_specialize(
-        [(mma_partition, (walk, H, mma_work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES)),
-         (load_partition, (walk, H, load_work, SCALING, GLU, BM, BN, BK, CHUNK, STAGES))],
+        [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
+         (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES))],
         [GATHER_WARPS], [GATHER_REGISTERS])

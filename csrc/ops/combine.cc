@@ -42,22 +42,20 @@ Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t toke
   return out;
 }
 
-Tensor combine_parts(const Tensor& parts, const Tensor& index_in, int64_t tokens, int64_t k,
-                     const Tensor& weights_in, const Tensor& offs) {
+Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int64_t k,
+                     const Tensor& weights_in, int64_t experts) {
   const int64_t hidden = parts.size(2);
   Tensor out = new_output(parts, {tokens, hidden}, ScalarType::BFloat16);
   if (out.numel() == 0 || shapes_only(out)) return out;
-  const Tensor index = as_contiguous(index_in), weights = as_contiguous(weights_in);
+  const Tensor weights = as_contiguous(weights_in);
   const family::CombineParts args{.parts_ptr = address(parts),
-                                  .index_ptr = address(index),
+                                  .ids_ptr = address(ids),
                                   .weights_ptr = address(weights),
-                                  .offs_ptr = address(offs),
                                   .out_ptr = address(out),
-                                  .R = parts.size(0),
                                   .T = tokens,
                                   .H = hidden,
                                   .K = k,
-                                  .G = offs.size(0),
+                                  .G = experts,
                                   .P = parts.size(1)};
   launch(args, {}, target_of(parts, ScalarType::BFloat16));
   return out;

@@ -15,6 +15,13 @@ inline constexpr int64_t kBlock = 128;  // elements along each side of a scale b
 // Bytes (= fp8 elements): TMA's rule for bases and strides, which torch also keeps for fp8.
 inline constexpr int64_t kAlign = 16;
 
+// x packed and 16-byte aligned (a copy where it is not), for kernels that
+// copy its rows 16 bytes at a time.
+inline Tensor packed_aligned(const Tensor& x) {
+  const Tensor packed = dense(x);
+  return address(packed) % kAlign == 0 ? packed : fresh_copy(packed);
+}
+
 // Scale blocks covering `size` (>= 0) elements.
 inline int64_t blocks(int64_t size) { return (size + kBlock - 1) / kBlock; }
 

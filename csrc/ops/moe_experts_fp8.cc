@@ -7,8 +7,9 @@
 // weighted combine.  The tokens are quantized as the weights are: per token
 // per 128 columns for 128 x 128 weight blocks, per token for per-channel
 // weights; h per token per 128 columns either way.  A call of few slots
-// (serving's decode) runs both projections in one kernel instead
-// (scaled_experts_decode, then combine_parts).  For fp8 training's
+// (serving's decode) runs the routing, the tokens' quantization per 128
+// columns and both projections in one kernel instead (scaled_experts_decode,
+// then combine_parts).  For fp8 training's
 // backward (moe_experts_fp8_for_backward) the up projection writes gu, in
 // bfloat16, too.  Meta tensors run the same code without the launches.
 #include <family_args.h>
@@ -194,45 +195,53 @@ bool takes_decode(int64_t slots, int64_t experts) {
   return slots <= family::ScaledExpertsDecode::kMaxSlots && slots < experts;
 }
 
-// The down projection's rows made in parts, [S, cdiv(I, 128), H] float32:
-// both projections of each tile of an expert's slot rows and 128 columns of
-// h in one scaled_experts_decode launch (combine_parts sums them).
-Tensor decode_parts(const UpProjection& up, const DownProjection& down, Scales scales,
+// The down projection's rows made in parts, [S, cdiv(I, 128), H] float32 in
+// the slots' own order: the routing, the tokens' quantization per 128
+// columns (per-channel weights' per-token one is quantize_fp8's, a launch
+// before) and both projections of each tile of an expert's slots and 128
+// columns of h in one scaled_experts_decode launch (combine_parts sums them).
+Tensor decode_parts(const MoeInputs& in, const Tensor& ids, const DownProjection& weights,
+                    const Tensor& w13_scale, const std::optional<Tensor>& b13, Scales scales,
                     family::GateUp gate_up, family::Activation activation, Outputs& outputs) {
-  const auto& [xq, x_scale] = up.tokens;
-  const int64_t slots = up.order.size(0), hidden = xq.size(1), inter = down.w2.size(2);
+  const int64_t slots = ids.numel(), hidden = in.x.size(1), inter = in.w2.size(2);
   Tensor parts = outputs.make({slots, blocks(inter), hidden}, ScalarType::Float);
-  if (up.w13.size(0) == 0 || shapes_only(parts)) return parts;  // as up_projection's
+  if (in.w13.size(0) == 0 || shapes_only(parts)) return parts;  // as up_projection's
+  std::optional<Tensor> x;
+  std::optional<std::tuple<Tensor, Tensor>> quantized;
+  if (scales == Scales::kBlockwise) {
+    x = packed_aligned(in.x);
+  } else {
+    quantized = quantize_fp8(in.x, activation_granularity(scales));
+  }
   const family::ScaledExpertsDecode args{
-      .x_ptr = address(xq),
-      .x_scale_ptr = address(x_scale),
-      .rows_ptr = address(up.order),
-      .rows_div = up.k,
-      .offs_ptr = address(up.offs),
-      .w13_ptr = address(up.w13),
-      .w13_scale_ptr = address(up.w13_scale),
-      .w2_ptr = address(down.w2),
-      .w2_scale_ptr = address(down.w2_scale),
-      .b13_ptr = up.b13 ? address(*up.b13) : 0,
-      .has_b13 = up.b13 ? 1 : 0,
-      .b2_ptr = down.b2 ? address(*down.b2) : 0,
-      .has_b2 = down.b2 ? 1 : 0,
+      .x_ptr = x ? address(*x) : 0,
+      .xq_ptr = quantized ? address(std::get<0>(*quantized)) : 0,
+      .x_scale_ptr = quantized ? address(std::get<1>(*quantized)) : 0,
+      .ids_ptr = address(ids),
+      .k = in.topk_ids.size(1),
+      .w13_ptr = address(in.w13),
+      .w13_scale_ptr = address(w13_scale),
+      .w2_ptr = address(weights.w2),
+      .w2_scale_ptr = address(weights.w2_scale),
+      .b13_ptr = b13 ? address(*b13) : 0,
+      .has_b13 = b13 ? 1 : 0,
+      .b2_ptr = weights.b2 ? address(*weights.b2) : 0,
+      .has_b2 = weights.b2 ? 1 : 0,
       .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
       .parts_ptr = address(parts),
       .S = slots,
       .H = hidden,
-      .N = up.w13.size(1),
-      .G = up.w13.size(0),
-      .ldx = xq.stride(0),
-      .w13_group_stride = up.w13.stride(0),
-      .ld13 = up.w13.stride(1),
-      .w2_group_stride = down.w2.stride(0),
-      .ld2 = down.w2.stride(1)};
+      .N = in.w13.size(1),
+      .G = in.w13.size(0),
+      .w13_group_stride = in.w13.stride(0),
+      .ld13 = in.w13.stride(1),
+      .w2_group_stride = weights.w2.stride(0),
+      .ld2 = weights.w2.stride(1)};
   const family::ScaledExpertsDecode::Axes axes{.scaling = scales == Scales::kBlockwise
                                                               ? family::Scaling::kBlockwise
                                                               : family::Scaling::kRowwise,
                                                .gate_up = gate_up};
-  sm90_only([&] { launch(args, axes, target_of(xq, ScalarType::Float)); });
+  sm90_only([&] { launch(args, axes, target_of(in.x, ScalarType::Float)); });
   return parts;
 }
 
@@ -260,28 +269,31 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
   LaunchGroup launches;
   Outputs results(x);
   Outputs temporaries(x);
-  const auto [order, offs, inverse] = route_slots(ids, experts, saved ? results : temporaries);
-  std::optional<Tensor> gu;
-  if (saved) gu = new_output(x, {order.size(0), in.w13.size(1)}, kRows);
-  // Each token quantized once; the up projection reads each slot's row.
-  const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
-  const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
+  const DownProjection down{in.w2, w2_scales, b2_rows};
   Tensor out;
-  if (!saved && takes_decode(order.size(0), experts)) {
-    const DownProjection down{in.w2, w2_scales, b2_rows};
-    const Tensor parts =
-        decode_parts(up, down, scales, gate_up_value, activation_value, temporaries);
-    out = combine_parts(parts, inverse, tokens, k, weights, offs);
+  if (!saved && takes_decode(ids.numel(), experts)) {
+    const Tensor slot_ids = packed_aligned(ids);
+    const Tensor parts = decode_parts(in, slot_ids, down, w13_scales, b13_rows, scales,
+                                      gate_up_value, activation_value, temporaries);
+    out = combine_parts(parts, slot_ids, tokens, k, weights, experts);
   } else {
+    const auto [order, offs, inverse] =
+        route_slots(ids, experts, saved ? results : temporaries);
+    std::optional<Tensor> gu;
+    if (saved) gu = new_output(x, {order.size(0), in.w13.size(1)}, kRows);
+    // Each token quantized once; the up projection reads each slot's row.
+    const std::tuple<Tensor, Tensor> quantized =
+        quantize_fp8(x, activation_granularity(scales));
+    const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
     const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value,
                                             gu ? &*gu : nullptr, temporaries);
     const Tensor ys =
         scaled_grouped_mm(h, torch::stable::transpose(in.w2, 1, 2), h_scale, w2_scales, offs,
                           b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
     out = combine_slots(ys, inverse, tokens, k, weights, offs);
+    if (saved) *saved = {*gu, order, offs, inverse};
   }
   launches.submit();
-  if (saved) *saved = {*gu, order, offs, inverse};
   return converted(out, x.scalar_type());
 }
 

@@ -104,10 +104,11 @@ Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 // shape; weights float32), for operators that checked them.
 Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, int64_t k,
                      const Tensor& weights, const Tensor& offs);
-// The same for rows made in parts: parts [rows, P, H] float32 (contiguous),
-// each row the sum of its P parts; out bfloat16.
-Tensor combine_parts(const Tensor& parts, const Tensor& index, int64_t tokens, int64_t k,
-                     const Tensor& weights, const Tensor& offs);
+// The same for slots made in parts, in the slots' own order: parts [tokens *
+// k, P, H] float32 (contiguous), slot t * k + j the sum of its P parts, kept
+// where 0 <= ids[t, j] < experts (ids contiguous int64); out bfloat16.
+Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int64_t k,
+                     const Tensor& weights, int64_t experts);
 
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the

@@ -47,13 +47,6 @@ Family::Axes axes_of(Direction direction, const std::string& gate_up,
           .activation = parse_choice<family::Activation>("activation", activation)};
 }
 
-// x packed and 16-byte aligned (a copy where it is not): the fp8 backward's
-// kernel copies its inputs' rows 16 bytes at a time, ahead of their use.
-Tensor packed_aligned(const Tensor& x) {
-  const Tensor packed = dense(x);
-  return address(packed) % kAlign == 0 ? packed : fresh_copy(packed);
-}
-
 }  // namespace
 
 Tensor swiglu(Tensor gu_in, std::string gate_up, std::string activation) {

@@ -353,15 +353,19 @@ def test_shared_estimate_covers_what_triton_allocates(manifest):
             config, family = Config(**r["config"]), FAMILIES[r["family"]]
             staged = (config.ws and family.staged(r["axes"])) or r["out_dtype"]
             estimate = config.shared_estimate(DTYPES[r["dtype"]], DTYPES[staged],
-                                              r["flavour"] == "tma", family.ring_scales)
+                                              r["flavour"] == "tma", family.ring_scales,
+                                              DTYPES.get(family.weights))
             assert r["shared"] <= estimate + 1024, (r["key"], r["shared"], estimate)
 
 
 def test_fp8_variants_are_opt_in_and_sm90_tma_only():
     fp8 = [v for v in all_variants() if v.dtype == "float8_e4m3fn"]
-    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu", "scaled_ragged_k",
-                                       "scaled_experts_decode"}
+    assert {v.family for v in fp8} == {"scaled_ragged_m", "scaled_ragged_glu", "scaled_ragged_k"}
     assert {(v.arch, v.flavour) for v in fp8} == {(90, "tma")}
+    # The decode kernels read fp8 weights beside the 16-bit tokens they quantize.
+    decode = [v for v in all_variants() if v.family == "scaled_experts_decode"]
+    assert {v.dtype for v in decode} == {"bfloat16", "float16"}
+    assert {(v.arch, v.flavour, v.out.name) for v in decode} == {(90, "tma", "float32")}
     scaled = [v for v in fp8 if v.family == "scaled_ragged_m"]
     assert {v.out.name for v in scaled} == {"bfloat16", "float32"}
     assert {v.axes for v in scaled} == {(s, a) for s in ("rowwise", "blockwise",

@@ -208,27 +208,49 @@ def test_a_kernel_is_refused_widths_its_condition_excludes(variant, shape):
 
 
 # The decode kernel (aot/families/scaled_experts_decode.py), which calls of few
-# slots take: forced here on every shape, so that it meets many rows an
-# expert too, each forced variant's scales and gate/up layout.
+# slots take: forced here on shapes of up to its most slots, so that it meets
+# many rows an expert too, each forced variant's scales, gate/up layout and
+# tokens' dtype; past its most slots it is refused.
 DECODE_KERNELS = [v for v in _C.variants() if v["arch"] == 90
                   and v["family"] == "scaled_experts_decode"]
 decode_kernels = pytest.mark.parametrize("variant", DECODE_KERNELS,
                                          ids=[v["key"] for v in DECODE_KERNELS])
+MAX_DECODE_SLOTS = _C.families()["scaled_experts_decode"]["constants"]["kMaxSlots"]
+# Groups of several slots, whole tiles and cut ones (I not a multiple of 128).
+DECODE_GROUPS = (16, 272, 208, 8, 4)
+DECODE_SHAPES = {
+    "smallest": SHAPES["smallest"],
+    "one_token_k8": SHAPES["one_token_k8"],
+    "seven_tokens": SHAPES["seven_tokens"],
+    "one_expert": SHAPES["one_expert"],  # its most slots, on one expert: four tiles
+    "groups": DECODE_GROUPS,
+    "groups_halves": (16, 272, 320, 8, 4),
+    "e256_k8": (8, 256, 128, 256, 8),
+    "one_slot_too_many": (MAX_DECODE_SLOTS + 1, 272, 208, 1, 1),
+}
 
 
 def decode_runs_on(variant, case) -> bool:
-    """Whether a scaled_experts_decode variant runs the call: its `few_units`
-    condition (aot/families/scaled_experts_decode.py), which its key ends with."""
-    if not variant["key"].endswith("_few_units"):
-        return True
+    """Whether a scaled_experts_decode variant runs the call: the family's
+    conditions (aot/families/scaled_experts_decode.py), which its key ends
+    with: `few_slots`, at most its most slots, and `few_units`, a bound on the
+    units too."""
     slots, experts, inter = case["topk_ids"].numel(), case["w2"].shape[0], case["w2"].shape[2]
-    return min(slots, experts) * math.ceil(inter / 128) <= 128
+    if slots > MAX_DECODE_SLOTS:
+        return False
+    return not variant["key"].endswith("_few_units") or \
+        min(slots, experts) * math.ceil(inter / 128) <= 128
+
+
+def decode_case(variant, shape, **options):
+    """make_case for the variant's scales and tokens' dtype."""
+    return make_case(*shape, up_kind(variant), dtype=getattr(torch, variant["dtype"]), **options)
 
 
 def check_decode(variant, case, tolerance=EXACT_TOLERANCE, **options):
-    """moe_experts with `variant` forced (its scales must be case's), against
-    the reference; returns its output.  A variant whose condition the call
-    does not meet is refused."""
+    """moe_experts with `variant` forced (its scales and tokens' dtype must be
+    case's), against the reference; returns its output.  A variant whose
+    conditions the call does not meet is refused."""
     options["gate_up"] = variant["axes"]["gate_up"]
     if not decode_runs_on(variant, case):
         with forced(variant["key"]), pytest.raises(ValueError, match="cannot run this problem"):
@@ -242,16 +264,16 @@ def check_decode(variant, case, tolerance=EXACT_TOLERANCE, **options):
 
 
 @decode_kernels
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES)
+@pytest.mark.parametrize("shape", DECODE_SHAPES.values(), ids=DECODE_SHAPES)
 def test_decode_kernel_on_every_shape(variant, shape):
-    check_decode(variant, make_case(*shape, up_kind(variant)))
+    check_decode(variant, decode_case(variant, shape))
 
 
 @decode_kernels
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
 def test_decode_kernel_activations_biases_and_random_data(variant, activation, exact):
-    case = make_case(*SMALL_GROUPS, up_kind(variant), exact=exact, bias=True)
+    case = decode_case(variant, DECODE_GROUPS, exact=exact, bias=True)
     if activation == "gpt_oss" and exact:  # many gate and up values past the clamps
         case["w13_scale"] = case["w13_scale"] * 4
     check_decode(variant, case, EXACT_TOLERANCE if exact else RANDOM_TOLERANCE,
@@ -264,7 +286,7 @@ def test_decode_kernel_duplicate_dropped_and_non_finite(variant, inter):
     """A token naming an expert twice, dropped slots (a token with all of
     them: zeros), a NaN and an inf in two tokens (the others as the
     reference), on widths of one partial chunk of h and more."""
-    case = make_case(40, 272, inter, 8, 4, up_kind(variant))
+    case = decode_case(variant, (16, 272, inter, 8, 4))
     ids = case["topk_ids"]
     ids[:, 1] = ids[:, 0]
     ids[::7, 2] = -1
@@ -272,22 +294,37 @@ def test_decode_kernel_duplicate_dropped_and_non_finite(variant, inter):
     out = check_decode(variant, case)
     assert out[0].eq(0).all()
     case["x"][3, 10] = float("nan")
-    case["x"][20, 200] = float("inf")
+    case["x"][13, 200] = float("inf")
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
-    good = torch.ones(40, dtype=torch.bool, device="cuda")
-    good[[3, 20]] = False
+    good = torch.ones(16, dtype=torch.bool, device="cuda")
+    good[[3, 13]] = False
     assert torch.isfinite(out[good]).all()
     reference = moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"])
     assert_close(out[good], reference[good], EXACT_TOLERANCE)
 
 
+@decode_kernels
+def test_decode_kernel_reads_strided_tokens(variant):
+    """Tokens in padded rows 8 bytes into them, and one such row alone (the
+    kernel copies rows 16 bytes at a time: the operator copies them)."""
+    case = decode_case(variant, DECODE_GROUPS)
+    x = case["x"]
+    padded = torch.empty(x.shape[0], x.shape[1] + 24, dtype=x.dtype, device="cuda")
+    padded[:, 4:4 + x.shape[1]] = x
+    case["x"] = padded[:, 4:4 + x.shape[1]]
+    check_decode(variant, case)
+    for name in ("x", "topk_ids", "topk_weights"):
+        case[name] = case[name][5:6]
+    check_decode(variant, case)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_combine_parts_forced(kind):
     """combine_parts' variant forced: the decode path, whatever the slots
-    (here 2048, with groups of about 128 rows)."""
+    (here as many as it takes, with groups of about 4 rows)."""
     (variant,) = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "combine_parts"]
-    case = make_case(1024, 272, 208, 16, 2, kind)
+    case = make_case(MAX_DECODE_SLOTS // 2, 272, 208, 16, 2, kind)
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case)
     assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
