@@ -277,13 +277,11 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
                                       gate_up_value, activation_value, temporaries);
     out = combine_parts(parts, slot_ids, tokens, k, weights, experts);
   } else {
-    const auto [order, offs, inverse] =
-        route_slots(ids, experts, saved ? results : temporaries);
+    const auto [order, offs, inverse] = route_slots(ids, experts, saved ? results : temporaries);
     std::optional<Tensor> gu;
     if (saved) gu = new_output(x, {order.size(0), in.w13.size(1)}, kRows);
     // Each token quantized once; the up projection reads each slot's row.
-    const std::tuple<Tensor, Tensor> quantized =
-        quantize_fp8(x, activation_granularity(scales));
+    const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
     const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
     const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value,
                                             gu ? &*gu : nullptr, temporaries);
