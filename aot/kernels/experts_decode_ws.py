@@ -11,7 +11,8 @@ down-projection steps (BK / 128 x BN rows of w2's 128 columns), then the
 next unit's.  A step reads BK bytes of each weight row at once (128 at a
 time measured slower: docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
 The MMA partition (one warpgroup) takes the slots in the same order: it
-quantizes the tokens' blocks into shared memory as they come, scales each
+quantizes the tokens' 16-bit blocks into shared memory as they come (with
+128 x 128 weight blocks; with per-channel ones the rows come in e4m3), scales each
 128-deep block's gate and up products into their accumulators,
 applies the activation, quantizes h per slot row, keeps it in shared memory
 as the down projection's operand, and stores each block's part.  So the next
