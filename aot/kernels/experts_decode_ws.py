@@ -31,7 +31,7 @@ from .gluon_api import tma_load
 from .quantize import AMAX_FLOOR, E4M3_MAX_RECIPROCAL
 from .scaled import BLOCKWISE, SCALE_BLOCK
 from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, claim_slot, copy_rows,
-                 gather_layout, shared_layout, transposed_shared, vector_layout)
+                 gather_layout, plus, shared_layout, transposed_shared, vector_layout)
 
 CHUNK_COLUMNS = gl.constexpr(128)  # h's columns a unit: one scale block
 
@@ -79,8 +79,9 @@ def slot_groups(ids_ptr, S, G, chunks, BM: gl.constexpr):
     rank = gl.sum((same & before).to(gl.int32), 1)
     size = gl.sum(same.to(gl.int32), 1)
     units = gl.where(kept & (rank == 0), (size + BM - 1) // BM * chunks, 0)
-    # (scans take a blocked layout, not a slice of one)
-    ends = gl.cumsum(gl.convert_layout(units, vector_layout(MAX_SLOTS, gl.num_warps())), 0)
+    # (scans take a blocked layout, not a slice of one; Triton 3.6 has no gl.cumsum)
+    ends = gl.associative_scan(
+        gl.convert_layout(units, vector_layout(MAX_SLOTS, gl.num_warps())), 0, plus)
     return (gl.convert_layout(expert, lanes), gl.convert_layout(rank, lanes),
             gl.convert_layout(units, lanes), gl.convert_layout(ends, lanes))
 
