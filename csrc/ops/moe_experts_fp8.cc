@@ -179,8 +179,8 @@ struct DownProjection {
   const std::optional<Tensor>& b2;  // bfloat16
 };
 
-// Whether the forward takes the decode kernel: few slots, fewer than the
-// experts, where the experts' weight bytes are all the work
+// Whether the forward takes the decode kernel: few slots, at most one an
+// expert on average, where the experts' weight bytes are all the work
 // (aot/families/scaled_experts_decode.py); a test forcing a kernel of either
 // path takes that path.
 bool takes_decode(int64_t slots, int64_t experts) {
@@ -192,7 +192,7 @@ bool takes_decode(int64_t slots, int64_t experts) {
       forces_family(family::ScaledRaggedM::kIndex) || forces_family(family::Combine::kIndex)) {
     return false;
   }
-  return slots <= family::ScaledExpertsDecode::kMaxSlots && slots < experts;
+  return slots <= family::ScaledExpertsDecode::kMaxSlots && slots <= experts;
 }
 
 // The down projection's rows made in parts, [S, cdiv(I, 128), H] float32 in
