@@ -59,9 +59,8 @@ MAX_SLOTS = tl.constexpr(64)  # the most slots a call (the family's kMaxSlots)
 
 @triton.jit
 def scaled_experts_decode_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr,
-                                 w13_scale_ptr, w2_ptr,
-                                 w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss,
-                                 parts_ptr, S, H, N, G, w13_group_stride, ld13,
+                                 w13_scale_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr,
+                                 has_b2, gpt_oss, parts_ptr, S, H, N, G, w13_group_stride, ld13,
                                  w2_group_stride, ld2, SCALING: tl.constexpr,
                                  GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
                                  BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
@@ -72,10 +71,9 @@ def scaled_experts_decode_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr
     [G, N = 2I, H] and w2 [G, H, I] e4m3 (K-major) and their scales
     (SCALING: blocks or channels, contiguous); b13 [G, 2I], b2 [G, H]
     bfloat16 where has_*; parts [S, C, H] float32 (a dropped slot's left as
-    they are).  The weights come by TMA
-    (every variant is the `tma` flavour's: USE_TMA), the tokens' rows by
-    pointer loads; CHUNK and PRECISION (GEMM constexprs every variant
-    receives) are unused."""
+    they are).  The weights come by TMA (every variant is the `tma`
+    flavour's: USE_TMA), the tokens' rows by pointer loads; CHUNK and
+    PRECISION (GEMM constexprs every variant receives) are unused."""
     tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
     inter = N // 2
     chunks = tl.cdiv(inter, CHUNK_COLUMNS)
