@@ -16,6 +16,7 @@ from .ragged_m import FAMILY as RAGGED_M, POINTERS
 from .scaled_ragged_m import SCALING
 
 TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
+SWAPPED = Config(32, 256, 128, 4, 4, max_rows=16)
 PINGPONG = Config(64, 256, 128, 4, 4, max_rows=512, ws=True, pingpong=True)
 SPLIT = Config(128, 256, 128, 4, 3, ws=True)
 
@@ -73,23 +74,28 @@ FAMILY = Family(
                 "odd_halves": "cdiv(N // 2, 128) * 128 - N // 2 == 64"},
     when_constexprs={"odd_halves": {"BLOCK_COLUMNS": 64}},
     # A tile's h columns are one 128-column scale block: BN = 256.  Groups of
-    # up to 512 rows take the warp-specialised kernel's 64-row tiles, its two
-    # MMA partitions taking turns at them (pingpong: one's SwiGLU and
-    # quantization run while the other's MMAs do; its loader runs ahead
-    # across tiles); larger groups its 128-row tiles split between the two
-    # (their wgmma reads B once for twice the rows).  Per-channel decode (up
-    # to 32 rows an expert) keeps the Triton kernel's 64-row tiles, which read
-    # the weights faster there (five stages in flight).  Chosen from H100 A/Bs
+    # up to 16 rows on average (decode's) take the Triton kernel's 32-row
+    # tiles, computed transposed (scaled.py scaled_columns: the weights' rows
+    # are the MMA's M, the tokens its N).  Groups of up to 512 rows take the
+    # warp-specialised kernel's 64-row tiles, its two MMA partitions taking
+    # turns at them (pingpong: one's SwiGLU and quantization run while the
+    # other's MMAs do; its loader runs ahead across tiles); larger groups its
+    # 128-row tiles split between the two (their wgmma reads B once for twice
+    # the rows).  Per-channel weights with up to 32 rows an expert keep the
+    # Triton kernel's 64-row tiles, which read the weights faster there (five
+    # stages in flight).  Chosen from H100 A/Bs
     # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
-    # docs/notes/2026-11-25-pingpong-partitions.md).  Training's kernels (gu
+    # docs/notes/2026-11-25-pingpong-partitions.md,
+    # docs/notes/2026-11-28-fp8-decode-floors-and-transposed-tiles.md).  Training's kernels (gu
     # kept) are the split tiles only (and the Triton kernel where blockwise
     # needs it): its groups are large, and the wheel carries no more variants
     # than a path runs.
-    configs={(90, "tma", Where(scaling="rowwise", gu="dropped")): (TRITON_DECODE, PINGPONG, SPLIT),
+    configs={(90, "tma", Where(scaling="rowwise", gu="dropped")): (
+                 SWAPPED, TRITON_DECODE, PINGPONG, SPLIT),
              (90, "tma", Where(scaling="blockwise", gu="dropped", gate_up="interleaved")): (
-                 PINGPONG, SPLIT),
+                 SWAPPED, PINGPONG, SPLIT),
              (90, "tma", Where(scaling="blockwise", gu="dropped")): (
-                 *halves(PINGPONG, SPLIT), replace(TRITON_DECODE, max_rows=0)),
+                 SWAPPED, *halves(PINGPONG, SPLIT), replace(TRITON_DECODE, max_rows=0)),
              (90, "tma", Where(scaling="rowwise", gu="kept")): (SPLIT,),
              (90, "tma", Where(scaling="blockwise", gu="kept", gate_up="interleaved")): (SPLIT,),
              (90, "tma", Where(scaling="blockwise", gu="kept")): (

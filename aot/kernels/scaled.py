@@ -136,20 +136,27 @@ def scaled_columns(operand, scales, first, limit, N, K, k_end, SCALING: tl.const
                    BM: tl.constexpr, W: tl.constexpr, BK: tl.constexpr):
     """[BM, W] float32: gathered_scaled_tile's rows (operand = (a_rows,
     row_ok, tokens, b_desc, g)) times b[g]'s rows first .. first + W (those
-    below limit; the others scaled by 0), scaled."""
+    below limit; the others scaled by 0), scaled.  A tile of fewer rows than
+    wgmma's least M (64) is computed transposed, the weights' W rows as the
+    MMA's M (SWAPPED): its few rows then cost MMA columns, not a 64-row
+    accumulator mostly empty that every K block's scaling would go over."""
     a_rows, row_ok, tokens, b_desc, g = operand
     scale_a_ptr, scale_b_ptr = scales
+    SWAPPED: tl.constexpr = BM < 64
     cols = first + tl.arange(0, W)
     col_ok = cols < limit
     rk = tl.arange(0, BK)
-    acc = tl.zeros((BM, W), dtype=tl.float32)
+    if SWAPPED:
+        acc = tl.zeros((W, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, W), dtype=tl.float32)
     if SCALING == ROWWISE:
         for k0 in range(0, k_end, BK):
-            acc = tl.dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
-                         b_desc.load([g, first, k0]).reshape(W, BK).T, acc)
+            acc = oriented_dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
+                               b_desc.load([g, first, k0]).reshape(W, BK), acc, SWAPPED)
         scale_a = tl.load(scale_a_ptr + tokens, mask=row_ok, other=0.0)
         scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
-        acc = acc * scale_a[:, None] * scale_b[None, :]
+        acc = acc * oriented_outer(scale_a, scale_b, SWAPPED)
     else:
         tl.static_assert(SCALING == BLOCKWISE, "gathered rows take rowwise or blockwise scales")
         tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
@@ -164,16 +171,38 @@ def scaled_columns(operand, scales, first, limit, N, K, k_end, SCALING: tl.const
         in_second = cols // SCALE_BLOCK != first_block
         second_exists = first_block + 1 < n_blocks
         for k0 in range(0, k_end, BK):
-            product = tl.dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
-                             b_desc.load([g, first, k0]).reshape(W, BK).T)
+            product = oriented_dot(gathered_block(a_rows, row_ok, k0 + rk, k_end),
+                                   b_desc.load([g, first, k0]).reshape(W, BK), None, SWAPPED)
             block = k0 // SCALE_BLOCK
             scale_a = tl.load(a_scales + block, mask=row_ok, other=0.0)
             scale_b = tl.where(in_second,
                                tl.load(b_scales + k_blocks + block, mask=second_exists, other=0.0),
                                tl.load(b_scales + block))
             scale_b = tl.where(col_ok, scale_b, 0.0)
-            acc += product * scale_a[:, None] * scale_b[None, :]
-    return acc
+            acc += product * oriented_outer(scale_a, scale_b, SWAPPED)
+    if SWAPPED:
+        return acc.T
+    else:
+        return acc
+
+
+@triton.jit
+def oriented_dot(a, b, acc, SWAPPED: tl.constexpr):
+    """a [BM, BK] times b [W, BK] transposed: [BM, W], or SWAPPED its
+    transpose b @ a^T, [W, BM]; added to acc unless it is None."""
+    if SWAPPED:
+        return tl.dot(b, a.T, acc)
+    else:
+        return tl.dot(a, b.T, acc)
+
+
+@triton.jit
+def oriented_outer(rows, cols, SWAPPED: tl.constexpr):
+    """rows [BM] times cols [W]: [BM, W], or SWAPPED [W, BM] (oriented_dot's)."""
+    if SWAPPED:
+        return cols[:, None] * rows[None, :]
+    else:
+        return rows[:, None] * cols[None, :]
 
 
 @triton.jit
