@@ -22,12 +22,15 @@ def ceilings() -> dict:
             "copy_tbps": 2 * src.numel() / copy_ms / 1e9}
 
 
-def measure(candidates: dict, check, tolerance: float, flops: int, settle: bool = False) -> dict:
+def measure(candidates: dict, check, tolerance: float, flops: int, settle: bool = False,
+            graphs: bool = False) -> dict:
     """name -> {ms, tflops, rel_error} for each candidate whose result passes
     check (relative error) within tolerance, else {error}: an anchor that
     cannot run a case, or gets it wrong, is reported, not fatal.  Two or more
     candidates are timed in turns (gg_runtime.testing.time_in_turns); where
-    `settle`, the turns are repeated until two in a row agree (settled_times)."""
+    `settle`, the turns are repeated until two in a row agree (settled_times).
+    Where `graphs`, each is timed replayed from a CUDA graph where it can be
+    captured (graphed; `graph` says whether it was)."""
     runs, passing = {}, {}
     for name, fn in candidates.items():
         try:
@@ -39,12 +42,31 @@ def measure(candidates: dict, check, tolerance: float, flops: int, settle: bool 
             runs[name] = {"error": f"wrong result: relative error {error:.2e}"}
             continue
         runs[name] = {"rel_error": error}
-        passing[name] = fn
+        replay = graphed(fn) if graphs else None
+        if graphs:
+            runs[name]["graph"] = replay is not None
+        passing[name] = replay or fn
     turns = 5 if len(passing) > 1 else 1
     times = settled_times(passing, turns) if settle else time_in_turns(passing, turns)
     for name, ms in times.items():
         runs[name].update(ms=ms, tflops=flops / ms / 1e9)
     return runs
+
+
+def graphed(fn):
+    """A replay of a CUDA graph that captured a call of fn (after one call
+    outside it), or None where fn cannot be captured: how a server runs a
+    decode step, its GPU time without the host's launches in it."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    return graph.replay
 
 
 # settled_times: how closely two runs of turns must agree, and how many runs at most.
