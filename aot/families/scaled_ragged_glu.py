@@ -86,10 +86,10 @@ FAMILY = Family(
     # stages in flight).  Chosen from H100 A/Bs
     # (docs/notes/2026-11-25-fp8-experts-fused-up-projection.md,
     # docs/notes/2026-11-25-pingpong-partitions.md,
-    # docs/notes/2026-11-28-fp8-decode-floors-and-transposed-tiles.md).  Training's kernels (gu
-    # kept) are the split tiles only (and the Triton kernel where blockwise
-    # needs it): its groups are large, and the wheel carries no more variants
-    # than a path runs.
+    # docs/notes/2026-11-28-fp8-decode-floors-and-transposed-tiles.md).
+    # Training's kernels (gu kept) are the split tiles only (and the Triton
+    # kernel where blockwise needs it): its groups are large, and the wheel
+    # carries no more variants than a path runs.
     configs={(90, "tma", Where(scaling="rowwise", gu="dropped")): (
                  SWAPPED, TRITON_DECODE, PINGPONG, SPLIT),
              (90, "tma", Where(scaling="blockwise", gu="dropped", gate_up="interleaved")): (
