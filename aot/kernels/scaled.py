@@ -156,7 +156,7 @@ def scaled_columns(operand, scales, first, limit, N, K, k_end, SCALING: tl.const
                                b_desc.load([g, first, k0]).reshape(W, BK), acc, SWAPPED)
         scale_a = tl.load(scale_a_ptr + tokens, mask=row_ok, other=0.0)
         scale_b = tl.load(scale_b_ptr + g.to(tl.int64) * N + cols, mask=col_ok, other=0.0)
-        acc = acc * oriented_outer(scale_a, scale_b, SWAPPED)
+        acc = scaled_by(acc, scale_a, scale_b, SWAPPED)
     else:
         tl.static_assert(SCALING == BLOCKWISE, "gathered rows take rowwise or blockwise scales")
         tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
@@ -179,7 +179,7 @@ def scaled_columns(operand, scales, first, limit, N, K, k_end, SCALING: tl.const
                                tl.load(b_scales + k_blocks + block, mask=second_exists, other=0.0),
                                tl.load(b_scales + block))
             scale_b = tl.where(col_ok, scale_b, 0.0)
-            acc += product * oriented_outer(scale_a, scale_b, SWAPPED)
+            acc += scaled_by(product, scale_a, scale_b, SWAPPED)
     if SWAPPED:
         return acc.T
     else:
@@ -197,12 +197,14 @@ def oriented_dot(a, b, acc, SWAPPED: tl.constexpr):
 
 
 @triton.jit
-def oriented_outer(rows, cols, SWAPPED: tl.constexpr):
-    """rows [BM] times cols [W]: [BM, W], or SWAPPED [W, BM] (oriented_dot's)."""
+def scaled_by(product, rows, cols, SWAPPED: tl.constexpr):
+    """product [BM, W] (SWAPPED: [W, BM], oriented_dot's) times rows [BM] along
+    its rows and cols [W] along its columns, the rows' factor first in either
+    orientation: the same roundings, so both give the same bits."""
     if SWAPPED:
-        return cols[:, None] * rows[None, :]
+        return product * rows[None, :] * cols[:, None]
     else:
-        return rows[:, None] * cols[None, :]
+        return product * rows[:, None] * cols[None, :]
 
 
 @triton.jit
