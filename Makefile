@@ -19,6 +19,11 @@
 # make kernels-check: one variant of each kernel code path compiled with Triton 3.6 (its
 #             own environment, .venv-aot-3.6.0), nothing kept: CI's check that the
 #             sources still compile under the Triton docs/build.md names besides the pin.
+# make memcheck: (GPU machine, compute-sanitizer) the GPU tests under NVIDIA's compute-sanitizer
+#             against the wheel in the test environment (tests/memcheck.py): memcheck with
+#             exact allocations, initcheck, racecheck and synccheck on the warp-specialised
+#             kernels; one summary line per tool, the reports in build/memcheck.
+#             MEMCHECK_ARGS passes it arguments: --tools memcheck --files 'test_gpu_moe*'.
 # make docs:  the documentation (docs/, mkdocs.yml: the API reference from the docstrings,
 #             guides, design, dated notes), built with --strict into build/docs in its own
 #             environment (.venv-docs, docs/requirements.txt); a broken link or reference
@@ -58,7 +63,7 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build kernels kernels-check test bench bench-site docs clean build-env aot-env ext-env \
+.PHONY: build kernels kernels-check test memcheck bench bench-site docs clean build-env aot-env ext-env \
 	test-env test-torch test-torch-range lint
 
 # Style tools, pinned (their rules and output change between releases); installed with
@@ -146,6 +151,12 @@ test: ext-env test-env bench-site
 	  echo "GPU tests again, on the sm80 PTX compiled by the driver (GG_RUNTIME_FORCE_PTX=1):"; \
 	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
 	else echo "no GPU here: the sm80 PTX pass of the GPU tests is skipped"; fi
+
+MEMCHECK_ARGS ?=
+memcheck: ext-env test-env
+	$(WHEEL_CHECK)
+	$(call install_wheel,$(TEST_VENV))
+	$(TEST_PY) tests/memcheck.py --logs build/memcheck $(MEMCHECK_ARGS)
 
 # The test environment links the build environment's packages (its torch) rather than
 # installing a second copy of torch.

@@ -5,8 +5,10 @@
 #include <Python.h>
 #include <family_args.h>
 
+#include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ops.h"
 
@@ -96,8 +98,38 @@ PyObject* set_poison(PyObject*, PyObject* on) {
   Py_RETURN_NONE;
 }
 
+PyObject* set_guards(PyObject*, PyObject* on) {
+  gg::ops::set_guards(PyObject_IsTrue(on) == 1);
+  Py_RETURN_NONE;
+}
+
+PyObject* guard_report(PyObject*, PyObject*) {
+  std::vector<std::string> damaged;
+  try {
+    damaged = gg::ops::guard_report();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  PyObject* list = PyList_New(0);
+  for (const std::string& line : damaged) {
+    PyObject* text = PyUnicode_FromString(line.c_str());
+    if (text == nullptr || PyList_Append(list, text) != 0) {
+      Py_XDECREF(text);
+      Py_DECREF(list);
+      return nullptr;
+    }
+    Py_DECREF(text);
+  }
+  return list;
+}
+
 PyMethodDef kMethods[] = {
     {"set_poison", set_poison, METH_O, "Tests: fill every output with NaN before its launch."},
+    {"set_guards", set_guards, METH_O,
+     "Tests: put every output and scratch tensor between two canary-filled guard regions."},
+    {"guard_report", guard_report, METH_NOARGS,
+     "Tests: the guarded tensors whose guards were overwritten (synchronizes; forgets them)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT,

@@ -12,6 +12,9 @@ namespace {
 const RuntimeApi* g_runtime = nullptr;
 bool g_poison = false;
 thread_local bool t_shapes_only = false;
+// The open LaunchGroups of this thread, and the tensors their launches use.
+thread_local int t_groups = 0;
+thread_local std::vector<Tensor> t_held;
 
 // libtorch_cuda's current-stream getter (not in libtorch_cpu, which this
 // library links): looked up once in the already loaded library; null where
@@ -343,9 +346,72 @@ Tensor empty(const Tensor& like, const Shape& shape, ScalarType dtype) {
   return Tensor(handle);
 }
 
+// A contiguous tensor of `shape` over block's storage from byte `offset`
+// (inductor's own way to place its buffers in one allocation; no dispatcher call).
+Tensor part_of(const Tensor& block, int64_t offset, const Shape& shape, ScalarType dtype) {
+  const std::vector<int64_t> strides = contiguous_strides(shape);
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch__alloc_from_pool(
+      block.get(), offset, static_cast<int32_t>(dtype), static_cast<int64_t>(shape.size()),
+      shape.data(), strides.data(), &handle));
+  return Tensor(handle);
+}
+
+// Under set_guards (tests): each new tensor lies between two guard regions
+// of kGuardBytes filled with kCanary, in one block; the blocks are kept
+// until guard_report() reads them.
+constexpr int64_t kGuardBytes = 1024;
+constexpr uint8_t kCanary = 0xA5;
+struct Guarded {
+  Tensor block;
+  int64_t bytes;  // the tensor's, between the guards
+  std::string what;
+};
+bool g_guards = false;
+std::vector<Guarded> g_guarded;
+
+int64_t data_bytes(const Shape& shape, ScalarType dtype) {
+  int64_t bytes = element_bytes(dtype);
+  for (int64_t size : shape) bytes *= size;
+  return bytes;
+}
+
+Tensor guarded_empty(const Tensor& like, const Shape& shape, ScalarType dtype) {
+  const int64_t bytes = data_bytes(shape, dtype);
+  Tensor block = filled(empty(like, {2 * kGuardBytes + bytes}, ScalarType::Byte), kCanary);
+  Tensor t = part_of(block, kGuardBytes, shape, dtype);
+  g_guarded.push_back({std::move(block), bytes, tuple_text(shape) + " " + dtype_name(dtype)});
+  return t;
+}
+
+// The guard bytes of g that differ from the canary (copied to the host); 0
+// where the storage was released (gg_runtime.moe's backward frees what it
+// saved once read: resized to nothing).
+int64_t damaged_bytes(const Guarded& g) {
+  const int64_t n = 2 * kGuardBytes;
+  int64_t storage_bytes = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(g.block.get(), &storage_bytes));
+  if (storage_bytes < n + g.bytes) return 0;
+  const int64_t one = 1;
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      1, &n, &one, static_cast<int32_t>(ScalarType::Byte),
+      static_cast<int32_t>(torch::headeronly::DeviceType::CPU), 0, &handle));
+  Tensor host(handle);
+  Tensor block = g.block;
+  for (const int64_t side : {0, 1}) {  // before the tensor, after it
+    Tensor to = torch::stable::narrow(host, 0, side * kGuardBytes, kGuardBytes);
+    torch::stable::copy_(
+        to, torch::stable::narrow(block, 0, side * (kGuardBytes + g.bytes), kGuardBytes));
+  }
+  const auto* data = static_cast<const uint8_t*>(host.data_ptr());
+  return std::count_if(data, data + n, [](uint8_t b) { return b != kCanary; });
+}
+
 }  // namespace
 
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
+  if (g_guards && !shapes_only(like)) return poisoned(guarded_empty(like, shape, dtype), dtype);
   return poisoned(empty(like, shape, dtype), dtype);
 }
 
@@ -354,23 +420,36 @@ Outputs::Outputs(const Tensor& like, int64_t bytes) : like_(like) {
 }
 
 int64_t Outputs::part_bytes(const Shape& shape, ScalarType dtype) {
-  int64_t bytes = element_bytes(dtype);
-  for (int64_t size : shape) bytes *= size;
+  const int64_t bytes = data_bytes(shape, dtype);
   return (bytes + kPartAlign - 1) / kPartAlign * kPartAlign;
 }
 
 Tensor Outputs::make(const Shape& shape, ScalarType dtype) {
   const int64_t bytes = part_bytes(shape, dtype);
-  if (!block_ || used_ + bytes > block_->numel()) return new_output(like_, shape, dtype);
-  const std::vector<int64_t> strides = contiguous_strides(shape);
-  AtenTensorHandle handle = nullptr;
-  // A tensor over the block's storage from byte used_ (inductor's own way to
-  // place its buffers in one allocation; no dispatcher call).
-  TORCH_ERROR_CODE_CHECK(aoti_torch__alloc_from_pool(
-      block_->get(), used_, static_cast<int32_t>(dtype), static_cast<int64_t>(shape.size()),
-      shape.data(), strides.data(), &handle));
+  // Guarded, each part is a tensor of its own: a write past one shows.
+  if (!block_ || g_guards || used_ + bytes > block_->numel()) {
+    return new_output(like_, shape, dtype);
+  }
+  Tensor part = part_of(*block_, used_, shape, dtype);
   used_ += bytes;
-  return poisoned(Tensor(handle), dtype);
+  return poisoned(std::move(part), dtype);
+}
+
+void set_guards(bool on) { g_guards = on; }
+
+std::vector<std::string> guard_report() {
+  submit_recorded();
+  std::vector<Guarded> guarded = std::move(g_guarded);
+  g_guarded.clear();
+  std::vector<std::string> damaged;
+  for (size_t i = 0; i < guarded.size(); ++i) {
+    const int64_t bytes = damaged_bytes(guarded[i]);
+    if (bytes > 0) {
+      damaged.push_back("tensor " + std::to_string(i) + " " + guarded[i].what + ": " +
+                        std::to_string(bytes) + " guard bytes overwritten");
+    }
+  }
+  return damaged;
 }
 
 void set_poison(bool on) { g_poison = on; }
@@ -456,8 +535,23 @@ void run(int family, int axes, std::vector<int64_t> args, std::vector<int64_t> g
   raise(g_runtime->run(call, &error), error);
 }
 
-LaunchGroup::LaunchGroup() { g_runtime->start_recording(); }
-LaunchGroup::~LaunchGroup() { g_runtime->stop_recording(); }
+LaunchGroup::LaunchGroup() {
+  g_runtime->start_recording();
+  ++t_groups;
+}
+
+LaunchGroup::~LaunchGroup() {
+  g_runtime->stop_recording();
+  // Released after the launches are dropped or enqueued: the caching
+  // allocator's frees are stream-ordered from here.
+  if (--t_groups == 0) t_held.clear();
+}
+
+int64_t address(const Tensor& t) {
+  if (shapes_only(t)) return 0;
+  if (t_groups > 0) t_held.push_back(t);
+  return reinterpret_cast<int64_t>(t.data_ptr());
+}
 
 void LaunchGroup::submit() { submit_recorded(); }
 

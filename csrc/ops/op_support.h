@@ -163,6 +163,12 @@ Tensor as_contiguous(const Tensor& x);
 // A new output on like's device (NaN-filled under set_poison, for tests).
 Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype);
 void set_poison(bool on);
+// Tests: under set_guards, every tensor new_output and Outputs make lies
+// between two guard regions filled with a canary byte; guard_report()
+// (synchronizing) describes each tensor made since whose guards a kernel
+// overwrote, and forgets them all.
+void set_guards(bool on);
+std::vector<std::string> guard_report();
 
 // Where an operator's helpers make their tensors on like's device: each a new
 // allocation (Outputs(like)), or parts of one block of `bytes` allocated up
@@ -192,7 +198,11 @@ class Outputs {
 // the helpers of this file, each of which first submits what was recorded
 // (submit_recorded; tests/runtime/test_sources.py holds the operators to it).
 // Destroyed before submit() (an operator that throws), it drops what is still
-// recorded.
+// recorded.  A recorded launch runs after the operator's temporaries would
+// have been freed (an allocation freed before its kernel is enqueued is
+// reused, or with exact allocations returned to the driver, under it): every
+// tensor whose address() a launch takes is held until the outermost group
+// ends, after its submit().
 class LaunchGroup {
  public:
   LaunchGroup();
@@ -240,9 +250,8 @@ Tensor long_scalar(int64_t value, const Tensor& like);
 // The end offsets of `groups` batches of `size` rows, for the ragged kernels.
 Tensor batch_offsets(const Tensor& like, int64_t groups, int64_t size);
 
-inline int64_t address(const Tensor& t) {
-  return shapes_only(t) ? 0 : reinterpret_cast<int64_t>(t.data_ptr());
-}
+// t's data address for a kernel's argument (held while a LaunchGroup is open).
+int64_t address(const Tensor& t);
 
 // The runtime lent by _C (set once when gg_runtime._ops is imported).
 void set_runtime(const RuntimeApi* api);

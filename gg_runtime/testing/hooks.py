@@ -1,5 +1,5 @@
 """The runtime's test hooks (process-wide, not for concurrent use): force a
-variant, read the variant a launch ran, poison the outputs."""
+variant, read the variant a launch ran, poison the outputs, guard them."""
 from __future__ import annotations
 
 import contextlib
@@ -35,3 +35,21 @@ def poisoned():
         yield
     finally:
         _ops.set_poison(False)
+
+
+@contextlib.contextmanager
+def guarded():
+    """Within the block every output and scratch tensor the operators allocate
+    lies between two guard regions filled with a canary byte (each a block
+    of its own, kept until the check); leaving the block checks them
+    (synchronizing) and raises AssertionError naming each tensor whose guards
+    a kernel overwrote: a write out of bounds, seen without a sanitizer.  Not
+    for CUDA-graph capture: the guards' fills would be captured, not run."""
+    _ops.set_guards(True)
+    try:
+        yield
+    finally:
+        _ops.set_guards(False)
+        damaged = _ops.guard_report()
+    if damaged:
+        raise AssertionError("writes outside gg_runtime's tensors: " + "; ".join(damaged))

@@ -1,3 +1,4 @@
+import contextlib
 import importlib.util
 import sys
 import zlib
@@ -12,7 +13,7 @@ _REPO = str(Path(__file__).resolve().parents[2])
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _REPO]
 
 from gg_runtime import _C  # noqa: E402
-from gg_runtime.testing import forced, poisoned  # noqa: E402
+from gg_runtime.testing import forced, guarded, poisoned  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
@@ -60,10 +61,27 @@ def cuda(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device="cuda")
 
 
+# The tests that capture CUDA graphs have this in their names (tests/memcheck.py
+# runs them under torch's caching allocator, which capture needs).
+CAPTURES_GRAPHS = "graph"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unguarded: the poison fixture sets no guards (tests "
+                            "that count the memory the operators keep)")
+
+
 @pytest.fixture
-def poison():
-    """Every output gg_runtime allocates starts as NaN: unwritten elements show."""
-    with poisoned():
+def poison(request):
+    """Every output gg_runtime allocates starts as NaN (unwritten elements
+    show), and every output and scratch tensor lies between canary-filled
+    guard regions checked when the test ends (writes out of bounds fail it;
+    not under the `unguarded` mark, where the guards would keep tensors the
+    test expects freed, nor in tests that capture CUDA graphs, where their
+    fills would be captured rather than run)."""
+    unguarded = (request.node.get_closest_marker("unguarded") is not None
+                 or CAPTURES_GRAPHS in request.node.name)
+    with poisoned(), contextlib.nullcontext() if unguarded else guarded():
         yield
 
 

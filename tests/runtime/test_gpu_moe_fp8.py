@@ -508,6 +508,22 @@ def fused(case, **options):
                                     **options)
 
 
+# Served layers' shapes (tokens, hidden, inter, experts, k): each kernel of the
+# forward, once with a buffer freed before its launch or read past its end.
+SERVED = {"deepseek_v3_tp16_decode": (5, 7168, 128, 256, 8),
+          "deepseek_v3_tp16": (200, 7168, 128, 256, 8),
+          "qwen3_30b_a3b": (37, 2048, 768, 128, 8),
+          "gpt_oss": (24, 2880, 2880, 32, 4),
+          "per_channel_mixtral_like": (300, 4096, 1408, 16, 2),
+          "h272_i80": (100, 272, 80, 8, 2)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SERVED.values(), ids=SERVED)
+def test_served_shapes(shape, kind):
+    check(make_case(*shape, kind, exact=False), RANDOM_TOLERANCE)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_fused_experts_is_moe_experts(kind):
     case = make_case(*TAILS, kind)
