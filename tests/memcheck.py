@@ -1,13 +1,13 @@
 """make memcheck (a GPU machine with compute-sanitizer): the GPU tests under
 NVIDIA's compute-sanitizer, one line per tool:
 
-- memcheck with exact allocations (PYTORCH_NO_CUDA_MEMORY_CACHING=1: under
-  torch's caching allocator a write past a tensor's end lands in the
-  allocator's slack or in another live tensor, unseen) over every GPU test
-  but those capturing CUDA graphs, which need the caching allocator: those
-  run with it;
-- initcheck (reads of device memory nothing wrote), exact allocations, the
-  same tests;
+- memcheck of gg_runtime's kernels (OUR_KERNELS) with exact allocations
+  (PYTORCH_NO_CUDA_MEMORY_CACHING=1: under torch's caching allocator a write
+  past a tensor's end lands in the allocator's slack or in another live
+  tensor, unseen) over every GPU test but those capturing CUDA graphs, which
+  need the caching allocator: those run with it;
+- initcheck (reads of device memory nothing wrote) of gg_runtime's kernels,
+  exact allocations, the same tests;
 - racecheck and synccheck on the warp-specialised Gluon kernels (compute-
   sanitizer's kernel filter: the other kernels run unchecked), over the
   tests that force each of their variants.
@@ -30,7 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GRAPH_TESTS = "graph"  # the tests that capture CUDA graphs have it in their names
-WS_KERNELS = "_ws_kernel"  # the warp-specialised Gluon kernels' names end so
+# compute-sanitizer's kernel filters.  gg_runtime's kernels (Triton's and Gluon's)
+# have plain C names ending in _kernel; torch's and cuBLAS's are C++-mangled
+# (_Z...), so torch's work around the tests (the float64 references above all)
+# runs unchecked, at full speed.
+OUR_KERNELS = "regex=^[a-z0-9_]+_kernel$"
+WS_KERNELS = "kns=_ws_kernel"  # the warp-specialised Gluon kernels' names end so
 # The tests forcing every warp-specialised variant: their files, and what their
 # names hold.
 WS_TESTS = {"test_gpu_variants.py": ("",), "test_gpu_moe_fp8.py": ("variant", "decode"),
@@ -48,7 +53,7 @@ class Run:
     shard: int
     tests: tuple  # pytest node ids
     exact: bool  # PYTORCH_NO_CUDA_MEMORY_CACHING=1
-    kernels: str = ""  # compute-sanitizer's kernel filter (a name's substring)
+    kernels: str  # compute-sanitizer's kernel filter
 
     def name(self) -> str:
         return f"{self.tool}_{'exact' if self.exact else 'caching'}_{self.shard}"
@@ -83,20 +88,19 @@ def runs(tests: list, tools: list, jobs: int) -> list:
                                    for f, words in WS_TESTS.items())]
     for tool in tools:
         if tool in ("memcheck", "initcheck"):
-            plans += [Run(tool, i, s, exact=True) for i, s in enumerate(shards(others, jobs))]
+            plans += [Run(tool, i, s, True, OUR_KERNELS)
+                      for i, s in enumerate(shards(others, jobs))]
             if tool == "memcheck":  # capture needs the caching allocator
-                plans += [Run(tool, i, s, exact=False) for i, s in enumerate(shards(graphs, 1))]
+                plans += [Run(tool, i, s, False, OUR_KERNELS)
+                          for i, s in enumerate(shards(graphs, 1))]
         else:
-            plans += [Run(tool, i, s, exact=True, kernels=WS_KERNELS)
-                      for i, s in enumerate(shards(ws, jobs))]
+            plans += [Run(tool, i, s, True, WS_KERNELS) for i, s in enumerate(shards(ws, jobs))]
     return plans
 
 
 def execute(run: Run, runtime_tests: Path, logs: Path) -> Outcome:
-    command = ["compute-sanitizer", "--tool", run.tool, "--print-limit", "20"]
-    if run.kernels:
-        command += ["--kernel-name", f"kns={run.kernels}"]
-    command += [*PYTEST, *run.tests]
+    command = ["compute-sanitizer", "--tool", run.tool, "--print-limit", "20", "--kernel-name",
+               run.kernels, *PYTEST, *run.tests]
     env = dict(os.environ)
     if run.exact:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"

@@ -8,7 +8,7 @@ w.transpose(1, 2)) read in place.  sm90 only, as the fp8 GEMMs; `aligned`
 from dataclasses import replace
 
 from ..family import EVERY, MAJOR, Axis, Choice, Config, Family, Param, Where
-from ..kernels.quantize import quantize_fp8_kernel
+from ..kernels.quantize import BLOCK, quantize_fp8_kernel
 
 # Memory-bound: what counts is the bytes in flight per SM, programs an SM x
 # bytes a program loads at once.  An aligned config loads 4096 elements a step
@@ -110,4 +110,7 @@ FAMILY = Family(
           "R // max(group_rows, 1) * cdiv(group_rows, 128) * cdiv(C, 128)), "
           "R // max(contiguous_rows, 1) * cdiv(contiguous_rows, BM) * cdiv(C, BN))",
     rows="C",  # the bucket key is the row length (see ALIGNED)
+    # The scale block every fp8 operator sizes its scales (and the decode
+    # forward its parts) by: csrc/ops/fp8.h's kBlock.
+    constants={"kBlock": BLOCK.value},
 )

@@ -30,12 +30,13 @@ import triton
 import triton.language as tl
 
 from .glu import CONCATENATED
+from .quantize import BLOCK
 
 NO_SCALES = tl.constexpr(0)
 ROWWISE = tl.constexpr(1)
 BLOCKWISE = tl.constexpr(2)
 BLOCKWISE_ROWWISE = tl.constexpr(3)
-SCALE_BLOCK = tl.constexpr(128)
+SCALE_BLOCK = BLOCK  # the elements along each side of a scale block: quantize_fp8's
 
 
 @triton.jit

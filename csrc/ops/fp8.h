@@ -11,7 +11,8 @@
 namespace gg::ops {
 
 inline constexpr ScalarType kFp8 = ScalarType::Float8_e4m3fn;
-inline constexpr int64_t kBlock = 128;  // elements along each side of a scale block
+// Elements along each side of a scale block: the kernels' (aot/kernels/quantize.py).
+inline constexpr int64_t kBlock = family::QuantizeFp8::kBlock;
 // Bytes (= fp8 elements): TMA's rule for bases and strides, which torch also keeps for fp8.
 inline constexpr int64_t kAlign = 16;
 

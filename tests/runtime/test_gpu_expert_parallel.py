@@ -1,4 +1,4 @@
-"""Expert parallelism over two GPUs (bench/expert_parallel.py, run with two
+"""Expert parallelism over two GPUs (examples/expert_parallel.py, run with two
 processes through torch.distributed.run): forward and gradients equal the
 single-GPU layer's."""
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "bench" / "expert_parallel.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "expert_parallel.py"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -2,7 +2,7 @@
 over the GPUs of a torch.distributed (NCCL) group, checked against the same
 layer on one GPU.
 
-    torchrun --nproc-per-node 2 bench/expert_parallel.py
+    torchrun --nproc-per-node 2 examples/expert_parallel.py
 
 Each rank holds experts/world of the experts and its own tokens.  Forward:
 route (top-1), sort the tokens by expert, send each to the rank that owns its

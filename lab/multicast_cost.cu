@@ -1,6 +1,6 @@
 // The load path of a 2-CTA ragged_m program alone, in CUDA (no Triton): does TMA
 // multicast of B's block pay on this GPU, issued the way each kernel would issue it?
-//   nvcc -O2 -gencode arch=compute_90a,code=sm_90a -o /tmp/mc bench/multicast_cost.cu && /tmp/mc [CTAS]
+//   nvcc -O2 -gencode arch=compute_90a,code=sm_90a -o /tmp/mc lab/multicast_cost.cu && /tmp/mc [CTAS]
 // Each CTA streams K blocks through a ring of STAGES slots: its own A block ([128, 64]
 // bf16, 16 KiB) and B's block ([256, 64], 32 KiB), one loader thread issuing TMA, one
 // consumer thread waiting for each slot and freeing it (no MMA).  Modes, for B:

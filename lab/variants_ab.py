@@ -4,7 +4,7 @@ bench/workloads.json, with b as the transposed nn.Linear weight ('nt': the
 forward) and as stored ('nn': the token gradient).  What to read before
 changing aot/tuning/sm90.json's buckets.
 
-    python bench/variants_ab.py [--filter SUBSTRING] [--json OUT]
+    python lab/variants_ab.py [--filter SUBSTRING] [--json OUT]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from gg_runtime import _C
 from gg_runtime.testing import forced, last_variant, moe_inputs, ref_grouped_mm, rel_error, time_ms
 
-HERE = Path(__file__).resolve().parent
+WORKLOADS = Path(__file__).resolve().parents[1] / "bench" / "workloads.json"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # The ragged_m variants' axes for each b: the transposed nn.Linear weight, or as stored.
 AXES = {"nt": {"a_major": "row", "b_major": "column", "c_major": "row"},
@@ -61,7 +61,7 @@ def main():
     args = parser.parse_args()
     major, minor = torch.cuda.get_device_capability()
     arch = 10 * major + minor
-    workloads = json.loads((HERE / "workloads.json").read_text())["workloads"]
+    workloads = json.loads(WORKLOADS.read_text())["workloads"]
     rows = [bench(w, layout, arch, args.filter) for w in workloads if w["layout"] == "ragged"
             for layout in ("nt", "nn")]
     print(f"{torch.cuda.get_device_name()}: ms of torch._grouped_mm, then x = its time / each "

@@ -4,7 +4,7 @@ name (torch.profiler), largest first; then, per layer, the grouped products'
 kernel time against everything else's, and how much faster than torch's the
 products would have to be for the layer to run `TARGET` times torch's.
 
-    cd build && PYTHONPATH=bench-site:.. python -m bench.profile_training [layer ...]
+    cd build && PYTHONPATH=bench-site:.. python -m lab.profile_training [layer ...]
 
 Layer names: the training section's LAYERS (default: all).
 """
@@ -15,7 +15,7 @@ import torch
 
 from gg_runtime.testing import moe_layer, moe_layer_inputs
 
-from .sections.training import LAYERS, MMS
+from bench.sections.training import LAYERS, MMS
 
 TARGET = 1.05  # issue 26's layer geomean
 TURNS = 4

@@ -1,6 +1,6 @@
 // Host time of four kernel launches against a four-node CUDA graph whose nodes are
 // updated and launched (csrc/launch_group.h's way): nvcc -O2 -arch=sm_90 -o /tmp/lc
-// bench/launch_cost.cu -lcuda && /tmp/lc.  Each row: 100 calls queued behind a GPU
+// lab/launch_cost.cu -lcuda && /tmp/lc.  Each row: 100 calls queued behind a GPU
 // sleep, median (and least) of nine.
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -2,7 +2,7 @@
 (where the wheel is installed, e.g. PYTHONPATH=build/bench-site after make bench).
 
     ncu --kernel-name regex:ragged_m --launch-skip 2 --launch-count 1 \\
-        python bench/profile_workload.py qwen3_down_128e_32k
+        python lab/profile_workload.py qwen3_down_128e_32k
 """
 import json
 import sys
@@ -13,9 +13,9 @@ import torch
 import gg_runtime
 from gg_runtime.testing import moe_inputs
 
-HERE = Path(__file__).resolve().parent
+WORKLOADS = Path(__file__).resolve().parents[1] / "bench" / "workloads.json"
 name = sys.argv[1]
-w = next(w for w in json.loads((HERE / "workloads.json").read_text())["workloads"]
+w = next(w for w in json.loads(WORKLOADS.read_text())["workloads"]
          if w["name"] == name)
 a, b, offs = moe_inputs(w["m"], w["N"], w["K"], getattr(torch, w["dtype"]))
 for _ in range(4):

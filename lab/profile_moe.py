@@ -3,7 +3,7 @@ make bench): torch.profiler's kernels of a forward and of a forward +
 backward, of the experts section's layers PROFILED names, and the host side of
 moe_experts' forward on a tiny problem (the ops that cost CPU time).
 
-    cd build && PYTHONPATH=bench-site:.. python -m bench.profile_moe [SHAPE ...] [--host]
+    cd build && PYTHONPATH=bench-site:.. python -m lab.profile_moe [SHAPE ...] [--host]
 
 SHAPE is a name of the training section's LAYERS, the experts section's shapes
 (default: all).  Prints tables only."""
@@ -15,8 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 import gg_runtime
 from gg_runtime.testing import moe_layer_inputs
 
-from .sections.experts import LAYERS as EXPERTS_LAYERS
-from .sections.training import LAYERS as SHAPES
+from bench.sections.experts import LAYERS as EXPERTS_LAYERS
+from bench.sections.training import LAYERS as SHAPES
 
 PROFILED = ("no_atomics", "moe_experts")
 STEPS = 5
