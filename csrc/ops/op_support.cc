@@ -415,8 +415,10 @@ Tensor new_output(const Tensor& like, const Shape& shape, ScalarType dtype) {
   return poisoned(empty(like, shape, dtype), dtype);
 }
 
+// Guarded, there is no block: each part is a tensor of its own, so that a
+// write past one shows.
 Outputs::Outputs(const Tensor& like, int64_t bytes) : like_(like) {
-  if (bytes > 0 && !shapes_only(like)) block_ = empty(like, {bytes}, ScalarType::Byte);
+  if (bytes > 0 && !shapes_only(like) && !g_guards) block_ = empty(like, {bytes}, ScalarType::Byte);
 }
 
 int64_t Outputs::part_bytes(const Shape& shape, ScalarType dtype) {
@@ -426,10 +428,7 @@ int64_t Outputs::part_bytes(const Shape& shape, ScalarType dtype) {
 
 Tensor Outputs::make(const Shape& shape, ScalarType dtype) {
   const int64_t bytes = part_bytes(shape, dtype);
-  // Guarded, each part is a tensor of its own: a write past one shows.
-  if (!block_ || g_guards || used_ + bytes > block_->numel()) {
-    return new_output(like_, shape, dtype);
-  }
+  if (!block_ || used_ + bytes > block_->numel()) return new_output(like_, shape, dtype);
   Tensor part = part_of(*block_, used_, shape, dtype);
   used_ += bytes;
   return poisoned(std::move(part), dtype);
@@ -439,8 +438,8 @@ void set_guards(bool on) { g_guards = on; }
 
 std::vector<std::string> guard_report() {
   submit_recorded();
-  std::vector<Guarded> guarded = std::move(g_guarded);
-  g_guarded.clear();
+  std::vector<Guarded> guarded;
+  guarded.swap(g_guarded);
   std::vector<std::string> damaged;
   for (size_t i = 0; i < guarded.size(); ++i) {
     const int64_t bytes = damaged_bytes(guarded[i]);
