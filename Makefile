@@ -19,10 +19,10 @@
 # make kernels-check: one variant of each kernel code path compiled with Triton 3.6 (its
 #             own environment, .venv-aot-3.6.0), nothing kept: CI's check that the
 #             sources still compile under the Triton docs/build.md names besides the pin.
-# make memcheck: (GPU machine, compute-sanitizer) the GPU tests under NVIDIA's compute-sanitizer
-#             against the wheel in the test environment (tests/memcheck.py): memcheck with
-#             exact allocations, initcheck, racecheck and synccheck on the warp-specialised
-#             kernels; one summary line per tool, the reports in build/memcheck.
+# make memcheck: (GPU machine, compute-sanitizer) the GPU tests and the bench's checks under
+#             NVIDIA's compute-sanitizer against the wheel (tests/memcheck.py): memcheck with
+#             exact allocations, initcheck on a few tests, racecheck and synccheck on the
+#             warp-specialised kernels; one summary line per tool, the reports in build/memcheck.
 #             MEMCHECK_ARGS passes it arguments: --tools memcheck --files 'test_gpu_moe*'.
 # make docs:  the documentation (docs/, mkdocs.yml: the API reference from the docstrings,
 #             guides, design, dated notes), built with --strict into build/docs in its own
@@ -153,10 +153,9 @@ test: ext-env test-env bench-site
 	else echo "no GPU here: the sm80 PTX pass of the GPU tests is skipped"; fi
 
 MEMCHECK_ARGS ?=
-memcheck: ext-env test-env
-	$(WHEEL_CHECK)
+memcheck: ext-env test-env bench-site
 	$(call install_wheel,$(TEST_VENV))
-	$(TEST_PY) tests/memcheck.py --logs build/memcheck $(MEMCHECK_ARGS)
+	$(TEST_PY) tests/memcheck.py --logs build/memcheck --bench-site $(BENCH_SITE) $(MEMCHECK_ARGS)
 
 # The test environment links the build environment's packages (its torch) rather than
 # installing a second copy of torch.

@@ -7,13 +7,21 @@ NVIDIA's compute-sanitizer, one line per tool:
   tensor, unseen) over every GPU test but those capturing CUDA graphs, which
   need the caching allocator: those run with it;
 - initcheck (reads of device memory nothing wrote) of gg_runtime's kernels,
-  exact allocations, the same tests;
+  exact allocations, over the tests named by --initcheck-tests (initcheck
+  tracks every write of every kernel, torch's too: the whole suite does not
+  finish in hours);
+- memcheck, exact allocations, of the bench's sections that check their
+  results (BENCH_SECTIONS), each section a process, after the tests and one
+  a GPU (their workloads are large);
 - racecheck and synccheck on the warp-specialised Gluon kernels (compute-
   sanitizer's kernel filter: the other kernels run unchecked), over the
   tests that force each of their variants.
 
 Each tool's tests are dealt into --jobs shards, each a pytest process under
-the tool; --jobs processes run at a time.  The full reports go to --logs.
+the tool; --jobs processes run at a time, dealt over the machine's GPUs (one
+each: CUDA_VISIBLE_DEVICES; a sanitizer's process holds GPU memory of its
+own: too many a GPU run out of it).  The reports go to --logs as they are
+written.
 Exit status 1 if any tool found an error or any test failed.
 
     python tests/memcheck.py --runtime-tests tests/runtime --logs build/memcheck
@@ -38,6 +46,16 @@ OUR_KERNELS = "regex=^[a-z0-9_]+_kernel$"
 WS_KERNELS = "kns=_ws_kernel"  # the warp-specialised Gluon kernels' names end so
 # The tests forcing every warp-specialised variant: their files, and what their
 # names hold.
+# The bench's sections that check gg_runtime's results against a reference before
+# timing them (the others time only, train for many steps, or run an anchor).
+BENCH_SECTIONS = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
+                  "fp8_experts", "vllm_fp8", "fp8_training", "fp8_moe_training")
+BENCH_WRONG = r"wrong result|differs from"  # how a section reports a failed check
+# initcheck's default tests: every operator once (the guards' test), the MoE
+# router and the fp8 serving shapes, the ragged product's group edges.
+INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_experts.py::test_route_operator",
+                   "test_gpu_moe_fp8.py::test_served_shapes",
+                   "test_gpu_grouped_mm.py::test_ragged_m_edge_distributions")
 WS_TESTS = {"test_gpu_variants.py": ("",), "test_gpu_moe_fp8.py": ("variant", "decode"),
             "test_gpu_fp8_grouped_mm.py": ("variant",)}
 
@@ -50,10 +68,12 @@ PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--roo
 @dataclass(frozen=True)
 class Run:
     tool: str
-    shard: int
-    tests: tuple  # pytest node ids
+    shard: str  # names the run among the tool's
+    command: tuple  # what runs under the tool
+    cwd: Path
     exact: bool  # PYTORCH_NO_CUDA_MEMORY_CACHING=1
     kernels: str  # compute-sanitizer's kernel filter
+    env: tuple = ()  # (name, value) pairs
 
     def name(self) -> str:
         return f"{self.tool}_{'exact' if self.exact else 'caching'}_{self.shard}"
@@ -80,39 +100,87 @@ def shards(tests: list, count: int) -> list:
     return [tuple(tests[i::count]) for i in range(min(count, len(tests)))]
 
 
-def runs(tests: list, tools: list, jobs: int) -> list:
+def test_runs(tests: list, tools: list, jobs: int, runtime_tests: Path,
+              initcheck: tuple) -> list:
     plans = []
     graphs = [t for t in tests if GRAPH_TESTS in t.split("::", 1)[1]]
     others = [t for t in tests if t not in graphs]
     ws = [t for t in others if any(t.startswith(f + "::") and any(w in t for w in words)
                                    for f, words in WS_TESTS.items())]
+
+    def pytest(tool, shard, ids, exact, kernels):
+        command = (*PYTEST, "-o", "console_output_style=count", *ids)
+        return Run(tool, str(shard), command, runtime_tests, exact, kernels)
+
     for tool in tools:
-        if tool in ("memcheck", "initcheck"):
-            plans += [Run(tool, i, s, True, OUR_KERNELS)
+        if tool == "memcheck":
+            plans += [pytest(tool, i, s, True, OUR_KERNELS)
                       for i, s in enumerate(shards(others, jobs))]
-            if tool == "memcheck":  # capture needs the caching allocator
-                plans += [Run(tool, i, s, False, OUR_KERNELS)
-                          for i, s in enumerate(shards(graphs, 1))]
+            # capture needs the caching allocator
+            plans += [pytest(tool, i, s, False, OUR_KERNELS)
+                      for i, s in enumerate(shards(graphs, 1))]
+        elif tool == "initcheck":
+            chosen = [t for t in others if t.startswith(initcheck)]
+            plans += [pytest(tool, i, s, True, OUR_KERNELS)
+                      for i, s in enumerate(shards(chosen, jobs))]
         else:
-            plans += [Run(tool, i, s, True, WS_KERNELS) for i, s in enumerate(shards(ws, jobs))]
+            plans += [pytest(tool, i, s, True, WS_KERNELS) for i, s in enumerate(shards(ws, jobs))]
     return plans
 
 
-def execute(run: Run, runtime_tests: Path, logs: Path) -> Outcome:
+def bench_runs(sections: list, bench_site: Path, logs: Path) -> list:
+    """memcheck, exact allocations, of the bench's sections, each in a process of
+    its own, results written under logs (bench/results.json is left alone).  With
+    exact allocations a section's CUDA-graph replays fall back to eager calls
+    (bench/measure.py's graphed)."""
+    repository = Path(__file__).resolve().parent.parent
+    env = (("PYTHONPATH", f"{bench_site.resolve()}:{repository}"),)
+    return [Run("memcheck", f"bench_{name}",
+                (sys.executable, "-m", "bench.run", "--sections", name, "--commit", "memcheck",
+                 "--out", str(logs / f"bench_{name}")),
+                repository / "build", True, OUR_KERNELS, env)
+            for name in sections]
+
+
+def visible_gpus() -> list:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return [str(i) for i in range(max(1, listing.count("GPU ")))]
+
+
+def execute(run: Run, gpu: str, logs: Path) -> Outcome:
     command = ["compute-sanitizer", "--tool", run.tool, "--print-limit", "20", "--kernel-name",
-               run.kernels, *PYTEST, *run.tests]
-    env = dict(os.environ)
+               run.kernels, *run.command]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, **dict(run.env))
     if run.exact:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    result = subprocess.run(command, cwd=runtime_tests, env=env, capture_output=True, text=True)
-    log = result.stdout + result.stderr
-    (logs / f"{run.name()}.log").write_text(log)
-    summary = re.findall(r"ERROR SUMMARY: (\d+) error", log)
-    pytest_lines = [line for line in log.splitlines()
-                    if re.search(r"\d+ (passed|failed|skipped|error)", line)]
-    tests = pytest_lines[-1].strip("= ") if pytest_lines else "no pytest summary"
-    passed = result.returncode == 0 and "failed" not in tests
+    path = logs / f"{run.name()}.log"
+    with path.open("w") as log_file:  # written as it runs: progress can be read
+        returncode = subprocess.run(command, cwd=run.cwd, env=env, stdout=log_file,
+                                    stderr=subprocess.STDOUT).returncode
+    log = path.read_text()
+    # racecheck ends with "RACECHECK SUMMARY: n hazards displayed (e errors, w warnings)"
+    summary = re.findall(r"(?:ERROR SUMMARY: |hazards displayed \()(\d+) error", log)
+    if run.command[1:3] == ("-m", "bench.run"):
+        # a section reports a wrong result in its output and goes on
+        wrong = len(re.findall(BENCH_WRONG, log))
+        tests = f"bench section: exit {returncode}, {wrong} wrong results"
+        passed = returncode == 0 and not wrong
+    else:
+        pytest_lines = [line for line in log.splitlines()
+                        if re.search(r"\d+ (passed|failed|skipped|error)", line)]
+        tests = pytest_lines[-1].strip("= ") if pytest_lines else "no pytest summary"
+        passed = returncode == 0 and "failed" not in tests
     return Outcome(run, int(summary[-1]) if summary else None, tests, passed)
+
+
+def run_all(plans: list, gpus: list, jobs: int, logs: Path) -> list:
+    """The outcomes of plans, jobs at a time, the i-th on GPU i modulo their number."""
+    with ThreadPoolExecutor(jobs) as pool:
+        return list(pool.map(lambda i: execute(plans[i], gpus[i % len(gpus)], logs),
+                             range(len(plans))))
 
 
 def summary_line(tool: str, outcomes: list) -> str:
@@ -138,18 +206,30 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runtime-tests", type=Path, default=Path(__file__).parent / "runtime")
     parser.add_argument("--logs", type=Path, default=Path("build/memcheck"))
-    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="sanitizer processes at once (default: 4 a GPU)")
     parser.add_argument("--tools", default="memcheck,initcheck,racecheck,synccheck")
     parser.add_argument("--files", default="test_gpu_*.py", help="a glob of the runtime tests")
+    parser.add_argument("--bench", default=",".join(BENCH_SECTIONS),
+                        help="bench sections to run under memcheck ('' for none)")
+    parser.add_argument("--bench-site", type=Path, default=Path("build/bench-site"),
+                        help="where the wheel is installed for the bench (make bench-site)")
+    parser.add_argument("--initcheck-tests", default=",".join(INITCHECK_TESTS),
+                        help="node id prefixes of the tests initcheck runs")
     args = parser.parse_args(argv)
     args.logs.mkdir(parents=True, exist_ok=True)
     runtime_tests = args.runtime_tests.resolve()
     files = sorted(p.name for p in runtime_tests.glob(args.files))
     tools = args.tools.split(",")
-    plans = runs(collect(runtime_tests, files), tools, args.jobs)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        outcomes = list(pool.map(lambda r: execute(r, runtime_tests, args.logs.resolve()),
-                                 plans))
+    logs = args.logs.resolve()
+    gpus = visible_gpus()
+    jobs = args.jobs or 4 * len(gpus)
+    plans = test_runs(collect(runtime_tests, files), tools, jobs, runtime_tests,
+                      tuple(args.initcheck_tests.split(",")))
+    outcomes = run_all(plans, gpus, jobs, logs)
+    if "memcheck" in tools and args.bench:
+        outcomes += run_all(bench_runs(args.bench.split(","), args.bench_site, logs), gpus,
+                            len(gpus), logs)
     for o in outcomes:
         print(f"  {o.run.name()}: {o.errors} errors; {o.tests}", flush=True)
     lines = [summary_line(tool, outcomes) for tool in tools]
