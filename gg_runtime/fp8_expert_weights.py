@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from . import fp8_training
+from .formats import RECIPES
 from ._native import check_types
 
 
@@ -97,8 +98,8 @@ def quantize_expert_weights(w13: torch.Tensor, w2: torch.Tensor, *,
             H or I not multiples of 16.
         UnsupportedDeviceError: a GPU of another compute capability than 9.0.
     """
-    if fp8 not in fp8_training.RECIPES:
-        raise ValueError(f"fp8 must be one of {fp8_training.RECIPES}, got {fp8!r}")
+    if fp8 not in RECIPES:
+        raise ValueError(f"fp8 must be one of {RECIPES}, got {fp8!r}")
     check_types(tensors=(("w13", w13), ("w2", w2)))
     for name, w in (("w13", w13), ("w2", w2)):
         if w.dtype not in (torch.float16, torch.bfloat16, torch.float32) or w.dtype != w13.dtype:

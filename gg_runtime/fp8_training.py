@@ -18,15 +18,8 @@ from torch.autograd.function import once_differentiable
 
 from ._native import OPS, call, check_types
 from .autograd import Gathered, stored_transposed
+from .formats import RECIPES, SCALINGS
 
-RECIPES = ("rowwise", "blockwise")
-# A recipe's granularities (quantize_fp8's names): of activations and
-# gradients, along a product's reduced dimension (rows of its left operand,
-# or, for the weight gradient, columns within each group:
-# quantize_fp8_columns); of weights.  The recipe's name is the weight
-# gradient's scaling (scaled_grouped_mm_k's).
-_ACTIVATIONS = {"rowwise": "rowwise", "blockwise": "1x128"}
-_WEIGHTS = {"rowwise": "rowwise", "blockwise": "128x128"}
 # fp8 rows are read in 16-byte copies (TMA), as torch requires of fp8 inputs too.
 _ALIGN = 16
 # fp8_grouped_mm's inputs, each also its gradient's dtype (float32: master
@@ -84,7 +77,7 @@ def _quantized_columns(a, offs, granularity):
 def quantize_weight(w, recipe):
     """(q, scale): w [G, C, R] quantized as the recipe quantizes weights for
     products that reduce R (per 128 x 128 block, or per row of each w[g])."""
-    return _quantize(w, _WEIGHTS[recipe])
+    return _quantize(w, SCALINGS[recipe].weights)
 
 
 def quantize_weight_both(w, recipe):
@@ -107,7 +100,7 @@ def product(a, b_t, recipe, offs, quantized_b=None, out_dtype=torch.bfloat16):
     (R the reduced dimension), both quantized by the recipe: [T, C] in
     out_dtype (bfloat16 or float32).  quantized_b: quantize_weight(b_t,
     recipe), made before (None: made here)."""
-    qa, scale_a = _quantized_rows(a, _ACTIVATIONS[recipe])
+    qa, scale_a = _quantized_rows(a, SCALINGS[recipe].rows)
     qb, scale_b = quantize_weight(b_t, recipe) if quantized_b is None else quantized_b
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
                 out_dtype, False)
@@ -117,7 +110,7 @@ def weight_gradient(left, right, offs, recipe, out_dtype=torch.bfloat16):
     """[G, L, R] in out_dtype (bfloat16 or float32): left_g^T @ right_g for
     left [T, L], right [T, R] (tensors, Gathered or Quantized), each
     quantized along T within the groups."""
-    granularity = _ACTIVATIONS[recipe]
+    granularity = SCALINGS[recipe].rows
     q_left, scale_left = _quantized_columns(left, offs, granularity)
     q_right, scale_right = _quantized_columns(right, offs, granularity)
     return call(OPS.scaled_grouped_mm_k.default, q_left, q_right, scale_left, scale_right, offs,

@@ -25,6 +25,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import fp8_training
+from .formats import RECIPES
 from .autograd import Gathered, bias_gradient, input_gradient, stored_transposed
 from .fp8_expert_weights import Fp8ExpertWeights, quantize_expert_weights
 from ._native import OPS, _C, call, call_untracked_if_possible, check_types
@@ -458,8 +459,8 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
     then _Experts where a gradient is wanted, else the forward alone."""
     quantized = fp8 if isinstance(fp8, Fp8ExpertWeights) else None
     recipe = fp8.recipe if quantized is not None else fp8
-    if recipe not in fp8_training.RECIPES:
-        raise ValueError(f"fp8 must be None, one of {fp8_training.RECIPES} or an "
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8 must be None, one of {RECIPES} or an "
                          f"Fp8ExpertWeights, got {fp8!r}")
     if w13_scale is not None or w2_scale is not None:
         raise ValueError(f"fp8={recipe!r} quantizes 16-bit or float32 weights itself: give w13 "
@@ -548,8 +549,8 @@ class MoEExperts(torch.nn.Module):
             if size < 1:
                 raise ValueError(f"{name} must be at least 1, got {size}")
         _check_choices(gate_up, activation)
-        if fp8 is not None and fp8 not in fp8_training.RECIPES:
-            raise ValueError(f"fp8 must be None or one of {fp8_training.RECIPES}, got {fp8!r}")
+        if fp8 is not None and fp8 not in RECIPES:
+            raise ValueError(f"fp8 must be None or one of {RECIPES}, got {fp8!r}")
         self.gate_up, self.activation, self.fp8 = gate_up, activation, fp8
         self._fp8_weights = None  # quantize_expert_weights' of the weights as they are
         factory = {"device": device, "dtype": dtype}

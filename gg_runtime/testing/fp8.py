@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..formats import SCALINGS
 from .cases import offsets_from_counts, randn
 from .references import effective_ends, ref_grouped_mm
 
@@ -14,8 +15,7 @@ FP8_BLOCK = 128
 # TOLERANCE[torch.float32], as fp8 tensor cores do not accumulate in IEEE float32.
 FP8_TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
 # scaled_grouped_mm's granularities -> quantize_ref's for a's and b's scales.
-SCALE_KINDS = {"rowwise": ("rowwise", "rowwise"), "blockwise": ("1x128", "128x128"),
-               "blockwise_rowwise": ("1x128", "rowwise")}
+SCALE_KINDS = {name: (s.rows, s.weights) for name, s in SCALINGS.items()}
 
 
 def _blocks(x: torch.Tensor, rows: int) -> torch.Tensor:

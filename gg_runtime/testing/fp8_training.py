@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import torch
 
+from ..formats import RECIPES
 from .cases import offsets_from_counts, randn
 from .fp8 import FP8_BLOCK, SCALE_KINDS, quantize_ref
 from .moe_fp8 import dequantize64
 from .references import effective_ends
 
-RECIPES = ("rowwise", "blockwise")
 
 
 def fp8_training_inputs(counts, n: int, k: int, weight_layout: str = "nk", extra_rows: int = 0,

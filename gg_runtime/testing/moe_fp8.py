@@ -38,15 +38,16 @@ from __future__ import annotations
 import torch
 
 from ..api import quantize_fp8
+from ..formats import ROW_BLOCKS, WEIGHT_FORMATS
 from .fp8 import FP8_BLOCK, quantize_ref
 from .moe_layers import gated_activation
 
-KINDS = ("blockwise", "channelwise")
+KINDS = tuple(WEIGHT_FORMATS)
 # quantize_fp8's granularity for the weights and for the activations, by kind.
-WEIGHT_GRANULARITY = {"blockwise": "128x128", "channelwise": "rowwise"}
-ACTIVATION_GRANULARITY = {"blockwise": "1x128", "channelwise": "rowwise"}
+WEIGHT_GRANULARITY = {kind: s.weights for kind, s in WEIGHT_FORMATS.items()}
+ACTIVATION_GRANULARITY = {kind: s.rows for kind, s in WEIGHT_FORMATS.items()}
 # The down projection's input, SwiGLU's output, whatever the weights' scales.
-H_GRANULARITY = "1x128"
+H_GRANULARITY = ROW_BLOCKS
 
 
 def fp8_experts(w13: torch.Tensor, w2: torch.Tensor, kind: str):

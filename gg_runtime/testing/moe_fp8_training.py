@@ -32,8 +32,6 @@ from .fp8 import SCALE_KINDS, quantize_ref
 from .moe_fp8 import dequantize64, moe_experts_fp8_ref
 from .moe_layers import gated_activation
 
-# fp8_training's recipes and the serving kinds their forward's weights are.
-KIND = {"blockwise": "blockwise", "rowwise": "channelwise"}
 GRADIENTS = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 
 
@@ -51,12 +49,11 @@ def moe_experts_fp8_training_ref(x, topk_ids, topk_weights, w13, w2, grad, recip
     given): its gradient} in float64 for moe_experts(x, topk_ids,
     topk_weights, w13, w2, fp8=recipe, ...) and the output gradient grad."""
     rows_kind, weight_kind = SCALE_KINDS[recipe]
-    granularity = "128x128" if recipe == "blockwise" else "rowwise"
-    q13, s13 = quantize_fp8(w13, granularity)
-    q2, s2 = quantize_fp8(w2, granularity)
+    q13, s13 = quantize_fp8(w13, weight_kind)
+    q2, s2 = quantize_fp8(w2, weight_kind)
     out = moe_experts_fp8_ref(x, topk_ids, topk_weights, q13, q2, s13, s2, b13, b2, gate_up,
                               activation)
-    w13_up = dequantize64(q13, s13, granularity)
+    w13_up = dequantize64(q13, s13, weight_kind)
     w13_back = _dequantized(w13.mT, weight_kind)  # [E, H, 2I]
     w2_back = _dequantized(w2.mT, weight_kind)  # [E, I, H]
     tokens = _dequantized(x, rows_kind)
