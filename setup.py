@@ -101,7 +101,7 @@ setup(
     classifiers=["Programming Language :: Python :: 3", "Programming Language :: C++",
                  "Operating System :: POSIX :: Linux", "Environment :: GPU :: NVIDIA CUDA",
                  "Topic :: Scientific/Engineering :: Artificial Intelligence"],
-    packages=["gg_runtime", "gg_runtime.testing"],
+    packages=["gg_runtime", "gg_runtime.moe", "gg_runtime.testing"],
     ext_modules=[extension, torch_operators()],
     cmdclass={"build_py": BuildPyWithKernels},
     install_requires=[f"torch>={'.'.join(map(str, OLDEST_TORCH))}", "click"],

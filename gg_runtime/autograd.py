@@ -3,7 +3,7 @@ torch.ops.gg_runtime.grouped_mm: the one route in eager mode, under
 torch.compile and under functorch transforms.  Each gradient is one more
 grouped_mm of a known case on transposed views (no copies), computed in the
 layout of the input it belongs to.  Also the pieces the other autograd
-functions (moe.py, fp8_training.py) share: a gradient in its input's layout,
+functions (moe/differentiable.py, fp8_training.py) share: a gradient in its input's layout,
 a bias's gradient, an operand read through the routing's order."""
 from __future__ import annotations
 

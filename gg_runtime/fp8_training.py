@@ -6,7 +6,7 @@ gradient); every quantization one quantize_fp8 or quantize_fp8_columns
 launch (a weight's two orientations, blockwise, one
 quantize_fp8_both_orientations launch).  What autograd keeps is the inputs
 themselves, as for grouped_mm.  Its products and quantizations (product,
-weight_gradient, quantize_weight) are moe_experts(fp8=...)'s too (moe.py),
+weight_gradient, quantize_weight) are moe_experts(fp8=...)'s too (moe/),
 whose operands may be read through the routing's order (autograd.Gathered)
 or quantized where they were made (Quantized)."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ _DTYPES = (torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class Quantized:
-    """An operand quantized by the kernel that made it (moe.py's SwiGLU
+    """An operand quantized by the kernel that made it (moe/differentiable.py's SwiGLU
     backward), as the blockwise recipe quantizes: along its rows
     (quantize_fp8's (q, scale), 1x128) for a product that reduces them,
     along its rows within each group (quantize_fp8_columns' (q, scale),

@@ -123,7 +123,7 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t expert
                                                Outputs& outputs);
 int64_t route_bytes(int64_t slots, int64_t experts);
 
-// moe_experts' forward (gg_runtime/moe.py says what it computes; gate_up
+// moe_experts' forward (gg_runtime/moe/experts.py says what it computes; gate_up
 // and activation as swiglu's), its routing and the products' rows
 // temporaries in one block.  The products read the tokens through the
 // routing's order where the experts are at most family::RaggedGlu::

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import gg_runtime.autograd
-import gg_runtime.moe
-from gg_runtime.moe import _Experts
+import gg_runtime.moe.differentiable
+from gg_runtime.moe.differentiable import ExpertsFunction
 from moe_reference import combine_ref, layer_ref, route_by_sort
 from gg_runtime.testing import gated_activation, moe_layer, moe_layer_no_atomics, route_top_k
 
@@ -78,9 +78,10 @@ def default(fn):
 
 
 def use_reference_ops(monkeypatch, gathered=True):
-    """The operators moe.py and autograd.py call, as their references; the
-    forward's says the products gather rows where `gathered` (the operator
-    decides by the experts' width), and the backward's do as it says."""
+    """The operators moe/differentiable.py and autograd.py call, as their
+    references; the forward's says the products gather rows where `gathered`
+    (the operator decides by the experts' width), and the backward's do as it
+    says."""
     def for_backward(*args):
         return moe_experts_for_backward_ref(*args, gathered=gathered)
 
@@ -91,7 +92,7 @@ def use_reference_ops(monkeypatch, gathered=True):
         gathered_mm=default(gathered_mm_ref),
         gathered_mm_k=default(gathered_mm_k_ref),
         combine=default(combine_ref))
-    for module in (gg_runtime.moe, gg_runtime.autograd):
+    for module in (gg_runtime.moe.differentiable, gg_runtime.autograd):
         monkeypatch.setattr(module, "OPS", ops)
 
 
@@ -148,8 +149,8 @@ def test_matches_autograd_of_the_expert_loop(monkeypatch, shape, bias, gate_up, 
                        dtype=torch.float64)
 
     def ours(x, topk_ids, topk_weights, w13, w2, b13, b2):
-        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
-                              None, None)
+        return ExpertsFunction.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
+                                     activation, None, None)
 
     def theirs(**given):
         return layer_ref(**given, interleaved=gate_up == "interleaved", activation=activation)
@@ -178,7 +179,7 @@ def test_backward_twice_with_the_graph_kept(reference_ops):
     given = inputs(29, 8, 4, 6, 2, bias=True, transposed=False)
     grad = torch.randn(29, 8, dtype=torch.float64)
     leaves = {n: t.clone().requires_grad_() if n in DIFFERENTIABLE else t for n, t in given.items()}
-    out = _Experts.apply(*leaves.values(), "concatenated", "swiglu", None, None)
+    out = ExpertsFunction.apply(*leaves.values(), "concatenated", "swiglu", None, None)
     out.backward(grad, retain_graph=True)
     once = {n: leaves[n].grad.clone() for n in DIFFERENTIABLE}
     out.backward(grad)
@@ -197,8 +198,8 @@ def test_activation_checkpointing(reference_ops, use_reentrant):
     grad = torch.randn(29, 8, dtype=torch.float64)
 
     def plain(x, topk_ids, topk_weights, w13, w2, b13, b2):
-        return _Experts.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, "concatenated",
-                              "swiglu", None, None)
+        return ExpertsFunction.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, "concatenated",
+                                     "swiglu", None, None)
 
     def checkpointed(**given):
         return torch.utils.checkpoint.checkpoint(plain, *given.values(),

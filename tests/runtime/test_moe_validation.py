@@ -288,7 +288,7 @@ def test_transformers_experts_forward_runs_gpt_oss_with_its_activation(fake, mon
         seen.update(options, w13=given[3], w2=given[4])
         return given[0]
 
-    monkeypatch.setattr(gg_runtime.moe, "moe_experts", record)
+    monkeypatch.setattr(gg_runtime.moe.transformers_glue, "moe_experts", record)
     module = GptOssExperts()
     gg_runtime.transformers_experts_forward(module, *args_for_module())
     assert seen["activation"] == "gpt_oss" and seen["gate_up"] == "interleaved"

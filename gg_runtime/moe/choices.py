@@ -1,0 +1,22 @@
+"""The values moe_experts' gate_up and activation take, and their check."""
+from __future__ import annotations
+
+from .._native import _C
+
+# The values the kernels are built for, read from the swiglu family's axes
+# (aot/families/swiglu.py), the one description the operators parse them by.
+_SWIGLU_AXES = _C.families()["swiglu"]["axes"]
+GATE_UP_VALUES = tuple(_SWIGLU_AXES["gate_up"])
+# silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
+# GPT_OSS_LIMIT): (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
+ACTIVATIONS = tuple(_SWIGLU_AXES["activation"])
+GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
+
+
+def check_choices(gate_up, activation):
+    """Before anything is recorded for autograd (the operator parses them by
+    the same values)."""
+    if gate_up not in GATE_UP_VALUES:
+        raise ValueError(f"gate_up must be one of {GATE_UP_VALUES}, got {gate_up!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")

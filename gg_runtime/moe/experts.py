@@ -1,0 +1,246 @@
+"""moe_experts: its arguments' checks and its three modes' host paths (16-bit
+weights, fp8 weights served, fp8 training recipes)."""
+from __future__ import annotations
+
+import torch
+
+from .._native import OPS, call, check_types
+from ..formats import RECIPES
+from ..fp8_expert_weights import Fp8ExpertWeights
+from .choices import check_choices
+from .differentiable import ExpertsFunction, fp8_forward
+
+
+def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation):
+    """The forward in one operator (torch.ops.gg_runtime.moe_experts,
+    csrc/ops/moe_experts.cc: every check of the arguments, the routing, both
+    projections, the combine)."""
+    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
+                activation)
+
+
+def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
+                activation: str = "swiglu", b13: torch.Tensor | None = None,
+                b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+                w2_scale: torch.Tensor | None = None,
+                fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
+    """The experts of a token-choice MoE layer, given the router's choice: one function.
+
+    `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
+    expert a gated MLP: `expert_e(v) = w2[e] @ act(g, u) (+ b2[e])`, with `g`
+    and `u` the gate and up halves of `w13[e] @ v (+ b13[e])`; float32
+    accumulation.
+
+    Routing runs on the GPU (a stable counting sort of the token slots by
+    expert, the groups' offsets and the inverse permutation): nothing waits for
+    the host, so the call can be captured in a CUDA graph and replayed with new
+    routing.  An id outside `[0, E)` marks a dropped slot: it adds nothing and
+    its weight gets a zero gradient (`-1`, or the ids >= E that transformers'
+    expert parallelism gives other ranks' experts).  Any T (0 included) and any
+    k from 1 up.
+
+    Autograd: differentiable in x, topk_weights, w13, w2 and the biases, once
+    (not twice); the weights' gradients come back in the weights' own strides.
+    Traceable by `torch.compile` (`fullgraph=True` included; with an
+    `Fp8ExpertWeights` as `fp8`, whose check reads version counters, the
+    graph breaks there and `fullgraph=True` refuses it).  Memory: for the
+    backward it keeps the routing and the up projection's output `[T*k, 2I]`
+    (the gathered tokens and the activation's output are recomputed) and frees
+    that output once the backward has read it (unless `retain_graph=True`);
+    with no gradient wanted (`torch.no_grad()`, inference) it keeps nothing.
+    The forward is the operator `torch.ops.gg_runtime.moe_experts`; the guide
+    (docs/guides/moe.md) says which kernels it runs.
+
+    Args:
+        x: `[T, H]`, the tokens, float16 or bfloat16 on a CUDA device.
+        topk_ids: `[T, k]`, int32 or int64: each token's k experts.
+        topk_weights: `[T, k]`, any floating dtype (converted to float32 for
+            the combine): each slot's routing weight; its gradient comes back
+            in this dtype.
+        w13: `[E, 2I, H]` in x's dtype (with an fp8 recipe, or float32):
+            each expert's gate and up projections in nn.Linear's `[out, in]`
+            layout (transformers' `gate_up_proj`), or any strided view of
+            that shape (a transposed `[E, H, 2I]` tensor, say).
+        w2: `[E, H, I]` in w13's dtype: the down projections, `[out, in]`
+            (transformers' `down_proj`), or any strided view of that shape.
+        gate_up: how w13's rows hold the two halves: `"concatenated"` (gate
+            rows, then up rows: Qwen3-MoE, Mixtral, DeepSeek, OLMoE) or
+            `"interleaved"` (gate, up, gate, ...: gpt-oss).
+        activation: `"swiglu"`, `act(g, u) = silu(g) * u`; or `"gpt_oss"`,
+            gpt-oss's clamped form `(clamp(u, -7, 7) + 1) * g' * sigmoid(1.702 g')`
+            with `g' = min(g, 7)` (gradients zero where a clamp holds, as
+            `torch.clamp`'s).
+        b13: None, or `[E, 2I]` in x's dtype; float32 too with
+            float8_e4m3fn weights, and with an fp8 recipe the weights'
+            dtype: the up projection's bias.
+        b2: None, or `[E, H]`, as b13: the down projection's bias.
+        w13_scale: None for 16-bit weights. With w13 and w2 in
+            `torch.float8_e4m3fn` (inference; see below): w13's float32
+            scales, `[E, ceil(2I/128), ceil(H/128)]` (one per 128 x 128 block
+            of each expert's `[2I, H]`: DeepSeek-V3's and vLLM's
+            `block_shape=[128, 128]`) or `[E, 2I]` (one per output channel;
+            `[E, 2I, 1]` too).
+        w2_scale: w2's scales, of the same kind: `[E, ceil(H/128),
+            ceil(I/128)]` or `[E, H]` (`[E, H, 1]`).
+        fp8: None, or an fp8 training recipe for 16-bit weights,
+            `"blockwise"` or `"rowwise"` (see below), or w13 and w2
+            quantized by one before (`quantize_expert_weights`).
+
+    fp8 weights (`w13_scale` and `w2_scale` given): each weight is its fp8
+    values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
+    from 16-bit weights: `"128x128"` or `"rowwise"`), stored `[E, N, K]` with
+    unit stride along K (fp8 tensor cores read it K-major); H and I multiples
+    of 16. x's rows are quantized on the GPU as the weights are: per token
+    per 128 columns for 128 x 128 blocks, per token for per-channel scales;
+    the activation's output (the down projection's input) per token per 128
+    columns with either, in the up projection's epilogue;
+    `scale = max(amax, 1e-12) / 448`. The products accumulate in float32 on
+    the tensor cores, the blocks' scales applied per 128 columns of K; the
+    activation reads the up projection's float32 sums and the down
+    projection's rows are rounded to bfloat16. Inference only: with gradients
+    enabled, an input that requires grad is refused. Both gate_up layouts,
+    both activations, the biases, dropped slots, T = 0 and CUDA-graph capture
+    work as with 16-bit weights. The forward is the operator
+    `torch.ops.gg_runtime.moe_experts_fp8` (sm90: H100, H200).
+
+    fp8 training (`fp8="blockwise"` or `"rowwise"`, 16-bit weights, no
+    scales; sm90): every product of the forward and the backward runs in fp8
+    on operands quantized as they are read, the recipes of `fp8_grouped_mm`.
+    The forward quantizes w13 and w2 on each call (`"blockwise"`: 128 x 128
+    blocks, `"rowwise"`: per output channel) and runs the fp8 weights'
+    forward above, which also keeps the up projection's output `[T*k, 2I]`
+    in bfloat16 for the backward.  The backward quantizes the output
+    gradient's and d(gu)'s rows along their reduced dimension (per 128
+    columns, or per row) and the weights in the transposed orientation for
+    the input gradients, and both operands of each weight gradient along
+    the rows within each expert's group (per 128 rows from the group's
+    first, or per group), accumulating in float32 per 128-deep step.  With
+    `"blockwise"`, SwiGLU's backward writes d(gu) and the down projection's
+    scaled input already quantized both ways, not in 16 bits, where each
+    half of gu holds whole 128-column blocks (`gate_up="interleaved"`, or I
+    a multiple of 128) and b13 needs no gradient.
+    Differentiable in x, topk_weights, w13, w2 and the biases (once); the
+    gradients come back in their inputs' dtypes and the weights' strides.
+    float32 weights (master weights, with 16-bit x) are quantized from their
+    float32 values, and their gradients are the float32 products, not
+    rounded to 16 bits; float32 biases are added in x's dtype.  Kept for the
+    backward: as with 16-bit products.  Without gradients
+    (no_grad, nothing requiring grad) the call is the fp8 weights' forward
+    on the weights quantized.  With `fp8=quantize_expert_weights(w13, w2,
+    fp8=recipe)` the call skips both weights' quantizations, forward and
+    backward, and computes the same as with the recipe; those weights must be
+    the ones given, unchanged since.
+
+    Returns:
+        `[T, H]` in x's dtype.
+
+    Raises:
+        TypeError: an argument that is not a tensor (the biases: nor None), or
+            of a dtype that does not fit, naming it (with `fp8`: x not
+            float16 or bfloat16, weights neither both of its dtype nor both
+            float32, or a bias of neither's); fp8 weights with a scale not
+            given.
+        ValueError: an unknown gate_up or activation; shapes that do not fit
+            `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
+            tensors on different devices or not on a CUDA device; fp8
+            weights: scales of neither kind or of two kinds, weights not
+            K-major, an input that requires grad; fp8 weights or `fp8`: H or
+            I not multiples of 16; `fp8`: a value other than None, the
+            recipes and an Fp8ExpertWeights, or given with scales; an
+            Fp8ExpertWeights of other weights than w13 and w2, or of them
+            before a change.
+        UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
+            GPU but compute capability 9.0).
+        CudaError: a driver or launch failure.
+    """
+    _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
+    check_choices(gate_up, activation)
+    if fp8 is not None:
+        return _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale,
+                                     w2_scale, gate_up, activation, fp8)
+    if w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn:
+        return _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
+                            gate_up, activation)
+    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
+    if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
+        return ExpertsFunction.apply(*args, None, None)
+    return _experts_forward(*args)  # nothing to differentiate, nothing kept
+
+
+def _wants_gradient(x, topk_weights, w13, w2, b13, b2) -> bool:
+    """Whether autograd records the call (else nothing is kept).  Spelled
+    out, not a loop: the forward's host time counts."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or topk_weights.requires_grad or w13.requires_grad
+        or w2.requires_grad or (b13 is not None and b13.requires_grad)
+        or (b2 is not None and b2.requires_grad))
+
+
+def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
+                 activation):
+    """moe_experts with fp8 weights: inference only, one operator."""
+    for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
+        if not isinstance(scale, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor with fp8 weights (w13 and w2 "
+                            "float8_e4m3fn with both scales; 16-bit weights with neither), got "
+                            f"{type(scale).__name__}")
+    if torch.is_grad_enabled():
+        named = (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2),
+                 ("b13", b13), ("b2", b2), ("w13_scale", w13_scale), ("w2_scale", w2_scale))
+        grad = [name for name, value in named if value is not None and value.requires_grad]
+        if grad:
+            raise ValueError(f"moe_experts with fp8 weights is inference-only, but {grad[0]} "
+                             "requires grad (run it under torch.no_grad() or "
+                             "torch.inference_mode(), or detach it)")
+    return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
+                w2_scale, b13, b2, gate_up, activation)
+
+
+def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
+                          gate_up, activation, fp8):
+    """moe_experts(fp8=...): the weights' checks that their quantization
+    would hide (the operator checks the rest, naming the same arguments),
+    then ExpertsFunction where a gradient is wanted, else the forward alone."""
+    quantized = fp8 if isinstance(fp8, Fp8ExpertWeights) else None
+    recipe = fp8.recipe if quantized is not None else fp8
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8 must be None, one of {RECIPES} or an "
+                         f"Fp8ExpertWeights, got {fp8!r}")
+    if w13_scale is not None or w2_scale is not None:
+        raise ValueError(f"fp8={recipe!r} quantizes 16-bit or float32 weights itself: give w13 "
+                         "and w2 in x's dtype or float32 and no w13_scale or w2_scale")
+    if x.dtype not in (torch.float16, torch.bfloat16) or w13.dtype not in (
+            x.dtype, torch.float32) or w2.dtype != w13.dtype:
+        raise TypeError(f"with fp8={recipe!r}, x must be float16 or bfloat16 and w13 and w2 "
+                        f"both of its dtype or both float32, got x {x.dtype}, w13 {w13.dtype} "
+                        f"and w2 {w2.dtype}")
+    for name, b in (("b13", b13), ("b2", b2)):
+        if b is not None and b.dtype not in (x.dtype, w13.dtype):
+            raise TypeError(f"with fp8={recipe!r}, {name} must have x's or the weights' dtype, "
+                            f"got {b.dtype}")
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.dim() != 3 or w.device != x.device:
+            raise ValueError(f"{name} must be 3-D on x's device {x.device}, got shape "
+                             f"{tuple(w.shape)} on {w.device}")
+    if quantized is not None:
+        quantized.check(w13, w2)
+    if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
+        return ExpertsFunction.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
+                                     activation, recipe, quantized)
+    return fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
+                       False, quantized)
+
+
+def _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2):
+    """A TypeError naming the argument that is no tensor (the operator checks
+    the rest).  Spelled out, not a loop: the forward's host time counts."""
+    tensor = torch.Tensor
+    if (isinstance(x, tensor) and isinstance(topk_ids, tensor)
+            and isinstance(topk_weights, tensor) and isinstance(w13, tensor)
+            and isinstance(w2, tensor) and (b13 is None or isinstance(b13, tensor))
+            and (b2 is None or isinstance(b2, tensor))):
+        return
+    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                         ("w13", w13), ("w2", w2)),
+                optional=(("b13", b13), ("b2", b2)))
