@@ -10,7 +10,11 @@ tokens * k * 4 <= E, one block per slot (vLLM's naive block assignment);
 fused_moe_kernel for w13 (gate then up); SwiGLU; its output quantised again;
 fused_moe_kernel for w2, the routing weights applied; each token's k outputs
 summed.  One config for both products: vLLM's tuned one for this GPU and shape
-where its JSON is vendored, else vLLM's default for block fp8.
+where its JSON is vendored, else its H200 file for the shape as a named proxy
+(vLLM 0.33 ships some shapes' files for the H200 only), else vLLM's default for
+block fp8.  gemms_alone gives vLLM's two fused_moe_kernel launches by
+themselves: a lower bound for vLLM's time, whose other launches are one small
+CUDA op each in vLLM.
 
 What differs from vLLM: moe_align_block_size, silu_and_mul and moe_sum are vLLM
 CUDA ops, written here in torch (the alignment takes about ten launches where
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -31,12 +36,15 @@ from gg_runtime.testing import FP8_BLOCK, FP8_MAX, gated_activation, sorted_by_e
 EPS = 1e-10  # per_token_group_quant_fp8's floor on a group's amax
 # fused_experts_impl's test for one block per slot: tokens * k * NAIVE_SPARSITY <= E.
 NAIVE_SPARSITY = 4
+# The device whose tuned files stand in where vLLM has none for this GPU.
+PROXY_DEVICE = "NVIDIA_H200"
 
 
 class Plan(NamedTuple):
     """What vLLM decides on the host for one shape and token count."""
     config: dict  # BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages
     tuned: str | None  # the tuned config's file name; None: vLLM's default
+    source: str  # "tuned" (this GPU's file), "H200 proxy" or "default"
     swap_ab: bool  # fused_moe_kernel's SWAP_AB (sm90, M tile < 64, N tile >= 64)
     naive: bool  # one block per slot, no alignment
 
@@ -68,21 +76,30 @@ def default_config(tokens: int) -> dict:
             "num_stages": (4 if tokens <= 4 else 3) if decode else 3}
 
 
+def tuned_file(configs: Path, experts: int, inter: int, device: str) -> tuple:
+    """(vLLM's tuned file in `configs` for the shape on `device`, "tuned");
+    else the H200's, "H200 proxy"; else (None, "default")."""
+    for owner, source in ((device, "tuned"), (PROXY_DEVICE, "H200 proxy")):
+        path = configs / config_file_name(experts, inter, owner)
+        if path.exists():
+            return path, source
+    return None, "default"
+
+
 def plan(configs, experts: int, inter: int, top_k: int, tokens: int) -> Plan:
     """vLLM's choices for `tokens` tokens on experts of intermediate size
-    `inter`: the tuned config of the nearest token count in `configs` (a
-    folder of vLLM's JSON files) where one is for this GPU and shape."""
-    name = config_file_name(experts, inter, device_file_name())
-    path = configs / name
-    if path.exists():
+    `inter`: the config of the nearest token count in the tuned file
+    (tuned_file) where there is one, else vLLM's default."""
+    path, source = tuned_file(configs, experts, inter, device_file_name())
+    if path is None:
+        name, config = None, default_config(tokens)
+    else:
         table = {int(m): c for m, c in json.loads(path.read_text()).items()
                  if m != "triton_version"}
-        config = table[min(table, key=lambda m: abs(m - tokens))]
-    else:
-        name, config = None, default_config(tokens)
+        name, config = path.name, table[min(table, key=lambda m: abs(m - tokens))]
     swap_ab = (torch.cuda.get_device_capability() == (9, 0) and config["BLOCK_SIZE_M"] < 64
                and config["BLOCK_SIZE_N"] >= 64)
-    return Plan(config, name, swap_ab, tokens * top_k * NAIVE_SPARSITY <= experts)
+    return Plan(config, name, source, swap_ab, tokens * top_k * NAIVE_SPARSITY <= experts)
 
 
 def aligned_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int) -> Assignment:
@@ -172,14 +189,45 @@ def fused_experts(kernels, chosen: Plan, x, topk_ids, topk_weights, w13, w2, w13
     """The experts' output [T, H] in x's dtype (bf16): x [T, H], topk_ids
     [T, k], topk_weights [T, k] float32, w13 [E, 2I, H] and w2 [E, H, I]
     float8_e4m3fn with float32 scales [E, 2I/128, H/128] and [E, H/128, I/128]."""
-    tokens, top_k = topk_ids.shape
     blocks = assignment(topk_ids, w13.shape[0], chosen)
     xq, x_scale = quantize(kernels, x)
-    gate_up = x.new_empty(tokens, top_k, w13.shape[1])
-    expert_product(kernels, chosen, blocks, xq, x_scale, w13, w13_scale, gate_up, topk_weights,
+    gate_up = up_projection(kernels, chosen, blocks, xq, x_scale, w13, w13_scale, topk_weights)
+    hq, h_scale = quantize(kernels, gated_activation(gate_up.flatten(0, 1)))
+    return down_projection(kernels, chosen, blocks, hq, h_scale, w2, w2_scale,
+                           topk_weights).sum(1)
+
+
+def gemms_alone(kernels, chosen: Plan, x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale):
+    """A function that runs fused_experts' two fused_moe_kernel launches and
+    nothing else, on the other steps' results (made here, once); it returns
+    the down projection's [T, k, H], whose sum over k is fused_experts'."""
+    blocks = assignment(topk_ids, w13.shape[0], chosen)
+    xq, x_scale = quantize(kernels, x)
+    gate_up = up_projection(kernels, chosen, blocks, xq, x_scale, w13, w13_scale, topk_weights)
+    hq, h_scale = quantize(kernels, gated_activation(gate_up.flatten(0, 1)))
+
+    def both():
+        up_projection(kernels, chosen, blocks, xq, x_scale, w13, w13_scale, topk_weights)
+        return down_projection(kernels, chosen, blocks, hq, h_scale, w2, w2_scale, topk_weights)
+    return both
+
+
+def up_projection(kernels, chosen: Plan, blocks: Assignment, xq, x_scale, w13, w13_scale,
+                  topk_weights) -> torch.Tensor:
+    """[T, k, 2I]: each slot's token times its expert's w13, in bf16."""
+    tokens, top_k = topk_weights.shape
+    out = torch.empty(tokens, top_k, w13.shape[1], dtype=torch.bfloat16, device=xq.device)
+    expert_product(kernels, chosen, blocks, xq, x_scale, w13, w13_scale, out, topk_weights,
                    top_k, routed=False)
-    hq, h_scale = quantize(kernels, gated_activation(gate_up.view(tokens * top_k, -1)))
-    down = x.new_empty(tokens, top_k, w2.shape[1])
-    expert_product(kernels, chosen, blocks, hq, h_scale, w2, w2_scale, down, topk_weights, 1,
+    return out
+
+
+def down_projection(kernels, chosen: Plan, blocks: Assignment, hq, h_scale, w2, w2_scale,
+                    topk_weights) -> torch.Tensor:
+    """[T, k, H]: each slot's activation times its expert's w2 and its routing
+    weight, in bf16."""
+    tokens, top_k = topk_weights.shape
+    out = torch.empty(tokens, top_k, w2.shape[1], dtype=torch.bfloat16, device=hq.device)
+    expert_product(kernels, chosen, blocks, hq, h_scale, w2, w2_scale, out, topk_weights, 1,
                    routed=True)
-    return down.sum(1)
+    return out

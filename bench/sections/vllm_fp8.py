@@ -1,6 +1,9 @@
 """vLLM's Triton fused MoE against moe_experts, both with fp8 e4m3 weights in
-128 x 128 blocks (DeepSeek-V3's format; issue 48), on fp8_experts' blockwise
-models, weights and token counts.  vLLM's fused_moe_kernel and per-token-group
+128 x 128 blocks (DeepSeek-V3's format; issue 48), on the expert shapes servers
+run: whole models and their tensor-parallel shards (SHAPES), fp8_experts'
+token counts.  Decode rows (T <= DECODE_MAX) are timed replayed from CUDA
+graphs on both sides, as vLLM serves them; prefill rows eagerly.  vLLM's two
+fused_moe_kernel launches are also timed alone.  vLLM's fused_moe_kernel and per-token-group
 quantisation are copied from a vLLM release into an ignored folder by
 bench/vendor_vllm.py (nothing of vLLM is committed) and run with this
 machine's Triton around a host path written in torch (bench/vllm_moe.py says
@@ -29,15 +32,25 @@ from gg_runtime.testing import rel_error
 from .. import vendor_vllm, vllm_moe
 from ..markdown import fmt, not_timed, table
 from ..measure import measure, ratio
-from .fp8_experts import (DECODE_TOKENS, MODELS, PREFILL_TOKENS, SCALES, expert_weights,
+from .fp8_experts import (DECODE_TOKENS, PREFILL_TOKENS, SCALES, expert_weights,
                           first_call_ms, routed_tokens)
 
 TITLE = "MoE experts with fp8 weights against vLLM's Triton fused MoE"
 ENV = "GG_VLLM_SRC"
 SCALES_NAME = "blockwise"
-IMPLEMENTATIONS = ("gg_fp8", "vllm_fp8")
-COLUMNS = ["T", "experts touched", "fp8 ms", "vLLM ms", "x vLLM", "1st fp8 ms", "1st vLLM ms",
-           "vLLM error", "vLLM config"]
+IMPLEMENTATIONS = ("gg_fp8", "vllm_fp8", "vllm_gemms")
+COLUMNS = ["T", "experts touched", "fp8 ms", "vLLM ms", "vLLM GEMMs ms", "x vLLM",
+           "x vLLM GEMMs", "graphs", "1st fp8 ms", "1st vLLM ms", "vLLM error", "vLLM config"]
+# Expert shapes as served, (H, I per shard, E, k): DeepSeek-V3 on 8 and 16 GPUs of
+# tensor parallelism (I 256, 128) and whole, Qwen3-30B-A3B whole and on 2 and 4,
+# Mixtral 8x7B whole and on 2.
+SHAPES = {"deepseek_v3_tp16": (7168, 128, 256, 8), "deepseek_v3_tp8": (7168, 256, 256, 8),
+          "deepseek_v3": (7168, 2048, 256, 8), "qwen3_30b_a3b": (2048, 768, 128, 8),
+          "qwen3_30b_a3b_tp2": (2048, 384, 128, 8), "qwen3_30b_a3b_tp4": (2048, 192, 128, 8),
+          "mixtral": (4096, 14336, 8, 2), "mixtral_tp2": (4096, 7168, 8, 2)}
+# vLLM replays decode steps of up to this many tokens from CUDA graphs
+# (max_cudagraph_capture_size's default).
+DECODE_MAX = 512
 # vLLM's output against ours on the same fp8 weights and routing: both round x
 # and SwiGLU's output to e4m3 per 1 x 128 group, each about 5% from bf16
 # (fp8_experts) mostly through the same roundings; they differ where vLLM
@@ -51,7 +64,7 @@ def run(context) -> dict:
     folder, reason = vendored_folder()
     if reason:
         return {"skipped": reason}
-    models = [model for model in MODELS if context.only in f"{model}_{SCALES_NAME}"]
+    models = [model for model in SHAPES if context.only in f"{model}_{SCALES_NAME}"]
     with fresh_triton_cache(), torch.no_grad():
         kernels = vendor_vllm.load(folder)
         cases = [bench_case(kernels, model) for model in models]
@@ -94,7 +107,7 @@ def fresh_triton_cache():
 
 def bench_case(kernels, model: str) -> dict:
     """One model's experts, every token count; the weights freed after."""
-    hidden, inter, experts, top_k = MODELS[model]
+    hidden, inter, experts, top_k = SHAPES[model]
     name = f"{model}_{SCALES_NAME}"
     weights = expert_weights(hidden, inter, experts, SCALES[SCALES_NAME], bf16=False)
     rows = [bench_tokens(kernels, f"{name}, T={tokens}", tokens, top_k, weights)
@@ -106,8 +119,9 @@ def bench_case(kernels, model: str) -> dict:
 
 
 def bench_tokens(kernels, name: str, tokens: int, top_k: int, weights: dict) -> dict:
-    """Ours and vLLM's on `tokens` random tokens, random top-k routing: first
-    call, vLLM's checked against ours, both timed in turns."""
+    """Ours, vLLM's and vLLM's GEMMs alone on `tokens` random tokens, random
+    top-k routing: first call, vLLM's checked against ours, all timed in turns,
+    replayed from CUDA graphs at decode sizes."""
     w = weights
     experts, _, hidden = w["w13"].shape
     inter = w["w2"].shape[2]
@@ -121,14 +135,24 @@ def bench_tokens(kernels, name: str, tokens: int, top_k: int, weights: dict) -> 
                                                    w["w13"], w["w2"], w["w13_scale"],
                                                    w["w2_scale"])}
     first_call = {impl: first_call_ms(fn) for impl, fn in candidates.items()}
+    candidates["vllm_gemms"] = vllm_moe.gemms_alone(kernels, chosen, x, topk_ids, topk_weights,
+                                                    w["w13"], w["w2"], w["w13_scale"],
+                                                    w["w2_scale"])
     ref = candidates["gg_fp8"]().float()
     flops = 2 * tokens * top_k * 3 * hidden * inter
-    runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE, flops)
+    runs = measure(candidates, lambda out: rel_error(summed(out), ref), TOLERANCE, flops,
+                   graphs=tokens <= DECODE_MAX)
     return {"name": name, "T": tokens, "touched_experts": topk_ids.unique().numel(),
             "runs": runs, "first_call_ms": first_call,
             "vs_vllm": ratio(runs, "gg_fp8", "vllm_fp8"),
-            "vllm_config": {"tuned": chosen.tuned, "naive": chosen.naive,
-                            "swap_ab": chosen.swap_ab, **chosen.config}}
+            "vs_vllm_gemms": ratio(runs, "gg_fp8", "vllm_gemms"),
+            "vllm_config": {"tuned": chosen.tuned, "source": chosen.source,
+                            "naive": chosen.naive, "swap_ab": chosen.swap_ab, **chosen.config}}
+
+
+def summed(out: torch.Tensor) -> torch.Tensor:
+    """[T, H]: out, or the sum over k of vLLM's GEMMs' [T, k, H]."""
+    return out.sum(1) if out.dim() == 3 else out
 
 
 def report(data) -> list:
@@ -144,13 +168,17 @@ def report(data) -> list:
         "path written in torch "
         "as vLLM's fused_experts: slots aligned to the M tile by expert (vLLM's "
         "moe_align_block_size, a CUDA op in vLLM, is some ten torch launches here), SwiGLU and "
-        "the top-k sum in torch, where vLLM has one CUDA op each. Both on the same fp8 "
-        "weights in 128 x 128 blocks, bf16 tokens, random top-k routing. x vLLM: vLLM's time "
+        "the top-k sum in torch, where vLLM has one CUDA op each. `vLLM GEMMs`: its two "
+        "fused_moe_kernel launches alone, on the other steps' results: a lower bound for "
+        "vLLM. Both on the same fp8 "
+        "weights in 128 x 128 blocks, bf16 tokens, random top-k routing. "
+        f"{timing_sentence(data)} The L2 cache is flushed before each call. x vLLM: vLLM's time "
         "/ ours. 1st: the first call on that token count, wall-clock, host included; vLLM's "
         "includes Triton compiling its kernels and their launchers for a new config (the "
         "Triton cache empty at the section's start). vLLM error: its relative "
         f"error against ours, within {TOLERANCE:.0e} before either is timed. vLLM config: its "
-        "tuned config for this GPU and shape where vLLM has one, else its default for block "
+        "tuned config for this GPU and shape where vLLM has one (`tuned`), else its H200 file "
+        "for the shape as a proxy (`H200 proxy`), else its default for block "
         "fp8 (M x N x K tiles, warps, stages); naive: one M tile per slot, no alignment "
         "(vLLM's choice where T * k * 4 <= E); swap AB: its kernel's transposed product."]
     for case in data["cases"]:
@@ -160,18 +188,33 @@ def report(data) -> list:
     return lines + not_timed([row for case in data["cases"] for row in case["rows"]])
 
 
+def timing_sentence(data) -> str:
+    """How the rows were timed: decode rows from CUDA graphs, or (a run from
+    before they were) every row eagerly."""
+    rows = [row for case in data["cases"] for row in case["rows"]]
+    if any("graph" in run for row in rows for run in row["runs"].values()):
+        return (f"Rows of at most {DECODE_MAX} tokens are timed replayed from CUDA graphs on "
+                "every side, as vLLM serves decode steps (`graphs`: which sides were captured: "
+                "fp8, vLLM, GEMMs), the others eagerly.")
+    return ("Every row was timed eagerly, on both sides: vLLM serves decode steps replayed "
+            "from CUDA graphs, so its decode rows here include launch costs it does not pay.")
+
+
 def row_cells(row: dict) -> list:
-    ms = [row["runs"].get(impl, {}).get("ms") for impl in IMPLEMENTATIONS]
-    first = [row["first_call_ms"].get(impl) for impl in IMPLEMENTATIONS]
+    runs = [row["runs"].get(impl, {}) for impl in IMPLEMENTATIONS]
+    first = [row["first_call_ms"].get(impl) for impl in IMPLEMENTATIONS[:2]]
     error = row["runs"].get("vllm_fp8", {}).get("rel_error")
-    return [row["T"], row["touched_experts"], *(fmt(t, "{:.3f}") for t in ms),
-            fmt(row["vs_vllm"]), *(fmt(t, "{:.1f}") for t in first), fmt(error, "{:.1e}"),
+    graphs = ("/".join("yes" if run.get("graph") else "no" for run in runs)
+              if any("graph" in run for run in runs) else "eager")
+    return [row["T"], row["touched_experts"], *(fmt(run.get("ms"), "{:.3f}") for run in runs),
+            fmt(row["vs_vllm"]), fmt(row.get("vs_vllm_gemms")), graphs,
+            *(fmt(t, "{:.1f}") for t in first), fmt(error, "{:.1e}"),
             config_cell(row["vllm_config"])]
 
 
 def config_cell(config: dict) -> str:
     """vLLM's config in a few words: tuned or default, tiles, warps, stages."""
     tiles = "x".join(str(config[f"BLOCK_SIZE_{axis}"]) for axis in "MNK")
-    words = ["tuned" if config["tuned"] else "default", tiles,
+    words = [config.get("source", "tuned" if config["tuned"] else "default"), tiles,
              f"{config['num_warps']}w/{config['num_stages']}s"]
     return ", ".join(words + ["naive"] * config["naive"] + ["swap AB"] * config["swap_ab"])

@@ -65,9 +65,10 @@ def test_results_md_from_results_json():
     assert "| 8 | 62 | 1.100 | 1.900 | - | 1.73 | - | 83% | 96% | - | 1.3 | 2.0 | - |" in lines
     assert ("- mixtral_channelwise, T=4096, torch_fp8: wrong result: relative error 1.00e+00"
             in lines)
-    assert ("| 1 | 8 | 0.100 | 0.150 | 1.50 | 1.2 | 2500.0 | 1.2e-02 | default, 16x64x128, 4w/4s, "
-            "naive, swap AB |") in lines
-    assert "| 4096 | 256 | 0.111 | - | - | 2.0 | 900.0 | - | tuned, 64x128x128, 4w/3s |" in lines
+    assert ("| 1 | 8 | 0.100 | 0.150 | 0.080 | 1.50 | 0.80 | yes/yes/no | 1.2 | 2500.0 | 1.2e-02 "
+            "| default, 16x64x128, 4w/4s, naive, swap AB |") in lines
+    assert ("| 4096 | 256 | 0.111 | - | - | - | - | eager | 2.0 | 900.0 | - | H200 proxy, "
+            "64x128x128, 4w/3s |") in lines
     assert ("- deepseek_v3_blockwise, T=4096, vllm_fp8: wrong result: relative error 1.00e+00"
             in lines)
     assert ("| olmoe (16384, 2048, 1024, 64, 8) | 579 / 538 | 548 / 535 | 1.06 | 1.01 | 700 | 0.77 "

@@ -150,3 +150,16 @@ def test_slots_aligned_by_expert(tokens, top_k, experts, block_m):
         rows = rows[rows < slots].long()
         assert rows.numel() > 0
         assert (topk_ids.flatten()[rows] == blocks.expert_ids[block]).all()
+
+
+def test_tuned_file_then_the_h200_proxy_then_the_default(tmp_path):
+    h100 = "NVIDIA_H100_80GB_HBM3"
+    for experts, inter, device in ((256, 128, h100), (256, 128, vllm_moe.PROXY_DEVICE),
+                                   (128, 768, vllm_moe.PROXY_DEVICE)):
+        (tmp_path / vllm_moe.config_file_name(experts, inter, device)).write_text("{}")
+    path, source = vllm_moe.tuned_file(tmp_path, 256, 128, h100)
+    assert (path.name, source) == (vllm_moe.config_file_name(256, 128, h100), "tuned")
+    path, source = vllm_moe.tuned_file(tmp_path, 128, 768, h100)
+    assert (path.name, source) == (vllm_moe.config_file_name(128, 768, vllm_moe.PROXY_DEVICE),
+                                   "H200 proxy")
+    assert vllm_moe.tuned_file(tmp_path, 8, 14336, h100) == (None, "default")
