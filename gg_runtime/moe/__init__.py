@@ -24,7 +24,8 @@ from __future__ import annotations
 from .choices import ACTIVATIONS, GATE_UP_VALUES
 from .experts import moe_experts
 from .module import MoEExperts
+from .stages import Routing, combine, route
 from .transformers_glue import transformers_experts_forward
 
-__all__ = ["ACTIVATIONS", "GATE_UP_VALUES", "MoEExperts", "moe_experts",
-           "transformers_experts_forward"]
+__all__ = ["ACTIVATIONS", "GATE_UP_VALUES", "MoEExperts", "Routing", "combine", "moe_experts",
+           "route", "transformers_experts_forward"]

@@ -1,4 +1,4 @@
-"""moe_experts' autograd function (gg_runtime/moe.py: what its forward
+"""moe_experts' autograd function (gg_runtime/moe/differentiable.py: what its forward
 returns and keeps, the permutations of its backward and every gradient
 formula) in float64 on CPU, its operators stood in for by float64
 references (moe_experts_for_backward, grouped_mm, gathered_mm, gathered_mm_k,
