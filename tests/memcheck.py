@@ -44,8 +44,6 @@ GRAPH_TESTS = "graph"  # the tests that capture CUDA graphs have it in their nam
 # runs unchecked, at full speed.
 OUR_KERNELS = "regex=^[a-z0-9_]+_kernel$"
 WS_KERNELS = "kns=_ws_kernel"  # the warp-specialised Gluon kernels' names end so
-# The tests forcing every warp-specialised variant: their files, and what their
-# names hold.
 # The bench's sections that check gg_runtime's results against a reference before
 # timing them (the others time only, train for many steps, or run an anchor).
 BENCH_SECTIONS = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
@@ -56,6 +54,8 @@ BENCH_WRONG = r"wrong result|differs from"  # how a section reports a failed che
 INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_experts.py::test_route_operator",
                    "test_gpu_moe_fp8.py::test_served_shapes",
                    "test_gpu_grouped_mm.py::test_ragged_m_edge_distributions")
+# The tests forcing every warp-specialised variant: their files, and what their
+# names hold.
 WS_TESTS = {"test_gpu_variants.py": ("",), "test_gpu_moe_fp8.py": ("variant", "decode"),
             "test_gpu_fp8_grouped_mm.py": ("variant",)}
 
@@ -169,8 +169,8 @@ def execute(run: Run, gpu: str, logs: Path) -> Outcome:
         tests = f"bench section: exit {returncode}, {wrong} wrong results"
         passed = returncode == 0 and not wrong
     else:
-        pytest_lines = [line for line in log.splitlines()
-                        if re.search(r"\d+ (passed|failed|skipped|error)", line)]
+        pytest_lines = [line for line in log.splitlines() if not line.startswith("=========")
+                        and re.search(r"\d+ (passed|failed|skipped|error)", line)]
         tests = pytest_lines[-1].strip("= ") if pytest_lines else "no pytest summary"
         passed = returncode == 0 and "failed" not in tests
     return Outcome(run, int(summary[-1]) if summary else None, tests, passed)
