@@ -78,7 +78,7 @@ def combine(rows: torch.Tensor, routing: Routing, topk_weights: torch.Tensor) ->
     dropped slot), in topk_weights' dtype; both computed in float32.
 
     Args:
-        rows: `[R, H]`, float16, bfloat16 or float32 on a CUDA device, R at
+        rows: `[R, H]`, float16 or bfloat16 on a CUDA device, R at
             least the number of routed slots (`routing.offs[-1]`).
         routing: the `Routing` of the call's topk_ids (`route`).
         topk_weights: `[T, k]`, any floating dtype (summed in float32).
@@ -123,7 +123,7 @@ class _Combine(torch.autograd.Function):
     def backward(ctx, grad):
         rows, order, offs, inverse, topk_weights = ctx.saved_tensors
         tokens, k = topk_weights.shape
-        dtype = torch.promote_types(rows.dtype, torch.float32)  # as the forward sums
+        dtype = torch.float32  # as the forward sums
         grad = grad.to(dtype)
         # A slot is kept where its row lies within the experts' rows.
         kept = inverse < offs[-1] if offs.numel() else torch.zeros_like(inverse, dtype=torch.bool)

@@ -114,6 +114,27 @@ def moe_experts_fp8_ref(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale,
                   b13, b2, gate_up, activation, granularity)
 
 
+def one_step_changes(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None,
+                     b2=None, gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+    """Each token's largest output change (2-norm, float64 `[T]`) that moving
+    one element of one of its slots' quantized activation output one e4m3
+    step would make: what the implementation's float32 activation may do to
+    an element the reference's float64 one puts by a rounding boundary."""
+    granularity = ACTIVATION_GRANULARITY[kind_of(w13_scale, w13)]
+    changes = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
+           b13, b2, gate_up, activation, granularity, changes)
+    return changes
+
+
+def e4m3_steps(h: torch.Tensor, granularity: str) -> torch.Tensor:
+    """The e4m3 step (the larger of the two about each value) of every element
+    of h quantized by `granularity`, in h's units: float64, h's shape."""
+    q, scale = quantize_ref(h, granularity)
+    binade = torch.floor(torch.log2(q.double().abs().clamp(min=2.0 ** -6)))
+    return dequantize64(2.0 ** (binade - 3), scale, granularity)
+
+
 def dequantized_layer(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None, b2=None,
                       gate_up="concatenated", activation="swiglu") -> torch.Tensor:
     """The layer of the weights the fp8 ones stand for, exactly: float64, the
@@ -123,12 +144,14 @@ def dequantized_layer(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b
                   b13, b2, gate_up, activation, None)
 
 
-def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, granularity):
+def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, granularity,
+           changes=None):
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) in float64 over
     float64 weights, expert by expert (ids outside [0, E) add nothing).  With
     `granularity` x is quantized by it, the activation's output by
     H_GRANULARITY, and the biases and the down projection's output are
-    rounded to bfloat16; None: exact."""
+    rounded to bfloat16; None: exact.  `changes` (float64 [T]) gets each
+    token's one_step_changes."""
     def rounded(t):
         return t if granularity is None else t.to(torch.bfloat16).double()
 
@@ -147,4 +170,7 @@ def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, gra
         h = gated_activation(gu, gate_up == "interleaved", activation)
         y = rounded(product(quantized(h, H_GRANULARITY), w2[e], None if b2 is None else b2[e]))
         out.index_add_(0, token, y * weights[token, slot, None])
+        if changes is not None and len(token):
+            one_step = (e4m3_steps(h, H_GRANULARITY) * w2[e].norm(dim=0)).amax(dim=1)
+            changes.index_reduce_(0, token, one_step * weights[token, slot].abs(), "amax")
     return out

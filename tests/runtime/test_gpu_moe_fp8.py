@@ -31,7 +31,8 @@ from gg_runtime import _C
 from gg_runtime.testing import forced, last_variant, randn, rel_error
 from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, KINDS, WEIGHT_GRANULARITY,
                                         dequantized_experts, dequantized_layer,
-                                        exactly_quantized, fp8_experts, moe_experts_fp8_ref)
+                                        exactly_quantized, fp8_experts, moe_experts_fp8_ref,
+                                        one_step_changes)
 
 from conftest import device_arch, up_projection_runs_on
 
@@ -114,25 +115,36 @@ def make_case(tokens, hidden, inter, experts, k, kind, exact=True, dtype=torch.b
     return case
 
 
-def assert_close(out, ref, tolerance):
+def assert_close(out, ref, tolerance, one_step=None):
     """The whole output within tolerance of the reference, each token's row
     within PER_TOKEN_FACTOR times that (a token whose reference is 0, all its
-    slots dropped: exactly 0)."""
+    slots dropped: exactly 0), plus, given `one_step` (one_step_changes), one
+    activation element moved one e4m3 step: exactly quantized data make few
+    such elements, but with thousands of slots one may land on a token whose
+    row it moves past the factor."""
     error = rel_error(out, ref)
     assert error <= tolerance, f"relative error {error:.2e} > {tolerance:.0e}"
     if out.shape[0]:
         diff, norm = (out.double() - ref).norm(dim=1), ref.norm(dim=1)
+        if one_step is not None:
+            diff = (diff - one_step).clamp(min=0)
         per_token = torch.where(norm > 0, diff / norm.clamp(min=1e-300), diff)
         worst = int(per_token.argmax())
         assert per_token[worst] <= PER_TOKEN_FACTOR * tolerance, \
             f"token {worst}: relative error {float(per_token[worst]):.2e}"
 
 
+def assert_matches_reference(out, case, tolerance, **options):
+    """assert_close against moe_experts_fp8_ref, one activation step allowed."""
+    assert_close(out, moe_experts_fp8_ref(**case, **options), tolerance,
+                 one_step_changes(**case, **options))
+
+
 def check(case, tolerance=EXACT_TOLERANCE, **options):
     """moe_experts against the reference; returns its output."""
     out = gg_runtime.moe_experts(**case, **options)
     assert out.shape == case["x"].shape and out.dtype == case["x"].dtype
-    assert_close(out, moe_experts_fp8_ref(**case, **options), tolerance)
+    assert_matches_reference(out, case, tolerance, **options)
     return out
 
 
@@ -187,8 +199,7 @@ def test_every_up_projection_kernel(variant, shape):
     case = make_case(*shape, up_kind(variant), bias=True)
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
-    assert_close(out, moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"]),
-                 EXACT_TOLERANCE)
+    assert_matches_reference(out, case, EXACT_TOLERANCE, gate_up=variant["axes"]["gate_up"])
 
 
 @pytest.mark.parametrize("variant, shape", [
@@ -259,7 +270,7 @@ def check_decode(variant, case, tolerance=EXACT_TOLERANCE, **options):
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, **options)
         assert last_variant().startswith("combine_parts.")
-    assert_close(out, moe_experts_fp8_ref(**case, **options), tolerance)
+    assert_matches_reference(out, case, tolerance, **options)
     return out
 
 
