@@ -30,6 +30,7 @@ using gg::ops::quantize_fp8_columns;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
 using gg::ops::scaled_grouped_mm_k;
+using gg::ops::send_rows;
 using gg::ops::swiglu;
 using gg::ops::swiglu_backward;
 using gg::ops::swiglu_backward_fp8;
@@ -66,6 +67,7 @@ void implement(Library& m) {
   m.impl("gathered_mm_k", kernel<TORCH_BOX(&gathered_mm_k), kShapesOnly>());
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
+  m.impl("send_rows", kernel<TORCH_BOX(&send_rows), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
   m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
   m.impl("moe_experts_fp8", kernel<TORCH_BOX(&moe_experts_fp8), kShapesOnly>());
@@ -181,6 +183,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "-> Tensor");
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
+  m.def("send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest) -> ()");
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
       "Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "

@@ -110,6 +110,11 @@ Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, in
 Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int64_t k,
                      const Tensor& weights, int64_t experts);
 
+// Row r of rows (2-byte words) stored at row dest[r, c] of the symmetric buffer
+// of rank ranks[r, c] (peers: each rank's buffer address), for every c with
+// dest[r, c] >= 0: expert parallelism's transport.
+void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest);
+
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the
 // inverse permutation.  Any number of experts: past the kernels' bins, by

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from .choices import ACTIVATIONS, GATE_UP_VALUES
 from .experts import moe_experts
+from .expert_parallelism import ExpertParallelExperts, expert_parallel
 from .module import MoEExperts
 from .stages import Routing, combine, route
 from .transformers_glue import transformers_experts_forward
 
-__all__ = ["ACTIVATIONS", "GATE_UP_VALUES", "MoEExperts", "Routing", "combine", "moe_experts",
-           "route", "transformers_experts_forward"]
+__all__ = ["ACTIVATIONS", "GATE_UP_VALUES", "ExpertParallelExperts", "MoEExperts", "Routing",
+           "combine", "expert_parallel", "moe_experts", "route", "transformers_experts_forward"]

@@ -90,9 +90,13 @@ class MoEExperts(torch.nn.Module):
         """`moe_experts(hidden_states, top_k_index, top_k_weights, ...)` with this
         module's parameters, gate_up, activation and fp8: `[T, H]` -> `[T, H]`."""
         return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
-                           self.down_proj, gate_up=self.gate_up, activation=self.activation,
-                           b13=self.gate_up_proj_bias, b2=self.down_proj_bias,
-                           fp8=self._quantized_weights())
+                           self.down_proj, **self._options())
+
+    def _options(self) -> dict:
+        """moe_experts' keyword arguments from this module's settings and biases."""
+        return {"gate_up": self.gate_up, "activation": self.activation,
+                "b13": self.gate_up_proj_bias, "b2": self.down_proj_bias,
+                "fp8": self._quantized_weights()}
 
     def _quantized_weights(self) -> Fp8ExpertWeights | None:
         """None without fp8, else the weights quantized once per change."""

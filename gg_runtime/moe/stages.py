@@ -123,7 +123,7 @@ class _Combine(torch.autograd.Function):
     def backward(ctx, grad):
         rows, order, offs, inverse, topk_weights = ctx.saved_tensors
         tokens, k = topk_weights.shape
-        dtype = torch.float32  # as the forward sums
+        dtype = torch.promote_types(rows.dtype, torch.float32)  # as the forward sums
         grad = grad.to(dtype)
         # A slot is kept where its row lies within the experts' rows.
         kept = inverse < offs[-1] if offs.numel() else torch.zeros_like(inverse, dtype=torch.bool)

@@ -28,7 +28,8 @@ def combine_ref(rows, index, weights, offs):
     end = min(int(offs[-1]), rows.shape[0]) if len(offs) else 0
     kept = (index >= 0) & (index < end)
     picked = rows.to(dtype)[index.clamp(0, max(rows.shape[0] - 1, 0))]
-    return (torch.where(kept, weights.to(dtype), 0)[..., None] * picked).sum(1)
+    # where, not a product: a row past the groups' may hold anything (NaN too).
+    return torch.where(kept[..., None], weights.to(dtype)[..., None] * picked, 0).sum(1)
 
 
 def route_by_sort(topk_ids, experts):

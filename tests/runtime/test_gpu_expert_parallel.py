@@ -1,6 +1,10 @@
-"""Expert parallelism over two GPUs (examples/expert_parallel.py, run with two
-processes through torch.distributed.run): forward and gradients equal the
-single-GPU layer's."""
+"""gg_runtime.moe.expert_parallel over 2 and 4 GPUs: each case of
+expert_parallel_worker.py run by W processes (torch.distributed.run), every
+rank's outputs and gradients against moe_experts on one GPU with all the
+experts.  One run a world size, its cases reported line by line; and
+examples/expert_parallel.py on two."""
+import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,13 +12,61 @@ from pathlib import Path
 import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "expert_parallel.py"
+WORKER = Path(__file__).with_name("expert_parallel_worker.py")
+CASES = ("uniform", "skewed", "a_rank_with_no_tokens", "dropped_ids", "gpt_oss_with_biases",
+         "one_expert_a_rank_k8", "fp8_weights", "graph_replay_with_new_routing",
+         "no_host_sync", "ranks_that_disagree_are_refused_on_every_rank",
+         "more_tokens_than_max_tokens_is_refused")
+# Multicast stays off on the lent machines (and costs nothing to keep off here).
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_expert_parallel_matches_one_gpu():
+@functools.cache
+def run(world: int) -> tuple[dict, str]:
+    """{(rank, case): result} of one run of every case on `world` GPUs, and its log."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+               str(WORKER)]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, **NO_MULTICAST})
+        stdout, stderr = out.stdout, out.stderr
+    except subprocess.TimeoutExpired as timeout:  # the cases reported before it still count
+        stdout, stderr = (timeout.stdout or b"").decode(), "timed out after 600 s"
+    results = {}
+    for line in stdout.splitlines():
+        if line.startswith("rank ") and " case " in line:
+            head, result = line.split(": ", 1)
+            rank, case = head[len("rank "):].split(" case ")
+            results[int(rank), case] = result
+    return results, stdout[-4000:] + stderr[-4000:]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_matches_one_gpu(world, case):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    results, log = run(world)
+    got = [results.get((rank, case), "no result") for rank in range(world)]
+    if all(r.startswith("skip") for r in got):
+        pytest.skip(got[0])
+    assert all(r == "ok" for r in got), f"{got}\n{log}"
+
+
+def test_every_case_of_the_worker_is_listed():
+    sys.path.insert(0, str(WORKER.parent))
+    import expert_parallel_worker
+    assert tuple(expert_parallel_worker.CASES) == tuple(sorted(CASES))
+
+
+def test_the_example_checks_itself_on_two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    example = WORKER.parents[2] / "examples" / "expert_parallel.py"
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+                          str(example)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **NO_MULTICAST})
     lines = [line for line in out.stdout.splitlines() if line.startswith("rank ")]
     assert out.returncode == 0 and len(lines) == 2, out.stdout + out.stderr
     assert all(": ok " in line for line in lines), lines

@@ -104,7 +104,7 @@ def test_build_info():
                                  "grouped_gemm", "quantize_fp8", "quantize_fp8_columns",
                                  "ragged_glu", "ragged_k", "ragged_m", "route",
                                  "scaled_experts_decode", "scaled_ragged_glu", "scaled_ragged_k",
-                                 "scaled_ragged_m", "swiglu", "swiglu_backward_fp8"]
+                                 "scaled_ragged_m", "send_rows", "swiglu", "swiglu_backward_fp8"]
     assert build["variants"] == len(_C.variants()) > 0
 
 

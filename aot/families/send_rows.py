@@ -1,0 +1,30 @@
+"""send_rows: expert parallelism's transport (aot/kernels/send_rows.py):
+rows stored into peers' symmetric buffers through a table of their
+addresses.  Memory-bound, plain loads and stores: every arch, `aligned`
+(16-byte vectors) where the rows and H allow it, else `basic`.  One dtype:
+the operator copies any 2-byte rows as bfloat16 words."""
+from ..family import EVERY, Config, Family, Param
+from ..kernels.send_rows import send_rows_kernel
+
+# A program takes BM rows x BN columns: 4 warps over 8 x 256 words, 16 a
+# thread, in 16-byte vectors.
+CONFIGS = (Config(8, 256, 16, 4, 1),)
+
+FAMILY = Family(
+    name="send_rows",
+    kernel=send_rows_kernel,
+    params=(
+        Param("rows_ptr", "*T", "operand", aligned=True),
+        Param("peers_ptr", "*i64", "operand"),
+        Param("ranks_ptr", "*i32", "operand"),
+        Param("dest_ptr", "*i64", "operand"),
+        Param("R", "i32", "extent"),
+        Param("H", "i32", "extent", aligned=True),
+        Param("C", "i32", "extent"),
+    ),
+    aligned=EVERY,
+    dtypes=("bfloat16",),
+    configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
+    tiles="cdiv(R, BM) * cdiv(H, BN)",
+    rows="R",
+)

@@ -1,0 +1,427 @@
+"""gg_runtime.moe.expert_parallel: the experts of an MoE layer spread over the ranks of a
+process group, on one host.  Each rank holds E / W experts (rank r experts
+r * E/W .. (r + 1) * E/W - 1).  A call is three stages:
+
+1. dispatch: each token goes once to every rank that holds one of its
+   experts (its row, its k global ids, its k weights and where it came
+   from), stored straight into that rank's symmetric buffer by send_rows;
+   the ranks first exchange how many rows each sends each, so that every
+   row has its place, with no host sync;
+2. the local experts: moe_experts on the received rows, the ids of other
+   ranks' experts dropped, so that each row's output is the weighted sum of
+   its slots on this rank;
+3. return: each output row stored back into its token's rank, in the plane
+   of the rank that made it, and each token's planes summed in float32
+   (the combine operator).
+
+The backward runs the same transfers the other way: the output's gradient
+goes out as the tokens did, the received rows' and weights' gradients come
+back as the outputs did.  The buffers are sized by the worst case, every
+token of every rank sent to one rank (W * max_tokens rows), so no call
+waits for the host and a decode step can be captured in a CUDA graph."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .._native import OPS, call, check_types
+from ..fp8_expert_weights import Fp8ExpertWeights
+from .experts import moe_experts
+from .module import MoEExperts
+from .transport import SymmetricBuffer, aligned_bytes, words
+
+# One symmetric buffer a group (by name), grown when a call needs more.
+_BUFFERS: dict[str, SymmetricBuffer] = {}
+# The layouts whose sizes every rank of the group has agreed on.
+_LAYOUTS: dict[tuple, Layout] = {}
+# Where x must be (the CPU tests' simulated ranks change it).
+DEVICE_TYPE = "cuda"
+# What the ranks must agree on, in the order they are compared.
+AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size")
+
+
+@dataclass
+class Layout:
+    """One configuration's sizes and its regions of the group's buffer:
+    `rows` (W * max_tokens rows of H words: tokens, outputs and their
+    gradients), `meta` (as many rows of 2k + 2 int32: a token's global ids,
+    its weights' bits, its row and rank; the weights' gradients on the way
+    back) and `counts` (W rows of W int32: row s, what rank s sends each)."""
+    group: dist.ProcessGroup
+    world: int
+    rank: int
+    experts_per_rank: int
+    capacity: int  # max_tokens
+    k: int
+    buffer: SymmetricBuffer
+    rows: object
+    meta: object
+    counts: object
+
+    @property
+    def planes(self) -> int:
+        return self.world * self.capacity
+
+
+def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    w13: torch.Tensor, w2: torch.Tensor, *, group: dist.ProcessGroup | None = None,
+                    max_tokens: int | None = None, gate_up: str = "concatenated",
+                    activation: str = "swiglu", b13: torch.Tensor | None = None,
+                    b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+                    w2_scale: torch.Tensor | None = None,
+                    fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
+    """The experts of a token-choice MoE layer spread over a process group's
+    ranks (expert parallelism), on the GPUs of one host.
+
+    Every rank calls it with its own tokens and the router's choice for them
+    (global expert ids) and its share of the experts: with W ranks and E
+    experts in all, rank r holds experts `r * E/W` to `(r + 1) * E/W - 1`
+    (w13 and w2 of E/W experts).  Each rank gets its tokens' outputs back:
+    `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, as
+    `moe_experts` on one GPU with all E experts would give (each rank's part
+    rounded to x's dtype, the parts summed in float32).  An id outside
+    `[0, E)` is a dropped slot, as in `moe_experts`.
+
+    Tokens travel once to each rank that holds one of their experts, stored
+    by gg_runtime's send_rows kernel straight into that rank's buffer (torch's
+    SymmetricMemory, over NVLink); the outputs come back the same way.  No
+    step waits for the host: a call can be captured in a CUDA graph and
+    replayed with new tokens and routing.  The group's buffer is sized for
+    the worst case, every token of every rank sent to one rank:
+    `W * max_tokens` rows of H elements, plus their ids and weights; it is
+    made (collectively) on the first call of each configuration, where the
+    ranks also check that they agree on it.
+
+    Autograd: differentiable in x, topk_weights and this rank's expert
+    weights and biases, once, as `moe_experts` is; the backward runs the
+    same transfers the other way.  Every rank must run the forward and the
+    backward, in the same order (they meet at each transfer).
+
+    Args:
+        x: `[T, H]`, this rank's tokens, float16 or bfloat16 on this rank's
+            CUDA device (T may differ between ranks, and be 0).
+        topk_ids: `[T, k]`, int32 or int64: each token's k experts, global
+            ids in `[0, E)`.
+        topk_weights: `[T, k]`, any floating dtype: the slots' weights.
+        w13: `[E/W, 2I, H]`: this rank's experts' gate and up projections, as
+            `moe_experts` takes w13 (16-bit, or fp8 with w13_scale).
+        w2: `[E/W, H, I]`: their down projections, as `moe_experts`' w2.
+        gate_up: as `moe_experts`' (`"concatenated"` or `"interleaved"`).
+        activation: as `moe_experts`' (`"swiglu"` or `"gpt_oss"`).
+        b13: None, or this rank's experts' `[E/W, 2I]` biases, as `moe_experts`'.
+        b2: None, or `[E/W, H]`, as `moe_experts`'.
+        w13_scale: None, or the fp8 w13's scales, as `moe_experts`'.
+        w2_scale: None, or the fp8 w2's scales, as `moe_experts`'.
+        fp8: None, or an fp8 training recipe (or `Fp8ExpertWeights` of this
+            rank's experts), as `moe_experts`'.
+        group: the process group (default: the default group); one host,
+            its GPUs able to address each other's memory.
+        max_tokens: the most tokens a rank passes in a call, the same on
+            every rank (default: the largest T of the ranks' first call).
+            The buffer is sized by it.
+
+    Returns:
+        `[T, H]` in x's dtype.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype, naming it.
+        ValueError: shapes that do not fit; T above max_tokens; ranks that
+            disagree on the experts per rank, H, k, max_tokens or x's
+            element size (raised on every rank, naming them).  An error
+            raised on some ranks only (a bad argument, T above max_tokens)
+            leaves the others waiting for them in their next transfer.
+    """
+    group = _group(group)
+    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))
+    _check_local(x, topk_ids, topk_weights, max_tokens)
+    layout = _layout(group, x, topk_ids, w13, max_tokens)
+    experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
+               "w13_scale": w13_scale, "w2_scale": w2_scale, "fp8": fp8}
+    plan = Plan(layout, topk_ids)
+    if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
+        rows, weights = _Dispatch.apply(x, topk_weights, plan)
+    else:
+        rows, weights = plan.dispatch(x, topk_weights)
+    out = moe_experts(rows, plan.local_ids, weights, w13, w2, **experts)
+    if torch.is_grad_enabled() and out.requires_grad:
+        return _Return.apply(out, plan)
+    return plan.returned(out)
+
+
+def _group(group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("expert_parallel needs an initialised torch.distributed process group")
+    group = group if group is not None else dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup, got "
+                        f"{type(group).__name__}")
+    return group
+
+
+def _check_local(x, topk_ids, topk_weights, max_tokens):
+    """This rank's arguments, before anything is sent."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be float16 or bfloat16, got {x.dtype}")
+    if x.device.type != DEVICE_TYPE:
+        raise ValueError(f"x must be on a CUDA device, got {x.device}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids must be [T, k] with T = {x.shape[0]} (x's) and k >= 1, "
+                         f"got shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, "
+                         f"got {tuple(topk_weights.shape)}")
+    if not topk_weights.is_floating_point():
+        raise TypeError(f"topk_weights must be a floating dtype, got {topk_weights.dtype}")
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    if max_tokens is not None:
+        check_types(ints=(("max_tokens", max_tokens),))
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if x.shape[0] > max_tokens:
+            raise ValueError(f"x has {x.shape[0]} tokens, more than max_tokens = {max_tokens}")
+
+
+def _layout(group, x, topk_ids, w13, max_tokens) -> Layout:
+    """This configuration's Layout, agreed by every rank on its first call
+    (max_tokens None: the group's largest T of that call)."""
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[0] < 1:
+        raise ValueError("w13 must be [E/W, 2I, H]: this rank's experts")
+    agreed = (w13.shape[0], x.shape[1], topk_ids.shape[1], max_tokens or 0, x.element_size())
+    key = (group.group_name, agreed)
+    if key not in _LAYOUTS:
+        largest = _agree(group, agreed, x.shape[0], x.device)
+        capacity = max_tokens or max(largest, 1)
+        _LAYOUTS[key] = _new_layout(group, *agreed[:3], capacity, x.device)
+    layout = _LAYOUTS[key]
+    if x.shape[0] > layout.capacity:
+        raise ValueError(f"x has {x.shape[0]} tokens, more than the {layout.capacity} a rank's "
+                         "share of the buffer holds (the largest T of the first call, without "
+                         "max_tokens): pass max_tokens, the same on every rank")
+    return layout
+
+
+def _agree(group, agreed, tokens, device) -> int:
+    """Every rank's `agreed` the same, or a ValueError on every rank; the
+    largest rank's `tokens` (one host sync, on a configuration's first call)."""
+    mine = torch.tensor((*agreed, tokens), dtype=torch.int64, device=device)
+    every = torch.empty(group.size(), len(mine), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(every, mine, group=group)
+    every = every.tolist()
+    differ = [i for i in range(len(AGREED)) if len({row[i] for row in every}) > 1]
+    if differ:
+        def shown(i, value):
+            return "None" if AGREED[i] == "max_tokens" and value == 0 else value
+        table = "; ".join(f"rank {r}: " + ", ".join(f"{AGREED[i]} {shown(i, row[i])}"
+                                                    for i in differ)
+                          for r, row in enumerate(every))
+        raise ValueError(f"expert_parallel: the ranks disagree on "
+                         f"{', '.join(AGREED[i] for i in differ)} ({table})")
+    return max(row[-1] for row in every)
+
+
+def _new_layout(group, experts_per_rank, hidden, k, capacity, device) -> Layout:
+    world = group.size()
+    shapes = ((world * capacity, hidden), (world * capacity, meta_width(k)),
+              (world, 2 * world))
+    nbytes = sum(aligned_bytes(*shape) for shape in shapes)
+    buffer = _BUFFERS.get(group.group_name)
+    if buffer is None or buffer.nbytes < nbytes:
+        _BUFFERS.pop(group.group_name, None)
+        buffer = _BUFFERS[group.group_name] = SymmetricBuffer(group, nbytes, device)
+    return Layout(group, world, group.rank(), experts_per_rank, capacity, k, buffer,
+                  *buffer.regions(*shapes))
+
+
+def meta_width(k: int) -> int:
+    """Words a token's metadata takes: k ids and k weights (int32 and float32
+    bits), its row and its rank."""
+    return 2 * (2 * k + 2)
+
+
+class Plan:
+    """One call's routing between ranks, all on the GPU: which ranks each of
+    this rank's tokens goes to and its row there (dispatch), and for each
+    received row, where its output goes back (return)."""
+
+    def __init__(self, layout: Layout, topk_ids: torch.Tensor):
+        self.layout = layout
+        world, device = layout.world, topk_ids.device
+        self.tokens, experts = topk_ids.shape[0], layout.experts_per_rank * world
+        kept = (topk_ids >= 0) & (topk_ids < experts)
+        owner = torch.where(kept, topk_ids // layout.experts_per_rank, world)
+        self.sent = torch.zeros(self.tokens, world + 1, dtype=torch.bool, device=device)
+        self.sent.scatter_(1, owner.long(), True)
+        self.sent = self.sent[:, :world]  # [T, W]: token t goes to rank r
+        self.topk_ids = topk_ids
+        self.everyone = torch.arange(world, dtype=torch.int32, device=device)[None]
+        self.ranks = self.everyone.expand(self.tokens, world).contiguous()
+        # Where rank r's plane of the return holds token t's output.
+        planes = torch.arange(world, device=device) * layout.capacity
+        self.index = torch.where(self.sent, planes + torch.arange(self.tokens, device=device)[
+            :, None], -1)
+        self.ones = torch.ones(self.tokens, world, dtype=torch.float32, device=device)
+        self.offs = torch.full((1,), layout.planes, dtype=torch.int32, device=device)
+
+    def dispatch(self, x, topk_weights):
+        """(rows [W * max_tokens, H], weights [.., k] float32) received by this
+        rank; sets local_ids (other ranks' experts and rows past those
+        received: -1) and where each row's output goes back."""
+        layout = self.layout
+        counts = self._exchanged_counts()  # [W, W]: row s, what rank s sends each
+        first = counts[:layout.rank].sum(0)  # this rank's first row in each rank's buffer
+        self.dest = torch.where(self.sent, first + self.sent.long().cumsum(0) - 1, -1)
+        meta = torch.cat([self.topk_ids.int(), topk_weights.float().view(torch.int32),
+                          torch.arange(self.tokens, dtype=torch.int32, device=x.device)[:, None],
+                          torch.full((self.tokens, 1), layout.rank, dtype=torch.int32,
+                                     device=x.device)], dim=1)
+        layout.rows.send(words(x), self.ranks, self.dest)
+        layout.meta.send(words(meta), self.ranks, self.dest)
+        layout.buffer.barrier()
+        received = counts[:, layout.rank].sum()
+        self.valid = torch.arange(layout.planes, device=x.device) < received
+        rows = self._received(layout.rows, x.dtype)
+        meta = self._received(layout.meta, torch.int32)
+        k = layout.k
+        ids = meta[:, :k] - layout.rank * layout.experts_per_rank
+        here = self.valid[:, None] & (ids >= 0) & (ids < layout.experts_per_rank)
+        self.local_ids = torch.where(here, ids, -1)
+        weights = meta[:, k:2 * k].contiguous().view(torch.float32)
+        self.back_ranks = meta[:, 2 * k + 1:].contiguous()
+        self.back_dest = torch.where(self.valid[:, None], layout.rank * layout.capacity
+                                     + meta[:, 2 * k:2 * k + 1].long(), -1)
+        return rows, weights
+
+    def _exchanged_counts(self):
+        """Every rank's rows to every rank ([W, W] int64), exchanged through
+        the counts region between two barriers; the second also means that
+        every rank has read what the other regions held."""
+        layout = self.layout
+        counts = self.sent.sum(0, dtype=torch.int32)[None]
+        mine = torch.full((1, layout.world), layout.rank, dtype=torch.int64,
+                          device=counts.device)
+        layout.buffer.barrier()
+        layout.counts.send(words(counts), self.everyone, mine)
+        layout.buffer.barrier()
+        return layout.counts.local.clone().view(torch.int32).long()
+
+    def _received(self, region, dtype):
+        """The region's rows as `dtype`, those past the received zeroed (a
+        private copy: the region is overwritten by the next transfer)."""
+        rows = region.local.view(dtype)
+        return torch.where(self.valid[:, None], rows, torch.zeros((), dtype=dtype,
+                                                                  device=rows.device))
+
+    def returned(self, out):
+        """Each token's output: its received rows' outputs (out) sent home
+        and summed over the ranks that made them."""
+        layout = self.layout
+        layout.buffer.barrier()
+        layout.rows.send(words(out), self.back_ranks, self.back_dest)
+        layout.buffer.barrier()
+        return call(OPS.combine.default, layout.rows.local.view(out.dtype), self.index, self.ones,
+                    self.offs)
+
+    def dispatch_gradient(self, grad):
+        """The output's gradient [T, H] to the received rows, as the tokens went."""
+        layout = self.layout
+        layout.buffer.barrier()
+        layout.rows.send(words(grad), self.ranks, self.dest)
+        layout.buffer.barrier()
+        return self._received(layout.rows, grad.dtype)
+
+    def returned_gradients(self, grad_rows, grad_weights):
+        """The received rows' and weights' gradients sent home: each token's
+        summed over the ranks ([T, H] and [T, k] float32)."""
+        layout = self.layout
+        k = layout.k
+        padded = torch.zeros(grad_weights.shape[0], 2 * k + 2, dtype=torch.float32,
+                             device=grad_weights.device)
+        padded[:, :k] = grad_weights
+        layout.buffer.barrier()
+        layout.rows.send(words(grad_rows), self.back_ranks, self.back_dest)
+        layout.meta.send(words(padded), self.back_ranks, self.back_dest)
+        layout.buffer.barrier()
+        grad_x = call(OPS.combine.default, layout.rows.local.view(grad_rows.dtype), self.index,
+                      self.ones, self.offs)
+        planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
+        planes = planes.contiguous().view(torch.float32)[..., :k]  # [W, T, k]
+        sent = self.sent.T[:, :, None]
+        return grad_x, torch.where(sent, planes, 0.0).sum(0)
+
+
+class _Dispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_weights, plan):
+        ctx.plan, ctx.weights_dtype = plan, topk_weights.dtype
+        return plan.dispatch(x, topk_weights)
+
+    @staticmethod
+    def backward(ctx, grad_rows, grad_weights):
+        grad_x, grad_w = ctx.plan.returned_gradients(grad_rows.contiguous(),
+                                                     grad_weights.float().contiguous())
+        return grad_x, grad_w.to(ctx.weights_dtype), None
+
+
+class _Return(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, plan):
+        ctx.plan = plan
+        return plan.returned(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.plan.dispatch_gradient(grad.contiguous()), None
+
+
+class ExpertParallelExperts(MoEExperts):
+    """`expert_parallel` as a module: this rank's share of the experts of an
+    MoE layer spread over a process group.
+
+    Its parameters are `MoEExperts`' (transformers' names and layouts) for
+    this rank's `num_experts / W` experts; `forward(hidden_states [T, H],
+    top_k_index [T, k], top_k_weights [T, k]) -> [T, H]` takes this rank's
+    tokens and their global expert ids, as transformers calls its experts
+    module, and gives their outputs.
+
+    Args:
+        num_experts: E, the experts of the whole layer (a multiple of the
+            group's size W).
+        hidden_size: H, as `MoEExperts`'.
+        intermediate_size: I, as `MoEExperts`'.
+        group: the process group (default: the default group).
+        max_tokens: as `expert_parallel`'s.
+        **options: `MoEExperts`' keyword arguments: gate_up, activation,
+            bias, fp8, device and dtype.
+
+    Raises:
+        TypeError: a size that is not an int.
+        ValueError: as `MoEExperts`; no initialised process group; E not a
+            multiple of W.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 group: dist.ProcessGroup | None = None, max_tokens: int | None = None,
+                 **options: object):
+        self.group = _group(group)
+        check_types(ints=(("num_experts", num_experts),))
+        world = self.group.size()
+        if num_experts % world:
+            raise ValueError(f"num_experts ({num_experts}) must be a multiple of the group's "
+                             f"size ({world})")
+        super().__init__(num_experts // world, hidden_size, intermediate_size, **options)
+        self.max_tokens = max_tokens
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        """`expert_parallel(hidden_states, top_k_index, top_k_weights, ...)` with
+        this module's parameters, group, max_tokens and settings."""
+        return expert_parallel(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+                               self.down_proj, group=self.group, max_tokens=self.max_tokens,
+                               **self._options())

@@ -1,0 +1,228 @@
+"""One rank of test_gpu_expert_parallel.py's runs (torch.distributed.run
+starts W of them): each case runs gg_runtime.moe.expert_parallel on every
+rank over global inputs every rank draws alike (the same seed), compares
+this rank's outputs and gradients with moe_experts on one GPU with all the
+experts, and prints `case NAME: ok` or `case NAME: FAIL <why>`.  Cases that
+need sm90 print `case NAME: skip <why>`."""
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import gg_runtime
+from gg_runtime.moe import expert_parallel, moe_experts
+from gg_runtime.testing import rel_error
+from gg_runtime.testing.moe_fp8 import fp8_experts
+
+TOLERANCE = 1e-2  # each rank's part rounded to bfloat16 before the parts are summed
+
+
+def world_and_rank():
+    return dist.get_world_size(), dist.get_rank()
+
+
+def global_case(tokens, hidden, inter, experts, k, *, skew=False, dropped=False, bias=False,
+                seed=0):
+    """Every rank's tokens (a list, rank by rank), ids, weights and all E experts."""
+    world, _ = world_and_rank()
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=generator) * scale).bfloat16()
+
+    counts = [tokens(r) for r in range(world)]
+    total = sum(counts)
+    x = randn(total, hidden)
+    scores = torch.rand(total, experts, device="cuda", generator=generator)
+    if skew:  # every token to rank 0's experts
+        scores[:, experts // world:] -= 2
+    weights, ids = scores.topk(k, dim=-1)
+    weights = weights.softmax(-1)
+    if dropped:
+        ids[::3, 0] = -1
+        ids[1::5, -1] = experts + 3
+    case = {"x": x, "topk_ids": ids, "topk_weights": weights,
+            "w13": randn(experts, 2 * inter, hidden, scale=hidden ** -0.5),
+            "w2": randn(experts, hidden, inter, scale=inter ** -0.5)}
+    if bias:
+        case.update(b13=randn(experts, 2 * inter, scale=0.1), b2=randn(experts, hidden, scale=0.1))
+    return case, counts
+
+
+def local(case, counts):
+    """This rank's share: its tokens' rows and its experts."""
+    world, rank = world_and_rank()
+    start, end = sum(counts[:rank]), sum(counts[:rank + 1])
+    share = case["w13"].shape[0] // world
+    mine = {name: case[name][start:end] for name in ("x", "topk_ids", "topk_weights")}
+    for name in ("w13", "w2", "b13", "b2", "w13_scale", "w2_scale"):
+        if name in case:
+            mine[name] = case[name][rank * share:(rank + 1) * share]
+    mine["max_tokens"] = max(counts)  # a layout of its own for each case's sizes
+    return mine, slice(start, end), slice(rank * share, (rank + 1) * share)
+
+
+def check_close(name, got, want, tolerance=TOLERANCE):
+    error = rel_error(got, want)
+    assert error <= tolerance, f"{name}: relative error {error:.2e}"
+
+
+def forward_and_backward(options=None, **shape):
+    options = options or {}
+    case, counts = global_case(**shape)
+    mine, tokens, experts = local(case, counts)
+    leaves = {n: case[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
+    want = moe_experts(**{**case, **leaves}, **options)
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    ours = {n: mine[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
+    got = expert_parallel(**{**mine, **ours}, **options)
+    got.backward(grad[tokens])
+    check_close("out", got, want[tokens])
+    check_close("x.grad", ours["x"].grad, leaves["x"].grad[tokens])
+    check_close("topk_weights.grad", ours["topk_weights"].grad,
+                leaves["topk_weights"].grad[tokens])
+    for name in ("w13", "w2"):
+        check_close(f"{name}.grad", ours[name].grad, leaves[name].grad[experts])
+
+
+def uneven(base):
+    """Each rank's T: base, then an eighth fewer a rank."""
+    return lambda rank: base - base // 8 * rank
+
+
+SHAPE = {"hidden": 256, "inter": 128, "k": 4}
+
+
+def case_uniform():
+    world, _ = world_and_rank()
+    forward_and_backward(tokens=uneven(300), experts=8 * world, **SHAPE)
+
+
+def case_skewed():
+    world, _ = world_and_rank()
+    forward_and_backward(tokens=uneven(300), experts=8 * world, skew=True, **SHAPE)
+
+
+def case_a_rank_with_no_tokens():
+    world, _ = world_and_rank()
+    forward_and_backward(tokens=lambda r: 0 if r == 1 else 200, experts=4 * world, **SHAPE)
+
+
+def case_dropped_ids():
+    world, _ = world_and_rank()
+    forward_and_backward(tokens=uneven(250), experts=4 * world, dropped=True, **SHAPE)
+
+
+def case_gpt_oss_with_biases():
+    world, _ = world_and_rank()
+    options = {"gate_up": "interleaved", "activation": "gpt_oss"}
+    case, counts = global_case(tokens=uneven(160), experts=4 * world, bias=True, hidden=272,
+                               inter=80, k=2)
+    mine, tokens, _ = local(case, counts)
+    check_close("out", expert_parallel(**mine, **options), moe_experts(**case, **options)[tokens])
+
+
+def case_one_expert_a_rank_k8():
+    world, _ = world_and_rank()
+    forward_and_backward(tokens=uneven(128), experts=world, hidden=128, inter=64,
+                         k=min(8, world))
+
+
+def case_fp8_weights():
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "skip fp8 kernels run on sm90"
+    world, _ = world_and_rank()
+    case, counts = global_case(tokens=uneven(200), experts=8 * world, **SHAPE)
+    q13, s13, q2, s2 = fp8_experts(case["w13"], case["w2"], "blockwise")
+    case.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
+    mine, tokens, _ = local(case, counts)
+    check_close("out", expert_parallel(**mine), moe_experts(**case)[tokens])
+
+
+def case_graph_replay_with_new_routing():
+    world, _ = world_and_rank()
+    case, counts = global_case(tokens=lambda r: 16, experts=8 * world, **SHAPE)
+    mine, tokens, _ = local(case, counts)
+    static = {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in mine.items()}
+    with torch.no_grad():
+        expert_parallel(**static)  # sets up the buffer and loads the kernels
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = expert_parallel(**static)
+        for seed in (1, 2):
+            fresh, _ = global_case(tokens=lambda r: 16, experts=8 * world, seed=seed, **SHAPE)
+            fresh.update(w13=case["w13"], w2=case["w2"])
+            for name in ("x", "topk_ids", "topk_weights"):
+                static[name].copy_(fresh[name][tokens])
+            graph.replay()
+            check_close(f"replay {seed}", out, moe_experts(**fresh)[tokens])
+
+
+def case_no_host_sync():
+    world, _ = world_and_rank()
+    case, counts = global_case(tokens=uneven(100), experts=4 * world, **SHAPE)
+    mine, _, _ = local(case, counts)
+    leaves = {n: mine[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
+    expert_parallel(**{**mine, **leaves}).sum().backward()  # setup may sync, once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        expert_parallel(**{**mine, **leaves}).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def case_ranks_that_disagree_are_refused_on_every_rank():
+    world, rank = world_and_rank()
+    case, counts = global_case(tokens=uneven(50), experts=4 * world, **SHAPE)
+    mine, _, _ = local(case, counts)
+    if rank == 0:
+        mine["w13"], mine["w2"] = mine["w13"][:2], mine["w2"][:2]
+    try:
+        expert_parallel(**{**mine, "max_tokens": 64})
+    except ValueError as error:
+        assert "experts per rank" in str(error), error
+    else:
+        raise AssertionError("no ValueError")
+
+
+def case_more_tokens_than_max_tokens_is_refused():
+    world, _ = world_and_rank()
+    case, counts = global_case(tokens=lambda r: 20, experts=4 * world, **SHAPE)
+    mine, _, _ = local(case, counts)
+    try:  # every rank's T above it: every rank raises before anything is sent
+        expert_parallel(**{**mine, "max_tokens": 8})
+    except ValueError as error:
+        assert "max_tokens" in str(error), error
+    else:
+        raise AssertionError("no ValueError")
+
+
+CASES = {name[len("case_"):]: f for name, f in sorted(globals().items())
+         if name.startswith("case_")}
+
+
+def main():
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    _, rank = world_and_rank()
+    names = sys.argv[1:] or list(CASES)
+    for name in names:
+        try:
+            torch.manual_seed(0)
+            result = CASES[name]() or "ok"
+        except Exception as error:  # noqa: BLE001 - reported, the run goes on
+            traceback.print_exc()
+            result = f"FAIL {type(error).__name__}: {error}".replace("\n", " ")
+        print(f"rank {rank} case {name}: {result}", flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+    assert gg_runtime  # imported for its operators
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""gg_runtime.moe.expert_parallel on CPU: its checks, and its plan (which
+rows go where, their metadata, the return and both gradients) with W ranks
+simulated by W threads, the transport by copies between their buffers
+(poisoned with NaN: a stale row that is read shows), the barriers by a
+threading barrier, and the experts and the combine by references, in
+float64.  Against the reference layer with all the experts, outputs and
+every gradient.  The GPU runs (test_gpu_expert_parallel.py) check the
+kernels and the real transport."""
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import gg_runtime.moe.expert_parallelism as ep
+import gg_runtime.moe.transport as transport
+from gg_runtime.moe import ExpertParallelExperts, expert_parallel
+from moe_reference import combine_ref, layer_ref
+
+
+class World:
+    """W simulated ranks: their buffers, a barrier, an all-gather."""
+
+    def __init__(self, size):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=60)
+        self.buffers = [None] * size
+        self.gathered = [None] * size
+
+    def all_gather_into_tensor(self, out, mine, group):
+        self.gathered[group.rank()] = mine.clone()
+        self.barrier.wait()
+        out.copy_(torch.stack(self.gathered))
+        self.barrier.wait()
+
+    def send_rows(self, rows, peers, ranks, dest):
+        width = rows.shape[1] * 2
+        for r, c in torch.nonzero(dest >= 0).tolist():
+            address = int(peers[ranks[r, c]]) + int(dest[r, c]) * width
+            buffer = next(b for b in self.buffers
+                          if b.data_ptr() <= address < b.data_ptr() + b.numel())
+            start = address - buffer.data_ptr()
+            buffer[start:start + width] = rows[r].view(torch.uint8)
+
+
+class Group:
+    def __init__(self, world, rank):
+        self.world, self._rank, self.group_name = world, rank, f"simulated-{rank}"
+
+    def size(self):
+        return self.world.size
+
+    def rank(self):
+        return self._rank
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """A function that makes a World of W ranks, the module patched to use it."""
+    worlds = []
+
+    class Buffer(transport.SymmetricBuffer):
+        def __init__(self, group, nbytes, device):
+            world = group.world
+            self.nbytes, self.world = nbytes, world
+            self.tensor = torch.full((nbytes,), 0xFF, dtype=torch.uint8)  # NaN words
+            world.buffers[group.rank()] = self.tensor
+            world.barrier.wait()
+            self.addresses = torch.tensor([b.data_ptr() for b in world.buffers])
+            world.barrier.wait()
+
+        def barrier(self):
+            self.world.barrier.wait()
+
+    def make(size):
+        world = World(size)
+        worlds.append(world)
+        monkeypatch.setattr(ep, "dist", SimpleNamespace(
+            all_gather_into_tensor=world.all_gather_into_tensor, ProcessGroup=Group))
+        monkeypatch.setattr(transport, "OPS", SimpleNamespace(
+            send_rows=SimpleNamespace(default=world.send_rows)))
+        return world
+
+    monkeypatch.setattr(ep, "_group", lambda group: group)
+    monkeypatch.setattr(ep, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(ep, "SymmetricBuffer", Buffer)
+    monkeypatch.setattr(ep, "_LAYOUTS", {})
+    monkeypatch.setattr(ep, "_BUFFERS", {})
+    monkeypatch.setattr(ep, "moe_experts", reference_experts)
+    monkeypatch.setattr(ep, "OPS", SimpleNamespace(combine=SimpleNamespace(
+        default=lambda rows, *args: combine_ref(rows, *args).to(rows.dtype))))
+    return make
+
+
+def reference_experts(x, topk_ids, topk_weights, w13, w2, **options):
+    """moe_experts' contract in float64 (rounded to x's dtype), differentiable."""
+    assert not any(v is not None for k, v in options.items() if k not in ("gate_up", "activation"))
+    return layer_ref(x.double(), topk_ids, topk_weights.double(), w13.double(),
+                     w2.double()).to(x.dtype)
+
+
+def on_every_rank(world, work):
+    """work(rank) on W threads at once; their results, or the first error raised."""
+    results, errors = [None] * world.size, []
+
+    def run(rank):
+        try:
+            results[rank] = work(rank)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+            world.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world.size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def global_case(counts, experts, k, hidden=24, inter=8, skew=False, dropped=False):
+    total = sum(counts)
+    scores = torch.rand(total, experts)
+    if skew:
+        scores[:, experts // len(counts):] -= 2
+    weights, ids = scores.topk(k, dim=-1)
+    if dropped:
+        ids[::3, 0] = -1
+        ids[1::4, -1] = experts + 2
+    return {"x": torch.randn(total, hidden).bfloat16(), "topk_ids": ids,
+            "topk_weights": weights.softmax(-1),
+            "w13": (torch.randn(experts, 2 * inter, hidden) * hidden ** -0.5).bfloat16(),
+            "w2": (torch.randn(experts, hidden, inter) * inter ** -0.5).bfloat16()}
+
+
+LEAVES = ("x", "topk_weights", "w13", "w2")
+
+
+@pytest.mark.parametrize("counts, experts, k, options, max_tokens", [
+    ((13, 7), 4, 2, {}, None),
+    ((9, 0, 11), 6, 3, {}, 11),
+    ((10, 10, 10, 10), 8, 8, {}, None),
+    ((12, 5, 8, 3), 8, 3, {"skew": True}, 20),
+    ((16, 16), 4, 3, {"dropped": True}, None),
+    ((5,), 3, 2, {}, None),
+])
+def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, counts, experts,
+                                                                  k, options, max_tokens):
+    world = simulated(len(counts))
+    case = global_case(counts, experts, k, **options)
+    leaves = {n: case[n].double().requires_grad_() for n in LEAVES}
+    want = layer_ref(**{**case, **leaves})
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    share = experts // world.size
+
+    def rank_work(rank):
+        tokens = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
+        mine = {"x": case["x"][tokens], "topk_ids": case["topk_ids"][tokens],
+                "topk_weights": case["topk_weights"][tokens],
+                "w13": case["w13"][rank * share:(rank + 1) * share],
+                "w2": case["w2"][rank * share:(rank + 1) * share]}
+        ours = {n: mine[n].clone().requires_grad_() for n in LEAVES}
+        out = expert_parallel(**{**mine, **ours}, group=Group(world, rank),
+                              max_tokens=max_tokens)
+        out.backward(grad[tokens].to(out.dtype))
+        return tokens, out, {n: ours[n].grad for n in LEAVES}
+
+    for rank, (tokens, out, grads) in enumerate(on_every_rank(world, rank_work)):
+        experts_here = slice(rank * share, (rank + 1) * share)
+        pairs = [(out, want[tokens]), (grads["x"], leaves["x"].grad[tokens]),
+                 (grads["topk_weights"], leaves["topk_weights"].grad[tokens]),
+                 (grads["w13"], leaves["w13"].grad[experts_here]),
+                 (grads["w2"], leaves["w2"].grad[experts_here])]
+        for got, expected in pairs:
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got.double(), expected.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_ranks_that_disagree_are_refused_on_every_rank(simulated):
+    world = simulated(2)
+    case = global_case((4, 4), 4, 2)
+
+    def rank_work(rank):
+        share = 2 if rank else 1  # rank 0 holds one expert, rank 1 two
+        try:
+            expert_parallel(case["x"][:4], case["topk_ids"][:4], case["topk_weights"][:4],
+                            case["w13"][:share], case["w2"][:share], group=Group(world, rank))
+        except ValueError as error:
+            return str(error)
+        return None
+
+    messages = on_every_rank(world, rank_work)
+    assert all(m and "disagree on experts per rank" in m and "rank 0: experts per rank 1" in m
+               for m in messages), messages
+
+
+def test_more_tokens_than_the_first_call_is_refused_without_max_tokens(simulated):
+    world = simulated(2)
+    case = global_case((6, 6), 4, 2)
+
+    def rank_work(rank):
+        args = {n: case[n][:4] for n in ("x", "topk_ids", "topk_weights")}
+        expert_parallel(**args, w13=case["w13"][:2], w2=case["w2"][:2], group=Group(world, rank))
+        args = {n: case[n][:6] for n in ("x", "topk_ids", "topk_weights")}
+        with pytest.raises(ValueError, match="more than the 4 a rank's share"):
+            expert_parallel(**args, w13=case["w13"][:2], w2=case["w2"][:2],
+                            group=Group(world, rank))
+
+    on_every_rank(world, rank_work)
+
+
+def test_no_process_group_is_a_value_error():
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="process group"):
+        expert_parallel(x, torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1),
+                        torch.zeros(1, 4, 8), torch.zeros(1, 8, 2))
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"x": torch.zeros(2, 8)}, TypeError, "x must be float16 or bfloat16"),
+    ({"x": torch.zeros(2, 2, 8, dtype=torch.bfloat16)}, ValueError, r"x must be \[T, H\]"),
+    ({"topk_ids": torch.zeros(3, 1, dtype=torch.long)}, ValueError, "topk_ids must be"),
+    ({"topk_ids": torch.zeros(2, 1)}, TypeError, "topk_ids must be int32 or int64"),
+    ({"topk_weights": torch.ones(2, 2)}, ValueError, "topk_weights must have"),
+    ({"topk_weights": torch.ones(2, 1, dtype=torch.long)}, TypeError, "floating"),
+    ({"max_tokens": 1}, ValueError, "more than max_tokens"),
+    ({"max_tokens": 0}, ValueError, "max_tokens must be at least 1"),
+    ({"max_tokens": 2.0}, TypeError, "max_tokens"),
+    ({"w13": torch.zeros(4, 8)}, ValueError, "w13 must be"),
+])
+def test_bad_arguments_are_refused_before_anything_is_sent(simulated, change, error, match):
+    world = simulated(1)
+    args = {"x": torch.zeros(2, 8, dtype=torch.bfloat16),
+            "topk_ids": torch.zeros(2, 1, dtype=torch.long), "topk_weights": torch.ones(2, 1),
+            "w13": torch.zeros(1, 4, 8), "w2": torch.zeros(1, 8, 2), **change}
+    with pytest.raises(error, match=match):
+        expert_parallel(**args, group=Group(world, 0))
+    assert world.buffers == [None]
+
+
+def test_the_module_holds_its_share_of_the_experts(simulated):
+    world = simulated(2)
+    modules = on_every_rank(world, lambda rank: ExpertParallelExperts(
+        8, 16, 4, group=Group(world, rank), dtype=torch.bfloat16))
+    assert all(m.gate_up_proj.shape == (4, 8, 16) and m.down_proj.shape == (4, 16, 4)
+               for m in modules)
+    with pytest.raises(ValueError, match="multiple of the group's size"):
+        ExpertParallelExperts(7, 16, 4, group=Group(world, 0))
