@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 import gg_runtime
+from gg_runtime.formats import GRANULARITIES
 from gg_runtime.testing import (FP8_TOLERANCE, TOLERANCE, fp8_moe_inputs, moe_inputs,
                                 ref_grouped_mm, ref_scaled_grouped_mm, rel_error, time_ms)
 
@@ -86,7 +87,7 @@ def bench_quantize(copy_tbps: float) -> dict:
     GPU's measured device-copy bandwidth."""
     x = torch.randn(16384, 7168, device="cuda", dtype=torch.bfloat16)
     rows = {}
-    for granularity in ("rowwise", "1x128", "128x128"):
+    for granularity in GRANULARITIES:
         q, scale = gg_runtime.quantize_fp8(x, granularity)
         moved = x.numel() * 2 + q.numel() + scale.numel() * 4
         tbps = moved / time_ms(lambda g=granularity: gg_runtime.quantize_fp8(x, g)) / 1e9

@@ -8,7 +8,8 @@ from .._native import _C
 _SWIGLU_AXES = _C.families()["swiglu"]["axes"]
 GATE_UP_VALUES = tuple(_SWIGLU_AXES["gate_up"])
 # silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
-# GPT_OSS_LIMIT): (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
+# GPT_OSS_LIMIT, aot/kernels/swiglu.py; a test holds them equal): (clamp(up, -7,
+# 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
 ACTIVATIONS = tuple(_SWIGLU_AXES["activation"])
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ..moe.choices import GPT_OSS_ALPHA, GPT_OSS_LIMIT
+
 
 def with_added_bias(mm):
     """mm(a, b, offs, bias) for a grouped product that takes no bias
@@ -35,8 +37,6 @@ def sorted_by_expert(chosen, experts: int):
     return order, counts.cumsum(0, dtype=torch.int32)
 
 
-# gpt-oss's activation constants (transformers' GptOssExperts alpha and limit).
-GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
 
 
 def gated_activation(gu, interleaved: bool = False, activation: str = "swiglu"):

@@ -11,13 +11,13 @@ import torch
 from gg_runtime import _C
 from gg_runtime import quantize_fp8
 from gg_runtime.testing import forced, last_variant, operand, quantize_ref, randn, tf32_allowed
+from gg_runtime.formats import GRANULARITIES
 
 from conftest import device_arch
 
 pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins"),
               pytest.mark.usefixtures("poison")]
 FP8 = torch.float8_e4m3fn
-GRANULARITIES = ("rowwise", "1x128", "128x128")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 VARIANTS = [v for v in _C.variants()
             if v["family"] == "quantize_fp8" and v["arch"] == device_arch()]

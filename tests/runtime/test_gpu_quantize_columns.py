@@ -14,6 +14,7 @@ from gg_runtime import _C
 from gg_runtime._native import call
 from gg_runtime.testing import (FP8_BLOCK, column_blocks, forced, last_variant,
                                 offsets_from_counts, quantize_columns_ref, randn, tf32_allowed)
+from gg_runtime.formats import ROW_BLOCKS, ROWWISE
 
 from conftest import device_arch
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on
               pytest.mark.usefixtures("poison")]
 OP = torch.ops.gg_runtime.quantize_fp8_columns.default
 FP8 = torch.float8_e4m3fn
-GRANULARITIES = ("rowwise", "1x128")
+GRANULARITIES = (ROWWISE, ROW_BLOCKS)  # quantize_fp8_columns'
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 VARIANTS = [v for v in _C.variants()
             if v["family"] == "quantize_fp8_columns" and v["arch"] == device_arch()]

@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from gg_runtime._native import call
+from gg_runtime.formats import ROW_BLOCKS, ROWWISE
 
 from conftest import cuda
 
 OP = torch.ops.gg_runtime.quantize_fp8_columns.default
-GRANULARITIES = ("rowwise", "1x128")
+GRANULARITIES = (ROWWISE, ROW_BLOCKS)  # quantize_fp8_columns'
 
 
 def offsets(groups: int, device="cuda") -> torch.Tensor:

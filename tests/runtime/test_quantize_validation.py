@@ -7,10 +7,10 @@ import torch
 
 from gg_runtime import quantize_fp8
 from gg_runtime._native import call
+from gg_runtime.formats import GRANULARITIES
 
 from conftest import cuda
 
-GRANULARITIES = ("rowwise", "1x128", "128x128")
 BOTH = torch.ops.gg_runtime.quantize_fp8_both_orientations.default
 
 

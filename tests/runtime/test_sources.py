@@ -25,3 +25,12 @@ def test_the_rule_sees_a_direct_call():
     assert ENQUEUING.search("  torch::stable::zero_(out);")
     assert ENQUEUING.search("TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, s));")
     assert not ENQUEUING.search("torch::stable::transpose(x, 0, 1)")
+
+
+def test_gpt_oss_constants_are_the_kernels():
+    """moe/choices.py states the activation's constants the kernels are built
+    with (aot/kernels/swiglu.py): the reference and transformers' check read them."""
+    from gg_runtime.moe.choices import GPT_OSS_ALPHA, GPT_OSS_LIMIT
+    kernel = (OPS.parents[1] / "aot" / "kernels" / "swiglu.py").read_text()
+    stated = dict(re.findall(r"^(GPT_OSS_\w+) = tl\.constexpr\(([\d.]+)\)", kernel, re.M))
+    assert stated == {"GPT_OSS_ALPHA": str(GPT_OSS_ALPHA), "GPT_OSS_LIMIT": str(GPT_OSS_LIMIT)}
