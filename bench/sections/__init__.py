@@ -12,5 +12,5 @@ import importlib
 
 NAMES = ("workloads", "wgrad", "training", "experts", "sonic", "bias", "fp16", "cases", "fp8",
          "fp8_experts", "vllm_fp8", "fp8_training", "fp8_moe_training", "fp8_convergence",
-         "model", "proxy", "host")
+         "model", "expert_parallel", "proxy", "host")
 SECTIONS = {name: importlib.import_module(f"{__name__}.{name}") for name in NAMES}

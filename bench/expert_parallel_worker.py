@@ -1,0 +1,179 @@
+"""One rank of the expert_parallel bench section (bench/sections/
+expert_parallel.py starts W of them with torch.distributed.run): times
+gg_runtime.moe.expert_parallel on one layer shape beside the NCCL baseline
+(host-synced all_to_all_single of each slot's row, moe_experts as the local
+experts, each token's k outputs gathered and summed with its weights) and
+the local experts alone (moe_experts on the rows this rank received, no
+communication), and prints rank 0's rows as one JSON line:
+
+    torchrun --nproc-per-node 4 -m bench.expert_parallel_worker dsv3 7168 2048 256 8
+
+Ours is checked against the baseline's output first (a wrong result is
+reported instead of the times).  Forward rows at `TOKENS` tokens a rank
+(eager; expert_parallel and the experts alone also replayed from CUDA
+graphs) and forward + backward; decode rows at `DECODE` tokens a rank,
+replayed from graphs (the NCCL baseline eager: its splits go through the
+host).  Dispatch and return are timed alone, replayed from graphs."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.nn.functional import all_to_all_single
+
+from gg_runtime.moe import expert_parallel, moe_experts
+from gg_runtime.moe import expert_parallelism as ep
+from gg_runtime.testing import rel_error
+
+TOKENS = 4096
+DECODE = (1, 32, 128)
+REPS = 10
+TOLERANCE = 1e-2  # each rank's part rounded to bfloat16 before the parts are summed
+
+
+def timed(fn, reps=REPS) -> float:
+    """Median ms of fn() over reps calls, every rank in step, warmed up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    events[0].record()
+    for i in range(reps):
+        fn()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) for a, b in zip(events, events[1:]))[reps // 2]
+
+
+def graphed(fn) -> float:
+    """timed() of fn captured in a CUDA graph (ms)."""
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay)
+
+
+def nccl_experts(x, topk_ids, topk_weights, w13, w2):
+    """The baseline: each slot's row sent to its expert's rank by
+    all_to_all_single with splits read back to the host, moe_experts on the
+    rows received (k = 1), the outputs sent back, each token's k gathered and
+    summed with its weights; differentiable (torch.distributed.nn)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tokens, k = topk_ids.shape
+    per_rank = w13.shape[0]
+    owner = (topk_ids // per_rank).flatten()
+    order = owner.argsort(stable=True)
+    send = torch.bincount(owner, minlength=world)
+    receive = torch.empty_like(send)
+    dist.all_to_all_single(receive, send)
+    send_splits, receive_splits = send.tolist(), receive.tolist()  # the host sync
+    rows = all_to_all_single(x.new_empty(sum(receive_splits), x.shape[1]),
+                             x[order // k], receive_splits, send_splits)
+    ids = torch.empty(sum(receive_splits), dtype=topk_ids.dtype, device=x.device)
+    dist.all_to_all_single(ids, topk_ids.flatten()[order], receive_splits, send_splits)
+    ones = torch.ones(len(ids), 1, device=x.device)
+    outputs = moe_experts(rows, (ids - rank * per_rank)[:, None], ones, w13, w2)
+    back = all_to_all_single(x.new_empty(tokens * k, x.shape[1]), outputs, send_splits,
+                             receive_splits)
+    slots = back[order.argsort()].view(tokens, k, -1)
+    return (slots.float() * topk_weights[..., None].float()).sum(1).to(x.dtype)
+
+
+def layer(hidden, inter, experts, k, tokens, seed):
+    """This rank's tokens, routing and experts (bf16)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator(device="cuda").manual_seed(seed * 1000 + rank)
+    x = torch.randn(tokens, hidden, device="cuda", generator=generator).bfloat16()
+    ids = torch.rand(tokens, experts, device="cuda", generator=generator).topk(k, -1).indices
+    weights = torch.rand(tokens, k, device="cuda", generator=generator).softmax(-1)
+    w13 = (torch.randn(experts // world, 2 * inter, hidden, device="cuda", generator=generator)
+           * hidden ** -0.5).bfloat16()
+    w2 = (torch.randn(experts // world, hidden, inter, device="cuda", generator=generator)
+          * inter ** -0.5).bfloat16()
+    return x, ids, weights, w13, w2
+
+
+def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
+    """Dispatch and return alone (ms, graphed), the rows this rank sent, and
+    the experts alone on the rows it received (ms, graphed)."""
+    layout = ep._layout(dist.group.WORLD, x, ids, w13, max_tokens)
+    plan = ep.Plan(layout, ids)
+    rows, received = plan.dispatch(x, weights)
+    out = moe_experts(rows, plan.local_ids, received, w13, w2)
+    return {"dispatch_ms": graphed(lambda: ep.Plan(layout, ids).dispatch(x, weights)),
+            "return_ms": graphed(lambda: plan.returned(out)),
+            "rows_sent": int(plan.sent.sum()),
+            "alone_ms": graphed(lambda: moe_experts(rows, plan.local_ids, received, w13, w2)),
+            "alone_inputs": (rows, plan.local_ids, received)}
+
+
+def forward_rows(hidden, inter, experts, k) -> dict:
+    x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, TOKENS, 0)
+    with torch.no_grad():
+        error = torch.tensor(rel_error(expert_parallel(x, ids, weights, w13, w2),
+                                       nccl_experts(x, ids, weights, w13, w2)), device="cuda")
+        dist.all_reduce(error, dist.ReduceOp.MAX)  # every rank refuses a wrong result alike
+        if error > TOLERANCE:
+            raise ValueError(f"wrong result: relative error {float(error):.2e} against the "
+                             "NCCL baseline")
+        row = {"tokens": TOKENS, "error_vs_nccl": float(error),
+               "ours_ms": timed(lambda: expert_parallel(x, ids, weights, w13, w2)),
+               "ours_graphed_ms": graphed(lambda: expert_parallel(x, ids, weights, w13, w2)),
+               "nccl_ms": timed(lambda: nccl_experts(x, ids, weights, w13, w2)),
+               **transfers(x, ids, weights, w13, w2)}
+    rows, local_ids, received = row.pop("alone_inputs")
+    leaves = [t.clone().requires_grad_() for t in (x, weights, w13, w2)]
+    grad = torch.ones_like(x)
+
+    def backward(function):
+        def step():
+            function(leaves[0], ids, leaves[1], leaves[2], leaves[3]).backward(grad)
+        return step
+
+    def alone():
+        r, w = rows.clone().requires_grad_(), received.clone().requires_grad_()
+        moe_experts(r, local_ids, w, leaves[2], leaves[3]).backward(torch.ones_like(r))
+
+    row.update(ours_backward_ms=timed(backward(expert_parallel), 5),
+               nccl_backward_ms=timed(backward(nccl_experts), 5),
+               alone_backward_ms=timed(alone, 5))
+    return row
+
+
+def decode_row(hidden, inter, experts, k, tokens) -> dict:
+    x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, tokens, 1)
+    with torch.no_grad():  # a buffer sized for the step, as a server sizes it
+        row = {"tokens": tokens,
+               "ours_graphed_ms": graphed(lambda: expert_parallel(x, ids, weights, w13, w2,
+                                                                  max_tokens=tokens)),
+               "nccl_ms": timed(lambda: nccl_experts(x, ids, weights, w13, w2)),
+               **transfers(x, ids, weights, w13, w2, max_tokens=tokens)}
+    row.pop("alone_inputs")
+    return row
+
+
+def main(argv) -> None:
+    name, hidden, inter, experts, k = argv[0], *map(int, argv[1:5])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    result = {"layer": name, "shape": [hidden, inter, experts, k], "world": dist.get_world_size()}
+    try:
+        result.update(forward=forward_rows(hidden, inter, experts, k),
+                      decode=[decode_row(hidden, inter, experts, k, t) for t in DECODE])
+    except ValueError as error:  # a wrong result is reported, not timed
+        result["error"] = str(error)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,92 @@
+"""gg_runtime.moe.expert_parallel across the GPUs of one host (EP2 and EP4,
+as many as are visible) beside the NCCL baseline (host-synced
+all_to_all_single of each slot's row, moe_experts as the local experts,
+each token's outputs gathered and summed with its weights) and the local
+experts alone (moe_experts on the rows a rank received: the
+no-communication floor), on DeepSeek-V3's and Qwen3-30B-A3B's experts,
+bf16.  Each layer and world size is one run of bench/expert_parallel_worker.py
+under torch.distributed.run; its figures are rank 0's.  Skipped, with its
+reason, where fewer than two GPUs are visible."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from ..markdown import fmt, table
+
+TITLE = "Expert parallelism on one host"
+# (H, I, E, k)
+LAYERS = {"deepseek_v3": (7168, 2048, 256, 8), "qwen3_30b_a3b": (2048, 768, 128, 8)}
+WORLDS = (2, 4)
+# Multicast stays off on the lent machines.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def run(context) -> dict:
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return {"skipped": f"needs two or more GPUs of one host, this machine has {gpus}"}
+    return {"runs": [run_layer(name, shape, world) for name, shape in LAYERS.items()
+                     if context.only in name for world in WORLDS if world <= gpus]}
+
+
+def run_layer(name, shape, world) -> dict:
+    """The worker's rows for one layer on `world` GPUs, or its error."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+               "-m", "bench.expert_parallel_worker", name, *map(str, shape)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, **NO_MULTICAST})
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"layer": name, "world": world, "error": (out.stderr or out.stdout)[-400:].strip()}
+
+
+def gb_per_s(row, hidden, world, over_nvlink=False):
+    """Dispatch's bytes a second: the rows rank 0 sent (those to other ranks
+    only, over_nvlink: (W - 1) / W of them)."""
+    sent = row["rows_sent"] * hidden * 2 * ((world - 1) / world if over_nvlink else 1)
+    return sent / row["dispatch_ms"] / 1e6
+
+
+def report(data) -> list:
+    if "skipped" in data:
+        return [f"Not run: {data['skipped']}."]
+    done = [r for r in data["runs"] if "error" not in r]
+    forward = [(r["layer"], r["world"], r["shape"][0], r["forward"]) for r in done]
+    lines = ["Forward at 4096 tokens a rank (ms; ours also replayed from a CUDA graph), forward "
+             "+ backward (eager), and dispatch and return timed alone (graphed; GB/s of the "
+             "rows rank 0 sent, and of those that crossed NVLink). The local experts alone: "
+             "moe_experts on the rows a rank received. Error: ours against the NCCL "
+             "baseline's output.", ""]
+    lines += table(
+        ["layer", "EP", "ours", "ours graphed", "NCCL", "experts alone", "graphed / alone",
+         "NCCL / ours", "fwd+bwd ours", "fwd+bwd NCCL", "fwd+bwd alone", "fwd+bwd ours / alone",
+         "dispatch µs", "return µs", "dispatch GB/s", "NVLink GB/s", "error"],
+        [[name, world, fmt(f["ours_ms"]), fmt(f["ours_graphed_ms"]), fmt(f["nccl_ms"]),
+          fmt(f["alone_ms"]), fmt(f["ours_graphed_ms"] / f["alone_ms"]),
+          fmt(f["nccl_ms"] / f["ours_ms"]), fmt(f["ours_backward_ms"]),
+          fmt(f["nccl_backward_ms"]), fmt(f["alone_backward_ms"]),
+          fmt(f["ours_backward_ms"] / f["alone_backward_ms"]),
+          fmt(f["dispatch_ms"] * 1e3, "{:.0f}"),
+          fmt(f["return_ms"] * 1e3, "{:.0f}"), fmt(gb_per_s(f, hidden, world), "{:.0f}"),
+          fmt(gb_per_s(f, hidden, world, True), "{:.0f}"), fmt(f["error_vs_nccl"], "{:.1e}")]
+         for name, world, hidden, f in forward])
+    lines += ["", "Decode (µs a step, ours and the experts alone replayed from CUDA graphs; the "
+              "NCCL baseline eager, its splits read by the host):", ""]
+    lines += table(
+        ["layer", "EP", "tokens a rank", "ours", "NCCL", "experts alone", "ours / alone",
+         "dispatch", "return"],
+        [[r["layer"], r["world"], d["tokens"], fmt(d["ours_graphed_ms"] * 1e3, "{:.0f}"),
+          fmt(d["nccl_ms"] * 1e3, "{:.0f}"), fmt(d["alone_ms"] * 1e3, "{:.0f}"),
+          fmt(d["ours_graphed_ms"] / d["alone_ms"]), fmt(d["dispatch_ms"] * 1e3, "{:.0f}"),
+          fmt(d["return_ms"] * 1e3, "{:.0f}")]
+         for r in done for d in r["decode"]])
+    failed = [f"- {r['layer']} at EP{r['world']}: {r['error']}" for r in data["runs"]
+              if "error" in r]
+    return lines + (["", "Not run:", *failed] if failed else [])
