@@ -260,7 +260,7 @@ class Plan:
         self.sent = torch.zeros(self.tokens, world + 1, dtype=torch.bool, device=device)
         self.sent.scatter_(1, owner.long(), True)
         self.sent = self.sent[:, :world]  # [T, W]: token t goes to rank r
-        self.topk_ids = topk_ids
+        self.topk_ids = torch.where(kept, topk_ids, -1).int()  # int32 travels; no wrap-around
         self.everyone = torch.arange(world, dtype=torch.int32, device=device)[None]
         self.ranks = self.everyone.expand(self.tokens, world).contiguous()
         # Where rank r's plane of the return holds token t's output.
@@ -278,7 +278,7 @@ class Plan:
         counts = self._exchanged_counts()  # [W, W]: row s, what rank s sends each
         first = counts[:layout.rank].sum(0)  # this rank's first row in each rank's buffer
         self.dest = torch.where(self.sent, first + self.sent.long().cumsum(0) - 1, -1)
-        meta = torch.cat([self.topk_ids.int(), topk_weights.float().view(torch.int32),
+        meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32),
                           torch.arange(self.tokens, dtype=torch.int32, device=x.device)[:, None],
                           torch.full((self.tokens, 1), layout.rank, dtype=torch.int32,
                                      device=x.device)], dim=1)

@@ -129,6 +129,7 @@ def global_case(counts, experts, k, hidden=24, inter=8, skew=False, dropped=Fals
     if dropped:
         ids[::3, 0] = -1
         ids[1::4, -1] = experts + 2
+        ids[2::5, -1] = 2 ** 33 + 1  # 1 if it were cast to int32
     return {"x": torch.randn(total, hidden).bfloat16(), "topk_ids": ids,
             "topk_weights": weights.softmax(-1),
             "w13": (torch.randn(experts, 2 * inter, hidden) * hidden ** -0.5).bfloat16(),
