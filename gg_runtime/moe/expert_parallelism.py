@@ -30,7 +30,7 @@ from .._native import OPS, call, check_types
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .experts import moe_experts
 from .module import MoEExperts
-from .transport import SymmetricBuffer, aligned_bytes, words
+from .transport import Region, SymmetricBuffer, aligned_bytes, words
 
 # One symmetric buffer a group (by name), grown when a call needs more.
 _BUFFERS: dict[str, SymmetricBuffer] = {}
@@ -56,9 +56,22 @@ class Layout:
     capacity: int  # max_tokens
     k: int
     buffer: SymmetricBuffer
-    rows: object
-    meta: object
-    counts: object
+    rows: Region
+    meta: Region
+    counts: Region
+
+    def __post_init__(self):
+        """The index tensors every call reads, made once (fewer launches a call)."""
+        device = self.buffer.tensor.device
+        self.everyone = torch.arange(self.world, dtype=torch.int32, device=device)[None]
+        self.at_my_row = torch.full((1, self.world), self.rank, dtype=torch.int64, device=device)
+        self.plane_starts = torch.arange(self.world, device=device) * self.capacity
+        self.token_rows = torch.arange(self.capacity, device=device)
+        # A token's row and this rank, its metadata's last two words.
+        self.source = torch.stack([self.token_rows, self.token_rows * 0 + self.rank], 1).int()
+        self.buffer_rows = torch.arange(self.planes, device=device)
+        self.ones = torch.ones(self.capacity, self.world, device=device)
+        self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
 
     @property
     def planes(self) -> int:
@@ -261,14 +274,10 @@ class Plan:
         self.sent.scatter_(1, owner.long(), True)
         self.sent = self.sent[:, :world]  # [T, W]: token t goes to rank r
         self.topk_ids = torch.where(kept, topk_ids, -1).int()  # int32 travels; no wrap-around
-        self.everyone = torch.arange(world, dtype=torch.int32, device=device)[None]
-        self.ranks = self.everyone.expand(self.tokens, world).contiguous()
+        self.ranks = layout.everyone.expand(self.tokens, world).contiguous()
         # Where rank r's plane of the return holds token t's output.
-        planes = torch.arange(world, device=device) * layout.capacity
-        self.index = torch.where(self.sent, planes + torch.arange(self.tokens, device=device)[
-            :, None], -1)
-        self.ones = torch.ones(self.tokens, world, dtype=torch.float32, device=device)
-        self.offs = torch.full((1,), layout.planes, dtype=torch.int32, device=device)
+        rows = layout.token_rows[:self.tokens, None]
+        self.index = torch.where(self.sent, layout.plane_starts + rows, -1)
 
     def dispatch(self, x, topk_weights):
         """(rows [W * max_tokens, H], weights [.., k] float32) received by this
@@ -279,14 +288,12 @@ class Plan:
         first = counts[:layout.rank].sum(0)  # this rank's first row in each rank's buffer
         self.dest = torch.where(self.sent, first + self.sent.long().cumsum(0) - 1, -1)
         meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32),
-                          torch.arange(self.tokens, dtype=torch.int32, device=x.device)[:, None],
-                          torch.full((self.tokens, 1), layout.rank, dtype=torch.int32,
-                                     device=x.device)], dim=1)
+                          layout.source[:self.tokens]], dim=1)
         layout.rows.send(words(x), self.ranks, self.dest)
         layout.meta.send(words(meta), self.ranks, self.dest)
         layout.buffer.barrier()
         received = counts[:, layout.rank].sum()
-        self.valid = torch.arange(layout.planes, device=x.device) < received
+        self.valid = layout.buffer_rows < received
         rows = self._received(layout.rows, x.dtype)
         meta = self._received(layout.meta, torch.int32)
         k = layout.k
@@ -305,10 +312,8 @@ class Plan:
         every rank has read what the other regions held."""
         layout = self.layout
         counts = self.sent.sum(0, dtype=torch.int32)[None]
-        mine = torch.full((1, layout.world), layout.rank, dtype=torch.int64,
-                          device=counts.device)
         layout.buffer.barrier()
-        layout.counts.send(words(counts), self.everyone, mine)
+        layout.counts.send(words(counts), layout.everyone, layout.at_my_row)
         layout.buffer.barrier()
         return layout.counts.local.clone().view(torch.int32).long()
 
@@ -326,8 +331,14 @@ class Plan:
         layout.buffer.barrier()
         layout.rows.send(words(out), self.back_ranks, self.back_dest)
         layout.buffer.barrier()
-        return call(OPS.combine.default, layout.rows.local.view(out.dtype), self.index, self.ones,
-                    self.offs)
+        return self._summed(layout.rows.local.view(out.dtype))
+
+    def _summed(self, planes):
+        """Each token's rows in the planes of the ranks it went to, summed in
+        float32 (the combine operator, weights 1)."""
+        layout = self.layout
+        return call(OPS.combine.default, planes, self.index, layout.ones[:self.tokens],
+                    layout.offs)
 
     def dispatch_gradient(self, grad):
         """The output's gradient [T, H] to the received rows, as the tokens went."""
@@ -349,8 +360,7 @@ class Plan:
         layout.rows.send(words(grad_rows), self.back_ranks, self.back_dest)
         layout.meta.send(words(padded), self.back_ranks, self.back_dest)
         layout.buffer.barrier()
-        grad_x = call(OPS.combine.default, layout.rows.local.view(grad_rows.dtype), self.index,
-                      self.ones, self.offs)
+        grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
         planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
         planes = planes.contiguous().view(torch.float32)[..., :k]  # [W, T, k]
         sent = self.sent.T[:, :, None]
