@@ -1,12 +1,14 @@
-"""gg_runtime.moe.expert_parallel: the experts of an MoE layer spread over the ranks of a
-process group, on one host.  Each rank holds E / W experts (rank r experts
-r * E/W .. (r + 1) * E/W - 1).  A call is three stages:
+"""gg_runtime.moe.expert_parallel: the experts of an MoE layer spread over
+the ranks of a process group (one host's GPUs, or several hosts' over
+NCCL).  Each rank holds E / W experts (rank r experts r * E/W ..
+(r + 1) * E/W - 1).  A call is three stages:
 
 1. dispatch: each token goes once to every rank that holds one of its
    experts (its row, its k global ids, its k weights and where it came
-   from), stored straight into that rank's symmetric buffer by send_rows;
-   the ranks first exchange how many rows each sends each, so that every
-   row has its place, with no host sync;
+   from), into this rank's block of that rank's buffer (transport.py: stored
+   straight into the peer's memory on one host, or by NCCL's all-to-all),
+   with the count of rows each rank sent each, so that a rank knows which
+   rows of its blocks arrived, with no host sync;
 2. the local experts: moe_experts on the received rows, the ids of other
    ranks' experts dropped, so that each row's output is the weighted sum of
    its slots on this rank;
@@ -30,10 +32,10 @@ from .._native import OPS, call, check_types
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .experts import moe_experts
 from .module import MoEExperts
-from .transport import Region, SymmetricBuffer, aligned_bytes, words
+from .transport import TRANSPORTS, Buffer, Region, aligned_bytes, words
 
-# One symmetric buffer a group (by name), grown when a call needs more.
-_BUFFERS: dict[str, SymmetricBuffer] = {}
+# One buffer a group (by name) and transport, grown when a call needs more.
+_BUFFERS: dict[tuple, Buffer] = {}
 # The layouts whose sizes every rank of the group has agreed on.
 _LAYOUTS: dict[tuple, Layout] = {}
 # Where x must be (the CPU tests' simulated ranks change it).
@@ -44,18 +46,19 @@ AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size")
 
 @dataclass
 class Layout:
-    """One configuration's sizes and its regions of the group's buffer:
-    `rows` (W * max_tokens rows of H words: tokens, outputs and their
-    gradients), `meta` (as many rows of 2k + 2 int32: a token's global ids,
-    its weights' bits, its row and rank; the weights' gradients on the way
-    back) and `counts` (W rows of W int32: row s, what rank s sends each)."""
+    """One configuration's sizes and its regions of the group's buffer, each
+    W blocks, block s what rank s sent: `rows` (blocks of max_tokens rows of
+    H words: tokens, outputs and their gradients), `meta` (as many rows of
+    2k + 2 int32: a token's global ids, its weights' bits, its row and rank;
+    the weights' gradients on the way back) and `counts` (W rows of W int32:
+    row s, what rank s sends each)."""
     group: dist.ProcessGroup
     world: int
     rank: int
     experts_per_rank: int
     capacity: int  # max_tokens
     k: int
-    buffer: SymmetricBuffer
+    buffer: Buffer
     rows: Region
     meta: Region
     counts: Region
@@ -69,7 +72,8 @@ class Layout:
         self.token_rows = torch.arange(self.capacity, device=device)
         # A token's row and this rank, its metadata's last two words.
         self.source = torch.stack([self.token_rows, self.token_rows * 0 + self.rank], 1).int()
-        self.buffer_rows = torch.arange(self.planes, device=device)
+        rows = torch.arange(self.planes, device=device)
+        self.row_in_block, self.block_of_row = rows % self.capacity, rows // self.capacity
         self.ones = torch.ones(self.capacity, self.world, device=device)
         self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
 
@@ -80,13 +84,14 @@ class Layout:
 
 def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     w13: torch.Tensor, w2: torch.Tensor, *, group: dist.ProcessGroup | None = None,
-                    max_tokens: int | None = None, gate_up: str = "concatenated",
+                    max_tokens: int | None = None, transport: str = "symmetric_memory",
+                    gate_up: str = "concatenated",
                     activation: str = "swiglu", b13: torch.Tensor | None = None,
                     b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                     w2_scale: torch.Tensor | None = None,
                     fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer spread over a process group's
-    ranks (expert parallelism), on the GPUs of one host.
+    ranks (expert parallelism): the GPUs of one host, or of several over NCCL.
 
     Every rank calls it with its own tokens and the router's choice for them
     (global expert ids) and its share of the experts: with W ranks and E
@@ -99,7 +104,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 
     Tokens travel once to each rank that holds one of their experts, stored
     by gg_runtime's send_rows kernel straight into that rank's buffer (torch's
-    SymmetricMemory, over NVLink); the outputs come back the same way.  No
+    SymmetricMemory, over NVLink; or, with `transport="nccl"`, by NCCL's
+    all-to-all); the outputs come back the same way.  No
     step waits for the host: a call can be captured in a CUDA graph and
     replayed with new tokens and routing.  The group's buffer is sized for
     the worst case, every token of every rank sent to one rank:
@@ -129,18 +135,24 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         w2_scale: None, or the fp8 w2's scales, as `moe_experts`'.
         fp8: None, or an fp8 training recipe (or `Fp8ExpertWeights` of this
             rank's experts), as `moe_experts`'.
-        group: the process group (default: the default group); one host,
-            its GPUs able to address each other's memory.
+        group: the process group (default: the default group); with the
+            `"symmetric_memory"` transport, GPUs of one host, able to address
+            each other's memory.
         max_tokens: the most tokens a rank passes in a call, the same on
             every rank (default: the largest T of the ranks' first call).
             The buffer is sized by it.
+        transport: `"symmetric_memory"` (the GPUs of one host, each able to
+            address the others' memory) or `"nccl"` (any ranks, across hosts
+            too: every block of the buffer travels whole, the worst case's
+            bytes whatever the routing).
 
     Returns:
         `[T, H]` in x's dtype.
 
     Raises:
         TypeError: an argument of the wrong type or dtype, naming it.
-        ValueError: shapes that do not fit; T above max_tokens; ranks that
+        ValueError: shapes that do not fit; T above max_tokens; an unknown
+            transport; ranks that
             disagree on the experts per rank, H, k, max_tokens or x's
             element size (raised on every rank, naming them).  An error
             raised on some ranks only (a bad argument, T above max_tokens)
@@ -149,7 +161,9 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     group = _group(group)
     check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))
     _check_local(x, topk_ids, topk_weights, max_tokens)
-    layout = _layout(group, x, topk_ids, w13, max_tokens)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {tuple(TRANSPORTS)}, got {transport!r}")
+    layout = _layout(group, x, topk_ids, w13, max_tokens, transport)
     experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
                "w13_scale": w13_scale, "w2_scale": w2_scale, "fp8": fp8}
     plan = Plan(layout, topk_ids)
@@ -202,17 +216,17 @@ def _check_local(x, topk_ids, topk_weights, max_tokens):
             raise ValueError(f"x has {x.shape[0]} tokens, more than max_tokens = {max_tokens}")
 
 
-def _layout(group, x, topk_ids, w13, max_tokens) -> Layout:
+def _layout(group, x, topk_ids, w13, max_tokens, transport="symmetric_memory") -> Layout:
     """This configuration's Layout, agreed by every rank on its first call
     (max_tokens None: the group's largest T of that call)."""
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[0] < 1:
         raise ValueError("w13 must be [E/W, 2I, H]: this rank's experts")
     agreed = (w13.shape[0], x.shape[1], topk_ids.shape[1], max_tokens or 0, x.element_size())
-    key = (group.group_name, agreed)
+    key = (group.group_name, transport, agreed)
     if key not in _LAYOUTS:
         largest = _agree(group, agreed, x.shape[0], x.device)
         capacity = max_tokens or max(largest, 1)
-        _LAYOUTS[key] = _new_layout(group, *agreed[:3], capacity, x.device)
+        _LAYOUTS[key] = _new_layout(group, transport, *agreed[:3], capacity, x.device)
     layout = _LAYOUTS[key]
     if x.shape[0] > layout.capacity:
         raise ValueError(f"x has {x.shape[0]} tokens, more than the {layout.capacity} a rank's "
@@ -240,15 +254,16 @@ def _agree(group, agreed, tokens, device) -> int:
     return max(row[-1] for row in every)
 
 
-def _new_layout(group, experts_per_rank, hidden, k, capacity, device) -> Layout:
+def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device) -> Layout:
     world = group.size()
     shapes = ((world * capacity, hidden), (world * capacity, meta_width(k)),
               (world, 2 * world))
     nbytes = sum(aligned_bytes(*shape) for shape in shapes)
-    buffer = _BUFFERS.get(group.group_name)
+    key = (group.group_name, transport)
+    buffer = _BUFFERS.get(key)
     if buffer is None or buffer.nbytes < nbytes:
-        _BUFFERS.pop(group.group_name, None)
-        buffer = _BUFFERS[group.group_name] = SymmetricBuffer(group, nbytes, device)
+        _BUFFERS.pop(key, None)
+        buffer = _BUFFERS[key] = TRANSPORTS[transport](group, nbytes, device)
     return Layout(group, world, group.rank(), experts_per_rank, capacity, k, buffer,
                   *buffer.regions(*shapes))
 
@@ -284,16 +299,20 @@ class Plan:
         rank; sets local_ids (other ranks' experts and rows past those
         received: -1) and where each row's output goes back."""
         layout = self.layout
-        counts = self._exchanged_counts()  # [W, W]: row s, what rank s sends each
-        first = counts[:layout.rank].sum(0)  # this rank's first row in each rank's buffer
-        self.dest = torch.where(self.sent, first + self.sent.long().cumsum(0) - 1, -1)
+        # Token t's row in this rank's block of rank r's regions.
+        self.dest = torch.where(self.sent, layout.rank * layout.capacity
+                                + self.sent.long().cumsum(0) - 1, -1)
         meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32),
                           layout.source[:self.tokens]], dim=1)
+        counts = self.sent.sum(0, dtype=torch.int32)[None]  # this rank's rows to each
+        layout.buffer.barrier()  # every rank has read what the regions held
+        layout.counts.send(words(counts), layout.everyone, layout.at_my_row)
         layout.rows.send(words(x), self.ranks, self.dest)
         layout.meta.send(words(meta), self.ranks, self.dest)
         layout.buffer.barrier()
-        received = counts[:, layout.rank].sum()
-        self.valid = layout.buffer_rows < received
+        # Block s's first rows, as many as rank s sent this rank, arrived.
+        arrived = layout.counts.local.clone().view(torch.int32)[:, layout.rank]
+        self.valid = layout.row_in_block < arrived[layout.block_of_row]
         rows = self._received(layout.rows, x.dtype)
         meta = self._received(layout.meta, torch.int32)
         k = layout.k
@@ -305,17 +324,6 @@ class Plan:
         self.back_dest = torch.where(self.valid[:, None], layout.rank * layout.capacity
                                      + meta[:, 2 * k:2 * k + 1].long(), -1)
         return rows, weights
-
-    def _exchanged_counts(self):
-        """Every rank's rows to every rank ([W, W] int64), exchanged through
-        the counts region between two barriers; the second also means that
-        every rank has read what the other regions held."""
-        layout = self.layout
-        counts = self.sent.sum(0, dtype=torch.int32)[None]
-        layout.buffer.barrier()
-        layout.counts.send(words(counts), layout.everyone, layout.at_my_row)
-        layout.buffer.barrier()
-        return layout.counts.local.clone().view(torch.int32).long()
 
     def _received(self, region, dtype):
         """The region's rows as `dtype`, those past the received zeroed (a
@@ -408,6 +416,7 @@ class ExpertParallelExperts(MoEExperts):
         intermediate_size: I, as `MoEExperts`'.
         group: the process group (default: the default group).
         max_tokens: as `expert_parallel`'s.
+        transport: as `expert_parallel`'s.
         **options: `MoEExperts`' keyword arguments: gate_up, activation,
             bias, fp8, device and dtype.
 
@@ -419,7 +428,7 @@ class ExpertParallelExperts(MoEExperts):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  group: dist.ProcessGroup | None = None, max_tokens: int | None = None,
-                 **options: object):
+                 transport: str = "symmetric_memory", **options: object):
         self.group = _group(group)
         check_types(ints=(("num_experts", num_experts),))
         world = self.group.size()
@@ -427,11 +436,11 @@ class ExpertParallelExperts(MoEExperts):
             raise ValueError(f"num_experts ({num_experts}) must be a multiple of the group's "
                              f"size ({world})")
         super().__init__(num_experts // world, hidden_size, intermediate_size, **options)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.transport = max_tokens, transport
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """`expert_parallel(hidden_states, top_k_index, top_k_weights, ...)` with
         this module's parameters, group, max_tokens and settings."""
         return expert_parallel(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                                self.down_proj, group=self.group, max_tokens=self.max_tokens,
-                               **self._options())
+                               transport=self.transport, **self._options())

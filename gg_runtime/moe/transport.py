@@ -1,10 +1,20 @@
-"""Expert parallelism's transport within a host: one symmetric buffer a
-process group (torch's SymmetricMemory allocates it on every rank and gives
-each rank every peer's address), regions of it for rows, their metadata and
-the counts, and the send_rows operator that stores rows straight into the
-peers' regions.  A send is bracketed by two device-side barriers: the first
-waits until every rank has finished reading what the region held, the
-second until every rank's rows have landed.  Nothing waits for the host."""
+"""Expert parallelism's transport: one buffer a process group on every rank,
+carved into regions (rows, their metadata, the counts), each region W
+blocks, block s the rows rank s sent.  A send puts rows into blocks of the
+peers' regions; two ways, one interface:
+
+- `SymmetricBuffer` (one host): torch's SymmetricMemory allocates the
+  buffer on every rank and gives each rank every peer's address; the
+  send_rows operator stores rows straight into the peers' regions.  A send
+  is bracketed by two device-side barriers: the first waits until every
+  rank has finished reading what the region held, the second until every
+  rank's rows have landed.
+- `NcclBuffer` (any ranks, across hosts too): the rows are placed in a
+  staging copy of the region's blocks on the sender and moved by NCCL's
+  all_to_all_single, every block whole (equal splits: no counts from the
+  host); NCCL orders the ranks, the barriers are no-ops.
+
+Nothing waits for the host."""
 from __future__ import annotations
 
 import torch
@@ -19,35 +29,30 @@ WORD = torch.bfloat16  # what send_rows copies: 2-byte words
 
 def words(t: torch.Tensor) -> torch.Tensor:
     """A 2-D tensor of 2-, 4- or 8-byte elements as rows of 2-byte words: what
-    send_rows copies, bit for bit."""
+    a send copies, bit for bit."""
     return t.contiguous().view(WORD)
 
 
 class Region:
     """`rows` rows of `width` 2-byte words, at `offset` bytes into every rank's
-    buffer: this rank's as a tensor, and every rank's address (send_rows'
-    peers table)."""
+    buffer, in W blocks of rows / W: this rank's as a tensor (`local`)."""
 
-    def __init__(self, buffer: SymmetricBuffer, offset: int, rows: int, width: int):
+    def __init__(self, buffer: Buffer, offset: int, rows: int, width: int):
+        self.buffer, self.offset = buffer, offset
         self.local = buffer.tensor[offset:offset + rows * width * 2].view(WORD).view(rows, width)
-        self.peers = buffer.addresses + offset
 
     def send(self, rows: torch.Tensor, ranks: torch.Tensor, dest: torch.Tensor):
         """Row r of `rows` (2-D, `width` words each) to row dest[r, c] of rank
-        ranks[r, c]'s region, for each c with dest[r, c] >= 0."""
-        call(OPS.send_rows.default, rows, self.peers, ranks, dest)
+        ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of this
+        rank's block there (dest // (rows / W) is this rank)."""
+        self.buffer.send(self, rows, ranks, dest)
 
 
-class SymmetricBuffer:
-    """`nbytes` bytes on every rank of `group`, each rank's addressable by all."""
+class Buffer:
+    """What the transports share: the group, the bytes, the regions."""
 
-    def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
-        from torch.distributed import _symmetric_memory as symmetric_memory
-
-        self.nbytes = nbytes
-        self.tensor = symmetric_memory.empty(nbytes, dtype=torch.uint8, device=device)
-        self.handle = symmetric_memory.rendezvous(self.tensor, group.group_name)
-        self.addresses = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
+        self.group, self.nbytes, self.tensor = group, nbytes, tensor
 
     def regions(self, *shapes: tuple[int, int]) -> list[Region]:
         """Consecutive regions of (rows, width) words, each ALIGN-aligned."""
@@ -58,9 +63,49 @@ class SymmetricBuffer:
         assert offset <= self.nbytes, "the buffer was sized for fewer bytes"
         return found
 
+
+class SymmetricBuffer(Buffer):
+    """`nbytes` bytes on every rank of `group`, each rank's addressable by all
+    (the GPUs of one host)."""
+
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
+        from torch.distributed import _symmetric_memory as symmetric_memory
+
+        super().__init__(group, nbytes,
+                         symmetric_memory.empty(nbytes, dtype=torch.uint8, device=device))
+        self.handle = symmetric_memory.rendezvous(self.tensor, group.group_name)
+        self.addresses = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
+
+    def send(self, region: Region, rows, ranks, dest):
+        call(OPS.send_rows.default, rows, self.addresses + region.offset, ranks, dest)
+
     def barrier(self):
         """Every rank's stream reaches this point before any goes past it."""
         self.handle.barrier(channel=0)
+
+
+class NcclBuffer(Buffer):
+    """`nbytes` bytes on every rank of `group`, filled by NCCL's all-to-all."""
+
+    def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
+        super().__init__(group, nbytes, torch.empty(nbytes, dtype=torch.uint8, device=device))
+
+    def send(self, region: Region, rows, ranks, dest):
+        """Each row into its place in a staging copy of the peers' blocks (a
+        last row takes the rows not sent), then every block to its rank."""
+        world, rank = self.group.size(), self.group.rank()
+        block = region.local.shape[0] // world
+        staging = rows.new_empty(world * block + 1, rows.shape[1])
+        place = torch.where(dest >= 0, ranks.long() * block + dest - rank * block, world * block)
+        for c in range(dest.shape[1]):
+            staging.index_copy_(0, place[:, c], rows)
+        dist.all_to_all_single(region.local, staging[:-1], group=self.group)
+
+    def barrier(self):
+        """NCCL orders the ranks' transfers itself."""
+
+
+TRANSPORTS = {"symmetric_memory": SymmetricBuffer, "nccl": NcclBuffer}
 
 
 def aligned_bytes(rows: int, width: int) -> int:

@@ -69,7 +69,9 @@ def check_close(name, got, want, tolerance=TOLERANCE):
     assert error <= tolerance, f"{name}: relative error {error:.2e}"
 
 
-def forward_and_backward(options=None, **shape):
+def forward_and_backward(options=None, transport="symmetric_memory", **shape):
+    """Outputs and gradients against moe_experts with all the experts;
+    options: both take them."""
     options = options or {}
     case, counts = global_case(**shape)
     mine, tokens, experts = local(case, counts)
@@ -78,7 +80,7 @@ def forward_and_backward(options=None, **shape):
     grad = torch.randn_like(want)
     want.backward(grad)
     ours = {n: mine[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
-    got = expert_parallel(**{**mine, **ours}, **options)
+    got = expert_parallel(**{**mine, **ours}, **options, transport=transport)
     got.backward(grad[tokens])
     check_close("out", got, want[tokens])
     check_close("x.grad", ours["x"].grad, leaves["x"].grad[tokens])
@@ -99,6 +101,11 @@ SHAPE = {"hidden": 256, "inter": 128, "k": 4}
 def case_uniform():
     world, _ = world_and_rank()
     forward_and_backward(tokens=uneven(300), experts=8 * world, **SHAPE)
+
+
+def case_nccl_transport():
+    world, _ = world_and_rank()
+    forward_and_backward(transport="nccl", tokens=uneven(300), experts=8 * world, **SHAPE)
 
 
 def case_skewed():

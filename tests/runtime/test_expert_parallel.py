@@ -27,6 +27,13 @@ class World:
         self.buffers = [None] * size
         self.gathered = [None] * size
 
+    def all_to_all_single(self, out, mine, group):
+        """Block r of rank s's `mine` to block s of rank r's `out`."""
+        self.gathered[group.rank()] = mine.clone()
+        self.barrier.wait()
+        out.copy_(torch.cat([m.chunk(self.size)[group.rank()] for m in self.gathered]))
+        self.barrier.wait()
+
     def all_gather_into_tensor(self, out, mine, group):
         self.gathered[group.rank()] = mine.clone()
         self.barrier.wait()
@@ -62,8 +69,9 @@ def simulated(monkeypatch):
     class Buffer(transport.SymmetricBuffer):
         def __init__(self, group, nbytes, device):
             world = group.world
-            self.nbytes, self.world = nbytes, world
-            self.tensor = torch.full((nbytes,), 0xFF, dtype=torch.uint8)  # NaN words
+            transport.Buffer.__init__(self, group, nbytes,
+                                      torch.full((nbytes,), 0xFF, dtype=torch.uint8))  # NaNs
+            self.world = world
             world.buffers[group.rank()] = self.tensor
             world.barrier.wait()
             self.addresses = torch.tensor([b.data_ptr() for b in world.buffers])
@@ -79,11 +87,13 @@ def simulated(monkeypatch):
             all_gather_into_tensor=world.all_gather_into_tensor, ProcessGroup=Group))
         monkeypatch.setattr(transport, "OPS", SimpleNamespace(
             send_rows=SimpleNamespace(default=world.send_rows)))
+        monkeypatch.setattr(transport, "dist", SimpleNamespace(
+            all_to_all_single=world.all_to_all_single))
+        monkeypatch.setitem(transport.TRANSPORTS, "symmetric_memory", Buffer)
         return world
 
     monkeypatch.setattr(ep, "_group", lambda group: group)
     monkeypatch.setattr(ep, "DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(ep, "SymmetricBuffer", Buffer)
     monkeypatch.setattr(ep, "_LAYOUTS", {})
     monkeypatch.setattr(ep, "_BUFFERS", {})
     monkeypatch.setattr(ep, "moe_experts", reference_experts)
@@ -147,14 +157,16 @@ LEAVES = ("x", "topk_weights", "w13", "w2")
     ((16, 16), 4, 3, {"dropped": True}, None),
     ((5,), 3, 2, {}, None),
 ])
+@pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
 def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, counts, experts,
-                                                                  k, options, max_tokens):
+                                                                  k, options, max_tokens,
+                                                                  transport):
     world = simulated(len(counts))
     case = global_case(counts, experts, k, **options)
     leaves = {n: case[n].double().requires_grad_() for n in LEAVES}
     want = layer_ref(**{**case, **leaves})
-    grad = torch.randn_like(want)
-    want.backward(grad)
+    grad = torch.randn_like(want).bfloat16()  # as a bfloat16 output's gradient comes
+    want.backward(grad.double())
     share = experts // world.size
 
     def rank_work(rank):
@@ -165,8 +177,8 @@ def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, coun
                 "w2": case["w2"][rank * share:(rank + 1) * share]}
         ours = {n: mine[n].clone().requires_grad_() for n in LEAVES}
         out = expert_parallel(**{**mine, **ours}, group=Group(world, rank),
-                              max_tokens=max_tokens)
-        out.backward(grad[tokens].to(out.dtype))
+                              max_tokens=max_tokens, transport=transport)
+        out.backward(grad[tokens])
         return tokens, out, {n: ours[n].grad for n in LEAVES}
 
     for rank, (tokens, out, grads) in enumerate(on_every_rank(world, rank_work)):
@@ -177,7 +189,8 @@ def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, coun
                  (grads["w2"], leaves["w2"].grad[experts_here])]
         for got, expected in pairs:
             assert torch.isfinite(got).all()
-            torch.testing.assert_close(got.double(), expected.detach(), rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(got.double(), expected.detach(), rtol=2e-2, atol=2e-2,
+                                       msg=lambda m, r=rank: f"rank {r}: {m}")
 
 
 def test_ranks_that_disagree_are_refused_on_every_rank(simulated):
@@ -231,6 +244,7 @@ def test_no_process_group_is_a_value_error():
     ({"max_tokens": 0}, ValueError, "max_tokens must be at least 1"),
     ({"max_tokens": 2.0}, TypeError, "max_tokens"),
     ({"w13": torch.zeros(4, 8)}, ValueError, "w13 must be"),
+    ({"transport": "mpi"}, ValueError, "transport must be one of"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_sent(simulated, change, error, match):
     world = simulated(1)
