@@ -28,6 +28,8 @@ from gg_runtime.moe import expert_parallel, moe_experts
 from gg_runtime.moe import expert_parallelism as ep
 from gg_runtime.testing import rel_error
 
+from . import measure
+
 TOKENS = 4096
 DECODE = (1, 32, 128)
 REPS = 10
@@ -51,13 +53,10 @@ def timed(fn, reps=REPS) -> float:
 
 def graphed(fn) -> float:
     """timed() of fn captured in a CUDA graph (ms)."""
-    fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay)
+    replay = measure.graphed(fn)
+    if replay is None:
+        raise ValueError("the call could not be captured in a CUDA graph")
+    return timed(replay)
 
 
 def nccl_experts(x, topk_ids, topk_weights, w13, w2):

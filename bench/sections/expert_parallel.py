@@ -22,7 +22,7 @@ TITLE = "Expert parallelism on one host"
 # (H, I, E, k)
 LAYERS = {"deepseek_v3": (7168, 2048, 256, 8), "qwen3_30b_a3b": (2048, 768, 128, 8)}
 WORLDS = (2, 4)
-# Multicast stays off on the lent machines.
+# Every process keeps NVLink multicast off (the project's multi-GPU rule).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -52,7 +52,6 @@ class Layout:
     2k + 2 int32: a token's global ids, its weights' bits, its row and rank;
     the weights' gradients on the way back) and `counts` (W rows of W int32:
     row s, what rank s sends each)."""
-    group: dist.ProcessGroup
     world: int
     rank: int
     experts_per_rank: int
@@ -264,7 +263,7 @@ def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device)
     if buffer is None or buffer.nbytes < nbytes:
         _BUFFERS.pop(key, None)
         buffer = _BUFFERS[key] = TRANSPORTS[transport](group, nbytes, device)
-    return Layout(group, world, group.rank(), experts_per_rank, capacity, k, buffer,
+    return Layout(world, group.rank(), experts_per_rank, capacity, k, buffer,
                   *buffer.regions(*shapes))
 
 
