@@ -6,9 +6,9 @@ NCCL).  Each rank holds E / W experts (rank r experts r * E/W ..
 1. dispatch: each token goes once to every rank that holds one of its
    experts (its row, its k global ids, its k weights and where it came
    from), into this rank's block of that rank's buffer (transport.py: stored
-   straight into the peer's memory on one host, or by NCCL's all-to-all),
-   with the count of rows each rank sent each, so that a rank knows which
-   rows of its blocks arrived, with no host sync;
+   straight into the peer's memory on one host, or by NCCL's all-to-all);
+   a rank clears its metadata before the rows come, so that the rows no rank
+   sent have no ids: no host sync;
 2. the local experts: moe_experts on the received rows, the ids of other
    ranks' experts dropped, so that each row's output is the weighted sum of
    its slots on this rank;
@@ -48,10 +48,9 @@ AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size")
 class Layout:
     """One configuration's sizes and its regions of the group's buffer, each
     W blocks, block s what rank s sent: `rows` (blocks of max_tokens rows of
-    H words: tokens, outputs and their gradients), `meta` (as many rows of
+    H words: tokens, outputs and their gradients) and `meta` (as many rows of
     2k + 2 int32: a token's global ids, its weights' bits, its row and rank;
-    the weights' gradients on the way back) and `counts` (W rows of W int32:
-    row s, what rank s sends each)."""
+    the weights' gradients on the way back)."""
     world: int
     rank: int
     experts_per_rank: int
@@ -60,19 +59,16 @@ class Layout:
     buffer: Buffer
     rows: Region
     meta: Region
-    counts: Region
 
     def __post_init__(self):
         """The index tensors every call reads, made once (fewer launches a call)."""
         device = self.buffer.tensor.device
-        self.everyone = torch.arange(self.world, dtype=torch.int32, device=device)[None]
-        self.at_my_row = torch.full((1, self.world), self.rank, dtype=torch.int64, device=device)
-        self.plane_starts = torch.arange(self.world, device=device) * self.capacity
         self.token_rows = torch.arange(self.capacity, device=device)
+        self.ranks = torch.arange(self.world, dtype=torch.int32,
+                                  device=device).expand(self.capacity, self.world).contiguous()
+        self.plane_starts = torch.arange(self.world, device=device) * self.capacity
         # A token's row and this rank, its metadata's last two words.
         self.source = torch.stack([self.token_rows, self.token_rows * 0 + self.rank], 1).int()
-        rows = torch.arange(self.planes, device=device)
-        self.row_in_block, self.block_of_row = rows % self.capacity, rows // self.capacity
         self.ones = torch.ones(self.capacity, self.world, device=device)
         self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
 
@@ -168,8 +164,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     plan = Plan(layout, topk_ids)
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
         rows, weights = _Dispatch.apply(x, topk_weights, plan)
-    else:
-        rows, weights = plan.dispatch(x, topk_weights)
+    else:  # read in place unless autograd may keep the rows (the experts' weights' gradients)
+        rows, weights = plan.dispatch(x, topk_weights, private=torch.is_grad_enabled())
     out = moe_experts(rows, plan.local_ids, weights, w13, w2, **experts)
     if torch.is_grad_enabled() and out.requires_grad:
         return _Return.apply(out, plan)
@@ -255,9 +251,10 @@ def _agree(group, agreed, tokens, device) -> int:
 
 def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device) -> Layout:
     world = group.size()
-    shapes = ((world * capacity, hidden), (world * capacity, meta_width(k)),
-              (world, 2 * world))
-    nbytes = sum(aligned_bytes(*shape) for shape in shapes)
+    # The rows a rank does not send: stale rows (zeros on NCCL), and metadata
+    # of all-ones words (ids, row and rank -1).
+    shapes = ((world * capacity, hidden, 0), (world * capacity, meta_width(k), -1))
+    nbytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
     key = (group.group_name, transport)
     buffer = _BUFFERS.get(key)
     if buffer is None or buffer.nbytes < nbytes:
@@ -280,56 +277,49 @@ class Plan:
 
     def __init__(self, layout: Layout, topk_ids: torch.Tensor):
         self.layout = layout
-        world, device = layout.world, topk_ids.device
+        world, rank, capacity = layout.world, layout.rank, layout.capacity
         self.tokens, experts = topk_ids.shape[0], layout.experts_per_rank * world
         kept = (topk_ids >= 0) & (topk_ids < experts)
         owner = torch.where(kept, topk_ids // layout.experts_per_rank, world)
-        self.sent = torch.zeros(self.tokens, world + 1, dtype=torch.bool, device=device)
-        self.sent.scatter_(1, owner.long(), True)
-        self.sent = self.sent[:, :world]  # [T, W]: token t goes to rank r
+        # [W, T]: token t goes to rank r (rank W: the dropped slots), tokens
+        # along the rows, so that the running count below scans contiguous memory.
+        goes = torch.zeros(world + 1, self.tokens, dtype=torch.int32, device=topk_ids.device)
+        goes = goes.scatter_(0, owner.T.long(), 1)[:world]
+        self.sent = goes.T.bool().contiguous()  # [T, W]
         self.topk_ids = torch.where(kept, topk_ids, -1).int()  # int32 travels; no wrap-around
-        self.ranks = layout.everyone.expand(self.tokens, world).contiguous()
+        self.ranks = layout.ranks[:self.tokens]
+        # Token t's row in this rank's block of rank r's regions: the tokens
+        # before it sent there.
+        self.dest = torch.where(self.sent, rank * capacity + goes.cumsum(1).T - 1, -1)
         # Where rank r's plane of the return holds token t's output.
         rows = layout.token_rows[:self.tokens, None]
         self.index = torch.where(self.sent, layout.plane_starts + rows, -1)
 
-    def dispatch(self, x, topk_weights):
+    def dispatch(self, x, topk_weights, private=False):
         """(rows [W * max_tokens, H], weights [.., k] float32) received by this
-        rank; sets local_ids (other ranks' experts and rows past those
-        received: -1) and where each row's output goes back."""
+        rank: its blocks of the rows region (a copy where `private`: the
+        region is overwritten by the next transfer, and autograd keeps the
+        rows), the rows past those a rank sent stale, their ids -1; sets
+        local_ids (-1 but for this rank's experts) and where each row's
+        output goes back."""
         layout = self.layout
-        # Token t's row in this rank's block of rank r's regions.
-        self.dest = torch.where(self.sent, layout.rank * layout.capacity
-                                + self.sent.long().cumsum(0) - 1, -1)
+        k = layout.k
         meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32),
                           layout.source[:self.tokens]], dim=1)
-        counts = self.sent.sum(0, dtype=torch.int32)[None]  # this rank's rows to each
+        layout.meta.clear()  # rows no rank sends: no ids, no row to return to
         layout.buffer.barrier()  # every rank has read what the regions held
-        layout.counts.send(words(counts), layout.everyone, layout.at_my_row)
         layout.rows.send(words(x), self.ranks, self.dest)
         layout.meta.send(words(meta), self.ranks, self.dest)
         layout.buffer.barrier()
-        # Block s's first rows, as many as rank s sent this rank, arrived.
-        arrived = layout.counts.local.clone().view(torch.int32)[:, layout.rank]
-        self.valid = layout.row_in_block < arrived[layout.block_of_row]
-        rows = self._received(layout.rows, x.dtype)
-        meta = self._received(layout.meta, torch.int32)
-        k = layout.k
-        ids = meta[:, :k] - layout.rank * layout.experts_per_rank
-        here = self.valid[:, None] & (ids >= 0) & (ids < layout.experts_per_rank)
-        self.local_ids = torch.where(here, ids, -1)
-        weights = meta[:, k:2 * k].contiguous().view(torch.float32)
-        self.back_ranks = meta[:, 2 * k + 1:].contiguous()
-        self.back_dest = torch.where(self.valid[:, None], layout.rank * layout.capacity
-                                     + meta[:, 2 * k:2 * k + 1].long(), -1)
-        return rows, weights
-
-    def _received(self, region, dtype):
-        """The region's rows as `dtype`, those past the received zeroed (a
-        private copy: the region is overwritten by the next transfer)."""
-        rows = region.local.view(dtype)
-        return torch.where(self.valid[:, None], rows, torch.zeros((), dtype=dtype,
-                                                                  device=rows.device))
+        received = layout.meta.local.view(torch.int32)  # [W * max_tokens, 2k + 2]
+        ids = received[:, :k] - layout.rank * layout.experts_per_rank
+        self.local_ids = torch.where((ids >= 0) & (ids < layout.experts_per_rank), ids, -1)
+        weights = torch.where(self.local_ids >= 0, received[:, k:2 * k].view(torch.float32), 0.0)
+        self.back_ranks = received[:, 2 * k + 1:].contiguous()
+        row = received[:, 2 * k:2 * k + 1]
+        self.back_dest = torch.where(row >= 0, layout.rank * layout.capacity + row.long(), -1)
+        rows = layout.rows.local.view(x.dtype)
+        return (rows.clone() if private else rows), weights
 
     def returned(self, out):
         """Each token's output: its received rows' outputs (out) sent home
@@ -348,12 +338,13 @@ class Plan:
                     layout.offs)
 
     def dispatch_gradient(self, grad):
-        """The output's gradient [T, H] to the received rows, as the tokens went."""
+        """The output's gradient [T, H] to the received rows, as the tokens
+        went (a copy: autograd may run another transfer before it is read)."""
         layout = self.layout
         layout.buffer.barrier()
         layout.rows.send(words(grad), self.ranks, self.dest)
         layout.buffer.barrier()
-        return self._received(layout.rows, grad.dtype)
+        return layout.rows.local.view(grad.dtype).clone()
 
     def returned_gradients(self, grad_rows, grad_weights):
         """The received rows' and weights' gradients sent home: each token's
@@ -378,7 +369,7 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_weights, plan):
         ctx.plan, ctx.weights_dtype = plan, topk_weights.dtype
-        return plan.dispatch(x, topk_weights)
+        return plan.dispatch(x, topk_weights, private=True)
 
     @staticmethod
     def backward(ctx, grad_rows, grad_weights):

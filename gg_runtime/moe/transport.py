@@ -1,5 +1,5 @@
 """Expert parallelism's transport: one buffer a process group on every rank,
-carved into regions (rows, their metadata, the counts), each region W
+carved into regions (rows and their metadata), each region W
 blocks, block s the rows rank s sent.  A send puts rows into blocks of the
 peers' regions; two ways, one interface:
 
@@ -7,8 +7,9 @@ peers' regions; two ways, one interface:
   buffer on every rank and gives each rank every peer's address; the
   send_rows operator stores rows straight into the peers' regions.  A send
   is bracketed by two device-side barriers: the first waits until every
-  rank has finished reading what the region held, the second until every
-  rank's rows have landed.
+  rank has finished reading what the region held (and has cleared it, where
+  the rows not sent must read blank), the second until every rank's rows
+  have landed.
 - `NcclBuffer` (any ranks, across hosts too): the rows are placed in a
   staging copy of the region's blocks on the sender and moved by NCCL's
   all_to_all_single, every block whole (equal splits: no counts from the
@@ -35,11 +36,18 @@ def words(t: torch.Tensor) -> torch.Tensor:
 
 class Region:
     """`rows` rows of `width` 2-byte words, at `offset` bytes into every rank's
-    buffer, in W blocks of rows / W: this rank's as a tensor (`local`)."""
+    buffer, in W blocks of rows / W: this rank's as a tensor (`local`).
+    `blank`, a 16-bit word: what the rows no rank sends hold after a
+    transfer that `clear` began."""
 
-    def __init__(self, buffer: Buffer, offset: int, rows: int, width: int):
-        self.buffer, self.offset = buffer, offset
+    def __init__(self, buffer: Buffer, offset: int, rows: int, width: int, blank: int):
+        self.buffer, self.offset, self.blank = buffer, offset, blank
         self.local = buffer.tensor[offset:offset + rows * width * 2].view(WORD).view(rows, width)
+
+    def clear(self):
+        """Before a transfer's first barrier: its rows no rank sends will read
+        `blank`."""
+        self.buffer.clear(self)
 
     def send(self, rows: torch.Tensor, ranks: torch.Tensor, dest: torch.Tensor):
         """Row r of `rows` (2-D, `width` words each) to row dest[r, c] of rank
@@ -54,11 +62,11 @@ class Buffer:
     def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
         self.group, self.nbytes, self.tensor = group, nbytes, tensor
 
-    def regions(self, *shapes: tuple[int, int]) -> list[Region]:
-        """Consecutive regions of (rows, width) words, each ALIGN-aligned."""
+    def regions(self, *shapes: tuple[int, int, int]) -> list[Region]:
+        """Consecutive regions of (rows, width, blank) words, each ALIGN-aligned."""
         found, offset = [], 0
-        for rows, width in shapes:
-            found.append(Region(self, offset, rows, width))
+        for rows, width, blank in shapes:
+            found.append(Region(self, offset, rows, width, blank))
             offset += aligned_bytes(rows, width)
         assert offset <= self.nbytes, "the buffer was sized for fewer bytes"
         return found
@@ -71,13 +79,18 @@ class SymmetricBuffer(Buffer):
     def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
         from torch.distributed import _symmetric_memory as symmetric_memory
 
+        # Zeroed: a row no rank sent is read in place, never multiplied, but finite.
         super().__init__(group, nbytes,
-                         symmetric_memory.empty(nbytes, dtype=torch.uint8, device=device))
+                         symmetric_memory.empty(nbytes, dtype=torch.uint8, device=device).zero_())
         self.handle = symmetric_memory.rendezvous(self.tensor, group.group_name)
         self.addresses = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
 
     def send(self, region: Region, rows, ranks, dest):
         call(OPS.send_rows.default, rows, self.addresses + region.offset, ranks, dest)
+
+    def clear(self, region: Region):
+        """The peers store only the rows they send: the rest is set here."""
+        region.local.view(torch.int16).fill_(region.blank)
 
     def barrier(self):
         """Every rank's stream reaches this point before any goes past it."""
@@ -88,18 +101,23 @@ class NcclBuffer(Buffer):
     """`nbytes` bytes on every rank of `group`, filled by NCCL's all-to-all."""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
-        super().__init__(group, nbytes, torch.empty(nbytes, dtype=torch.uint8, device=device))
+        super().__init__(group, nbytes, torch.zeros(nbytes, dtype=torch.uint8, device=device))
 
     def send(self, region: Region, rows, ranks, dest):
-        """Each row into its place in a staging copy of the peers' blocks (a
-        last row takes the rows not sent), then every block to its rank."""
+        """Each row into its place in a staging copy of the peers' blocks (the
+        others blank; a last row takes the rows not sent), then every block to
+        its rank."""
         world, rank = self.group.size(), self.group.rank()
         block = region.local.shape[0] // world
-        staging = rows.new_empty(world * block + 1, rows.shape[1])
+        staging = rows.view(torch.int16).new_full((world * block + 1, rows.shape[1]),
+                                                   region.blank).view(rows.dtype)
         place = torch.where(dest >= 0, ranks.long() * block + dest - rank * block, world * block)
         for c in range(dest.shape[1]):
             staging.index_copy_(0, place[:, c], rows)
         dist.all_to_all_single(region.local, staging[:-1], group=self.group)
+
+    def clear(self, region: Region):
+        """Every block travels whole, the rows not sent blank (send)."""
 
     def barrier(self):
         """NCCL orders the ranks' transfers itself."""

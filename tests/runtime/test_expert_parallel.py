@@ -264,3 +264,32 @@ def test_the_module_holds_its_share_of_the_experts(simulated):
                for m in modules)
     with pytest.raises(ValueError, match="multiple of the group's size"):
         ExpertParallelExperts(7, 16, 4, group=Group(world, 0))
+
+
+@pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
+def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated, monkeypatch,
+                                                                      transport):
+    world = simulated(2)
+    case = global_case((9, 6), 4, 2)
+    want = layer_ref(**case)
+    read = []
+
+    def experts_spy(x, *args, **options):
+        read.append(x.data_ptr())
+        return reference_experts(x, *args, **options)
+
+    monkeypatch.setattr(ep, "moe_experts", experts_spy)
+
+    def rank_work(rank):
+        tokens = slice(9 * rank, 9 + 6 * rank)
+        mine = {n: case[n][tokens] for n in ("x", "topk_ids", "topk_weights")}
+        with torch.no_grad():
+            out = expert_parallel(**mine, w13=case["w13"][2 * rank:2 * rank + 2],
+                                  w2=case["w2"][2 * rank:2 * rank + 2],
+                                  group=Group(world, rank), transport=transport)
+        return tokens, out
+
+    for tokens, out in on_every_rank(world, rank_work):
+        torch.testing.assert_close(out.double(), want[tokens].double(), rtol=2e-2, atol=2e-2)
+    # Each rank's experts read its rows region (the buffer's first), not a copy.
+    assert sorted(read) == sorted(buffer.tensor.data_ptr() for buffer in ep._BUFFERS.values())
