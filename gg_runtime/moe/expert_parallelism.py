@@ -4,8 +4,8 @@ NCCL).  Each rank holds E / W experts (rank r experts r * E/W ..
 (r + 1) * E/W - 1).  A call is three stages:
 
 1. dispatch: each token goes once to every rank that holds one of its
-   experts (its row, its k global ids, its k weights and where it came
-   from), into this rank's block of that rank's buffer (transport.py: stored
+   experts (its row, its k global ids and its k weights), token t into row
+   t of this rank's block of that rank's buffer (transport.py: stored
    straight into the peer's memory on one host, or by NCCL's all-to-all);
    a rank clears its metadata before the rows come, so that the rows no rank
    sent have no ids: no host sync;
@@ -47,10 +47,10 @@ AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size")
 @dataclass
 class Layout:
     """One configuration's sizes and its regions of the group's buffer, each
-    W blocks, block s what rank s sent: `rows` (blocks of max_tokens rows of
-    H words: tokens, outputs and their gradients) and `meta` (as many rows of
-    2k + 2 int32: a token's global ids, its weights' bits, its row and rank;
-    the weights' gradients on the way back)."""
+    W blocks of max_tokens rows, row t of block s rank s's token t (where
+    sent): `rows` (rows of H words: tokens, outputs and their gradients) and
+    `meta` (rows of 2k int32: a token's global ids and its weights' bits; the
+    weights' gradients on the way back)."""
     world: int
     rank: int
     experts_per_rank: int
@@ -67,8 +67,11 @@ class Layout:
         self.ranks = torch.arange(self.world, dtype=torch.int32,
                                   device=device).expand(self.capacity, self.world).contiguous()
         self.plane_starts = torch.arange(self.world, device=device) * self.capacity
-        # A token's row and this rank, its metadata's last two words.
-        self.source = torch.stack([self.token_rows, self.token_rows * 0 + self.rank], 1).int()
+        # Where a received row's output goes back: row t of block s to rank s,
+        # row t of its block of this rank.
+        received = torch.arange(self.planes, device=device)
+        self.home_ranks = (received // self.capacity).int()[:, None]
+        self.home_rows = (self.rank * self.capacity + received % self.capacity)[:, None]
         self.ones = torch.ones(self.capacity, self.world, device=device)
         self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
 
@@ -253,7 +256,7 @@ def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device)
     world = group.size()
     # The rows a rank does not send: stale rows (zeros on NCCL), and metadata
     # of all-ones words (ids, row and rank -1).
-    shapes = ((world * capacity, hidden, 0), (world * capacity, meta_width(k), -1))
+    shapes = ((world * capacity, hidden, 0), (world * capacity, 2 * meta_width(k), -1))
     nbytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
     key = (group.group_name, transport)
     buffer = _BUFFERS.get(key)
@@ -265,9 +268,8 @@ def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device)
 
 
 def meta_width(k: int) -> int:
-    """Words a token's metadata takes: k ids and k weights (int32 and float32
-    bits), its row and its rank."""
-    return 2 * (2 * k + 2)
+    """The int32 words of a token's metadata: k ids and k weights' bits."""
+    return 2 * k
 
 
 class Plan:
@@ -281,43 +283,37 @@ class Plan:
         self.tokens, experts = topk_ids.shape[0], layout.experts_per_rank * world
         kept = (topk_ids >= 0) & (topk_ids < experts)
         owner = torch.where(kept, topk_ids // layout.experts_per_rank, world)
-        # [W, T]: token t goes to rank r (rank W: the dropped slots), tokens
-        # along the rows, so that the running count below scans contiguous memory.
-        goes = torch.zeros(world + 1, self.tokens, dtype=torch.int32, device=topk_ids.device)
-        goes = goes.scatter_(0, owner.T.long(), 1)[:world]
-        self.sent = goes.T.bool().contiguous()  # [T, W]
+        sent = torch.zeros(self.tokens, world + 1, dtype=torch.bool, device=topk_ids.device)
+        self.sent = sent.scatter_(1, owner.long(), True)[:, :world]  # [T, W]: t goes to r
         self.topk_ids = torch.where(kept, topk_ids, -1).int()  # int32 travels; no wrap-around
         self.ranks = layout.ranks[:self.tokens]
-        # Token t's row in this rank's block of rank r's regions: the tokens
-        # before it sent there.
-        self.dest = torch.where(self.sent, rank * capacity + goes.cumsum(1).T - 1, -1)
-        # Where rank r's plane of the return holds token t's output.
         rows = layout.token_rows[:self.tokens, None]
+        # Token t to row t of this rank's block of each rank it goes to ...
+        self.dest = torch.where(self.sent, rank * capacity + rows, -1)
+        # ... and its outputs back to row t of those ranks' blocks here.
         self.index = torch.where(self.sent, layout.plane_starts + rows, -1)
 
     def dispatch(self, x, topk_weights, private=False):
         """(rows [W * max_tokens, H], weights [.., k] float32) received by this
         rank: its blocks of the rows region (a copy where `private`: the
         region is overwritten by the next transfer, and autograd keeps the
-        rows), the rows past those a rank sent stale, their ids -1; sets
-        local_ids (-1 but for this rank's experts) and where each row's
-        output goes back."""
+        rows), the rows no rank sent stale, their ids -1; sets local_ids (-1
+        but for this rank's experts) and where each row's output goes back."""
         layout = self.layout
         k = layout.k
-        meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32),
-                          layout.source[:self.tokens]], dim=1)
-        layout.meta.clear()  # rows no rank sends: no ids, no row to return to
+        meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32)], dim=1)
+        layout.meta.clear()  # rows no rank sends: no ids
         layout.buffer.barrier()  # every rank has read what the regions held
         layout.rows.send(words(x), self.ranks, self.dest)
         layout.meta.send(words(meta), self.ranks, self.dest)
         layout.buffer.barrier()
-        received = layout.meta.local.view(torch.int32)  # [W * max_tokens, 2k + 2]
+        received = layout.meta.local.view(torch.int32)  # [W * max_tokens, 2k]
         ids = received[:, :k] - layout.rank * layout.experts_per_rank
         self.local_ids = torch.where((ids >= 0) & (ids < layout.experts_per_rank), ids, -1)
-        weights = torch.where(self.local_ids >= 0, received[:, k:2 * k].view(torch.float32), 0.0)
-        self.back_ranks = received[:, 2 * k + 1:].contiguous()
-        row = received[:, 2 * k:2 * k + 1]
-        self.back_dest = torch.where(row >= 0, layout.rank * layout.capacity + row.long(), -1)
+        weights = torch.where(self.local_ids >= 0, received[:, k:].view(torch.float32), 0.0)
+        # A row that came holds one of this rank's experts (why it was sent).
+        came = (self.local_ids >= 0).any(1, keepdim=True)
+        self.back_dest = torch.where(came, layout.home_rows, -1)
         rows = layout.rows.local.view(x.dtype)
         return (rows.clone() if private else rows), weights
 
@@ -326,7 +322,7 @@ class Plan:
         and summed over the ranks that made them."""
         layout = self.layout
         layout.buffer.barrier()
-        layout.rows.send(words(out), self.back_ranks, self.back_dest)
+        layout.rows.send(words(out), layout.home_ranks, self.back_dest)
         layout.buffer.barrier()
         return self._summed(layout.rows.local.view(out.dtype))
 
@@ -351,12 +347,12 @@ class Plan:
         summed over the ranks ([T, H] and [T, k] float32)."""
         layout = self.layout
         k = layout.k
-        padded = torch.zeros(grad_weights.shape[0], 2 * k + 2, dtype=torch.float32,
+        padded = torch.zeros(grad_weights.shape[0], meta_width(k), dtype=torch.float32,
                              device=grad_weights.device)
         padded[:, :k] = grad_weights
         layout.buffer.barrier()
-        layout.rows.send(words(grad_rows), self.back_ranks, self.back_dest)
-        layout.meta.send(words(padded), self.back_ranks, self.back_dest)
+        layout.rows.send(words(grad_rows), layout.home_ranks, self.back_dest)
+        layout.meta.send(words(padded), layout.home_ranks, self.back_dest)
         layout.buffer.barrier()
         grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
         planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
