@@ -3,7 +3,7 @@ expert_parallel.py starts W of them with torch.distributed.run): times
 gg_runtime.moe.expert_parallel on one layer shape beside the NCCL baseline
 (host-synced all_to_all_single of each slot's row, moe_experts as the local
 experts, each token's k outputs gathered and summed with its weights) and
-the local experts alone (moe_experts on the rows this rank received, no
+the local experts alone (moe_experts on the rows this rank received, gathered, no
 communication), and prints rank 0's rows as one JSON line:
 
     torchrun --nproc-per-node 4 -m bench.expert_parallel_worker dsv3 7168 2048 256 8
@@ -101,16 +101,18 @@ def layer(hidden, inter, experts, k, tokens, seed):
 
 def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
     """Dispatch and return alone (ms, graphed), the rows this rank sent, and
-    the experts alone on the rows it received (ms, graphed)."""
+    the experts alone on the rows it received, gathered (ms, graphed)."""
     layout = ep._layout(dist.group.WORLD, x, ids, w13, max_tokens)
-    plan = ep.Plan(layout, ids)
-    rows, received = plan.dispatch(x, weights)
+    plan = ep.Plan(layout, ids, weights)
+    rows, received = plan.dispatch(x)
+    came = (plan.local_ids >= 0).any(1)
+    alone = (rows[came].clone(), plan.local_ids[came].clone(), received[came].clone())
     out = moe_experts(rows, plan.local_ids, received, w13, w2)
-    return {"dispatch_ms": graphed(lambda: ep.Plan(layout, ids).dispatch(x, weights)),
+    return {"dispatch_ms": graphed(lambda: ep.Plan(layout, ids, weights).dispatch(x)),
             "return_ms": graphed(lambda: plan.returned(out)),
-            "rows_sent": int(plan.sent.sum()),
-            "alone_ms": graphed(lambda: moe_experts(rows, plan.local_ids, received, w13, w2)),
-            "alone_inputs": (rows, plan.local_ids, received)}
+            "rows_sent": int((plan.index >= 0).sum()),
+            "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2)),
+            "alone_inputs": alone}
 
 
 def forward_rows(hidden, inter, experts, k) -> dict:

@@ -15,6 +15,7 @@
 namespace {
 
 using gg::ops::combine;
+using gg::ops::dispatch_plan;
 using gg::ops::gathered_mm;
 using gg::ops::gathered_mm_k;
 using gg::ops::grouped_gemm;
@@ -27,6 +28,7 @@ using gg::ops::moe_experts_fp8_for_backward;
 using gg::ops::quantize_fp8;
 using gg::ops::quantize_fp8_both_orientations;
 using gg::ops::quantize_fp8_columns;
+using gg::ops::received_slots;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
 using gg::ops::scaled_grouped_mm_k;
@@ -68,6 +70,8 @@ void implement(Library& m) {
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
   m.impl("send_rows", kernel<TORCH_BOX(&send_rows), kShapesOnly>());
+  m.impl("dispatch_plan", kernel<TORCH_BOX(&dispatch_plan), kShapesOnly>());
+  m.impl("received_slots", kernel<TORCH_BOX(&received_slots), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
   m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
   m.impl("moe_experts_fp8", kernel<TORCH_BOX(&moe_experts_fp8), kShapesOnly>());
@@ -184,6 +188,12 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def("combine(Tensor rows, Tensor index, Tensor weights, Tensor offs) -> Tensor");
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
   m.def("send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest) -> ()");
+  m.def(
+      "dispatch_plan(Tensor topk_ids, Tensor topk_weights, int world, int rank, "
+      "int experts_per_rank, int capacity) -> (Tensor dest, Tensor index, Tensor meta)");
+  m.def(
+      "received_slots(Tensor meta, int world, int rank, int experts_per_rank, int capacity) "
+      "-> (Tensor ids, Tensor weights, Tensor back)");
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
       "Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "

@@ -115,6 +115,22 @@ Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int
 // dest[r, c] >= 0: expert parallelism's transport.
 void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest);
 
+// Expert parallelism's plan (W = world ranks of experts_per_rank experts,
+// `capacity` rows a block; rank s's token t in row t of block s), on the
+// sending rank: (dest [T, W] int64, index [T, W] int64, meta [T, 2k] int32)
+// for topk_ids [T, k] int64 and topk_weights [T, k] float32: token t's row on
+// each rank (-1: not sent), where each rank's output for it comes back, and
+// its kept ids (-1 otherwise) and weights' bits.  On the receiving rank, for
+// meta [W * capacity, 2k] as it arrived (rows not sent all -1): (ids [R, k]
+// int64, weights [R, k] float32, back [R, 1] int64): this rank's experts'
+// local ids (-1 otherwise), their weights (0 otherwise), each row's row at
+// home (-1: not sent).
+std::tuple<Tensor, Tensor, Tensor> dispatch_plan(Tensor topk_ids, Tensor topk_weights,
+                                                 int64_t world, int64_t rank,
+                                                 int64_t experts_per_rank, int64_t capacity);
+std::tuple<Tensor, Tensor, Tensor> received_slots(Tensor meta, int64_t world, int64_t rank,
+                                                  int64_t experts_per_rank, int64_t capacity);
+
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the
 // inverse permutation.  Any number of experts: past the kernels' bins, by

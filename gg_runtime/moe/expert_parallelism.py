@@ -63,15 +63,11 @@ class Layout:
     def __post_init__(self):
         """The index tensors every call reads, made once (fewer launches a call)."""
         device = self.buffer.tensor.device
-        self.token_rows = torch.arange(self.capacity, device=device)
+        # Token t's rows go to ranks 0 .. W - 1 (Plan.dest: where to, if at all) ...
         self.ranks = torch.arange(self.world, dtype=torch.int32,
                                   device=device).expand(self.capacity, self.world).contiguous()
-        self.plane_starts = torch.arange(self.world, device=device) * self.capacity
-        # Where a received row's output goes back: row t of block s to rank s,
-        # row t of its block of this rank.
-        received = torch.arange(self.planes, device=device)
-        self.home_ranks = (received // self.capacity).int()[:, None]
-        self.home_rows = (self.rank * self.capacity + received % self.capacity)[:, None]
+        # ... and a received row of block s goes back to rank s.
+        self.home_ranks = (torch.arange(self.planes, device=device) // self.capacity).int()[:, None]
         self.ones = torch.ones(self.capacity, self.world, device=device)
         self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
 
@@ -164,11 +160,11 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     layout = _layout(group, x, topk_ids, w13, max_tokens, transport)
     experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
                "w13_scale": w13_scale, "w2_scale": w2_scale, "fp8": fp8}
-    plan = Plan(layout, topk_ids)
+    plan = Plan(layout, topk_ids, topk_weights)
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
         rows, weights = _Dispatch.apply(x, topk_weights, plan)
     else:  # read in place unless autograd may keep the rows (the experts' weights' gradients)
-        rows, weights = plan.dispatch(x, topk_weights, private=torch.is_grad_enabled())
+        rows, weights = plan.dispatch(x, private=torch.is_grad_enabled())
     out = moe_experts(rows, plan.local_ids, weights, w13, w2, **experts)
     if torch.is_grad_enabled() and out.requires_grad:
         return _Return.apply(out, plan)
@@ -277,43 +273,32 @@ class Plan:
     this rank's tokens goes to and its row there (dispatch), and for each
     received row, where its output goes back (return)."""
 
-    def __init__(self, layout: Layout, topk_ids: torch.Tensor):
-        self.layout = layout
-        world, rank, capacity = layout.world, layout.rank, layout.capacity
-        self.tokens, experts = topk_ids.shape[0], layout.experts_per_rank * world
-        kept = (topk_ids >= 0) & (topk_ids < experts)
-        owner = torch.where(kept, topk_ids // layout.experts_per_rank, world)
-        sent = torch.zeros(self.tokens, world + 1, dtype=torch.bool, device=topk_ids.device)
-        self.sent = sent.scatter_(1, owner.long(), True)[:, :world]  # [T, W]: t goes to r
-        self.topk_ids = torch.where(kept, topk_ids, -1).int()  # int32 travels; no wrap-around
+    def __init__(self, layout: Layout, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        """Token t goes to row t of this rank's block of each rank that holds
+        one of its experts (dest, -1 where not), its outputs come back to row
+        t of those ranks' blocks here (index), and its ids and weights travel
+        as its metadata (meta)."""
+        self.layout, self.tokens = layout, topk_ids.shape[0]
         self.ranks = layout.ranks[:self.tokens]
-        rows = layout.token_rows[:self.tokens, None]
-        # Token t to row t of this rank's block of each rank it goes to ...
-        self.dest = torch.where(self.sent, rank * capacity + rows, -1)
-        # ... and its outputs back to row t of those ranks' blocks here.
-        self.index = torch.where(self.sent, layout.plane_starts + rows, -1)
+        self.dest, self.index, self.meta = call(
+            OPS.dispatch_plan.default, topk_ids.long(), topk_weights.detach().float(),
+            layout.world, layout.rank, layout.experts_per_rank, layout.capacity)
 
-    def dispatch(self, x, topk_weights, private=False):
+    def dispatch(self, x, private=False):
         """(rows [W * max_tokens, H], weights [.., k] float32) received by this
         rank: its blocks of the rows region (a copy where `private`: the
         region is overwritten by the next transfer, and autograd keeps the
         rows), the rows no rank sent stale, their ids -1; sets local_ids (-1
         but for this rank's experts) and where each row's output goes back."""
         layout = self.layout
-        k = layout.k
-        meta = torch.cat([self.topk_ids, topk_weights.float().view(torch.int32)], dim=1)
         layout.meta.clear()  # rows no rank sends: no ids
         layout.buffer.barrier()  # every rank has read what the regions held
         layout.rows.send(words(x), self.ranks, self.dest)
-        layout.meta.send(words(meta), self.ranks, self.dest)
+        layout.meta.send(words(self.meta), self.ranks, self.dest)
         layout.buffer.barrier()
-        received = layout.meta.local.view(torch.int32)  # [W * max_tokens, 2k]
-        ids = received[:, :k] - layout.rank * layout.experts_per_rank
-        self.local_ids = torch.where((ids >= 0) & (ids < layout.experts_per_rank), ids, -1)
-        weights = torch.where(self.local_ids >= 0, received[:, k:].view(torch.float32), 0.0)
-        # A row that came holds one of this rank's experts (why it was sent).
-        came = (self.local_ids >= 0).any(1, keepdim=True)
-        self.back_dest = torch.where(came, layout.home_rows, -1)
+        self.local_ids, weights, self.back_dest = call(
+            OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
+            layout.rank, layout.experts_per_rank, layout.capacity)
         rows = layout.rows.local.view(x.dtype)
         return (rows.clone() if private else rows), weights
 
@@ -357,15 +342,17 @@ class Plan:
         grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
         planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
         planes = planes.contiguous().view(torch.float32)[..., :k]  # [W, T, k]
-        sent = self.sent.T[:, :, None]
+        sent = (self.index >= 0).T[:, :, None]
         return grad_x, torch.where(sent, planes, 0.0).sum(0)
 
 
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_weights, plan):
+        """topk_weights travel in the plan's metadata: an input here so that
+        their gradient comes back."""
         ctx.plan, ctx.weights_dtype = plan, topk_weights.dtype
-        return plan.dispatch(x, topk_weights, private=True)
+        return plan.dispatch(x, private=True)
 
     @staticmethod
     def backward(ctx, grad_rows, grad_weights):

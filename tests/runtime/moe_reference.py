@@ -45,3 +45,27 @@ def route_by_sort(topk_ids, experts):
     slots = torch.arange(order.numel(), device=order.device)
     inverse = torch.empty_like(order).scatter_(0, order, slots)
     return order, offs, inverse
+
+
+def dispatch_plan_ref(topk_ids, topk_weights, world, rank, experts_per_rank, capacity):
+    """torch.ops.gg_runtime.dispatch_plan's contract: (dest, index, meta)."""
+    kept = (topk_ids >= 0) & (topk_ids < world * experts_per_rank)
+    owner = torch.where(kept, topk_ids // experts_per_rank, -1)
+    goes = (owner[:, :, None] == torch.arange(world, device=topk_ids.device)).any(1)  # [T, W]
+    tokens = torch.arange(topk_ids.shape[0], device=topk_ids.device)[:, None]
+    dest = torch.where(goes, rank * capacity + tokens, -1)
+    index = torch.where(goes, torch.arange(world, device=goes.device) * capacity + tokens, -1)
+    meta = torch.cat([torch.where(kept, topk_ids, -1).int(),
+                      topk_weights.float().view(torch.int32)], 1)
+    return dest, index, meta
+
+
+def received_slots_ref(meta, world, rank, experts_per_rank, capacity):
+    """torch.ops.gg_runtime.received_slots' contract: (ids, weights, back)."""
+    k = meta.shape[1] // 2
+    local = meta[:, :k].long() - rank * experts_per_rank
+    here = (meta[:, :k] >= 0) & (local >= 0) & (local < experts_per_rank)
+    weights = torch.where(here, meta[:, k:].contiguous().view(torch.float32), 0.0)
+    rows = torch.arange(meta.shape[0], device=meta.device)[:, None]
+    back = torch.where(here.any(1, keepdim=True), rank * capacity + rows % capacity, -1)
+    return torch.where(here, local, -1), weights, back

@@ -15,7 +15,7 @@ import torch
 import gg_runtime.moe.expert_parallelism as ep
 import gg_runtime.moe.transport as transport
 from gg_runtime.moe import ExpertParallelExperts, expert_parallel
-from moe_reference import combine_ref, layer_ref
+from moe_reference import combine_ref, dispatch_plan_ref, layer_ref, received_slots_ref
 
 
 class World:
@@ -97,8 +97,11 @@ def simulated(monkeypatch):
     monkeypatch.setattr(ep, "_LAYOUTS", {})
     monkeypatch.setattr(ep, "_BUFFERS", {})
     monkeypatch.setattr(ep, "moe_experts", reference_experts)
-    monkeypatch.setattr(ep, "OPS", SimpleNamespace(combine=SimpleNamespace(
-        default=lambda rows, *args: combine_ref(rows, *args).to(rows.dtype))))
+    monkeypatch.setattr(ep, "OPS", SimpleNamespace(
+        combine=SimpleNamespace(
+            default=lambda rows, *args: combine_ref(rows, *args).to(rows.dtype)),
+        dispatch_plan=SimpleNamespace(default=dispatch_plan_ref),
+        received_slots=SimpleNamespace(default=received_slots_ref)))
     return make
 
 

@@ -100,11 +100,12 @@ def test_build_info():
     build = gg_runtime.info()["build"]
     assert build["archs"] == ["sm80", "sm90"]
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
-    assert build["families"] == ["combine", "combine_parts", "gathered_k", "gathered_m",
-                                 "grouped_gemm", "quantize_fp8", "quantize_fp8_columns",
-                                 "ragged_glu", "ragged_k", "ragged_m", "route",
-                                 "scaled_experts_decode", "scaled_ragged_glu", "scaled_ragged_k",
-                                 "scaled_ragged_m", "send_rows", "swiglu", "swiglu_backward_fp8"]
+    assert build["families"] == ["combine", "combine_parts", "dispatch_plan", "gathered_k",
+                                 "gathered_m", "grouped_gemm", "quantize_fp8",
+                                 "quantize_fp8_columns", "ragged_glu", "ragged_k", "ragged_m",
+                                 "received_slots", "route", "scaled_experts_decode",
+                                 "scaled_ragged_glu", "scaled_ragged_k", "scaled_ragged_m",
+                                 "send_rows", "swiglu", "swiglu_backward_fp8"]
     assert build["variants"] == len(_C.variants()) > 0
 
 

@@ -1,0 +1,61 @@
+"""Expert parallelism's plan kernels on one GPU (no process group: the ranks
+are arguments): torch.ops.gg_runtime.dispatch_plan and received_slots against
+their contracts (moe_reference.py), bit for bit, with dropped ids (negative,
+past the experts, past int32), one token and many, k past one load of 16
+slots, more ranks than a kernel step takes, rows no rank sent."""
+import pytest
+import torch
+
+from gg_runtime._native import OPS, call
+from moe_reference import dispatch_plan_ref, received_slots_ref
+from conftest import gpu
+
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+# (tokens, k, world, rank, experts per rank, capacity)
+LAYOUTS = [(1, 1, 1, 0, 1, 1), (37, 8, 4, 2, 64, 50), (0, 4, 2, 1, 8, 16),
+           (1000, 8, 8, 7, 32, 1000), (100, 20, 9, 8, 3, 128), (5, 64, 3, 0, 40, 5)]
+
+
+def routing(tokens, k, world, experts_per_rank):
+    experts = world * experts_per_rank
+    ids = torch.randint(-2, experts + 3, (tokens, k), device="cuda")
+    ids[::7, 0] = 2 ** 33 + 1  # 1 if it were cast to int32
+    return ids, torch.rand(tokens, k, device="cuda")
+
+
+@pytest.mark.parametrize("tokens, k, world, rank, experts_per_rank, capacity", LAYOUTS)
+def test_dispatch_plan_matches_its_contract(tokens, k, world, rank, experts_per_rank, capacity):
+    ids, weights = routing(tokens, k, world, experts_per_rank)
+    layout = (world, rank, experts_per_rank, capacity)
+    got = OPS.dispatch_plan.default(ids, weights, *layout)
+    for name, g, want in zip(("dest", "index", "meta"), got, dispatch_plan_ref(ids, weights,
+                                                                               *layout)):
+        assert g.dtype == want.dtype and torch.equal(g, want), name
+
+
+@pytest.mark.parametrize("tokens, k, world, rank, experts_per_rank, capacity", LAYOUTS)
+def test_received_slots_match_their_contract(tokens, k, world, rank, experts_per_rank,
+                                             capacity):
+    rows = world * capacity
+    ids, weights = routing(rows, k, world, experts_per_rank)
+    _, _, meta = dispatch_plan_ref(ids, weights, world, rank, experts_per_rank, capacity)
+    meta[torch.rand(rows, device="cuda") < 0.3] = -1  # rows no rank sent
+    layout = (world, rank, experts_per_rank, capacity)
+    got = OPS.received_slots.default(meta, *layout)
+    for name, g, want in zip(("ids", "weights", "back"), got, received_slots_ref(meta, *layout)):
+        assert g.dtype == want.dtype and torch.equal(g, want), name
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: {**a, "topk_ids": a["topk_ids"].int()}, "topk_ids"),
+    (lambda a: {**a, "topk_ids": a["topk_ids"].new_zeros(4, 65)}, "topk_ids"),
+    (lambda a: {**a, "topk_weights": a["topk_weights"][:, :1]}, "topk_weights"),
+    (lambda a: {**a, "rank": 2}, "rank"),
+    (lambda a: {**a, "capacity": 3}, "capacity"),
+])
+def test_dispatch_plan_refuses_what_it_cannot_take(change, match):
+    ids, weights = routing(4, 2, 2, 4)
+    args = change({"topk_ids": ids, "topk_weights": weights, "world": 2, "rank": 1,
+                   "experts_per_rank": 4, "capacity": 8})
+    with pytest.raises((TypeError, ValueError), match=match):
+        call(OPS.dispatch_plan.default, *args.values())
