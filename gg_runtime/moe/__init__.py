@@ -26,7 +26,8 @@ from .experts import moe_experts
 from .expert_parallelism import ExpertParallelExperts, expert_parallel
 from .module import MoEExperts
 from .stages import Routing, combine, route
-from .transformers_glue import transformers_experts_forward
+from .transformers_glue import shard_transformers_experts, transformers_experts_forward
 
 __all__ = ["ACTIVATIONS", "GATE_UP_VALUES", "ExpertParallelExperts", "MoEExperts", "Routing",
-           "combine", "expert_parallel", "moe_experts", "route", "transformers_experts_forward"]
+           "combine", "expert_parallel", "moe_experts", "route", "shard_transformers_experts",
+           "transformers_experts_forward"]

@@ -152,7 +152,7 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             raised on some ranks only (a bad argument, T above max_tokens)
             leaves the others waiting for them in their next transfer.
     """
-    group = _group(group)
+    group = resolved_group(group)
     check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))
     _check_local(x, topk_ids, topk_weights, max_tokens)
     if transport not in TRANSPORTS:
@@ -171,7 +171,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     return plan.returned(out)
 
 
-def _group(group):
+def resolved_group(group):
+    """`group`, or the default group where None; a ValueError where there is none."""
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("expert_parallel needs an initialised torch.distributed process group")
     group = group if group is not None else dist.group.WORLD
@@ -402,7 +403,7 @@ class ExpertParallelExperts(MoEExperts):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  group: dist.ProcessGroup | None = None, max_tokens: int | None = None,
                  transport: str = "symmetric_memory", **options: object):
-        self.group = _group(group)
+        self.group = resolved_group(group)
         check_types(ints=(("num_experts", num_experts),))
         world = self.group.size()
         if num_experts % world:

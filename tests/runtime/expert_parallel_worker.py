@@ -220,6 +220,45 @@ def case_more_tokens_than_max_tokens_is_refused():
         raise AssertionError("no ValueError")
 
 
+def case_transformers_qwen3_moe():
+    """A small Qwen3-MoE model sharded (shard_transformers_experts), each rank
+    its own batch, against the whole model on one GPU: the logits, and the
+    experts' weight gradients of every rank's batch (one loss a batch)."""
+    try:
+        import transformers
+    except ImportError:
+        return "skip transformers is not installed"
+    from gg_runtime.moe import shard_transformers_experts, transformers_experts_forward
+    from transformers.integrations.moe import ExpertsInterface
+
+    world, rank = world_and_rank()
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts_per_tok=2, intermediate_size=128,
+        moe_intermediate_size=48, num_experts=4 * world, decoder_sparse_step=1,
+        mlp_only_layers=[])
+    torch.manual_seed(0)  # the same model on every rank
+    model = transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    whole = transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    whole.load_state_dict(model.state_dict())
+    ExpertsInterface.register("gg_runtime", transformers_experts_forward)
+    whole.config._experts_implementation = "gg_runtime"
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    batches = [torch.randint(0, 128, (2, 24), device="cuda", generator=generator)
+               for _ in range(world)]
+    want = [whole(batch).logits for batch in batches]
+    sum(logits.float().square().mean() for logits in want).backward()
+    assert shard_transformers_experts(model, max_tokens=48) == 1
+    got = model(batches[rank]).logits
+    got.float().square().mean().backward()
+    check_close("logits", got, want[rank])
+    share = slice(rank * 4, (rank + 1) * 4)
+    ours, theirs = (next(m for m in run.modules() if hasattr(m, "gate_up_proj"))
+                    for run in (model, whole))
+    for name in ("gate_up_proj", "down_proj"):
+        check_close(f"{name}.grad", getattr(ours, name).grad, getattr(theirs, name).grad[share])
+
+
 CASES = {name[len("case_"):]: f for name, f in sorted(globals().items())
          if name.startswith("case_")}
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gg_runtime.moe.expert_parallelism as ep
+import gg_runtime.moe.transformers_glue as transformers_glue
 import gg_runtime.moe.transport as transport
 from gg_runtime.moe import ExpertParallelExperts, expert_parallel
 from moe_reference import combine_ref, dispatch_plan_ref, layer_ref, received_slots_ref
@@ -92,7 +93,7 @@ def simulated(monkeypatch):
         monkeypatch.setitem(transport.TRANSPORTS, "symmetric_memory", Buffer)
         return world
 
-    monkeypatch.setattr(ep, "_group", lambda group: group)
+    monkeypatch.setattr(ep, "resolved_group", lambda group: group)
     monkeypatch.setattr(ep, "DEVICE_TYPE", "cpu")
     monkeypatch.setattr(ep, "_LAYOUTS", {})
     monkeypatch.setattr(ep, "_BUFFERS", {})
@@ -296,3 +297,61 @@ def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated,
         torch.testing.assert_close(out.double(), want[tokens].double(), rtol=2e-2, atol=2e-2)
     # Each rank's experts read its rows region (the buffer's first), not a copy.
     assert sorted(read) == sorted(buffer.tensor.data_ptr() for buffer in ep._BUFFERS.values())
+
+
+class TransformersExperts(torch.nn.Module):
+    """A transformers experts module's weights, as transformers 5 names and lays them out."""
+
+    def __init__(self, w13, w2):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(w13.clone())
+        self.down_proj = torch.nn.Parameter(w2.clone())
+
+
+@pytest.fixture
+def experts_interface(monkeypatch):
+    """transformers.integrations.moe.ExpertsInterface, its registrations a dict."""
+    import sys
+    from types import ModuleType
+    registered = {}
+    for name in ("transformers", "transformers.integrations", "transformers.integrations.moe"):
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    sys.modules["transformers.integrations.moe"].ExpertsInterface = SimpleNamespace(
+        register=registered.__setitem__)
+    return registered
+
+
+def test_a_transformers_model_sharded_runs_its_share_of_the_experts(simulated,
+                                                                     experts_interface):
+    world = simulated(2)
+    case = global_case((10, 7), 4, 2)
+    want = layer_ref(**case)
+
+    def rank_work(rank):
+        model = torch.nn.Module()
+        model.experts = TransformersExperts(case["w13"], case["w2"])
+        model.config = SimpleNamespace()
+        group = Group(world, rank)
+        assert transformers_glue.shard_transformers_experts(model, group=group, max_tokens=10) == 1
+        assert torch.equal(model.experts.gate_up_proj, case["w13"][2 * rank:2 * rank + 2])
+        forward = experts_interface[model.config._experts_implementation]
+        tokens = slice(10 * rank, 10 + 7 * rank)
+        with torch.no_grad():
+            return tokens, forward(model.experts, case["x"][tokens], case["topk_ids"][tokens],
+                                   case["topk_weights"][tokens])
+
+    for tokens, out in on_every_rank(world, rank_work):
+        torch.testing.assert_close(out.double(), want[tokens].double(), rtol=2e-2, atol=2e-2)
+
+
+def test_sharding_refuses_experts_that_do_not_divide_before_changing_any(simulated,
+                                                                         experts_interface):
+    world = simulated(3)
+    case = global_case((4, 4, 4), 4, 2)
+    model = torch.nn.Module()
+    model.experts = TransformersExperts(case["w13"], case["w2"])
+    with pytest.raises(ValueError, match="4 experts, not a multiple"):
+        transformers_glue.shard_transformers_experts(model, group=Group(world, 0))
+    assert model.experts.gate_up_proj.shape[0] == 4
+    with pytest.raises(ValueError, match="no transformers experts module"):
+        transformers_glue.shard_transformers_experts(torch.nn.Linear(2, 2), group=Group(world, 0))
