@@ -276,7 +276,10 @@ def main():
         except Exception as error:  # noqa: BLE001 - reported, the run goes on
             traceback.print_exc()
             result = f"FAIL {type(error).__name__}: {error}".replace("\n", " ")
-        print(f"rank {rank} case {name}: {result}", flush=True)
+        # One write, newline included: the ranks share the pipe, and a write
+        # this short is not interleaved with another process's.
+        sys.stdout.write(f"rank {rank} case {name}: {result}\n")
+        sys.stdout.flush()
         dist.barrier()
     dist.destroy_process_group()
     assert gg_runtime  # imported for its operators
