@@ -252,7 +252,7 @@ def _agree(group, agreed, tokens, device) -> int:
 def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device) -> Layout:
     world = group.size()
     # The rows a rank does not send: stale rows (zeros on NCCL), and metadata
-    # of all-ones words (ids, row and rank -1).
+    # of all-ones words (ids -1).
     shapes = ((world * capacity, hidden, 0), (world * capacity, 2 * meta_width(k), -1))
     nbytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
     key = (group.group_name, transport)
