@@ -2,7 +2,7 @@
 as many as are visible) beside the NCCL baseline (host-synced
 all_to_all_single of each slot's row, moe_experts as the local experts,
 each token's outputs gathered and summed with its weights) and the local
-experts alone (moe_experts on the rows a rank received: the
+experts alone (moe_experts on the rows a rank received, gathered: the
 no-communication floor), on DeepSeek-V3's and Qwen3-30B-A3B's experts,
 bf16.  Each layer and world size is one run of bench/expert_parallel_worker.py
 under torch.distributed.run; its figures are rank 0's.  Skipped, with its
@@ -62,7 +62,8 @@ def report(data) -> list:
     lines = ["Forward at 4096 tokens a rank (ms; ours also replayed from a CUDA graph), forward "
              "+ backward (eager), and dispatch and return timed alone (graphed; GB/s of the "
              "rows rank 0 sent, and of those that crossed NVLink). The local experts alone: "
-             "moe_experts on the rows a rank received. Error: ours against the NCCL "
+             "moe_experts on the rows a rank received, gathered (none of the buffer's rows "
+             "that no rank sent). Error: ours against the NCCL "
              "baseline's output.", ""]
     lines += table(
         ["layer", "EP", "ours", "ours graphed", "NCCL", "experts alone", "graphed / alone",
