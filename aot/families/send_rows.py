@@ -21,6 +21,7 @@ FAMILY = Family(
         Param("R", "i32", "extent"),
         Param("H", "i32", "extent", aligned=True),
         Param("C", "i32", "extent"),
+        Param("first_row", "i32", "extent"),
     ),
     aligned=EVERY,
     dtypes=("bfloat16",),

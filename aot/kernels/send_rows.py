@@ -18,13 +18,17 @@ import triton.language as tl
 
 
 @triton.jit
-def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C,
+def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, first_row,
                      USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """Persistent: program p takes tiles p, p + P, ... of BM rows x BN
-    columns.  USE_TMA, BK, CHUNK and PRECISION are unused."""
+    columns, counted from first_row's tile.  USE_TMA, BK, CHUNK and PRECISION
+    are unused."""
     col_tiles = tl.cdiv(H, BN)
-    for tile in range(tl.program_id(0), tl.cdiv(R, BM) * col_tiles, tl.num_programs(0)):
+    tiles = tl.cdiv(R, BM) * col_tiles
+    first_tile = (first_row // BM) * col_tiles
+    for step in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        tile = (step + first_tile) % tiles
         rows = (tile // col_tiles) * BM + tl.arange(0, BM)
         cols = (tile % col_tiles) * BN + tl.arange(0, BN)
         row_ok = rows < R

@@ -1,6 +1,6 @@
 // gg_runtime::send_rows: expert parallelism's transport (the send_rows kernel
 // family), one launch: each row of `rows` stored into the symmetric buffers
-// of the ranks it goes to.  Checks, launch; nothing to make (the buffers are
+// of the ranks it goes to, starting from row `first_row` and wrapping around.  Checks, launch; nothing to make (the buffers are
 // the caller's, on the peers); Meta tensors run the checks only.
 #include <family_args.h>
 
@@ -9,7 +9,7 @@
 
 namespace gg::ops {
 
-void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest) {
+void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t first_row) {
   check_tensor(rows_in, "rows", 2, family::SendRows::kDTypes);
   check_tensor(peers, "peers", 1, ScalarType::Long);
   check_companion(peers, "peers", {peers.size(0)}, ScalarType::Long, rows_in, "int64",
@@ -20,6 +20,8 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest) {
                   "(each row's destinations)");
   check_companion(ranks, "ranks", {count, destinations}, ScalarType::Int, rows_in, "int32",
                   "(the rank of each of dest's rows)");
+  if (first_row < 0 || first_row > count)
+    value_error("first_row must be in [0, ", count, "] (the rows), got ", first_row);
   if (count == 0 || destinations == 0 || rows_in.size(1) == 0 || shapes_only(rows_in)) return;
   const Tensor rows = dense(rows_in), table = as_contiguous(peers), rank = as_contiguous(ranks),
                row = as_contiguous(dest);
@@ -29,7 +31,8 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest) {
                               .dest_ptr = address(row),
                               .R = count,
                               .H = rows.size(1),
-                              .C = destinations};
+                              .C = destinations,
+                              .first_row = first_row};
   launch(args, {}, target_of(rows, rows.scalar_type()));
 }
 

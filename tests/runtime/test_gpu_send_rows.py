@@ -1,0 +1,48 @@
+"""Expert parallelism's transport kernel on one GPU: torch.ops.gg_runtime.send_rows
+storing rows into W buffers of this GPU that stand in for the ranks' symmetric
+buffers (the kernel sees only their addresses), against a scatter in torch:
+rows not a multiple of a program's, widths not a multiple of 16 words (the
+basic flavour), rows going nowhere and to several ranks, every start row."""
+import pytest
+import torch
+
+from gg_runtime._native import OPS
+from conftest import gpu
+
+pytestmark = [gpu, pytest.mark.usefixtures("poison")]
+# (rows, width in 2-byte words, destinations a row, ranks, rows a rank's buffer)
+CASES = [(1, 16, 1, 1, 1), (37, 7168, 4, 4, 64), (1000, 200, 2, 3, 1500), (9, 24, 9, 9, 16)]
+
+
+def buffers_and_routes(rows, width, destinations, world, capacity):
+    buffers = [torch.randn(capacity, width, device="cuda").bfloat16() for _ in range(world)]
+    ranks = torch.randint(0, world, (rows, destinations), dtype=torch.int32, device="cuda")
+    # Distinct rows of each buffer, so that no two stores race; a third go nowhere.
+    dest = torch.randperm(capacity, device="cuda")[:rows * destinations].view(rows, destinations)
+    dest = torch.where(torch.rand(rows, destinations, device="cuda") < 0.3, -1, dest)
+    return buffers, ranks, dest
+
+
+@pytest.mark.parametrize("rows, width, destinations, world, capacity", CASES)
+def test_rows_land_where_dest_says_from_every_start(rows, width, destinations, world, capacity):
+    capacity = max(capacity, rows * destinations)
+    for first_row in sorted({0, 1, rows // 2, rows - 1, rows}):
+        buffers, ranks, dest = buffers_and_routes(rows, width, destinations, world, capacity)
+        values = torch.randn(rows, width, device="cuda").bfloat16()
+        want = [b.clone() for b in buffers]
+        for r, c in torch.nonzero(dest >= 0).tolist():
+            want[ranks[r, c]][dest[r, c]] = values[r]
+        peers = torch.tensor([b.data_ptr() for b in buffers], device="cuda")
+        OPS.send_rows.default(values, peers, ranks, dest, first_row)
+        torch.cuda.synchronize()
+        for rank, (got, expected) in enumerate(zip(buffers, want)):
+            assert torch.equal(got, expected), (first_row, rank)
+
+
+@pytest.mark.parametrize("first_row", [-1, 38])
+def test_a_start_outside_the_rows_is_refused(first_row):
+    buffers, ranks, dest = buffers_and_routes(37, 16, 1, 2, 64)
+    peers = torch.tensor([b.data_ptr() for b in buffers], device="cuda")
+    with pytest.raises(ValueError, match="first_row"):
+        OPS.send_rows.default(torch.zeros(37, 16, device="cuda").bfloat16(), peers, ranks, dest,
+                              first_row)
