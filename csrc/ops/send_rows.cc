@@ -1,7 +1,8 @@
 // gg_runtime::send_rows: expert parallelism's transport (the send_rows kernel
 // family), one launch: each row of `rows` stored into the symmetric buffers
-// of the ranks it goes to, starting from row `first_row` and wrapping around.  Checks, launch; nothing to make (the buffers are
-// the caller's, on the peers); Meta tensors run the checks only.
+// of the ranks it goes to, from row `first_row` on, wrapping around.  Checks,
+// launch; nothing to make (the buffers are the caller's, on the peers); Meta
+// tensors run the checks only.
 #include <family_args.h>
 
 #include "op_support.h"
