@@ -21,11 +21,11 @@ FAMILY = Family(
         Param("R", "i32", "extent"),
         Param("H", "i32", "extent", aligned=True),
         Param("C", "i32", "extent"),
-        Param("first_row", "i32", "extent"),
+        Param("BLOCKS", "i32", "extent"),
     ),
     aligned=EVERY,
     dtypes=("bfloat16",),
     configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
-    tiles="cdiv(R, BM) * cdiv(H, BN)",
+    tiles="BLOCKS * cdiv(R // max(BLOCKS, 1), BM) * cdiv(H, BN)",
     rows="R",
 )

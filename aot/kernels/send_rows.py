@@ -11,31 +11,43 @@ For every row r < R and each of its C destinations c with dest[r, c] >= 0:
 rows [R, H] 16-bit words (any 2-byte dtype, copied bit for bit), ranks
 [R, C] int32 and dest [R, C] int64 are contiguous; peers [W] int64 holds
 each rank's buffer address, 16-byte aligned, its rows H words apart.  Each
-row is read once, however many buffers it goes to.
+row is read once, however many buffers it goes to, and a row going nowhere
+is not read.
+
+The rows are BLOCKS equal blocks (R a multiple of BLOCKS), taken in turns:
+the first tile of every block, then the second of every block, and so on.
+A caller whose blocks go to different ranks (rows sent home, block s to
+rank s) so stores into every peer at once, its own memory too, rather than
+into one rank at a time.
 """
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, first_row,
+def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, BLOCKS,
                      USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """Persistent: program p takes tiles p, p + P, ... of BM rows x BN
-    columns, counted from first_row's tile.  USE_TMA, BK, CHUNK and PRECISION
-    are unused."""
+    """Persistent: program p takes steps p, p + P, ..., each a tile of BM rows
+    x BN columns of block step % BLOCKS.  USE_TMA, BK, CHUNK and PRECISION are
+    unused."""
     col_tiles = tl.cdiv(H, BN)
-    tiles = tl.cdiv(R, BM) * col_tiles
-    first_tile = (first_row // BM) * col_tiles
-    for step in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        tile = (step + first_tile) % tiles
-        rows = (tile // col_tiles) * BM + tl.arange(0, BM)
+    block_rows = R // BLOCKS
+    block_tiles = tl.cdiv(block_rows, BM) * col_tiles
+    for step in range(tl.program_id(0), block_tiles * BLOCKS, tl.num_programs(0)):
+        block = step % BLOCKS
+        tile = step // BLOCKS
+        in_block = (tile // col_tiles) * BM + tl.arange(0, BM)
+        first = (block * block_rows + in_block).to(tl.int64)
+        row_ok = in_block < block_rows
         cols = (tile % col_tiles) * BN + tl.arange(0, BN)
-        row_ok = rows < R
         col_ok = cols < H
-        first = rows.to(tl.int64)
+        sent_anywhere = tl.zeros((BM,), dtype=tl.int1)
+        for c in range(C):
+            dest = tl.load(dest_ptr + first * C + c, mask=row_ok, other=-1)
+            sent_anywhere = sent_anywhere | (dest >= 0)
         values = tl.load(rows_ptr + first[:, None] * H + cols[None, :],
-                         mask=row_ok[:, None] & col_ok[None, :])
+                         mask=sent_anywhere[:, None] & col_ok[None, :])
         for c in range(C):
             dest = tl.load(dest_ptr + first * C + c, mask=row_ok, other=-1)
             sent = dest >= 0

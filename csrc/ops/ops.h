@@ -112,10 +112,10 @@ Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int
 
 // Row r of rows (2-byte words) stored at row dest[r, c] of the symmetric buffer
 // of rank ranks[r, c] (peers: each rank's buffer address), for every c with
-// dest[r, c] >= 0: expert parallelism's transport.  The launch starts at row
-// first_row and wraps around (rows sent home in blocks, one a rank, start at
-// the sender's own block: the ranks store into different peers at once).
-void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t first_row);
+// dest[r, c] >= 0: expert parallelism's transport.  The rows are `blocks` equal
+// blocks, taken in turns (rows sent home, block s to rank s, store into every
+// peer at once, not into one rank at a time).
+void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks);
 
 // Expert parallelism's plan (W = world ranks of experts_per_rank experts,
 // `capacity` rows a block; rank s's token t in row t of block s), on the

@@ -1,8 +1,8 @@
 // gg_runtime::send_rows: expert parallelism's transport (the send_rows kernel
 // family), one launch: each row of `rows` stored into the symmetric buffers
-// of the ranks it goes to, from row `first_row` on, wrapping around.  Checks,
-// launch; nothing to make (the buffers are the caller's, on the peers); Meta
-// tensors run the checks only.
+// of the ranks it goes to, the rows taken as `blocks` equal blocks in turns.
+// Checks, launch; nothing to make (the buffers are the caller's, on the
+// peers); Meta tensors run the checks only.
 #include <family_args.h>
 
 #include "op_support.h"
@@ -10,7 +10,7 @@
 
 namespace gg::ops {
 
-void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t first_row) {
+void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks) {
   check_tensor(rows_in, "rows", 2, family::SendRows::kDTypes);
   check_tensor(peers, "peers", 1, ScalarType::Long);
   check_companion(peers, "peers", {peers.size(0)}, ScalarType::Long, rows_in, "int64",
@@ -21,8 +21,8 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                   "(each row's destinations)");
   check_companion(ranks, "ranks", {count, destinations}, ScalarType::Int, rows_in, "int32",
                   "(the rank of each of dest's rows)");
-  if (first_row < 0 || first_row > count)
-    value_error("first_row must be in [0, ", count, "] (the rows), got ", first_row);
+  if (blocks < 1 || count % blocks != 0)
+    value_error("blocks must be >= 1 and divide the ", count, " rows, got ", blocks);
   if (count == 0 || destinations == 0 || rows_in.size(1) == 0 || shapes_only(rows_in)) return;
   const Tensor rows = dense(rows_in), table = as_contiguous(peers), rank = as_contiguous(ranks),
                row = as_contiguous(dest);
@@ -33,7 +33,7 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                               .R = count,
                               .H = rows.size(1),
                               .C = destinations,
-                              .first_row = first_row};
+                              .BLOCKS = blocks};
   launch(args, {}, target_of(rows, rows.scalar_type()));
 }
 

@@ -75,14 +75,6 @@ class Layout:
     def planes(self) -> int:
         return self.world * self.capacity
 
-    @property
-    def own_block(self) -> int:
-        """The first row of this rank's block, where its sends home start:
-        with every rank starting at its own, the ranks store into different
-        peers at once (block s goes to rank s), not all into rank 0 first."""
-        return self.rank * self.capacity
-
-
 def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     w13: torch.Tensor, w2: torch.Tensor, *, group: dist.ProcessGroup | None = None,
                     max_tokens: int | None = None, transport: str = "symmetric_memory",
@@ -315,7 +307,7 @@ class Plan:
         and summed over the ranks that made them."""
         layout = self.layout
         layout.buffer.barrier()
-        layout.rows.send(words(out), layout.home_ranks, self.back_dest, layout.own_block)
+        layout.rows.send(words(out), layout.home_ranks, self.back_dest, layout.world)
         layout.buffer.barrier()
         return self._summed(layout.rows.local.view(out.dtype))
 
@@ -344,8 +336,8 @@ class Plan:
                              device=grad_weights.device)
         padded[:, :k] = grad_weights
         layout.buffer.barrier()
-        layout.rows.send(words(grad_rows), layout.home_ranks, self.back_dest, layout.own_block)
-        layout.meta.send(words(padded), layout.home_ranks, self.back_dest, layout.own_block)
+        layout.rows.send(words(grad_rows), layout.home_ranks, self.back_dest, layout.world)
+        layout.meta.send(words(padded), layout.home_ranks, self.back_dest, layout.world)
         layout.buffer.barrier()
         grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
         planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]

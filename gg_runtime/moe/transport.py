@@ -50,12 +50,13 @@ class Region:
         self.buffer.clear(self)
 
     def send(self, rows: torch.Tensor, ranks: torch.Tensor, dest: torch.Tensor,
-             first_row: int = 0):
+             blocks: int = 1):
         """Row r of `rows` (2-D, `width` words each) to row dest[r, c] of rank
         ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of this
-        rank's block there (dest // (rows / W) is this rank).  The stores
-        begin at row `first_row` and wrap around."""
-        self.buffer.send(self, rows, ranks, dest, first_row)
+        rank's block there (dest // (rows / W) is this rank).  `rows` in
+        `blocks` equal blocks, each going to another rank, are stored into
+        all of them at once."""
+        self.buffer.send(self, rows, ranks, dest, blocks)
 
 
 class Buffer:
@@ -87,8 +88,8 @@ class SymmetricBuffer(Buffer):
         self.handle = symmetric_memory.rendezvous(self.tensor, group.group_name)
         self.addresses = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
 
-    def send(self, region: Region, rows, ranks, dest, first_row):
-        call(OPS.send_rows.default, rows, self.addresses + region.offset, ranks, dest, first_row)
+    def send(self, region: Region, rows, ranks, dest, blocks):
+        call(OPS.send_rows.default, rows, self.addresses + region.offset, ranks, dest, blocks)
 
     def clear(self, region: Region):
         """The peers store only the rows they send: the rest is set here."""
@@ -105,10 +106,10 @@ class NcclBuffer(Buffer):
     def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
         super().__init__(group, nbytes, torch.zeros(nbytes, dtype=torch.uint8, device=device))
 
-    def send(self, region: Region, rows, ranks, dest, first_row):
+    def send(self, region: Region, rows, ranks, dest, blocks):
         """Each row into its place in a staging copy of the peers' blocks (the
         others blank; a last row takes the rows not sent), then every block to
-        its rank (NCCL orders the transfers: first_row does not matter)."""
+        its rank (NCCL orders the transfers: blocks does not matter)."""
         world, rank = self.group.size(), self.group.rank()
         block = region.local.shape[0] // world
         staging = rows.view(torch.int16).new_full((world * block + 1, rows.shape[1]),

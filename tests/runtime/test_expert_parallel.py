@@ -41,8 +41,8 @@ class World:
         out.copy_(torch.stack(self.gathered))
         self.barrier.wait()
 
-    def send_rows(self, rows, peers, ranks, dest, first_row):
-        assert 0 <= first_row <= rows.shape[0]  # the operator's check
+    def send_rows(self, rows, peers, ranks, dest, blocks):
+        assert blocks >= 1 and rows.shape[0] % blocks == 0  # the operator's check
         width = rows.shape[1] * 2
         for r, c in torch.nonzero(dest >= 0).tolist():
             address = int(peers[ranks[r, c]]) + int(dest[r, c]) * width

@@ -2,7 +2,8 @@
 storing rows into W buffers of this GPU that stand in for the ranks' symmetric
 buffers (the kernel sees only their addresses), against a scatter in torch:
 rows not a multiple of a program's, widths not a multiple of 16 words (the
-basic flavour), rows going nowhere and to several ranks, every start row."""
+basic flavour), rows going nowhere and to several ranks, the rows taken
+as one block, as many as there are rows, and between."""
 import pytest
 import torch
 
@@ -24,25 +25,25 @@ def buffers_and_routes(rows, width, destinations, world, capacity):
 
 
 @pytest.mark.parametrize("rows, width, destinations, world, capacity", CASES)
-def test_rows_land_where_dest_says_from_every_start(rows, width, destinations, world, capacity):
+def test_rows_land_where_dest_says_in_any_blocks(rows, width, destinations, world, capacity):
     capacity = max(capacity, rows * destinations)
-    for first_row in sorted({0, 1, rows // 2, rows - 1, rows}):
+    for blocks in sorted({b for b in (1, 3, 4, 37, rows) if rows % b == 0}):
         buffers, ranks, dest = buffers_and_routes(rows, width, destinations, world, capacity)
         values = torch.randn(rows, width, device="cuda").bfloat16()
         want = [b.clone() for b in buffers]
         for r, c in torch.nonzero(dest >= 0).tolist():
             want[ranks[r, c]][dest[r, c]] = values[r]
         peers = torch.tensor([b.data_ptr() for b in buffers], device="cuda")
-        OPS.send_rows.default(values, peers, ranks, dest, first_row)
+        OPS.send_rows.default(values, peers, ranks, dest, blocks)
         torch.cuda.synchronize()
         for rank, (got, expected) in enumerate(zip(buffers, want)):
-            assert torch.equal(got, expected), (first_row, rank)
+            assert torch.equal(got, expected), (blocks, rank)
 
 
-@pytest.mark.parametrize("first_row", [-1, 38])
-def test_a_start_outside_the_rows_is_refused(first_row):
+@pytest.mark.parametrize("blocks", [-1, 0, 2, 38])
+def test_blocks_that_do_not_divide_the_rows_are_refused(blocks):
     buffers, ranks, dest = buffers_and_routes(37, 16, 1, 2, 64)
     peers = torch.tensor([b.data_ptr() for b in buffers], device="cuda")
-    with pytest.raises(ValueError, match="first_row"):
+    with pytest.raises(ValueError, match="blocks"):
         OPS.send_rows.default(torch.zeros(37, 16, device="cuda").bfloat16(), peers, ranks, dest,
-                              first_row)
+                              blocks)
