@@ -94,19 +94,17 @@ FLAVOURS = {"tma": "tma", "aligned": "aligned", "basic": "none"}
 # Heuristic sets, used where no tuned table exists.  sm80 configs keep shared
 # memory under 99 KiB so they also load on 8.6 / 8.9.  `basic` is the fallback
 # for inputs no faster flavour takes (strides or sizes off 16 bytes): one
-# config, not one a regime, each of which costs the build a variant for every
-# dtype and layout (docs/build.md's budget).
+# config, since each costs the build a variant for every dtype and layout
+# (docs/build.md's budget), of 64 x 64 tiles: why, in
+# docs/notes/2026-11-28-return-in-turns-and-the-build-budget.md.
+BASIC_CONFIG = Config(64, 64, 32, 4, 4)
 DEFAULT_CONFIGS = {
-    (80, "basic"): (
-        # 8 warps: on 4, a 128 x 128 accumulator and the masked loads' addresses
-        # do not fit a thread's registers, and ptxas falls back to 32 of them.
-        Config(128, 128, 32, 8, 3),
-    ),
+    (80, "basic"): (BASIC_CONFIG,),
     (80, "aligned"): (
         Config(64, 64, 32, 4, 4, max_rows=64),
         Config(128, 128, 32, 4, 3),
     ),
-    (90, "basic"): (Config(128, 128, 32, 8, 3),),
+    (90, "basic"): (BASIC_CONFIG,),
     (90, "tma"): (
         Config(64, 128, 64, 4, 4, max_rows=64),
         Config(128, 128, 64, 8, 4, max_rows=256),

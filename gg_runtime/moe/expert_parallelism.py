@@ -149,7 +149,11 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             disagree on the experts per rank, H, k, max_tokens or x's
             element size (raised on every rank, naming them).  An error
             raised on some ranks only (a bad argument, T above max_tokens)
-            leaves the others waiting for them in their next transfer.
+            leaves the others waiting for them in their next transfer: on
+            one host, for torch.distributed's default timeout (10 minutes),
+            after which torch prints which rank was not heard from and the
+            waiting ranks' CUDA work fails (a RuntimeError, CUDA unusable in
+            that process); with `"nccl"`, for the group's NCCL timeout.
     """
     group = resolved_group(group)
     check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))

@@ -25,6 +25,11 @@ from .._native import OPS, call
 
 # Regions start on this many bytes, so that send_rows' aligned stores hold.
 ALIGN = 256
+# How long a rank's stream waits at a barrier for the others: torch.distributed's
+# default collective timeout.  A rank that never arrives (an error raised on that
+# rank alone, a rank that stopped) then ends the wait: torch prints which rank
+# was not heard from and the kernel traps (a CUDA error on the waiting ranks).
+BARRIER_TIMEOUT_MS = 10 * 60 * 1000
 WORD = torch.bfloat16  # what send_rows copies: 2-byte words
 
 
@@ -96,8 +101,9 @@ class SymmetricBuffer(Buffer):
         region.local.view(torch.int16).fill_(region.blank)
 
     def barrier(self):
-        """Every rank's stream reaches this point before any goes past it."""
-        self.handle.barrier(channel=0)
+        """Every rank's stream reaches this point before any goes past it, or
+        BARRIER_TIMEOUT_MS passes (then a CUDA error, the late rank named)."""
+        self.handle.barrier(channel=0, timeout_ms=BARRIER_TIMEOUT_MS)
 
 
 class NcclBuffer(Buffer):

@@ -3,16 +3,19 @@ starts W of them): each case runs gg_runtime.moe.expert_parallel on every
 rank over global inputs every rank draws alike (the same seed), compares
 this rank's outputs and gradients with moe_experts on one GPU with all the
 experts, and prints `case NAME: ok` or `case NAME: FAIL <why>`.  Cases that
-need sm90 print `case NAME: skip <why>`."""
+need sm90 print `case NAME: skip <why>`.  A case of ALONE runs as the only
+case of its run: it leaves CUDA unusable on some ranks, and each rank exits
+once it has reported."""
 import os
 import sys
+import time
 import traceback
 
 import torch
 import torch.distributed as dist
 
 import gg_runtime
-from gg_runtime.moe import expert_parallel, moe_experts
+from gg_runtime.moe import expert_parallel, moe_experts, transport
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.moe_fp8 import fp8_experts
 
@@ -259,8 +262,39 @@ def case_transformers_qwen3_moe():
         check_close(f"{name}.grad", getattr(ours, name).grad, getattr(theirs, name).grad[share])
 
 
-CASES = {name[len("case_"):]: f for name, f in sorted(globals().items())
-         if name.startswith("case_")}
+def alone_a_rank_that_fails_alone_ends_the_others_wait():
+    """After the first call, the last rank's T above max_tokens: it raises
+    ValueError before it sends anything, and the others, at the transfer's
+    barrier, get a CUDA error once the timeout passes (torch names the rank)."""
+    world, rank = world_and_rank()
+    transport.BARRIER_TIMEOUT_MS = 3000
+    case, counts = global_case(tokens=lambda r: 20, experts=4 * world, **SHAPE)
+    mine, _, _ = local(case, counts)
+    expert_parallel(**{**mine, "max_tokens": 20})  # the layout, agreed by every rank
+    torch.cuda.synchronize()
+    if rank == world - 1:
+        mine = {**mine, **{name: torch.cat([mine[name], mine[name]])
+                           for name in ("x", "topk_ids", "topk_weights")}}
+    try:
+        expert_parallel(**{**mine, "max_tokens": 20})
+        torch.cuda.synchronize()
+    except ValueError as error:
+        assert rank == world - 1 and "max_tokens" in str(error), error
+        # Alive until the others' wait has ended: their barrier reads this
+        # rank's signal pad, which goes with its process.
+        time.sleep(transport.BARRIER_TIMEOUT_MS / 1000 + 5)
+    except RuntimeError as error:  # torch's AcceleratorError is one
+        assert rank < world - 1 and "launch failure" in str(error), error
+    else:
+        raise AssertionError("no error")
+
+
+def named(prefix):
+    return {name[len(prefix):]: f for name, f in sorted(globals().items())
+            if name.startswith(prefix)}
+
+
+CASES, ALONE = named("case_"), named("alone_")
 
 
 def main():
@@ -272,7 +306,7 @@ def main():
     for name in names:
         try:
             torch.manual_seed(0)
-            result = CASES[name]() or "ok"
+            result = {**CASES, **ALONE}[name]() or "ok"
         except Exception as error:  # noqa: BLE001 - reported, the run goes on
             traceback.print_exc()
             result = f"FAIL {type(error).__name__}: {error}".replace("\n", " ")
@@ -280,6 +314,8 @@ def main():
         # this short is not interleaved with another process's.
         sys.stdout.write(f"rank {rank} case {name}: {result}\n")
         sys.stdout.flush()
+        if name in ALONE:
+            os._exit(0)  # no collective can run after it
         dist.barrier()
     dist.destroy_process_group()
     assert gg_runtime  # imported for its operators

@@ -24,10 +24,11 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 
 @functools.cache
-def run(world: int) -> tuple[dict, str]:
-    """{(rank, case): result} of one run of every case on `world` GPUs, and its log."""
+def run(world: int, *cases: str) -> tuple[dict, str]:
+    """{(rank, case): result} of one run of `cases` (every one of CASES if none)
+    on `world` GPUs, and its log."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-               str(WORKER)]
+               str(WORKER), *cases]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=600,
                              env={**os.environ, **NO_MULTICAST})
@@ -55,10 +56,22 @@ def test_expert_parallel_matches_one_gpu(world, case):
     assert all(r == "ok" for r in got), f"{got}\n{log}"
 
 
+def test_a_rank_failing_alone_ends_the_others_wait_naming_it():
+    """No hang: the ranks still waiting at the barrier fail once its timeout
+    passes, and the log names the rank that did not arrive."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    case = "a_rank_that_fails_alone_ends_the_others_wait"
+    results, log = run(2, case)
+    assert [results.get((rank, case), "no result") for rank in range(2)] == ["ok", "ok"], log
+    assert "failed to receive signal from rank 1" in log, log
+
+
 def test_every_case_of_the_worker_is_listed():
     sys.path.insert(0, str(WORKER.parent))
     import expert_parallel_worker
     assert tuple(expert_parallel_worker.CASES) == tuple(sorted(CASES))
+    assert tuple(expert_parallel_worker.ALONE) == ("a_rank_that_fails_alone_ends_the_others_wait",)
 
 
 def test_the_example_checks_itself_on_two_gpus():
