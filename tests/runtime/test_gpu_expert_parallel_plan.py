@@ -2,13 +2,16 @@
 are arguments): torch.ops.gg_runtime.dispatch_plan and received_slots against
 their contracts (moe_reference.py), bit for bit, with dropped ids (negative,
 past the experts, past int32), one token and many, k past one load of 16
-slots, more ranks than a kernel step takes, rows no rank sent."""
+slots, more ranks than a kernel step takes, rows no rank sent; and each of
+their variants forced (test_gpu_variants.py leaves them to this file)."""
 import pytest
 import torch
 
+from gg_runtime import _C
 from gg_runtime._native import OPS, call
+from gg_runtime.testing import forced, last_variant
 from moe_reference import dispatch_plan_ref, received_slots_ref
-from conftest import gpu
+from conftest import device_arch, gpu
 
 pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 # (tokens, k, world, rank, experts per rank, capacity)
@@ -44,6 +47,32 @@ def test_received_slots_match_their_contract(tokens, k, world, rank, experts_per
     got = OPS.received_slots.default(meta, *layout)
     for name, g, want in zip(("ids", "weights", "back"), got, received_slots_ref(meta, *layout)):
         assert g.dtype == want.dtype and torch.equal(g, want), name
+
+
+def plan_variants():
+    return [v["key"] for v in _C.variants() if v["arch"] == device_arch()
+            and v["family"] in ("dispatch_plan", "received_slots")]
+
+
+@pytest.mark.parametrize("key", plan_variants())
+def test_each_plan_variant_matches_its_contract(key):
+    """k = 8 (within every variant's condition) on a layout of 3 ranks."""
+    layout = (3, 1, 8, 40)
+    ids, weights = routing(37, 8, 3, 8)
+    if key.startswith("dispatch_plan."):
+        with forced(key):
+            got = OPS.dispatch_plan.default(ids, weights, *layout)
+            assert last_variant() == key
+        want = dispatch_plan_ref(ids, weights, *layout)
+    else:
+        rows_ids, rows_weights = routing(3 * 40, 8, 3, 8)
+        _, _, meta = dispatch_plan_ref(rows_ids, rows_weights, *layout)
+        with forced(key):
+            got = OPS.received_slots.default(meta, *layout)
+            assert last_variant() == key
+        want = received_slots_ref(meta, *layout)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), key
 
 
 @pytest.mark.parametrize("change, match", [

@@ -22,7 +22,10 @@ OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py",
             "route": "test_gpu_moe_experts.py", "scaled_ragged_glu": "test_gpu_moe_fp8.py",
             "scaled_ragged_k": "test_gpu_fp8_grouped_mm.py",
             "scaled_experts_decode": "test_gpu_moe_fp8.py", "combine_parts": "test_gpu_moe_fp8.py",
-            "swiglu_backward_fp8": "test_gpu_swiglu_backward_fp8.py"}
+            "swiglu_backward_fp8": "test_gpu_swiglu_backward_fp8.py",
+            "dispatch_plan": "test_gpu_expert_parallel_plan.py",
+            "received_slots": "test_gpu_expert_parallel_plan.py",
+            "send_rows": "test_gpu_send_rows.py"}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch() and v["family"] not in OWN_TEST]
 pytestmark = pytest.mark.usefixtures("poison")
 
