@@ -63,7 +63,7 @@ BUILD_PY = $(shell $(PYTHON) -c "$(BUILD_CHECK)" 2>/dev/null && echo $(PYTHON) |
 TEST_PY := $(TEST_VENV)/bin/python
 HAS_GPU := import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
-.PHONY: build kernels kernels-check test memcheck bench bench-site docs clean build-env aot-env ext-env \
+.PHONY: build current-kernels kernels kernels-check test memcheck bench bench-site docs clean build-env aot-env ext-env \
 	test-env test-torch test-torch-range lint
 
 # Style tools, pinned (their rules and output change between releases); installed with
@@ -85,13 +85,17 @@ define runtime_tests
 endef
 WHEEL_CHECK := @ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in dist/: run make build"; exit 1; }
 
-build: ext-env
-	@$(PYTHON) -m aot.prebuilt $(AOT_DIR) $(TRITON_VERSION) || $(MAKE) kernels
+# torch's download (ext-env) is network-bound: it runs beside the kernels' compilation.
+build:
+	@$(MAKE) --no-print-directory -j2 -Oline ext-env current-kernels
 	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
 	@echo "building the extensions and the wheel (C++, about a minute per core)"
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
 	$(BUILD_PY) -m aot.manylinux dist/gg_runtime-*.whl
 	@ls -l dist/*.whl
+
+current-kernels:
+	@$(PYTHON) -m aot.prebuilt $(AOT_DIR) $(TRITON_VERSION) || $(MAKE) kernels
 
 # Compile every kernel variant with the pinned Triton.  make build skips this where
 # $(AOT_DIR) already holds kernels that Triton compiled from these sources
