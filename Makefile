@@ -87,7 +87,7 @@ WHEEL_CHECK := @ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in 
 
 # torch's download (ext-env) is network-bound: it runs beside the kernels' compilation.
 build:
-	@$(MAKE) --no-print-directory -j2 -Oline ext-env current-kernels
+	@$(MAKE) --no-print-directory -j2 --output-sync=none ext-env current-kernels
 	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
 	@echo "building the extensions and the wheel (C++, about a minute per core)"
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q

@@ -75,6 +75,7 @@ class Layout:
     def planes(self) -> int:
         return self.world * self.capacity
 
+
 def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     w13: torch.Tensor, w2: torch.Tensor, *, group: dist.ProcessGroup | None = None,
                     max_tokens: int | None = None, transport: str = "symmetric_memory",
