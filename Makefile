@@ -89,7 +89,7 @@ WHEEL_CHECK := @ls dist/gg_runtime-*.whl >/dev/null 2>&1 || { echo "no wheel in 
 build:
 	@$(MAKE) --no-print-directory -j2 --output-sync=none ext-env current-kernels
 	rm -rf dist build/lib.* build/bdist.*  # stale copies of removed modules would ship
-	@echo "building the extensions and the wheel (C++, about a minute per core)"
+	@echo "building the extensions (C++, a file a core at once) and the wheel"
 	GG_AOT_DIR=$(AOT_DIR) $(BUILD_PY) -m pip wheel --no-build-isolation --no-deps -w dist . -q
 	$(BUILD_PY) -m aot.manylinux dist/gg_runtime-*.whl
 	@ls -l dist/*.whl
@@ -116,12 +116,13 @@ kernels-check:
 	  --one-per-path
 	rm -rf build/aot-$(CHECKED_TRITON)
 
-# venv [packages]: make the environment unless it exists and passes its check.
+# venv [packages]: make the environment unless it exists and passes its check.  Nothing
+# byte-compiled at install (torch's thousands of modules): Python does it on first import.
 define make_env
 	@if [ "$(1)" = "$(2)/bin/python" ] && ! $(2)/bin/python -c "$(3)" 2>/dev/null; then \
 	  echo 'making $(2) with $(4)'; \
 	  { [ -x $(2)/bin/python ] || $(PYTHON) -m venv $(2); } && \
-	  $(2)/bin/pip install -q $(4); \
+	  $(2)/bin/pip install -q --no-compile $(4); \
 	fi
 endef
 

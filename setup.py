@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
@@ -78,6 +78,8 @@ def torch_operators() -> Extension:
 
 
 require_aot_outputs()
+# The C++ files compile in parallel, one a core (GG_BUILD_JOBS overrides it).
+ParallelCompile("GG_BUILD_JOBS").install()
 extension = Pybind11Extension(
     "gg_runtime._C",
     sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cc")),

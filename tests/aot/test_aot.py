@@ -402,24 +402,21 @@ def test_warp_specialised_variants_are_gluon_where_they_can_run():
     assert any(k.startswith(f"ragged_m.sm90.float32.{forward}.tma.128x256") for k in keys)
 
 
-def test_cluster_variants_exist_where_triton_multicasts(manifest):
-    """Configs with ctas > 1 compile under a Triton whose Gluon has TMA
-    multicast (3.8 on) into cluster kernels (the cluster size in the PTX, B's
-    block multicast); under an older one the build leaves them out."""
+def test_cluster_kernels_compile_where_triton_multicasts(manifest):
+    """ragged_m's warp-specialised kernel compiles as a 2-CTA cluster (B's
+    block multicast, the cluster size in the PTX) under a Triton whose Gluon
+    has TMA multicast (3.8 on), though no shipped config asks for one (the
+    dispatch never preferred it: aot/tuning/sm90.json's note)."""
     from aot.kernels.gluon_api import CLUSTERS
-    clustered = [v for v in all_variants() if v.config.ctas > 1]
-    records = [r for r in manifest["variants"] if r["num_ctas"] > 1]
-    assert [r["key"] for r in records] == [v.key for v in clustered]
     assert all(r["num_ctas"] == r["config"].get("ctas", 1) for r in manifest["variants"])
     if not CLUSTERS:
-        assert not clustered
-        return
-    assert clustered
-    for v in clustered:  # what ragged_ws.ragged_m_ws_program splits between CTAs
-        axes = FAMILIES[v.family].named(v.axes)
-        assert v.config.ws and v.family == "ragged_m" and axes["a_major"] == "row", v.key
-    ptx = compile_variant(clustered[0]).ptx
-    assert ".reqnctapercluster 2" in ptx and "multicast::cluster" in ptx
+        pytest.skip("this Triton's Gluon has no TMA multicast")
+    one_cta = next(v for v in all_variants() if v.family == "ragged_m" and v.arch == 90
+                   and v.config.ws and v.key.startswith("ragged_m.sm90.bfloat16.row-row-row."))
+    clustered = replace(one_cta, config=replace(one_cta.config, BM=2 * one_cta.config.BM, ctas=2))
+    compiled = compile_variant(clustered)
+    assert compiled.record["num_ctas"] == 2
+    assert ".reqnctapercluster 2" in compiled.ptx and "multicast::cluster" in compiled.ptx
 
 
 def test_warp_specialised_register_budget_fits_an_sm(manifest):
