@@ -39,6 +39,7 @@ TITLE = "MoE experts with fp8 weights against vLLM's Triton fused MoE"
 ENV = "GG_VLLM_SRC"
 SCALES_NAME = "blockwise"
 IMPLEMENTATIONS = ("gg_fp8", "vllm_fp8", "vllm_gemms")
+ROWS = "cases"  # one model a process: bench.run merges runs filtered by --only
 COLUMNS = ["T", "experts touched", "fp8 ms", "vLLM ms", "vLLM GEMMs ms", "x vLLM",
            "x vLLM GEMMs", "graphs", "1st fp8 ms", "1st vLLM ms", "vLLM error", "vLLM config"]
 # Expert shapes as served, (H, I per shard, E, k): DeepSeek-V3 on 8 and 16 GPUs of
