@@ -136,11 +136,26 @@ def assignment(topk_ids: torch.Tensor, experts: int, chosen: Plan) -> Assignment
     return aligned_by_expert(topk_ids, experts, block_m)
 
 
+def refusal(hidden: int, inter: int) -> str | None:
+    """Why vLLM refuses experts of this shape with fp8 weights in 128 x 128
+    blocks, or None.  Its validate_fp8_block_shape_moe raises where the
+    intermediate size per shard is not a multiple of the block (unless a
+    checkpoint refines its scale grid), and per_token_group_quant_fp8 asserts
+    that a row is whole groups: its kernel would read past the row."""
+    for name, size in (("intermediate size per shard", inter), ("hidden size", hidden)):
+        if size % FP8_BLOCK:
+            return (f"vLLM refuses fp8 experts in {FP8_BLOCK} x {FP8_BLOCK} blocks whose {name} "
+                    f"({size}) is not a multiple of {FP8_BLOCK}")
+    return None
+
+
 def quantize(kernels, x: torch.Tensor) -> tuple:
     """(q, scale [R, C / 128]) of x [R, C] contiguous, by vLLM's
     _per_token_group_quant_fp8, as per_token_group_quant_fp8's Triton path
     launches it (row-major scales, no power-of-two rounding)."""
     rows, cols = x.shape
+    if cols % FP8_BLOCK:  # vLLM asserts it: the kernel reads whole groups
+        raise ValueError(f"x: {cols} columns are not whole groups of {FP8_BLOCK}")
     q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, cols // FP8_BLOCK, dtype=torch.float32, device=x.device)
     kernels.per_token_group_quant[(rows * cols // FP8_BLOCK,)](

@@ -128,21 +128,25 @@ def bench_tokens(kernels, name: str, tokens: int, top_k: int, weights: dict) -> 
     inter = w["w2"].shape[2]
     x, topk_ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
     chosen = vllm_moe.plan(kernels.configs, experts, inter, top_k, tokens)
+    refused = vllm_moe.refusal(hidden, inter)
     candidates = {
         "gg_fp8": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w["w13"], w["w2"],
                                                  w13_scale=w["w13_scale"],
-                                                 w2_scale=w["w2_scale"]),
-        "vllm_fp8": lambda: vllm_moe.fused_experts(kernels, chosen, x, topk_ids, topk_weights,
-                                                   w["w13"], w["w2"], w["w13_scale"],
-                                                   w["w2_scale"])}
+                                                 w2_scale=w["w2_scale"])}
+    if not refused:
+        candidates["vllm_fp8"] = lambda: vllm_moe.fused_experts(
+            kernels, chosen, x, topk_ids, topk_weights, w["w13"], w["w2"], w["w13_scale"],
+            w["w2_scale"])
     first_call = {impl: first_call_ms(fn) for impl, fn in candidates.items()}
-    candidates["vllm_gemms"] = vllm_moe.gemms_alone(kernels, chosen, x, topk_ids, topk_weights,
-                                                    w["w13"], w["w2"], w["w13_scale"],
-                                                    w["w2_scale"])
+    if not refused:
+        candidates["vllm_gemms"] = vllm_moe.gemms_alone(
+            kernels, chosen, x, topk_ids, topk_weights, w["w13"], w["w2"], w["w13_scale"],
+            w["w2_scale"])
     ref = candidates["gg_fp8"]().float()
     flops = 2 * tokens * top_k * 3 * hidden * inter
     runs = measure(candidates, lambda out: rel_error(summed(out), ref), TOLERANCE, flops,
                    graphs=tokens <= DECODE_MAX)
+    runs.update({impl: {"error": refused} for impl in IMPLEMENTATIONS[1:] if refused})
     return {"name": name, "T": tokens, "touched_experts": topk_ids.unique().numel(),
             "runs": runs, "first_call_ms": first_call,
             "vs_vllm": ratio(runs, "gg_fp8", "vllm_fp8"),

@@ -163,3 +163,14 @@ def test_tuned_file_then_the_h200_proxy_then_the_default(tmp_path):
     assert (path.name, source) == (vllm_moe.config_file_name(128, 768, vllm_moe.PROXY_DEVICE),
                                    "H200 proxy")
     assert vllm_moe.tuned_file(tmp_path, 8, 14336, h100) == (None, "default")
+
+
+def test_shapes_vllm_refuses_are_named_not_run():
+    """vLLM serves fp8 experts in 128 x 128 blocks only where the intermediate
+    size per shard (and the hidden size) is whole blocks: Qwen3-30B-A3B at
+    tensor parallelism 4 (I 192) is refused, and so is quantizing such a row."""
+    hidden, inter = vllm_fp8.SHAPES["qwen3_30b_a3b_tp4"][:2]
+    assert "192" in vllm_moe.refusal(hidden, inter)
+    assert vllm_moe.refusal(*vllm_fp8.SHAPES["deepseek_v3_tp16"][:2]) is None
+    with pytest.raises(ValueError, match="whole groups"):
+        vllm_moe.quantize(None, torch.zeros(2, 192))
