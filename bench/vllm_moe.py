@@ -141,7 +141,7 @@ def refusal(hidden: int, inter: int) -> str | None:
     blocks, or None.  Its validate_fp8_block_shape_moe raises where the
     intermediate size per shard is not a multiple of the block (unless a
     checkpoint refines its scale grid), and per_token_group_quant_fp8 asserts
-    that a row is whole groups: its kernel would read past the row."""
+    that a row is whole groups (its kernel reads past the tensor otherwise)."""
     for name, size in (("intermediate size per shard", inter), ("hidden size", hidden)):
         if size % FP8_BLOCK:
             return (f"vLLM refuses fp8 experts in {FP8_BLOCK} x {FP8_BLOCK} blocks whose {name} "
