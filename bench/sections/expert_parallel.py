@@ -10,11 +10,11 @@ reason, where fewer than two GPUs are visible."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import torch
+
+from gg_runtime.testing import ranks_command, ranks_env
 
 from ..markdown import fmt, table
 
@@ -22,9 +22,6 @@ TITLE = "Expert parallelism on one host"
 # (H, I, E, k)
 LAYERS = {"deepseek_v3": (7168, 2048, 256, 8), "qwen3_30b_a3b": (2048, 768, 128, 8)}
 WORLDS = (2, 4)
-# Every process keeps NVLink multicast off (the project's multi-GPU rule).
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def run(context) -> dict:
@@ -37,10 +34,8 @@ def run(context) -> dict:
 
 def run_layer(name, shape, world) -> dict:
     """The worker's rows for one layer on `world` GPUs, or its error."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-               "-m", "bench.expert_parallel_worker", name, *map(str, shape)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, **NO_MULTICAST})
+    command = ranks_command(world, "-m", "bench.expert_parallel_worker", name, *map(str, shape))
+    out = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=ranks_env())
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])

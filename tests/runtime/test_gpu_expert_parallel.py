@@ -4,7 +4,6 @@ rank's outputs and gradients against moe_experts on one GPU with all the
 experts.  One run a world size, its cases reported line by line; and
 examples/expert_parallel.py on two."""
 import functools
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,26 +11,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from gg_runtime.testing import ranks_command, ranks_env
+
 WORKER = Path(__file__).with_name("expert_parallel_worker.py")
 CASES = ("uniform", "skewed", "a_rank_with_no_tokens", "dropped_ids", "gpt_oss_with_biases",
          "one_expert_a_rank_k8", "fp8_weights", "fp8_training_recipe",
          "graph_replay_with_new_routing", "no_host_sync", "nccl_transport",
          "ranks_that_disagree_are_refused_on_every_rank", "more_tokens_than_max_tokens_is_refused",
          "transformers_qwen3_moe")
-# Every process keeps NVLink multicast off (the project's multi-GPU rule).
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @functools.cache
 def run(world: int, *cases: str) -> tuple[dict, str]:
     """{(rank, case): result} of one run of `cases` (every one of CASES if none)
     on `world` GPUs, and its log."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-               str(WORKER), *cases]
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                             env={**os.environ, **NO_MULTICAST})
+        out = subprocess.run(ranks_command(world, str(WORKER), *cases), capture_output=True,
+                             text=True, timeout=600, env=ranks_env())
         stdout, stderr = out.stdout, out.stderr
     except subprocess.TimeoutExpired as timeout:  # the cases reported before it still count
         stdout, stderr = (timeout.stdout or b"").decode(), "timed out after 600 s"
@@ -78,9 +74,19 @@ def test_the_example_checks_itself_on_two_gpus():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     example = WORKER.parents[2] / "examples" / "expert_parallel.py"
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          str(example)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **NO_MULTICAST})
+    out = subprocess.run(ranks_command(2, str(example)), capture_output=True, text=True,
+                         timeout=300, env=ranks_env())
     lines = [line for line in out.stdout.splitlines() if line.startswith("rank ")]
     assert out.returncode == 0 and len(lines) == 2, out.stdout + out.stderr
     assert all(": ok " in line for line in lines), lines
+
+
+def test_ranks_start_with_multicast_off(monkeypatch):
+    """Every process the tests and the bench start a GPU each has NVLink
+    multicast off, whatever this process's environment says."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    env = ranks_env()
+    assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"],
+            env["NVSHMEM_DISABLE_NVLS"]) == ("0", "1", "1")
+    assert ranks_command(4, "worker.py", "a")[1:] == ["-m", "torch.distributed.run",
+                                                      "--nproc-per-node", "4", "worker.py", "a"]
