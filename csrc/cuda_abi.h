@@ -117,6 +117,7 @@ struct Api {
   Result (*cuMemAllocFromPoolAsync)(DevicePtr* ptr, size_t bytes, MemPool pool, Stream stream);
   Result (*cuMemFreeAsync)(DevicePtr ptr, Stream stream);
   Result (*cuMemcpyHtoDAsync)(DevicePtr dst, const void* src, size_t bytes, Stream stream);
+  Result (*cuMemsetD8Async)(DevicePtr dst, unsigned char value, size_t count, Stream stream);
   Result (*cuStreamIsCapturing)(Stream stream, int* status);
   Result (*cuStreamGetId)(Stream stream, unsigned long long* id);
   Result (*cuMemHostAlloc)(void** ptr, size_t bytes, unsigned int flags);

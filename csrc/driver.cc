@@ -55,6 +55,7 @@ cu::Api load_api() {
   resolve(get, "cuMemPoolSetAttribute", api.cuMemPoolSetAttribute);
   resolve(get, "cuMemAllocFromPoolAsync", api.cuMemAllocFromPoolAsync);
   resolve(get, "cuMemcpyHtoDAsync", api.cuMemcpyHtoDAsync);
+  resolve(get, "cuMemsetD8Async", api.cuMemsetD8Async);
   resolve(get, "cuStreamIsCapturing", api.cuStreamIsCapturing);
   resolve(get, "cuStreamGetId", api.cuStreamGetId);
   resolve(get, "cuMemHostAlloc", api.cuMemHostAlloc);
