@@ -7,7 +7,7 @@ import re
 import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import triton
@@ -90,6 +90,37 @@ def compile_variant(variant: Variant) -> Compiled:
     return Compiled(record, cubin, kernel.asm["ptx"], kernel)
 
 
+def sm80_twin(variant: Variant) -> Variant | None:
+    """The sm80 variant whose PTX a later arch's variant of an sm80_ptx family
+    is assembled from; None for the others."""
+    if variant.arch == 80 or not FAMILIES[variant.family].sm80_ptx:
+        return None
+    return replace(variant, arch=80)
+
+
+def assemble_variant(variant: Variant, twin_record: dict, twin_ptx: str) -> Compiled:
+    """variant's cubin assembled by ptxas for its arch from its sm80 twin's PTX
+    (PTX runs on every later arch); the rest of its record is the twin's, the
+    kernel being the same."""
+    backend = CUDABackend(GPUTarget("cuda", variant.arch, 32))
+    options = backend.parse_options({"num_warps": variant.config.num_warps,
+                                     "num_stages": variant.config.num_stages,
+                                     "enable_fp_fusion": True})
+    cubin = backend.make_cubin(twin_ptx, {}, options, variant.arch)
+    record = variant.describe()
+    record.update({name: twin_record[name] for name in TWIN_FIELDS})
+    record.update(ptx=f"{variant.key}.ptx" if Arch.of(variant.arch).ptx else "",
+                  cubin=f"{variant.key}.cubin",
+                  cubin_sha256=hashlib.sha256(cubin).hexdigest(), cubin_size=len(cubin),
+                  **resource_usage(cubin))
+    return Compiled(record, cubin, twin_ptx)
+
+
+# What an assembled variant's record takes from its twin's: the kernel's own.
+TWIN_FIELDS = ("kernel_name", "num_warps", "num_ctas", "shared", "scratch_size", "scratch_align",
+               "params", "triton_version")
+
+
 def resource_usage(cubin: bytes) -> dict:
     """{"registers": per thread at launch, "stack": bytes of each thread's stack
     frame (where ptxas puts its spills)} of the cubin's kernel, as Triton's
@@ -107,8 +138,12 @@ def resource_usage(cubin: bytes) -> dict:
 
 
 def _compile_to(args) -> dict:
-    variant, out_dir, keep_ptx = args
-    compiled = compile_variant(variant)
+    variant, out_dir, keep_ptx, twin_record = args
+    if twin_record:
+        compiled = assemble_variant(variant, twin_record,
+                                    (out_dir / twin_record["ptx"]).read_text())
+    else:
+        compiled = compile_variant(variant)
     compiled.kernel = None  # results cross a process boundary: keep them picklable
     (out_dir / compiled.record["cubin"]).write_bytes(compiled.cubin)
     if keep_ptx or compiled.record["ptx"]:
@@ -120,17 +155,25 @@ def compile_all(variants: list, out_dir: Path, jobs: int, keep_ptx: bool = False
                 progress=None) -> list:
     """Compile every variant into out_dir; records come back in variant order.
     PTX is written for the archs that ship it (record["ptx"]), and for all with
-    keep_ptx.  progress(done) is called after each variant, in order."""
+    keep_ptx.  A variant whose sm80 twin is among them (sm80_twin) is assembled
+    from the twin's PTX once the others are compiled.  progress(done) is called
+    after each variant."""
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.pop("TRITON_OVERRIDE_ARCH", None)  # it would silently retarget every compile
-    work = [(v, out_dir, keep_ptx) for v in variants]
-    records = []
+    keys = {v.key for v in variants}
+    assembled = [v for v in variants if (twin := sm80_twin(v)) and twin.key in keys]
+    later = {v.key for v in assembled}
+    compiled = [v for v in variants if v.key not in later]
+    records = {}
     with ProcessPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        for record in pool.map(_compile_to, work):
-            records.append(record)
-            if progress:
-                progress(len(records))
-    return records
+        for stage in (compiled, assembled):
+            work = [(v, out_dir, keep_ptx, records[sm80_twin(v).key] if v.key in later else None)
+                    for v in stage]
+            for variant, record in zip(stage, pool.map(_compile_to, work)):
+                records[variant.key] = record
+                if progress:
+                    progress(len(records))
+    return [records[v.key] for v in variants]
 
 
 def ptx_entry_params(ptx: str) -> list:

@@ -271,6 +271,10 @@ class Family:
     # where not the variant's input dtype (the decode kernels' fp8 weights
     # beside 16-bit tokens); "": the input's.
     weights: str = ""
+    # The kernel uses no instruction sm80 lacks (no MMA, TMA or fp8): a later
+    # arch's variant is ptxas's code for that arch from its sm80 twin's PTX,
+    # not compiled again (aot/compile.py; make build's time).
+    sm80_ptx: bool = False
     # ptxas's cap on a thread's registers (maxnreg) for `kernel`; 0: ptxas's
     # choice.  A memory-bound kernel that ptxas gives more registers than it
     # needs keeps fewer programs, so fewer loads, in flight on an SM.

@@ -12,6 +12,7 @@ CONFIGS = (Config(8, 256, 16, 4, 1),)
 
 FAMILY = Family(
     name="combine",
+    sm80_ptx=True,
     kernel=combine_kernel,
     params=(
         Param("rows_ptr", "*T", "operand", aligned=True),

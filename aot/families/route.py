@@ -51,6 +51,7 @@ SINGLE_CONFIGS = tuple(config for bins in BINS for config in (
 
 FAMILY = Family(
     name="route",
+    sm80_ptx=True,
     kernel=route_kernel,
     params=(
         Param("ids_ptr", "*i64", "operand"),

@@ -16,6 +16,7 @@ DIRECTION = Choice("Direction", ("forward", "backward"))
 
 FAMILY = Family(
     name="swiglu",
+    sm80_ptx=True,
     kernel=swiglu_kernel,
     params=(
         Param("gu_ptr", "*T", "operand", aligned=True),

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from aot import codegen, expr
-from aot.compile import CompileError, compile_variant, ptx_entry_params
+from aot.compile import (TWIN_FIELDS, CompileError, compile_all, compile_variant,
+                         ptx_entry_params, sm80_twin)
 from aot.families import FAMILIES
 from aot.families.ragged_m import FAMILY as RAGGED_M
 from aot.family import NO_AXES_KEY, Family, Param
@@ -51,6 +52,21 @@ def test_compile_one_variant_per_arch(arch):
     assert cubin_arch(compiled.cubin) == arch
     assert f".target sm_{arch}" in compiled.ptx
     assert ptx_entry_params(compiled.ptx) == ptx_types(compiled.record["params"])
+
+
+def test_a_later_archs_twin_is_assembled_from_sm80s_ptx(tmp_path):
+    """A variant of an sm80_ptx family whose sm80 twin is compiled beside it is
+    ptxas's code for its arch from the twin's PTX: the same kernel (the twin's
+    record fields), an sm90 cubin, no PTX of its own."""
+    sm90 = next(v for v in all_variants() if v.arch == 90 and v.family == "swiglu")
+    twin = sm80_twin(sm90)
+    sm80, assembled = compile_all([twin, sm90], tmp_path, jobs=1)
+    assert twin.key == sm80["key"] and sm90.key == assembled["key"]
+    assert {f: assembled[f] for f in TWIN_FIELDS} == {f: sm80[f] for f in TWIN_FIELDS}
+    assert cubin_arch((tmp_path / assembled["cubin"]).read_bytes()) == 90
+    assert assembled["ptx"] == "" and sm80["ptx"]
+    assert sm80_twin(next(v for v in all_variants() if v.family == "ragged_m"
+                          and v.arch == 90)) is None  # its sm90 kernels use sm90's MMAs
 
 
 def test_aligned_variant_loads_16_bytes_at_a_time():
