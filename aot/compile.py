@@ -33,9 +33,9 @@ class Compiled:
     kernel: object = None  # triton's CompiledKernel (launchable where a GPU is; used by tune)
 
 
-def compile_variant(variant: Variant) -> Compiled:
-    target = GPUTarget("cuda", variant.arch, 32)
-    backend = CUDABackend(target)
+def backend_options(variant: Variant):
+    """Triton's CUDA backend for the variant's arch, and its compile options."""
+    backend = CUDABackend(GPUTarget("cuda", variant.arch, 32))
     config = variant.config
     # FP fusion (FMA contraction) stated, not left to the release's default (3.10
     # turns it off).
@@ -46,7 +46,13 @@ def compile_variant(variant: Variant) -> Compiled:
         options["maxnreg"] = max_registers(config)
     elif family.max_registers:
         options["maxnreg"] = family.max_registers
-    options = backend.parse_options(options)
+    return backend, backend.parse_options(options)
+
+
+def compile_variant(variant: Variant) -> Compiled:
+    backend, options = backend_options(variant)
+    config = variant.config
+    family = FAMILIES[variant.family]
     kernel = family.ws_kernel if config.ws else family.kernel
     # A constexpr the kernel defaults (one only some variants set) takes its
     # default elsewhere: Triton compiles no parameter left out.
@@ -59,7 +65,7 @@ def compile_variant(variant: Variant) -> Compiled:
     source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
     source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     try:
-        kernel = triton.compile(source, target=target, options=options.__dict__)
+        kernel = triton.compile(source, target=backend.target, options=options.__dict__)
     except Exception as exc:  # Triton raises many types; the key is what the user needs
         raise CompileError(f"compiling {variant.key} failed:\n{exc}") from exc
     meta = kernel.metadata
@@ -98,14 +104,16 @@ def sm80_twin(variant: Variant) -> Variant | None:
     return replace(variant, arch=80)
 
 
+# What an assembled variant's record takes from its twin's: the kernel's own.
+TWIN_FIELDS = ("kernel_name", "num_warps", "num_ctas", "shared", "scratch_size", "scratch_align",
+               "params", "triton_version")
+
+
 def assemble_variant(variant: Variant, twin_record: dict, twin_ptx: str) -> Compiled:
     """variant's cubin assembled by ptxas for its arch from its sm80 twin's PTX
     (PTX runs on every later arch); the rest of its record is the twin's, the
     kernel being the same."""
-    backend = CUDABackend(GPUTarget("cuda", variant.arch, 32))
-    options = backend.parse_options({"num_warps": variant.config.num_warps,
-                                     "num_stages": variant.config.num_stages,
-                                     "enable_fp_fusion": True})
+    backend, options = backend_options(variant)
     cubin = backend.make_cubin(twin_ptx, {}, options, variant.arch)
     record = variant.describe()
     record.update({name: twin_record[name] for name in TWIN_FIELDS})
@@ -114,11 +122,6 @@ def assemble_variant(variant: Variant, twin_record: dict, twin_ptx: str) -> Comp
                   cubin_sha256=hashlib.sha256(cubin).hexdigest(), cubin_size=len(cubin),
                   **resource_usage(cubin))
     return Compiled(record, cubin, twin_ptx)
-
-
-# What an assembled variant's record takes from its twin's: the kernel's own.
-TWIN_FIELDS = ("kernel_name", "num_warps", "num_ctas", "shared", "scratch_size", "scratch_align",
-               "params", "triton_version")
 
 
 def resource_usage(cubin: bytes) -> dict:

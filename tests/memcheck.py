@@ -7,10 +7,10 @@ NVIDIA's compute-sanitizer, one line per tool:
   tensor, unseen) over every GPU test but those capturing CUDA graphs, which
   need the caching allocator: those run with it;
 - initcheck (reads of device memory nothing wrote), exact allocations, over
-  the tests named by --initcheck-tests, every kernel instrumented (under a
-  kernel filter the writes of torch's kernels, which make the tests' inputs,
-  go untracked and their memory reads as never written; so slow that the
-  whole suite does not finish in hours);
+  the tests named by --initcheck-tests (a few that reach every operator),
+  every kernel instrumented (under a kernel filter the writes of torch's
+  kernels, which make the tests' inputs, go untracked and their memory reads
+  as never written);
 - memcheck, exact allocations, of the bench's sections that check their
   results (BENCH_SECTIONS), each section a process, after the tests and one
   a GPU (their workloads are large);
@@ -112,7 +112,7 @@ class Outcome:
     tests: str  # pytest's last line
     passed: bool
     apart: int = 0  # of errors, those counted apart (APART)
-    dropped: int = 0  # of errors, those the tool dropped unprinted
+    dropped: int = 0  # reports the tool dropped unprinted (not among errors)
 
     def ours(self) -> int | None:
         return None if self.errors is None else self.errors - self.apart

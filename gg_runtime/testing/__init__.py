@@ -12,9 +12,9 @@ from .fp8 import (FP8_BLOCK, FP8_MAX, FP8_TOLERANCE, SCALE_KINDS, column_blocks,
                   dequantized, fp8_moe_inputs, quantize_columns_ref, quantize_ref,
                   ref_scaled_grouped_mm)
 from .hooks import forced, guarded, last_variant, poisoned
-from .ranks import NO_MULTICAST, ranks_command, ranks_env
 from .moe_layers import (GPT_OSS_ALPHA, GPT_OSS_LIMIT, gated_activation, moe_layer,
                          moe_layer_no_atomics, route_top_k, sorted_by_expert, with_added_bias)
+from .ranks import ranks_command, ranks_env
 from .references import (FLOAT32_OUTPUT_TOLERANCE, TF32_TOLERANCE, TOLERANCE, effective_ends,
                          group_parts, group_slices, ref_grouped_mm, ref_grouped_mm_grads,
                          ref_list, rel_error, tf32_allowed, tolerance)
@@ -29,7 +29,7 @@ __all__ = [
     "forced", "guarded", "last_variant", "poisoned",
     "GPT_OSS_ALPHA", "GPT_OSS_LIMIT", "gated_activation", "moe_layer", "moe_layer_no_atomics",
     "route_top_k", "sorted_by_expert", "with_added_bias",
-    "NO_MULTICAST", "ranks_command", "ranks_env",
+    "ranks_command", "ranks_env",
     "FLOAT32_OUTPUT_TOLERANCE", "TF32_TOLERANCE", "TOLERANCE", "effective_ends", "group_parts",
     "group_slices", "ref_grouped_mm", "ref_grouped_mm_grads", "ref_list", "rel_error",
     "tf32_allowed", "tolerance",
