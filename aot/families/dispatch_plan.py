@@ -13,7 +13,6 @@ CONFIGS = (Config(32, 8, 16, 4, 1, when="k_16"), Config(8, 8, MOST_SLOTS, 4, 1, 
 
 FAMILY = Family(
     name="dispatch_plan",
-    sm80_ptx=True,
     kernel=dispatch_plan_kernel,
     params=(
         Param("ids_ptr", "*i64", "operand"),

@@ -11,7 +11,6 @@ CONFIGS = (Config(64, 16, 16, 4, 1, when="k_16"), Config(16, 16, MOST_SLOTS, 4, 
 
 FAMILY = Family(
     name="received_slots",
-    sm80_ptx=True,
     kernel=received_slots_kernel,
     params=(
         Param("meta_ptr", "*i32", "operand"),

@@ -12,7 +12,6 @@ CONFIGS = (Config(8, 256, 16, 4, 1),)
 
 FAMILY = Family(
     name="send_rows",
-    sm80_ptx=True,
     kernel=send_rows_kernel,
     params=(
         Param("rows_ptr", "*T", "operand", aligned=True),
