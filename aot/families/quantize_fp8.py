@@ -8,7 +8,8 @@ w.transpose(1, 2)) read in place.  sm90 only, as the fp8 GEMMs; `aligned`
 from dataclasses import replace
 
 from ..family import EVERY, MAJOR, Axis, Choice, Config, Family, Param, Where
-from ..kernels.quantize import BLOCK, quantize_fp8_kernel
+from ..kernels.quantize import (BLOCK, BLOCK_1X128, BLOCK_128X128, WHOLE_ROW,
+                                quantize_fp8_kernel)
 
 # Memory-bound: what counts is the bytes in flight per SM, programs an SM x
 # bytes a program loads at once.  An aligned config loads 4096 elements a step
@@ -24,8 +25,9 @@ from ..kernels.quantize import BLOCK, quantize_fp8_kernel
 # registers).  BK is unused (16 keeps aot/variants.py's GEMM shared-memory
 # estimate from reshaping the configs).
 # What one scale covers (aot/kernels/quantize.py): a row, 128 columns of a
-# row, a 128 x 128 block; the kernel's MODE is the value's index.
+# row, a 128 x 128 block; MODES gives the kernel's MODE for each.
 GRANULARITY = Choice("Granularity", ("rowwise", "1x128", "128x128"))
+MODES = {"rowwise": WHOLE_ROW.value, "1x128": BLOCK_1X128.value, "128x128": BLOCK_128X128.value}
 ONE_BLOCK_ONLY = Where(granularity="128x128", x_major="row")
 
 ALIGNED = (
@@ -89,7 +91,7 @@ FAMILY = Family(
     ),
     axes=(Axis("granularity", GRANULARITY), Axis("x_major", MAJOR)),
     # aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128; X_T: column-major.
-    constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"]),
+    constexprs=lambda v: {"MODE": MODES[v["granularity"]],
                           "X_T": v["x_major"] == "column", "TRANSPOSED": False},
     aligned=EVERY,
     dtypes=("float16", "bfloat16", "float32"),

@@ -8,7 +8,7 @@ allow it, else `basic`.  Row r of the operand may be x's row rows[r] //
 rows_div (the routing's gather, where rows_div is not 0)."""
 from ..family import EVERY, Axis, Config, Family, Param
 from ..kernels.quantize_columns import quantize_fp8_columns_kernel
-from .quantize_fp8 import GRANULARITY
+from .quantize_fp8 import GRANULARITY, MODES
 from .ragged_glu import ROWS
 
 # Memory-bound: a tile is one 128-row block by 64 columns (128 to 256 bytes
@@ -40,7 +40,7 @@ FAMILY = Family(
     # What one scale covers: a column of a group, or of a 128-row block of it
     # (aot/kernels/quantize.py's ROWWISE and BLOCK_1X128, the values' indices).
     axes=(Axis("granularity", GRANULARITY, only=("rowwise", "1x128")),),
-    constexprs=lambda v: {"MODE": GRANULARITY.values.index(v["granularity"])},
+    constexprs=lambda v: {"MODE": MODES[v["granularity"]]},
     aligned=EVERY,
     dtypes=("float16", "bfloat16", "float32"),
     out_dtypes=("float8_e4m3fn",),

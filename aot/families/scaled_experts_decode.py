@@ -18,7 +18,7 @@ from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
 from ..kernels.experts_decode import MAX_SLOTS, scaled_experts_decode_kernel
 from ..kernels.experts_decode_ws import scaled_experts_decode_ws_kernel
 from ..kernels.glu import CONCATENATED, INTERLEAVED
-from .scaled_ragged_m import SCALING
+from .scaled_ragged_m import SCALING, SCALINGS
 
 # BM: slot rows a unit, the MMAs' N; BN: w2's rows a step (the ws kernel: a
 # box) of the down projection; BK: the up projection's step in whole scale
@@ -69,7 +69,7 @@ FAMILY = Family(
         Param("ld2", "i64", "stride", aligned=True),
     ),
     axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
-    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
+    constexprs=lambda v: {"SCALING": SCALINGS[v["scaling"]],
                           "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},
     tma=EVERY,
     basic=False,

@@ -13,7 +13,7 @@ from ..kernels.ragged import scaled_ragged_glu_kernel
 from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel
 from .ragged_glu import GATHERED_EXTENTS, ROWS
 from .ragged_m import FAMILY as RAGGED_M, POINTERS
-from .scaled_ragged_m import SCALING
+from .scaled_ragged_m import SCALING, SCALINGS
 
 TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
 SWAPPED = Config(32, 256, 128, 4, 4, max_rows=16)
@@ -50,7 +50,7 @@ FAMILY = Family(
     ) + ROWS,
     axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP),
           Axis("gu", GU)),
-    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
+    constexprs=lambda v: {"SCALING": SCALINGS[v["scaling"]],
                           "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED,
                           "SAVE_GU": v["gu"] == "kept"},
     tma=EVERY,

@@ -6,7 +6,7 @@ from ..family import EVERY, Axis, Config, Family, Param, Where
 from ..kernels.scaled_k import scaled_ragged_k_kernel
 from ..kernels.scaled_k_ws import scaled_ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT
-from .scaled_ragged_m import SCALING
+from .scaled_ragged_m import SCALING, SCALINGS
 
 FAMILY = Family(
     name="scaled_ragged_k",
@@ -22,7 +22,7 @@ FAMILY = Family(
         Param("ldc", "i64", "stride", aligned=True),
     ),
     axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")),),
-    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1},
+    constexprs=lambda v: {"SCALING": SCALINGS[v["scaling"]]},
     tma=EVERY,
     basic=False,
     dtypes=("float8_e4m3fn",),

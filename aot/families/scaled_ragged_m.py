@@ -6,13 +6,15 @@ alignment is what torch requires of fp8 inputs too."""
 from ..family import EVERY, Axis, Choice, Config, Family, Param, Where
 from ..kernels.ragged import scaled_ragged_m_kernel
 from ..kernels.ragged_ws import scaled_ragged_m_ws_kernel
+from ..kernels.scaled import BLOCKWISE, BLOCKWISE_ROWWISE, ROWWISE
 from .ragged_m import BIAS, POINTERS, RAGGED_ROWS_LIMIT
 
 # How the scales apply (aot/kernels/scaled.py): per row of a and column of
 # b, per 1x128 block of a and 128x128 block of b, or per 1x128 block of a
-# and column of b; the kernel's SCALING is ROWWISE (1), BLOCKWISE (2) or
-# BLOCKWISE_ROWWISE (3).
+# and column of b; SCALINGS gives the kernels' SCALING for each.
 SCALING = Choice("Scaling", ("rowwise", "blockwise", "blockwise_rowwise"))
+SCALINGS = {"rowwise": ROWWISE.value, "blockwise": BLOCKWISE.value,
+            "blockwise_rowwise": BLOCKWISE_ROWWISE.value}
 # How the tensor cores' fp8 products are summed (kernels/scaled.py FAST_ACCUM):
 # each K step's product added to float32 by the CUDA cores, or all of K in
 # the tensor cores' own precision (torch's use_fast_accum=True).
@@ -35,7 +37,7 @@ FAMILY = Family(
         Param("ldc", "i64", "stride"),
     ) + BIAS,
     axes=(Axis("scaling", SCALING), Axis("accumulation", ACCUMULATION)),
-    constexprs=lambda v: {"SCALING": SCALING.values.index(v["scaling"]) + 1,
+    constexprs=lambda v: {"SCALING": SCALINGS[v["scaling"]],
                           "FAST_ACCUM": v["accumulation"] == "fast"},
     tma=EVERY,
     basic=False,

@@ -8,7 +8,7 @@ Both are what float32 torch computes on CUDA (a -0 input aside: it gives
 +0): torch divides by the scalar 448 as a product with its float32 reciprocal,
 and divides tensors with IEEE rounding.  MODE picks what one scale covers:
 
-ROWWISE        a row                 scale [R]
+WHOLE_ROW      a row                 scale [R]
 BLOCK_1X128    128 columns of a row  scale [R, cdiv(C, 128)]
 BLOCK_128X128  128 x 128             scale [R // group_rows * cdiv(group_rows, 128),
                                             cdiv(C, 128)]
@@ -46,7 +46,7 @@ not evict input lines a rowwise tile reads again.
 import triton
 import triton.language as tl
 
-ROWWISE = tl.constexpr(0)
+WHOLE_ROW = tl.constexpr(0)
 BLOCK_1X128 = tl.constexpr(1)
 BLOCK_128X128 = tl.constexpr(2)
 BLOCK = tl.constexpr(128)  # columns (and, 128x128, rows) one block scale covers
@@ -236,9 +236,9 @@ def quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, qt_ptr, qt_sca
                           ldx, group_stride, qt_columns, MODE: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, TRANSPOSED: tl.constexpr):
     """quantize_fp8_kernel's X_T tiling: each group's N rows in tiles of BM
-    rows (ROWWISE: BN columns at a time; else by 128 columns, BN = 128)."""
+    rows (WHOLE_ROW: BN columns at a time; else by 128 columns, BN = 128)."""
     row_tiles = R // N * tl.cdiv(N, BM)
-    if MODE == ROWWISE:
+    if MODE == WHOLE_ROW:
         for row_tile in range(pid, row_tiles, programs):
             column_rowwise_tile(x_ptr, q_ptr, scale_ptr, row_tile, C, N, ldx, group_stride,
                                 BM, BN)
@@ -277,14 +277,14 @@ def quantize_fp8_kernel(x_ptr, q_ptr, scale_ptr, R, C, group_rows, ldx, group_st
         quantize_column_major(pid, programs, x_ptr, q_ptr, scale_ptr, qt_ptr, qt_scale_ptr, R, C,
                               contiguous_rows, ldx, group_stride, qt_columns, MODE, BM, BN,
                               TRANSPOSED)
-    elif MODE == ROWWISE:
+    elif MODE == WHOLE_ROW:
         for tile in range(pid, tl.cdiv(R, BM), programs):
             rowwise_tile(x_ptr, q_ptr, scale_ptr, tile * BM, R, C, ldx, BM, BN)
     elif MODE == BLOCK_1X128:
         for tile in range(pid, tl.cdiv(R, BM) * tl.cdiv(C, BN), programs):
             block_1x128_tile(x_ptr, q_ptr, scale_ptr, tile, R, C, ldx, BM, BN)
     else:
-        tl.static_assert(MODE == BLOCK_128X128, "MODE is ROWWISE, BLOCK_1X128 or BLOCK_128X128")
+        tl.static_assert(MODE == BLOCK_128X128, "MODE is WHOLE_ROW, BLOCK_1X128 or BLOCK_128X128")
         tl.static_assert((BM == BLOCK) & (BN == BLOCK), "a 128x128 tile is one block")
         row_blocks = R // group_rows * tl.cdiv(group_rows, BLOCK)
         for tile in range(pid, row_blocks * tl.cdiv(C, BLOCK), programs):

@@ -13,7 +13,7 @@ q [C, W] float8_e4m3fn, row-major: q[c, 128 * b_g + i] = x[s_g + i, c]
 quantised; columns in no group's blocks are not written.  Scales float32,
 quantize.py's rule (scale_of, to_e4m3), MODE saying what one covers:
 
-ROWWISE        a column of a group          scale [G, C]; an empty group's
+WHOLE_ROW      a column of a group          scale [G, C]; an empty group's
                                             is the all-zero one, 1e-12 / 448
 BLOCK_1X128    a column of a 128-row block  scale [T // 128 + G, C], at
                                             [b_g + j, c] for block j of g
@@ -32,7 +32,7 @@ where Triton's own layouts moved it through shared memory a byte at a time.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .quantize import BLOCK, BLOCK_1X128, ROWWISE, scale_of, to_e4m3
+from .quantize import BLOCK, BLOCK_1X128, WHOLE_ROW, scale_of, to_e4m3
 from .ws import chunk_groups, first_step_past, pick, plus
 
 
@@ -132,7 +132,7 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
     rows [T]; x has its own number of rows).
 
     Persistent: program p takes tiles p, p + P, ... of the list made of
-    every group's tiles in group order (ROWWISE: one per BN columns, the
+    every group's tiles in group order (WHOLE_ROW: one per BN columns, the
     whole group; BLOCK_1X128: one per block and BN columns, columns
     fastest, so that the programs running together read neighbouring
     pieces of the same rows).  Groups are scanned CHUNK at a time
@@ -142,7 +142,7 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
     and PRECISION (GEMM constexprs every variant receives) are unused."""
     gl.static_assert(not USE_TMA, "quantize_fp8_columns has no TMA path")
     gl.static_assert(BM == BLOCK, "a tile's rows are one 128-row block")
-    gl.static_assert((MODE == ROWWISE) | (MODE == BLOCK_1X128), "MODE is ROWWISE or BLOCK_1X128")
+    gl.static_assert((MODE == WHOLE_ROW) | (MODE == BLOCK_1X128), "MODE: WHOLE_ROW or BLOCK_1X128")
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     col_tiles = (C + BN - 1) // BN
@@ -153,7 +153,7 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
         starts, ends, _, _ = chunk_groups(offs_ptr, chunk, T, G, rows_before, tiles_before, 1,
                                           BLOCK, 1, CHUNK, gl.num_warps())
         in_range = chunk + gl.arange(0, CHUNK, starts.type.layout) < G
-        if MODE == ROWWISE:
+        if MODE == WHOLE_ROW:
             group_tiles = gl.where(in_range, col_tiles, 0)
         else:
             group_tiles = gl.where(in_range, (ends - starts + BLOCK - 1) // BLOCK * col_tiles, 0)
@@ -169,7 +169,7 @@ def quantize_fp8_columns_kernel(x_ptr, q_ptr, scale_ptr, offs_ptr, T, C, G, ldx,
             in_group = t - (pick(tiles_end, local) - pick(group_tiles, local))
             first_block = start // BLOCK + g
             col0 = (in_group % col_tiles) * BN
-            if MODE == ROWWISE:
+            if MODE == WHOLE_ROW:
                 group_tile(x_ptr, q_ptr, scale_ptr, g, start, end, first_block, col0, C, ldx, W,
                            rows_ptr, rows_div, BN)
             else:
