@@ -90,7 +90,7 @@ FAMILY = Family(
         Param("qt_columns", "i32", "extent", aligned=True),
     ),
     axes=(Axis("granularity", GRANULARITY), Axis("x_major", MAJOR)),
-    # aot/kernels/quantize.py's ROWWISE, BLOCK_1X128, BLOCK_128X128; X_T: column-major.
+    # MODE: MODES' code for the granularity; X_T: column-major.
     constexprs=lambda v: {"MODE": MODES[v["granularity"]],
                           "X_T": v["x_major"] == "column", "TRANSPOSED": False},
     aligned=EVERY,

@@ -38,7 +38,7 @@ FAMILY = Family(
         Param("ldx", "i64", "stride", aligned=True),
     ) + ROWS,
     # What one scale covers: a column of a group, or of a 128-row block of it
-    # (aot/kernels/quantize.py's ROWWISE and BLOCK_1X128, the values' indices).
+    # (aot/kernels/quantize.py's WHOLE_ROW and BLOCK_1X128, by MODES).
     axes=(Axis("granularity", GRANULARITY, only=("rowwise", "1x128")),),
     constexprs=lambda v: {"MODE": MODES[v["granularity"]]},
     aligned=EVERY,
