@@ -13,7 +13,9 @@ reported instead of the times).  Forward rows at `TOKENS` tokens a rank
 (eager; expert_parallel and the experts alone also replayed from CUDA
 graphs) and forward + backward; decode rows at `DECODE` tokens a rank,
 replayed from graphs (the NCCL baseline eager: its splits go through the
-host).  Dispatch and return are timed alone, replayed from graphs."""
+host).  Dispatch and return are timed alone, replayed from graphs.  On
+sm90, the same layer with fp8 weights (128 x 128 blocks, the tokens sent in
+fp8) at the decode sizes and at `TOKENS`, from graphs."""
 from __future__ import annotations
 
 import json
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
+from gg_runtime import quantize_fp8
 from gg_runtime.moe import expert_parallel, moe_experts
 from gg_runtime.moe import expert_parallelism as ep
 from gg_runtime.testing import rel_error
@@ -99,19 +102,34 @@ def layer(hidden, inter, experts, k, tokens, seed):
     return x, ids, weights, w13, w2
 
 
-def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
+def transfers(x, ids, weights, w13, w2, max_tokens=None, fp8=None) -> dict:
     """Dispatch and return alone (ms, graphed), the rows this rank sent, and
-    the experts alone on the rows it received, gathered (ms, graphed)."""
-    layout = ep._layout(dist.group.WORLD, x, ids, w13, max_tokens)
+    the experts alone on the rows it received, gathered (ms, graphed); with
+    fp8 weights (fp8: their scales), the tokens sent quantized per 128
+    columns, as expert_parallel sends them."""
+    granularity, options = (None, {}) if fp8 is None else (
+        "1x128", {"w13_scale": fp8[0], "w2_scale": fp8[1]})
+    layout = ep._layout(dist.group.WORLD, x, ids, w13, max_tokens, granularity=granularity)
+
+    def dispatched(plan):
+        if granularity is None:
+            return (*plan.dispatch(x), None)
+        return plan.dispatch_quantized(x, granularity)
+
     plan = ep.Plan(layout, ids, weights)
-    rows, received = plan.dispatch(x)
+    rows, received, scales = dispatched(plan)
     came = (plan.local_ids >= 0).any(1)
     alone = (rows[came].clone(), plan.local_ids[came].clone(), received[came].clone())
-    out = moe_experts(rows, plan.local_ids, received, w13, w2)
-    return {"dispatch_ms": graphed(lambda: ep.Plan(layout, ids, weights).dispatch(x)),
+    if scales is not None:
+        options["x_scale"] = scales
+        alone_options = {**options, "x_scale": scales[came].clone()}
+    else:
+        alone_options = options
+    out = moe_experts(rows, plan.local_ids, received, w13, w2, **options)
+    return {"dispatch_ms": graphed(lambda: dispatched(ep.Plan(layout, ids, weights))),
             "return_ms": graphed(lambda: plan.returned(out)),
             "rows_sent": int((plan.index >= 0).sum()),
-            "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2)),
+            "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2, **alone_options)),
             "alone_inputs": alone}
 
 
@@ -160,6 +178,21 @@ def decode_row(hidden, inter, experts, k, tokens) -> dict:
     return row
 
 
+def fp8_row(hidden, inter, experts, k, tokens) -> dict:
+    """The layer with fp8 weights (128 x 128 blocks; the tokens travel in
+    fp8), replayed from graphs: ours, dispatch, return, the experts alone."""
+    x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, tokens, 2)
+    q13, s13 = quantize_fp8(w13, "128x128")
+    q2, s2 = quantize_fp8(w2, "128x128")
+    with torch.no_grad():
+        row = {"tokens": tokens,
+               "ours_graphed_ms": graphed(lambda: expert_parallel(
+                   x, ids, weights, q13, q2, w13_scale=s13, w2_scale=s2, max_tokens=tokens)),
+               **transfers(x, ids, weights, q13, q2, max_tokens=tokens, fp8=(s13, s2))}
+    row.pop("alone_inputs")
+    return row
+
+
 def main(argv) -> None:
     name, hidden, inter, experts, k = argv[0], *map(int, argv[1:5])
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -169,6 +202,8 @@ def main(argv) -> None:
     try:
         result.update(forward=forward_rows(hidden, inter, experts, k),
                       decode=[decode_row(hidden, inter, experts, k, t) for t in DECODE])
+        if torch.cuda.get_device_capability() == (9, 0):
+            result["fp8"] = [fp8_row(hidden, inter, experts, k, t) for t in (*DECODE, TOKENS)]
     except ValueError as error:  # a wrong result is reported, not timed
         result["error"] = str(error)
     if dist.get_rank() == 0:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 # quantize_fp8's granularities: a scale per row, per 128 columns of a row, per
 # 128 x 128 block.
 ROWWISE = "rowwise"
@@ -34,3 +36,13 @@ RECIPES = ("rowwise", "blockwise")
 # fp8 expert weights served (moe_experts given fp8 weights), by their scales'
 # layout: per 128 x 128 block, or per output channel (a row of the weights).
 WEIGHT_FORMATS = {"blockwise": SCALINGS["blockwise"], "channelwise": SCALINGS["rowwise"]}
+
+
+
+def served_weight_format(w: torch.Tensor, scale: torch.Tensor) -> str:
+    """The WEIGHT_FORMATS key of served fp8 weights w `[E, N, K]` scaled by
+    `scale`: `"channelwise"` where it has a scale per output channel (`[E, N]`
+    or `[E, N, 1]`: as many rows as w, which 128 x 128 blocks never have),
+    else `"blockwise"` (`[E, ceil(N/128), ceil(K/128)]`).  The operators
+    check the scales' shape in full."""
+    return "channelwise" if scale.dim() >= 2 and scale.shape[1] == w.shape[1] else "blockwise"

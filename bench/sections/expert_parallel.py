@@ -83,6 +83,17 @@ def report(data) -> list:
           fmt(d["ours_graphed_ms"] / d["alone_ms"]), fmt(d["dispatch_ms"] * 1e3, "{:.0f}"),
           fmt(d["return_ms"] * 1e3, "{:.0f}")]
          for r in done for d in r["decode"]])
+    fp8 = [r for r in done if "fp8" in r]
+    if fp8:
+        lines += ["", "fp8 weights (128 x 128 blocks; the tokens sent quantized per 128 "
+                  "columns, their scales beside them), µs a step replayed from CUDA graphs:", ""]
+        lines += table(
+            ["layer", "EP", "tokens a rank", "ours", "experts alone", "ours / alone",
+             "dispatch", "return"],
+            [[r["layer"], r["world"], d["tokens"], fmt(d["ours_graphed_ms"] * 1e3, "{:.0f}"),
+              fmt(d["alone_ms"] * 1e3, "{:.0f}"), fmt(d["ours_graphed_ms"] / d["alone_ms"]),
+              fmt(d["dispatch_ms"] * 1e3, "{:.0f}"), fmt(d["return_ms"] * 1e3, "{:.0f}")]
+             for r in fp8 for d in r["fp8"]])
     failed = [f"- {r['layer']} at EP{r['world']}: {r['error']}" for r in data["runs"]
               if "error" in r]
     return lines + (["", "Not run:", *failed] if failed else [])

@@ -6,7 +6,9 @@
 // (scaled_ragged_glu), the down projection (scaled_ragged_m) and the
 // weighted combine.  The tokens are quantized as the weights are: per token
 // per 128 columns for 128 x 128 weight blocks, per token for per-channel
-// weights; h per token per 128 columns either way.  A call of few slots
+// weights (or given so quantized, x_scale beside them, as expert
+// parallelism's fp8 dispatch delivers them); h per token per 128 columns
+// either way.  A call of few slots
 // (serving's decode) runs the routing, the tokens' quantization per 128
 // columns and both projections in one kernel instead (scaled_experts_decode,
 // then combine_parts).  For fp8 training's
@@ -60,24 +62,68 @@ Scales scales_of(const Tensor& scale, const char* name, const Tensor& weight) {
               " (per output channel) for its weight ", shape_of(weight), ", got ", shape_of(scale));
 }
 
-// Biases in x's dtype or float32 (fp8 training's float32 master weights'):
-// the kernels add them in bfloat16, each converted once (as_rows_dtype).
+// The products' output and bias dtype: the scaled kernels write bfloat16
+// (or float32); float16 tokens get theirs converted at the end.
+constexpr ScalarType kRows = ScalarType::BFloat16;
+
+// The output's dtype: x's, or bfloat16 where x comes quantized.
+ScalarType out_dtype(const Tensor& x) { return x.scalar_type() == kFp8 ? kRows : x.scalar_type(); }
+
+// Biases in the output's dtype or float32 (fp8 training's float32 master
+// weights'): the kernels add them in bfloat16, each converted once
+// (as_rows_dtype).
 void check_bias_dtypes(const MoeInputs& in) {
+  const ScalarType out = out_dtype(in.x);
   for (const auto& [name, bias] : {Named{"b13", given(in.b13)}, {"b2", given(in.b2)}}) {
-    if (bias != nullptr && bias->scalar_type() != in.x.scalar_type() &&
-        bias->scalar_type() != ScalarType::Float) {
-      type_error(name, " must have x's dtype (", dtype_name(in.x.scalar_type()),
-                 ") or be float32, got ", dtype_name(bias->scalar_type()));
+    if (bias != nullptr && bias->scalar_type() != out && bias->scalar_type() != ScalarType::Float) {
+      type_error(name, " must have the output's dtype (", dtype_name(out), ") or be float32, got ",
+                 dtype_name(bias->scalar_type()));
     }
   }
 }
 
+// x is 16-bit without x_scale, fp8 with it.
+void check_token_dtypes(const Tensor& x, const std::optional<Tensor>& x_scale) {
+  if (!x_scale) {
+    if (x.scalar_type() == kFp8) {
+      type_error("x is float8_e4m3fn: give its scales as x_scale (or x in 16 bits)");
+    }
+    check_dtype(x, "x", family::Swiglu::kDTypes);  // its output's, h's
+    return;
+  }
+  if (x.scalar_type() != kFp8) {
+    type_error("x must be float8_e4m3fn when x_scale is given, got ", dtype_name(x.scalar_type()));
+  }
+  if (x_scale->scalar_type() != ScalarType::Float) {
+    type_error("x_scale must be float32, got ", dtype_name(x_scale->scalar_type()));
+  }
+}
+
+// x_scale's shape for the tokens x [T, H], quantized as the weights' scales
+// ask: per token per 128 columns, or per token.
+void check_token_scales(const Tensor& x, const Tensor& x_scale, Scales scales) {
+  const int64_t tokens = x.size(0), hidden = x.size(1);
+  const Shape shape = sizes_of(x_scale);
+  if (scales == Scales::kBlockwise) {
+    if (shape != Shape{tokens, blocks(hidden)}) {
+      value_error("x_scale must be [T, ceil(H/128)] = ", tuple_text({tokens, blocks(hidden)}),
+                  " (a scale per token per 128 columns, as 128 x 128 weight blocks ask), got ",
+                  shape_of(x_scale));
+    }
+  } else if (shape != Shape{tokens} && shape != Shape{tokens, 1}) {
+    value_error("x_scale must be [T] = ", tuple_text({tokens}),
+                " (a scale per token, as per-channel weights ask), got ", shape_of(x_scale));
+  }
+}
+
 // Every check of the arguments; how the weights are scaled.
-Scales check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale) {
-  check_dtype(in.x, "x", family::Swiglu::kDTypes);  // its output's, h's
+Scales check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
+             const Tensor& w2_scale) {
+  check_token_dtypes(in.x, x_scale);
   check_routing_dtypes(in);
   check_bias_dtypes(in);
-  check_devices(in, {{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}});
+  check_devices(in,
+                {{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"x_scale", given(x_scale)}});
   check_shapes(in);
   const int64_t hidden = in.x.size(1), inter = in.w2.size(2);
   if (hidden % kAlign != 0 || inter % kAlign != 0) {
@@ -96,6 +142,7 @@ Scales check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scal
     value_error("w13_scale and w2_scale must both be 128 x 128 blocks or both per channel, got ",
                 shape_of(w13_scale), " and ", shape_of(w2_scale));
   }
+  if (x_scale) check_token_scales(in.x, *x_scale, scales);
   return scales;
 }
 
@@ -104,10 +151,6 @@ Tensor kernel_form(const Tensor& scale, Scales scales) {
   if (scales == Scales::kBlockwise || scale.dim() == 2) return as_contiguous(scale);
   return as_contiguous(torch::stable::reshape(scale, {scale.size(0), scale.size(1)}));
 }
-
-// The products' output and bias dtype: the scaled kernels write bfloat16
-// (or float32); float16 tokens get theirs converted at the end.
-constexpr ScalarType kRows = ScalarType::BFloat16;
 
 std::optional<Tensor> as_rows_dtype(const std::optional<Tensor>& bias) {
   if (!bias.has_value()) return bias;
@@ -179,11 +222,22 @@ struct DownProjection {
   const std::optional<Tensor>& b2;  // bfloat16
 };
 
+// The tokens quantized as the weights' scales ask, x_scale beside them: as
+// given (x fp8, contiguous scales), else quantize_fp8's.
+using Quantized = std::tuple<Tensor, Tensor>;
+Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scales scales) {
+  if (x_scale && shapes_only(x)) return {x, *x_scale};
+  if (x_scale) return {packed_aligned(x), as_contiguous(*x_scale)};
+  return quantize_fp8(x, activation_granularity(scales));
+}
+
 // Whether the forward takes the decode kernel: few slots, at most one an
 // expert on average, where the experts' weight bytes are all the work
 // (aot/families/scaled_experts_decode.py); a test forcing a kernel of either
-// path takes that path.
-bool takes_decode(int64_t slots, int64_t experts) {
+// path takes that path.  Its blockwise kernel quantizes 16-bit tokens
+// itself: tokens given quantized per 128 columns take the other path.
+bool takes_decode(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
+  if (blockwise_tokens_given) return false;
   if (forces_family(family::ScaledExpertsDecode::kIndex) ||
       forces_family(family::CombineParts::kIndex)) {
     return true;
@@ -198,20 +252,22 @@ bool takes_decode(int64_t slots, int64_t experts) {
 // The down projection's rows made in parts, [S, cdiv(I, 128), H] float32 in
 // the slots' own order: the routing, the tokens' quantization per 128
 // columns (per-channel weights' per-token one is quantize_fp8's, a launch
-// before) and both projections of each tile of an expert's slots and 128
-// columns of h in one scaled_experts_decode launch (combine_parts sums them).
-Tensor decode_parts(const MoeInputs& in, const Tensor& ids, const DownProjection& weights,
-                    const Tensor& w13_scale, const std::optional<Tensor>& b13, Scales scales,
-                    family::GateUp gate_up, family::Activation activation, Outputs& outputs) {
+// before, or given) and both projections of each tile of an expert's slots
+// and 128 columns of h in one scaled_experts_decode launch (combine_parts
+// sums them).
+Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
+                    const DownProjection& weights, const Tensor& w13_scale,
+                    const std::optional<Tensor>& b13, Scales scales, family::GateUp gate_up,
+                    family::Activation activation, Outputs& outputs) {
   const int64_t slots = ids.numel(), hidden = in.x.size(1), inter = in.w2.size(2);
   Tensor parts = outputs.make({slots, blocks(inter), hidden}, ScalarType::Float);
   if (in.w13.size(0) == 0 || shapes_only(parts)) return parts;  // as up_projection's
   std::optional<Tensor> x;
-  std::optional<std::tuple<Tensor, Tensor>> quantized;
+  std::optional<Quantized> quantized;
   if (scales == Scales::kBlockwise) {
     x = packed_aligned(in.x);
   } else {
-    quantized = quantize_fp8(in.x, activation_granularity(scales));
+    quantized = quantized_tokens(in.x, x_scale, scales);
   }
   const family::ScaledExpertsDecode args{
       .x_ptr = x ? address(*x) : 0,
@@ -241,7 +297,10 @@ Tensor decode_parts(const MoeInputs& in, const Tensor& ids, const DownProjection
                                                               ? family::Scaling::kBlockwise
                                                               : family::Scaling::kRowwise,
                                                .gate_up = gate_up};
-  sm90_only([&] { launch(args, axes, target_of(in.x, ScalarType::Float)); });
+  // The family's dtype is the 16-bit tokens': the output's where they come quantized.
+  const Target target =
+      target_of(in.x, runtime_dtype(out_dtype(in.x)), runtime_dtype(ScalarType::Float));
+  sm90_only([&] { launch(args, axes, target); });
   return parts;
 }
 
@@ -252,9 +311,10 @@ struct Saved {
 
 // The forward; where `saved` is given, what the backward reads goes there
 // (else the routing is a temporary too).
-Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale,
-               const std::string& gate_up, const std::string& activation, Saved* saved) {
-  const Scales scales = check(in, w13_scale, w2_scale);
+Tensor forward(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
+               const Tensor& w2_scale, const std::string& gate_up, const std::string& activation,
+               Saved* saved) {
+  const Scales scales = check(in, x_scale, w13_scale, w2_scale);
   // Parsed here so that a bad value is refused before anything launches.
   const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
   const auto activation_value = parse_choice<family::Activation>("activation", activation);
@@ -271,9 +331,9 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
   Outputs temporaries(x);
   const DownProjection down{in.w2, w2_scales, b2_rows};
   Tensor out;
-  if (!saved && takes_decode(ids.numel(), experts)) {
+  if (!saved && takes_decode(ids.numel(), experts, x_scale && scales == Scales::kBlockwise)) {
     const Tensor slot_ids = packed_aligned(ids);
-    const Tensor parts = decode_parts(in, slot_ids, down, w13_scales, b13_rows, scales,
+    const Tensor parts = decode_parts(in, x_scale, slot_ids, down, w13_scales, b13_rows, scales,
                                       gate_up_value, activation_value, temporaries);
     out = combine_parts(parts, slot_ids, tokens, k, weights, experts);
   } else {
@@ -281,7 +341,7 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
     std::optional<Tensor> gu;
     if (saved) gu = new_output(x, {order.size(0), in.w13.size(1)}, kRows);
     // Each token quantized once; the up projection reads each slot's row.
-    const std::tuple<Tensor, Tensor> quantized = quantize_fp8(x, activation_granularity(scales));
+    const Quantized quantized = quantized_tokens(x, x_scale, scales);
     const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
     const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value,
                                             gu ? &*gu : nullptr, temporaries);
@@ -292,16 +352,17 @@ Tensor forward(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sc
     if (saved) *saved = {*gu, order, offs, inverse};
   }
   launches.submit();
-  return converted(out, x.scalar_type());
+  return converted(out, out_dtype(x));
 }
 
 }  // namespace
 
 Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
                        Tensor w13_scale, Tensor w2_scale, std::optional<Tensor> b13,
-                       std::optional<Tensor> b2, std::string gate_up, std::string activation) {
+                       std::optional<Tensor> b2, std::string gate_up, std::string activation,
+                       std::optional<Tensor> x_scale) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  return forward(in, w13_scale, w2_scale, gate_up, activation, nullptr);
+  return forward(in, x_scale, w13_scale, w2_scale, gate_up, activation, nullptr);
 }
 
 ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
@@ -311,7 +372,7 @@ ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Te
                                                    std::string activation) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
   Saved saved;
-  const Tensor out = forward(in, w13_scale, w2_scale, gate_up, activation, &saved);
+  const Tensor out = forward(in, std::nullopt, w13_scale, w2_scale, gate_up, activation, &saved);
   return {out, saved.gu, saved.order, saved.offs, saved.inverse};
 }
 

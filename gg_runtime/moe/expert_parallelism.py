@@ -16,6 +16,10 @@ NCCL).  Each rank holds E / W experts (rank r experts r * E/W ..
    of the rank that made it, and each token's planes summed in float32
    (the combine operator).
 
+With fp8 weights served, the tokens travel quantized (as moe_experts would
+quantize them: per 128 columns, or per token), their scales beside them, and
+the experts take them so: half the bytes of 16-bit rows.
+
 The backward runs the same transfers the other way: the output's gradient
 goes out as the tokens did, the received rows' and weights' gradients come
 back as the outputs did.  The buffers are sized by the worst case, every
@@ -29,6 +33,8 @@ import torch
 import torch.distributed as dist
 
 from .._native import OPS, call, check_types
+from ..api import quantize_fp8
+from ..formats import ROWWISE, WEIGHT_FORMATS, served_weight_format
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .experts import moe_experts
 from .module import MoEExperts
@@ -41,7 +47,8 @@ _LAYOUTS: dict[tuple, Layout] = {}
 # Where x must be (the CPU tests' simulated ranks change it).
 DEVICE_TYPE = "cuda"
 # What the ranks must agree on, in the order they are compared.
-AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size")
+AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size",
+          "token scales")
 
 
 @dataclass
@@ -50,7 +57,9 @@ class Layout:
     W blocks of max_tokens rows, row t of block s rank s's token t (where
     sent): `rows` (rows of H words: tokens, outputs and their gradients) and
     `meta` (rows of 2k int32: a token's global ids and its weights' bits; the
-    weights' gradients on the way back)."""
+    weights' gradients on the way back); with fp8 dispatch (`token_scales`
+    float32 scales a token), `fp8_rows` (the rows region's bytes as rows of
+    H fp8 values) and `scales`."""
     world: int
     rank: int
     experts_per_rank: int
@@ -59,6 +68,8 @@ class Layout:
     buffer: Buffer
     rows: Region
     meta: Region
+    token_scales: int = 0
+    scales: Region | None = None
 
     def __post_init__(self):
         """The index tensors every call reads, made once (fewer launches a call)."""
@@ -70,6 +81,8 @@ class Layout:
         self.home_ranks = (torch.arange(self.planes, device=device) // self.capacity).int()[:, None]
         self.ones = torch.ones(self.capacity, self.world, device=device)
         self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
+        self.fp8_rows = Region(self.buffer, self.rows.offset, self.planes,
+                               self.rows.local.shape[1] // 2, 0)
 
     @property
     def planes(self) -> int:
@@ -157,14 +170,20 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             that process); with `"nccl"`, for the group's NCCL timeout.
     """
     group = resolved_group(group)
-    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))
+    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)),
+                optional=(("w13_scale", w13_scale),))
     _check_local(x, topk_ids, topk_weights, max_tokens)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {tuple(TRANSPORTS)}, got {transport!r}")
-    layout = _layout(group, x, topk_ids, w13, max_tokens, transport)
+    granularity = _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8)
+    layout = _layout(group, x, topk_ids, w13, max_tokens, transport, granularity)
     experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
                "w13_scale": w13_scale, "w2_scale": w2_scale, "fp8": fp8}
     plan = Plan(layout, topk_ids, topk_weights)
+    if granularity is not None:
+        rows, weights, x_scale = plan.dispatch_quantized(x, granularity)
+        out = moe_experts(rows, plan.local_ids, weights, w13, w2, x_scale=x_scale, **experts)
+        return plan.returned(out).to(x.dtype)
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
         rows, weights = _Dispatch.apply(x, topk_weights, plan)
     else:  # read in place unless autograd may keep the rows (the experts' weights' gradients)
@@ -173,6 +192,23 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     if torch.is_grad_enabled() and out.requires_grad:
         return _Return.apply(out, plan)
     return plan.returned(out)
+
+
+def _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8) -> str | None:
+    """How the tokens travel quantized (quantize_fp8's granularity, as the
+    experts would quantize them), or None: 16-bit.  fp8 weights served
+    (w13_scale given) are inference only: refused here, before any transfer,
+    where a gradient is wanted."""
+    if w13_scale is None or fp8 is not None or not isinstance(w13, torch.Tensor):
+        return None  # moe_experts refuses what does not fit, naming it
+    if x.shape[1] % 16:
+        raise ValueError(f"fp8 weights need H to be a multiple of 16, got H={x.shape[1]}")
+    if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad
+                                    or w13.requires_grad):
+        raise ValueError("expert_parallel with fp8 weights is inference-only, but an input "
+                         "requires grad (run it under torch.no_grad() or "
+                         "torch.inference_mode(), or detach it)")
+    return WEIGHT_FORMATS[served_weight_format(w13, w13_scale)].rows
 
 
 def resolved_group(group):
@@ -215,17 +251,21 @@ def _check_local(x, topk_ids, topk_weights, max_tokens):
             raise ValueError(f"x has {x.shape[0]} tokens, more than max_tokens = {max_tokens}")
 
 
-def _layout(group, x, topk_ids, w13, max_tokens, transport="symmetric_memory") -> Layout:
+def _layout(group, x, topk_ids, w13, max_tokens, transport="symmetric_memory",
+            granularity=None) -> Layout:
     """This configuration's Layout, agreed by every rank on its first call
-    (max_tokens None: the group's largest T of that call)."""
+    (max_tokens None: the group's largest T of that call; granularity: the
+    tokens' quantization for fp8 dispatch, None for 16-bit)."""
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[0] < 1:
         raise ValueError("w13 must be [E/W, 2I, H]: this rank's experts")
-    agreed = (w13.shape[0], x.shape[1], topk_ids.shape[1], max_tokens or 0, x.element_size())
+    agreed = (w13.shape[0], x.shape[1], topk_ids.shape[1], max_tokens or 0, x.element_size(),
+              token_scales(x.shape[1], granularity))
     key = (group.group_name, transport, agreed)
     if key not in _LAYOUTS:
         largest = _agree(group, agreed, x.shape[0], x.device)
         capacity = max_tokens or max(largest, 1)
-        _LAYOUTS[key] = _new_layout(group, transport, *agreed[:3], capacity, x.device)
+        _LAYOUTS[key] = _new_layout(group, transport, *agreed[:3], capacity, agreed[-1],
+                                    x.device)
     layout = _LAYOUTS[key]
     if x.shape[0] > layout.capacity:
         raise ValueError(f"x has {x.shape[0]} tokens, more than the {layout.capacity} a rank's "
@@ -253,24 +293,35 @@ def _agree(group, agreed, tokens, device) -> int:
     return max(row[-1] for row in every)
 
 
-def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, device) -> Layout:
+def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, scales,
+                device) -> Layout:
     world = group.size()
-    # The rows a rank does not send: stale rows (zeros on NCCL), and metadata
-    # of all-ones words (ids -1).
+    # The rows a rank does not send: stale rows and scales (zeros on NCCL),
+    # and metadata of all-ones words (ids -1).
     shapes = ((world * capacity, hidden, 0), (world * capacity, 2 * meta_width(k), -1))
+    shapes += ((world * capacity, 2 * scales, 0),) if scales else ()
     nbytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
     key = (group.group_name, transport)
     buffer = _BUFFERS.get(key)
     if buffer is None or buffer.nbytes < nbytes:
         _BUFFERS.pop(key, None)
         buffer = _BUFFERS[key] = TRANSPORTS[transport](group, nbytes, device)
-    return Layout(world, group.rank(), experts_per_rank, capacity, k, buffer,
-                  *buffer.regions(*shapes))
+    rows, meta, *scaled = buffer.regions(*shapes)
+    return Layout(world, group.rank(), experts_per_rank, capacity, k, buffer, rows, meta, scales,
+                  *scaled)
 
 
 def meta_width(k: int) -> int:
     """The int32 words of a token's metadata: k ids and k weights' bits."""
     return 2 * k
+
+
+def token_scales(hidden: int, granularity: str | None) -> int:
+    """The float32 scales a token travels with: none in 16 bits, one per
+    token (ROWWISE), one per 128 columns."""
+    if granularity is None:
+        return 0
+    return 1 if granularity == ROWWISE else -(-hidden // 128)
 
 
 class Plan:
@@ -296,16 +347,36 @@ class Plan:
         rows), the rows no rank sent stale, their ids -1; sets local_ids (-1
         but for this rank's experts) and where each row's output goes back."""
         layout = self.layout
+        weights = self._delivered(((layout.rows, words(x)),))
+        rows = layout.rows.local.view(x.dtype)
+        return (rows.clone() if private else rows), weights
+
+    def dispatch_quantized(self, x, granularity):
+        """dispatch's (rows, weights) with the tokens quantized before they
+        travel (quantize_fp8 at `granularity`), and the rows' scales
+        [W * max_tokens, scales a token]: read in place (no gradient)."""
+        layout = self.layout
+        q, scale = quantize_fp8(x, granularity)
+        weights = self._delivered(((layout.fp8_rows, words(q)), (layout.scales, words(
+            scale.view(x.shape[0], layout.token_scales)))))
+        return (layout.fp8_rows.local.view(torch.float8_e4m3fn), weights,
+                layout.scales.local.view(torch.float32))
+
+    def _delivered(self, sends):
+        """Each (region, rows) of `sends` and the tokens' metadata sent as the
+        tokens go; the received rows' weights [.., k] float32.  Sets local_ids
+        (-1 but for this rank's experts) and where each row's output goes back."""
+        layout = self.layout
         layout.meta.clear()  # rows no rank sends: no ids
         layout.buffer.barrier()  # every rank has read what the regions held
-        layout.rows.send(words(x), self.ranks, self.dest)
+        for region, rows in sends:
+            region.send(rows, self.ranks, self.dest)
         layout.meta.send(words(self.meta), self.ranks, self.dest)
         layout.buffer.barrier()
         self.local_ids, weights, self.back_dest = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)
-        rows = layout.rows.local.view(x.dtype)
-        return (rows.clone() if private else rows), weights
+        return weights
 
     def returned(self, out):
         """Each token's output: its received rows' outputs (out) sent home

@@ -24,7 +24,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
                 b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                 w2_scale: torch.Tensor | None = None,
-                fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
+                fp8: str | Fp8ExpertWeights | None = None,
+                x_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer, given the router's choice: one function.
 
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
@@ -86,6 +87,13 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         fp8: None, or an fp8 training recipe for 16-bit weights,
             `"blockwise"` or `"rowwise"` (see below), or w13 and w2
             quantized by one before (`quantize_expert_weights`).
+        x_scale: None, or with fp8 weights, the tokens given already
+            quantized (as expert parallelism's fp8 dispatch delivers them):
+            x `[T, H]` in float8_e4m3fn and x_scale its float32 scales, as
+            the weights ask (below): `[T, ceil(H/128)]` for 128 x 128 weight
+            blocks, `[T]` or `[T, 1]` for per-channel weights
+            (`quantize_fp8(x, "1x128")` or `"rowwise"` makes them).  The
+            output is then bfloat16.
 
     fp8 weights (`w13_scale` and `w2_scale` given): each weight is its fp8
     values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
@@ -95,7 +103,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     per 128 columns for 128 x 128 blocks, per token for per-channel scales;
     the activation's output (the down projection's input) per token per 128
     columns with either, in the up projection's epilogue;
-    `scale = max(amax, 1e-12) / 448`. The products accumulate in float32 on
+    `scale = max(amax, 1e-12) / 448`; or given so quantized (`x_scale`),
+    the same values as x's 16-bit rows would give. The products accumulate in float32 on
     the tensor cores, the blocks' scales applied per 128 columns of K; the
     activation reads the up projection's float32 sums and the down
     projection's rows are rounded to bfloat16. Inference only: with gradients
@@ -156,12 +165,15 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     """
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     check_choices(gate_up, activation)
+    if x_scale is not None and (fp8 is not None or w13.dtype != torch.float8_e4m3fn):
+        raise ValueError("x_scale (tokens given quantized) needs fp8 weights with w13_scale and "
+                         "w2_scale, and no fp8 recipe")
     if fp8 is not None:
         return _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale,
                                      w2_scale, gate_up, activation, fp8)
     if w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn:
         return _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
-                            gate_up, activation)
+                            gate_up, activation, x_scale)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
     if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
         return ExpertsFunction.apply(*args, None, None)
@@ -178,23 +190,25 @@ def _wants_gradient(x, topk_weights, w13, w2, b13, b2) -> bool:
 
 
 def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
-                 activation):
+                 activation, x_scale=None):
     """moe_experts with fp8 weights: inference only, one operator."""
     for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if not isinstance(scale, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor with fp8 weights (w13 and w2 "
                             "float8_e4m3fn with both scales; 16-bit weights with neither), got "
                             f"{type(scale).__name__}")
+    check_types(optional=(("x_scale", x_scale),))
     if torch.is_grad_enabled():
         named = (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2),
-                 ("b13", b13), ("b2", b2), ("w13_scale", w13_scale), ("w2_scale", w2_scale))
+                 ("b13", b13), ("b2", b2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
+                 ("x_scale", x_scale))
         grad = [name for name, value in named if value is not None and value.requires_grad]
         if grad:
             raise ValueError(f"moe_experts with fp8 weights is inference-only, but {grad[0]} "
                              "requires grad (run it under torch.no_grad() or "
                              "torch.inference_mode(), or detach it)")
     return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
-                w2_scale, b13, b2, gate_up, activation)
+                w2_scale, b13, b2, gate_up, activation, x_scale)
 
 
 def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,

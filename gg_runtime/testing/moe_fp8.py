@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from ..api import quantize_fp8
-from ..formats import ROW_BLOCKS, WEIGHT_FORMATS
+from ..formats import ROW_BLOCKS, WEIGHT_FORMATS, served_weight_format
 from .fp8 import FP8_BLOCK, quantize_ref
 from .moe_layers import gated_activation
 
@@ -79,10 +79,6 @@ def exactly_quantized(shape, granularity: str, scale: float = 1.0, dtype=torch.b
     return dequantize64(ints, scale * 2.0 ** exponents, granularity).to(dtype)
 
 
-def kind_of(scale: torch.Tensor, weight: torch.Tensor) -> str:
-    """How `scale` scales `weight` [E, N, K]: one per output channel ([E, N] or
-    [E, N, 1]: `"channelwise"`) or per 128 x 128 block (`"blockwise"`)."""
-    return "channelwise" if scale.shape[1] == weight.shape[1] else "blockwise"
 
 
 def dequantize64(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> torch.Tensor:
@@ -100,7 +96,7 @@ def dequantize64(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> torc
 
 def dequantized_experts(w13, w2, w13_scale, w2_scale):
     """(w13, w2) in float64: the weights the fp8 ones and their scales stand for."""
-    granularity = WEIGHT_GRANULARITY[kind_of(w13_scale, w13)]
+    granularity = WEIGHT_GRANULARITY[served_weight_format(w13, w13_scale)]
     return dequantize64(w13, w13_scale, granularity), dequantize64(w2, w2_scale, granularity)
 
 
@@ -109,7 +105,7 @@ def moe_experts_fp8_ref(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale,
     """moe_experts with fp8 weights (its arguments) in float64 with the
     implementation's quantization and roundings (the module's docstring):
     `[T, H]` float64 on x's device."""
-    granularity = ACTIVATION_GRANULARITY[kind_of(w13_scale, w13)]
+    granularity = ACTIVATION_GRANULARITY[served_weight_format(w13, w13_scale)]
     return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
                   b13, b2, gate_up, activation, granularity)
 
@@ -120,7 +116,7 @@ def one_step_changes(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b1
     one element of one of its slots' quantized activation output one e4m3
     step would make: what the implementation's float32 activation may do to
     an element the reference's float64 one puts by a rounding boundary."""
-    granularity = ACTIVATION_GRANULARITY[kind_of(w13_scale, w13)]
+    granularity = ACTIVATION_GRANULARITY[served_weight_format(w13, w13_scale)]
     changes = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
     _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
            b13, b2, gate_up, activation, granularity, changes)

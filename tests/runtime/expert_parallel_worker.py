@@ -143,15 +143,36 @@ def case_one_expert_a_rank_k8():
                          k=min(8, world))
 
 
+def fp8_forward(kind, transport="symmetric_memory", **shape):
+    """expert_parallel with fp8 weights of `kind` (the tokens travel
+    quantized) against moe_experts with all of them."""
+    case, counts = global_case(**shape)
+    q13, s13, q2, s2 = fp8_experts(case["w13"], case["w2"], kind)
+    case.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
+    mine, tokens, _ = local(case, counts)
+    with torch.no_grad():
+        check_close(f"out ({kind})", expert_parallel(**mine, transport=transport),
+                    moe_experts(**case)[tokens])
+
+
 def case_fp8_weights():
     if torch.cuda.get_device_capability()[0] != 9:
         return "skip fp8 kernels run on sm90"
     world, _ = world_and_rank()
-    case, counts = global_case(tokens=uneven(200), experts=8 * world, **SHAPE)
-    q13, s13, q2, s2 = fp8_experts(case["w13"], case["w2"], "blockwise")
-    case.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
-    mine, tokens, _ = local(case, counts)
-    check_close("out", expert_parallel(**mine), moe_experts(**case)[tokens])
+    for kind in ("blockwise", "channelwise"):
+        fp8_forward(kind, tokens=uneven(200), experts=8 * world, **SHAPE)
+        # A token a rank: few slots, the decode kernel where it takes given tokens.
+        fp8_forward(kind, tokens=lambda r: 1, experts=8 * world, **SHAPE)
+    fp8_forward("blockwise", tokens=lambda r: 0 if r == 1 else 90, experts=4 * world,
+                hidden=272, inter=80, k=2, dropped=True)
+
+
+def case_fp8_weights_over_nccl():
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "skip fp8 kernels run on sm90"
+    world, _ = world_and_rank()
+    for kind in ("blockwise", "channelwise"):
+        fp8_forward(kind, "nccl", tokens=uneven(200), experts=8 * world, **SHAPE)
 
 
 def case_fp8_training_recipe():
@@ -165,8 +186,19 @@ def case_fp8_training_recipe():
 
 
 def case_graph_replay_with_new_routing():
+    graph_replay()
+    if torch.cuda.get_device_capability()[0] == 9:
+        graph_replay("blockwise")  # the tokens quantized, then sent
+
+
+def graph_replay(kind=None):
+    """A step captured once, replayed with new tokens and routing; with fp8
+    weights of `kind` where given."""
     world, _ = world_and_rank()
     case, counts = global_case(tokens=lambda r: 16, experts=8 * world, **SHAPE)
+    if kind is not None:
+        q13, s13, q2, s2 = fp8_experts(case["w13"], case["w2"], kind)
+        case.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
     mine, tokens, _ = local(case, counts)
     static = {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in mine.items()}
     with torch.no_grad():
@@ -176,7 +208,8 @@ def case_graph_replay_with_new_routing():
             out = expert_parallel(**static)
         for seed in (1, 2):
             fresh, _ = global_case(tokens=lambda r: 16, experts=8 * world, seed=seed, **SHAPE)
-            fresh.update(w13=case["w13"], w2=case["w2"])
+            fresh.update({n: case[n] for n in ("w13", "w2", "w13_scale", "w2_scale")
+                          if n in case})
             for name in ("x", "topk_ids", "topk_weights"):
                 static[name].copy_(fresh[name][tokens])
             graph.replay()

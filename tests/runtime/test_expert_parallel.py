@@ -16,6 +16,9 @@ import gg_runtime.moe.expert_parallelism as ep
 import gg_runtime.moe.transformers_glue as transformers_glue
 import gg_runtime.moe.transport as transport
 from gg_runtime.moe import ExpertParallelExperts, expert_parallel
+from gg_runtime.formats import WEIGHT_FORMATS, served_weight_format
+from gg_runtime.testing.fp8 import quantize_ref
+from gg_runtime.testing.moe_fp8 import dequantize64, dequantized_experts
 from moe_reference import combine_ref, dispatch_plan_ref, layer_ref, received_slots_ref
 
 
@@ -250,6 +253,10 @@ def test_no_process_group_is_a_value_error():
     ({"max_tokens": 2.0}, TypeError, "max_tokens"),
     ({"w13": torch.zeros(4, 8)}, ValueError, "w13 must be"),
     ({"transport": "mpi"}, ValueError, "transport must be one of"),
+    ({"w13_scale": torch.ones(1, 1, 1)}, ValueError, "H to be a multiple of 16, got H=8"),
+    ({"x": torch.zeros(2, 16, dtype=torch.bfloat16).requires_grad_(),
+      "w13_scale": torch.ones(1, 1, 1)}, ValueError, "fp8 weights is inference-only"),
+    ({"w13_scale": [1.0]}, TypeError, "w13_scale must be a torch.Tensor or None"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_sent(simulated, change, error, match):
     world = simulated(1)
@@ -298,6 +305,53 @@ def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated,
         torch.testing.assert_close(out.double(), want[tokens].double(), rtol=2e-2, atol=2e-2)
     # Each rank's experts read its rows region (the buffer's first), not a copy.
     assert sorted(read) == sorted(buffer.tensor.data_ptr() for buffer in ep._BUFFERS.values())
+
+
+def fp8_reference_experts(x, topk_ids, topk_weights, w13, w2, *, x_scale, w13_scale, w2_scale,
+                          **options):
+    """moe_experts' contract for fp8 weights and tokens given quantized, in
+    float64 (rounded to bfloat16)."""
+    assert x.dtype == torch.float8_e4m3fn and options["fp8"] is None
+    kind = served_weight_format(w13, w13_scale)
+    tokens = dequantize64(x, x_scale, WEIGHT_FORMATS[kind].rows)
+    return layer_ref(tokens, topk_ids, topk_weights.double(),
+                     *dequantized_experts(w13, w2, w13_scale, w2_scale)).bfloat16()
+
+
+@pytest.mark.parametrize("kind", tuple(WEIGHT_FORMATS))
+@pytest.mark.parametrize("counts", [(13, 7), (9, 0, 11)])
+@pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, counts, transport,
+                                               dtype):
+    """With fp8 weights the tokens travel quantized as the experts would
+    quantize them (per 128 columns, with H = 272 a partial block; or per
+    token), their scales beside them: the layer of the tokens so quantized."""
+    world = simulated(len(counts))
+    monkeypatch.setattr(ep, "quantize_fp8", quantize_ref)
+    monkeypatch.setattr(ep, "moe_experts", fp8_reference_experts)
+    case = global_case(counts, 2 * len(counts), 2, hidden=272, inter=16)
+    x = case["x"].to(dtype)
+    granularity = WEIGHT_FORMATS[kind]
+    q13, s13 = quantize_ref(case["w13"], granularity.weights)
+    q2, s2 = quantize_ref(case["w2"], granularity.weights)
+    want = layer_ref(dequantize64(*quantize_ref(x, granularity.rows), granularity.rows),
+                     case["topk_ids"], case["topk_weights"].double(),
+                     *dequantized_experts(q13, q2, s13, s2))
+
+    def rank_work(rank):
+        tokens = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
+        with torch.no_grad():
+            out = expert_parallel(x[tokens], case["topk_ids"][tokens],
+                                  case["topk_weights"][tokens], q13[2 * rank:2 * rank + 2],
+                                  q2[2 * rank:2 * rank + 2], w13_scale=s13[2 * rank:2 * rank + 2],
+                                  w2_scale=s2[2 * rank:2 * rank + 2], group=Group(world, rank),
+                                  transport=transport)
+        return tokens, out
+
+    for tokens, out in on_every_rank(world, rank_work):
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), want[tokens], rtol=2e-2, atol=2e-2)
 
 
 class TransformersExperts(torch.nn.Module):

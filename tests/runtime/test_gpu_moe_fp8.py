@@ -433,6 +433,29 @@ def test_dropped_ids_add_nothing(kind, inter):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tokens, k", [(1, 8), (4, 4), (300, 4)],
+                         ids=["one_token", "decode", "many"])
+def test_tokens_given_quantized(kind, tokens, k):
+    """x given in fp8 with x_scale (quantize_fp8 at the weights' granularity,
+    per-token scales also as [T, 1]): bfloat16 out, the 16-bit tokens' result
+    to the bit where both take the same kernels (many slots; per-channel
+    weights' decode kernel, which reads the tokens quantized either way).
+    Blockwise tokens given quantized take the two projections' kernels at
+    any size: the reference's result."""
+    case = make_case(tokens, 272, 208, 16, k, kind, dtype=torch.float16, bias=True)
+    q, scale = gg_runtime.quantize_fp8(case["x"], ACTIVATION_GRANULARITY[kind])
+    want = gg_runtime.moe_experts(**case)
+    for x_scale in (scale, scale[:, None]) if kind == "channelwise" else (scale,):
+        got = gg_runtime.moe_experts(**{**case, "x": q}, x_scale=x_scale)
+        assert got.dtype == torch.bfloat16
+        if kind == "blockwise" and tokens * k <= 16:
+            assert last_variant().startswith("combine.")
+        else:
+            assert torch.equal(got, want.bfloat16())
+        assert_matches_reference(got.to(case["x"].dtype), case, EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_float16_tokens(kind):
     check(make_case(*TAILS, kind, dtype=torch.float16, bias=True))
 

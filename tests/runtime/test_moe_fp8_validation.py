@@ -127,13 +127,49 @@ BAD = {
     "x float32": (lambda: {"x": meta(T, H, dtype=torch.float32)}, TypeError,
                   "x must be float16 or bfloat16"),
     "b13 float16": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float16)}, TypeError,
-                    r"b13 must have x's dtype \(torch.bfloat16\) or be float32"),
+                    r"b13 must have the output's dtype \(torch.bfloat16\) or be float32"),
+    "x fp8 without x_scale": (lambda: {"x": meta(T, H, dtype=FP8)}, TypeError,
+                              "x is float8_e4m3fn: give its scales as x_scale"),
+    "x_scale with bf16 x": (lambda: {"x_scale": meta(T, 3, dtype=torch.float32)}, TypeError,
+                            "x must be float8_e4m3fn when x_scale is given, got torch.bfloat16"),
+    "x_scale float16": (lambda: {"x": meta(T, H, dtype=FP8), "x_scale": meta(T, 3)}, TypeError,
+                        "x_scale must be float32, got torch.bfloat16"),
+    "x_scale per token, weights blocks": (lambda: {"x": meta(T, H, dtype=FP8),
+                                                   "x_scale": meta(T, dtype=torch.float32)},
+                                          ValueError, r"x_scale must be \[T, ceil\(H/128\)\] = "
+                                                      r"\(10, 3\) .* got \(10,\)"),
+    "x_scale floor": (lambda: {"x": meta(T, H, dtype=FP8),
+                               "x_scale": meta(T, 2, dtype=torch.float32)},
+                      ValueError, r"x_scale must be \[T, ceil\(H/128\)\]"),
+    "x_scale a list": (lambda: {"x": meta(T, H, dtype=FP8), "x_scale": [1.0]}, TypeError,
+                       "x_scale must be a torch.Tensor or None, got list"),
+    "x_scale, weights 16-bit": (lambda: {"x": meta(T, H, dtype=FP8),
+                                         "x_scale": meta(T, 3, dtype=torch.float32),
+                                         "w13": meta(E, 2 * INTER, H), "w2": meta(E, H, INTER),
+                                         "w13_scale": None, "w2_scale": None}, ValueError,
+                                "x_scale .* needs fp8 weights with w13_scale and w2_scale"),
     "b2 shape": (lambda: {"b2": meta(E, INTER)}, ValueError, r"b2 must have shape \(4, 272\)"),
     "topk_ids float": (lambda: {"topk_ids": meta(T, K, dtype=torch.float32)}, TypeError,
                        "topk_ids must be int32 or int64"),
     "w2 shape": (lambda: {"w2": meta(E, H, INTER + 16, dtype=FP8)}, ValueError,
                  r"w2 must have shape \(4, 272, 208\)"),
 }
+
+
+@pytest.mark.parametrize("kind, x_scale", [(BLOCKS, (T, 3)), (CHANNELS, (T,)),
+                                           (CHANNELS, (T, 1)), (BLOCKS, (0, 3))],
+                         ids=["blockwise", "channelwise", "channelwise_column", "no_tokens"])
+def test_tokens_given_quantized(kind, x_scale):
+    """x in fp8 with x_scale (per token per 128 columns, or per token):
+    bfloat16 out; biases in bfloat16 or float32."""
+    tokens = x_scale[0]
+    out = gg_runtime.moe_experts(**args(kind, x=meta(tokens, H, dtype=FP8),
+                                        topk_ids=meta(tokens, K, dtype=torch.int64),
+                                        topk_weights=meta(tokens, K, dtype=torch.float32),
+                                        b13=meta(E, 2 * INTER),
+                                        b2=meta(E, H, dtype=torch.float32)),
+                                 x_scale=meta(*x_scale, dtype=torch.float32))
+    assert out.shape == (tokens, H) and out.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -173,6 +209,15 @@ def test_inference_only(name):
     with torch.no_grad():
         assert gg_runtime.moe_experts(**given).shape == (T, H)
     with torch.inference_mode():
+        assert gg_runtime.moe_experts(**given).shape == (T, H)
+
+
+def test_tokens_given_quantized_are_inference_only():
+    x_scale = meta(T, 3, dtype=torch.float32).requires_grad_()
+    given = args(x=meta(T, H, dtype=FP8), x_scale=x_scale)
+    with pytest.raises(ValueError, match="inference-only, but x_scale requires grad"):
+        gg_runtime.moe_experts(**given)
+    with torch.no_grad():
         assert gg_runtime.moe_experts(**given).shape == (T, H)
 
 
