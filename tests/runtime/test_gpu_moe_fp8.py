@@ -446,12 +446,14 @@ def test_tokens_given_quantized(kind, tokens, k):
     q, scale = gg_runtime.quantize_fp8(case["x"], ACTIVATION_GRANULARITY[kind])
     want = gg_runtime.moe_experts(**case)
     for x_scale in (scale, scale[:, None]) if kind == "channelwise" else (scale,):
-        got = gg_runtime.moe_experts(**{**case, "x": q}, x_scale=x_scale)
+        # Biases in the output's dtype (or float32).
+        biases = {n: case[n].bfloat16() for n in ("b13", "b2")}
+        got = gg_runtime.moe_experts(**{**case, **biases, "x": q}, x_scale=x_scale)
         assert got.dtype == torch.bfloat16
         if kind == "blockwise" and tokens * k <= 16:
             assert last_variant().startswith("combine.")
         else:
-            assert torch.equal(got, want.bfloat16())
+            assert torch.equal(got.to(want.dtype), want)  # the same bfloat16 sums, converted
         assert_matches_reference(got.to(case["x"].dtype), case, EXACT_TOLERANCE)
 
 
