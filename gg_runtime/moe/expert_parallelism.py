@@ -1,7 +1,8 @@
 """gg_runtime.moe.expert_parallel: the experts of an MoE layer spread over
 the ranks of a process group (one host's GPUs, or several hosts' over
 NCCL).  Each rank holds E / W experts (rank r experts r * E/W ..
-(r + 1) * E/W - 1).  A call is three stages:
+(r + 1) * E/W - 1, or those a placement gives it: the ids are then mapped
+to that order first, by one lookup).  A call is three stages:
 
 1. dispatch: each token goes once to every rank that holds one of its
    experts (its row, its k global ids and its k weights), token t into row
@@ -46,6 +47,9 @@ _BUFFERS: dict[tuple, Buffer] = {}
 _LAYOUTS: dict[tuple, Layout] = {}
 # Where x must be (the CPU tests' simulated ranks change it).
 DEVICE_TYPE = "cuda"
+# Placements seen (by the tensor's id, kept alive with its version): the ids' table of each.
+_PLACEMENTS: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+_MAX_PLACEMENTS = 16
 # What the ranks must agree on, in the order they are compared.
 AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size",
           "token scales")
@@ -96,14 +100,16 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
                     activation: str = "swiglu", b13: torch.Tensor | None = None,
                     b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                     w2_scale: torch.Tensor | None = None,
-                    fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
+                    fp8: str | Fp8ExpertWeights | None = None,
+                    placement: torch.Tensor | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer spread over a process group's
     ranks (expert parallelism): the GPUs of one host, or of several over NCCL.
 
     Every rank calls it with its own tokens and the router's choice for them
     (global expert ids) and its share of the experts: with W ranks and E
     experts in all, rank r holds experts `r * E/W` to `(r + 1) * E/W - 1`
-    (w13 and w2 of E/W experts).  Each rank gets its tokens' outputs back:
+    (w13 and w2 of E/W experts), or those `placement` gives it.  Each rank
+    gets its tokens' outputs back:
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, as
     `moe_experts` on one GPU with all E experts would give (each rank's part
     rounded to x's dtype, the parts summed in float32).  An id outside
@@ -152,6 +158,14 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             address the others' memory) or `"nccl"` (any ranks, across hosts
             too: every block of the buffer travels whole, the worst case's
             bytes whatever the routing).
+        placement: None (contiguous shares), or an int tensor `[E]` on x's
+            device, the same on every rank: where each global expert is
+            held, as an index into the ranks' experts one after the other
+            (expert e is rank `placement[e] // (E/W)`'s
+            `w13[placement[e] % (E/W)]`), a permutation of `0 .. E-1` (each
+            expert on one rank, no replicas).  Checked (a host sync) on the
+            first call with that tensor, or after it changes in place; a CUDA
+            graph keeps the placement it was captured with.
 
     Returns:
         `[T, H]` in x's dtype.
@@ -159,7 +173,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     Raises:
         TypeError: an argument of the wrong type or dtype, naming it.
         ValueError: shapes that do not fit; T above max_tokens; an unknown
-            transport; ranks that
+            transport; a placement that is not a permutation of `0 .. E-1`
+            (E = W * E/W); ranks that
             disagree on the experts per rank, H, k, max_tokens or x's
             element size (raised on every rank, naming them).  An error
             raised on some ranks only (a bad argument, T above max_tokens)
@@ -177,6 +192,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         raise ValueError(f"transport must be one of {tuple(TRANSPORTS)}, got {transport!r}")
     granularity = _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8)
     layout = _layout(group, x, topk_ids, w13, max_tokens, transport, granularity)
+    if placement is not None:
+        topk_ids = _placed_ids(topk_ids, placement, layout)
     experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
                "w13_scale": w13_scale, "w2_scale": w2_scale, "fp8": fp8}
     plan = Plan(layout, topk_ids, topk_weights)
@@ -220,6 +237,39 @@ def resolved_group(group):
         raise TypeError(f"group must be a torch.distributed ProcessGroup, got "
                         f"{type(group).__name__}")
     return group
+
+
+def _placed_ids(topk_ids, placement, layout):
+    """topk_ids as indices into the ranks' experts one after the other:
+    placement[id] for an id in [0, E), -1 (a dropped slot) for any other."""
+    experts = layout.world * layout.experts_per_rank
+    table = _placement_table(placement, experts)
+    return table[topk_ids.long().clamp(-1, experts)]  # -1 and E both read the table's -1
+
+
+def _placement_table(placement, experts):
+    """placement checked (once a tensor and version: a host sync), with a
+    -1 after it (int64)."""
+    seen = _PLACEMENTS.get(id(placement))
+    if seen is not None and seen[0] is placement and seen[1] == placement._version:
+        return seen[2]
+    check_types(tensors=(("placement", placement),))
+    if placement.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"placement must be int32 or int64, got {placement.dtype}")
+    if placement.shape != (experts,):
+        raise ValueError(f"placement must be [E] = [{experts}] (W times w13's experts), got "
+                         f"shape {tuple(placement.shape)}")
+    if placement.device.type != DEVICE_TYPE:
+        raise ValueError(f"placement must be on a CUDA device, got {placement.device}")
+    table = torch.cat((placement.long(), placement.new_full((1,), -1, dtype=torch.long)))
+    if not torch.equal(placement.long().sort().values,
+                       torch.arange(experts, device=placement.device)):
+        raise ValueError(f"placement must be a permutation of 0 .. {experts - 1} (each expert "
+                         "held by one rank, once)")
+    if len(_PLACEMENTS) >= _MAX_PLACEMENTS:
+        _PLACEMENTS.clear()
+    _PLACEMENTS[id(placement)] = (placement, placement._version, table)
+    return table
 
 
 def _check_local(x, topk_ids, topk_weights, max_tokens):
@@ -466,6 +516,8 @@ class ExpertParallelExperts(MoEExperts):
         group: the process group (default: the default group).
         max_tokens: as `expert_parallel`'s.
         transport: as `expert_parallel`'s.
+        placement: as `expert_parallel`'s: which experts this rank's
+            parameters hold.
         **options: `MoEExperts`' keyword arguments: gate_up, activation,
             bias, fp8, device and dtype.
 
@@ -477,7 +529,8 @@ class ExpertParallelExperts(MoEExperts):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  group: dist.ProcessGroup | None = None, max_tokens: int | None = None,
-                 transport: str = "symmetric_memory", **options: object):
+                 transport: str = "symmetric_memory", placement: torch.Tensor | None = None,
+                 **options: object):
         self.group = resolved_group(group)
         check_types(ints=(("num_experts", num_experts),))
         world = self.group.size()
@@ -485,11 +538,12 @@ class ExpertParallelExperts(MoEExperts):
             raise ValueError(f"num_experts ({num_experts}) must be a multiple of the group's "
                              f"size ({world})")
         super().__init__(num_experts // world, hidden_size, intermediate_size, **options)
-        self.max_tokens, self.transport = max_tokens, transport
+        self.max_tokens, self.transport, self.placement = max_tokens, transport, placement
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """`expert_parallel(hidden_states, top_k_index, top_k_weights, ...)` with
-        this module's parameters, group, max_tokens and settings."""
+        this module's parameters, group, max_tokens, placement and settings."""
         return expert_parallel(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                                self.down_proj, group=self.group, max_tokens=self.max_tokens,
-                               transport=self.transport, **self._options())
+                               transport=self.transport, placement=self.placement,
+                               **self._options())

@@ -137,6 +137,34 @@ def case_gpt_oss_with_biases():
     check_close("out", expert_parallel(**mine, **options), moe_experts(**case, **options)[tokens])
 
 
+def case_placed_experts():
+    """A placement that deals the experts out in turns (expert e on rank e %
+    W): outputs and gradients as with all of them on one GPU."""
+    world, rank = world_and_rank()
+    experts = 8 * world
+    case, counts = global_case(tokens=uneven(200), experts=experts, dropped=True, **SHAPE)
+    mine, tokens, _ = local(case, counts)
+    share = experts // world
+    placement = torch.tensor([e % world * share + e // world for e in range(experts)],
+                             device="cuda")
+    held = placement.argsort()[rank * share:(rank + 1) * share]
+    leaves = {n: case[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
+    want = moe_experts(**{**case, **leaves})
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    ours = {"x": mine["x"].clone().requires_grad_(),
+            "topk_weights": mine["topk_weights"].clone().requires_grad_(),
+            "w13": case["w13"][held].clone().requires_grad_(),
+            "w2": case["w2"][held].clone().requires_grad_()}
+    got = expert_parallel(**ours, topk_ids=mine["topk_ids"], max_tokens=mine["max_tokens"],
+                          placement=placement)
+    got.backward(grad[tokens])
+    check_close("out", got, want[tokens])
+    check_close("x.grad", ours["x"].grad, leaves["x"].grad[tokens])
+    for name in ("w13", "w2"):
+        check_close(f"{name}.grad", ours[name].grad, leaves[name].grad[held])
+
+
 def case_one_expert_a_rank_k8():
     world, _ = world_and_rank()
     forward_and_backward(tokens=uneven(128), experts=world, hidden=128, inter=64,

@@ -307,6 +307,79 @@ def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated,
     assert sorted(read) == sorted(buffer.tensor.data_ptr() for buffer in ep._BUFFERS.values())
 
 
+@pytest.mark.parametrize("counts, experts, k, options", [
+    ((13, 7), 4, 2, {}),
+    ((10, 0, 11, 5), 8, 3, {"dropped": True}),
+])
+def test_placed_experts_match_all_the_experts_on_one_rank(simulated, counts, experts, k,
+                                                          options):
+    """A placement (a permutation of the experts over the ranks' shares):
+    each rank holds the experts it names, in its order; outputs and every
+    gradient as with all the experts on one rank."""
+    world = simulated(len(counts))
+    case = global_case(counts, experts, k, **options)
+    placement = torch.randperm(experts)
+    held = placement.argsort()  # held[j]: the global expert at place j
+    leaves = {n: case[n].double().requires_grad_() for n in LEAVES}
+    want = layer_ref(**{**case, **leaves})
+    grad = torch.randn_like(want).bfloat16()
+    want.backward(grad.double())
+    share = experts // world.size
+
+    def rank_work(rank):
+        tokens = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
+        mine = held[rank * share:(rank + 1) * share]
+        ours = {"x": case["x"][tokens].clone().requires_grad_(),
+                "topk_weights": case["topk_weights"][tokens].clone().requires_grad_(),
+                "w13": case["w13"][mine].clone().requires_grad_(),
+                "w2": case["w2"][mine].clone().requires_grad_()}
+        out = expert_parallel(**ours, topk_ids=case["topk_ids"][tokens],
+                              group=Group(world, rank), placement=placement.clone())
+        out.backward(grad[tokens])
+        return tokens, mine, out, {n: ours[n].grad for n in LEAVES}
+
+    for tokens, mine, out, grads in on_every_rank(world, rank_work):
+        pairs = [(out, want[tokens]), (grads["x"], leaves["x"].grad[tokens]),
+                 (grads["topk_weights"], leaves["topk_weights"].grad[tokens]),
+                 (grads["w13"], leaves["w13"].grad[mine]), (grads["w2"], leaves["w2"].grad[mine])]
+        for got, expected in pairs:
+            torch.testing.assert_close(got.double(), expected.detach(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("placement, error, match", [
+    (torch.tensor([0, 1, 1, 3]), ValueError, "permutation of 0 .. 3"),
+    (torch.tensor([0, 1, 2, 4]), ValueError, "permutation of 0 .. 3"),
+    (torch.tensor([0, 1, 2]), ValueError, r"placement must be \[E\] = \[4\]"),
+    (torch.tensor([0.0, 1, 2, 3]), TypeError, "placement must be int32 or int64"),
+    ([0, 1, 2, 3], TypeError, "placement must be a torch.Tensor"),
+])
+def test_a_bad_placement_is_refused(simulated, placement, error, match):
+    world = simulated(2)
+    case = global_case((4, 4), 4, 2)
+
+    def rank_work(rank):
+        with pytest.raises(error, match=match):
+            expert_parallel(case["x"][:4], case["topk_ids"][:4], case["topk_weights"][:4],
+                            case["w13"][:2], case["w2"][:2], group=Group(world, rank),
+                            placement=placement)
+
+    on_every_rank(world, rank_work)
+
+
+def test_a_placement_changed_in_place_is_checked_again(simulated):
+    world = simulated(1)
+    case = global_case((4,), 2, 1)
+    placement = torch.tensor([1, 0])
+    args = {n: case[n] for n in ("x", "topk_ids", "topk_weights")}
+    with torch.no_grad():
+        expert_parallel(**args, w13=case["w13"], w2=case["w2"], group=Group(world, 0),
+                        placement=placement)
+        placement[0] = 0
+        with pytest.raises(ValueError, match="permutation"):
+            expert_parallel(**args, w13=case["w13"], w2=case["w2"], group=Group(world, 0),
+                            placement=placement)
+
+
 def fp8_reference_experts(x, topk_ids, topk_weights, w13, w2, *, x_scale, w13_scale, w2_scale,
                           **options):
     """moe_experts' contract for fp8 weights and tokens given quantized, in
