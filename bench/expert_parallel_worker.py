@@ -28,7 +28,7 @@ from torch.distributed.nn.functional import all_to_all_single
 
 from gg_runtime import quantize_fp8
 from gg_runtime.moe import expert_parallel, moe_experts
-from gg_runtime.moe import expert_parallelism as ep
+from gg_runtime.moe import exchange
 from gg_runtime.testing import rel_error
 
 from . import measure
@@ -109,14 +109,15 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None, fp8=None) -> dict:
     columns, as expert_parallel sends them."""
     granularity, options = (None, {}) if fp8 is None else (
         "1x128", {"w13_scale": fp8[0], "w2_scale": fp8[1]})
-    layout = ep._layout(dist.group.WORLD, x, ids, w13, max_tokens, granularity=granularity)
+    layout = exchange.layout_for(dist.group.WORLD, x, ids, w13, max_tokens,
+                                 granularity=granularity)
 
     def dispatched(plan):
         if granularity is None:
             return (*plan.dispatch(x), None)
         return plan.dispatch_quantized(x, granularity)
 
-    plan = ep.Plan(layout, ids, weights)
+    plan = exchange.Plan(layout, ids, weights)
     rows, received, scales = dispatched(plan)
     came = (plan.local_ids >= 0).any(1)
     alone = (rows[came].clone(), plan.local_ids[came].clone(), received[came].clone())
@@ -126,7 +127,7 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None, fp8=None) -> dict:
     else:
         alone_options = options
     out = moe_experts(rows, plan.local_ids, received, w13, w2, **options)
-    return {"dispatch_ms": graphed(lambda: dispatched(ep.Plan(layout, ids, weights))),
+    return {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
             "return_ms": graphed(lambda: plan.returned(out)),
             "rows_sent": int((plan.index >= 0).sum()),
             "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2, **alone_options)),

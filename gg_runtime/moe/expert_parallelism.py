@@ -28,69 +28,22 @@ token of every rank sent to one rank (W * max_tokens rows), so no call
 waits for the host and a decode step can be captured in a CUDA graph."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
-from .._native import OPS, call, check_types
-from ..api import quantize_fp8
-from ..formats import ROWWISE, WEIGHT_FORMATS, served_weight_format
+from .._native import check_types
+from ..formats import WEIGHT_FORMATS, served_weight_format
 from ..fp8_expert_weights import Fp8ExpertWeights
+from .exchange import Dispatch, Plan, Return, layout_for
 from .experts import moe_experts
 from .module import MoEExperts
-from .transport import TRANSPORTS, Buffer, Region, aligned_bytes, words
+from .transport import TRANSPORTS
 
-# One buffer a group (by name) and transport, grown when a call needs more.
-_BUFFERS: dict[tuple, Buffer] = {}
-# The layouts whose sizes every rank of the group has agreed on.
-_LAYOUTS: dict[tuple, Layout] = {}
 # Where x must be (the CPU tests' simulated ranks change it).
 DEVICE_TYPE = "cuda"
 # Placements seen (by the tensor's id, kept alive with its version): the ids' table of each.
 _PLACEMENTS: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
 _MAX_PLACEMENTS = 16
-# What the ranks must agree on, in the order they are compared.
-AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size",
-          "token scales")
-
-
-@dataclass
-class Layout:
-    """One configuration's sizes and its regions of the group's buffer, each
-    W blocks of max_tokens rows, row t of block s rank s's token t (where
-    sent): `rows` (rows of H words: tokens, outputs and their gradients) and
-    `meta` (rows of 2k int32: a token's global ids and its weights' bits; the
-    weights' gradients on the way back); with fp8 dispatch (`token_scales`
-    float32 scales a token), `fp8_rows` (the rows region's bytes as rows of
-    H fp8 values) and `scales`."""
-    world: int
-    rank: int
-    experts_per_rank: int
-    capacity: int  # max_tokens
-    k: int
-    buffer: Buffer
-    rows: Region
-    meta: Region
-    token_scales: int = 0
-    scales: Region | None = None
-
-    def __post_init__(self):
-        """The index tensors every call reads, made once (fewer launches a call)."""
-        device = self.buffer.tensor.device
-        # Token t's rows go to ranks 0 .. W - 1 (Plan.dest: where to, if at all) ...
-        self.ranks = torch.arange(self.world, dtype=torch.int32,
-                                  device=device).expand(self.capacity, self.world).contiguous()
-        # ... and a received row of block s goes back to rank s.
-        self.home_ranks = (torch.arange(self.planes, device=device) // self.capacity).int()[:, None]
-        self.ones = torch.ones(self.capacity, self.world, device=device)
-        self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
-        self.fp8_rows = Region(self.buffer, self.rows.offset, self.planes,
-                               self.rows.local.shape[1] // 2, 0)
-
-    @property
-    def planes(self) -> int:
-        return self.world * self.capacity
 
 
 def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -191,7 +144,7 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {tuple(TRANSPORTS)}, got {transport!r}")
     granularity = _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8)
-    layout = _layout(group, x, topk_ids, w13, max_tokens, transport, granularity)
+    layout = layout_for(group, x, topk_ids, w13, max_tokens, transport, granularity)
     if placement is not None:
         topk_ids = _placed_ids(topk_ids, placement, layout)
     experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
@@ -202,12 +155,12 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         out = moe_experts(rows, plan.local_ids, weights, w13, w2, x_scale=x_scale, **experts)
         return plan.returned(out).to(x.dtype)
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
-        rows, weights = _Dispatch.apply(x, topk_weights, plan)
+        rows, weights = Dispatch.apply(x, topk_weights, plan)
     else:  # read in place unless autograd may keep the rows (the experts' weights' gradients)
         rows, weights = plan.dispatch(x, private=torch.is_grad_enabled())
     out = moe_experts(rows, plan.local_ids, weights, w13, w2, **experts)
     if torch.is_grad_enabled() and out.requires_grad:
-        return _Return.apply(out, plan)
+        return Return.apply(out, plan)
     return plan.returned(out)
 
 
@@ -299,203 +252,6 @@ def _check_local(x, topk_ids, topk_weights, max_tokens):
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         if x.shape[0] > max_tokens:
             raise ValueError(f"x has {x.shape[0]} tokens, more than max_tokens = {max_tokens}")
-
-
-def _layout(group, x, topk_ids, w13, max_tokens, transport="symmetric_memory",
-            granularity=None) -> Layout:
-    """This configuration's Layout, agreed by every rank on its first call
-    (max_tokens None: the group's largest T of that call; granularity: the
-    tokens' quantization for fp8 dispatch, None for 16-bit)."""
-    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[0] < 1:
-        raise ValueError("w13 must be [E/W, 2I, H]: this rank's experts")
-    agreed = (w13.shape[0], x.shape[1], topk_ids.shape[1], max_tokens or 0, x.element_size(),
-              token_scales(x.shape[1], granularity))
-    key = (group.group_name, transport, agreed)
-    if key not in _LAYOUTS:
-        largest = _agree(group, agreed, x.shape[0], x.device)
-        capacity = max_tokens or max(largest, 1)
-        _LAYOUTS[key] = _new_layout(group, transport, *agreed[:3], capacity, agreed[-1],
-                                    x.device)
-    layout = _LAYOUTS[key]
-    if x.shape[0] > layout.capacity:
-        raise ValueError(f"x has {x.shape[0]} tokens, more than the {layout.capacity} a rank's "
-                         "share of the buffer holds (the largest T of the first call, without "
-                         "max_tokens): pass max_tokens, the same on every rank")
-    return layout
-
-
-def _agree(group, agreed, tokens, device) -> int:
-    """Every rank's `agreed` the same, or a ValueError on every rank; the
-    largest rank's `tokens` (one host sync, on a configuration's first call)."""
-    mine = torch.tensor((*agreed, tokens), dtype=torch.int64, device=device)
-    every = torch.empty(group.size(), len(mine), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(every, mine, group=group)
-    every = every.tolist()
-    differ = [i for i in range(len(AGREED)) if len({row[i] for row in every}) > 1]
-    if differ:
-        def shown(i, value):
-            return "None" if AGREED[i] == "max_tokens" and value == 0 else value
-        table = "; ".join(f"rank {r}: " + ", ".join(f"{AGREED[i]} {shown(i, row[i])}"
-                                                    for i in differ)
-                          for r, row in enumerate(every))
-        raise ValueError(f"expert_parallel: the ranks disagree on "
-                         f"{', '.join(AGREED[i] for i in differ)} ({table})")
-    return max(row[-1] for row in every)
-
-
-def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, scales,
-                device) -> Layout:
-    world = group.size()
-    # The rows a rank does not send: stale rows and scales (zeros on NCCL),
-    # and metadata of all-ones words (ids -1).
-    shapes = ((world * capacity, hidden, 0), (world * capacity, 2 * meta_width(k), -1))
-    shapes += ((world * capacity, 2 * scales, 0),) if scales else ()
-    nbytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
-    key = (group.group_name, transport)
-    buffer = _BUFFERS.get(key)
-    if buffer is None or buffer.nbytes < nbytes:
-        _BUFFERS.pop(key, None)
-        buffer = _BUFFERS[key] = TRANSPORTS[transport](group, nbytes, device)
-    rows, meta, *scaled = buffer.regions(*shapes)
-    return Layout(world, group.rank(), experts_per_rank, capacity, k, buffer, rows, meta, scales,
-                  *scaled)
-
-
-def meta_width(k: int) -> int:
-    """The int32 words of a token's metadata: k ids and k weights' bits."""
-    return 2 * k
-
-
-def token_scales(hidden: int, granularity: str | None) -> int:
-    """The float32 scales a token travels with: none in 16 bits, one per
-    token (ROWWISE), one per 128 columns."""
-    if granularity is None:
-        return 0
-    return 1 if granularity == ROWWISE else -(-hidden // 128)
-
-
-class Plan:
-    """One call's routing between ranks, all on the GPU: which ranks each of
-    this rank's tokens goes to and its row there (dispatch), and for each
-    received row, where its output goes back (return)."""
-
-    def __init__(self, layout: Layout, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
-        """Token t goes to row t of this rank's block of each rank that holds
-        one of its experts (dest, -1 where not), its outputs come back to row
-        t of those ranks' blocks here (index), and its ids and weights travel
-        as its metadata (meta)."""
-        self.layout, self.tokens = layout, topk_ids.shape[0]
-        self.ranks = layout.ranks[:self.tokens]
-        self.dest, self.index, self.meta = call(
-            OPS.dispatch_plan.default, topk_ids.long(), topk_weights.detach().float(),
-            layout.world, layout.rank, layout.experts_per_rank, layout.capacity)
-
-    def dispatch(self, x, private=False):
-        """(rows [W * max_tokens, H], weights [.., k] float32) received by this
-        rank: its blocks of the rows region (a copy where `private`: the
-        region is overwritten by the next transfer, and autograd keeps the
-        rows), the rows no rank sent stale, their ids -1; sets local_ids (-1
-        but for this rank's experts) and where each row's output goes back."""
-        layout = self.layout
-        weights = self._delivered(((layout.rows, words(x)),))
-        rows = layout.rows.local.view(x.dtype)
-        return (rows.clone() if private else rows), weights
-
-    def dispatch_quantized(self, x, granularity):
-        """dispatch's (rows, weights) with the tokens quantized before they
-        travel (quantize_fp8 at `granularity`), and the rows' scales
-        [W * max_tokens, scales a token]: read in place (no gradient)."""
-        layout = self.layout
-        q, scale = quantize_fp8(x, granularity)
-        weights = self._delivered(((layout.fp8_rows, words(q)), (layout.scales, words(
-            scale.view(x.shape[0], layout.token_scales)))))
-        return (layout.fp8_rows.local.view(torch.float8_e4m3fn), weights,
-                layout.scales.local.view(torch.float32))
-
-    def _delivered(self, sends):
-        """Each (region, rows) of `sends` and the tokens' metadata sent as the
-        tokens go; the received rows' weights [.., k] float32.  Sets local_ids
-        (-1 but for this rank's experts) and where each row's output goes back."""
-        layout = self.layout
-        layout.meta.clear()  # rows no rank sends: no ids
-        layout.buffer.barrier()  # every rank has read what the regions held
-        for region, rows in sends:
-            region.send(rows, self.ranks, self.dest)
-        layout.meta.send(words(self.meta), self.ranks, self.dest)
-        layout.buffer.barrier()
-        self.local_ids, weights, self.back_dest = call(
-            OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
-            layout.rank, layout.experts_per_rank, layout.capacity)
-        return weights
-
-    def returned(self, out):
-        """Each token's output: its received rows' outputs (out) sent home
-        and summed over the ranks that made them."""
-        layout = self.layout
-        layout.buffer.barrier()
-        layout.rows.send(words(out), layout.home_ranks, self.back_dest, layout.world)
-        layout.buffer.barrier()
-        return self._summed(layout.rows.local.view(out.dtype))
-
-    def _summed(self, planes):
-        """Each token's rows in the planes of the ranks it went to, summed in
-        float32 (the combine operator, weights 1)."""
-        layout = self.layout
-        return call(OPS.combine.default, planes, self.index, layout.ones[:self.tokens],
-                    layout.offs)
-
-    def dispatch_gradient(self, grad):
-        """The output's gradient [T, H] to the received rows, as the tokens
-        went (a copy: autograd may run another transfer before it is read)."""
-        layout = self.layout
-        layout.buffer.barrier()
-        layout.rows.send(words(grad), self.ranks, self.dest)
-        layout.buffer.barrier()
-        return layout.rows.local.view(grad.dtype).clone()
-
-    def returned_gradients(self, grad_rows, grad_weights):
-        """The received rows' and weights' gradients sent home: each token's
-        summed over the ranks ([T, H] and [T, k] float32)."""
-        layout = self.layout
-        k = layout.k
-        padded = torch.zeros(grad_weights.shape[0], meta_width(k), dtype=torch.float32,
-                             device=grad_weights.device)
-        padded[:, :k] = grad_weights
-        layout.buffer.barrier()
-        layout.rows.send(words(grad_rows), layout.home_ranks, self.back_dest, layout.world)
-        layout.meta.send(words(padded), layout.home_ranks, self.back_dest, layout.world)
-        layout.buffer.barrier()
-        grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
-        planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
-        planes = planes.contiguous().view(torch.float32)[..., :k]  # [W, T, k]
-        sent = (self.index >= 0).T[:, :, None]
-        return grad_x, torch.where(sent, planes, 0.0).sum(0)
-
-
-class _Dispatch(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, topk_weights, plan):
-        """topk_weights travel in the plan's metadata: an input here so that
-        their gradient comes back."""
-        ctx.plan, ctx.weights_dtype = plan, topk_weights.dtype
-        return plan.dispatch(x, private=True)
-
-    @staticmethod
-    def backward(ctx, grad_rows, grad_weights):
-        grad_x, grad_w = ctx.plan.returned_gradients(grad_rows.contiguous(),
-                                                     grad_weights.float().contiguous())
-        return grad_x, grad_w.to(ctx.weights_dtype), None
-
-
-class _Return(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, out, plan):
-        ctx.plan = plan
-        return plan.returned(out)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.plan.dispatch_gradient(grad.contiguous()), None
 
 
 class ExpertParallelExperts(MoEExperts):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import gg_runtime.moe.exchange as exchange
 import gg_runtime.moe.expert_parallelism as ep
 import gg_runtime.moe.transformers_glue as transformers_glue
 import gg_runtime.moe.transport as transport
@@ -88,8 +89,8 @@ def simulated(monkeypatch):
     def make(size):
         world = World(size)
         worlds.append(world)
-        monkeypatch.setattr(ep, "dist", SimpleNamespace(
-            all_gather_into_tensor=world.all_gather_into_tensor, ProcessGroup=Group))
+        monkeypatch.setattr(exchange, "dist", SimpleNamespace(
+            all_gather_into_tensor=world.all_gather_into_tensor))
         monkeypatch.setattr(transport, "OPS", SimpleNamespace(
             send_rows=SimpleNamespace(default=world.send_rows)))
         monkeypatch.setattr(transport, "dist", SimpleNamespace(
@@ -99,10 +100,10 @@ def simulated(monkeypatch):
 
     monkeypatch.setattr(ep, "resolved_group", lambda group: group)
     monkeypatch.setattr(ep, "DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(ep, "_LAYOUTS", {})
-    monkeypatch.setattr(ep, "_BUFFERS", {})
+    monkeypatch.setattr(exchange, "_LAYOUTS", {})
+    monkeypatch.setattr(exchange, "_BUFFERS", {})
     monkeypatch.setattr(ep, "moe_experts", reference_experts)
-    monkeypatch.setattr(ep, "OPS", SimpleNamespace(
+    monkeypatch.setattr(exchange, "OPS", SimpleNamespace(
         combine=SimpleNamespace(
             default=lambda rows, *args: combine_ref(rows, *args).to(rows.dtype)),
         dispatch_plan=SimpleNamespace(default=dispatch_plan_ref),
@@ -304,7 +305,8 @@ def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated,
     for tokens, out in on_every_rank(world, rank_work):
         torch.testing.assert_close(out.double(), want[tokens].double(), rtol=2e-2, atol=2e-2)
     # Each rank's experts read its rows region (the buffer's first), not a copy.
-    assert sorted(read) == sorted(buffer.tensor.data_ptr() for buffer in ep._BUFFERS.values())
+    assert sorted(read) == sorted(buffer.tensor.data_ptr()
+                                  for buffer in exchange._BUFFERS.values())
 
 
 @pytest.mark.parametrize("counts, experts, k, options", [
@@ -401,7 +403,7 @@ def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, cou
     quantize them (per 128 columns, with H = 272 a partial block; or per
     token), their scales beside them: the layer of the tokens so quantized."""
     world = simulated(len(counts))
-    monkeypatch.setattr(ep, "quantize_fp8", quantize_ref)
+    monkeypatch.setattr(exchange, "quantize_fp8", quantize_ref)
     monkeypatch.setattr(ep, "moe_experts", fp8_reference_experts)
     case = global_case(counts, 2 * len(counts), 2, hidden=272, inter=16)
     x = case["x"].to(dtype)
