@@ -38,7 +38,6 @@ RECIPES = ("rowwise", "blockwise")
 WEIGHT_FORMATS = {"blockwise": SCALINGS["blockwise"], "channelwise": SCALINGS["rowwise"]}
 
 
-
 def served_weight_format(w: torch.Tensor, scale: torch.Tensor) -> str:
     """The WEIGHT_FORMATS key of served fp8 weights w `[E, N, K]` scaled by
     `scale`: `"channelwise"` where it has a scale per output channel (`[E, N]`
