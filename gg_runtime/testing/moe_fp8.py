@@ -167,6 +167,10 @@ def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, gra
         y = rounded(product(quantized(h, H_GRANULARITY), w2[e], None if b2 is None else b2[e]))
         out.index_add_(0, token, y * weights[token, slot, None])
         if changes is not None and len(token):
-            one_step = (e4m3_steps(h, H_GRANULARITY) * w2[e].norm(dim=0)).amax(dim=1)
+            # w2's column norms as its transpose's row norms: torch's float64
+            # reduction down the columns of a large matrix reads scratch it
+            # never wrote (initcheck's reports, docs/notes).
+            column_norms = w2[e].T.contiguous().norm(dim=1)
+            one_step = (e4m3_steps(h, H_GRANULARITY) * column_norms).amax(dim=1)
             changes.index_reduce_(0, token, one_step * weights[token, slot].abs(), "amax")
     return out
