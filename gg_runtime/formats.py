@@ -44,4 +44,5 @@ def served_weight_format(w: torch.Tensor, scale: torch.Tensor) -> str:
     or `[E, N, 1]`: as many rows as w, which 128 x 128 blocks never have),
     else `"blockwise"` (`[E, ceil(N/128), ceil(K/128)]`).  The operators
     check the scales' shape in full."""
-    return "channelwise" if scale.dim() >= 2 and scale.shape[1] == w.shape[1] else "blockwise"
+    channels = scale.dim() >= 2 and w.dim() >= 2 and scale.shape[1] == w.shape[1]
+    return "channelwise" if channels else "blockwise"

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 
 from ._native import check_types
+from .formats import served_weight_format
 from .moe import moe_experts
+from .moe.stages import mapped_ids
 
 _BLOCK_SHAPE = [128, 128]
 
@@ -87,8 +89,7 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                          f"False with neither; got use_fp8_w8a8={use_fp8_w8a8}, w1_scale "
                          f"{'given' if scales_given[0] else 'None'}, w2_scale "
                          f"{'given' if scales_given[1] else 'None'}")
-    if use_fp8_w8a8 and (w1_scale.dim() >= 2 and w1.dim() >= 2
-                         and w1_scale.shape[1] == w1.shape[1]) != per_channel_quant:
+    if use_fp8_w8a8 and (served_weight_format(w1, w1_scale) == "channelwise") != per_channel_quant:
         raise ValueError(f"w1_scale {tuple(w1_scale.shape)} does not match per_channel_quant="
                          f"{per_channel_quant} (per channel: [E, 2I]; blocks: "
                          "[E, ceil(2I/128), ceil(H/128)])")
@@ -132,6 +133,4 @@ def _local_ids(topk_ids, expert_map, global_num_experts):
     if global_num_experts not in (-1, experts):
         raise ValueError(f"expert_map must have global_num_experts = {global_num_experts} "
                          f"entries, got {experts}")
-    ids = topk_ids.long()
-    local = expert_map.to(device=ids.device, dtype=torch.int64)[ids.clamp(0, experts - 1)]
-    return torch.where((ids >= 0) & (ids < experts), local, -1)
+    return mapped_ids(topk_ids, expert_map.to(topk_ids.device))

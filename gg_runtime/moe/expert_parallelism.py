@@ -37,12 +37,13 @@ from ..fp8_expert_weights import Fp8ExpertWeights
 from .exchange import Dispatch, Plan, Return, layout_for
 from .experts import moe_experts
 from .module import MoEExperts
+from .stages import mapped_ids
 from .transport import TRANSPORTS
 
 # Where x must be (the CPU tests' simulated ranks change it).
 DEVICE_TYPE = "cuda"
-# Placements seen (by the tensor's id, kept alive with its version): the ids' table of each.
-_PLACEMENTS: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+# Placements checked, by the tensor's id (kept alive, so that no other takes it) with its version.
+_PLACEMENTS: dict[int, tuple[torch.Tensor, int]] = {}
 _MAX_PLACEMENTS = 16
 
 
@@ -195,17 +196,17 @@ def resolved_group(group):
 def _placed_ids(topk_ids, placement, layout):
     """topk_ids as indices into the ranks' experts one after the other:
     placement[id] for an id in [0, E), -1 (a dropped slot) for any other."""
-    experts = layout.world * layout.experts_per_rank
-    table = _placement_table(placement, experts)
-    return table[topk_ids.long().clamp(-1, experts)]  # -1 and E both read the table's -1
+    _check_placement(placement, layout.world * layout.experts_per_rank)
+    return mapped_ids(topk_ids, placement)
 
 
-def _placement_table(placement, experts):
-    """placement checked (once a tensor and version: a host sync), with a
-    -1 after it (int64)."""
+def _check_placement(placement, experts):
+    """A TypeError or ValueError unless placement is a permutation of
+    0 .. experts - 1 on x's device type: checked once a tensor and version
+    (a host sync)."""
     seen = _PLACEMENTS.get(id(placement))
     if seen is not None and seen[0] is placement and seen[1] == placement._version:
-        return seen[2]
+        return
     check_types(tensors=(("placement", placement),))
     if placement.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"placement must be int32 or int64, got {placement.dtype}")
@@ -214,15 +215,13 @@ def _placement_table(placement, experts):
                          f"shape {tuple(placement.shape)}")
     if placement.device.type != DEVICE_TYPE:
         raise ValueError(f"placement must be on a CUDA device, got {placement.device}")
-    table = torch.cat((placement.long(), placement.new_full((1,), -1, dtype=torch.long)))
     if not torch.equal(placement.long().sort().values,
                        torch.arange(experts, device=placement.device)):
         raise ValueError(f"placement must be a permutation of 0 .. {experts - 1} (each expert "
                          "held by one rank, once)")
     if len(_PLACEMENTS) >= _MAX_PLACEMENTS:
         _PLACEMENTS.clear()
-    _PLACEMENTS[id(placement)] = (placement, placement._version, table)
-    return table
+    _PLACEMENTS[id(placement)] = (placement, placement._version)
 
 
 def _check_local(x, topk_ids, topk_weights, max_tokens):

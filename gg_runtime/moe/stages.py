@@ -62,6 +62,15 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     return Routing(*call(OPS.route.default, topk_ids.reshape(-1).long(), num_experts))
 
 
+def mapped_ids(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Each id through a table of the experts (an expert map): `table[id]` for
+    an id in `[0, len(table))`, -1 (a dropped slot) for any other; int64,
+    on the GPU with no host sync (what fused_experts' expert_map and
+    expert_parallel's placement do to the ids)."""
+    padded = torch.cat((table.long(), table.new_full((1,), -1, dtype=torch.long)))
+    return padded[topk_ids.long().clamp(-1, table.shape[0])]  # -1 and E read the -1
+
+
 def combine(rows: torch.Tensor, routing: Routing, topk_weights: torch.Tensor) -> torch.Tensor:
     """Each token's weighted sum of its slots' rows: `out[t] = sum_j
     topk_weights[t, j] * rows[routing.inverse[t * k + j]]`.
