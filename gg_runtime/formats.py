@@ -36,6 +36,9 @@ RECIPES = ("rowwise", "blockwise")
 # fp8 expert weights served (moe_experts given fp8 weights), by their scales'
 # layout: per 128 x 128 block, or per output channel (a row of the weights).
 WEIGHT_FORMATS = {"blockwise": SCALINGS["blockwise"], "channelwise": SCALINGS["rowwise"]}
+# The weight format each training recipe's forward quantizes the weights to.
+RECIPE_WEIGHT_FORMATS = {recipe: next(name for name, scaling in WEIGHT_FORMATS.items()
+                                      if scaling == SCALINGS[recipe]) for recipe in RECIPES}
 
 
 def served_weight_format(w: torch.Tensor, scale: torch.Tensor) -> str:

@@ -205,11 +205,12 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "Tensor inverse, bool gathered)");
   m.def(
       "moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-      "Tensor w13_scale, Tensor w2_scale, Tensor? b13=None, Tensor? b2=None, "
+      "Tensor w13_scale, Tensor w2_scale, str weight_format, Tensor? b13=None, Tensor? b2=None, "
       "str gate_up='concatenated', str activation='swiglu', Tensor? x_scale=None) -> Tensor");
   m.def(
       "moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, "
-      "Tensor w2, Tensor w13_scale, Tensor w2_scale, Tensor? b13=None, Tensor? b2=None, "
+      "Tensor w2, Tensor w13_scale, Tensor w2_scale, str weight_format, Tensor? b13=None, "
+      "Tensor? b2=None, "
       "str gate_up='concatenated', str activation='swiglu') -> (Tensor out, Tensor gu, "
       "Tensor order, Tensor offs, Tensor inverse)");
 }

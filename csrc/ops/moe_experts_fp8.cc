@@ -49,17 +49,30 @@ void check_weight(const Tensor& w, const char* name, const char* shape_text) {
   }
 }
 
-// The scale's shape for `weight` [E, N, K]: blocks or channels; a trailing 1
-// (compressed-tensors' [E, N, 1]) is accepted for channels.
-Scales scales_of(const Tensor& scale, const char* name, const Tensor& weight) {
+// The weights' format by name (gg_runtime.formats.WEIGHT_FORMATS' keys).
+Scales parse_weight_format(const std::string& text) {
+  if (text == "blockwise") return Scales::kBlockwise;
+  if (text == "channelwise") return Scales::kChannelwise;
+  value_error("weight_format must be 'blockwise' or 'channelwise', got '", text, "'");
+}
+
+// The scale's shape for `weight` [E, N, K] in the weights' format: 128 x 128
+// blocks, or per channel (a trailing 1, compressed-tensors' [E, N, 1], too).
+void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Scales scales) {
   const int64_t experts = weight.size(0), n = weight.size(1), k = weight.size(2);
   const Shape shape = sizes_of(scale);
-  if (shape == Shape{experts, blocks(n), blocks(k)}) return Scales::kBlockwise;
-  if (shape == Shape{experts, n} || shape == Shape{experts, n, 1}) return Scales::kChannelwise;
-  value_error(name, " must be [E, ceil(N/128), ceil(K/128)] = ",
-              tuple_text({experts, blocks(n), blocks(k)}),
-              " (128 x 128 blocks) or [E, N] = ", tuple_text({experts, n}),
-              " (per output channel) for its weight ", shape_of(weight), ", got ", shape_of(scale));
+  if (scales == Scales::kBlockwise && shape != Shape{experts, blocks(n), blocks(k)}) {
+    value_error(name, " must be [E, ceil(N/128), ceil(K/128)] = ",
+                tuple_text({experts, blocks(n), blocks(k)}), " for its weight ", shape_of(weight),
+                " in 128 x 128 blocks (w13_scale and w2_scale must both be 128 x 128 blocks or ",
+                "both per channel), got ", shape_of(scale));
+  }
+  if (scales == Scales::kChannelwise && shape != Shape{experts, n} &&
+      shape != Shape{experts, n, 1}) {
+    value_error(name, " must be [E, N] = ", tuple_text({experts, n}), " for its weight ",
+                shape_of(weight), " per output channel (or [E, N, 1]; w13_scale and w2_scale ",
+                "must both be 128 x 128 blocks or both per channel), got ", shape_of(scale));
+  }
 }
 
 // The products' output and bias dtype: the scaled kernels write bfloat16
@@ -116,9 +129,9 @@ void check_token_scales(const Tensor& x, const Tensor& x_scale, Scales scales) {
   }
 }
 
-// Every check of the arguments; how the weights are scaled.
-Scales check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
-             const Tensor& w2_scale) {
+// Every check of the arguments, the weights scaled as `scales` says.
+void check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
+           const Tensor& w2_scale, Scales scales) {
   check_token_dtypes(in.x, x_scale);
   check_routing_dtypes(in);
   check_bias_dtypes(in);
@@ -137,13 +150,9 @@ Scales check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Te
       type_error(name, " must be float32, got ", dtype_name(scale->scalar_type()));
     }
   }
-  const Scales scales = scales_of(w13_scale, "w13_scale", in.w13);
-  if (scales_of(w2_scale, "w2_scale", in.w2) != scales) {
-    value_error("w13_scale and w2_scale must both be 128 x 128 blocks or both per channel, got ",
-                shape_of(w13_scale), " and ", shape_of(w2_scale));
-  }
+  check_scale(w13_scale, "w13_scale", in.w13, scales);
+  check_scale(w2_scale, "w2_scale", in.w2, scales);
   if (x_scale) check_token_scales(in.x, *x_scale, scales);
-  return scales;
 }
 
 // A scale as the kernels read it: contiguous, a per-channel one as [E, N].
@@ -312,10 +321,11 @@ struct Saved {
 // The forward; where `saved` is given, what the backward reads goes there
 // (else the routing is a temporary too).
 Tensor forward(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
-               const Tensor& w2_scale, const std::string& gate_up, const std::string& activation,
-               Saved* saved) {
-  const Scales scales = check(in, x_scale, w13_scale, w2_scale);
+               const Tensor& w2_scale, const std::string& weight_format, const std::string& gate_up,
+               const std::string& activation, Saved* saved) {
   // Parsed here so that a bad value is refused before anything launches.
+  const Scales scales = parse_weight_format(weight_format);
+  check(in, x_scale, w13_scale, w2_scale, scales);
   const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
   const auto activation_value = parse_choice<family::Activation>("activation", activation);
   const Tensor& x = in.x;
@@ -358,21 +368,23 @@ Tensor forward(const MoeInputs& in, const std::optional<Tensor>& x_scale, const 
 }  // namespace
 
 Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                       Tensor w13_scale, Tensor w2_scale, std::optional<Tensor> b13,
-                       std::optional<Tensor> b2, std::string gate_up, std::string activation,
-                       std::optional<Tensor> x_scale) {
+                       Tensor w13_scale, Tensor w2_scale, std::string weight_format,
+                       std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
+                       std::string activation, std::optional<Tensor> x_scale) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  return forward(in, x_scale, w13_scale, w2_scale, gate_up, activation, nullptr);
+  return forward(in, x_scale, w13_scale, w2_scale, weight_format, gate_up, activation, nullptr);
 }
 
 ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
                                                    Tensor w13, Tensor w2, Tensor w13_scale,
-                                                   Tensor w2_scale, std::optional<Tensor> b13,
+                                                   Tensor w2_scale, std::string weight_format,
+                                                   std::optional<Tensor> b13,
                                                    std::optional<Tensor> b2, std::string gate_up,
                                                    std::string activation) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
   Saved saved;
-  const Tensor out = forward(in, std::nullopt, w13_scale, w2_scale, gate_up, activation, &saved);
+  const Tensor out =
+      forward(in, std::nullopt, w13_scale, w2_scale, weight_format, gate_up, activation, &saved);
   return {out, saved.gu, saved.order, saved.offs, saved.inverse};
 }
 

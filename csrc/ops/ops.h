@@ -165,15 +165,17 @@ ExpertsForBackward moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor to
                                             std::string activation);
 
 // moe_experts' forward with float8_e4m3fn weights w13 [E, 2I, H] and w2
-// [E, H, I] (K-major) and float32 scales: 128 x 128 blocks ([E, ceil(N/128),
-// ceil(K/128)]) or per output channel ([E, N], or [E, N, 1]); the
-// activations quantized alike (per token per 128 columns, or per token), or
-// given so: x float8_e4m3fn and x_scale its float32 scales ([T, ceil(H/128)],
-// or [T] / [T, 1]), the output then bfloat16.  Inference only (no backward).
+// [E, H, I] (K-major) and float32 scales in the weights' format
+// (weight_format): "blockwise", 128 x 128 blocks ([E, ceil(N/128),
+// ceil(K/128)]), or "channelwise", per output channel ([E, N], or [E, N,
+// 1]); the activations quantized alike (per token per 128 columns, or per
+// token), or given so: x float8_e4m3fn and x_scale its float32 scales ([T,
+// ceil(H/128)], or [T] / [T, 1]), the output then bfloat16.  Inference only
+// (no backward).
 Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                       Tensor w13_scale, Tensor w2_scale, std::optional<Tensor> b13,
-                       std::optional<Tensor> b2, std::string gate_up, std::string activation,
-                       std::optional<Tensor> x_scale);
+                       Tensor w13_scale, Tensor w2_scale, std::string weight_format,
+                       std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
+                       std::string activation, std::optional<Tensor> x_scale);
 
 // moe_experts_fp8's forward and what fp8 training's backward reads: (out,
 // gu [T*k, 2I] bfloat16 (the up projection's product plus bias), order,
@@ -181,7 +183,8 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
 using ExpertsFp8ForBackward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
                                                    Tensor w13, Tensor w2, Tensor w13_scale,
-                                                   Tensor w2_scale, std::optional<Tensor> b13,
+                                                   Tensor w2_scale, std::string weight_format,
+                                                   std::optional<Tensor> b13,
                                                    std::optional<Tensor> b2, std::string gate_up,
                                                    std::string activation);
 

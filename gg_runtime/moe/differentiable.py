@@ -8,6 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import fp8_training
 from .._native import OPS, call, call_untracked_if_possible
+from ..formats import RECIPE_WEIGHT_FORMATS
 from ..autograd import Gathered, bias_gradient, input_gradient, stored_transposed
 
 
@@ -142,8 +143,8 @@ def fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation
     else:
         (q13, scale13), (q2, scale2) = quantized.forward
     op = OPS.moe_experts_fp8_for_backward if for_backward else OPS.moe_experts_fp8
-    return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2, b13, b2, gate_up,
-                activation)
+    return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2,
+                RECIPE_WEIGHT_FORMATS[recipe], b13, b2, gate_up, activation)
 
 
 def _token_rows(t, order, k, gathered):

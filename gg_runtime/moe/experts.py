@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._native import OPS, call, check_types
-from ..formats import RECIPES
+from ..formats import RECIPES, served_weight_format
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .choices import check_choices
 from .differentiable import ExpertsFunction, fp8_forward
@@ -208,7 +208,8 @@ def _fp8_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scal
                              "requires grad (run it under torch.no_grad() or "
                              "torch.inference_mode(), or detach it)")
     return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
-                w2_scale, b13, b2, gate_up, activation, x_scale)
+                w2_scale, served_weight_format(w13, w13_scale), b13, b2, gate_up, activation,
+                x_scale)
 
 
 def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,

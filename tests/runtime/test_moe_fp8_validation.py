@@ -76,7 +76,11 @@ BAD = {
     "w2_scale floor": (lambda: {"w2_scale": meta(E, 2, 1, dtype=torch.float32)}, ValueError,
                        ceil_message("w2_scale", r"\(4, 3, 2\)")),
     "w2_scale experts": (lambda: {"w2_scale": meta(E + 1, 3, 2, dtype=torch.float32)},
-                         ValueError, r"or \[E, N\] = \(4, 272\) \(per output channel\)"),
+                         ValueError, r"w2_scale must be \[E, ceil\(N/128\), ceil\(K/128\)\] = "
+                                     r"\(4, 3, 2\) .* 128 x 128 blocks .* got \(5, 3, 2\)"),
+    "w2_scale experts, channels": (lambda: scales({**CHANNELS, "w2_scale": (E + 1, H)}),
+                                   ValueError, r"w2_scale must be \[E, N\] = \(4, 272\) .* per "
+                                               r"output channel .* got \(5, 272\)"),
     "w13_scale per half": (lambda: {"w13_scale": meta(E, INTER, dtype=torch.float32)},
                            ValueError, r"w13_scale must be .* got \(4, 208\)"),
     "channel scale [E, N, 2]": (lambda: {"w13_scale": meta(E, 2 * INTER, 2,
@@ -236,12 +240,18 @@ def test_operator_checks_its_arguments():
     tensors = [given[n] for n in ("x", "topk_ids", "topk_weights", "w13", "w2", "w13_scale",
                                   "w2_scale")]
     with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
-        call(op, *tensors, None, None, "split", "swiglu")
+        call(op, *tensors, "blockwise", None, None, "split", "swiglu")
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
-        call(op, *tensors, None, None, "concatenated", "gelu")
+        call(op, *tensors, "blockwise", None, None, "concatenated", "gelu")
     with pytest.raises(TypeError, match="w13_scale must be float32"):
-        call(op, *tensors[:5], meta(E, 4, 3), tensors[6])
-    assert op(*tensors).shape == (T, H)
+        call(op, *tensors[:5], meta(E, 4, 3), tensors[6], "blockwise")
+    with pytest.raises(ValueError, match="weight_format must be 'blockwise' or 'channelwise'"):
+        call(op, *tensors, "1x128")
+    # The format is the caller's: scales of the other one are refused, not taken for it.
+    with pytest.raises(ValueError, match=r"w13_scale must be \[E, N\] = \(4, 416\) for its "
+                                         "weight .* per output channel"):
+        call(op, *tensors, "channelwise")
+    assert op(*tensors, "blockwise").shape == (T, H)
 
 
 def fused_args(kind=BLOCKS, **changes):
@@ -381,7 +391,7 @@ def test_training_forward_keeps_gu():
     q13, s13 = gg_runtime.quantize_fp8(given["w13"], "128x128")
     q2, s2 = gg_runtime.quantize_fp8(given["w2"], "128x128")
     out, gu, order, offs, inverse = torch.ops.gg_runtime.moe_experts_fp8_for_backward(
-        given["x"], given["topk_ids"], given["topk_weights"], q13, q2, s13, s2)
+        given["x"], given["topk_ids"], given["topk_weights"], q13, q2, s13, s2, "blockwise")
     assert out.shape == (T, H) and gu.shape == (T * K, 2 * INTER)
     assert gu.dtype == torch.bfloat16 and order.shape == inverse.shape == (T * K,)
     assert offs.shape == (E,)
