@@ -293,7 +293,9 @@ class ExpertParallelExperts(MoEExperts):
             raise ValueError(f"num_experts ({num_experts}) must be a multiple of the group's "
                              f"size ({world})")
         super().__init__(num_experts // world, hidden_size, intermediate_size, **options)
-        self.max_tokens, self.transport, self.placement = max_tokens, transport, placement
+        self.max_tokens, self.transport = max_tokens, transport
+        # A buffer, so that the module's .to() takes it along; not in the state dict.
+        self.register_buffer("placement", placement, persistent=False)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """`expert_parallel(hidden_states, top_k_index, top_k_weights, ...)` with

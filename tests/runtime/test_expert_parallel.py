@@ -277,6 +277,9 @@ def test_the_module_holds_its_share_of_the_experts(simulated):
                for m in modules)
     with pytest.raises(ValueError, match="multiple of the group's size"):
         ExpertParallelExperts(7, 16, 4, group=Group(world, 0))
+    placed = ExpertParallelExperts(8, 16, 4, group=Group(world, 0), placement=torch.arange(8))
+    assert placed.to(torch.float64).placement.dtype == torch.int64  # a buffer: moves, not cast
+    assert "placement" not in placed.state_dict()
 
 
 @pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
