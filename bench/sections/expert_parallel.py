@@ -1,10 +1,10 @@
-"""gg_runtime.moe.expert_parallel across the GPUs of one host (EP2 and EP4,
-as many as are visible) beside the NCCL baseline (host-synced
+"""gg_runtime.moe.expert_parallel across the GPUs of one host (EP2, EP4 and
+EP8, as many as are visible) beside the NCCL baseline (host-synced
 all_to_all_single of each slot's row, moe_experts as the local experts,
 each token's outputs gathered and summed with its weights) and the local
 experts alone (moe_experts on the rows a rank received, gathered: the
 no-communication floor), on DeepSeek-V3's and Qwen3-30B-A3B's experts,
-bf16.  Each layer and world size is one run of bench/expert_parallel_worker.py
+bf16 (on sm90 also with fp8 weights).  Each layer and world size is one run of bench/expert_parallel_worker.py
 under torch.distributed.run; its figures are rank 0's.  Skipped, with its
 reason, where fewer than two GPUs are visible."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..markdown import fmt, table
 TITLE = "Expert parallelism on one host"
 # (H, I, E, k)
 LAYERS = {"deepseek_v3": (7168, 2048, 256, 8), "qwen3_30b_a3b": (2048, 768, 128, 8)}
-WORLDS = (2, 4)
+WORLDS = (2, 4, 8)
 
 
 def run(context) -> dict:

@@ -1,4 +1,5 @@
-"""gg_runtime.moe.expert_parallel over 2 and 4 GPUs: each case of
+"""gg_runtime.moe.expert_parallel over 2, 4 and 8 GPUs (as many as are
+visible): each case of
 expert_parallel_worker.py run by W processes (torch.distributed.run), every
 rank's outputs and gradients against moe_experts on one GPU with all the
 experts.  One run a world size, its cases reported line by line; and
@@ -42,7 +43,7 @@ def run(world: int, *cases: str) -> tuple[dict, str]:
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, 8])
 def test_expert_parallel_matches_one_gpu(world, case):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs")
