@@ -4,8 +4,9 @@ all_to_all_single of each slot's row, moe_experts as the local experts,
 each token's outputs gathered and summed with its weights) and the local
 experts alone (moe_experts on the rows a rank received, gathered: the
 no-communication floor), on DeepSeek-V3's and Qwen3-30B-A3B's experts,
-bf16 (on sm90 also with fp8 weights).  Each layer and world size is one run of bench/expert_parallel_worker.py
-under torch.distributed.run; its figures are rank 0's.  Skipped, with its
+bf16 (on sm90 also with fp8 weights).  Each layer and world size is one
+run of bench/expert_parallel_worker.py under torch.distributed.run; its
+figures are rank 0's.  Skipped, with its
 reason, where fewer than two GPUs are visible."""
 from __future__ import annotations
 
