@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
 from gg_runtime import quantize_fp8
+from gg_runtime.formats import ROW_BLOCKS, SQUARE_BLOCKS
 from gg_runtime.moe import expert_parallel, moe_experts
 from gg_runtime.moe import exchange
 from gg_runtime.testing import rel_error
@@ -108,7 +109,7 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None, fp8=None) -> dict:
     fp8 weights (fp8: their scales), the tokens sent quantized per 128
     columns, as expert_parallel sends them."""
     granularity, options = (None, {}) if fp8 is None else (
-        "1x128", {"w13_scale": fp8[0], "w2_scale": fp8[1]})
+        ROW_BLOCKS, {"w13_scale": fp8[0], "w2_scale": fp8[1]})
     layout = exchange.layout_for(dist.group.WORLD, x, ids, w13, max_tokens,
                                  granularity=granularity)
 
@@ -121,11 +122,9 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None, fp8=None) -> dict:
     rows, received, scales = dispatched(plan)
     came = (plan.local_ids >= 0).any(1)
     alone = (rows[came].clone(), plan.local_ids[came].clone(), received[came].clone())
+    alone_options = dict(options)
     if scales is not None:
-        options["x_scale"] = scales
-        alone_options = {**options, "x_scale": scales[came].clone()}
-    else:
-        alone_options = options
+        options["x_scale"], alone_options["x_scale"] = scales, scales[came].clone()
     out = moe_experts(rows, plan.local_ids, received, w13, w2, **options)
     return {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
             "return_ms": graphed(lambda: plan.returned(out)),
@@ -183,8 +182,8 @@ def fp8_row(hidden, inter, experts, k, tokens) -> dict:
     """The layer with fp8 weights (128 x 128 blocks; the tokens travel in
     fp8), replayed from graphs: ours, dispatch, return, the experts alone."""
     x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, tokens, 2)
-    q13, s13 = quantize_fp8(w13, "128x128")
-    q2, s2 = quantize_fp8(w2, "128x128")
+    q13, s13 = quantize_fp8(w13, SQUARE_BLOCKS)
+    q2, s2 = quantize_fp8(w2, SQUARE_BLOCKS)
     with torch.no_grad():
         row = {"tokens": tokens,
                "ours_graphed_ms": graphed(lambda: expert_parallel(
