@@ -25,8 +25,8 @@ from .kernels.ws import EPILOGUE_COLS
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
 # Other pointer types are fixed (a bfloat16 bias beside an fp8 output, fp8
-# weights beside 16-bit tokens).
-TYPES = ("*T", "*O", "*fp8e4nv", "*bf16", "*fp32", "*i32", "*i64", "i32", "i64")
+# weights beside 16-bit tokens, bytes of packed 4-bit weights and their scales).
+TYPES = ("*T", "*O", "*fp8e4nv", "*u8", "*bf16", "*fp32", "*i32", "*i64", "i32", "i64")
 
 # What the runtime does with a parameter of each role.
 ROLES = {

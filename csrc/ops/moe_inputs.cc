@@ -56,7 +56,7 @@ void check_devices(const MoeInputs& in, std::initializer_list<Named> more) {
   }
 }
 
-void check_shapes(const MoeInputs& in) {
+void check_shapes(const MoeInputs& in, int64_t values_per_element) {
   if (in.x.dim() != 2 || in.topk_ids.dim() != 2 || in.topk_ids.size(0) != in.x.size(0)) {
     value_error("x must be [T, H] and topk_ids [T, k], got shapes ", shape_of(in.x), " and ",
                 shape_of(in.topk_ids));
@@ -65,20 +65,25 @@ void check_shapes(const MoeInputs& in) {
     value_error("topk_weights must have topk_ids' shape [T, k] with k >= 1, got ",
                 shape_of(in.topk_weights), " and ", shape_of(in.topk_ids));
   }
-  const int64_t hidden = in.x.size(1);
-  if (in.w13.dim() != 3 || in.w13.size(1) % 2 != 0 || in.w13.size(2) != hidden) {
-    value_error("w13 must be [E, 2I, H] with H = ", hidden, " (x's columns), got ",
+  const int64_t hidden = in.x.size(1), packing = values_per_element;
+  const std::string per = packing == 1 ? "" : "/" + std::to_string(packing);
+  if (in.w13.dim() != 3 || in.w13.size(1) % 2 != 0 || in.w13.size(2) * packing != hidden) {
+    value_error("w13 must be [E, 2I, H", per, "] with H = ", hidden, " (x's columns), got ",
                 shape_of(in.w13));
   }
   const int64_t experts = in.w13.size(0), inter = in.w13.size(1) / 2;
+  if (inter % packing != 0) {
+    value_error("w13's rows [E, 2I, H", per, "] must give an I that is a multiple of ", packing,
+                ", got ", shape_of(in.w13));
+  }
   const std::initializer_list<std::tuple<const char*, const Tensor*, Shape>> expected{
-      {"w2", &in.w2, {experts, hidden, inter}},
+      {"w2", &in.w2, {experts, hidden, inter / packing}},
       {"b13", given(in.b13), {experts, 2 * inter}},
       {"b2", given(in.b2), {experts, hidden}}};
   for (const auto& [name, value, shape] : expected) {
     if (value != nullptr && sizes_of(*value) != shape) {
-      value_error(name, " must have shape ", tuple_text(shape),
-                  " (from w13 [E, 2I, H] and x), got ", shape_of(*value));
+      value_error(name, " must have shape ", tuple_text(shape), " (from w13 [E, 2I, H", per,
+                  "] and x), got ", shape_of(*value));
     }
   }
 }

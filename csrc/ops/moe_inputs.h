@@ -31,7 +31,9 @@ void check_like_x(const MoeInputs& in, std::initializer_list<Named> tensors);
 // Every tensor (the inputs' and `more`) on x's device, x on a CUDA one.
 void check_devices(const MoeInputs& in, std::initializer_list<Named> more = {});
 // x [T, H], topk_ids and topk_weights [T, k] (k >= 1), w13 [E, 2I, H],
-// w2 [E, H, I], b13 [E, 2I], b2 [E, H].
-void check_shapes(const MoeInputs& in);
+// w2 [E, H, I], b13 [E, 2I], b2 [E, H]; the weights' last dimensions hold
+// values_per_element values an element (2: 4-bit values packed two a byte,
+// w13 [E, 2I, H/2] and w2 [E, H, I/2]).
+void check_shapes(const MoeInputs& in, int64_t values_per_element = 1);
 
 }  // namespace gg::ops

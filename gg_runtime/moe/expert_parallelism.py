@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .._native import check_types
-from ..formats import WEIGHT_FORMATS, served_weight_format
+from ..formats import MXFP4, WEIGHT_FORMATS, served_weight_format
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .exchange import Dispatch, Plan, Return, layout_for
 from .experts import moe_experts
@@ -174,6 +174,9 @@ def _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8) -> str | None:
     where a gradient is wanted."""
     if w13_scale is None or fp8 is not None or not isinstance(w13, torch.Tensor):
         return None  # moe_experts refuses what does not fit, naming it
+    weight_format = served_weight_format(w13, w13_scale)
+    if weight_format == MXFP4:
+        return None  # 16-bit tokens (W4A16); moe_experts refuses gradients
     if x.shape[1] % 16:
         raise ValueError(f"fp8 weights need H to be a multiple of 16, got H={x.shape[1]}")
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad
@@ -181,7 +184,7 @@ def _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8) -> str | None:
         raise ValueError("expert_parallel with fp8 weights is inference-only, but an input "
                          "requires grad (run it under torch.no_grad() or "
                          "torch.inference_mode(), or detach it)")
-    return WEIGHT_FORMATS[served_weight_format(w13, w13_scale)].rows
+    return WEIGHT_FORMATS[weight_format].rows
 
 
 def resolved_group(group):

@@ -95,13 +95,13 @@ BAD = {
     "w2_scale bfloat16": (lambda: {"w2_scale": meta(E, 3, 2)}, TypeError,
                           "w2_scale must be float32, got torch.bfloat16"),
     "w13_scale alone": (lambda: {"w2_scale": None}, TypeError,
-                        r"w2_scale must be a torch.Tensor with fp8 weights .* got NoneType"),
+                        r"w2_scale must be a torch.Tensor with quantized weights .* got NoneType"),
     "w2_scale alone": (lambda: {"w13_scale": None}, TypeError,
-                       "w13_scale must be a torch.Tensor with fp8 weights"),
+                       "w13_scale must be a torch.Tensor with quantized weights"),
     "w13_scale a list": (lambda: {"w13_scale": [1.0]}, TypeError,
                          "w13_scale must be a torch.Tensor .* got list"),
     "fp8 weights, no scales": (lambda: {"w13_scale": None, "w2_scale": None}, TypeError,
-                               r"w13_scale must be a torch.Tensor with fp8 weights .* got "
+                               r"w13_scale must be a torch.Tensor with quantized weights .* got "
                                "NoneType"),
     "bf16 w13 with scales": (lambda: {"w13": meta(E, 2 * INTER, H)}, TypeError,
                              "w13 must be float8_e4m3fn with its scales given, got "

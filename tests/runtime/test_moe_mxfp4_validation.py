@@ -1,0 +1,133 @@
+"""moe_experts with MXFP4 weights, and mxfp4_expert_weights, refuse bad
+input with a message naming the argument before anything launches, and
+give the output's shape and dtype on meta tensors (the operator's Meta
+kernel runs every check without launching).  Runs on CPU."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime._native import call
+
+FP4, E8M0, U8 = torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.uint8
+# H and I multiples of 32, not of 64 or 128.
+T, H, INTER, E, K = 10, 96, 160, 4, 2
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def args(**changes):
+    """moe_experts' keyword arguments with MXFP4 weights, `changes` replacing some."""
+    given = {"x": meta(T, H), "topk_ids": meta(T, K, dtype=torch.int64),
+             "topk_weights": meta(T, K, dtype=torch.float32),
+             "w13": meta(E, 2 * INTER, H // 2, dtype=FP4), "w2": meta(E, H, INTER // 2, dtype=FP4),
+             "w13_scale": meta(E, 2 * INTER, H // 32, dtype=E8M0),
+             "w2_scale": meta(E, H, INTER // 32, dtype=E8M0)}
+    given.update(changes)
+    return given
+
+
+@pytest.mark.parametrize("tokens", [T, 0])
+def test_output_shape_and_dtype(tokens):
+    out = gg_runtime.moe_experts(**args(x=meta(tokens, H),
+                                        topk_ids=meta(tokens, K, dtype=torch.int64),
+                                        topk_weights=meta(tokens, K)))
+    assert out.shape == (tokens, H) and out.dtype == torch.bfloat16 and out.device.type == "meta"
+
+
+def test_accepted_variants():
+    """Bytes for values and scales; biases; int32 ids; both layouts and
+    activations; rows padded to 16-byte multiples; no experts."""
+    out = gg_runtime.moe_experts(**args(w13=meta(E, 2 * INTER, H // 2, dtype=U8),
+                                        w2=meta(E, H, INTER // 2 + 16, dtype=U8)[..., :INTER // 2],
+                                        w13_scale=meta(E, 2 * INTER, H // 32, dtype=U8),
+                                        b13=meta(E, 2 * INTER), b2=meta(E, H),
+                                        topk_ids=meta(T, K, dtype=torch.int32)),
+                                 gate_up="interleaved", activation="gpt_oss")
+    assert out.shape == (T, H)
+    none = args(w13=meta(0, 2 * INTER, H // 2, dtype=FP4), w2=meta(0, H, INTER // 2, dtype=FP4),
+                w13_scale=meta(0, 2 * INTER, H // 32, dtype=E8M0),
+                w2_scale=meta(0, H, INTER // 32, dtype=E8M0))
+    assert gg_runtime.moe_experts(**none).shape == (T, H)
+
+
+BAD = {
+    "w13 unpacked": (lambda: {"w13": meta(E, 2 * INTER, H, dtype=FP4)}, ValueError,
+                     r"w13 must be \[E, 2I, H/2\] with H = 96"),
+    "w2 unpacked": (lambda: {"w2": meta(E, H, INTER, dtype=FP4)}, ValueError,
+                    r"w2 must have shape \(4, 96, 80\) \(from w13 \[E, 2I, H/2\]"),
+    "w13_scale per 16": (lambda: {"w13_scale": meta(E, 2 * INTER, H // 16, dtype=E8M0)},
+                         ValueError, r"w13_scale must be \[E, N, K/32\] = \(4, 320, 3\)"),
+    "w2_scale float32": (lambda: {"w2_scale": meta(E, H, INTER // 32, dtype=torch.float32)},
+                         TypeError, "w2_scale must be float8_e8m0fnu or uint8"),
+    "w2 fp8 beside fp4 w13": (lambda: {"w2": meta(E, H, INTER // 2, dtype=torch.float8_e4m3fn)},
+                              TypeError, "w2 must be float4_e2m1fn_x2 or uint8 .* got "
+                                         "torch.float8_e4m3fn"),
+    "w13 transposed": (lambda: {"w13": meta(E, H // 2, 2 * INTER, dtype=FP4).mT}, ValueError,
+                       r"w13 must be stored \[E, 2I, H/2\] with unit stride"),
+    "w2 rows 8 bytes apart": (lambda: {"w2": meta(E, H, INTER // 2 + 8, dtype=FP4)[..., :80]},
+                              ValueError, r"w2 must be stored .* got strides \(8448, 88, 1\)"),
+    "H not 32n": (lambda: {"x": meta(T, H - 16), "w13": meta(E, 2 * INTER, 40, dtype=FP4),
+                           "w2": meta(E, H - 16, INTER // 2, dtype=FP4),
+                           "w13_scale": meta(E, 2 * INTER, 2, dtype=E8M0),
+                           "w2_scale": meta(E, H - 16, INTER // 32, dtype=E8M0)}, ValueError,
+                  r"MXFP4 weights need H and I to be multiples of 32 \(whole scale groups\), "
+                  "got H=80, I=160"),
+    "x float16": (lambda: {"x": meta(T, H, dtype=torch.float16)}, TypeError,
+                  "x must be bfloat16"),
+    "b13 float32": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float32)}, TypeError,
+                    r"b13 must have x's dtype \(torch.bfloat16\)"),
+    "w13_scale missing": (lambda: {"w13_scale": None}, TypeError,
+                          "w13_scale must be a torch.Tensor with quantized weights"),
+    "x_scale": (lambda: {"x_scale": meta(T, 3, dtype=torch.float32)}, ValueError,
+                "x_scale .* needs fp8 weights"),
+    "w2 on cpu": (lambda: {"w2": torch.empty(E, H, INTER // 2, dtype=U8)}, ValueError,
+                  "w2 is on cpu but x is on meta"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_refused(case):
+    changes, error, message = BAD[case]
+    with pytest.raises(error, match=message):
+        gg_runtime.moe_experts(**args(**changes()))
+
+
+def test_gradients_refused():
+    x = torch.empty(T, H, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match="inference-only, but x requires grad"):
+        gg_runtime.moe_experts(**args(x=x))
+
+
+def test_operator_checks_its_arguments():
+    """torch.ops.gg_runtime.moe_experts_mxfp4 itself (the weights and
+    scales as bytes): the same messages."""
+    op = torch.ops.gg_runtime.moe_experts_mxfp4.default
+    given = args()
+    tensors = [given[n] for n in ("x", "topk_ids", "topk_weights")] + [
+        given[n].view(U8) for n in ("w13", "w2", "w13_scale", "w2_scale")]
+    with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
+        call(op, *tensors, None, None, "split", "swiglu")
+    with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
+        call(op, *tensors, None, None, "concatenated", "gelu")
+    assert op(*tensors).shape == (T, H)
+
+
+def test_checkpoint_layout():
+    """gpt-oss's [E, N, K/32, 16] blocks become [E, N, K/2] values, the same bytes."""
+    blocks = torch.randint(0, 256, (E, 2 * INTER, H // 32, 16), dtype=U8)
+    scales = torch.randint(100, 140, (E, 2 * INTER, H // 32), dtype=U8)
+    values, scale = gg_runtime.mxfp4_expert_weights(blocks, scales)
+    assert values.dtype == FP4 and scale.dtype == E8M0
+    assert values.shape == (E, 2 * INTER, H // 2) and scale.shape == scales.shape
+    assert torch.equal(values.view(U8), blocks.flatten(2)) and torch.equal(scale.view(U8), scales)
+    strided = torch.randint(0, 256, (E, H // 32, 2 * INTER, 16), dtype=U8).transpose(1, 2)
+    assert torch.equal(gg_runtime.mxfp4_expert_weights(strided, scales)[0].view(U8),
+                       strided.reshape(E, 2 * INTER, H // 2))
+    with pytest.raises(ValueError, match=r"blocks must be \[E, N, K/32, 16\] or \[E, N, K/2\]"):
+        gg_runtime.mxfp4_expert_weights(blocks[..., :8], scales)
+    with pytest.raises(TypeError, match="scales must be uint8 or float8_e8m0fnu"):
+        gg_runtime.mxfp4_expert_weights(blocks, scales.float())
+    with pytest.raises(TypeError, match="blocks must be a torch.Tensor"):
+        gg_runtime.mxfp4_expert_weights([1], scales)
