@@ -10,13 +10,15 @@ from ..kernels.mxfp4 import mxfp4_glu_kernel
 from .ragged_glu import ROWS
 from .ragged_m import BIAS, FAMILY as RAGGED_M
 
-# BM: token rows a tile (the MMAs' N), BN: weight rows (their M), BK: K a
+# BM: token rows a tile (the MMAs' M), BN: weight rows (their N), BK: K a
 # step (whole scale groups).  Decode's groups (at most 16 rows on average)
-# take 16-row tiles, so that the weights stream through more programs;
-# larger groups 64-row tiles (sm80's K steps of 64: 128 spill).  Untuned:
-# the first measurements pick.
-CONFIGS = {(80, "basic"): (Config(16, 128, 128, 4, 3, max_rows=16), Config(64, 128, 64, 4, 3)),
-           (90, "basic"): (Config(16, 128, 128, 4, 4, max_rows=16), Config(64, 128, 128, 4, 3))}
+# take 16 x 64 tiles, so that the weights stream through more programs;
+# larger groups 128 x 128 tiles, eight warps.  From a first H200 sweep of a
+# dense kernel of the same loop (docs/notes/2026-11-29-mxfp4-experts-w4a16.md).
+CONFIGS = {(80, "basic"): (Config(16, 64, 128, 4, 4, max_rows=16), Config(128, 128, 64, 8, 3)),
+           (90, "basic"): (Config(16, 64, 128, 4, 4, max_rows=16), Config(64, 128, 64, 4, 4,
+                                                                          max_rows=128),
+                           Config(128, 128, 64, 8, 3))}
 
 # The MXFP4 families' parameters: a the tokens [*, K] (16-bit, rows lda
 # apart), b [G, N, K / 2] packed e2m1 (bytes; rows ldb apart), c the output
