@@ -11,7 +11,8 @@ from .formats import MXFP4_GROUP
 _GROUP_BYTES = MXFP4_GROUP // 2
 
 
-def mxfp4_expert_weights(blocks: torch.Tensor, scales: torch.Tensor):
+def mxfp4_expert_weights(blocks: torch.Tensor,
+                         scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 expert weights in the layout `moe_experts` reads, from a checkpoint's.
 
     For one weight of every expert (w13 or w2). With gpt-oss's checkpoints
@@ -37,8 +38,8 @@ def mxfp4_expert_weights(blocks: torch.Tensor, scales: torch.Tensor):
             values' scale, `2 ** (byte - 127)` (255: NaN).
 
     Returns:
-        `(values, scales)`: `[E, N, K/2]` float4_e2m1fn_x2 and `[E, N, K/32]`
-        float8_e8m0fnu, contiguous, on blocks' device.
+        The pair (values, scales), `[E, N, K/2]` float4_e2m1fn_x2 and `[E, N,
+        K/32]` float8_e8m0fnu, contiguous, on blocks' device.
 
     Raises:
         TypeError: an argument that is not a tensor, or of another dtype.

@@ -58,12 +58,14 @@ WS_KERNELS = "kns=_ws_kernel"  # the warp-specialised Gluon kernels' names end s
 # The bench's sections that check gg_runtime's results against a reference before
 # timing them (the others time only, train for many steps, or run an anchor).
 BENCH_SECTIONS = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
-                  "fp8_experts", "vllm_fp8", "fp8_training", "fp8_moe_training")
+                  "fp8_experts", "mxfp4_experts", "vllm_fp8", "fp8_training",
+                  "fp8_moe_training")
 BENCH_WRONG = r"wrong result|differs from"  # how a section reports a failed check
 # initcheck's default tests: every operator once (the guards' test), the MoE
 # router and the fp8 serving shapes, the ragged product's group edges.
 INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_experts.py::test_route_operator",
                    "test_gpu_moe_fp8.py::test_served_shapes",
+                   "test_gpu_moe_mxfp4.py::test_layouts_activations_biases",
                    "test_gpu_grouped_mm.py::test_ragged_m_edge_distributions")
 # The tests forcing every warp-specialised variant: their files, and what their
 # names hold.

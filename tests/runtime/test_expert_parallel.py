@@ -20,6 +20,7 @@ from gg_runtime.moe import ExpertParallelExperts, expert_parallel
 from gg_runtime.formats import WEIGHT_FORMATS, served_weight_format
 from gg_runtime.testing.fp8 import quantize_ref
 from gg_runtime.testing.moe_fp8 import dequantize64, dequantized_experts
+from gg_runtime.testing.mxfp4 import dequantize_mxfp4, random_mxfp4
 from moe_reference import combine_ref, dispatch_plan_ref, layer_ref, received_slots_ref
 
 
@@ -429,6 +430,42 @@ def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, cou
 
     for tokens, out in on_every_rank(world, rank_work):
         assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), want[tokens], rtol=2e-2, atol=2e-2)
+
+
+def mxfp4_reference_experts(x, topk_ids, topk_weights, w13, w2, *, w13_scale, w2_scale,
+                            **options):
+    """moe_experts' contract for MXFP4 weights (16-bit tokens), in float64."""
+    assert x.dtype == torch.bfloat16 and options.get("x_scale") is None and options["fp8"] is None
+    return layer_ref(x.double(), topk_ids, topk_weights.double(),
+                     dequantize_mxfp4(w13, w13_scale), dequantize_mxfp4(w2, w2_scale)).bfloat16()
+
+
+@pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
+def test_mxfp4_weights_take_the_tokens_in_16_bits(simulated, monkeypatch, transport):
+    """MXFP4 weights (W4A16): the tokens travel as they are, each rank's
+    experts get its slice of the 4-bit weights and scales."""
+    counts = (13, 7)
+    world = simulated(len(counts))
+    monkeypatch.setattr(ep, "moe_experts", mxfp4_reference_experts)
+    case = global_case(counts, 4, 2, hidden=64, inter=32)
+    x = case["x"].bfloat16()
+    w13, s13 = random_mxfp4(4, 64, 64, device="cpu")
+    w2, s2 = random_mxfp4(4, 64, 32, device="cpu")
+    want = layer_ref(x.double(), case["topk_ids"], case["topk_weights"].double(),
+                     dequantize_mxfp4(w13, s13), dequantize_mxfp4(w2, s2))
+
+    def rank_work(rank):
+        tokens = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
+        experts = slice(2 * rank, 2 * rank + 2)
+        with torch.no_grad():
+            out = expert_parallel(x[tokens], case["topk_ids"][tokens],
+                                  case["topk_weights"][tokens], w13[experts], w2[experts],
+                                  w13_scale=s13[experts], w2_scale=s2[experts],
+                                  group=Group(world, rank), transport=transport)
+        return tokens, out
+
+    for tokens, out in on_every_rank(world, rank_work):
         torch.testing.assert_close(out.double(), want[tokens], rtol=2e-2, atol=2e-2)
 
 
