@@ -65,7 +65,7 @@ BENCH_WRONG = r"wrong result|differs from"  # how a section reports a failed che
 # router and the fp8 serving shapes, the ragged product's group edges.
 INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_experts.py::test_route_operator",
                    "test_gpu_moe_fp8.py::test_served_shapes",
-                   "test_gpu_moe_mxfp4.py::test_layouts_activations_biases",
+                   "test_gpu_moe_w4.py::test_layouts_activations_biases",
                    "test_gpu_grouped_mm.py::test_ragged_m_edge_distributions")
 # The tests forcing every warp-specialised variant: their files, and what their
 # names hold.

@@ -12,7 +12,7 @@ import torch
 
 import gg_runtime
 from gg_runtime.testing import rel_error
-from gg_runtime.testing.mxfp4 import dequantize_mxfp4, random_mxfp4
+from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
 
 from ..markdown import fmt, not_timed, table
 from ..measure import SETTLED_WITHIN, measure, ratio

@@ -25,7 +25,7 @@ using gg::ops::moe_experts;
 using gg::ops::moe_experts_for_backward;
 using gg::ops::moe_experts_fp8;
 using gg::ops::moe_experts_fp8_for_backward;
-using gg::ops::moe_experts_mxfp4;
+using gg::ops::moe_experts_w4;
 using gg::ops::quantize_fp8;
 using gg::ops::quantize_fp8_both_orientations;
 using gg::ops::quantize_fp8_columns;
@@ -78,7 +78,7 @@ void implement(Library& m) {
   m.impl("moe_experts_fp8", kernel<TORCH_BOX(&moe_experts_fp8), kShapesOnly>());
   m.impl("moe_experts_fp8_for_backward",
          kernel<TORCH_BOX(&moe_experts_fp8_for_backward), kShapesOnly>());
-  m.impl("moe_experts_mxfp4", kernel<TORCH_BOX(&moe_experts_mxfp4), kShapesOnly>());
+  m.impl("moe_experts_w4", kernel<TORCH_BOX(&moe_experts_w4), kShapesOnly>());
 }
 
 // Whether the runtime's families and dtypes are those the operators were
@@ -216,8 +216,8 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "str gate_up='concatenated', str activation='swiglu') -> (Tensor out, Tensor gu, "
       "Tensor order, Tensor offs, Tensor inverse)");
   m.def(
-      "moe_experts_mxfp4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-      "Tensor w13_scale, Tensor w2_scale, Tensor? b13=None, Tensor? b2=None, "
+      "moe_experts_w4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
+      "Tensor w13_scale, Tensor w2_scale, str weight_format, Tensor? b13=None, Tensor? b2=None, "
       "str gate_up='concatenated', str activation='swiglu') -> Tensor");
 }
 

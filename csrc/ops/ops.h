@@ -177,15 +177,17 @@ Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1
                        std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
                        std::string activation, std::optional<Tensor> x_scale);
 
-// moe_experts' forward with MXFP4 weights: w13 [E, 2I, H/2] and w2 [E, H,
-// I/2] (uint8: two e2m1 values a byte along K, the first in the low
-// nibble; unit stride along K, 16-byte aligned rows), and their e8m0 scales
-// w13_scale [E, 2I, H/32] and w2_scale [E, H, I/32] (uint8, 2^(byte - 127)
-// each, one a group of 32 values along K); x bfloat16, H and I multiples of
-// 32.  Inference only.
-Tensor moe_experts_mxfp4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                         Tensor w13_scale, Tensor w2_scale, std::optional<Tensor> b13,
-                         std::optional<Tensor> b2, std::string gate_up, std::string activation);
+// moe_experts' forward with 4-bit weights: w13 [E, 2I, H/2] and w2 [E, H,
+// I/2] (uint8: two values a byte along K, the first in the low nibble; unit
+// stride along K, 16-byte aligned rows) in weight_format "mxfp4" (e2m1
+// values; scales uint8 e8m0, 2^(byte - 127), [E, N, K/32]) or "int4"
+// (symmetric integers stored offset by 8; scales bfloat16 [E, N, K/32] or
+// [E, N, K/128]); x bfloat16, H and I multiples of the scale group.
+// Inference only.
+Tensor moe_experts_w4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
+                      Tensor w13_scale, Tensor w2_scale, std::string weight_format,
+                      std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
+                      std::string activation);
 
 // moe_experts_fp8's forward and what fp8 training's backward reads: (out,
 // gu [T*k, 2I] bfloat16 (the up projection's product plus bias), order,

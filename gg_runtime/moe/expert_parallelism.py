@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .._native import check_types
-from ..formats import MXFP4, WEIGHT_FORMATS, served_weight_format
+from ..formats import W4_FORMATS, WEIGHT_FORMATS, served_weight_format
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .exchange import Dispatch, Plan, Return, layout_for
 from .experts import moe_experts
@@ -175,7 +175,7 @@ def _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8) -> str | None:
     if w13_scale is None or fp8 is not None or not isinstance(w13, torch.Tensor):
         return None  # moe_experts refuses what does not fit, naming it
     weight_format = served_weight_format(w13, w13_scale)
-    if weight_format == MXFP4:
+    if weight_format in W4_FORMATS:
         return None  # 16-bit tokens (W4A16); moe_experts refuses gradients
     if x.shape[1] % 16:
         raise ValueError(f"fp8 weights need H to be a multiple of 16, got H={x.shape[1]}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._native import OPS, call, check_types
-from ..formats import (MXFP4, MXFP4_BYTE_DTYPES, MXFP4_VALUE_DTYPES, RECIPES,
+from ..formats import (MXFP4_BYTE_DTYPES, RECIPES, W4_FORMATS, W4_VALUE_DTYPES,
                        served_weight_format)
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .choices import check_choices
@@ -82,10 +82,12 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             scales, `[E, ceil(2I/128), ceil(H/128)]` (one per 128 x 128 block
             of each expert's `[2I, H]`: DeepSeek-V3's and vLLM's
             `block_shape=[128, 128]`) or `[E, 2I]` (one per output channel;
-            `[E, 2I, 1]` too). With MXFP4 weights (below): `[E, 2I, H/32]`
-            float8_e8m0fnu (or uint8).
+            `[E, 2I, 1]` too). With 4-bit weights (below): MXFP4's `[E, 2I,
+            H/32]` float8_e8m0fnu (or uint8), INT4's `[E, 2I, H/group]`
+            bfloat16.
         w2_scale: w2's scales, of the same kind: `[E, ceil(H/128),
-            ceil(I/128)]` or `[E, H]` (`[E, H, 1]`); MXFP4: `[E, H, I/32]`.
+            ceil(I/128)]` or `[E, H]` (`[E, H, 1]`); 4-bit: `[E, H,
+            I/group]`.
         fp8: None, or an fp8 training recipe for 16-bit weights,
             `"blockwise"` or `"rowwise"` (see below), or w13 and w2
             quantized by one before (`quantize_expert_weights`).
@@ -115,19 +117,24 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     work as with 16-bit weights. The forward is the operator
     `torch.ops.gg_runtime.moe_experts_fp8` (sm90: H100, H200).
 
-    MXFP4 weights (w13 `[E, 2I, H/2]` and w2 `[E, H, I/2]` in
-    `torch.float4_e2m1fn_x2` or uint8, with both scales;
-    `mxfp4_expert_weights` makes them from gpt-oss's checkpoint layout):
-    OCP microscaling, each byte two e2m1 values along K (the first in the
-    low nibble), each group of 32 values along K scaled by `2 ** (e - 127)`
-    (`e` its e8m0 scale byte); unit stride along K, rows 16-byte aligned; H
-    and I multiples of 32; x bfloat16. The weights are widened to bfloat16
-    in the kernels' K loops, exactly (W4A16): the products are bfloat16 MMAs
-    accumulating in float32, the activation's output and the down
-    projection's rows rounded to bfloat16. Inference only, as fp8 weights;
-    both gate_up layouts, both activations, the biases, dropped slots, T = 0
-    and CUDA-graph capture work as with 16-bit weights. The forward is the
-    operator `torch.ops.gg_runtime.moe_experts_mxfp4` (sm80 and sm90).
+    4-bit weights (w13 `[E, 2I, H/2]` and w2 `[E, H, I/2]`, each byte two
+    values along K, the first in the low nibble; unit stride along K, rows
+    16-byte aligned; x bfloat16; inference only, as fp8 weights), in one of
+    two formats, told apart by the dtypes:
+    MXFP4 (`torch.float4_e2m1fn_x2` or uint8 values, float8_e8m0fnu or
+    uint8 scales `[E, N, K/32]`; `mxfp4_expert_weights` makes them from
+    gpt-oss's checkpoint layout): OCP microscaling e2m1 values, each group
+    of 32 along K scaled by `2 ** (e - 127)`, widened to bfloat16 exactly;
+    INT4 (uint8 values, bfloat16 scales `[E, N, K/32]` or `[E, N, K/128]`;
+    `int4_expert_weights` makes them from compressed-tensors' or other
+    packings): symmetric integers `q` in -8 .. 7 stored as `q + 8`, each
+    weight `q * scale` rounded once to bfloat16. H and I multiples of the
+    scale group. The weights are widened in the kernels' K loops (W4A16):
+    bfloat16 MMAs accumulating in float32, the activation's output and the
+    down projection's rows rounded to bfloat16. Both gate_up layouts, both
+    activations, the biases, dropped slots, T = 0 and CUDA-graph capture work
+    as with 16-bit weights. The forward is the operator
+    `torch.ops.gg_runtime.moe_experts_w4` (sm80 and sm90).
 
     fp8 training (`fp8="blockwise"` or `"rowwise"`, 16-bit weights, no
     scales; sm90): every product of the forward and the backward runs in fp8
@@ -188,7 +195,7 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         return _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale,
                                      w2_scale, gate_up, activation, fp8)
     if (w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn
-            or w13.dtype in MXFP4_VALUE_DTYPES):
+            or w13.dtype in W4_VALUE_DTYPES):
         return _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
                                gate_up, activation, x_scale)
     args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
@@ -208,13 +215,13 @@ def _wants_gradient(x, topk_weights, w13, w2, b13, b2) -> bool:
 
 def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
                     activation, x_scale=None):
-    """moe_experts with quantized weights (fp8 or MXFP4): inference only,
-    one operator a format."""
+    """moe_experts with quantized weights (fp8, or 4-bit: MXFP4, INT4):
+    inference only, one operator for fp8 and one for 4 bits."""
     for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if not isinstance(scale, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor with quantized weights (w13 and w2 "
-                            "float8_e4m3fn, or MXFP4's packed bytes, with both scales; 16-bit "
-                            f"weights with neither), got {type(scale).__name__}")
+                            "float8_e4m3fn, or 4-bit values packed in bytes, with both scales; "
+                            f"16-bit weights with neither), got {type(scale).__name__}")
     check_types(optional=(("x_scale", x_scale),))
     if torch.is_grad_enabled():
         named = (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2),
@@ -226,17 +233,17 @@ def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_s
                              f"{grad[0]} requires grad (run it under torch.no_grad() or "
                              "torch.inference_mode(), or detach it)")
     weight_format = served_weight_format(w13, w13_scale)
-    if weight_format == MXFP4:  # as bytes: torch's stable ABI names no 4-bit or e8m0 dtype
-        return call(OPS.moe_experts_mxfp4.default, x, topk_ids, topk_weights, _bytes(w13),
-                    _bytes(w2), _bytes(w13_scale), _bytes(w2_scale), b13, b2, gate_up,
-                    activation)
+    if weight_format in W4_FORMATS:  # as bytes: torch's stable ABI names no 4-bit or e8m0 dtype
+        return call(OPS.moe_experts_w4.default, x, topk_ids, topk_weights, _bytes(w13),
+                    _bytes(w2), _bytes(w13_scale), _bytes(w2_scale), weight_format, b13, b2,
+                    gate_up, activation)
     return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
                 w2_scale, weight_format, b13, b2, gate_up, activation, x_scale)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """A 4-bit or e8m0 tensor viewed as uint8 (others as they are: the
-    operator names their dtype in its refusal)."""
+    """An MXFP4 value or scale tensor viewed as uint8 (others as they are:
+    the operator names their dtype in its refusal)."""
     return t.view(torch.uint8) if t.dtype in MXFP4_BYTE_DTYPES else t
 
 

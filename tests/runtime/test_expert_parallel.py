@@ -20,7 +20,7 @@ from gg_runtime.moe import ExpertParallelExperts, expert_parallel
 from gg_runtime.formats import WEIGHT_FORMATS, served_weight_format
 from gg_runtime.testing.fp8 import quantize_ref
 from gg_runtime.testing.moe_fp8 import dequantize64, dequantized_experts
-from gg_runtime.testing.mxfp4 import dequantize_mxfp4, random_mxfp4
+from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
 from moe_reference import combine_ref, dispatch_plan_ref, layer_ref, received_slots_ref
 
 

@@ -101,12 +101,12 @@ def test_build_info():
     assert build["archs"] == ["sm80", "sm90"]
     assert build["dtypes"] == ["bfloat16", "float16", "float32", "float8_e4m3fn", "tf32"]
     assert build["families"] == ["combine", "combine_parts", "dispatch_plan", "gathered_k",
-                                 "gathered_m", "grouped_gemm", "mxfp4_glu", "mxfp4_ragged_m",
-                                 "quantize_fp8",
+                                 "gathered_m", "grouped_gemm", "quantize_fp8",
                                  "quantize_fp8_columns", "ragged_glu", "ragged_k", "ragged_m",
                                  "received_slots", "route", "scaled_experts_decode",
                                  "scaled_ragged_glu", "scaled_ragged_k", "scaled_ragged_m",
-                                 "send_rows", "swiglu", "swiglu_backward_fp8"]
+                                 "send_rows", "swiglu", "swiglu_backward_fp8", "w4_glu",
+                                 "w4_ragged_m"]
     assert build["variants"] == len(_C.variants()) > 0
 
 
@@ -118,7 +118,7 @@ def test_operators_are_registered_for_cuda_meta_and_cpu():
                  "quantize_fp8_both_orientations", "quantize_fp8_columns", "grouped_gemm",
                  "swiglu", "swiglu_backward", "swiglu_backward_fp8", "grouped_mm_glu",
                  "gathered_mm", "gathered_mm_k", "combine", "route", "moe_experts",
-                 "moe_experts_fp8", "moe_experts_mxfp4"):
+                 "moe_experts_fp8", "moe_experts_w4"):
         assert hasattr(torch.ops.gg_runtime, name), name
     a = torch.empty(7, 16, dtype=torch.bfloat16, device="meta")
     b = torch.empty(3, 16, 5, dtype=torch.bfloat16, device="meta")

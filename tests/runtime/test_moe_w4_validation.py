@@ -1,7 +1,8 @@
-"""moe_experts with MXFP4 weights, and mxfp4_expert_weights, refuse bad
-input with a message naming the argument before anything launches, and
-give the output's shape and dtype on meta tensors (the operator's Meta
-kernel runs every check without launching).  Runs on CPU."""
+"""moe_experts with 4-bit weights (MXFP4, INT4), mxfp4_expert_weights and
+int4_expert_weights refuse bad input with a message naming the argument
+before anything launches, and give the output's shape and dtype on meta
+tensors (the operator's Meta kernel runs every check without launching).
+Runs on CPU."""
 import pytest
 import torch
 
@@ -72,8 +73,8 @@ BAD = {
                            "w2": meta(E, H - 16, INTER // 2, dtype=FP4),
                            "w13_scale": meta(E, 2 * INTER, 2, dtype=E8M0),
                            "w2_scale": meta(E, H - 16, INTER // 32, dtype=E8M0)}, ValueError,
-                  r"MXFP4 weights need H and I to be multiples of 32 \(whole scale groups\), "
-                  "got H=80, I=160"),
+                  r"4-bit weights need H and I to be multiples of their scale group \(32: whole "
+                  r"groups\), got H=80, I=160"),
     "x float16": (lambda: {"x": meta(T, H, dtype=torch.float16)}, TypeError,
                   "x must be bfloat16"),
     "b13 float32": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float32)}, TypeError,
@@ -101,17 +102,73 @@ def test_gradients_refused():
 
 
 def test_operator_checks_its_arguments():
-    """torch.ops.gg_runtime.moe_experts_mxfp4 itself (the weights and
+    """torch.ops.gg_runtime.moe_experts_w4 itself (the weights and
     scales as bytes): the same messages."""
-    op = torch.ops.gg_runtime.moe_experts_mxfp4.default
+    op = torch.ops.gg_runtime.moe_experts_w4.default
     given = args()
     tensors = [given[n] for n in ("x", "topk_ids", "topk_weights")] + [
         given[n].view(U8) for n in ("w13", "w2", "w13_scale", "w2_scale")]
     with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
-        call(op, *tensors, None, None, "split", "swiglu")
+        call(op, *tensors, "mxfp4", None, None, "split", "swiglu")
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
-        call(op, *tensors, None, None, "concatenated", "gelu")
-    assert op(*tensors).shape == (T, H)
+        call(op, *tensors, "mxfp4", None, None, "concatenated", "gelu")
+    with pytest.raises(ValueError, match="weight_format must be 'mxfp4' or 'int4', got 'int8'"):
+        call(op, *tensors, "int8")
+    # The format is the caller's: MXFP4's byte scales are refused as INT4's.
+    with pytest.raises(TypeError, match="w13_scale must be bfloat16 with INT4 weights"):
+        call(op, *tensors, "int4")
+    assert op(*tensors, "mxfp4").shape == (T, H)
+
+
+def int4_args(group=32, **changes):
+    """moe_experts' keyword arguments with INT4 weights (groups of `group`)."""
+    given = args(w13=meta(E, 2 * INTER, H // 2, dtype=U8), w2=meta(E, H, INTER // 2, dtype=U8),
+                 w13_scale=meta(E, 2 * INTER, H // group), w2_scale=meta(E, H, INTER // group))
+    given.update(changes)
+    return given
+
+
+def test_int4_shapes_and_refusals():
+    assert gg_runtime.moe_experts(**int4_args()).shape == (T, H)
+    wide = int4_args(128, x=meta(T, 256), w13=meta(E, 256, 128, dtype=U8),
+                     w2=meta(E, 256, 64, dtype=U8), w13_scale=meta(E, 256, 2),
+                     w2_scale=meta(E, 256, 1))
+    assert gg_runtime.moe_experts(**wide).shape == (T, 256)
+    with pytest.raises(TypeError, match="w13_scale must be bfloat16 with INT4 weights, got "
+                                        "torch.float16"):
+        gg_runtime.moe_experts(**int4_args(w13_scale=meta(E, 2 * INTER, 3, dtype=torch.float16)))
+    with pytest.raises(ValueError, match=r"w13_scale must be \[E, N, K/32\] = \(4, 320, 3\) .*"
+                                         "INT4 takes groups of 32 or 128"):
+        gg_runtime.moe_experts(**int4_args(w13_scale=meta(E, 2 * INTER, 6)))
+    with pytest.raises(ValueError, match=r"w13_scale and w2_scale must have the same group"):
+        gg_runtime.moe_experts(**dict(wide, w2_scale=meta(E, 256, 4)))
+    with pytest.raises(ValueError, match=r"multiples of their scale group \(128: whole groups\), "
+                                         "got H=256, I=160"):
+        gg_runtime.moe_experts(**int4_args(128, x=meta(T, 256), w13=meta(E, 320, 128, dtype=U8),
+                                           w2=meta(E, 256, 80, dtype=U8),
+                                           w13_scale=meta(E, 320, 2), w2_scale=meta(E, 256, 1)))
+
+
+def test_int4_checkpoint_layouts():
+    """compressed-tensors' int32 words are the same bytes; signed nibbles are
+    stored offset by 8; bad groups, dtypes and encodings are refused."""
+    packed = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, 8, 16), dtype=torch.int32)
+    scales = torch.rand(E, 8, 4).bfloat16()
+    values, scale = gg_runtime.int4_expert_weights(packed, scales)
+    assert values.dtype == U8 and values.shape == (E, 8, 64) and scale.dtype == torch.bfloat16
+    assert torch.equal(values, packed.view(U8))
+    signed, _ = gg_runtime.int4_expert_weights(packed.view(U8), scales, encoding="signed")
+    for shift in (0, 4):  # q from either nibble: two's complement -> q + 8
+        q = ((packed.view(U8) >> shift) & 15).to(torch.int16)
+        assert torch.equal(((signed >> shift) & 15).to(torch.int16), (q - 16 * (q >= 8) + 8))
+    with pytest.raises(ValueError, match=r"scales must be \[E, N, K/32\] or \[E, N, K/128\]"):
+        gg_runtime.int4_expert_weights(packed, scales[..., :3])
+    with pytest.raises(TypeError, match="scales must be bfloat16, got torch.float16"):
+        gg_runtime.int4_expert_weights(packed, scales.half())
+    with pytest.raises(ValueError, match="encoding must be one of"):
+        gg_runtime.int4_expert_weights(packed, scales, encoding="zero_point")
+    with pytest.raises(TypeError, match="packed must be uint8 or int32"):
+        gg_runtime.int4_expert_weights(packed.float(), scales)
 
 
 def test_checkpoint_layout():

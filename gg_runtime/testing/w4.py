@@ -1,0 +1,81 @@
+"""moe_experts with 4-bit expert weights (MXFP4, INT4): random weights and
+scales, the values they stand for, and a float64 reference of the forward
+with the implementation's roundings (csrc/ops/moe_experts_w4.cc): the
+weights widened as the kernels widen them (MXFP4 exactly: an e2m1 value
+times a power of two is a 16-bit value; INT4's q * scale rounded once to
+bfloat16), the up projection in float64 (+ b13), the activation in
+float64, h rounded to x's dtype (the up projection stores it so), the down
+projection in float64 (+ b2) rounded to x's dtype (its rows are stored so),
+each token's k rows weighted (float32 weights) and summed in float64."""
+from __future__ import annotations
+
+import torch
+
+from ..formats import INT4, MXFP4_GROUP, served_weight_format
+from .moe_layers import gated_activation
+
+# e2m1's 16 values by their 4 bits (sign, 2 exponent bits, 1 mantissa bit).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def random_mxfp4(experts: int, n: int, k: int, exponents=(118, 124), device="cuda",
+                 generator=None):
+    """(values [E, N, K/2] float4_e2m1fn_x2, scales [E, N, K/32]
+    float8_e8m0fnu): every byte of values drawn uniformly, the scales'
+    exponents uniformly in [exponents[0], exponents[1]] (2 ** (e - 127))."""
+    values = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device=device,
+                           generator=generator)
+    scales = torch.randint(exponents[0], exponents[1] + 1, (experts, n, k // MXFP4_GROUP),
+                           dtype=torch.uint8, device=device, generator=generator)
+    return values.view(torch.float4_e2m1fn_x2), scales.view(torch.float8_e8m0fnu)
+
+
+def dequantize_mxfp4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The weights [E, N, K] in float64 that MXFP4 values and scales stand for."""
+    packed = values.view(torch.uint8)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)
+    low, high = table[(packed & 15).long()], table[(packed >> 4).long()]
+    weights = torch.stack((low, high), dim=-1).flatten(-2)
+    exponents = scales.view(torch.uint8).double()
+    scale = torch.where(exponents == 255, float("nan"), torch.exp2(exponents - 127))
+    return weights * scale.repeat_interleave(MXFP4_GROUP, dim=-1)
+
+
+def random_int4(experts: int, n: int, k: int, group: int = 32, device="cuda", generator=None):
+    """(values [E, N, K/2] uint8, every byte uniform (q + 8 in each nibble),
+    scales [E, N, K/group] bfloat16 uniform in [2^-7, 2^-5))."""
+    values = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device=device,
+                           generator=generator)
+    scales = torch.rand(experts, n, k // group, device=device, generator=generator) * 3 + 1
+    return values, (scales * 2.0 ** -7).bfloat16()
+
+
+def dequantize_int4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The weights [E, N, K] in float64 that INT4 values (stored q + 8) and
+    bfloat16 scales stand for, exactly (q * scale)."""
+    q = torch.stack(((values & 15).double(), (values >> 4).double()), dim=-1).flatten(-2) - 8
+    return q * scales.double().repeat_interleave(q.shape[-1] // scales.shape[-1], dim=-1)
+
+
+def widened(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The weights [E, N, K] as the kernels widen them, in float64: MXFP4's
+    exact values, INT4's rounded once to bfloat16."""
+    if served_weight_format(values, scales) == INT4:
+        return dequantize_int4(values, scales).bfloat16().double()
+    return dequantize_mxfp4(values, scales)
+
+
+def moe_experts_w4_ref(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None,
+                       b2=None, gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+    """moe_experts with 4-bit weights (its arguments) in float64 with the
+    implementation's roundings (the module's docstring): `[T, H]` float64."""
+    w13_64, w2_64 = widened(w13, w13_scale), widened(w2, w2_scale)
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in range(w13_64.shape[0]):
+        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gu = x[token].double() @ w13_64[e].T + (0 if b13 is None else b13[e].double())
+        h = gated_activation(gu, gate_up == "interleaved", activation).to(x.dtype).double()
+        y = (h @ w2_64[e].T + (0 if b2 is None else b2[e].double())).to(x.dtype).double()
+        out = out.index_add(0, token, y * topk_weights[token, slot, None].float().double())
+    return out

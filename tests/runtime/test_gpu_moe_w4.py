@@ -1,0 +1,201 @@
+"""moe_experts with 4-bit expert weights (W4A16: MXFP4, INT4 in groups of
+32 and 128) on the GPU against gg_runtime.testing.w4's float64 reference
+built from the same 4-bit values and scales: H and I multiples of the scale
+group but not of 64 or 128 where the group allows, E from 1 to 1024, k from
+1 to 8, T from 0 to 4096 (every kernel's tile size), more than 1,000
+groups, dropped ids, both gate_up layouts and activations, biases, bytes or
+torch's 4-bit dtypes, a non-finite token, CUDA graphs; outputs poisoned.
+
+The reference widens the weights as the kernels do (MXFP4 exactly, INT4's
+q * scale rounded once to bfloat16), so the implementation's products differ
+from the reference's only in their float32 sums; what remains is the
+bfloat16 roundings of h, of the down projection's rows and of the output
+(TOLERANCE).  Taking the nibbles in the other order, a scale for the wrong
+group or row, or another expert's weights gives errors of order 1."""
+import pytest
+import torch
+
+import gg_runtime
+from gg_runtime.testing import last_variant, randn, rel_error
+from gg_runtime.testing.w4 import moe_experts_w4_ref, random_int4, random_mxfp4, widened
+
+from conftest import HAS_GPU
+
+pytestmark = [pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("poison")]
+
+# The bfloat16 roundings of h, the rows and the output (2^-9 each, relative).
+TOLERANCE = 6e-3
+PER_TOKEN_FACTOR = 4
+# The formats, each with its (tokens, hidden, inter, experts, k): H and I
+# multiples of the scale group, not of 64 where it is 32.
+TAILS = {"mxfp4": (64, 288, 160, 8, 4), "int4_g32": (64, 288, 160, 8, 4),
+         "int4_g128": (64, 384, 256, 8, 4)}
+FORMATS = tuple(TAILS)
+
+
+def routing(tokens, experts, k, dropped=False):
+    ids = torch.stack([torch.randperm(max(experts, k), device="cuda")[:k] % max(experts, 1)
+                       for _ in range(tokens)]) if tokens else \
+        torch.empty(0, k, dtype=torch.int64, device="cuda")
+    if dropped and tokens:
+        ids[::3, -1] = -1
+        ids[1::7, 0] = experts  # past the last expert: dropped too
+    weights = torch.rand(tokens, k, device="cuda")
+    return ids, weights
+
+
+def random_weights(experts, n, k, weight_format):
+    if weight_format == "mxfp4":
+        return random_mxfp4(experts, n, k)
+    return random_int4(experts, n, k, group=int(weight_format.split("_g")[1]))
+
+
+def make_case(tokens, hidden, inter, experts, k, bias=False, dropped=False,
+              weight_format="mxfp4"):
+    w13, w13_scale = random_weights(experts, 2 * inter, hidden, weight_format)
+    w2, w2_scale = random_weights(experts, hidden, inter, weight_format)
+    ids, weights = routing(tokens, experts, k, dropped)
+    case = {"x": randn(tokens, hidden, dtype=torch.bfloat16), "topk_ids": ids,
+            "topk_weights": weights, "w13": w13, "w2": w2, "w13_scale": w13_scale,
+            "w2_scale": w2_scale}
+    if bias:
+        case["b13"] = randn(experts, 2 * inter, dtype=torch.bfloat16)
+        case["b2"] = randn(experts, hidden, dtype=torch.bfloat16)
+    return case
+
+
+def assert_close(out, ref, tolerance=TOLERANCE):
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+    assert rel_error(out, ref) < tolerance
+    kept = ref.norm(dim=1) > 0
+    if kept.any():
+        per_token = (out.double() - ref).norm(dim=1)[kept] / ref.norm(dim=1)[kept]
+        assert per_token.max().item() < PER_TOKEN_FACTOR * tolerance
+
+
+def run(case, **options):
+    return gg_runtime.moe_experts(**case, **options)
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_layouts_activations_biases(weight_format, gate_up, activation, bias):
+    case = make_case(*TAILS[weight_format], bias=bias, dropped=True,
+                     weight_format=weight_format)
+    options = {"gate_up": gate_up, "activation": activation}
+    assert_close(run(case, **options), moe_experts_w4_ref(**case, **options))
+
+
+@pytest.mark.parametrize("shape", [
+    (1, 288, 160, 8, 4), (3, 96, 64, 32, 1), (7, 288, 160, 1, 1), (17, 160, 96, 256, 8),
+    (200, 288, 160, 8, 2), (1000, 96, 32, 1024, 2), (4096, 288, 160, 8, 4)],
+    ids=lambda s: "x".join(map(str, s)))
+def test_shapes(shape):
+    """Decode's 16-row tiles to 128-row ones; one expert; 1024 experts (more
+    than 1,000 groups, many empty); I = 32, one scale group."""
+    case = make_case(*shape, dropped=shape[0] > 1)
+    assert_close(run(case), moe_experts_w4_ref(**case))
+
+
+@pytest.mark.parametrize("weight_format", ["int4_g32", "int4_g128"])
+@pytest.mark.parametrize("shape", [(1, 256, 128, 8, 4), (17, 384, 256, 256, 8),
+                                   (300, 256, 384, 4, 2), (4096, 384, 128, 8, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_int4_shapes(weight_format, shape):
+    """INT4 on every tile size; I = 128, one group of 128."""
+    case = make_case(*shape, dropped=shape[0] > 1, weight_format=weight_format)
+    assert_close(run(case), moe_experts_w4_ref(**case))
+
+
+def test_no_tokens_and_no_kept_slots():
+    case = make_case(0, 288, 160, 8, 2)
+    assert run(case).shape == (0, 288)
+    case = make_case(5, 288, 160, 8, 2)
+    case["topk_ids"].fill_(-1)
+    assert torch.equal(run(case), torch.zeros(5, 288, dtype=torch.bfloat16, device="cuda"))
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+def test_same_as_bfloat16_weights(weight_format):
+    """The 16-bit layer on the widened weights (bfloat16, as the kernels
+    widen them) runs the same math with its own kernels."""
+    case = make_case(*TAILS[weight_format], bias=True, weight_format=weight_format)
+    dense = dict(case, w13=widened(case["w13"], case["w13_scale"]).bfloat16(),
+                 w2=widened(case["w2"], case["w2_scale"]).bfloat16())
+    del dense["w13_scale"], dense["w2_scale"]
+    assert_close(run(case), gg_runtime.moe_experts(**dense).double(), 2 * TOLERANCE)
+
+
+def test_bytes_and_checkpoint_layout():
+    """uint8 values and scales, and gpt-oss's [E, N, K/32, 16] blocks through
+    mxfp4_expert_weights, give the same bits as torch's 4-bit dtypes."""
+    case = make_case(*TAILS["mxfp4"])
+    out = run(case)
+    as_bytes = dict(case, **{n: case[n].view(torch.uint8)
+                             for n in ("w13", "w2", "w13_scale", "w2_scale")})
+    assert torch.equal(run(as_bytes), out)
+    experts, n, half = case["w13"].shape
+    w13, w13_scale = gg_runtime.mxfp4_expert_weights(
+        case["w13"].view(torch.uint8).reshape(experts, n, half // 16, 16),
+        case["w13_scale"].view(torch.uint8))
+    assert torch.equal(run(dict(case, w13=w13, w13_scale=w13_scale)), out)
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+def test_nonfinite_token_stays_its_own(weight_format):
+    case = make_case(*TAILS[weight_format], weight_format=weight_format)
+    case["x"][5, 7] = float("inf")
+    case["x"][9, 0] = float("nan")
+    out = run(case)
+    ref = moe_experts_w4_ref(**case)
+    others = torch.ones(case["x"].shape[0], dtype=torch.bool, device="cuda")
+    others[[5, 9]] = False
+    assert_close(out[others], ref[others])
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+def test_weights_in_padded_storage(weight_format):
+    """Rows 16-byte multiples apart beyond their length."""
+    case = make_case(*TAILS[weight_format], weight_format=weight_format)
+    experts, n, half = case["w13"].shape
+    padded = torch.empty(experts, n, half + 16, dtype=torch.uint8, device="cuda")
+    padded[..., :half] = case["w13"].view(torch.uint8)
+    out = run(dict(case, w13=padded[..., :half]))
+    assert torch.equal(out, run(case))
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("tokens", [3, 256], ids=["decode", "prefill"])
+def test_cuda_graph_replays_new_tokens_and_routing(weight_format, tokens):
+    _, hidden, inter, experts, _ = TAILS[weight_format]
+    case = make_case(tokens, hidden, inter, experts, 2, weight_format=weight_format)
+    run(case)  # loads the kernels outside the capture
+    assert last_variant().startswith("combine.")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(case)
+    for dropped in (False, True):
+        ids, weights = routing(tokens, experts, 2, dropped)
+        case["x"].copy_(randn(tokens, hidden, dtype=torch.bfloat16))
+        case["topk_ids"].copy_(ids)
+        case["topk_weights"].copy_(weights)
+        out.fill_(float("nan"))
+        graph.replay()
+        assert_close(out, moe_experts_w4_ref(**case))
+
+
+def test_int4_encodings_and_packings():
+    """compressed-tensors' int32 words and two's complement nibbles, through
+    int4_expert_weights, give the same bits as the bytes stored q + 8."""
+    case = make_case(*TAILS["int4_g32"], weight_format="int4_g32")
+    out = run(case)
+    words = case["w13"].view(torch.int32)
+    w13, w13_scale = gg_runtime.int4_expert_weights(words, case["w13_scale"])
+    assert torch.equal(run(dict(case, w13=w13, w13_scale=w13_scale)), out)
+    signed = case["w2"] ^ 0x88
+    w2, w2_scale = gg_runtime.int4_expert_weights(signed, case["w2_scale"], encoding="signed")
+    assert torch.equal(run(dict(case, w2=w2, w2_scale=w2_scale)), out)
