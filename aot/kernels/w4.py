@@ -65,8 +65,8 @@ def w4_tile(gather, weights, off_m, off_n, k_end, end, N, GLU: tl.constexpr,
     gather = (a_ptr, lda, rows_ptr, rows_div) as glu.glu_tile's (the tile's
     row r is a[rows[off_m + r] // rows_div], or a[off_m + r] where rows_div
     is 0; zeros from end on); weights = (b_ptr, ldb, scale_ptr, lds), group
-    g's packed values (rows ldb bytes apart) and scales (rows lds apart,
-    bytes for MXFP4, bfloat16 for INT4); k_end: K (0: the rows past the last
+    g's packed values (rows ldb bytes apart) and scales (rows lds apart;
+    MXFP4's bytes, INT4's a bfloat16 pointer); k_end: K (0: the rows past the last
     group, a product of zeros)."""
     GROUP: tl.constexpr = scale_group(FORMAT)
     # A K step is whole scale groups, or lies within one (BK divides GROUP).
@@ -82,8 +82,6 @@ def w4_tile(gather, weights, off_m, off_n, k_end, end, N, GLU: tl.constexpr,
     a_rows = tl.multiple_of(a_ptr + src.to(tl.int64) * lda, 16)
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
     b_rows = tl.multiple_of(b_ptr + cols.to(tl.int64) * ldb, 16)
-    if FORMAT != MXFP4:
-        scale_ptr = scale_ptr.to(tl.pointer_type(tl.bfloat16))
     scale_rows = scale_ptr + cols.to(tl.int64) * lds
     VECTOR: tl.constexpr = 128 // a_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes
     TOKENS: tl.constexpr = "bf16" if a_ptr.dtype.element_ty == tl.bfloat16 else "fp16"
@@ -147,6 +145,8 @@ def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, ldc, gather, weights, 
     (b_group_stride, ldb, scale_ptr, scale_group_stride, lds); GLU gated:
     c gets act(gate, up) (glu.glu_epilogue), else the product."""
     b_group_stride, ldb, scale_ptr, scale_group_stride, lds = weights
+    if FORMAT != MXFP4:  # INT4's scales are bfloat16: strides count them, not bytes
+        scale_ptr = scale_ptr.to(tl.pointer_type(tl.bfloat16))
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n_tiles = tl.cdiv(N, BN)

@@ -290,8 +290,8 @@ FUSED_BAD = {
                                            r"block_shape must be \[128, 128\] \(or None with "
                                            "per_channel_quant\\)"),
     "use_fp8_w8a8 False with scales": ({"use_fp8_w8a8": False},
-                                       "use_fp8_w8a8=True goes with w1_scale and w2_scale .* "
-                                       "got use_fp8_w8a8=False"),
+                                       "use_fp8_w8a8=True or use_int4_w4a16=True goes with "
+                                       "w1_scale and w2_scale .* got use_fp8_w8a8=False"),
     "use_fp8_w8a8 without scales": ({"w1_scale": None, "w2_scale": None},
                                     "got use_fp8_w8a8=True"),
     "blocks, per_channel_quant": ({"per_channel_quant": True},

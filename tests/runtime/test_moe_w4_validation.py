@@ -188,3 +188,33 @@ def test_checkpoint_layout():
         gg_runtime.mxfp4_expert_weights(blocks, scales.float())
     with pytest.raises(TypeError, match="blocks must be a torch.Tensor"):
         gg_runtime.mxfp4_expert_weights([1], scales)
+
+
+def fused_int4_args(group=32, **changes):
+    """fused_experts' arguments (vLLM's names) with INT4 weights."""
+    given = int4_args(group)
+    fused = {"hidden_states": given["x"], "w1": given["w13"], "w2": given["w2"],
+             "topk_weights": given["topk_weights"], "topk_ids": given["topk_ids"],
+             "w1_scale": given["w13_scale"], "w2_scale": given["w2_scale"],
+             "use_int4_w4a16": True, "block_shape": [0, group]}
+    fused.update(changes)
+    return fused
+
+
+def test_fused_experts_int4():
+    """vLLM's int4 w4a16 arguments (uint4b8, block_shape [0, group])."""
+    assert gg_runtime.fused_experts(**fused_int4_args()).shape == (T, H)
+    refusals = {
+        "block_shape [0, 64]": ({"block_shape": [0, 64]}, "needs block_shape \\[0, group\\]"),
+        "no block_shape": ({"block_shape": None}, "needs block_shape"),
+        "group against scales": ({"block_shape": [0, 128]},
+                                 r"takes w1 uint8 \[E, 2I, H/2\] and w1_scale bfloat16 "
+                                 r"\[E, 2I, H/128\]"),
+        "zero points": ({"w1_zp": meta(E, 2 * INTER, 3, dtype=U8)}, "w1_zp and w2_zp must be None"),
+        "both": ({"use_fp8_w8a8": True}, "cannot both be True"),
+        "no scales": ({"w1_scale": None, "w2_scale": None}, "got use_fp8_w8a8=False, "
+                                                            "use_int4_w4a16=True"),
+    }
+    for changes, message in refusals.values():
+        with pytest.raises(ValueError, match=message):
+            gg_runtime.fused_experts(**fused_int4_args(**changes))
