@@ -41,15 +41,6 @@ INT4_G128 = tl.constexpr(2)
 
 
 @triton.jit
-def scale_group(FORMAT: tl.constexpr):
-    """Values along K a scale of FORMAT covers."""
-    if FORMAT == INT4_G128:
-        return 128
-    else:
-        return 32
-
-
-@triton.jit
 def int4_values(b, scale, BN: tl.constexpr, BK: tl.constexpr, GROUPS: tl.constexpr):
     """b [BN, BK / 2] bytes of offset-8 nibbles, scale [BN, GROUPS] bfloat16
     (each over BK / GROUPS values) -> the weights [BN, BK] in bfloat16."""
@@ -68,7 +59,7 @@ def w4_tile(gather, weights, off_m, off_n, k_end, end, N, GLU: tl.constexpr,
     g's packed values (rows ldb bytes apart) and scales (rows lds apart;
     MXFP4's bytes, INT4's a bfloat16 pointer); k_end: K (0: the rows past the last
     group, a product of zeros)."""
-    GROUP: tl.constexpr = scale_group(FORMAT)
+    GROUP: tl.constexpr = 128 if FORMAT == INT4_G128 else 32  # values along K a scale covers
     # A K step is whole scale groups, or lies within one (BK divides GROUP).
     GROUPS: tl.constexpr = max(BK // GROUP, 1)
     tl.static_assert(BK % GROUP == 0 or GROUP % BK == 0, "K steps and scale groups nest")
