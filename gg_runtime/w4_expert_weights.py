@@ -51,8 +51,7 @@ def mxfp4_expert_weights(blocks: torch.Tensor,
     if scales.dtype not in (torch.uint8, torch.float8_e8m0fnu):
         raise TypeError(f"scales must be uint8 or float8_e8m0fnu, got {scales.dtype}")
     if blocks.dim() == 4 and blocks.shape[3] == _GROUP_BYTES:
-        blocks = blocks.reshape(*blocks.shape[:2], -1) if blocks.is_contiguous() \
-            else blocks.contiguous().flatten(2)
+        blocks = blocks.flatten(2)  # a view where contiguous, else the one copy
     if blocks.dim() != 3 or scales.dim() != 3 or scales.shape != (
             *blocks.shape[:2], blocks.shape[2] // _GROUP_BYTES) or blocks.shape[2] % _GROUP_BYTES:
         raise ValueError(f"blocks must be [E, N, K/32, 16] or [E, N, K/2] and scales [E, N, K/32] "

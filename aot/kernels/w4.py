@@ -13,10 +13,10 @@ MXFP4's widening and scaling is Triton's tl.dot_scaled; INT4's values are
 (u - 8) * scale computed in float32 and rounded once to bfloat16.
 
 The weights are the MMA's second operand (its N side, the tokens its M):
-Triton widens them into the shared memory tile wgmma reads.  Measured on
-an H200 against the first operand (the widened values kept in registers,
-as kernels/experts_decode.py keeps fp8 weights), this order was about twice
-as fast at decode and at prefill.  fast_math: a scale's NaN byte (255) is
+Triton widens them into the shared memory tile wgmma reads, rather than
+keeping them in registers as the first operand (as kernels/experts_decode.py
+keeps fp8 weights); docs/notes/2026-11-29-mxfp4-experts-w4a16.md measures
+both orders.  fast_math: a scale's NaN byte (255) is
 not special-cased; it still makes the products it scales non-finite
 (2^128 as bf16 is infinity), never a finite wrong value.
 
