@@ -71,3 +71,10 @@ def served_weight_format(w: torch.Tensor, scale: torch.Tensor) -> str:
         return INT4 if integers else MXFP4
     channels = scale.dim() >= 2 and w.dim() >= 2 and scale.shape[1] == w.shape[1]
     return "channelwise" if channels else "blockwise"
+
+
+# The weight formats of torch.ops.gg_runtime.moe_experts (its `weight_format`,
+# which csrc/ops/moe_experts.cc parses): 16-bit weights in the tokens' dtype,
+# then fp8's and the 4-bit ones.
+UNQUANTIZED = "unquantized"
+OPERATOR_WEIGHT_FORMATS = (UNQUANTIZED, *WEIGHT_FORMATS, *W4_FORMATS)

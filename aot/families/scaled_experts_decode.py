@@ -6,7 +6,7 @@ per-token scales come from quantize_fp8) and both projections of each unit, a ti
 expert's slots and a 128-column chunk of h, which reads its w13 rows and w2
 columns once and writes its part of the down projection, float32 [S, C, H];
 combine_parts sums them.  Taken where a call has at most kMaxSlots slots
-and no more slots than experts (csrc/ops/moe_experts_fp8.cc), where the
+and no more slots than experts (csrc/ops/expert_products_fp8.cc), where the
 weights' bytes are all the work: with two or more rows an expert the two
 projections' kernels measured faster (docs/notes/
 2026-11-27-fp8-decode-fewer-slots-than-experts.md,

@@ -27,7 +27,7 @@ its id is an expert (0 <= id < G); an expert's kept slots are its group, in
 slot order, cut into tiles of BM (slot_groups).  A unit's slots are found by
 their rank in their group (locate_unit).
 
-The quantities are the unfused forward's (moe_experts_fp8.cc): x quantized
+The quantities are the unfused forward's (expert_products_fp8.cc): x quantized
 as quantize_fp8 does it (kernels/quantize.py scale_of and to_e4m3, per token
 per 128 columns with 128 x 128 weight blocks, per token with per-channel
 weights); h per token per 128 columns, a chunk being one such block; each

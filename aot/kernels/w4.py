@@ -26,7 +26,7 @@ loop of their own: that program's modes are all TMA or Gluon tiles, and a
 change here recompiles none of its kernels.
 
 Pointer loads throughout (no TMA): 16-byte vectors, the host having checked
-what makes them whole (csrc/ops/moe_experts_w4.cc: 16-byte aligned rows, K
+what makes them whole (csrc/ops/expert_products_w4.cc: 16-byte aligned rows, K
 a multiple of the scale group); sm80 and sm90 compile the same code."""
 import triton
 import triton.language as tl

@@ -23,9 +23,6 @@ using gg::ops::grouped_mm;
 using gg::ops::grouped_mm_glu;
 using gg::ops::moe_experts;
 using gg::ops::moe_experts_for_backward;
-using gg::ops::moe_experts_fp8;
-using gg::ops::moe_experts_fp8_for_backward;
-using gg::ops::moe_experts_w4;
 using gg::ops::quantize_fp8;
 using gg::ops::quantize_fp8_both_orientations;
 using gg::ops::quantize_fp8_columns;
@@ -75,10 +72,6 @@ void implement(Library& m) {
   m.impl("received_slots", kernel<TORCH_BOX(&received_slots), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
   m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
-  m.impl("moe_experts_fp8", kernel<TORCH_BOX(&moe_experts_fp8), kShapesOnly>());
-  m.impl("moe_experts_fp8_for_backward",
-         kernel<TORCH_BOX(&moe_experts_fp8_for_backward), kShapesOnly>());
-  m.impl("moe_experts_w4", kernel<TORCH_BOX(&moe_experts_w4), kShapesOnly>());
 }
 
 // Whether the runtime's families and dtypes are those the operators were
@@ -199,26 +192,14 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
       "Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
-      "str activation='swiglu') -> Tensor");
+      "str activation='swiglu', str weight_format='unquantized', Tensor? w13_scale=None, "
+      "Tensor? w2_scale=None, Tensor? x_scale=None) -> Tensor");
   m.def(
       "moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, "
       "Tensor w2, Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
-      "str activation='swiglu') -> (Tensor out, Tensor gu, Tensor order, Tensor offs, "
+      "str activation='swiglu', str weight_format='unquantized', Tensor? w13_scale=None, "
+      "Tensor? w2_scale=None) -> (Tensor out, Tensor gu, Tensor order, Tensor offs, "
       "Tensor inverse, bool gathered)");
-  m.def(
-      "moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-      "Tensor w13_scale, Tensor w2_scale, str weight_format, Tensor? b13=None, Tensor? b2=None, "
-      "str gate_up='concatenated', str activation='swiglu', Tensor? x_scale=None) -> Tensor");
-  m.def(
-      "moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, "
-      "Tensor w2, Tensor w13_scale, Tensor w2_scale, str weight_format, Tensor? b13=None, "
-      "Tensor? b2=None, "
-      "str gate_up='concatenated', str activation='swiglu') -> (Tensor out, Tensor gu, "
-      "Tensor order, Tensor offs, Tensor inverse)");
-  m.def(
-      "moe_experts_w4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
-      "Tensor w13_scale, Tensor w2_scale, str weight_format, Tensor? b13=None, Tensor? b2=None, "
-      "str gate_up='concatenated', str activation='swiglu') -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gg_runtime, CUDA, m) { implement<false>(m); }

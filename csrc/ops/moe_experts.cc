@@ -1,30 +1,54 @@
 // gg_runtime::moe_experts: the forward of gg_runtime.moe_experts in one
-// operator, so that its host work is one call: every check of its arguments
-// (messages name moe_experts' arguments), the routing, the up projection
-// with its activation, the down projection and the weighted combine, whose
+// operator for every weight format, so that its host work is one call: the
+// format's checks (messages name moe_experts' arguments), the routing, the
+// format's products (expert_products.h) and the weighted combine, whose
 // kernels are launched together (LaunchGroup).  Meta tensors run the same
 // code without the launches.
 #include <family_args.h>
 
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
-#include <tuple>
-#include <utility>
 
+#include "expert_products.h"
 #include "moe_inputs.h"
 #include "op_support.h"
 #include "ops.h"
 
 namespace gg::ops {
-namespace {
 
-// w13, w2 and the biases have x's dtype, one moe_experts runs on.
-void check_dtypes(const MoeInputs& in) {
-  check_dtype(in.x, "x", family::RaggedGlu::kDTypes);  // the up projection's
-  check_routing_dtypes(in);
-  check_like_x(in,
-               {{"w13", &in.w13}, {"w2", &in.w2}, {"b13", given(in.b13)}, {"b2", given(in.b2)}});
+WeightFormat parse_weight_format(const std::string& text) {
+  if (text == "unquantized") return WeightFormat::kUnquantized;
+  if (text == "blockwise") return WeightFormat::kFp8Blockwise;
+  if (text == "channelwise") return WeightFormat::kFp8Channelwise;
+  if (text == "mxfp4") return WeightFormat::kMxfp4;
+  if (text == "int4") return WeightFormat::kInt4;
+  value_error("weight_format must be 'unquantized', 'blockwise', 'channelwise', 'mxfp4' or ",
+              "'int4', got '", text, "'");
 }
+
+bool ExpertProducts::takes_decode(int64_t /*slots*/) const { return false; }
+
+Tensor ExpertProducts::decode(const Tensor& /*ids*/, const Tensor& /*weights*/,
+                              Outputs& /*temporaries*/) const {
+  throw std::logic_error("decode() of a format without a decode path");
+}
+
+ScalarType ExpertProducts::out_dtype() const { return in_.x.scalar_type(); }
+
+ScalarType ExpertProducts::gu_dtype() const { return in_.x.scalar_type(); }
+
+void check_no_scales(const Scales& scales, bool weights, const char* why) {
+  const std::initializer_list<Named> named{{"w13_scale", weights ? given(scales.w13) : nullptr},
+                                           {"w2_scale", weights ? given(scales.w2) : nullptr},
+                                           {"x_scale", given(scales.x)}};
+  for (const auto& [name, scale] : named) {
+    if (scale != nullptr) value_error(name, " must be None ", why);
+  }
+}
+
+namespace {
 
 // What the backward reads beyond the inputs (ExpertsForBackward's tensors).
 struct Saved {
@@ -32,76 +56,90 @@ struct Saved {
   bool gathered;
 };
 
-// The forward; where `saved` is given, what the backward reads goes there
-// (else the routing is a temporary too).
-Tensor experts(const MoeInputs& in, family::GateUp gate_up, family::Activation activation,
-               Saved* saved) {
-  const Tensor& x = in.x;
-  const int64_t tokens = x.size(0), hidden = x.size(1), k = in.topk_ids.size(1);
-  const int64_t experts = in.w13.size(0), inter = in.w13.size(1) / 2, slots = tokens * k;
-  const ScalarType dtype = x.scalar_type();
-  const bool gather = inter <= family::RaggedGlu::kGatherMaxInter;
-  // Its kernels (the routing's, the projections', the combine's) go to the
-  // GPU as one graph: one driver call instead of one each.  The conversions,
-  // torch's work, come first, so that nothing splits the group.
-  LaunchGroup launches;
-  const Tensor ids = converted(in.topk_ids, ScalarType::Long);
-  const Tensor weights = as_contiguous(converted(in.topk_weights, ScalarType::Float));
-  // The products' rows, and the routing unless the backward reads it, are
-  // temporaries: one block.
-  Outputs results(x);
-  Outputs temporaries(x, Outputs::part_bytes({slots, inter}, dtype) +
-                             Outputs::part_bytes({slots, hidden}, dtype) +
-                             (saved ? 0 : route_bytes(slots, experts)));
-  auto [order, offs, inverse] = route_slots(ids, experts, saved ? results : temporaries);
-  std::optional<Tensor> gu;
-  if (saved) gu = new_output(x, {slots, 2 * inter}, dtype);
-  Tensor* saved_gu = gu ? &*gu : nullptr;
-  const Tensor h = [&] {
-    if (gather) {
-      return up_projection(x, order, k, in.w13, offs, in.b13, gate_up, activation, saved_gu,
-                           temporaries);
-    }
-    const Tensor token = aten("aten::floor_divide", "", order, long_scalar(k, order));
-    return up_projection(aten("aten::index_select", "", x, int64_t{0}, token), std::nullopt, 1,
-                         in.w13, offs, in.b13, gate_up, activation, saved_gu, temporaries);
-  }();
-  const Tensor ys =
-      ragged_m(h, matrix_of_transpose(in.w2), hidden, offs, in.b2, dtype, false, temporaries);
-  const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
-  launches.submit();
-  if (saved) *saved = {*gu, order, offs, inverse, gather};
-  return out;
+// The format's products, every argument checked (gate_up and activation
+// parsed here, once, for every format).
+std::unique_ptr<ExpertProducts> products_of(const MoeInputs& in, const Scales& scales,
+                                            WeightFormat format, const std::string& gate_up,
+                                            const std::string& activation) {
+  const Choices choices{parse_choice<family::GateUp>("gate_up", gate_up),
+                        parse_choice<family::Activation>("activation", activation)};
+  switch (format) {
+    case WeightFormat::kUnquantized:
+      return unquantized_products(in, scales, choices);
+    case WeightFormat::kFp8Blockwise:
+    case WeightFormat::kFp8Channelwise:
+      return fp8_products(in, scales, format, choices);
+    case WeightFormat::kMxfp4:
+    case WeightFormat::kInt4:
+      return w4_products(in, scales, format, choices);
+  }
+  throw std::logic_error("a weight format without products");
 }
 
-// Every check of moe_experts' arguments; its gate_up and activation.
-std::pair<family::GateUp, family::Activation> check(const MoeInputs& in, const std::string& gate_up,
-                                                    const std::string& activation) {
-  check_dtypes(in);
-  check_devices(in);
-  check_shapes(in);
-  return {parse_choice<family::GateUp>("gate_up", gate_up),
-          parse_choice<family::Activation>("activation", activation)};
+// The forward; where `saved` is given, what the backward reads goes there
+// (else the routing is a temporary too).
+Tensor forward(const MoeInputs& in, const ExpertProducts& products, Saved* saved) {
+  const Tensor& x = in.x;
+  const int64_t tokens = x.size(0), k = in.topk_ids.size(1), experts = in.w13.size(0);
+  const int64_t slots = tokens * k;
+  // The conversions, torch's work, before the launches, so that nothing
+  // splits the group.
+  const Tensor ids = converted(in.topk_ids, ScalarType::Long);
+  const Tensor weights = as_contiguous(converted(in.topk_weights, ScalarType::Float));
+  // The kernels (the routing's, the products', the combine's) go to the GPU
+  // as one graph: one driver call instead of one each.
+  LaunchGroup launches;
+  Tensor out;
+  if (!saved && products.takes_decode(slots)) {
+    Outputs temporaries(x);
+    out = products.decode(ids, weights, temporaries);
+  } else {
+    // The products' rows, and the routing unless the backward reads it, are
+    // temporaries: one block.
+    Outputs results(x);
+    Outputs temporaries(
+        x, products.temporary_bytes(slots) + (saved ? 0 : route_bytes(slots, experts)));
+    auto [order, offs, inverse] = route_slots(ids, experts, saved ? results : temporaries);
+    std::optional<Tensor> gu;
+    if (saved) gu = new_output(x, {slots, in.w13.size(1)}, products.gu_dtype());
+    const Tensor ys = products.rows({order, offs, k}, gu ? &*gu : nullptr, temporaries);
+    out = combine_slots(ys, inverse, tokens, k, weights, offs);
+    if (saved) *saved = {*gu, order, offs, inverse, products.gathers()};
+  }
+  launches.submit();
+  return converted(out, products.out_dtype());
 }
 
 }  // namespace
 
 Tensor moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
                    std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
-                   std::string activation) {
+                   std::string activation, std::string weight_format,
+                   std::optional<Tensor> w13_scale, std::optional<Tensor> w2_scale,
+                   std::optional<Tensor> x_scale) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  const auto [gate_up_value, activation_value] = check(in, gate_up, activation);
-  return experts(in, gate_up_value, activation_value, nullptr);
+  const auto products = products_of(in, {w13_scale, w2_scale, x_scale},
+                                    parse_weight_format(weight_format), gate_up, activation);
+  return forward(in, *products, nullptr);
 }
 
 ExpertsForBackward moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
                                             Tensor w13, Tensor w2, std::optional<Tensor> b13,
                                             std::optional<Tensor> b2, std::string gate_up,
-                                            std::string activation) {
+                                            std::string activation, std::string weight_format,
+                                            std::optional<Tensor> w13_scale,
+                                            std::optional<Tensor> w2_scale) {
   const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  const auto [gate_up_value, activation_value] = check(in, gate_up, activation);
+  const WeightFormat format = parse_weight_format(weight_format);
+  if (format == WeightFormat::kMxfp4 || format == WeightFormat::kInt4) {
+    value_error("4-bit weights are for inference only: moe_experts_for_backward takes ",
+                "unquantized or fp8 weights, got weight_format '", weight_format, "'");
+  }
+  const std::optional<Tensor> no_x_scale;
+  const auto products =
+      products_of(in, {w13_scale, w2_scale, no_x_scale}, format, gate_up, activation);
   Saved saved;
-  const Tensor out = experts(in, gate_up_value, activation_value, &saved);
+  const Tensor out = forward(in, *products, &saved);
   return {out, saved.gu, saved.order, saved.offs, saved.inverse, saved.gathered};
 }
 

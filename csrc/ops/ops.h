@@ -147,57 +147,38 @@ std::tuple<Tensor, Tensor, Tensor> route_slots(const Tensor& ids, int64_t expert
 int64_t route_bytes(int64_t slots, int64_t experts);
 
 // moe_experts' forward (gg_runtime/moe/experts.py says what it computes; gate_up
-// and activation as swiglu's), its routing and the products' rows
-// temporaries in one block.  The products read the tokens through the
-// routing's order where the experts are at most family::RaggedGlu::
-// kGatherMaxInter wide (I), else from a permuted copy of x.
+// and activation as swiglu's) for weights in weight_format (csrc/ops/
+// expert_products.h; gg_runtime.formats' names): "unquantized", 16-bit in
+// x's dtype, no scales; "blockwise" or "channelwise", float8_e4m3fn [E, N,
+// K] (K-major) with float32 scales per 128 x 128 block ([E, ceil(N/128),
+// ceil(K/128)]) or per output channel ([E, N], or [E, N, 1]), the tokens
+// quantized alike (per token per 128 columns, or per token) or given so (x
+// float8_e4m3fn, x_scale [T, ceil(H/128)] or [T] / [T, 1], the output then
+// bfloat16); "mxfp4" or "int4", 4-bit values two a byte along K ([E, N,
+// K/2] uint8, the first in the low nibble, 16-byte aligned rows) with
+// MXFP4's e8m0 byte scales [E, N, K/32] or INT4's bfloat16 ones [E, N,
+// K/32] or [E, N, K/128] (offset-8 integers), x bfloat16.  Its routing and
+// the products' rows are temporaries in one block.  The 16-bit products read
+// the tokens through the routing's order where the experts are at most
+// family::RaggedGlu::kGatherMaxInter wide (I), else from a permuted copy of
+// x; the others always through the order.
 Tensor moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
                    std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
-                   std::string activation);
-// The same forward and what its backward reads beyond the inputs, in this
-// order: (out, gu as grouped_mm_glu gives it, order, offs and inverse as
-// route gives them, whether the products gathered the tokens through the
-// routing's order: the backward's products do as they did).
+                   std::string activation, std::string weight_format,
+                   std::optional<Tensor> w13_scale, std::optional<Tensor> w2_scale,
+                   std::optional<Tensor> x_scale);
+// The same forward, for unquantized or fp8 weights (4-bit ones serve
+// inference only), and what its backward reads beyond the inputs, in this
+// order: (out, gu [T*k, 2I], the up projection's product plus bias (in x's
+// dtype, bfloat16 with fp8 weights), order, offs and inverse as route gives
+// them, whether the products gathered the tokens through the routing's
+// order: the backward's products do as they did).
 using ExpertsForBackward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, bool>;
 ExpertsForBackward moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
                                             Tensor w13, Tensor w2, std::optional<Tensor> b13,
                                             std::optional<Tensor> b2, std::string gate_up,
-                                            std::string activation);
-
-// moe_experts' forward with float8_e4m3fn weights w13 [E, 2I, H] and w2
-// [E, H, I] (K-major) and float32 scales in the weights' format
-// (weight_format): "blockwise", 128 x 128 blocks ([E, ceil(N/128),
-// ceil(K/128)]), or "channelwise", per output channel ([E, N], or [E, N,
-// 1]); the activations quantized alike (per token per 128 columns, or per
-// token), or given so: x float8_e4m3fn and x_scale its float32 scales ([T,
-// ceil(H/128)], or [T] / [T, 1]), the output then bfloat16.  Inference only
-// (no backward).
-Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                       Tensor w13_scale, Tensor w2_scale, std::string weight_format,
-                       std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
-                       std::string activation, std::optional<Tensor> x_scale);
-
-// moe_experts' forward with 4-bit weights: w13 [E, 2I, H/2] and w2 [E, H,
-// I/2] (uint8: two values a byte along K, the first in the low nibble; unit
-// stride along K, 16-byte aligned rows) in weight_format "mxfp4" (e2m1
-// values; scales uint8 e8m0, 2^(byte - 127), [E, N, K/32]) or "int4"
-// (symmetric integers stored offset by 8; scales bfloat16 [E, N, K/32] or
-// [E, N, K/128]); x bfloat16, H and I multiples of the scale group.
-// Inference only.
-Tensor moe_experts_w4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                      Tensor w13_scale, Tensor w2_scale, std::string weight_format,
-                      std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
-                      std::string activation);
-
-// moe_experts_fp8's forward and what fp8 training's backward reads: (out,
-// gu [T*k, 2I] bfloat16 (the up projection's product plus bias), order,
-// offs, inverse), the routing as moe_experts_for_backward's.
-using ExpertsFp8ForBackward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
-ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
-                                                   Tensor w13, Tensor w2, Tensor w13_scale,
-                                                   Tensor w2_scale, std::string weight_format,
-                                                   std::optional<Tensor> b13,
-                                                   std::optional<Tensor> b2, std::string gate_up,
-                                                   std::string activation);
+                                            std::string activation, std::string weight_format,
+                                            std::optional<Tensor> w13_scale,
+                                            std::optional<Tensor> w2_scale);
 
 }  // namespace gg::ops

@@ -25,17 +25,15 @@ class ExpertsFunction(torch.autograd.Function):
     def forward(ctx, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
                 quantized):
         # The forward and what the backward reads beyond the inputs (csrc/ops/ops.h
-        # ExpertsForBackward, ExpertsFp8ForBackward), with whether the products
-        # gathered the tokens (fp8's do).
+        # ExpertsForBackward), with whether the products gathered the tokens.
         if recipe is None:
             out, gu, order, offs, inverse, gathered = call(
                 OPS.moe_experts_for_backward.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
                 gate_up, activation)
         else:
-            out, gu, order, offs, inverse = fp8_forward(x, topk_ids, topk_weights, w13, w2, b13,
-                                                        b2, gate_up, activation, recipe, True,
-                                                        quantized)
-            gathered = True
+            out, gu, order, offs, inverse, gathered = fp8_forward(
+                x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe, True,
+                quantized)
         ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.gate_up, ctx.activation, ctx.gathered, ctx.recipe = (gate_up, activation, gathered,
                                                                  recipe)
@@ -134,17 +132,17 @@ def fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation
                  for_backward, quantized=None):
     """The fp8 forward of 16-bit or float32 weights: each weight quantized by the
     recipe (fp8_training's granularities, the forward's orientation), or
-    taken from `quantized` (Fp8ExpertWeights), then the fp8 experts'
-    operator (moe_experts_fp8, or with for_backward
-    moe_experts_fp8_for_backward: (out, gu, order, offs, inverse))."""
+    taken from `quantized` (Fp8ExpertWeights), then the experts' operator
+    in the recipe's weight format (moe_experts, or with for_backward
+    moe_experts_for_backward: (out, gu, order, offs, inverse, gathered))."""
     if quantized is None:
         (q13, scale13), (q2, scale2) = (fp8_training.quantize_weight(w, recipe)
                                         for w in (w13, w2))
     else:
         (q13, scale13), (q2, scale2) = quantized.forward
-    op = OPS.moe_experts_fp8_for_backward if for_backward else OPS.moe_experts_fp8
-    return call(op.default, x, topk_ids, topk_weights, q13, q2, scale13, scale2,
-                RECIPE_WEIGHT_FORMATS[recipe], b13, b2, gate_up, activation)
+    op = OPS.moe_experts_for_backward if for_backward else OPS.moe_experts
+    return call(op.default, x, topk_ids, topk_weights, q13, q2, b13, b2, gate_up, activation,
+                RECIPE_WEIGHT_FORMATS[recipe], scale13, scale2)
 
 
 def _token_rows(t, order, k, gathered):

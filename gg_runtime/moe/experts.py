@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._native import OPS, call, check_types
-from ..formats import (MXFP4_BYTE_DTYPES, RECIPES, W4_FORMATS, W4_VALUE_DTYPES,
-                       served_weight_format)
+from ..formats import MXFP4_BYTE_DTYPES, RECIPES, W4_VALUE_DTYPES, served_weight_format
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .choices import check_choices
 from .differentiable import ExpertsFunction, fp8_forward
@@ -115,7 +114,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     enabled, an input that requires grad is refused. Both gate_up layouts,
     both activations, the biases, dropped slots, T = 0 and CUDA-graph capture
     work as with 16-bit weights. The forward is the operator
-    `torch.ops.gg_runtime.moe_experts_fp8` (sm90: H100, H200).
+    `torch.ops.gg_runtime.moe_experts` (`weight_format="blockwise"` or
+    `"channelwise"`; sm90: H100, H200).
 
     4-bit weights (w13 `[E, 2I, H/2]` and w2 `[E, H, I/2]`, each byte two
     values along K, the first in the low nibble; unit stride along K, rows
@@ -134,7 +134,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     down projection's rows rounded to bfloat16. Both gate_up layouts, both
     activations, the biases, dropped slots, T = 0 and CUDA-graph capture work
     as with 16-bit weights. The forward is the operator
-    `torch.ops.gg_runtime.moe_experts_w4` (sm80 and sm90).
+    `torch.ops.gg_runtime.moe_experts` (`weight_format="mxfp4"` or `"int4"`;
+    sm80 and sm90).
 
     fp8 training (`fp8="blockwise"` or `"rowwise"`, 16-bit weights, no
     scales; sm90): every product of the forward and the backward runs in fp8
@@ -216,7 +217,7 @@ def _wants_gradient(x, topk_weights, w13, w2, b13, b2) -> bool:
 def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
                     activation, x_scale=None):
     """moe_experts with quantized weights (fp8, or 4-bit: MXFP4, INT4):
-    inference only, one operator for fp8 and one for 4 bits."""
+    inference only; the operator's weight_format says which."""
     for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if not isinstance(scale, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor with quantized weights (w13 and w2 "
@@ -232,13 +233,10 @@ def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_s
             raise ValueError(f"moe_experts with quantized weights is inference-only, but "
                              f"{grad[0]} requires grad (run it under torch.no_grad() or "
                              "torch.inference_mode(), or detach it)")
-    weight_format = served_weight_format(w13, w13_scale)
-    if weight_format in W4_FORMATS:  # as bytes: torch's stable ABI names no 4-bit or e8m0 dtype
-        return call(OPS.moe_experts_w4.default, x, topk_ids, topk_weights, _bytes(w13),
-                    _bytes(w2), _bytes(w13_scale), _bytes(w2_scale), weight_format, b13, b2,
-                    gate_up, activation)
-    return call(OPS.moe_experts_fp8.default, x, topk_ids, topk_weights, w13, w2, w13_scale,
-                w2_scale, weight_format, b13, b2, gate_up, activation, x_scale)
+    # 4-bit values and e8m0 scales as bytes: torch's stable ABI names neither dtype.
+    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, _bytes(w13), _bytes(w2), b13,
+                b2, gate_up, activation, served_weight_format(w13, w13_scale), _bytes(w13_scale),
+                _bytes(w2_scale), x_scale)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

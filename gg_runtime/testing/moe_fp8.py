@@ -1,7 +1,7 @@
 """moe_experts with fp8 expert weights: the weights and scales made from 16-bit
 ones, data that fp8 holds exactly, a float64 reference of the forward that
 quantizes the activations as the implementation does
-(csrc/ops/moe_experts_fp8.cc), and the exact layer of the weights the fp8
+(csrc/ops/expert_products_fp8.cc), and the exact layer of the weights the fp8
 ones stand for (what quantizing the activations costs).
 
 The reference mirrors each of the implementation's steps:

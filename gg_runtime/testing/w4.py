@@ -1,6 +1,6 @@
 """moe_experts with 4-bit expert weights (MXFP4, INT4): random weights and
 scales, the values they stand for, and a float64 reference of the forward
-with the implementation's roundings (csrc/ops/moe_experts_w4.cc): the
+with the implementation's roundings (csrc/ops/expert_products_w4.cc): the
 weights widened as the kernels widen them (MXFP4 exactly: an e2m1 value
 times a power of two is a 16-bit value; INT4's q * scale rounded once to
 bfloat16), the up projection in float64 (+ b13), the activation in

@@ -118,7 +118,7 @@ def test_operators_are_registered_for_cuda_meta_and_cpu():
                  "quantize_fp8_both_orientations", "quantize_fp8_columns", "grouped_gemm",
                  "swiglu", "swiglu_backward", "swiglu_backward_fp8", "grouped_mm_glu",
                  "gathered_mm", "gathered_mm_k", "combine", "route", "moe_experts",
-                 "moe_experts_fp8", "moe_experts_w4"):
+                 "moe_experts_for_backward"):
         assert hasattr(torch.ops.gg_runtime, name), name
     a = torch.empty(7, 16, dtype=torch.bfloat16, device="meta")
     b = torch.empty(3, 16, 5, dtype=torch.bfloat16, device="meta")

@@ -233,25 +233,36 @@ def test_gate_up_and_activation_names():
 
 
 def test_operator_checks_its_arguments():
-    """torch.ops.gg_runtime.moe_experts_fp8 itself, for callers that skip
-    moe_experts: the same messages."""
-    op = torch.ops.gg_runtime.moe_experts_fp8.default
+    """torch.ops.gg_runtime.moe_experts itself with fp8 weights, for callers
+    that skip moe_experts: the same messages."""
+    op = torch.ops.gg_runtime.moe_experts.default
     given = args()
-    tensors = [given[n] for n in ("x", "topk_ids", "topk_weights", "w13", "w2", "w13_scale",
-                                  "w2_scale")]
+    tensors = [given[n] for n in ("x", "topk_ids", "topk_weights", "w13", "w2")]
+    scales = [given[n] for n in ("w13_scale", "w2_scale")]
+
+    def run(weight_format, gate_up="concatenated", activation="swiglu", w13_scale=scales[0]):
+        return call(op, *tensors, None, None, gate_up, activation, weight_format, w13_scale,
+                    scales[1])
+
     with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
-        call(op, *tensors, "blockwise", None, None, "split", "swiglu")
+        run("blockwise", gate_up="split")
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
-        call(op, *tensors, "blockwise", None, None, "concatenated", "gelu")
+        run("blockwise", activation="gelu")
     with pytest.raises(TypeError, match="w13_scale must be float32"):
-        call(op, *tensors[:5], meta(E, 4, 3), tensors[6], "blockwise")
-    with pytest.raises(ValueError, match="weight_format must be 'blockwise' or 'channelwise'"):
-        call(op, *tensors, "1x128")
+        run("blockwise", w13_scale=meta(E, 4, 3))
+    with pytest.raises(TypeError, match="w13_scale must be a tensor with fp8 weights"):
+        run("blockwise", w13_scale=None)
+    with pytest.raises(ValueError, match="weight_format must be 'unquantized', 'blockwise', "
+                                         "'channelwise', 'mxfp4' or 'int4', got '1x128'"):
+        run("1x128")
     # The format is the caller's: scales of the other one are refused, not taken for it.
     with pytest.raises(ValueError, match=r"w13_scale must be \[E, N\] = \(4, 416\) for its "
                                          "weight .* per output channel"):
-        call(op, *tensors, "channelwise")
-    assert op(*tensors, "blockwise").shape == (T, H)
+        run("channelwise")
+    # fp8 weights named unquantized are refused by dtype, their scales by being given.
+    with pytest.raises(TypeError, match="w13 must have x's dtype"):
+        run("unquantized")
+    assert run("blockwise").shape == (T, H)
 
 
 def fused_args(kind=BLOCKS, **changes):
@@ -390,9 +401,10 @@ def test_training_forward_keeps_gu():
     given = training_args()
     q13, s13 = gg_runtime.quantize_fp8(given["w13"], "128x128")
     q2, s2 = gg_runtime.quantize_fp8(given["w2"], "128x128")
-    out, gu, order, offs, inverse = torch.ops.gg_runtime.moe_experts_fp8_for_backward(
-        given["x"], given["topk_ids"], given["topk_weights"], q13, q2, s13, s2, "blockwise")
-    assert out.shape == (T, H) and gu.shape == (T * K, 2 * INTER)
+    out, gu, order, offs, inverse, gathered = torch.ops.gg_runtime.moe_experts_for_backward(
+        given["x"], given["topk_ids"], given["topk_weights"], q13, q2,
+        weight_format="blockwise", w13_scale=s13, w2_scale=s2)
+    assert out.shape == (T, H) and gu.shape == (T * K, 2 * INTER) and gathered
     assert gu.dtype == torch.bfloat16 and order.shape == inverse.shape == (T * K,)
     assert offs.shape == (E,)
 

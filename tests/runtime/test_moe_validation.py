@@ -70,6 +70,28 @@ def test_gate_up_and_activation_names(fake):
     assert out.shape == (T, H)
 
 
+def test_operator_weight_formats(fake):
+    """The operator's weight_format names are formats.OPERATOR_WEIGHT_FORMATS,
+    parsed in C++ (each known one reaches its own checks; 16-bit weights
+    refuse scales), and the refusal of another lists them."""
+    from gg_runtime.formats import OPERATOR_WEIGHT_FORMATS
+    op = torch.ops.gg_runtime.moe_experts.default
+    given = args()
+    tensors = [given[n] for n in ("x", "topk_ids", "topk_weights", "w13", "w2")]
+    listed = ", ".join(f"'{name}'" for name in OPERATOR_WEIGHT_FORMATS[:-1])
+    with pytest.raises(ValueError, match=f"weight_format must be {listed} or "
+                                         f"'{OPERATOR_WEIGHT_FORMATS[-1]}', got 'fp4'"):
+        call(op, *tensors, None, None, "concatenated", "swiglu", "fp4")
+    for name in OPERATOR_WEIGHT_FORMATS[1:]:  # 16-bit weights: refused as each format's
+        with pytest.raises((TypeError, ValueError), match="w13|w2|scale") as refused:
+            call(op, *tensors, None, None, "concatenated", "swiglu", name)
+        assert "weight_format must be" not in str(refused.value)
+    scale = cuda(E, 2 * INTER, dtype=torch.float32)
+    with pytest.raises(ValueError, match="w13_scale must be None with unquantized weights"):
+        call(op, *tensors, None, None, "concatenated", "swiglu", "unquantized", scale)
+    assert call(op, *tensors, None, None, "concatenated", "swiglu", "unquantized").shape == (T, H)
+
+
 def test_tensors_on_other_devices_are_refused():
     """Meta tensors (no fake mode: the fake mode refuses mixed devices itself)."""
     given = {"x": torch.empty(T, H, dtype=torch.bfloat16, device="meta"),

@@ -102,22 +102,36 @@ def test_gradients_refused():
 
 
 def test_operator_checks_its_arguments():
-    """torch.ops.gg_runtime.moe_experts_w4 itself (the weights and
-    scales as bytes): the same messages."""
-    op = torch.ops.gg_runtime.moe_experts_w4.default
+    """torch.ops.gg_runtime.moe_experts itself with 4-bit weights (the
+    weights and scales as bytes): the same messages."""
+    op = torch.ops.gg_runtime.moe_experts.default
     given = args()
     tensors = [given[n] for n in ("x", "topk_ids", "topk_weights")] + [
-        given[n].view(U8) for n in ("w13", "w2", "w13_scale", "w2_scale")]
+        given[n].view(U8) for n in ("w13", "w2")]
+    scales = [given[n].view(U8) for n in ("w13_scale", "w2_scale")]
+
+    def run(weight_format, gate_up="concatenated", activation="swiglu", x_scale=None):
+        return call(op, *tensors, None, None, gate_up, activation, weight_format, *scales,
+                    x_scale)
+
     with pytest.raises(ValueError, match="gate_up must be 'concatenated' or 'interleaved'"):
-        call(op, *tensors, "mxfp4", None, None, "split", "swiglu")
+        run("mxfp4", gate_up="split")
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
-        call(op, *tensors, "mxfp4", None, None, "concatenated", "gelu")
-    with pytest.raises(ValueError, match="weight_format must be 'mxfp4' or 'int4', got 'int8'"):
-        call(op, *tensors, "int8")
+        run("mxfp4", activation="gelu")
+    with pytest.raises(ValueError, match="weight_format must be 'unquantized', 'blockwise', "
+                                         "'channelwise', 'mxfp4' or 'int4', got 'int8'"):
+        run("int8")
     # The format is the caller's: MXFP4's byte scales are refused as INT4's.
     with pytest.raises(TypeError, match="w13_scale must be bfloat16 with INT4 weights"):
-        call(op, *tensors, "int4")
-    assert op(*tensors, "mxfp4").shape == (T, H)
+        run("int4")
+    with pytest.raises(ValueError, match="x_scale must be None with 4-bit weights"):
+        run("mxfp4", x_scale=meta(T, dtype=torch.float32))
+    with pytest.raises(TypeError, match="w2_scale must be a tensor with 4-bit weights"):
+        call(op, *tensors, None, None, "concatenated", "swiglu", "mxfp4", scales[0], None)
+    with pytest.raises(ValueError, match="4-bit weights are for inference only"):
+        call(torch.ops.gg_runtime.moe_experts_for_backward.default, *tensors, None, None,
+             "concatenated", "swiglu", "mxfp4", *scales)
+    assert run("mxfp4").shape == (T, H)
 
 
 def int4_args(group=32, **changes):

@@ -1,18 +1,16 @@
-// gg_runtime::moe_experts_w4: moe_experts' forward with 4-bit expert weights
-// (two values a byte along K) in one of two formats, MXFP4 (e2m1 values, an
-// e8m0 scale a group of 32) or symmetric INT4 (offset-8 integers, a
-// bfloat16 scale a group of 32 or 128), for inference, in one operator:
-// every check (messages name moe_experts' arguments), then the routing, the
-// up projection on the tokens' rows gathered through the routing with the
-// activation in its epilogue (w4_glu), the down projection (w4_ragged_m)
-// and the weighted combine.  The weights are widened to the tokens' 16 bits
-// in the kernels' K loops (W4A16).  Meta tensors run the same code without
-// the launches.
+// moe_experts' products with 4-bit expert weights (two values a byte along
+// K) in one of two formats, MXFP4 (e2m1 values, an e8m0 scale a group of
+// 32) or symmetric INT4 (offset-8 integers, a bfloat16 scale a group of 32
+// or 128): the up projection on the tokens' rows gathered through the
+// routing with the activation in its epilogue (w4_glu), then the down
+// projection (w4_ragged_m).  The weights are widened to the tokens' 16 bits
+// in the kernels' K loops (W4A16).  Inference only.
 #include <family_args.h>
 
+#include <memory>
 #include <optional>
-#include <string>
 
+#include "expert_products.h"
 #include "fp8.h"
 #include "moe_inputs.h"
 #include "op_support.h"
@@ -21,19 +19,10 @@
 namespace gg::ops {
 namespace {
 
-// The weights' format by name (gg_runtime.formats' MXFP4 and INT4).
-enum class Format { kMxfp4, kInt4 };
-
-Format parse_weight_format(const std::string& text) {
-  if (text == "mxfp4") return Format::kMxfp4;
-  if (text == "int4") return Format::kInt4;
-  value_error("weight_format must be 'mxfp4' or 'int4', got '", text, "'");
-}
-
 // Values along K a scale covers: MXFP4's 32; INT4's 32 or 128, from the
 // scale's last dimension (whole groups: K / group scales).
-int64_t scale_group(Format format, const Tensor& scale, const Tensor& weight) {
-  if (format == Format::kMxfp4 || scale.dim() != 3 || scale.size(2) == 0) return 32;
+int64_t scale_group(WeightFormat format, const Tensor& scale, const Tensor& weight) {
+  if (format == WeightFormat::kMxfp4 || scale.dim() != 3 || scale.size(2) == 0) return 32;
   const int64_t k = 2 * weight.size(2);
   return k == 128 * scale.size(2) ? 128 : 32;
 }
@@ -57,12 +46,12 @@ void check_weight(const Tensor& w, const char* name, const char* shape_text) {
 
 // scale [E, N, K / group] for weight [E, N, K / 2] (bytes): MXFP4's e8m0
 // bytes a group of 32, INT4's bfloat16 a group of 32 or 128.
-void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Format format) {
-  if (format == Format::kMxfp4 && scale.scalar_type() != ScalarType::Byte) {
+void check_scale(const Tensor& scale, const char* name, const Tensor& weight, WeightFormat format) {
+  if (format == WeightFormat::kMxfp4 && scale.scalar_type() != ScalarType::Byte) {
     type_error(name, " must be float8_e8m0fnu or uint8 (e8m0 exponents) with MXFP4 weights, got ",
                dtype_name(scale.scalar_type()));
   }
-  if (format == Format::kInt4 && scale.scalar_type() != ScalarType::BFloat16) {
+  if (format == WeightFormat::kInt4 && scale.scalar_type() != ScalarType::BFloat16) {
     type_error(name, " must be bfloat16 with INT4 weights, got ", dtype_name(scale.scalar_type()));
   }
   const int64_t k = 2 * weight.size(2), group = scale_group(format, scale, weight);
@@ -70,13 +59,14 @@ void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Fo
   if (sizes_of(scale) != shape) {
     value_error(
         name, " must be [E, N, K/", group, "] = ", tuple_text(shape), " (a scale for each ", group,
-        " values along K", format == Format::kInt4 ? "; INT4 takes groups of 32 or 128" : "",
+        " values along K", format == WeightFormat::kInt4 ? "; INT4 takes groups of 32 or 128" : "",
         ") for its weight ", shape_of(weight), " ([E, N, K/2] bytes), got ", shape_of(scale));
   }
 }
 
 // Every check; the scales' group.
-int64_t check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale, Format format) {
+int64_t check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale,
+              WeightFormat format) {
   check_dtype(in.x, "x", family::W4Glu::kDTypes);
   check_routing_dtypes(in);
   check_like_x(in, {{"b13", given(in.b13)}, {"b2", given(in.b2)}});
@@ -100,8 +90,8 @@ int64_t check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sca
 }
 
 // The kernels' format for the weights' format and scale group.
-family::W4Format kernel_format(Format format, int64_t group) {
-  if (format == Format::kMxfp4) return family::W4Format::kMxfp4;
+family::W4Format kernel_format(WeightFormat format, int64_t group) {
+  if (format == WeightFormat::kMxfp4) return family::W4Format::kMxfp4;
   return group == 128 ? family::W4Format::kInt4G128 : family::W4Format::kInt4G32;
 }
 
@@ -175,38 +165,61 @@ Tensor down_projection(const Tensor& h, const Tensor& offs, const Weights& w2,
   return ys;
 }
 
+class W4Products final : public ExpertProducts {
+ public:
+  W4Products(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_scale,
+             family::W4Format format, Choices choices)
+      : ExpertProducts(in),
+        format_(format),
+        choices_(choices),
+        x_(packed_aligned(in.x)),
+        w13_scale_(as_contiguous(w13_scale)),
+        w2_scale_(as_contiguous(w2_scale)),
+        b13_(contiguous_bias(in.b13)),
+        b2_(contiguous_bias(in.b2)) {}
+
+  Tensor rows(const RoutedSlots& routed, Tensor* /*gu: inference only*/,
+              Outputs& temporaries) const override {
+    const Tensor h =
+        up_projection(x_, routed.order, routed.k, routed.offs, {in_.w13, w13_scale_, format_}, b13_,
+                      choices_.gate_up, choices_.activation, temporaries);
+    return down_projection(h, routed.offs, {in_.w2, w2_scale_, format_}, b2_, temporaries);
+  }
+
+  int64_t temporary_bytes(int64_t slots) const override {
+    const ScalarType dtype = in_.x.scalar_type();
+    return Outputs::part_bytes({slots, in_.w13.size(1) / 2}, dtype) +
+           Outputs::part_bytes({slots, in_.x.size(1)}, dtype);
+  }
+
+  bool gathers() const override { return true; }
+
+ private:
+  static std::optional<Tensor> contiguous_bias(const std::optional<Tensor>& bias) {
+    return bias ? std::optional(as_contiguous(*bias)) : bias;
+  }
+
+  family::W4Format format_;
+  Choices choices_;
+  Tensor x_, w13_scale_, w2_scale_;
+  std::optional<Tensor> b13_, b2_;
+};
+
 }  // namespace
 
-Tensor moe_experts_w4(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                      Tensor w13_scale, Tensor w2_scale, std::string weight_format,
-                      std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
-                      std::string activation) {
-  const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  const Format format = parse_weight_format(weight_format);
-  const family::W4Format kernels = kernel_format(format, check(in, w13_scale, w2_scale, format));
-  // Parsed here so that a bad value is refused before anything launches.
-  const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
-  const auto activation_value = parse_choice<family::Activation>("activation", activation);
-  const int64_t tokens = x.size(0), hidden = x.size(1), k = topk_ids.size(1);
-  const int64_t experts = w13.size(0), inter = w13.size(1) / 2, slots = tokens * k;
-  // The conversions, torch's work, before the launches (as in moe_experts).
-  const Tensor ids = converted(topk_ids, ScalarType::Long);
-  const Tensor weights = as_contiguous(converted(topk_weights, ScalarType::Float));
-  const Tensor rows = packed_aligned(x);
-  const Tensor w13_scales = as_contiguous(w13_scale), w2_scales = as_contiguous(w2_scale);
-  const std::optional<Tensor> b13_rows = b13 ? std::optional(as_contiguous(*b13)) : b13;
-  const std::optional<Tensor> b2_rows = b2 ? std::optional(as_contiguous(*b2)) : b2;
-  LaunchGroup launches;
-  Outputs temporaries(x, Outputs::part_bytes({slots, inter}, x.scalar_type()) +
-                             Outputs::part_bytes({slots, hidden}, x.scalar_type()) +
-                             route_bytes(slots, experts));
-  const auto [order, offs, inverse] = route_slots(ids, experts, temporaries);
-  const Tensor h = up_projection(rows, order, k, offs, {w13, w13_scales, kernels}, b13_rows,
-                                 gate_up_value, activation_value, temporaries);
-  const Tensor ys = down_projection(h, offs, {w2, w2_scales, kernels}, b2_rows, temporaries);
-  const Tensor out = combine_slots(ys, inverse, tokens, k, weights, offs);
-  launches.submit();
-  return out;
+std::unique_ptr<ExpertProducts> w4_products(const MoeInputs& in, const Scales& scales,
+                                            WeightFormat format, Choices choices) {
+  for (const auto& [name, scale] :
+       {Named{"w13_scale", given(scales.w13)}, Named{"w2_scale", given(scales.w2)}}) {
+    if (scale == nullptr) {
+      type_error(name, " must be a tensor with 4-bit weights (weight_format 'mxfp4' or 'int4'), ",
+                 "got None");
+    }
+  }
+  check_no_scales(scales, false, "with 4-bit weights (the tokens are 16-bit)");
+  const int64_t group = check(in, *scales.w13, *scales.w2, format);
+  return std::make_unique<W4Products>(in, *scales.w13, *scales.w2, kernel_format(format, group),
+                                      choices);
 }
 
 }  // namespace gg::ops

@@ -1,25 +1,22 @@
-// gg_runtime::moe_experts_fp8: moe_experts' forward with float8_e4m3fn
-// expert weights and float32 scales, for inference, in one operator: every
-// check (messages name moe_experts' arguments), then the routing, the
-// tokens quantized, the up projection on their rows gathered through the
-// routing with SwiGLU and h's quantization in its epilogue
-// (scaled_ragged_glu), the down projection (scaled_ragged_m) and the
-// weighted combine.  The tokens are quantized as the weights are: per token
-// per 128 columns for 128 x 128 weight blocks, per token for per-channel
-// weights (or given so quantized, x_scale beside them, as expert
-// parallelism's fp8 dispatch delivers them); h per token per 128 columns
-// either way.  A call of few slots
-// (serving's decode) runs the routing, the tokens' quantization per 128
-// columns and both projections in one kernel instead (scaled_experts_decode,
-// then combine_parts).  For fp8 training's
-// backward (moe_experts_fp8_for_backward) the up projection writes gu, in
-// bfloat16, too.  Meta tensors run the same code without the launches.
+// moe_experts' products with float8_e4m3fn expert weights and float32
+// scales (per 128 x 128 block, or per output channel): the tokens quantized
+// as the weights are (per token per 128 columns for blocks, per token for
+// channels; or given so quantized, x_scale beside them, as expert
+// parallelism's fp8 dispatch delivers them), the up projection on their rows
+// gathered through the routing with the activation and h's quantization
+// (per token per 128 columns) in its epilogue (scaled_ragged_glu), then the
+// down projection (scaled_ragged_m); gu, for fp8 training's backward, in
+// bfloat16.  A call of few slots (serving's decode) runs the routing, the
+// tokens' quantization per 128 columns and both projections in one kernel
+// instead (scaled_experts_decode, then combine_parts).
 #include <family_args.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "expert_products.h"
 #include "fp8.h"
 #include "moe_inputs.h"
 #include "op_support.h"
@@ -28,11 +25,13 @@
 namespace gg::ops {
 namespace {
 
-// How the weights are scaled, and so how the activations are quantized.
-enum class Scales { kBlockwise, kChannelwise };
+// How the weights are scaled, and so how the activations are quantized:
+// the kernels' Scaling (blockwise: 128 x 128 weight blocks, rowwise: a scale
+// per output channel).
+using family::Scaling;
 
-const char* activation_granularity(Scales scales) {
-  return scales == Scales::kBlockwise ? "1x128" : "rowwise";
+const char* activation_granularity(Scaling scaling) {
+  return scaling == Scaling::kBlockwise ? "1x128" : "rowwise";
 }
 
 void check_weight(const Tensor& w, const char* name, const char* shape_text) {
@@ -49,26 +48,18 @@ void check_weight(const Tensor& w, const char* name, const char* shape_text) {
   }
 }
 
-// The weights' format by name (gg_runtime.formats.WEIGHT_FORMATS' keys).
-Scales parse_weight_format(const std::string& text) {
-  if (text == "blockwise") return Scales::kBlockwise;
-  if (text == "channelwise") return Scales::kChannelwise;
-  value_error("weight_format must be 'blockwise' or 'channelwise', got '", text, "'");
-}
-
 // The scale's shape for `weight` [E, N, K] in the weights' format: 128 x 128
 // blocks, or per channel (a trailing 1, compressed-tensors' [E, N, 1], too).
-void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Scales scales) {
+void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Scaling scales) {
   const int64_t experts = weight.size(0), n = weight.size(1), k = weight.size(2);
   const Shape shape = sizes_of(scale);
-  if (scales == Scales::kBlockwise && shape != Shape{experts, blocks(n), blocks(k)}) {
+  if (scales == Scaling::kBlockwise && shape != Shape{experts, blocks(n), blocks(k)}) {
     value_error(name, " must be [E, ceil(N/128), ceil(K/128)] = ",
                 tuple_text({experts, blocks(n), blocks(k)}), " for its weight ", shape_of(weight),
                 " in 128 x 128 blocks (w13_scale and w2_scale must both be 128 x 128 blocks or ",
                 "both per channel), got ", shape_of(scale));
   }
-  if (scales == Scales::kChannelwise && shape != Shape{experts, n} &&
-      shape != Shape{experts, n, 1}) {
+  if (scales == Scaling::kRowwise && shape != Shape{experts, n} && shape != Shape{experts, n, 1}) {
     value_error(name, " must be [E, N] = ", tuple_text({experts, n}), " for its weight ",
                 shape_of(weight), " per output channel (or [E, N, 1]; w13_scale and w2_scale ",
                 "must both be 128 x 128 blocks or both per channel), got ", shape_of(scale));
@@ -80,13 +71,15 @@ void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Sc
 constexpr ScalarType kRows = ScalarType::BFloat16;
 
 // The output's dtype: x's, or bfloat16 where x comes quantized.
-ScalarType out_dtype(const Tensor& x) { return x.scalar_type() == kFp8 ? kRows : x.scalar_type(); }
+ScalarType fp8_out_dtype(const Tensor& x) {
+  return x.scalar_type() == kFp8 ? kRows : x.scalar_type();
+}
 
 // Biases in the output's dtype or float32 (fp8 training's float32 master
 // weights'): the kernels add them in bfloat16, each converted once
 // (as_rows_dtype).
 void check_bias_dtypes(const MoeInputs& in) {
-  const ScalarType out = out_dtype(in.x);
+  const ScalarType out = fp8_out_dtype(in.x);
   for (const auto& [name, bias] : {Named{"b13", given(in.b13)}, {"b2", given(in.b2)}}) {
     if (bias != nullptr && bias->scalar_type() != out && bias->scalar_type() != ScalarType::Float) {
       type_error(name, " must have the output's dtype (", dtype_name(out), ") or be float32, got ",
@@ -114,10 +107,10 @@ void check_token_dtypes(const Tensor& x, const std::optional<Tensor>& x_scale) {
 
 // x_scale's shape for the tokens x [T, H], quantized as the weights' scales
 // ask: per token per 128 columns, or per token.
-void check_token_scales(const Tensor& x, const Tensor& x_scale, Scales scales) {
+void check_token_scales(const Tensor& x, const Tensor& x_scale, Scaling scales) {
   const int64_t tokens = x.size(0), hidden = x.size(1);
   const Shape shape = sizes_of(x_scale);
-  if (scales == Scales::kBlockwise) {
+  if (scales == Scaling::kBlockwise) {
     if (shape != Shape{tokens, blocks(hidden)}) {
       value_error("x_scale must be [T, ceil(H/128)] = ", tuple_text({tokens, blocks(hidden)}),
                   " (a scale per token per 128 columns, as 128 x 128 weight blocks ask), got ",
@@ -131,7 +124,7 @@ void check_token_scales(const Tensor& x, const Tensor& x_scale, Scales scales) {
 
 // Every check of the arguments, the weights scaled as `scales` says.
 void check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
-           const Tensor& w2_scale, Scales scales) {
+           const Tensor& w2_scale, Scaling scales) {
   check_token_dtypes(in.x, x_scale);
   check_routing_dtypes(in);
   check_bias_dtypes(in);
@@ -156,8 +149,8 @@ void check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tens
 }
 
 // A scale as the kernels read it: contiguous, a per-channel one as [E, N].
-Tensor kernel_form(const Tensor& scale, Scales scales) {
-  if (scales == Scales::kBlockwise || scale.dim() == 2) return as_contiguous(scale);
+Tensor kernel_form(const Tensor& scale, Scaling scales) {
+  if (scales == Scaling::kBlockwise || scale.dim() == 2) return as_contiguous(scale);
   return as_contiguous(torch::stable::reshape(scale, {scale.size(0), scale.size(1)}));
 }
 
@@ -182,7 +175,7 @@ struct UpProjection {
 // row times w13 (+ b13), activated, quantized per 128 columns, in one
 // scaled_ragged_glu launch; the product plus bias written to gu [S, 2I]
 // (bfloat16) too where gu is given.
-std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
+std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scaling scales,
                                          family::GateUp gate_up, family::Activation activation,
                                          Tensor* gu, Outputs& outputs) {
   const auto& [xq, x_scale] = p.tokens;
@@ -215,7 +208,7 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scales scales,
                                      .gu_ptr = gu ? address(*gu) : 0,
                                      .rows_ptr = address(p.order),
                                      .rows_div = p.k};
-  const family::ScaledRaggedGlu::Axes axes{.scaling = scales == Scales::kBlockwise
+  const family::ScaledRaggedGlu::Axes axes{.scaling = scales == Scaling::kBlockwise
                                                           ? family::Scaling::kBlockwise
                                                           : family::Scaling::kRowwise,
                                            .gate_up = gate_up,
@@ -234,7 +227,7 @@ struct DownProjection {
 // The tokens quantized as the weights' scales ask, x_scale beside them: as
 // given (x fp8, contiguous scales), else quantize_fp8's.
 using Quantized = std::tuple<Tensor, Tensor>;
-Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scales scales) {
+Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scaling scales) {
   if (x_scale && shapes_only(x)) return {x, *x_scale};
   if (x_scale) return {packed_aligned(x), as_contiguous(*x_scale)};
   return quantize_fp8(x, activation_granularity(scales));
@@ -245,7 +238,7 @@ Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale
 // (aot/families/scaled_experts_decode.py); a test forcing a kernel of either
 // path takes that path.  Its blockwise kernel quantizes 16-bit tokens
 // itself: tokens given quantized per 128 columns take the other path.
-bool takes_decode(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
+bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
   if (blockwise_tokens_given) return false;
   if (forces_family(family::ScaledExpertsDecode::kIndex) ||
       forces_family(family::CombineParts::kIndex)) {
@@ -266,14 +259,14 @@ bool takes_decode(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
 // sums them).
 Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
                     const DownProjection& weights, const Tensor& w13_scale,
-                    const std::optional<Tensor>& b13, Scales scales, family::GateUp gate_up,
+                    const std::optional<Tensor>& b13, Scaling scales, family::GateUp gate_up,
                     family::Activation activation, Outputs& outputs) {
   const int64_t slots = ids.numel(), hidden = in.x.size(1), inter = in.w2.size(2);
   Tensor parts = outputs.make({slots, blocks(inter), hidden}, ScalarType::Float);
   if (in.w13.size(0) == 0 || shapes_only(parts)) return parts;  // as up_projection's
   std::optional<Tensor> x;
   std::optional<Quantized> quantized;
-  if (scales == Scales::kBlockwise) {
+  if (scales == Scaling::kBlockwise) {
     x = packed_aligned(in.x);
   } else {
     quantized = quantized_tokens(in.x, x_scale, scales);
@@ -302,90 +295,90 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
       .ld13 = in.w13.stride(1),
       .w2_group_stride = weights.w2.stride(0),
       .ld2 = weights.w2.stride(1)};
-  const family::ScaledExpertsDecode::Axes axes{.scaling = scales == Scales::kBlockwise
+  const family::ScaledExpertsDecode::Axes axes{.scaling = scales == Scaling::kBlockwise
                                                               ? family::Scaling::kBlockwise
                                                               : family::Scaling::kRowwise,
                                                .gate_up = gate_up};
   // The family's dtype is the 16-bit tokens': the output's where they come quantized.
   const Target target =
-      target_of(in.x, runtime_dtype(out_dtype(in.x)), runtime_dtype(ScalarType::Float));
+      target_of(in.x, runtime_dtype(fp8_out_dtype(in.x)), runtime_dtype(ScalarType::Float));
   sm90_only([&] { launch(args, axes, target); });
   return parts;
 }
 
-// What the backward reads beyond the inputs (ExpertsFp8ForBackward's tensors).
-struct Saved {
-  Tensor gu, order, offs, inverse;
-};
+// What the decode path and the routed products read: the arguments as the
+// kernels read them.
+class Fp8Products final : public ExpertProducts {
+ public:
+  Fp8Products(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
+              const Tensor& w2_scale, Scaling scales, Choices choices)
+      : ExpertProducts(in),
+        x_scale_(x_scale),
+        scales_(scales),
+        choices_(choices),
+        b13_(as_rows_dtype(in.b13)),
+        b2_(as_rows_dtype(in.b2)),
+        w13_scale_(kernel_form(w13_scale, scales)),
+        w2_scale_(kernel_form(w2_scale, scales)) {}
 
-// The forward; where `saved` is given, what the backward reads goes there
-// (else the routing is a temporary too).
-Tensor forward(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& w13_scale,
-               const Tensor& w2_scale, const std::string& weight_format, const std::string& gate_up,
-               const std::string& activation, Saved* saved) {
-  // Parsed here so that a bad value is refused before anything launches.
-  const Scales scales = parse_weight_format(weight_format);
-  check(in, x_scale, w13_scale, w2_scale, scales);
-  const auto gate_up_value = parse_choice<family::GateUp>("gate_up", gate_up);
-  const auto activation_value = parse_choice<family::Activation>("activation", activation);
-  const Tensor& x = in.x;
-  const int64_t tokens = x.size(0), k = in.topk_ids.size(1), experts = in.w13.size(0);
-  // The conversions, torch's work, before the launches (as in moe_experts).
-  const Tensor ids = converted(in.topk_ids, ScalarType::Long);
-  const Tensor weights = as_contiguous(converted(in.topk_weights, ScalarType::Float));
-  const std::optional<Tensor> b13_rows = as_rows_dtype(in.b13), b2_rows = as_rows_dtype(in.b2);
-  const Tensor w13_scales = kernel_form(w13_scale, scales),
-               w2_scales = kernel_form(w2_scale, scales);
-  LaunchGroup launches;
-  Outputs results(x);
-  Outputs temporaries(x);
-  const DownProjection down{in.w2, w2_scales, b2_rows};
-  Tensor out;
-  if (!saved && takes_decode(ids.numel(), experts, x_scale && scales == Scales::kBlockwise)) {
-    const Tensor slot_ids = packed_aligned(ids);
-    const Tensor parts = decode_parts(in, x_scale, slot_ids, down, w13_scales, b13_rows, scales,
-                                      gate_up_value, activation_value, temporaries);
-    out = combine_parts(parts, slot_ids, tokens, k, weights, experts);
-  } else {
-    const auto [order, offs, inverse] = route_slots(ids, experts, saved ? results : temporaries);
-    std::optional<Tensor> gu;
-    if (saved) gu = new_output(x, {order.size(0), in.w13.size(1)}, kRows);
+  Tensor rows(const RoutedSlots& routed, Tensor* gu, Outputs& temporaries) const override {
     // Each token quantized once; the up projection reads each slot's row.
-    const Quantized quantized = quantized_tokens(x, x_scale, scales);
-    const UpProjection up{quantized, order, k, offs, in.w13, w13_scales, b13_rows};
-    const auto [h, h_scale] = up_projection(up, scales, gate_up_value, activation_value,
-                                            gu ? &*gu : nullptr, temporaries);
-    const Tensor ys =
-        scaled_grouped_mm(h, torch::stable::transpose(in.w2, 1, 2), h_scale, w2_scales, offs,
-                          b2_rows, std::nullopt, kRows, /*use_fast_accum=*/true);
-    out = combine_slots(ys, inverse, tokens, k, weights, offs);
-    if (saved) *saved = {*gu, order, offs, inverse};
+    const Quantized quantized = quantized_tokens(in_.x, x_scale_, scales_);
+    const UpProjection up{quantized, routed.order, routed.k, routed.offs,
+                          in_.w13,   w13_scale_,   b13_};
+    const auto [h, h_scale] =
+        up_projection(up, scales_, choices_.gate_up, choices_.activation, gu, temporaries);
+    return scaled_grouped_mm(h, torch::stable::transpose(in_.w2, 1, 2), h_scale, w2_scale_,
+                             routed.offs, b2_, std::nullopt, kRows, /*use_fast_accum=*/true);
   }
-  launches.submit();
-  return converted(out, out_dtype(x));
-}
+
+  int64_t temporary_bytes(int64_t slots) const override {
+    const int64_t inter = in_.w2.size(2);
+    return Outputs::part_bytes({slots, inter}, kFp8) +
+           Outputs::part_bytes({slots, blocks(inter)}, ScalarType::Float);
+  }
+
+  bool gathers() const override { return true; }
+
+  bool takes_decode(int64_t slots) const override {
+    return decode_fits(slots, in_.w13.size(0), x_scale_ && scales_ == Scaling::kBlockwise);
+  }
+
+  Tensor decode(const Tensor& ids, const Tensor& weights, Outputs& temporaries) const override {
+    const Tensor slot_ids = packed_aligned(ids);
+    const Tensor parts =
+        decode_parts(in_, x_scale_, slot_ids, {in_.w2, w2_scale_, b2_}, w13_scale_, b13_, scales_,
+                     choices_.gate_up, choices_.activation, temporaries);
+    return combine_parts(parts, slot_ids, in_.x.size(0), in_.topk_ids.size(1), weights,
+                         in_.w13.size(0));
+  }
+
+  ScalarType out_dtype() const override { return fp8_out_dtype(in_.x); }
+  ScalarType gu_dtype() const override { return kRows; }
+
+ private:
+  const std::optional<Tensor>& x_scale_;
+  Scaling scales_;
+  Choices choices_;
+  std::optional<Tensor> b13_, b2_;  // bfloat16
+  Tensor w13_scale_, w2_scale_;
+};
 
 }  // namespace
 
-Tensor moe_experts_fp8(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2,
-                       Tensor w13_scale, Tensor w2_scale, std::string weight_format,
-                       std::optional<Tensor> b13, std::optional<Tensor> b2, std::string gate_up,
-                       std::string activation, std::optional<Tensor> x_scale) {
-  const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  return forward(in, x_scale, w13_scale, w2_scale, weight_format, gate_up, activation, nullptr);
-}
-
-ExpertsFp8ForBackward moe_experts_fp8_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,
-                                                   Tensor w13, Tensor w2, Tensor w13_scale,
-                                                   Tensor w2_scale, std::string weight_format,
-                                                   std::optional<Tensor> b13,
-                                                   std::optional<Tensor> b2, std::string gate_up,
-                                                   std::string activation) {
-  const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
-  Saved saved;
-  const Tensor out =
-      forward(in, std::nullopt, w13_scale, w2_scale, weight_format, gate_up, activation, &saved);
-  return {out, saved.gu, saved.order, saved.offs, saved.inverse};
+std::unique_ptr<ExpertProducts> fp8_products(const MoeInputs& in, const Scales& scales,
+                                             WeightFormat format, Choices choices) {
+  const Scaling scaling =
+      format == WeightFormat::kFp8Blockwise ? Scaling::kBlockwise : Scaling::kRowwise;
+  for (const auto& [name, scale] :
+       {Named{"w13_scale", given(scales.w13)}, Named{"w2_scale", given(scales.w2)}}) {
+    if (scale == nullptr) {
+      type_error(name, " must be a tensor with fp8 weights (weight_format 'blockwise' or ",
+                 "'channelwise'), got None");
+    }
+  }
+  check(in, scales.x, *scales.w13, *scales.w2, scaling);
+  return std::make_unique<Fp8Products>(in, scales.x, *scales.w13, *scales.w2, scaling, choices);
 }
 
 }  // namespace gg::ops
