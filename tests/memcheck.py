@@ -25,14 +25,19 @@ dropped (its error buffer overflowed: they could not be sorted):
 - racecheck's hazards between two accesses at a Gluon kernel's `def` line:
   code Triton generates for gl.warp_specialize, which hands the partitions
   their arguments and state through shared memory, each write before named
-  barrier 1 and each read after it.  Why racecheck reports them is not
-  known: a kernel with nothing but that hand-over is not reported (docs/notes).
+  barrier 1 and each read after it.  A kernel with nothing but that
+  hand-over draws none; one with a loader partition and a TMA ring between
+  the partitions (lab/racecheck_probe.py's `ring`, its result exact) draws
+  them at the same bytes (docs/notes).
 
-Each tool's tests are dealt into --jobs shards, each a pytest process under
-the tool; --jobs processes run at a time, dealt over the machine's GPUs (one
-each: CUDA_VISIBLE_DEVICES; a sanitizer's process holds GPU memory of its
-own: too many a GPU run out of it).  The reports go to --logs as they are
-written.
+Each tool's tests are dealt into shards of at most MAX_SHARD_TESTS tests
+(and at least --jobs shards), each a pytest process under the tool; --jobs
+processes run at a time, dealt over the machine's GPUs (one each:
+CUDA_VISIBLE_DEVICES).  A sanitizer's process holds GPU memory of its own,
+and under memcheck with exact allocations that memory grows with every
+kernel call the process makes (docs/notes): too many processes a GPU, or too
+many tests a process, run the GPU out of it.  The reports go to --logs as
+they are written.
 Exit status 1 if any tool found an error or any test failed.
 
     python tests/memcheck.py --runtime-tests tests/runtime --logs build/memcheck
@@ -154,9 +159,15 @@ def collect(runtime_tests: Path, files: list) -> list:
     return [line for line in result.stdout.splitlines() if "::" in line]
 
 
-def shards(tests: list, count: int) -> list:
-    """tests dealt round-robin into at most `count` non-empty shards (neighbouring
-    tests, often alike in cost, spread over the shards)."""
+# Tests a sanitizer process runs at most (the memory it holds grows with them).
+MAX_SHARD_TESTS = 100
+
+
+def shards(tests: list, jobs: int) -> list:
+    """tests dealt round-robin into at least `jobs` shards of at most
+    MAX_SHARD_TESTS tests, none empty (neighbouring tests, often alike in
+    cost, spread over the shards)."""
+    count = max(jobs, -(-len(tests) // MAX_SHARD_TESTS))
     return [tuple(tests[i::count]) for i in range(min(count, len(tests)))]
 
 

@@ -46,3 +46,11 @@ def test_only_reports_apart_leave_none_of_ours():
     assert memcheck.Outcome(run, 4, "1 passed", True, apart=4).ours() == 0
     assert memcheck.Outcome(run, 5, "1 passed", True, apart=4).ours() == 1
     assert memcheck.Outcome(run, None, "", False).ours() is None
+
+
+def test_shards_hold_every_test_once_and_at_most_their_share():
+    tests = [f"t{i}" for i in range(2 * memcheck.MAX_SHARD_TESTS + 50)]
+    dealt = memcheck.shards(tests, 2)
+    assert len(dealt) == 3 and max(map(len, dealt)) <= memcheck.MAX_SHARD_TESTS
+    assert sorted(t for shard in dealt for t in shard) == sorted(tests)
+    assert len(memcheck.shards(tests[:10], 4)) == 4 and len(memcheck.shards(tests[:3], 4)) == 3
