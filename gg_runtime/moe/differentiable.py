@@ -10,6 +10,7 @@ from .. import fp8_training
 from .._native import OPS, call, call_untracked_if_possible
 from ..formats import RECIPE_WEIGHT_FORMATS
 from ..autograd import Gathered, bias_gradient, input_gradient, stored_transposed
+from .inputs import MoeInputs
 
 
 def _mm(a, b, offs, bias=None):
@@ -26,14 +27,12 @@ class ExpertsFunction(torch.autograd.Function):
                 quantized):
         # The forward and what the backward reads beyond the inputs (csrc/ops/ops.h
         # ExpertsForBackward), with whether the products gathered the tokens.
+        inputs = MoeInputs(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
         if recipe is None:
-            out, gu, order, offs, inverse, gathered = call(
-                OPS.moe_experts_for_backward.default, x, topk_ids, topk_weights, w13, w2, b13, b2,
-                gate_up, activation)
+            out, gu, order, offs, inverse, gathered = call(OPS.moe_experts_for_backward.default,
+                                                           *inputs)
         else:
-            out, gu, order, offs, inverse, gathered = fp8_forward(
-                x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe, True,
-                quantized)
+            out, gu, order, offs, inverse, gathered = fp8_forward(inputs, recipe, True, quantized)
         ctx.save_for_backward(x, topk_weights, w13, w2, b2, order, offs, inverse, gu)
         ctx.gate_up, ctx.activation, ctx.gathered, ctx.recipe = (gate_up, activation, gathered,
                                                                  recipe)
@@ -128,8 +127,7 @@ def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation, need_b13):
             db13_parts)
 
 
-def fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
-                 for_backward, quantized=None):
+def fp8_forward(inputs: MoeInputs, recipe, for_backward, quantized=None):
     """The fp8 forward of 16-bit or float32 weights: each weight quantized by the
     recipe (fp8_training's granularities, the forward's orientation), or
     taken from `quantized` (Fp8ExpertWeights), then the experts' operator
@@ -137,12 +135,12 @@ def fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation
     moe_experts_for_backward: (out, gu, order, offs, inverse, gathered))."""
     if quantized is None:
         (q13, scale13), (q2, scale2) = (fp8_training.quantize_weight(w, recipe)
-                                        for w in (w13, w2))
+                                        for w in (inputs.w13, inputs.w2))
     else:
         (q13, scale13), (q2, scale2) = quantized.forward
     op = OPS.moe_experts_for_backward if for_backward else OPS.moe_experts
-    return call(op.default, x, topk_ids, topk_weights, q13, q2, b13, b2, gate_up, activation,
-                RECIPE_WEIGHT_FORMATS[recipe], scale13, scale2)
+    return call(op.default, *inputs._replace(w13=q13, w2=q2), RECIPE_WEIGHT_FORMATS[recipe],
+                scale13, scale2)
 
 
 def _token_rows(t, order, k, gathered):

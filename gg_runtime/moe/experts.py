@@ -9,14 +9,17 @@ from ..formats import MXFP4_BYTE_DTYPES, RECIPES, W4_VALUE_DTYPES, served_weight
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .choices import check_choices
 from .differentiable import ExpertsFunction, fp8_forward
+from .inputs import MoeInputs
+
+# The arguments a gradient can be asked of, by MoeInputs' names.
+_DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 
 
-def _experts_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation):
+def _experts_forward(inputs: MoeInputs):
     """The forward in one operator (torch.ops.gg_runtime.moe_experts,
     csrc/ops/moe_experts.cc: every check of the arguments, the routing, both
     projections, the combine)."""
-    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
-                activation)
+    return call(OPS.moe_experts.default, *inputs)
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -192,30 +195,18 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if x_scale is not None and (fp8 is not None or w13.dtype != torch.float8_e4m3fn):
         raise ValueError("x_scale (tokens given quantized) needs fp8 weights with w13_scale and "
                          "w2_scale, and no fp8 recipe")
+    inputs = MoeInputs(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
     if fp8 is not None:
-        return _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale,
-                                     w2_scale, gate_up, activation, fp8)
+        return _fp8_training_experts(inputs, w13_scale, w2_scale, fp8)
     if (w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn
             or w13.dtype in W4_VALUE_DTYPES):
-        return _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
-                               gate_up, activation, x_scale)
-    args = (x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
-    if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
-        return ExpertsFunction.apply(*args, None, None)
-    return _experts_forward(*args)  # nothing to differentiate, nothing kept
+        return _served_experts(inputs, w13_scale, w2_scale, x_scale)
+    if inputs.wants_gradient():
+        return ExpertsFunction.apply(*inputs, None, None)
+    return _experts_forward(inputs)  # nothing to differentiate, nothing kept
 
 
-def _wants_gradient(x, topk_weights, w13, w2, b13, b2) -> bool:
-    """Whether autograd records the call (else nothing is kept).  Spelled
-    out, not a loop: the forward's host time counts."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or topk_weights.requires_grad or w13.requires_grad
-        or w2.requires_grad or (b13 is not None and b13.requires_grad)
-        or (b2 is not None and b2.requires_grad))
-
-
-def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale, gate_up,
-                    activation, x_scale=None):
+def _served_experts(inputs: MoeInputs, w13_scale, w2_scale, x_scale):
     """moe_experts with quantized weights (fp8, or 4-bit: MXFP4, INT4):
     inference only; the operator's weight_format says which."""
     for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
@@ -225,18 +216,17 @@ def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_s
                             f"16-bit weights with neither), got {type(scale).__name__}")
     check_types(optional=(("x_scale", x_scale),))
     if torch.is_grad_enabled():
-        named = (("x", x), ("topk_weights", topk_weights), ("w13", w13), ("w2", w2),
-                 ("b13", b13), ("b2", b2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
-                 ("x_scale", x_scale))
+        named = (*((name, getattr(inputs, name)) for name in _DIFFERENTIABLE),
+                 ("w13_scale", w13_scale), ("w2_scale", w2_scale), ("x_scale", x_scale))
         grad = [name for name, value in named if value is not None and value.requires_grad]
         if grad:
             raise ValueError(f"moe_experts with quantized weights is inference-only, but "
                              f"{grad[0]} requires grad (run it under torch.no_grad() or "
                              "torch.inference_mode(), or detach it)")
     # 4-bit values and e8m0 scales as bytes: torch's stable ABI names neither dtype.
-    return call(OPS.moe_experts.default, x, topk_ids, topk_weights, _bytes(w13), _bytes(w2), b13,
-                b2, gate_up, activation, served_weight_format(w13, w13_scale), _bytes(w13_scale),
-                _bytes(w2_scale), x_scale)
+    weights = inputs._replace(w13=_bytes(inputs.w13), w2=_bytes(inputs.w2))
+    return call(OPS.moe_experts.default, *weights, served_weight_format(inputs.w13, w13_scale),
+                _bytes(w13_scale), _bytes(w2_scale), x_scale)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -245,11 +235,11 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in MXFP4_BYTE_DTYPES else t
 
 
-def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale, w2_scale,
-                          gate_up, activation, fp8):
+def _fp8_training_experts(inputs: MoeInputs, w13_scale, w2_scale, fp8):
     """moe_experts(fp8=...): the weights' checks that their quantization
     would hide (the operator checks the rest, naming the same arguments),
     then ExpertsFunction where a gradient is wanted, else the forward alone."""
+    x, w13, w2, b13, b2 = inputs.x, inputs.w13, inputs.w2, inputs.b13, inputs.b2
     quantized = fp8 if isinstance(fp8, Fp8ExpertWeights) else None
     recipe = fp8.recipe if quantized is not None else fp8
     if recipe not in RECIPES:
@@ -273,11 +263,9 @@ def _fp8_training_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, w13_scale
                              f"{tuple(w.shape)} on {w.device}")
     if quantized is not None:
         quantized.check(w13, w2)
-    if _wants_gradient(x, topk_weights, w13, w2, b13, b2):
-        return ExpertsFunction.apply(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up,
-                                     activation, recipe, quantized)
-    return fp8_forward(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, recipe,
-                       False, quantized)
+    if inputs.wants_gradient():
+        return ExpertsFunction.apply(*inputs, recipe, quantized)
+    return fp8_forward(inputs, recipe, False, quantized)
 
 
 def _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2):
