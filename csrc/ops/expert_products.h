@@ -45,8 +45,9 @@ class ExpertProducts {
   // projection's product plus bias written to gu [S, 2I] where given (the
   // backward's, of gu_dtype()).
   virtual Tensor rows(const RoutedSlots& routed, Tensor* gu, Outputs& temporaries) const = 0;
-  // Bytes of rows()' temporaries, allocated with the routing's in one block.
-  virtual int64_t temporary_bytes(int64_t slots) const = 0;
+  // Bytes of rows()' temporaries, allocated with the routing's in one block:
+  // by default h [S, I] and the rows [S, H] in x's dtype.
+  virtual int64_t temporary_bytes(int64_t slots) const;
   // Whether rows() reads the tokens through the routing's order (the
   // backward's products then do too) rather than from a permuted copy.
   virtual bool gathers() const = 0;

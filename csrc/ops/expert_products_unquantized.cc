@@ -39,12 +39,6 @@ class UnquantizedProducts final : public ExpertProducts {
                     false, temporaries);
   }
 
-  int64_t temporary_bytes(int64_t slots) const override {
-    const ScalarType dtype = in_.x.scalar_type();
-    return Outputs::part_bytes({slots, in_.w13.size(1) / 2}, dtype) +
-           Outputs::part_bytes({slots, in_.x.size(1)}, dtype);
-  }
-
   bool gathers() const override { return gathers_; }
 
  private:

@@ -186,12 +186,6 @@ class W4Products final : public ExpertProducts {
     return down_projection(h, routed.offs, {in_.w2, w2_scale_, format_}, b2_, temporaries);
   }
 
-  int64_t temporary_bytes(int64_t slots) const override {
-    const ScalarType dtype = in_.x.scalar_type();
-    return Outputs::part_bytes({slots, in_.w13.size(1) / 2}, dtype) +
-           Outputs::part_bytes({slots, in_.x.size(1)}, dtype);
-  }
-
   bool gathers() const override { return true; }
 
  private:

@@ -28,6 +28,12 @@ WeightFormat parse_weight_format(const std::string& text) {
               "'int4', got '", text, "'");
 }
 
+int64_t ExpertProducts::temporary_bytes(int64_t slots) const {
+  const ScalarType dtype = in_.x.scalar_type();
+  return Outputs::part_bytes({slots, in_.w13.size(1) / 2}, dtype) +
+         Outputs::part_bytes({slots, in_.x.size(1)}, dtype);
+}
+
 bool ExpertProducts::takes_decode(int64_t /*slots*/) const { return false; }
 
 Tensor ExpertProducts::decode(const Tensor& /*ids*/, const Tensor& /*weights*/,
