@@ -29,3 +29,13 @@ def not_timed(rows) -> list:
     failed = [f"- {row['name']}, {name}: {run['error']}" for row in rows
               for name, run in row["runs"].items() if "error" in run]
     return ["", "Not timed:", *failed] if failed else []
+
+
+def ms_cells(runs: dict, implementations) -> list:
+    """Each implementation's time in runs ({implementation: run}) in ms,
+    marked * where it ran without a CUDA graph; '-' where it did not run."""
+    cells = []
+    for implementation in implementations:
+        run = runs.get(implementation, {})
+        cells.append(fmt(run.get("ms"), "{:.3f}") + ("*" if run.get("graph") is False else ""))
+    return cells

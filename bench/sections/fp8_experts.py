@@ -17,7 +17,7 @@ import gg_runtime
 from gg_runtime.testing import (dequantize_ref, gated_activation, quantize_ref, rel_error,
                                 sorted_by_expert)
 
-from ..markdown import fmt, not_timed, table
+from ..markdown import fmt, ms_cells, not_timed, table
 from ..measure import SETTLED_WITHIN, measure, ratio
 
 TITLE = "MoE experts with fp8 weights (serving)"
@@ -216,11 +216,8 @@ def report(data) -> list:
 
 
 def row_cells(row: dict) -> list:
-    runs = [row["runs"].get(impl, {}) for impl in IMPLEMENTATIONS]
-    ms = [fmt(run.get("ms"), "{:.3f}") + ("*" if run.get("graph") is False else "")
-          for run in runs]
     bound = [row["of_bound"].get(impl) for impl in IMPLEMENTATIONS]
     first = [row["first_call_ms"].get(impl) for impl in IMPLEMENTATIONS]
-    return [row["T"], row["touched_experts"], *ms,
+    return [row["T"], row["touched_experts"], *ms_cells(row["runs"], IMPLEMENTATIONS),
             fmt(row["vs_bf16"]), fmt(row["vs_torch_fp8"]), *(fmt(b, "{:.0%}") for b in bound),
             *(fmt(t, "{:.1f}") for t in first)]

@@ -14,7 +14,7 @@ import gg_runtime
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
 
-from ..markdown import fmt, not_timed, table
+from ..markdown import fmt, ms_cells, not_timed, table
 from ..measure import SETTLED_WITHIN, measure, ratio
 from .fp8_experts import first_call_ms, routed_tokens
 
@@ -124,9 +124,7 @@ def report(data) -> list:
 
 
 def row_cells(row: dict) -> list:
-    runs = [row["runs"].get(impl, {}) for impl in IMPLEMENTATIONS]
-    ms = [fmt(run.get("ms"), "{:.3f}") + ("*" if run.get("graph") is False else "")
-          for run in runs]
     bound = [row["of_bound"].get(impl) for impl in IMPLEMENTATIONS]
-    return [row["T"], row["touched_experts"], *ms, fmt(row["vs_fp8"]), fmt(row["vs_bf16"]),
+    return [row["T"], row["touched_experts"], *ms_cells(row["runs"], IMPLEMENTATIONS),
+            fmt(row["vs_fp8"]), fmt(row["vs_bf16"]),
             *(fmt(b, "{:.0%}") for b in bound), fmt(row["first_call_ms"], "{:.1f}")]
