@@ -8,7 +8,10 @@ GPU host's Triton), each correct by the PTX memory model:
 - `ring`: a loader warp and a consumer warpgroup (gl.warp_specialize) share
   a ring of buffers: the loader waits for a slot's `empty` barrier and has TMA
   fill it (`ready`); the consumer waits for `ready`, reads the slot, arrives
-  on `empty`.  Over more blocks than slots, so slots are refilled.
+  on `empty`.  Over more blocks than slots, so slots are refilled.  The
+  worker's registers set (setmaxnreg, 40).  `ring_plain_registers`: the
+  same without setmaxnreg; `ring_stores`: the loader's threads fill the
+  slots by stores (fence, one arrive) instead of TMA.
 - `store_ring`: the consumer writes a staging buffer from its registers,
   fences (fence.proxy.async), has TMA store it, waits for the store's reads
   (store_wait) and writes the buffer again for the next block.
@@ -24,6 +27,7 @@ not the code, behind reports of the same handoff in gg_runtime's kernels
 """
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -35,6 +39,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from aot.kernels.gluon_api import tma_load, tma_store
 
 BM, BK = 64, 64
+# warp_specialize's register counts: a required argument in Triton 3.6.
+OPTIONAL_REGISTERS = inspect.signature(gl.warp_specialize).parameters["worker_num_regs"]
+
 BLOCKS, STAGES = 8, 2
 
 
@@ -87,17 +94,48 @@ def ring_loader(desc, bufs, ready, empty, BM: gl.constexpr, BK: gl.constexpr,
 
 
 @gluon.jit
-def ring_kernel(desc, out_ptr, BM: gl.constexpr, BK: gl.constexpr, BLOCKS: gl.constexpr,
-                STAGES: gl.constexpr):
+def ring_storer(x_ptr, bufs, ready, empty, BM: gl.constexpr, BK: gl.constexpr,
+                BLOCKS: gl.constexpr, STAGES: gl.constexpr):
+    """ring_loader's work without TMA: the warp's threads copy each block
+    through their registers, fence, and one arrive completes `ready`."""
+    layout: gl.constexpr = tile_layout(gl.num_warps())
+    offsets = tile_offsets(BM, BK, layout)
+    for i in range(BLOCKS):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), (i // STAGES & 1) ^ 1)
+        bufs.index(slot).store(gl.load(x_ptr + i * BM * BK + offsets))
+        fence_async_shared()
+        mbarrier.arrive(ready.index(slot))
+
+
+@gluon.jit
+def ring_kernel(desc, x_ptr, out_ptr, BM: gl.constexpr, BK: gl.constexpr,
+                BLOCKS: gl.constexpr, STAGES: gl.constexpr, BY_TMA: gl.constexpr,
+                WORKER_REGISTERS: gl.constexpr):
+    """The ring; the loader fills slots by TMA (BY_TMA) or by its threads'
+    stores; WORKER_REGISTERS 0 (TMA only) leaves the worker's register count
+    to the compiler (no setmaxnreg)."""
     bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize(
-        [(ring_consumer, (bufs, ready, empty, out_ptr, BM, BK, BLOCKS, STAGES)),
-         (ring_loader, (desc, bufs, ready, empty, BM, BK, BLOCKS, STAGES))], [1], [40])
+    # Each branch spelled out: a partition list is a literal of warp_specialize's call.
+    if not BY_TMA:
+        gl.warp_specialize(
+            [(ring_consumer, (bufs, ready, empty, out_ptr, BM, BK, BLOCKS, STAGES)),
+             (ring_storer, (x_ptr, bufs, ready, empty, BM, BK, BLOCKS, STAGES))],
+            [1], [WORKER_REGISTERS])
+    elif WORKER_REGISTERS:
+        gl.warp_specialize(
+            [(ring_consumer, (bufs, ready, empty, out_ptr, BM, BK, BLOCKS, STAGES)),
+             (ring_loader, (desc, bufs, ready, empty, BM, BK, BLOCKS, STAGES))],
+            [1], [WORKER_REGISTERS])
+    else:
+        gl.warp_specialize(
+            [(ring_consumer, (bufs, ready, empty, out_ptr, BM, BK, BLOCKS, STAGES)),
+             (ring_loader, (desc, bufs, ready, empty, BM, BK, BLOCKS, STAGES))], [1])
 
 
 @gluon.jit
@@ -124,21 +162,31 @@ def run(name: str) -> None:
         out = torch.full((BM, BK), float("nan"), device="cuda", dtype=torch.bfloat16)
         tma_read_kernel[(1,)](descriptor(x), out, BM, BK, num_warps=4)
         want = x[:BM]
-    elif name == "ring":
+    elif name in RINGS:
         out = torch.full((BM, BK), float("nan"), device="cuda", dtype=torch.float32)
-        ring_kernel[(1,)](descriptor(x), out, BM, BK, BLOCKS, STAGES, num_warps=4)
+        by_tma, registers = RINGS[name]
+        if not registers and OPTIONAL_REGISTERS.default is inspect.Parameter.empty:
+            raise SystemExit(f"{name}: this Triton's warp_specialize takes register counts "
+                             "only (3.6); leaving them out needs a later one")
+        ring_kernel[(1,)](descriptor(x), x, out, BM, BK, BLOCKS, STAGES, by_tma, registers,
+                          num_warps=4)
         want = x.float().view(BLOCKS, BM, BK).sum(0)
     elif name == "store_ring":
         out = torch.full_like(x, float("nan"))
         store_ring_kernel[(1,)](x, descriptor(out), BM, BK, BLOCKS, num_warps=4)
         want = x * 2
     else:
-        raise SystemExit(f"unknown probe {name!r}: tma_read, ring or store_ring")
+        raise SystemExit(f"unknown probe {name!r}: {', '.join(PROBES)}")
     torch.cuda.synchronize()
     error = (out.float() - want.float()).abs().max().item()
     print(f"{name}: max abs error {error:.3g}", "OK" if error < 1e-2 else "WRONG")
 
 
+# The rings: (the loader fills slots by TMA, the worker's registers; 0: the
+# compiler's, no setmaxnreg).
+RINGS = {"ring": (True, 40), "ring_plain_registers": (True, 0), "ring_stores": (False, 40)}
+PROBES = ("tma_read", *RINGS, "store_ring")
+
 if __name__ == "__main__":
-    for probe in sys.argv[1:] or ("tma_read", "ring", "store_ring"):
+    for probe in sys.argv[1:] or PROBES:
         run(probe)
