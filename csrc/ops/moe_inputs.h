@@ -1,5 +1,6 @@
-// The arguments the moe_experts operators share (bf16 and fp8 weights), and
-// the checks they share, so that both name moe_experts' arguments alike.
+// The arguments of the moe_experts operators, and the checks every weight
+// format's products share (expert_products.h), so that all name
+// moe_experts' arguments alike.
 #pragma once
 
 #include <initializer_list>
