@@ -6,7 +6,7 @@ from .fp8_training import fp8_grouped_mm
 from .fp8_expert_weights import Fp8ExpertWeights, quantize_expert_weights
 from .info import info
 from .moe import MoEExperts, moe_experts, transformers_experts_forward
-from .w4_expert_weights import int4_expert_weights, mxfp4_expert_weights
+from .w4_expert_weights import gptq_expert_weights, int4_expert_weights, mxfp4_expert_weights
 from .serving import fused_experts
 from .settings import force_ptx
 
@@ -14,5 +14,5 @@ __version__ = "0.1.0"
 __all__ = ["grouped_gemm", "grouped_mm", "gmm", "scaled_grouped_mm", "quantize_fp8",
            "fp8_grouped_mm", "moe_experts", "MoEExperts", "transformers_experts_forward",
            "quantize_expert_weights", "Fp8ExpertWeights", "mxfp4_expert_weights",
-           "int4_expert_weights",
+           "int4_expert_weights", "gptq_expert_weights",
            "fused_experts", "info", "force_ptx", "CudaError", "UnsupportedDeviceError"]

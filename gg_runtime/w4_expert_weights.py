@@ -1,5 +1,6 @@
 """4-bit expert weights served by moe_experts (W4A16, MXFP4 and INT4): the
-layout its kernels read, made once at load from a checkpoint's."""
+layout its kernels read, made once at load from a checkpoint's (gpt-oss's
+MXFP4, compressed-tensors' and GPTQ's INT4)."""
 from __future__ import annotations
 
 import torch
@@ -121,3 +122,105 @@ def int4_expert_weights(packed: torch.Tensor, scales: torch.Tensor, *,
     if encoding == "signed":
         values = values ^ 0x88  # q + 8 = q xor 8 in four bits
     return values, scales.contiguous()
+
+
+def gptq_expert_weights(qweight: torch.Tensor, scales: torch.Tensor, *,
+                        qzeros: torch.Tensor | None = None,
+                        g_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT4 expert weights in the layout `moe_experts` reads, from GPTQ's.
+
+    For one weight of every expert (each of gate, up and down), each
+    expert's GPTQ tensors stacked along a first dimension. GPTQ stores a
+    linear layer's `[N, K]` weight transposed, eight 4-bit values of K to an
+    int32 word (`qweight [K/8, N]`, the first in the lowest bits), each q
+    in -8 .. 7 stored as q + 8 (symmetric checkpoints: `sym=True`), and a
+    scale per group of 32 or 128 values along K (`scales [K/group, N]`):
+
+        gate, gate_scale = gg_runtime.gptq_expert_weights(gate_qweight, gate_scales)
+        up, up_scale = gg_runtime.gptq_expert_weights(up_qweight, up_scales)
+        w2, w2_scale = gg_runtime.gptq_expert_weights(down_qweight, down_scales)
+        w13, w13_scale = torch.cat((gate, up), 1), torch.cat((gate_scale, up_scale), 1)
+        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, w13_scale=w13_scale,
+                                     w2_scale=w2_scale)
+
+    Once, at load: one copy. float16 scales are rounded to bfloat16 (the
+    kernels' scale dtype; the weights they give then differ from float16
+    scales' by at most 2^-9 relatively, as where vLLM serves a bfloat16
+    model's GPTQ weights). Reads `qzeros` and `g_idx` back to the host to
+    check them.
+
+    Args:
+        qweight: `[E, K/8, N]` int32, GPTQ's `qweight` of each expert.
+        scales: `[E, K/group, N]`, float16 or bfloat16, group 32 or 128.
+        qzeros: None, or `[E, K/group, N/8]` int32, GPTQ's zero points:
+            each must be 8, the symmetric one (stored 8, or 7 in the
+            original GPTQ format, which stores the zero point minus 1).
+        g_idx: None, or `[E, K]` or `[K]` int32 or int64, each row's group:
+            it must be `k // group` (no act-order reordering).
+
+    Returns:
+        The pair (values, scales), `[E, N, K/2]` uint8 (two values a byte
+        along K, q + 8, the first in the low nibble) and `[E, N, K/group]`
+        bfloat16, contiguous, on qweight's device.
+
+    Raises:
+        TypeError: an argument that is not a tensor (qzeros and g_idx: nor
+            None), or of another dtype.
+        ValueError: shapes that do not fit each other, a group other than
+            32 or 128, zero points other than the symmetric ones
+            (asymmetric GPTQ), rows in another order than their groups'
+            (act-order).
+    """
+    check_types(tensors=(("qweight", qweight), ("scales", scales)),
+                optional=(("qzeros", qzeros), ("g_idx", g_idx)))
+    if qweight.dtype != torch.int32:
+        raise TypeError(f"qweight must be int32, got {qweight.dtype}")
+    if scales.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"scales must be float16 or bfloat16, got {scales.dtype}")
+    if qweight.dim() != 3 or scales.dim() != 3:
+        raise ValueError(f"qweight must be [E, K/8, N] and scales [E, K/group, N], got "
+                         f"{tuple(qweight.shape)} and {tuple(scales.shape)}")
+    experts, words, n = qweight.shape
+    k, groups = 8 * words, scales.shape[1]
+    group = k // groups if groups else 0
+    if (scales.shape[0], scales.shape[2]) != (experts, n) or group not in INT4_GROUPS or k % group:
+        raise ValueError(f"scales must be [E, K/32, N] or [E, K/128, N] for qweight's [E, K, N] "
+                         f"= {(experts, k, n)}, got {tuple(scales.shape)}")
+    _check_symmetric(qzeros, (experts, groups, n // 8))
+    _check_in_order(g_idx, experts, k, group)
+    nibbles = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
+    values = (qweight.unsqueeze(2) >> nibbles.view(1, 1, 8, 1)) & 15  # [E, K/8, 8, N]
+    values = values.reshape(experts, k, n).transpose(1, 2).to(torch.uint8)  # [E, N, K], q + 8
+    packed = values[..., 0::2] | (values[..., 1::2] << 4)
+    return packed.contiguous(), scales.transpose(1, 2).to(torch.bfloat16).contiguous()
+
+
+def _check_symmetric(qzeros, shape):
+    """A ValueError unless GPTQ's zero points (where given) are all the
+    symmetric 8, stored as 8 or as 7 (the original format's zero - 1)."""
+    if qzeros is None:
+        return
+    if qzeros.dtype != torch.int32:
+        raise TypeError(f"qzeros must be int32, got {qzeros.dtype}")
+    if tuple(qzeros.shape) != shape:
+        raise ValueError(f"qzeros must be [E, K/group, N/8] = {shape}, got "
+                         f"{tuple(qzeros.shape)}")
+    words = {int(w) for w in qzeros.unique().tolist()}
+    if not words <= {0x77777777, -0x77777778}:  # 8 x 7, 8 x 8 (as a signed int32)
+        raise ValueError("qzeros must be 8 (or 7, the original GPTQ format's 8 - 1) "
+                         "everywhere: symmetric INT4; asymmetric GPTQ (other zero points) "
+                         "is not supported")
+
+
+def _check_in_order(g_idx, experts, k, group):
+    """A ValueError unless each row's group (where given) is k // group."""
+    if g_idx is None:
+        return
+    if g_idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"g_idx must be int32 or int64, got {g_idx.dtype}")
+    if tuple(g_idx.shape) not in ((k,), (experts, k)):
+        raise ValueError(f"g_idx must be [K] or [E, K] with K = {k}, got {tuple(g_idx.shape)}")
+    in_order = torch.arange(k, device=g_idx.device) // group
+    if not torch.equal(g_idx.long(), in_order.expand_as(g_idx)):
+        raise ValueError("g_idx must be k // group for every row k: GPTQ's act-order "
+                         "(desc_act, rows reordered) is not supported")

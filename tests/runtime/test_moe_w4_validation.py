@@ -1,5 +1,6 @@
-"""moe_experts with 4-bit weights (MXFP4, INT4), mxfp4_expert_weights and
-int4_expert_weights refuse bad input with a message naming the argument
+"""moe_experts with 4-bit weights (MXFP4, INT4), mxfp4_expert_weights,
+int4_expert_weights and gptq_expert_weights (whose conversions are checked
+against float64 here too) refuse bad input with a message naming the argument
 before anything launches, and give the output's shape and dtype on meta
 tensors (the operator's Meta kernel runs every check without launching).
 Runs on CPU."""
@@ -8,6 +9,7 @@ import torch
 
 import gg_runtime
 from gg_runtime._native import call
+from gg_runtime.testing.w4 import dequantize_int4
 
 FP4, E8M0, U8 = torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.uint8
 # H and I multiples of 32, not of 64 or 128.
@@ -232,3 +234,59 @@ def test_fused_experts_int4():
     for changes, message in refusals.values():
         with pytest.raises(ValueError, match=message):
             gg_runtime.fused_experts(**fused_int4_args(**changes))
+
+
+def gptq_checkpoint(q: torch.Tensor, scales: torch.Tensor, zero_stored: int):
+    """GPTQ's tensors of weights q [E, N, K] (-8 .. 7) and scales [E, N,
+    K/group]: qweight [E, K/8, N] int32 with K's eight values a word, lowest
+    bits first, each q + 8; scales transposed; qzeros of the symmetric zero
+    point 8 stored as zero_stored in every nibble."""
+    experts, n, k = q.shape
+    stored = (q + 8).transpose(1, 2).reshape(experts, k // 8, 8, n).long()
+    words = sum(stored[:, :, j] << (4 * j) for j in range(8))
+    qweight = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    nibbles = sum(zero_stored << (4 * j) for j in range(8))
+    qzeros = torch.full((experts, scales.shape[2], n // 8),
+                        nibbles - 2 ** 32 if nibbles >= 2 ** 31 else nibbles, dtype=torch.int32)
+    return qweight, scales.transpose(1, 2).contiguous(), qzeros
+
+
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("zero_stored", [7, 8], ids=["gptq_v1", "gptq_v2"])
+def test_gptq_checkpoint_layout(group, zero_stored):
+    """GPTQ's qweight and scales become the values and scales that stand for
+    the same weights: q * scale, the scales rounded once to bfloat16."""
+    gen = torch.Generator().manual_seed(group + zero_stored)
+    n, k = 24, 2 * group
+    q = torch.randint(-8, 8, (E, n, k), generator=gen)
+    scales = (torch.rand(E, n, k // group, generator=gen) + 0.5).half()
+    qweight, gptq_scales, qzeros = gptq_checkpoint(q, scales, zero_stored)
+    g_idx = torch.arange(k, dtype=torch.int32) // group
+    values, scale = gg_runtime.gptq_expert_weights(qweight, gptq_scales, qzeros=qzeros,
+                                                   g_idx=g_idx)
+    assert values.dtype == U8 and values.shape == (E, n, k // 2) and values.is_contiguous()
+    assert scale.dtype == torch.bfloat16 and scale.shape == (E, n, k // group)
+    want = q.double() * scales.bfloat16().double().repeat_interleave(group, dim=-1)
+    assert torch.equal(dequantize_int4(values, scale), want)
+    # and as the same bytes int4_expert_weights takes
+    assert torch.equal(gg_runtime.int4_expert_weights(values, scale)[0], values)
+
+
+def test_gptq_checkpoint_refusals():
+    q = torch.zeros(E, 16, 64, dtype=torch.long)
+    qweight, scales, qzeros = gptq_checkpoint(q, torch.ones(E, 16, 2).half(), 8)
+    with pytest.raises(ValueError, match="asymmetric GPTQ"):
+        gg_runtime.gptq_expert_weights(qweight, scales, qzeros=qzeros - 1)
+    act_order = torch.arange(64).flip(0) // 32
+    with pytest.raises(ValueError, match="act-order"):
+        gg_runtime.gptq_expert_weights(qweight, scales, g_idx=act_order)
+    with pytest.raises(ValueError, match=r"scales must be \[E, K/32, N\] or \[E, K/128, N\]"):
+        gg_runtime.gptq_expert_weights(qweight, scales[:, :1, :8])
+    with pytest.raises(TypeError, match="qweight must be int32"):
+        gg_runtime.gptq_expert_weights(qweight.view(torch.float32), scales)
+    with pytest.raises(TypeError, match="scales must be float16 or bfloat16"):
+        gg_runtime.gptq_expert_weights(qweight, scales.float())
+    with pytest.raises(ValueError, match=r"qzeros must be \[E, K/group, N/8\]"):
+        gg_runtime.gptq_expert_weights(qweight, scales, qzeros=qzeros[:, :1])
+    with pytest.raises(TypeError, match="g_idx must be a torch.Tensor or None"):
+        gg_runtime.gptq_expert_weights(qweight, scales, g_idx=[0, 1])
