@@ -93,13 +93,37 @@ def check_types(tensors=(), optional=(), flags=(), dtypes=(), ints=()) -> None:
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
 
+# torch's stable ABI cannot pass a tensor of some dtypes to an operator (the
+# two below, by c10's ScalarType numbers, are the ones users hold); its
+# message gives the number only.
+_UNPASSABLE = re.compile(r"Not yet supported ScalarType (\d+)")
+_UNPASSABLE_DTYPES = {44: torch.float8_e8m0fnu, 45: torch.float4_e2m1fn_x2}
+
+
+def _unpassable(op, args, error: Exception):
+    """A TypeError naming the operator's argument whose dtype the stable ABI
+    cannot pass, where error says so; else None."""
+    found = _UNPASSABLE.search(str(error))
+    if found is None:
+        return None
+    dtype = _UNPASSABLE_DTYPES.get(int(found.group(1)))
+    for argument, value in zip(op._schema.arguments, args):
+        tensors = value if isinstance(value, (list, tuple)) else (value,)
+        if dtype is not None and any(isinstance(t, torch.Tensor) and t.dtype == dtype
+                                     for t in tensors):
+            return TypeError(f"{argument.name} must not be {dtype}: {op._schema.name} takes no "
+                             "tensor of that dtype there")
+    return TypeError(f"{op._schema.name} was given a tensor of a dtype it cannot take "
+                     f"(c10 ScalarType {found.group(1)})")
+
+
 def call(op, *args):
     """op(*args), its errors raised as TypeError, ValueError, CudaError or
     UnsupportedDeviceError (no cost unless it raises)."""
     try:
         return op(*args)
     except (ValueError, RuntimeError) as error:
-        translated = _translated(error)
+        translated = _translated(error) or _unpassable(op, args, error)
         if translated is None:
             raise
         raise translated from None

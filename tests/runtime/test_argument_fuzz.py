@@ -11,8 +11,10 @@ import torch
 import gg_runtime
 
 FP8 = torch.float8_e4m3fn
+U8 = torch.uint8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, FP8, torch.float8_e5m2,
-          torch.int32, torch.int64, torch.uint8, torch.bool)
+          torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.int32, torch.int64, U8,
+          torch.bool)
 JUNK = (None, 0, -1, 3, 2.5, "x", True, [128, 128], (1,), torch.float32, object())
 T, H, I, E, K = 7, 256, 128, 4, 2  # noqa: E741 (the experts' intermediate size, as elsewhere)
 
@@ -62,6 +64,19 @@ def calls(args: Arguments):
         t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H, dtype=FP8),
         t(E, H, I, dtype=FP8), w13_scale=t(E, 2 * I // 128, H // 128, dtype=f32),
         w2_scale=t(E, H // 128, I // 128, dtype=f32))
+    for group, scale in ((32, U8), (32, torch.bfloat16), (128, torch.bfloat16)):  # MXFP4, INT4
+        yield lambda group=group, scale=scale: gg_runtime.moe_experts(
+            t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H // 2, dtype=U8),
+            t(E, H, I // 2, dtype=U8), w13_scale=t(E, 2 * I, H // group, dtype=scale),
+            w2_scale=t(E, H, I // group, dtype=scale), gate_up=v("interleaved"),
+            activation=v("gpt_oss"), b13=v(None), x_scale=v(None))
+    yield lambda: gg_runtime.mxfp4_expert_weights(t(E, I, H // 32, 16, dtype=U8),
+                                                  t(E, I, H // 32, dtype=U8))
+    yield lambda: gg_runtime.int4_expert_weights(t(E, I, H // 8, dtype=torch.int32),
+                                                 t(E, I, H // 128), encoding=v("signed"))
+    yield lambda: gg_runtime.gptq_expert_weights(
+        t(E, H // 8, I, dtype=torch.int32), t(E, H // 128, I, dtype=torch.float16),
+        qzeros=v(None), g_idx=v(None))
     yield lambda: gg_runtime.fused_experts(
         t(T, H), t(E, 2 * I, H, dtype=FP8), t(E, H, I, dtype=FP8), t(T, K, dtype=f32),
         t(T, K, dtype=ids), inplace=v(False), use_fp8_w8a8=v(True),

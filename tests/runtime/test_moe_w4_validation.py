@@ -290,3 +290,14 @@ def test_gptq_checkpoint_refusals():
         gg_runtime.gptq_expert_weights(qweight, scales, qzeros=qzeros[:, :1])
     with pytest.raises(TypeError, match="g_idx must be a torch.Tensor or None"):
         gg_runtime.gptq_expert_weights(qweight, scales, g_idx=[0, 1])
+
+
+def test_4bit_and_e8m0_tensors_elsewhere_are_refused_by_name():
+    """torch's stable ABI cannot pass float4_e2m1fn_x2 or float8_e8m0fnu
+    tensors to an operator: where they reach one unconverted (not as
+    moe_experts' 4-bit weights or scales) the error names the argument."""
+    with pytest.raises(TypeError, match="x must not be torch.float4_e2m1fn_x2"):
+        gg_runtime.moe_experts(**args(x=meta(T, H // 2, dtype=FP4)))
+    with pytest.raises(TypeError, match="mat_a must not be torch.float8_e8m0fnu"):
+        gg_runtime.grouped_mm(meta(T, H, dtype=E8M0), meta(E, H, 32),
+                              offs=meta(E, dtype=torch.int32))
