@@ -60,7 +60,7 @@ FAMILY = Family(
     staged=lambda v: "bfloat16" if v["gu"] == "kept" else None,
     archs=(90,),
     # The warp-specialised kernel scales each of a tile's column blocks by
-    # one 128 x 128 weight block (kernels/ragged_ws.py column_blocks).
+    # one 128 x 128 weight block (kernels/mma_ws.py column_blocks).
     # Interleaved, a 256-column tile at a multiple of 256 covers two whole
     # blocks of w13's rows at any I.  Concatenated, its gate and up halves are
     # 128 columns from each half of w13: one weight block each where I = N /

@@ -22,7 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 
 from .gluon_api import tma_load
 from .grouped_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
-from .ragged_ws import operands
+from .mma_ws import operands
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
                  claim_slot, first_step_past, shared_layout, store_tile)
 

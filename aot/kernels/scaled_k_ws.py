@@ -12,7 +12,7 @@ a block's product from zero on the tensor cores, reads the block's scales
 from the ring, frees the slot, then scales the product by its rows' and
 columns' scales and adds it to its float32 accumulator on the CUDA cores,
 while the other partition's MMA runs (the DeepSeek-V3 recipe's promotion;
-a block's scale is a row's times a column's, so ragged_ws.py's single
+a block's scale is a row's times a column's, so mma_ws.py's single
 rescaled accumulator would need a unit per element).
 """
 from triton.experimental import gluon
@@ -22,7 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, mbarri
 
 from .gluon_api import cp_async_load, tma_load
 from .ragged_k_ws import locate, total_tiles
-from .ragged_ws import MMA_REGISTERS, operands, pass_blocks
+from .mma_ws import MMA_REGISTERS, operands, pass_blocks
 from .scaled import BLOCKWISE, SCALE_BLOCK
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
                  allocate_ring, claim_slot, shared_layout, store_tile)
