@@ -15,7 +15,7 @@ FAMILY = Family(
     kernel=gathered_k_kernel,
     ws_kernel=gathered_k_ws_kernel,
     params=POINTERS + (
-        # The gathered operand's rows are copied 16 bytes at a time (kernels/ws.py).
+        # The gathered operand's rows are copied 16 bytes at a time (kernels/loader_ws.py).
         Param("M", "i32", "row_length"),
         Param("N", "i32", "row_length"),
         Param("T", "i32", "extent", tma_limit=RAGGED_ROWS_LIMIT),

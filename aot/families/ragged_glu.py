@@ -28,7 +28,7 @@ SM90_TRITON = (Config(64, 128, 64, 4, 3, max_rows=32), Config(128, 256, 64, 8, 3
 GATHER_MAX_INTER = 4096
 
 # ragged_m's extents for gathered rows: K, the tokens' rows, is gathered in
-# 16-byte copies (kernels/ws.py copy_rows).
+# 16-byte copies (kernels/loader_ws.py copy_rows).
 GATHERED_EXTENTS = tuple(Param("K", "i32", "row_length", aligned=True) if p.name == "K" else p
                          for p in EXTENTS)
 # The gather's index: a's row r is row rows[r] // rows_div of the tokens (int64 rows [T]).

@@ -3,7 +3,7 @@ units and quantities) as a warp-specialised persistent kernel for sm90, in
 Gluon: one stream of weight reads an SM, never drained between units.
 
 The loader partition (a warpgroup: its threads copy the slots' token rows,
-ws.copy_rows) walks the program's units and fills a ring of STAGES slots,
+loader_ws.copy_rows) walks the program's units and fills a ring of STAGES slots,
 each of BK / 128 x BN = 256 rows of 128 weight bytes and the BM token rows of
 each 128-column block: for a unit, its cdiv(H, BK) up-projection steps (the
 gate's and the up's 128 rows of w13 and the tokens, BK columns), then its
@@ -24,14 +24,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from .epilogue_ws import transposed_shared
 from .experts_decode import MAX_SLOTS
 from .glu import CONCATENATED
 from .glu_ws import activate, to_e4m3
 from .gluon_api import tma_load
+from .loader_ws import claim_slot, copy_rows, gather_layout
 from .quantize import AMAX_FLOOR, E4M3_MAX_RECIPROCAL
 from .scaled import BLOCKWISE, SCALE_BLOCK
-from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, claim_slot, copy_rows,
-                 gather_layout, plus, shared_layout, transposed_shared, vector_layout)
+from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, plus, shared_layout,
+                 vector_layout)
 
 CHUNK_COLUMNS = gl.constexpr(128)  # h's columns a unit: one scale block
 

@@ -9,14 +9,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
+from .epilogue_ws import column_parts, store_tile
 from .fast_math import sigmoid
-from .gluon_api import clamp, tma_store
 from .glu import CONCATENATED
+from .gluon_api import clamp, tma_store
 from .quantize import AMAX_FLOOR, E4M3_MAX, E4M3_MAX_RECIPROCAL
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 from .scaled import SCALE_BLOCK
 from .swiglu import GPT_OSS_ALPHA, GPT_OSS_LIMIT
-from .ws import column_parts, ragged_descriptor, shared_layout, store_tile
+from .ws import ragged_descriptor, shared_layout
 
 
 @gluon.jit

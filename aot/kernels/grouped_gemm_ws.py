@@ -20,11 +20,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from .epilogue_ws import store_tile
 from .gluon_api import tma_load
 from .grouped_gemm import A_, B_, C_, FIELDS, K_, LDA_, LDB_, LDC_, M_, N_
+from .loader_ws import claim_slot
 from .mma_ws import operands
 from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
-                 claim_slot, first_step_past, shared_layout, store_tile)
+                 first_step_past, shared_layout)
 
 
 @gluon.jit

@@ -48,8 +48,8 @@ def accumulate(a_bufs, b_bufs, ready, empty, count, k_end, half: gl.constexpr,
     """(the tile's product over K, the ring count after it), one MMA in flight.
     fp8 without FAST_ACCUM: each BK-deep step's product is added to acc in
     float32 (the compiler's partial accumulator, as many registers again).
-    gather (ws.gather_rows'; None: A's blocks come by TMA): where its rows_div
-    is not 0, A's block was written by the loader's threads (ws.copy_rows),
+    gather (loader_ws.gather_rows'; None: A's blocks come by TMA): where its rows_div
+    is not 0, A's block was written by the loader's threads (loader_ws.copy_rows),
     which wgmma's reads (the async proxy) see only after a proxy fence."""
     acc = gl.zeros([PART_M, BN], gl.float32, acc_layout)
     for k0 in range(0, k_end, BK):

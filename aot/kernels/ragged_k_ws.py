@@ -10,7 +10,7 @@ a zero tile.
 The partitions are those of kernels/ws.py and ragged_ws.py: a loader warp
 fills a STAGES-deep ring of (A, B) K blocks, the default partition runs
 asynchronous wgmmas on it (one in flight) and stores each tile through TMA in
-column parts (ws.store_tile).  A stored [T, M] (A_T, dB's x^T) lands as
+column parts (epilogue_ws.store_tile).  A stored [T, M] (A_T, dB's x^T) lands as
 [BK, BM] blocks that wgmma reads transposed; a row-major A [M, T] as [BM, BK]
 blocks from a multiple of BK columns at or before the group's first row
 (k_block_step, ws.tiled_rows), which the MMA partition clears outside the group.
@@ -21,12 +21,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                                mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from .epilogue_ws import store_tile
 from .gluon_api import cp_async_load, thread_barrier, tma_load
+from .loader_ws import claim_slot
 from .ragged import RAGGED_ROWS
 from .tiles import k_group_tiles, k_tile_origin
 from .ws import (EPILOGUE_COLS, GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
-                 accumulator_layout, allocate_ring, claim_slot, fence_before_k_loop,
-                 ragged_descriptor, shared_layout, store_tile, tiled_rows)
+                 accumulator_layout, allocate_ring, fence_before_k_loop, ragged_descriptor,
+                 shared_layout, tiled_rows)
 
 
 @gluon.jit

@@ -25,16 +25,17 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from .epilogue_ws import store_columns, store_rows, store_tile
 from .glu import CONCATENATED, NO_GLU
 from .glu_ws import gu_descriptor, store_gated
+from .loader_ws import load_partition
 from .mma_ws import (MMA_REGISTERS, accumulate, accumulate_blockwise,
                      accumulate_blockwise_promoted, channel_scaled, pass_blocks)
 from .ragged import RAGGED_ROWS
 from .scaled import BLOCKWISE, BLOCKWISE_ROWWISE, NO_SCALES, ROWWISE, SCALE_BLOCK
-from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS,
-                 accumulator_layout, chunk_groups, fence_before_k_loop, first_step_past,
-                 load_partition, locate, partition_rows, ring_setup, row_alignment,
-                 store_columns, store_rows, store_tile)
+from .ws import (GATHER_REGISTERS, GATHER_WARPS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
+                 chunk_groups, fence_before_k_loop, first_step_past, locate, partition_rows,
+                 ring_setup, row_alignment)
 
 
 @gluon.jit
@@ -68,7 +69,7 @@ def store_ungated(acc, c_desc, c_buf, c_ptr, ldc, bias, g, G, part_m, start, end
                   ALIGN: gl.constexpr, C_T: gl.constexpr):
     """A finished tile plus bias_ptr[g] for bias = (bias_ptr, has_bias) (where
     has_bias; none past the last group), its rows possibly begun before its
-    group (ws.tiled_rows); C_T: c stored transposed (ws.store_columns)."""
+    group (ws.tiled_rows); C_T: c stored transposed (epilogue_ws.store_columns)."""
     bias_ptr, has_bias = bias
     if has_bias != 0:
         cols = off_n + gl.arange(0, acc.shape[1], gl.SliceLayout(0, acc.type.layout))

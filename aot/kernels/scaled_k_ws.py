@@ -20,12 +20,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from .epilogue_ws import store_tile
 from .gluon_api import cp_async_load, tma_load
-from .ragged_k_ws import locate, total_tiles
+from .loader_ws import claim_slot
 from .mma_ws import MMA_REGISTERS, operands, pass_blocks
+from .ragged_k_ws import locate, total_tiles
 from .scaled import BLOCKWISE, SCALE_BLOCK
-from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout,
-                 allocate_ring, claim_slot, shared_layout, store_tile)
+from .ws import (EPILOGUE_COLS, LOADER_REGISTERS, LOADER_WARPS, accumulator_layout, allocate_ring,
+                 shared_layout)
 
 PARTS = gl.constexpr(2)
 VECTOR = gl.constexpr(4)  # floats in one 16-byte copy

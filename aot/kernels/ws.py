@@ -2,13 +2,11 @@
 the ragged_m tile walk (kernels/ragged.py's order and offset rules: program p
 takes tiles p, p + P, ... of the list of every group's tiles, m-tile fastest,
 then the tiles of the rows past the last group, written with zeros), the
-loader partition, the ring of shared-memory stages and its barriers, register
-budgets and layouts.
+ring of shared-memory stages and its barriers, register budgets and layouts.
+The loader partition is kernels/loader_ws.py's, the MMA partitions' K loops
+kernels/mma_ws.py's, the stores of a finished tile kernels/epilogue_ws.py's.
 
-A loader partition (one warp) walks its program's tiles and, K block by K
-block, waits until a ring slot is free (`empty`), then has TMA fill it
-(`ready` completes when the bytes have landed); a loader that gathers A's
-rows through an index (ragged_glu) is a warpgroup whose threads copy them.
+A loader partition (one warp) fills the ring's slots (kernels/loader_ws.py).
 MMA partitions wait for each slot, run asynchronous wgmma on it with one in
 flight, free the slot of the one before, and store each finished tile
 through TMA while the loader fills the ring with the next tile's first K
@@ -18,10 +16,9 @@ the pipeline.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
-                                                               mbarrier, tma)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from .gluon_api import cluster_barriers, cp_async_load, tma_load, tma_load_multicast, tma_store
+from .gluon_api import cluster_barriers
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 
 LOADER_WARPS = gl.constexpr(1)
@@ -186,101 +183,6 @@ def locate(t, chunk, starts, ends, group_tiles, tiles_end, n_tiles, G, K, BM: gl
 
 
 @gluon.jit
-def column_parts(tile, PARTS: gl.constexpr):
-    """tile split into PARTS (1 or 2) column blocks, as a tuple.  The halves
-    differ in the top bit of the column, which wgmma's layout keeps within a
-    thread: no data moves."""
-    if PARTS == 1:
-        return (tile, )
-    else:
-        gl.static_assert(PARTS == 2, "the epilogue splits a tile in at most two")
-        return tile.reshape([tile.shape[0], 2, tile.shape[1] // 2]).permute((0, 2, 1)).split()
-
-
-@gluon.jit
-def store_tile(tile, c_desc, c_buf, origin, off_n):
-    """Store a finished tile through TMA in column parts as wide as c_buf (2-D),
-    staging each in c_buf: part i goes to c_desc's block at coordinates
-    origin + (off_n + i x the part's width, ), origin being those before the
-    column (the group's and the rows')."""
-    EPI_N: gl.constexpr = c_buf.shape[1]
-    PARTS: gl.constexpr = tile.shape[1] // EPI_N
-    staged = c_buf.reinterpret(c_desc.dtype, c_desc.block_shape, c_desc.layout)
-    flat = c_buf
-    if c_buf.dtype != c_desc.dtype:  # allocated wider (ring_setup's STAGED): a 2-D view of c's type
-        flat = c_buf.reinterpret(c_desc.dtype, c_buf.shape,
-                                 shared_layout(c_buf.shape, c_desc.dtype))
-    parts = column_parts(tile.to(c_desc.dtype), PARTS)
-    for i in gl.static_range(PARTS):
-        tma.store_wait(0)  # the previous store has read c_buf
-        flat.store(parts[i])
-        fence_async_shared()
-        tma_store(c_desc, origin + (off_n + i * EPI_N, ), staged)
-
-
-@gluon.jit
-def store_rows(tile, c_ptr, ldc, row, first, end, off_n, N):
-    """Store a tile at (row, off_n) of a row-major C through registers, only
-    rows first .. end and columns below N: a group's first tile where it
-    begins before the group (tiled_rows), rows a TMA box cannot skip."""
-    layout: gl.constexpr = tile.type.layout
-    rows = row + gl.arange(0, tile.shape[0], gl.SliceLayout(1, layout))
-    cols = off_n + gl.arange(0, tile.shape[1], gl.SliceLayout(0, layout))
-    keep = gl.expand_dims((rows >= first) & (rows < end), 1) & gl.expand_dims(cols < N, 0)
-    at = gl.expand_dims(rows.to(gl.int64) * ldc, 1) + gl.expand_dims(cols, 0)
-    gl.store(c_ptr + at, tile.to(c_ptr.dtype.element_ty), mask=keep)
-
-
-@gluon.constexpr_function
-def column_layout(warps):
-    """The registers of a part of a tile stored transposed through them
-    (store_columns): a warp's threads on 32 consecutive rows of a column, so
-    that each store writes 64 consecutive bytes of 16-bit C^T whatever the
-    mask (a group's rows start and end anywhere: wider vectors would need
-    masks constant over them); its warps side by side."""
-    return gl.BlockedLayout([1, 1], [32, 1], [1, warps], [0, 1])
-
-
-@gluon.constexpr_function
-def transposed_shared(dtype):
-    """A [rows, cols] buffer stored column-major, TMA's 128-byte swizzle: its
-    transpose is a [cols, rows] block of a TMA store of C^T (the rows of a
-    partition's tile are at least 128 bytes of C^T's contiguous dimension)."""
-    return gl.NVMMASharedLayout(128, dtype.primitive_bitwidth, 2, transposed=True)
-
-
-@gluon.jit
-def store_columns(tile, c_desc, c_buf, c_ptr, ldc, row, first, end, off_n, N):
-    """Store a tile at (row, off_n) of a C stored transposed (C[r, n] at
-    c_ptr + n * ldc + r: row-major C^T, c_desc's [N, T] with blocks of
-    c_buf's transpose), only rows first .. end and columns below N, in
-    column parts as wide as c_buf, each staged in it column-major.  A tile
-    whose rows all lie in first .. end is stored by TMA; a TMA box cannot end
-    at a group's last row, which runs along C^T's contiguous dimension, so
-    other tiles are stored through registers (column_layout)."""
-    ROWS: gl.constexpr = tile.shape[0]
-    EPI_N: gl.constexpr = c_buf.shape[1]
-    PARTS: gl.constexpr = tile.shape[1] // EPI_N
-    layout: gl.constexpr = column_layout(gl.num_warps())
-    staged = c_buf.reinterpret(c_buf.dtype, [ROWS, EPI_N], transposed_shared(c_buf.dtype))
-    whole = (row >= first) & (row + ROWS <= end)
-    rows = row + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
-    row_ok = gl.expand_dims((rows >= first) & (rows < end), 1)
-    parts = column_parts(tile.to(c_buf.dtype), PARTS)
-    for i in gl.static_range(PARTS):
-        tma.store_wait(0)  # the previous store has read c_buf
-        staged.store(parts[i])
-        if whole:
-            fence_async_shared()
-            tma_store(c_desc, [off_n + i * EPI_N, row], staged.permute((1, 0)))
-        else:
-            part = staged.load(layout)
-            cols = off_n + i * EPI_N + gl.arange(0, EPI_N, gl.SliceLayout(0, layout))
-            at = gl.expand_dims(rows, 1) + gl.expand_dims(cols.to(gl.int64) * ldc, 0)
-            gl.store(c_ptr + at, part, mask=row_ok & gl.expand_dims(cols < N, 0))
-
-
-@gluon.jit
 def first_step_past(start, end, step):
     """The first of start, start + step, ... that is >= end."""
     return start + (gl.maximum(end - start, 0) + step - 1) // step * step
@@ -295,138 +197,6 @@ def fence_before_k_loop():
     starts with none to order; blocks that the loader's threads copy in (a
     gather) still take a fence in the loop, as they need."""
     fence_async_shared()
-
-
-@gluon.jit
-def claim_slot(ready, empty, count, nbytes: gl.constexpr, STAGES: gl.constexpr):
-    """(slot, its ready barrier) for the loader's load number `count`: waits
-    until the slot's last reader has freed it, then has its barrier expect
-    nbytes (the full boxes land, zero-filled past the bounds)."""
-    slot = count % STAGES
-    mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
-    bar = ready.index(slot)
-    mbarrier.expect(bar, nbytes)
-    return slot, bar
-
-
-@gluon.constexpr_function
-def copy_elements(dtype):
-    """Elements of `dtype` in one 16-byte copy."""
-    return 128 // dtype.primitive_bitwidth
-
-
-@gluon.constexpr_function
-def gather_layout(BM, BK, warps, dtype):
-    """The loader's [BM, BK] copy of gathered rows of `dtype`: 16 bytes
-    (copy_elements) a copy, a row's BK elements across BK / copy_elements threads."""
-    vector = copy_elements(dtype)
-    lanes = BK // vector
-    return gl.BlockedLayout([1, vector], [32 // lanes, lanes], [warps, 1], [1, 0])
-
-
-@gluon.jit
-def gather_rows(gather, off_m, end, BM: gl.constexpr, BK: gl.constexpr):
-    """([BM, 1] addresses, [BM, 1] mask) of the tile's rows off_m .. (those
-    below end), row r being a[rows[r] // rows_div] for gather = (a_ptr, lda,
-    rows_ptr, rows_div); rows_div = 0: a[r] (rows not read)."""
-    a_ptr, lda, rows_ptr, rows_div = gather
-    layout: gl.constexpr = gather_layout(BM, BK, gl.num_warps(), a_ptr.dtype.element_ty)
-    rm = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
-    ok = rm < end
-    src = gl.load(rows_ptr + rm, mask=ok & (rows_div != 0), other=0) // gl.maximum(rows_div, 1)
-    src = gl.where(rows_div != 0, src, rm)
-    # The TMA flavour's rules (csrc/run.cc): a 16-byte aligned base and row
-    # stride, so each thread's elements are one 16-byte copy.
-    rows = gl.multiple_of(a_ptr + src * lda, 16)
-    return gl.expand_dims(rows, 1), gl.expand_dims(ok, 1)
-
-
-@gluon.jit
-def copy_rows(buf, rows, row_ok, k0, K, bar, BK: gl.constexpr):
-    """Columns k0 .. k0 + BK of gather_rows' rows into buf (zeros past K or the
-    rows), each thread's copies arriving on bar when they land."""
-    layout: gl.constexpr = gather_layout(buf.shape[0], BK, gl.num_warps(), buf.dtype)
-    VECTOR: gl.constexpr = copy_elements(buf.dtype)
-    cols = gl.max_contiguous(
-        gl.multiple_of(k0 + gl.arange(0, BK, gl.SliceLayout(0, layout)), VECTOR), VECTOR)
-    # K is a row_length where this runs (a multiple of 16 bytes: its role in
-    # the gathering families): whole copies are in or out.
-    in_k = gl.max_constancy(cols < K, VECTOR)
-    cp_async_load(buf, rows + gl.expand_dims(cols, 0), row_ok & gl.expand_dims(in_k, 0))
-    async_copy.mbarrier_arrive(bar, increment_count=False)
-
-
-@gluon.jit
-def fill_a(a_desc, a_bufs, ready, empty, count, gathered, rows, row_ok, off_m, k0, K,
-           A_BYTES: gl.constexpr, B_BYTES: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
-    """(slot, its ready barrier) of a loader that may gather (load_partition's
-    gather), A's block in it: gathered, its threads copy the rows; else TMA
-    loads them and one arrival stands for the threads'."""
-    if gathered:
-        slot, bar = claim_slot(ready, empty, count, B_BYTES, STAGES)
-        copy_rows(a_bufs.index(slot), rows, row_ok, k0, K, bar, BK)
-    else:
-        slot, bar = claim_slot(ready, empty, count, A_BYTES + B_BYTES, STAGES)
-        tma_load(a_desc, [off_m, k0], bar, a_bufs.index(slot))
-        mbarrier.arrive(bar, count=32 * gl.num_warps())
-    return slot, bar
-
-
-@gluon.jit
-def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, T, N, K, G,
-                   A_T: gl.constexpr, B_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                   BK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                   CTAS: gl.constexpr = 1, HALVES: gl.constexpr = False, gather=None,
-                   C_T: gl.constexpr = False):
-    """HALVES: b's block is the rows of its two halves (ring_setup).  gather
-    (gather_rows'; None: A's blocks come by TMA): each slot's `ready` also
-    counts one arrival of each of this partition's threads (ring_setup's
-    COPIERS), and where gather's rows_div is not 0, A's rows are gathered and
-    copied by those threads (gather_rows); where it is 0, A's block is loaded
-    by TMA and the arrivals made in one.  C_T: c is stored transposed (tiles
-    start as row_alignment says)."""
-    ALIGN: gl.constexpr = row_alignment(A_T, C_T, a_bufs.dtype)
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    n_tiles = (N + BN - 1) // BN
-    # Bytes TMA lands in each CTA: its share of A's rows (unless gathered) and
-    # all of B's block.
-    A_BYTES: gl.constexpr = BM // CTAS * BK * a_bufs.dtype.primitive_bitwidth // 8
-    B_BYTES: gl.constexpr = BN * BK * a_bufs.dtype.primitive_bitwidth // 8
-    count = 0
-    tiles_before = 0
-    rows_before = 0
-    for chunk in range(0, G + 1, CHUNK):
-        starts, ends, group_tiles, tiles_end = chunk_groups(
-            offs_ptr, chunk, T, G, rows_before, tiles_before, n_tiles, BM, ALIGN, CHUNK,
-            gl.num_warps(), CTAS)
-        chunk_end = tiles_before + gl.sum(group_tiles, 0)
-        for t in range(first_step_past(pid, tiles_before, programs), chunk_end, programs):
-            g, start, end, off_m, off_n, k_end = locate(t, chunk, starts, ends, group_tiles,
-                                                        tiles_end, n_tiles, G, K, BM, BN, ALIGN)
-            if gather is not None:
-                rows, row_ok = gather_rows(gather, off_m, end, BM, BK)
-            for k0 in range(0, k_end, BK):
-                if gather is not None:
-                    slot, bar = fill_a(a_desc, a_bufs, ready, empty, count, gather[3] != 0, rows,
-                                       row_ok, off_m, k0, K, A_BYTES, B_BYTES, BK, STAGES)
-                else:
-                    slot, bar = claim_slot(ready, empty, count, A_BYTES + B_BYTES, STAGES)
-                    a_origin = [k0, off_m] if A_T else [off_m, k0]
-                    tma_load(a_desc, a_origin, bar, a_bufs.index(slot))
-                b_buf = b_bufs.index(slot).reinterpret(b_desc.dtype, b_desc.block_shape,
-                                                       b_desc.layout)
-                if HALVES:
-                    b_origin = [g, 0, off_n // 2, k0]
-                else:
-                    b_origin = [g, off_n, k0] if B_T else [g, k0, off_n]
-                if CTAS == 1:
-                    tma_load(b_desc, b_origin, bar, b_buf)
-                else:
-                    tma_load_multicast(b_desc, b_origin, bar, b_buf)
-                count += 1
-        tiles_before = chunk_end
-        rows_before = gl.max(ends, 0)
 
 
 @gluon.jit

@@ -29,7 +29,7 @@ def uninitialized(kernel: str) -> str:
 
 def test_hazards_between_def_lines_are_apart_and_others_ours():
     entry = f"ragged_ws.py:{line_number('ragged_ws.py', lambda line: line.startswith('def '))}"
-    body = f"ws.py:{line_number('ws.py', lambda line: 'mbarrier.wait(' in line)}"
+    body = f"loader_ws.py:{line_number('loader_ws.py', lambda line: 'mbarrier.wait(' in line)}"
     log = "========= COMPUTE-SANITIZER\n" + hazard(entry, entry) + "." + hazard(entry, body)
     assert memcheck.reports_apart("racecheck", log) == 1
 
