@@ -97,7 +97,8 @@ def ring_loader(desc, bufs, ready, empty, BM: gl.constexpr, BK: gl.constexpr,
 def ring_storer(x_ptr, bufs, ready, empty, BM: gl.constexpr, BK: gl.constexpr,
                 BLOCKS: gl.constexpr, STAGES: gl.constexpr):
     """ring_loader's work without TMA: the warp's threads copy each block
-    through their registers, fence, and one arrive completes `ready`."""
+    through their registers, fence, synchronise, and one arrive completes
+    `ready`."""
     layout: gl.constexpr = tile_layout(gl.num_warps())
     offsets = tile_offsets(BM, BK, layout)
     for i in range(BLOCKS):
@@ -105,6 +106,10 @@ def ring_storer(x_ptr, bufs, ready, empty, BM: gl.constexpr, BK: gl.constexpr,
         mbarrier.wait(empty.index(slot), (i // STAGES & 1) ^ 1)
         bufs.index(slot).store(gl.load(x_ptr + i * BM * BK + offsets))
         fence_async_shared()
+        # One thread arrives: the warp's barrier orders every lane's stores
+        # before its arrive (without it the other lanes' stores race the
+        # consumer's reads, and racecheck says so).
+        gl.thread_barrier()
         mbarrier.arrive(ready.index(slot))
 
 

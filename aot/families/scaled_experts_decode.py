@@ -35,6 +35,14 @@ FEW_SLOTS = f"S <= {MAX_SLOTS.value}"
 CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units"),
            Config(16, 128, 128, 4, 3, when="few_slots"))
 
+
+
+def decode_constexprs(values: dict) -> dict:
+    """The decode kernels' constexprs for a variant's axis values."""
+    return {"SCALING": SCALINGS[values["scaling"]],
+            "GLU": CONCATENATED if values["gate_up"] == "concatenated" else INTERLEAVED}
+
+
 FAMILY = Family(
     name="scaled_experts_decode",
     kernel=scaled_experts_decode_kernel,
@@ -69,8 +77,7 @@ FAMILY = Family(
         Param("ld2", "i64", "stride", aligned=True),
     ),
     axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
-    constexprs=lambda v: {"SCALING": SCALINGS[v["scaling"]],
-                          "GLU": CONCATENATED if v["gate_up"] == "concatenated" else INTERLEAVED},
+    constexprs=decode_constexprs,
     tma=EVERY,
     basic=False,
     dtypes=("bfloat16", "float16"),

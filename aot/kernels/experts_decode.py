@@ -77,19 +77,8 @@ def scaled_experts_decode_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr
     tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
     inter = N // 2
     chunks = tl.cdiv(inter, CHUNK_COLUMNS)
-    # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
-    # (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either way.
-    if GLU == CONCATENATED:
-        w13_desc = tl.make_tensor_descriptor(w13_ptr, shape=[G, 2, inter, H],
-                                             strides=[w13_group_stride, inter * ld13, ld13, 1],
-                                             block_shape=[1, 1, CHUNK_COLUMNS, BK])
-    else:
-        w13_desc = tl.make_tensor_descriptor(w13_ptr, shape=[G, inter, 2, H],
-                                             strides=[w13_group_stride, 2 * ld13, ld13, 1],
-                                             block_shape=[1, CHUNK_COLUMNS, 1, BK])
-    w2_desc = tl.make_tensor_descriptor(w2_ptr, shape=[G, H, inter],
-                                        strides=[w2_group_stride, ld2, 1],
-                                        block_shape=[1, BN, CHUNK_COLUMNS])
+    w13_desc = w13_descriptor(w13_ptr, G, inter, H, w13_group_stride, ld13, GLU, BK)
+    w2_desc = w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN)
     weights = (x_ptr, xq_ptr, x_scale_ptr, k, w13_desc, w13_scale_ptr, w2_desc, w2_scale_ptr)
     biases = (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss)
     extents = (H, inter)
@@ -99,6 +88,28 @@ def scaled_experts_decode_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr
         g, slots, row_ok, column = locate_unit(t, groups, chunks, BM)
         unit(weights, biases, extents, parts_ptr, g, slots, row_ok, column, chunks, SCALING,
              GLU, BM, BN, BK)
+
+
+@triton.jit
+def w13_descriptor(w13_ptr, G, inter, H, group_stride, ld, GLU: tl.constexpr, BK: tl.constexpr):
+    """w13 [G, 2I, H] seen as [G, half, I, H] (CONCATENATED) or [G, I, half,
+    H] (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either
+    way."""
+    if GLU == CONCATENATED:
+        return tl.make_tensor_descriptor(w13_ptr, shape=[G, 2, inter, H],
+                                         strides=[group_stride, inter * ld, ld, 1],
+                                         block_shape=[1, 1, CHUNK_COLUMNS, BK])
+    else:
+        return tl.make_tensor_descriptor(w13_ptr, shape=[G, inter, 2, H],
+                                         strides=[group_stride, 2 * ld, ld, 1],
+                                         block_shape=[1, CHUNK_COLUMNS, 1, BK])
+
+
+@triton.jit
+def w2_descriptor(w2_ptr, G, inter, H, group_stride, ld, BN: tl.constexpr):
+    """w2 [G, H, I] in boxes of BN rows by one chunk of h's columns."""
+    return tl.make_tensor_descriptor(w2_ptr, shape=[G, H, inter], strides=[group_stride, ld, 1],
+                                     block_shape=[1, BN, CHUNK_COLUMNS])
 
 
 @triton.jit
@@ -138,37 +149,64 @@ def unit(weights, biases, extents, parts_ptr, g, slots, row_ok, column, chunks,
          BK: tl.constexpr):
     """One unit: slots (those in row_ok) of group g, h's chunk `column`."""
     x_ptr, xq_ptr, x_scale_ptr, k, w13_desc, w13_scale_ptr, w2_desc, w2_scale_ptr = weights
-    b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
     H, inter = extents
-    j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
-    j_ok = j < inter
-    g64 = g.to(tl.int64)
+    x = token_rows(x_ptr, xq_ptr, x_scale_ptr, k, slots, row_ok, H, SCALING)
+    w13 = (w13_desc, w13_scale_ptr, g, column * CHUNK_COLUMNS, inter)
+    # Gate's and up's rows in loops of their own: a unit keeps half the
+    # stages, so more units share an SM (measured faster at decode).
+    gate = w13_product(w13, 0, x, (0, H, H), SCALING, GLU, BM, BK).T
+    up = w13_product(w13, 1, x, (0, H, H), SCALING, GLU, BM, BK).T
+    h, h_scale = quantized_h(gate, up, biases, g, column, inter, GLU)
+    down_parts((w2_desc, w2_scale_ptr, biases), h, h_scale, parts_ptr, g, slots, row_ok, column,
+               chunks, (0, H, H), SCALING, BN)
+
+
+@triton.jit
+def token_rows(x_ptr, xq_ptr, x_scale_ptr, k, slots, row_ok, H, SCALING: tl.constexpr):
+    """The slots' token rows as w13_product reads them: (the rows' first
+    elements, ROWWISE's per-token scales, row_ok)."""
     tokens = (slots // k).to(tl.int64)
     # 16-byte aligned rows (run.cc's TMA rules; H a multiple of 16).
     if SCALING == BLOCKWISE:
-        x = (tl.multiple_of(x_ptr + tokens * H, 16), 1.0, row_ok)
+        return tl.multiple_of(x_ptr + tokens * H, 16), 1.0, row_ok
     else:
-        x = (tl.multiple_of(xq_ptr + tokens * H, 16),
-             tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0), row_ok)
-    first = column * CHUNK_COLUMNS
-    w13 = (w13_desc, w13_scale_ptr, g, first, inter)
-    # Gate's and up's rows in loops of their own: a unit keeps half the
-    # stages, so more units share an SM (measured faster at decode).
-    gate = w13_product(w13, 0, x, H, SCALING, GLU, BM, BK).T
-    up = w13_product(w13, 1, x, H, SCALING, GLU, BM, BK).T
-    gate_rows = w13_rows(j, 0, inter, GLU)
-    up_rows = w13_rows(j, 1, inter, GLU)
+        return (tl.multiple_of(xq_ptr + tokens * H, 16),
+                tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0), row_ok)
+
+
+@triton.jit
+def quantized_h(gate, up, biases, g, column, inter, GLU: tl.constexpr):
+    """h's chunk `column` [128, BM] e4m3 from gate and up [BM, 128] float32
+    (b13 added where given), and its scales [BM]: per slot, its 1x128 block."""
+    b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
+    j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
+    j_ok = j < inter
     if has_b13 != 0:
-        bias = b13_ptr + g64 * 2 * inter
-        gate += tl.load(bias + gate_rows, mask=j_ok, other=0.0).to(tl.float32)[None, :]
-        up += tl.load(bias + up_rows, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        bias = b13_ptr + g.to(tl.int64) * 2 * inter
+        gate += tl.load(bias + w13_rows(j, 0, inter, GLU), mask=j_ok,
+                        other=0.0).to(tl.float32)[None, :]
+        up += tl.load(bias + w13_rows(j, 1, inter, GLU), mask=j_ok,
+                      other=0.0).to(tl.float32)[None, :]
     h = tl.where(j_ok[None, :], act(gate, up, gpt_oss), 0.0)
-    h_scale = scale_of(tl.max(tl.abs(h), axis=1))  # per slot: its 1x128 block
-    h = to_e4m3(h, h_scale[:, None]).T
+    h_scale = scale_of(tl.max(tl.abs(h), axis=1))
+    return to_e4m3(h, h_scale[:, None]).T, h_scale
+
+
+@triton.jit
+def down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks, rows,
+               SCALING: tl.constexpr, BN: tl.constexpr):
+    """The down projection of h's chunk `column` ([128, BM] e4m3, scales
+    [BM]) over w2[g]'s rows n_lo .. n_hi (rows = (n_lo, n_hi, H); n_lo a
+    multiple of BN), written to the slots' parts (b2 added in chunk 0)."""
+    w2_desc, w2_scale_ptr, biases = w2
+    b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
+    n_lo, n_hi, H = rows
+    g64 = g.to(tl.int64)
+    first = column * CHUNK_COLUMNS
     parts = parts_ptr + (slots.to(tl.int64) * chunks + column) * H
-    for n0 in range(0, H, BN):
+    for n0 in range(n_lo, n_hi, BN):
         ns = n0 + tl.arange(0, BN)
-        n_ok = ns < H
+        n_ok = ns < n_hi
         w = w2_desc.load([g, n0, first]).reshape(BN, CHUNK_COLUMNS)
         if SCALING == BLOCKWISE:
             w_scale = tl.load(w2_scale_ptr + (g64 * tl.cdiv(H, SCALE_BLOCK) + ns // SCALE_BLOCK)
@@ -191,15 +229,17 @@ def w13_rows(j, half, inter, GLU: tl.constexpr):
 
 
 @triton.jit
-def w13_product(w13, half, x, K, SCALING: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr,
-                BK: tl.constexpr):
+def w13_product(w13, half, x, k_range, SCALING: tl.constexpr, GLU: tl.constexpr,
+                BM: tl.constexpr, BK: tl.constexpr):
     """[128, BM] float32: the gate (half 0) or up (half 1) rows of w13[g] of
     h's columns first .. first + 128 (w13 = (its descriptor, scale_ptr, g,
-    first, I); columns past I read 0) times the slots' token rows (x = (the
-    rows' first elements, ROWWISE's per-token scales, row_ok)), scaled: each
-    row by its own 128-row block's scales (BLOCKWISE: 16-bit rows, quantized
-    per block as they are read) or its channel's (ROWWISE: e4m3 rows)."""
+    first, I); columns past I read 0) times the slots' token rows (x,
+    token_rows'), over K's k_lo .. k_hi (k_range = (k_lo, k_hi, K); k_lo a
+    multiple of BK), scaled: each row by its own 128-row block's scales
+    (BLOCKWISE: 16-bit rows, quantized per block as they are read) or its
+    channel's (ROWWISE: e4m3 rows)."""
     desc, scale_ptr, g, first, inter = w13
+    k_lo, k_hi, K = k_range
     x_rows, row_scale, row_ok = x
     g64 = g.to(tl.int64)
     j = first + tl.arange(0, CHUNK_COLUMNS)
@@ -210,8 +250,8 @@ def w13_product(w13, half, x, K, SCALING: tl.constexpr, GLU: tl.constexpr, BM: t
     if SCALING == BLOCKWISE:
         w_scales = scale_ptr + (g64 * tl.cdiv(2 * inter, SCALE_BLOCK) + w_rows // SCALE_BLOCK) \
             * tl.cdiv(K, SCALE_BLOCK)
-    for k0 in range(0, K, BK):
-        in_k = tl.max_constancy(k0 + ks < K, 16)
+    for k0 in range(k_lo, k_hi, BK):
+        in_k = tl.max_constancy(k0 + ks < k_hi, 16)
         xs = tl.load(x_rows[:, None] + k0 + ks[None, :], mask=row_ok[:, None] & in_k[None, :],
                      other=0.0)
         if GLU == CONCATENATED:

@@ -8,7 +8,7 @@
 // down projection (scaled_ragged_m); gu, for fp8 training's backward, in
 // bfloat16.  A call of few slots (serving's decode) runs the routing, the
 // tokens' quantization per 128 columns and both projections in one kernel
-// instead (scaled_experts_decode, then combine_parts).
+// instead, or in two where its units are few (expert_products_fp8_decode.cc).
 #include <family_args.h>
 
 #include <memory>
@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "expert_products.h"
+#include "expert_products_fp8.h"
 #include "fp8.h"
 #include "moe_inputs.h"
 #include "op_support.h"
@@ -24,11 +25,6 @@
 
 namespace gg::ops {
 namespace {
-
-// How the weights are scaled, and so how the activations are quantized:
-// the kernels' Scaling (blockwise: 128 x 128 weight blocks, rowwise: a scale
-// per output channel).
-using family::Scaling;
 
 const char* activation_granularity(Scaling scaling) {
   return scaling == Scaling::kBlockwise ? "1x128" : "rowwise";
@@ -64,15 +60,6 @@ void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Sc
                 shape_of(weight), " per output channel (or [E, N, 1]; w13_scale and w2_scale ",
                 "must both be 128 x 128 blocks or both per channel), got ", shape_of(scale));
   }
-}
-
-// The products' output and bias dtype: the scaled kernels write bfloat16
-// (or float32); float16 tokens get theirs converted at the end.
-constexpr ScalarType kRows = ScalarType::BFloat16;
-
-// The output's dtype: x's, or bfloat16 where x comes quantized.
-ScalarType fp8_out_dtype(const Tensor& x) {
-  return x.scalar_type() == kFp8 ? kRows : x.scalar_type();
 }
 
 // Biases in the output's dtype or float32 (fp8 training's float32 master
@@ -218,93 +205,6 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scaling scales,
 }
 
 // What the down projection reads beyond the up projection's.
-struct DownProjection {
-  const Tensor& w2;
-  const Tensor& w2_scale;
-  const std::optional<Tensor>& b2;  // bfloat16
-};
-
-// The tokens quantized as the weights' scales ask, x_scale beside them: as
-// given (x fp8, contiguous scales), else quantize_fp8's.
-using Quantized = std::tuple<Tensor, Tensor>;
-Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scaling scales) {
-  if (x_scale && shapes_only(x)) return {x, *x_scale};
-  if (x_scale) return {packed_aligned(x), as_contiguous(*x_scale)};
-  return quantize_fp8(x, activation_granularity(scales));
-}
-
-// Whether the forward takes the decode kernel: few slots, at most one an
-// expert on average, where the experts' weight bytes are all the work
-// (aot/families/scaled_experts_decode.py); a test forcing a kernel of either
-// path takes that path.  Its blockwise kernel quantizes 16-bit tokens
-// itself: tokens given quantized per 128 columns take the other path.
-bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
-  if (blockwise_tokens_given) return false;
-  if (forces_family(family::ScaledExpertsDecode::kIndex) ||
-      forces_family(family::CombineParts::kIndex)) {
-    return true;
-  }
-  if (forces_family(family::ScaledRaggedGlu::kIndex) ||
-      forces_family(family::ScaledRaggedM::kIndex) || forces_family(family::Combine::kIndex)) {
-    return false;
-  }
-  return slots <= family::ScaledExpertsDecode::kMaxSlots && slots <= experts;
-}
-
-// The down projection's rows made in parts, [S, cdiv(I, 128), H] float32 in
-// the slots' own order: the routing, the tokens' quantization per 128
-// columns (per-channel weights' per-token one is quantize_fp8's, a launch
-// before, or given) and both projections of each tile of an expert's slots
-// and 128 columns of h in one scaled_experts_decode launch (combine_parts
-// sums them).
-Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
-                    const DownProjection& weights, const Tensor& w13_scale,
-                    const std::optional<Tensor>& b13, Scaling scales, family::GateUp gate_up,
-                    family::Activation activation, Outputs& outputs) {
-  const int64_t slots = ids.numel(), hidden = in.x.size(1), inter = in.w2.size(2);
-  Tensor parts = outputs.make({slots, blocks(inter), hidden}, ScalarType::Float);
-  if (in.w13.size(0) == 0 || shapes_only(parts)) return parts;  // as up_projection's
-  std::optional<Tensor> x;
-  std::optional<Quantized> quantized;
-  if (scales == Scaling::kBlockwise) {
-    x = packed_aligned(in.x);
-  } else {
-    quantized = quantized_tokens(in.x, x_scale, scales);
-  }
-  const family::ScaledExpertsDecode args{
-      .x_ptr = x ? address(*x) : 0,
-      .xq_ptr = quantized ? address(std::get<0>(*quantized)) : 0,
-      .x_scale_ptr = quantized ? address(std::get<1>(*quantized)) : 0,
-      .ids_ptr = address(ids),
-      .k = in.topk_ids.size(1),
-      .w13_ptr = address(in.w13),
-      .w13_scale_ptr = address(w13_scale),
-      .w2_ptr = address(weights.w2),
-      .w2_scale_ptr = address(weights.w2_scale),
-      .b13_ptr = b13 ? address(*b13) : 0,
-      .has_b13 = b13 ? 1 : 0,
-      .b2_ptr = weights.b2 ? address(*weights.b2) : 0,
-      .has_b2 = weights.b2 ? 1 : 0,
-      .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
-      .parts_ptr = address(parts),
-      .S = slots,
-      .H = hidden,
-      .N = in.w13.size(1),
-      .G = in.w13.size(0),
-      .w13_group_stride = in.w13.stride(0),
-      .ld13 = in.w13.stride(1),
-      .w2_group_stride = weights.w2.stride(0),
-      .ld2 = weights.w2.stride(1)};
-  const family::ScaledExpertsDecode::Axes axes{.scaling = scales == Scaling::kBlockwise
-                                                              ? family::Scaling::kBlockwise
-                                                              : family::Scaling::kRowwise,
-                                               .gate_up = gate_up};
-  // The family's dtype is the 16-bit tokens': the output's where they come quantized.
-  const Target target =
-      target_of(in.x, runtime_dtype(fp8_out_dtype(in.x)), runtime_dtype(ScalarType::Float));
-  sm90_only([&] { launch(args, axes, target); });
-  return parts;
-}
 
 // What the decode path and the routed products read: the arguments as the
 // kernels read them.
@@ -346,9 +246,8 @@ class Fp8Products final : public ExpertProducts {
 
   Tensor decode(const Tensor& ids, const Tensor& weights, Outputs& temporaries) const override {
     const Tensor slot_ids = packed_aligned(ids);
-    const Tensor parts =
-        decode_parts(in_, x_scale_, slot_ids, {in_.w2, w2_scale_, b2_}, w13_scale_, b13_, scales_,
-                     choices_.gate_up, choices_.activation, temporaries);
+    const Tensor parts = decode_parts(in_, x_scale_, slot_ids, {in_.w2, w2_scale_, b2_}, w13_scale_,
+                                      b13_, scales_, choices_, temporaries);
     return combine_parts(parts, slot_ids, in_.x.size(0), in_.topk_ids.size(1), weights,
                          in_.w13.size(0));
   }
@@ -365,6 +264,14 @@ class Fp8Products final : public ExpertProducts {
 };
 
 }  // namespace
+
+// The tokens quantized as the weights' scales ask, x_scale beside them: as
+// given (x fp8, contiguous scales), else quantize_fp8's.
+Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scaling scales) {
+  if (x_scale && shapes_only(x)) return {x, *x_scale};
+  if (x_scale) return {packed_aligned(x), as_contiguous(*x_scale)};
+  return quantize_fp8(x, activation_granularity(scales));
+}
 
 std::unique_ptr<ExpertProducts> fp8_products(const MoeInputs& in, const Scales& scales,
                                              WeightFormat format, Choices choices) {

@@ -182,6 +182,11 @@ def up_kind(variant) -> str:
     return "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
 
 
+def case_scaling(kind: str) -> str:
+    """The kernels' scaling axis value of a weight kind (up_kind's inverse)."""
+    return "blockwise" if kind == "blockwise" else "rowwise"
+
+
 UP_SHAPES = {"small": SMALL_GROUPS_WHOLE, "large": LARGE_GROUPS, "small_tails": SMALL_GROUPS,
              "large_tails": LARGE_GROUPS_TAILS, "small_halves": SMALL_GROUPS_HALVES,
              "large_halves": LARGE_GROUPS_HALVES}
@@ -218,12 +223,15 @@ def test_a_kernel_is_refused_widths_its_condition_excludes(variant, shape):
         gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
 
 
-# The decode kernel (aot/families/scaled_experts_decode.py), which calls of few
-# slots take: forced here on shapes of up to its most slots, so that it meets
-# many rows an expert too, each forced variant's scales, gate/up layout and
-# tokens' dtype; past its most slots it is refused.
+# The decode kernels, which calls of few slots take: the one-kernel forward
+# (aot/families/scaled_experts_decode.py) and the up projection of the forward
+# with each unit's H cut into parts (scaled_decode_up.py, which forces that
+# path and its down projection), forced here on shapes of up to their most
+# slots, so that they meet many rows an expert too, each forced variant's
+# scales, gate/up layout and tokens' dtype; past their most slots they are
+# refused.
 DECODE_KERNELS = [v for v in _C.variants() if v["arch"] == 90
-                  and v["family"] == "scaled_experts_decode"]
+                  and v["family"] in ("scaled_experts_decode", "scaled_decode_up")]
 decode_kernels = pytest.mark.parametrize("variant", DECODE_KERNELS,
                                          ids=[v["key"] for v in DECODE_KERNELS])
 MAX_DECODE_SLOTS = _C.families()["scaled_experts_decode"]["constants"]["kMaxSlots"]
@@ -237,6 +245,9 @@ DECODE_SHAPES = {
     "groups": DECODE_GROUPS,
     "groups_halves": (16, 272, 320, 8, 4),
     "e256_k8": (8, 256, 128, 256, 8),
+    # Few units and a wide H: the split forward cuts each into 4 parts of
+    # 5, 5, 5 and 2 of H's 17 blocks.
+    "many_parts": (3, 2064, 208, 64, 8),
     "one_slot_too_many": (MAX_DECODE_SLOTS + 1, 272, 208, 1, 1),
 }
 
@@ -330,6 +341,25 @@ def test_decode_kernel_reads_strided_tokens(variant):
     check_decode(variant, case)
 
 
+SPLIT_DOWN_KERNELS = [v for v in _C.variants() if v["arch"] == 90
+                      and v["family"] == "scaled_decode_down"]
+
+
+@pytest.mark.parametrize("variant", SPLIT_DOWN_KERNELS, ids=[v["key"] for v in SPLIT_DOWN_KERNELS])
+def test_split_decode_down_projection_forced(variant):
+    """Each down projection of the split decode forward forced (which forces
+    that path), biases and gpt-oss's activation on a width of a partial chunk
+    of h, H of three parts."""
+    kind = up_kind(variant)
+    case = make_case(*DECODE_GROUPS, kind, bias=True)
+    with forced(variant["key"]):
+        out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"],
+                                     activation="gpt_oss")
+    reference = moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"],
+                                    activation="gpt_oss")
+    assert_close(out, reference, EXACT_TOLERANCE)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_combine_parts_forced(kind):
     """combine_parts' variant forced: the decode path, whatever the slots
@@ -352,6 +382,22 @@ def test_few_slots_take_the_decode_kernel(kind):
         out = gg_runtime.moe_experts(**case)
         assert last_variant().startswith(family + ".")
         assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_few_units_take_the_split_decode(kind, tokens):
+    """A token or two among 64 experts with a wide H: few units, each cut
+    into parts of H by the dispatch itself (csrc/ops/expert_products_fp8.cc
+    decode_splits), against the reference and the one-kernel forward."""
+    case = make_case(tokens, 2064, 208, 64, 8, kind)
+    out = gg_runtime.moe_experts(**case)
+    assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+    (one_kernel,) = [v for v in DECODE_KERNELS if v["family"] == "scaled_experts_decode"
+                     and v["axes"] == {"scaling": case_scaling(kind), "gate_up": "concatenated"}
+                     and v["dtype"] == "bfloat16" and v["key"].endswith("_few_slots")]
+    with forced(one_kernel["key"]):
+        assert_close(out, gg_runtime.moe_experts(**case), EXACT_TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", KINDS)

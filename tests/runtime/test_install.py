@@ -103,7 +103,8 @@ def test_build_info():
     assert build["families"] == ["combine", "combine_parts", "dispatch_plan", "gathered_k",
                                  "gathered_m", "grouped_gemm", "quantize_fp8",
                                  "quantize_fp8_columns", "ragged_glu", "ragged_k", "ragged_m",
-                                 "received_slots", "route", "scaled_experts_decode",
+                                 "received_slots", "route", "scaled_decode_down",
+                                 "scaled_decode_up", "scaled_experts_decode",
                                  "scaled_ragged_glu", "scaled_ragged_k", "scaled_ragged_m",
                                  "send_rows", "swiglu", "swiglu_backward_fp8", "w4_glu",
                                  "w4_ragged_m"]

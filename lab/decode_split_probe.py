@@ -1,0 +1,306 @@
+"""fp8 moe_experts at decode with each unit's H cut into parts
+(aot/kernels/experts_decode_split.py), on the served shapes and token counts
+of bench's vllm_fp8 section, each replayed from a CUDA graph with the L2
+flushed.  Two modes:
+
+- sweep (default): the split kernels JIT-compiled by the GPU host's Triton
+  for a range of splits (and each kernel alone, and two variants of them),
+  against the wheel's forward, each output against the float64 reference:
+  what to read before changing the splits' rule (csrc/ops/
+  expert_products_fp8.cc decode_splits);
+- `--ab`: the wheel's forward as it dispatches against the one-kernel
+  forward forced (the variant the dispatch took before the split forward:
+  the warp-specialised one where its `few_units` holds).
+
+    python lab/decode_split_probe.py [--ab] [--filter NAME] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+import gg_runtime
+from gg_runtime import _C
+from aot.kernels.combine import combine_parts_kernel
+import triton.language as tl
+
+from aot.kernels.experts_decode import (CHUNK_COLUMNS, down_parts, locate_unit, quantized_h,
+                                        slot_groups, token_rows, w2_descriptor, w13_descriptor)
+from aot.kernels.experts_decode_split import scaled_decode_down_kernel, scaled_decode_up_kernel
+from aot.kernels.glu import CONCATENATED
+from aot.kernels.quantize import scale_of, to_e4m3
+from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
+from gg_runtime.testing import forced, rel_error, time_in_turns
+from gg_runtime.testing.moe_fp8 import fp8_experts, moe_experts_fp8_ref
+from gg_runtime.testing.timing import time_ms
+
+# (H, I, E, k) of bench/vllm_fp8.py's served shapes.
+SHAPES = {"deepseek_v3_tp16": (7168, 128, 256, 8), "deepseek_v3_tp8": (7168, 256, 256, 8),
+          "qwen3_30b_a3b": (2048, 768, 128, 8), "qwen3_30b_a3b_tp2": (2048, 384, 128, 8),
+          "qwen3_30b_a3b_tp4": (2048, 192, 128, 8), "mixtral_tp2": (4096, 7168, 8, 2)}
+# --ab only: no float64 reference (its dequantized weights would be 90 GB).
+AB_SHAPES = {"deepseek_v3": (7168, 2048, 256, 8), "mixtral": (4096, 14336, 8, 2)}
+TOKENS = (1, 2, 4, 8)
+SPLITS = (1, 2, 4, 8, 16, 28, 56)
+BM, BN, BK = 16, 128, 128
+PROGRAMS = 132 * 4
+
+
+@triton.jit
+def down_in_fours_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2,
+                         gpt_oss, parts_ptr, S, H, N, G, splits, w2_group_stride, ld2,
+                         SCALING: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """scaled_decode_down_kernel with the parts of gu read four splits a load."""
+    inter = N // 2
+    chunks = tl.cdiv(inter, CHUNK_COLUMNS)
+    w2 = (w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN), w2_scale_ptr,
+          (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss))
+    groups = slot_groups(ids_ptr, S, G, chunks, BM)
+    per_split = tl.cdiv(tl.cdiv(H, BN), splits) * BN
+    four = tl.arange(0, 4)
+    for t in range(tl.program_id(0), tl.sum(groups[2]) * splits, tl.num_programs(0)):
+        g, slots, row_ok, column = locate_unit(t // splits, groups, chunks, BM)
+        n_lo = (t % splits) * per_split
+        j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
+        mask = row_ok[:, None] & (j < inter)[None, :]
+        gate = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
+        up = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
+        for s0 in range(0, splits, 4):
+            split = s0 + four
+            rows = gu_ptr + ((split * S)[:, None, None] + slots.to(tl.int64)[None, :, None]) * N \
+                + j[None, None, :]
+            both = mask[None, :, :] & (split < splits)[:, None, None]
+            gate += tl.sum(tl.load(rows, mask=both, other=0.0), axis=0)
+            up += tl.sum(tl.load(rows + inter, mask=both, other=0.0), axis=0)
+        h, h_scale = quantized_h(gate, up, w2[2], g, column, inter, GLU)
+        down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks,
+                   (n_lo, tl.minimum(n_lo + per_split, H), H), SCALING, BN)
+
+
+@triton.jit
+def up_merged_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, gu_ptr,
+                     S, H, N, G, splits, w13_group_stride, ld13, SCALING: tl.constexpr,
+                     GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    """scaled_decode_up_kernel (blockwise, concatenated) with gate and up in one K loop."""
+    inter = N // 2
+    chunks = tl.cdiv(inter, CHUNK_COLUMNS)
+    desc = w13_descriptor(w13_ptr, G, inter, H, w13_group_stride, ld13, GLU, BK)
+    groups = slot_groups(ids_ptr, S, G, chunks, BM)
+    per_split = tl.cdiv(tl.cdiv(H, BK), splits) * BK
+    ks = tl.arange(0, BK)
+    for t in range(tl.program_id(0), tl.sum(groups[2]) * splits, tl.num_programs(0)):
+        g, slots, row_ok, column = locate_unit(t // splits, groups, chunks, BM)
+        split = t % splits
+        k_lo = split * per_split
+        k_hi = tl.minimum(k_lo + per_split, H)
+        x_rows, _, _ = token_rows(x_ptr, xq_ptr, x_scale_ptr, k, slots, row_ok, H, SCALING)
+        first = column * CHUNK_COLUMNS
+        j = first + tl.arange(0, CHUNK_COLUMNS)
+        j_ok = j < inter
+        g64 = g.to(tl.int64)
+        scales = w13_scale_ptr + (g64 * tl.cdiv(2 * inter, SCALE_BLOCK)
+                                  + j // SCALE_BLOCK) * tl.cdiv(H, SCALE_BLOCK)
+        up_scales = w13_scale_ptr + (g64 * tl.cdiv(2 * inter, SCALE_BLOCK)
+                                     + (inter + j) // SCALE_BLOCK) * tl.cdiv(H, SCALE_BLOCK)
+        gate = tl.zeros((CHUNK_COLUMNS, BM), dtype=tl.float32)
+        up = tl.zeros((CHUNK_COLUMNS, BM), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            xs = tl.load(x_rows[:, None] + k0 + ks[None, :],
+                         mask=row_ok[:, None] & (k0 + ks < k_hi)[None, :], other=0.0)
+            xs = xs.to(tl.float32)
+            x_scale = scale_of(tl.max(tl.abs(xs), axis=1))
+            xq = to_e4m3(xs, x_scale[:, None]).T
+            wg = desc.load([g, 0, first, k0]).reshape(CHUNK_COLUMNS, BK)
+            wu = desc.load([g, 1, first, k0]).reshape(CHUNK_COLUMNS, BK)
+            sg = tl.load(scales + k0 // SCALE_BLOCK, mask=j_ok, other=0.0)[:, None]
+            su = tl.load(up_scales + k0 // SCALE_BLOCK, mask=j_ok, other=0.0)[:, None]
+            gate += tl.dot(wg, xq) * x_scale[None, :] * sg
+            up += tl.dot(wu, xq) * x_scale[None, :] * su
+        rows = gu_ptr + (split * S + slots.to(tl.int64))[:, None] * N + j[None, :]
+        mask = row_ok[:, None] & j_ok[None, :]
+        tl.store(rows, gate.T, mask=mask)
+        tl.store(rows + inter, up.T, mask=mask)
+
+
+def make_case(H, inter, E, k, T):
+    x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
+    weights = torch.rand(T, k, device="cuda")
+    w13 = (torch.randn(E, 2 * inter, H, device="cuda") * H ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, H, inter, device="cuda") * inter ** -0.5).to(torch.bfloat16)
+    w13, w13_scale, w2, w2_scale = fp8_experts(w13, w2, "blockwise")
+    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2, w13_scale=w13_scale,
+                w2_scale=w2_scale)
+
+
+def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
+                  down_kernel=scaled_decode_down_kernel, stages=(True, True, True)):
+    """The two split kernels and combine_parts (those of `stages` on), as a
+    closure over buffers."""
+    x, ids, weights = case["x"], case["topk_ids"].reshape(-1), case["topk_weights"]
+    w13, w2 = case["w13"], case["w2"]
+    T, H = x.shape
+    E, N, _ = w13.shape
+    k = case["topk_ids"].shape[1]
+    S = T * k
+    chunks = triton.cdiv(N // 2, 128)
+    gu = torch.empty(splits, S, N, device="cuda")
+    parts = torch.empty(S, chunks, H, device="cuda")
+    out = torch.empty(T, H, device="cuda", dtype=torch.bfloat16)
+    units = (triton.cdiv(S, BM) + min(S, E)) * chunks * splits
+    grid = (min(units, PROGRAMS),)
+    common = dict(SCALING=BLOCKWISE, GLU=CONCATENATED, USE_TMA=True, BM=BM, BN=BN, BK=BK,
+                  CHUNK=0, PRECISION=0, num_warps=4, num_stages=3)
+
+    def run():
+        if stages[0]:
+            up_kernel[grid](x, x, weights, ids, k, w13, case["w13_scale"], gu, S, H, N, E, splits,
+                            w13.stride(0), w13.stride(1), **common)
+        if stages[1]:
+            down_kernel[grid](gu, ids, w2, case["w2_scale"], x, 0, x, 0, 0, parts, S, H, N, E,
+                              splits, w2.stride(0), w2.stride(1), **common)
+        if stages[2]:
+            combine_parts_kernel[(min(T * triton.cdiv(H, 32), PROGRAMS),)](
+                parts, ids, weights, out, T, H, k, E, chunks, USE_TMA=False, BM=1, BN=32,
+                BK=256, CHUNK=0, PRECISION=0, num_warps=8, num_stages=1)
+        return out
+    return run
+
+
+def breakdown(case, reference) -> dict:
+    """At splits 4, 8, 16: each kernel alone, and the two variants."""
+    rows = {}
+    H = case["x"].shape[1]
+    for splits in (4, 8, 16):
+        if splits > triton.cdiv(H, 128):
+            continue
+        row = {}
+        for name, stages in (("up", (True, False, False)), ("down", (False, True, False)),
+                             ("combine", (False, False, True))):
+            fn = split_forward(case, splits, stages=stages)
+            split_forward(case, splits)()  # gu and parts as a call leaves them
+            row[name] = 1e3 * replayed_ms(fn)
+        for name, kernels in (("down_in_fours", {"down_kernel": down_in_fours_kernel}),
+                              ("up_merged", {"up_kernel": up_merged_kernel}),
+                              ("both", {"down_kernel": down_in_fours_kernel,
+                                        "up_kernel": up_merged_kernel})):
+            fn = split_forward(case, splits, **kernels)
+            row[name] = 1e3 * replayed_ms(fn)
+            row[name + "_error"] = rel_error(fn(), reference)
+        print(f"    splits {splits}: " + " ".join(
+            f"{k} {v:.1f}" if "error" not in k else f"({v:.0e})" for k, v in row.items()),
+            flush=True)
+        rows[splits] = row
+    return rows
+
+
+def replayed_ms(fn):
+    return time_ms(graphed(fn))
+
+
+def one_kernel_variant(case) -> str:
+    """The scaled_experts_decode variant the dispatch took before the split
+    forward (blockwise, concatenated, bfloat16 tokens)."""
+    slots, experts = case["topk_ids"].numel(), case["w13"].shape[0]
+    few_units = min(slots, experts) * triton.cdiv(case["w2"].shape[2], 128) <= 128
+    (key,) = [v["key"] for v in _C.variants() if v["family"] == "scaled_experts_decode"
+              and v["axes"] == {"scaling": "blockwise", "gate_up": "concatenated"}
+              and v["dtype"] == "bfloat16" and v["key"].endswith(
+                  "_few_units" if few_units else "_few_slots")]
+    return key
+
+
+def ab(args):
+    rows = []
+    for name, shape in {**SHAPES, **AB_SHAPES}.items():
+        if args.filter not in name:
+            continue
+        for T in TOKENS:
+            torch.manual_seed(T)
+            case = make_case(*shape, T)
+            key = one_kernel_variant(case)
+            default = lambda: gg_runtime.moe_experts(**case)  # noqa: E731
+            with forced(key):
+                before = gg_runtime.moe_experts(**case)
+                one_kernel = graphed(lambda: gg_runtime.moe_experts(**case))
+            times = time_in_turns({"one_kernel": one_kernel, "dispatch": graphed(default)})
+            after = default()
+            row = {"shape": name, "T": T, "variant": key.rsplit(".", 1)[1],
+                   **{k: 1e3 * v for k, v in times.items()},
+                   "difference": rel_error(after, before)}
+            if name in SHAPES:
+                reference = moe_experts_fp8_ref(**case)
+                row["error"], row["one_kernel_error"] = (rel_error(after, reference),
+                                                         rel_error(before, reference))
+            print(f"{name:20s} T={T}: dispatch {row['dispatch']:6.1f} us, one kernel "
+                  f"{row['one_kernel']:6.1f} us ({row['variant']}), "
+                  f"x {row['one_kernel'] / row['dispatch']:.2f}; difference "
+                  f"{row['difference']:.1e}, errors {row.get('error', 0):.1e} "
+                  f"{row.get('one_kernel_error', 0):.1e}", flush=True)
+            rows.append(row)
+    return rows
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (after a call), its replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    parser.add_argument("--filter", default="")
+    parser.add_argument("--ab", action="store_true")
+    args = parser.parse_args()
+    if args.ab:
+        rows = ab(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
+    rows = []
+    for name, shape in SHAPES.items():
+        if args.filter not in name:
+            continue
+        for T in TOKENS:
+            torch.manual_seed(T)
+            case = make_case(*shape, T)
+            reference = moe_experts_fp8_ref(**case)
+            default = lambda: gg_runtime.moe_experts(**case)  # noqa: E731
+            row = {"shape": name, "T": T, "default_us": 1e3 * replayed_ms(default),
+                   "default_error": rel_error(default(), reference), "splits": {}}
+            for splits in SPLITS:
+                if splits > triton.cdiv(shape[0], 128):
+                    continue
+                fn = split_forward(case, splits)
+                error = rel_error(fn(), reference)
+                row["splits"][splits] = {"us": 1e3 * replayed_ms(fn), "error": error}
+            if T <= 2:
+                row["breakdown"] = breakdown(case, reference)
+            best = min(row["splits"].items(), key=lambda kv: kv[1]["us"])
+            print(f"{name:20s} T={T:3d} default {row['default_us']:7.1f} us "
+                  f"(err {row['default_error']:.1e}) | " + " ".join(
+                      f"{s}:{v['us']:.1f}" + ("!" if v["error"] > 3e-2 else "")
+                      for s, v in row["splits"].items()) + f" | best {best[0]}", flush=True)
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
