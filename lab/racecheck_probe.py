@@ -11,7 +11,7 @@ GPU host's Triton), each correct by the PTX memory model:
   on `empty`.  Over more blocks than slots, so slots are refilled.  The
   worker's registers set (setmaxnreg, 40).  `ring_plain_registers`: the
   same without setmaxnreg; `ring_stores`: the loader's threads fill the
-  slots by stores (fence, one arrive) instead of TMA.
+  slots by stores (fence, the warp's barrier, one arrive) instead of TMA.
 - `store_ring`: the consumer writes a staging buffer from its registers,
   fences (fence.proxy.async), has TMA store it, waits for the store's reads
   (store_wait) and writes the buffer again for the next block.
