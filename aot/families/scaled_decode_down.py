@@ -5,10 +5,10 @@ activation, quantizes h per slot per 128 columns and writes its part of H of
 the down projection, float32 [S, C, H], as scaled_experts_decode does;
 combine_parts sums them.  The family's dtype is gu's (float32); the weights
 are float8_e4m3fn, by TMA, sm90."""
-from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
+from ..family import EVERY, Config, Family, Param
 from ..kernels.experts_decode_split import scaled_decode_down_kernel
-from .scaled_experts_decode import FEW_SLOTS, decode_constexprs
-from .scaled_ragged_m import SCALING
+from .scaled_experts_decode import (AXES, BIASES, EXTENTS, FEW_SLOTS, IDS, SPLIT_TILES, SPLITS, W2,
+                                    W2_STRIDES, decode_constexprs)
 
 # BM: slot rows a unit (the MMAs' N); BN: w2's rows a step.
 CONFIGS = (Config(16, 128, 128, 4, 3, when="few_slots"),)
@@ -18,26 +18,9 @@ FAMILY = Family(
     kernel=scaled_decode_down_kernel,
     # gu [splits, S, 2I] float32 (scaled_decode_up's); the rest as
     # scaled_experts_decode's.
-    params=(
-        Param("gu_ptr", "*T", "operand"),
-        Param("ids_ptr", "*i64", "operand"),
-        Param("w2_ptr", "*fp8e4nv", "operand", aligned=True),
-        Param("w2_scale_ptr", "*fp32", "scale"),
-        Param("b13_ptr", "*bf16", "bias"),
-        Param("has_b13", "i32", "flag"),
-        Param("b2_ptr", "*bf16", "bias"),
-        Param("has_b2", "i32", "flag"),
-        Param("gpt_oss", "i32", "flag"),
-        Param("parts_ptr", "*O", "output", aligned=True),
-        Param("S", "i32", "extent"),
-        Param("H", "i32", "row_length", aligned=True),
-        Param("N", "i32", "row_length", aligned=True),
-        Param("G", "i32", "count"),
-        Param("splits", "i32", "extent"),
-        Param("w2_group_stride", "i64", "stride", aligned=True),
-        Param("ld2", "i64", "stride", aligned=True),
-    ),
-    axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
+    params=(Param("gu_ptr", "*T", "operand"), IDS, *W2, *BIASES,
+            Param("parts_ptr", "*O", "output", aligned=True), *EXTENTS, SPLITS, *W2_STRIDES),
+    axes=AXES,
     constexprs=decode_constexprs,
     tma=EVERY,
     basic=False,
@@ -47,6 +30,6 @@ FAMILY = Family(
     archs=(90,),
     configs={(90, "tma"): CONFIGS},
     conditions={"few_slots": FEW_SLOTS},
-    tiles="0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128) * splits",
+    tiles=SPLIT_TILES,
     rows="S // max(G, 1)",
 )

@@ -36,6 +36,35 @@ CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units"),
            Config(16, 128, 128, 4, 3, when="few_slots"))
 
 
+# The decode families' parameters, in groups that the split forward's two
+# families (scaled_decode_up.py, scaled_decode_down.py) share.  x: the tokens
+# [*, H] (blockwise), or xq, x_scale: quantize_fp8's per token (rowwise),
+# contiguous; ids: the slots' experts [S] (slot s is token s // k's); w13
+# [G, 2I, H], w2 [G, H, I] and their scales, contiguous; b13 [G, 2I], b2
+# [G, H].
+TOKENS = (Param("x_ptr", "*T", "operand", aligned=True),
+          Param("xq_ptr", "*fp8e4nv", "operand", aligned=True),
+          Param("x_scale_ptr", "*fp32", "scale"))
+IDS = Param("ids_ptr", "*i64", "operand")
+TOP_K = Param("k", "i32", "extent")
+W13 = (Param("w13_ptr", "*fp8e4nv", "operand", aligned=True),
+       Param("w13_scale_ptr", "*fp32", "scale"))
+W2 = (Param("w2_ptr", "*fp8e4nv", "operand", aligned=True), Param("w2_scale_ptr", "*fp32", "scale"))
+BIASES = (Param("b13_ptr", "*bf16", "bias"), Param("has_b13", "i32", "flag"),
+          Param("b2_ptr", "*bf16", "bias"), Param("has_b2", "i32", "flag"),
+          Param("gpt_oss", "i32", "flag"))
+EXTENTS = (Param("S", "i32", "extent"), Param("H", "i32", "row_length", aligned=True),
+           Param("N", "i32", "row_length", aligned=True), Param("G", "i32", "count"))
+W13_STRIDES = (Param("w13_group_stride", "i64", "stride", aligned=True),
+               Param("ld13", "i64", "stride", aligned=True))
+W2_STRIDES = (Param("w2_group_stride", "i64", "stride", aligned=True),
+              Param("ld2", "i64", "stride", aligned=True))
+AXES = (Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP))
+# The split forward's parts of H a unit.
+SPLITS = Param("splits", "i32", "extent")
+# The split forward's programs: every unit's tiles, each in `splits` parts.
+SPLIT_TILES = "0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128) * splits"
+
 
 def decode_constexprs(values: dict) -> dict:
     """The decode kernels' constexprs for a variant's axis values."""
@@ -47,36 +76,10 @@ FAMILY = Family(
     name="scaled_experts_decode",
     kernel=scaled_experts_decode_kernel,
     ws_kernel=scaled_experts_decode_ws_kernel,
-    # x: the tokens [*, H] (blockwise), or xq, x_scale: quantize_fp8's per
-    # token (rowwise), contiguous; ids: the slots' experts [S] (slot s is
-    # token s // k's); w13 [G, 2I, H], w2 [G, H, I] and their scales,
-    # contiguous; b13 [G, 2I], b2 [G, H]; parts [S, C, H] float32.
-    params=(
-        Param("x_ptr", "*T", "operand", aligned=True),
-        Param("xq_ptr", "*fp8e4nv", "operand", aligned=True),
-        Param("x_scale_ptr", "*fp32", "scale"),
-        Param("ids_ptr", "*i64", "operand"),
-        Param("k", "i32", "extent"),
-        Param("w13_ptr", "*fp8e4nv", "operand", aligned=True),
-        Param("w13_scale_ptr", "*fp32", "scale"),
-        Param("w2_ptr", "*fp8e4nv", "operand", aligned=True),
-        Param("w2_scale_ptr", "*fp32", "scale"),
-        Param("b13_ptr", "*bf16", "bias"),
-        Param("has_b13", "i32", "flag"),
-        Param("b2_ptr", "*bf16", "bias"),
-        Param("has_b2", "i32", "flag"),
-        Param("gpt_oss", "i32", "flag"),
-        Param("parts_ptr", "*O", "output", aligned=True),
-        Param("S", "i32", "extent"),
-        Param("H", "i32", "row_length", aligned=True),
-        Param("N", "i32", "row_length", aligned=True),
-        Param("G", "i32", "count"),
-        Param("w13_group_stride", "i64", "stride", aligned=True),
-        Param("ld13", "i64", "stride", aligned=True),
-        Param("w2_group_stride", "i64", "stride", aligned=True),
-        Param("ld2", "i64", "stride", aligned=True),
-    ),
-    axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP)),
+    # The groups above; parts [S, C, H] float32.
+    params=(*TOKENS, IDS, TOP_K, *W13, *W2, *BIASES,
+            Param("parts_ptr", "*O", "output", aligned=True), *EXTENTS, *W13_STRIDES, *W2_STRIDES),
+    axes=AXES,
     constexprs=decode_constexprs,
     tma=EVERY,
     basic=False,
