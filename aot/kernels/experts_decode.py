@@ -40,7 +40,8 @@ GLU (glu.py) places h's column j's gate and up rows in w13: j and I + j
 either a box of 128 gate or up rows.  Each row's scale is read for its own
 128-row block, so either layout and any I (a multiple of 16) scale right.
 
-kernels/experts_decode_ws.py runs the same units warp-specialised, in Gluon.
+kernels/experts_decode_ws.py runs the same units warp-specialised, in Gluon;
+kernels/experts_decode_split.py cuts each unit's H into parts over two kernels.
 
 Persistent: program p takes units p, p + programs, ...  BM: slots a unit
 (the MMAs' N); BN: H rows of w2 a step of the down projection; BK: 128, the

@@ -204,8 +204,6 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scaling scales,
   return {h, h_scale};
 }
 
-// What the down projection reads beyond the up projection's.
-
 // What the decode path and the routed products read: the arguments as the
 // kernels read them.
 class Fp8Products final : public ExpertProducts {

@@ -29,6 +29,7 @@ inline ScalarType fp8_out_dtype(const Tensor& x) {
   return x.scalar_type() == kFp8 ? kRows : x.scalar_type();
 }
 
+// What the down projection reads beyond the up projection's.
 struct DownProjection {
   const Tensor& w2;
   const Tensor& w2_scale;
