@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import expr
 from .families import FAMILIES
-from .family import Choice
+from .axes import Choice
 from .variants import ARCHS, DTYPES, FLAVOURS, compiled_dtypes
 
 KINDS = {"i32": "i", "i64": "l"}  # anything else is a pointer, 'p'

@@ -3,7 +3,8 @@
 through the inverse of the sort by expert, scaled by its routing weights and
 summed.  Memory-bound and made of plain loads: every arch, `aligned` (16-byte
 vectors) where the pointers and H allow it, else `basic`."""
-from ..family import EVERY, Config, Family, Param
+from ..axes import EVERY
+from ..family import Config, Family, Param
 from ..kernels.combine import combine_kernel
 
 # A program takes BM tokens x BN columns: 4 warps over 8 x 256 elements, 16 of

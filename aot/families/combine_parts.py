@@ -3,7 +3,8 @@ combine.py combine_parts_kernel): the decode forward's down projection
 (scaled_experts_decode) leaves each slot's product in one part per chunk
 of h's columns; this sums a token's slots' parts, weighted, into bfloat16.
 Memory-bound plain loads, sm90 (the fp8 forward's only)."""
-from ..family import EVERY, Config, Family, Param
+from ..axes import EVERY
+from ..family import Config, Family, Param
 from ..kernels.combine import combine_parts_kernel
 
 # A program takes one token x BN columns, BK parts at a time: 8 warps over

@@ -3,7 +3,8 @@ with one operand's rows read through the routing's order (rows[r] //
 rows_div) -- moe_experts' weight gradients from the tokens and the gradient
 rows as they are stored, with no permuted copy (aot/kernels/ragged.py
 gathered_k_kernel)."""
-from ..family import EVERY, Axis, Choice, Config, Family, Param
+from ..axes import EVERY, Axis, Choice
+from ..family import Config, Family, Param
 from ..kernels.ragged import gathered_k_kernel
 from ..kernels.ragged_k_ws import gathered_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT

@@ -3,7 +3,8 @@ order, out[r] = tokens[rows[r] // rows_div] @ b[g] (+ bias[g]) for the rows r
 of group g, stored as it is: moe_experts' backward's product of the
 gradient's rows with w2 (dh), with no permuted copy.  ragged_glu's kernel
 with no gate in its epilogue (aot/kernels/glu.py UNGATED)."""
-from ..family import EVERY, MAJOR, Axis, Family
+from ..axes import EVERY, MAJOR, Axis
+from ..family import Family
 from ..kernels.glu import UNGATED
 from ..kernels.ragged import ragged_glu_kernel
 from ..kernels.ragged_ws import ragged_glu_ws_kernel

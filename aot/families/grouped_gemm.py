@@ -1,6 +1,7 @@
 """grouped_gemm: independent C_g = A_g @ B_g of any sizes, per-group pointers and strides
 in a table the runtime copies to the GPU (grouped_gemm, the tutorial's problem)."""
-from ..family import EVERY, MAJOR, Axis, Family, Param
+from ..axes import EVERY, MAJOR, Axis
+from ..family import Family, Param
 from ..kernels.grouped_gemm import GROUP_FIELDS, grouped_gemm_kernel
 from ..kernels.grouped_gemm_ws import grouped_gemm_ws_kernel
 

@@ -7,7 +7,8 @@ w.transpose(1, 2)) read in place.  sm90 only, as the fp8 GEMMs; `aligned`
 `basic`."""
 from dataclasses import replace
 
-from ..family import EVERY, MAJOR, Axis, Choice, Config, Family, Param, Where
+from ..axes import EVERY, MAJOR, Axis, Choice, Where
+from ..family import Config, Family, Param
 from ..kernels.quantize import (BLOCK, BLOCK_1X128, BLOCK_128X128, WHOLE_ROW,
                                 quantize_fp8_kernel)
 

@@ -6,7 +6,8 @@ the operands of the fp8 weight gradient.  sm90 only, as the fp8 GEMMs;
 `aligned` (16-byte vector loads of x) wherever x's base, row stride and C
 allow it, else `basic`.  Row r of the operand may be x's row rows[r] //
 rows_div (the routing's gather, where rows_div is not 0)."""
-from ..family import EVERY, Axis, Config, Family, Param
+from ..axes import EVERY, Axis
+from ..family import Config, Family, Param
 from ..kernels.quantize_columns import quantize_fp8_columns_kernel
 from .quantize_fp8 import GRANULARITY, MODES
 from .ragged_glu import ROWS

@@ -4,7 +4,8 @@ rows_div (the routing's gather, read in place); rows offs[g-1]:offs[g] times
 w13[g] (b [G, K, N], N = 2I gate and up columns) plus bias[g], then
 h [T, I] = act(gate, up); gu [T, N] (the product plus bias) kept for the
 backward where save_gu is 1.  The same kernel without a gate is gathered_m."""
-from ..family import EVERY, GATE_UP, MAJOR, Axis, Config, Family, Param, Where
+from ..axes import EVERY, GATE_UP, MAJOR, Axis, Where
+from ..family import Config, Family, Param
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.ragged import ragged_glu_kernel
 from ..kernels.ragged_ws import ragged_glu_ws_kernel

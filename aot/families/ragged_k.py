@@ -1,6 +1,7 @@
 """ragged_k: out[G, M, N], out[g] = a[:, rows of g] @ b[rows of g] for a [M, T] and
 b [T, N] -- the weight gradient of the MoE layer (grouped_mm 2-D x 2-D)."""
-from ..family import EVERY, MAJOR, Axis, Family, Param, Where
+from ..axes import EVERY, MAJOR, Axis, Where
+from ..family import Family, Param
 from ..kernels.ragged import ragged_k_kernel
 from ..kernels.ragged_k_ws import ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT

@@ -1,6 +1,7 @@
 """ragged_m: out[T, N], rows offs[g-1]:offs[g] of a [T, K] times b[g], plus
 bias[g] where given -- the MoE forward (grouped_mm 2-D x 3-D) and its dA."""
-from ..family import EVERY, MAJOR, Axis, Family, Param, Where
+from ..axes import EVERY, MAJOR, Axis, Where
+from ..family import Family, Param
 from ..kernels.ragged import ragged_m_kernel
 from ..kernels.ragged_ws import ragged_m_ws_kernel
 

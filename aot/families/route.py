@@ -4,7 +4,8 @@ place), or one (single) where the slots fit one program's chunk.  Integer
 work with plain loads: every arch, `basic` only, one 16-bit dtype (the ids
 are int64 whatever the tokens' dtype).  Its chunk and bin counts are
 constants the operator sizes its scratch by (csrc/ops/route.cc)."""
-from ..family import Axis, Choice, Config, Family, Param, Where
+from ..axes import Axis, Choice, Where
+from ..family import Config, Family, Param
 from ..kernels.route import SCAN_BINS, route_kernel
 
 # BM: the token slots a program of the three launches sorts at a time, and

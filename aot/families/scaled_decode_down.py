@@ -5,7 +5,8 @@ activation, quantizes h per slot per 128 columns and writes its part of H of
 the down projection, float32 [S, C, H], as scaled_experts_decode does;
 combine_parts sums them.  The family's dtype is gu's (float32); the weights
 are float8_e4m3fn, by TMA, sm90."""
-from ..family import EVERY, Config, Family, Param
+from ..axes import EVERY
+from ..family import Config, Family, Param
 from ..kernels.experts_decode_split import scaled_decode_down_kernel
 from .scaled_experts_decode import (AXES, BIASES, EXTENTS, FEW_SLOTS, IDS, SPLIT_TILES, SPLITS, W2,
                                     W2_STRIDES, decode_constexprs)

@@ -5,7 +5,8 @@ Taken instead of the one-kernel forward (scaled_experts_decode) where a
 call's units are too few to keep the SMs reading
 (csrc/ops/expert_products_fp8.cc decode_splits).  The family's dtype is the
 tokens' (16-bit); the weights are float8_e4m3fn, by TMA, sm90."""
-from ..family import EVERY, Config, Family, Param
+from ..axes import EVERY
+from ..family import Config, Family, Param
 from ..kernels.experts_decode_split import scaled_decode_up_kernel
 from .scaled_experts_decode import (AXES, EXTENTS, FEW_SLOTS, IDS, SPLIT_TILES, SPLITS, TOKENS,
                                     TOP_K, W13, W13_STRIDES, decode_constexprs)

@@ -14,7 +14,8 @@ projections' kernels measured faster (docs/notes/
 the tokens' (16-bit); the weights are float8_e4m3fn.
 The weights come by TMA, the tokens' rows by 16-byte pointer loads or
 copies (fp8's rules: aligned rows, H and I multiples of 16), sm90."""
-from ..family import EVERY, GATE_UP, Axis, Config, Family, Param
+from ..axes import EVERY, GATE_UP, Axis
+from ..family import Config, Family, Param
 from ..kernels.experts_decode import MAX_SLOTS, scaled_experts_decode_kernel
 from ..kernels.experts_decode_ws import scaled_experts_decode_ws_kernel
 from ..kernels.glu import CONCATENATED, INTERLEAVED

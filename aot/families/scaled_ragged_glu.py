@@ -7,7 +7,8 @@ plus bias, bfloat16 [T, N]) written too where the `gu` axis is "kept" (fp8
 training's forward keeps it for the backward), else never in memory."""
 from dataclasses import replace
 
-from ..family import EVERY, GATE_UP, Axis, Choice, Config, Family, Param, Where
+from ..axes import EVERY, GATE_UP, Axis, Choice, Where
+from ..family import Config, Family, Param
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.ragged import scaled_ragged_glu_kernel
 from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel

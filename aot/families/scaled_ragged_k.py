@@ -2,7 +2,8 @@
 b_g^T, from a [M, W] and b [N, W] quantized along T within each group
 (quantize_fp8_columns' padded layout), scaled per row per group or per 1x128
 block (aot/kernels/scaled_k.py).  sm90 TMA only, as every fp8 GEMM here."""
-from ..family import EVERY, Axis, Config, Family, Param, Where
+from ..axes import EVERY, Axis, Where
+from ..family import Config, Family, Param
 from ..kernels.scaled_k import scaled_ragged_k_kernel
 from ..kernels.scaled_k_ws import scaled_ragged_k_ws_kernel
 from .ragged_m import POINTERS, RAGGED_ROWS_LIMIT

@@ -3,7 +3,8 @@
 of a [T, K] times b[g] stored [N, K], scaled rowwise or per 128-block
 (aot/kernels/scaled.py).  sm90 TMA only: fp8 MMA needs sm89+, and TMA's
 alignment is what torch requires of fp8 inputs too."""
-from ..family import EVERY, Axis, Choice, Config, Family, Param, Where
+from ..axes import EVERY, Axis, Choice, Where
+from ..family import Config, Family, Param
 from ..kernels.ragged import scaled_ragged_m_kernel
 from ..kernels.ragged_ws import scaled_ragged_m_ws_kernel
 from ..kernels.scaled import BLOCKWISE, BLOCKWISE_ROWWISE, ROWWISE

@@ -3,7 +3,8 @@ rows stored into peers' symmetric buffers through a table of their
 addresses.  Memory-bound, plain loads and stores: every arch, `aligned`
 (16-byte vectors) where the rows and H allow it, else `basic`.  One dtype:
 the operator copies any 2-byte rows as bfloat16 words."""
-from ..family import EVERY, Config, Family, Param
+from ..axes import EVERY
+from ..family import Config, Family, Param
 from ..kernels.send_rows import send_rows_kernel
 
 # A program takes BM rows x BN columns: 4 warps over 8 x 256 words, 16 a

@@ -5,7 +5,8 @@ gu, the gradient of h, the rows' routing weights -> the gradient of gu, the
 scaled h and each row's dot product of h with its gradient.  Memory-bound
 and made of plain loads: every arch, `aligned` (16-byte vectors) where the
 pointers and C allow it, else `basic`."""
-from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Choice, Config, Family, Param
+from ..axes import ACTIVATION, EVERY, GATE_UP, Axis, Choice
+from ..family import Config, Family, Param
 from ..kernels.swiglu import swiglu_kernel
 
 # A program takes BM rows and walks them BN columns at a time.  4 warps over

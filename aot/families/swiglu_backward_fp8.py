@@ -8,7 +8,8 @@ summed over a group's blocks).  bfloat16 in (the fp8 forward's gu and
 products are bfloat16), float8_e4m3fn out; sm90 only, as
 the fp8 GEMMs; `aligned` only (its copies move 16 bytes: the operator
 copies an input that does not start at 16 bytes)."""
-from ..family import ACTIVATION, EVERY, GATE_UP, Axis, Choice, Config, Family, Param
+from ..axes import ACTIVATION, EVERY, GATE_UP, Axis, Choice
+from ..family import Config, Family, Param
 from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 
 # A tile is one 128-row block by 128 of h's columns, computed BK = 64 at a

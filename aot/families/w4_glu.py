@@ -3,7 +3,8 @@
 on 16-bit tokens, w13 two values a byte along K in MXFP4 or INT4 (the
 `format` axis: W4A16, the weights widened in the K loop, 16-bit MMAs); h
 written in the tokens' dtype, gu never kept (inference only)."""
-from ..family import GATE_UP, Axis, Choice, Config, Family, Param
+from ..axes import GATE_UP, Axis, Choice
+from ..family import Config, Family, Param
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.w4 import INT4_G32, INT4_G128, MXFP4, w4_glu_kernel
 from .ragged_glu import ROWS

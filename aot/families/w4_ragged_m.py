@@ -2,7 +2,8 @@
 w4_ragged_m_kernel): out[T, N], rows offs[g-1]:offs[g] of a [T, K]
 (16-bit) times b[g]^T, b [G, N, K] as w4_glu's, plus bias[g] where given
 -- moe_experts' down projection for serving with 4-bit weights."""
-from ..family import Axis, Family
+from ..axes import Axis
+from ..family import Family
 from ..kernels.w4 import w4_ragged_m_kernel
 from .ragged_m import BIAS, FAMILY as RAGGED_M
 from .w4_glu import CONFIGS, EXTENTS, POINTERS, W4_FORMAT, W4_FORMATS
