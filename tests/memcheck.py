@@ -74,8 +74,8 @@ INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_experts.py::test_route_op
                    "test_gpu_grouped_mm.py::test_ragged_m_edge_distributions")
 # The tests forcing every warp-specialised variant: their files, and what their
 # names hold.
-WS_TESTS = {"test_gpu_variants.py": ("",), "test_gpu_moe_fp8.py": ("variant", "decode"),
-            "test_gpu_fp8_grouped_mm.py": ("variant",)}
+WS_TESTS = {"test_gpu_variants.py": ("",), "test_gpu_moe_fp8.py": ("variant",),
+            "test_gpu_moe_fp8_decode.py": ("decode",), "test_gpu_fp8_grouped_mm.py": ("variant",)}
 
 
 # The reports counted apart (module docstring), by tool: what they are, and a

@@ -13,7 +13,9 @@ from gg_runtime.testing import (FP8_TOLERANCE, forced, fp8_moe_inputs, last_vari
 
 from conftest import device_arch
 
-# Families whose variants their own test file forces (with its exact reference).
+# Families the runners below do not run: their own test file forces each
+# variant (with its exact reference), or, for the 4-bit ones, reaches each
+# kernel's tile size through the dispatch.
 OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py",
             "quantize_fp8_columns": "test_gpu_quantize_columns.py",
             "swiglu": "test_gpu_moe_experts.py",
@@ -21,7 +23,11 @@ OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py",
             "gathered_k": "test_gpu_moe_experts.py", "combine": "test_gpu_moe_experts.py",
             "route": "test_gpu_moe_experts.py", "scaled_ragged_glu": "test_gpu_moe_fp8.py",
             "scaled_ragged_k": "test_gpu_fp8_grouped_mm.py",
-            "scaled_experts_decode": "test_gpu_moe_fp8.py", "combine_parts": "test_gpu_moe_fp8.py",
+            "scaled_experts_decode": "test_gpu_moe_fp8_decode.py",
+            "scaled_decode_up": "test_gpu_moe_fp8_decode.py",
+            "scaled_decode_down": "test_gpu_moe_fp8_decode.py",
+            "combine_parts": "test_gpu_moe_fp8_decode.py",
+            "w4_glu": "test_gpu_moe_w4.py", "w4_ragged_m": "test_gpu_moe_w4.py",
             "swiglu_backward_fp8": "test_gpu_swiglu_backward_fp8.py",
             "dispatch_plan": "test_gpu_expert_parallel_plan.py",
             "received_slots": "test_gpu_expert_parallel_plan.py",
@@ -118,6 +124,13 @@ def run_scaled_ragged_m(v, dtype, out_dtype):
 
 RUNNERS = {"grouped_gemm": run_list, "ragged_m": run_ragged_m, "ragged_k": run_ragged_k,
            "scaled_ragged_m": run_scaled_ragged_m}
+
+
+def test_every_family_has_a_runner_or_its_own_test():
+    """A family added without a runner here or an entry in OWN_TEST would fail
+    test_variant on a GPU only: this holds on any machine."""
+    missing = sorted(set(_C.families()) - set(RUNNERS) - set(OWN_TEST))
+    assert not missing, f"families with neither a runner nor their own test: {missing}"
 
 
 def dtypes(variant) -> tuple:
