@@ -68,7 +68,7 @@ BENCH_SECTIONS = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "
 BENCH_WRONG = r"wrong result|differs from"  # how a section reports a failed check
 # initcheck's default tests: every operator once (the guards' test), the MoE
 # router and the fp8 serving shapes, the ragged product's group edges.
-INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_experts.py::test_route_operator",
+INITCHECK_TESTS = ("test_gpu_guards.py", "test_gpu_moe_operators.py::test_route_operator",
                    "test_gpu_moe_fp8.py::test_served_shapes",
                    "test_gpu_moe_w4.py::test_layouts_activations_biases",
                    "test_gpu_grouped_mm.py::test_ragged_m_edge_distributions")

@@ -4,8 +4,8 @@ formula) in float64 on CPU, its operators stood in for by float64
 references (moe_experts_for_backward, grouped_mm, gathered_mm, gathered_mm_k,
 swiglu_backward and combine as their contracts say), against torch's
 autograd through a layer computed expert by expert.  The kernels
-themselves are checked on the GPU (test_gpu_moe_experts.py); this checks
-the composition, on every machine."""
+themselves are checked on the GPU (test_gpu_moe_operators.py and
+test_gpu_moe_experts.py); this checks the composition, on every machine."""
 from types import SimpleNamespace
 
 import pytest
