@@ -3,16 +3,12 @@ with each unit's H cut into parts (aot/kernels/experts_decode_split.py):
 each part's gate and up sums, float32 [splits, S, 2I], for scaled_decode_down.
 Taken instead of the one-kernel forward (scaled_experts_decode) where a
 call's units are too few to keep the SMs reading
-(csrc/ops/expert_products_fp8.cc decode_splits).  The family's dtype is the
-tokens' (16-bit); the weights are float8_e4m3fn, by TMA, sm90."""
-from ..axes import EVERY
-from ..family import Config, Family, Param
+(csrc/ops/expert_products_fp8_decode.cc decode_splits).  The family's dtype is
+the tokens' (16-bit); the weights are float8_e4m3fn, by TMA, sm90."""
+from ..family import Family, Param
 from ..kernels.experts_decode_split import scaled_decode_up_kernel
-from .scaled_experts_decode import (AXES, EXTENTS, FEW_SLOTS, IDS, SPLIT_TILES, SPLITS, TOKENS,
-                                    TOP_K, W13, W13_STRIDES, decode_constexprs)
-
-# BM: slot rows a unit (the MMAs' N); BK: a K step, one scale block.
-CONFIGS = (Config(16, 128, 128, 4, 3, when="few_slots"),)
+from .scaled_experts_decode import (EXTENTS, IDS, SPLIT_FAMILY, SPLITS, TOKENS, TOP_K, W13,
+                                    W13_STRIDES)
 
 FAMILY = Family(
     name="scaled_decode_up",
@@ -20,16 +16,6 @@ FAMILY = Family(
     # As scaled_experts_decode's; gu [splits, S, 2I] float32.
     params=(*TOKENS, IDS, TOP_K, *W13, Param("gu_ptr", "*O", "output", aligned=True), *EXTENTS,
             SPLITS, *W13_STRIDES),
-    axes=AXES,
-    constexprs=decode_constexprs,
-    tma=EVERY,
-    basic=False,
     dtypes=("bfloat16", "float16"),
-    weights="float8_e4m3fn",
-    out_dtypes=("float32",),
-    archs=(90,),
-    configs={(90, "tma"): CONFIGS},
-    conditions={"few_slots": FEW_SLOTS},
-    tiles=SPLIT_TILES,
-    rows="S // max(G, 1)",
+    **SPLIT_FAMILY,
 )

@@ -63,8 +63,6 @@ W2_STRIDES = (Param("w2_group_stride", "i64", "stride", aligned=True),
 AXES = (Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP))
 # The split forward's parts of H a unit.
 SPLITS = Param("splits", "i32", "extent")
-# The split forward's programs: every unit's tiles, each in `splits` parts.
-SPLIT_TILES = "0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128) * splits"
 
 
 def decode_constexprs(values: dict) -> dict:
@@ -72,6 +70,18 @@ def decode_constexprs(values: dict) -> dict:
     return {"SCALING": SCALINGS[values["scaling"]],
             "GLU": CONCATENATED if values["gate_up"] == "concatenated" else INTERLEAVED}
 
+
+# What the split forward's two families (scaled_decode_up.py, scaled_decode_down.py)
+# have alike: one config (BM slot rows a unit, the MMAs' N; BN w2's rows a
+# step; BK a K step, one scale block), sm90's TMA, at most MAX_SLOTS slots,
+# and their programs: every unit's tiles, each in `splits` parts.
+SPLIT_FAMILY = {
+    "axes": AXES, "constexprs": decode_constexprs, "tma": EVERY, "basic": False,
+    "weights": "float8_e4m3fn", "out_dtypes": ("float32",), "archs": (90,),
+    "configs": {(90, "tma"): (Config(16, 128, 128, 4, 3, when="few_slots"),)},
+    "conditions": {"few_slots": FEW_SLOTS},
+    "tiles": "0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128) * splits",
+    "rows": "S // max(G, 1)"}
 
 FAMILY = Family(
     name="scaled_experts_decode",

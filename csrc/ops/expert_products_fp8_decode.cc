@@ -106,6 +106,7 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
   const Target target =
       target_of(in.x, runtime_dtype(fp8_out_dtype(in.x)), runtime_dtype(ScalarType::Float));
   const int32_t gpt_oss = choices.activation == family::Activation::kGptOss ? 1 : 0;
+  const int64_t b13_ptr = b13 ? address(*b13) : 0, b2_ptr = weights.b2 ? address(*weights.b2) : 0;
   const int64_t splits = decode_splits(slots, experts, hidden, inter);
   if (splits == 1) {
     const family::ScaledExpertsDecode args{.x_ptr = tokens.x_ptr(),
@@ -117,9 +118,9 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
                                            .w13_scale_ptr = address(w13_scale),
                                            .w2_ptr = address(weights.w2),
                                            .w2_scale_ptr = address(weights.w2_scale),
-                                           .b13_ptr = b13 ? address(*b13) : 0,
+                                           .b13_ptr = b13_ptr,
                                            .has_b13 = b13 ? 1 : 0,
-                                           .b2_ptr = weights.b2 ? address(*weights.b2) : 0,
+                                           .b2_ptr = b2_ptr,
                                            .has_b2 = weights.b2 ? 1 : 0,
                                            .gpt_oss = gpt_oss,
                                            .parts_ptr = address(parts),
@@ -154,9 +155,9 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
                                       .ids_ptr = address(ids),
                                       .w2_ptr = address(weights.w2),
                                       .w2_scale_ptr = address(weights.w2_scale),
-                                      .b13_ptr = b13 ? address(*b13) : 0,
+                                      .b13_ptr = b13_ptr,
                                       .has_b13 = b13 ? 1 : 0,
-                                      .b2_ptr = weights.b2 ? address(*weights.b2) : 0,
+                                      .b2_ptr = b2_ptr,
                                       .has_b2 = weights.b2 ? 1 : 0,
                                       .gpt_oss = gpt_oss,
                                       .parts_ptr = address(parts),
