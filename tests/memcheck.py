@@ -63,7 +63,7 @@ WS_KERNELS = "kns=_ws_kernel"  # the warp-specialised Gluon kernels' names end s
 # The bench's sections that check gg_runtime's results against a reference before
 # timing them (the others time only, train for many steps, or run an anchor).
 BENCH_SECTIONS = ("workloads", "wgrad", "training", "experts", "bias", "fp16", "cases", "fp8",
-                  "fp8_experts", "mxfp4_experts", "vllm_fp8", "fp8_training",
+                  "fp8_experts", "w4_experts", "vllm_fp8", "fp8_training",
                   "fp8_moe_training")
 BENCH_WRONG = r"wrong result|differs from"  # how a section reports a failed check
 # initcheck's default tests: every operator once (the guards' test), the MoE

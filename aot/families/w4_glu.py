@@ -18,9 +18,9 @@ W4_FORMATS = {"mxfp4": MXFP4.value, "int4_g32": INT4_G32.value, "int4_g128": INT
 # BM: token rows a tile (the MMAs' M), BN: weight rows (their N), BK: K a
 # step (whole scale groups, or within one).  Decode's groups (at most 16
 # rows on average) take 16 x 64 tiles, so that the weights stream through
-# more programs; larger groups 128 x 128 tiles, eight warps.  From an H200
-# sweep of a dense kernel of the same loop with MXFP4 weights
-# (docs/notes/2026-11-29-mxfp4-experts-w4a16.md).
+# more programs; larger groups 128 x 128 tiles, eight warps.  From H200
+# sweeps (docs/notes/2026-11-29-mxfp4-experts-w4a16.md, a dense kernel of the
+# same loop; docs/notes/2026-11-29-w4-widening-in-ptx.md, these kernels).
 CONFIGS = {(80, "basic"): (Config(16, 64, 128, 4, 4, max_rows=16), Config(128, 128, 64, 8, 3)),
            (90, "basic"): (Config(16, 64, 128, 4, 4, max_rows=16), Config(64, 128, 64, 4, 4,
                                                                           max_rows=128),

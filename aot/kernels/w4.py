@@ -7,33 +7,36 @@ formats (FORMAT):
   INT4_G32,   symmetric integers stored offset by 8 (nibble u is u - 8, -8
   INT4_G128:  .. 7) with bfloat16 scales, one a group of 32 or 128 along K
               ([G, N, K / group]).
-The tokens are 16-bit (W4A16): the weights are widened to bfloat16 in the K
-loop and the products are 16-bit MMAs (Hopper has no 4-bit tensor cores).
-MXFP4's widening and scaling is Triton's tl.dot_scaled; INT4's values are
-(u - 8) * scale computed in float32 and rounded once to bfloat16.
+The tokens are bfloat16 (W4A16): the weights are widened to bfloat16 in the
+K loop and the products are 16-bit MMAs (Hopper has no 4-bit tensor cores).
+The widening, each value times its scale rounded once to bfloat16, is
+kernels/widen4.py's, two values a 32-bit instruction.
 
 The weights are the MMA's second operand (its N side, the tokens its M):
 Triton widens them into the shared memory tile wgmma reads, rather than
 keeping them in registers as the first operand (as kernels/experts_decode.py
-keeps fp8 weights); docs/notes/2026-11-29-mxfp4-experts-w4a16.md measures
-both orders.  fast_math: a scale's NaN byte (255) is
-not special-cased; it still makes the products it scales non-finite
-(2^128 as bf16 is infinity), never a finite wrong value.
+keeps fp8 weights); docs/notes/2026-11-29-mxfp4-experts-w4a16.md and
+docs/notes/2026-11-29-w4-widening-in-ptx.md measure both orders.  A scale's
+NaN byte (255) is not special-cased; it still makes the products it scales
+non-finite (infinity), never a finite wrong value.
 
 The programs walk their tiles as ragged.ragged_m_program does (tiles.py
 walk_groups, locate_tile; the rows past the last group written zero), in a
 loop of their own: that program's modes are all TMA or Gluon tiles, and a
 change here recompiles none of its kernels.
 
-Pointer loads throughout (no TMA): 16-byte vectors, the host having checked
-what makes them whole (csrc/ops/expert_products_w4.cc: 16-byte aligned rows, K
-a multiple of the scale group); sm80 and sm90 compile the same code."""
+Pointer loads throughout: 16-byte vectors, the host having checked what makes
+them whole (csrc/ops/expert_products_w4.cc: 16-byte aligned rows, K a
+multiple of the scale group); sm80 and sm90 compile the same code.  The
+weights by TMA, pipelined, measured no faster at decode
+(docs/notes/2026-11-29-w4-widening-in-ptx.md)."""
 import triton
 import triton.language as tl
 
 from .glu import NO_GLU, glu_epilogue, w13_columns
 from .ragged import add_bias
 from .tiles import first_step_past, locate_tile, tile_store, walk_groups
+from .widen4 import e2m1_pairs, e8m0_scales, int4_pairs
 
 MXFP4 = tl.constexpr(0)
 INT4_G32 = tl.constexpr(1)
@@ -41,12 +44,20 @@ INT4_G128 = tl.constexpr(2)
 
 
 @triton.jit
-def int4_values(b, scale, BN: tl.constexpr, BK: tl.constexpr, GROUPS: tl.constexpr):
-    """b [BN, BK / 2] bytes of offset-8 nibbles, scale [BN, GROUPS] bfloat16
-    (each over BK / GROUPS values) -> the weights [BN, BK] in bfloat16."""
-    v = tl.join(b & 15, b >> 4).reshape(BN, BK).to(tl.int32) - 8
-    w = v.to(tl.float32).reshape(BN, GROUPS, BK // GROUPS) * scale.to(tl.float32)[:, :, None]
-    return w.reshape(BN, BK).to(tl.bfloat16)
+def widened(b, scale, FORMAT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            GROUPS: tl.constexpr):
+    """b [BN, BK / 2] packed bytes of FORMAT, scale [BN, GROUPS] (MXFP4's e8m0
+    bytes, INT4's bfloat16; each over BK / GROUPS values) -> the weights
+    [BN, BK] bfloat16."""
+    if FORMAT == MXFP4:
+        scale = e8m0_scales(scale)
+    per_byte = tl.broadcast_to(scale[:, :, None], (BN, GROUPS, BK // 2 // GROUPS))
+    per_byte = per_byte.reshape(BN, BK // 2)
+    if FORMAT == MXFP4:
+        low, high = e2m1_pairs(b, per_byte)
+    else:
+        low, high = int4_pairs(b, per_byte)
+    return tl.join(low, high).reshape(BN, BK)
 
 
 @triton.jit
@@ -75,7 +86,6 @@ def w4_tile(gather, weights, off_m, off_n, k_end, end, N, GLU: tl.constexpr,
     b_rows = tl.multiple_of(b_ptr + cols.to(tl.int64) * ldb, 16)
     scale_rows = scale_ptr + cols.to(tl.int64) * lds
     VECTOR: tl.constexpr = 128 // a_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes
-    TOKENS: tl.constexpr = "bf16" if a_ptr.dtype.element_ty == tl.bfloat16 else "fp16"
     ks = tl.arange(0, BK)
     bytes_k = tl.arange(0, BK // 2)
     groups_k = tl.arange(0, GROUPS)
@@ -90,10 +100,7 @@ def w4_tile(gather, weights, off_m, off_n, k_end, end, N, GLU: tl.constexpr,
         group_ok = k0 // GROUP + groups_k < k_end // GROUP
         scale = tl.load(scale_rows[:, None] + k0 // GROUP + groups_k[None, :],
                         mask=col_ok[:, None] & group_ok[None, :], other=0)
-        if FORMAT == MXFP4:
-            acc = tl.dot_scaled(a, None, TOKENS, b.T, scale, "e2m1", acc, fast_math=True)
-        else:
-            acc = tl.dot(a, int4_values(b, scale, BN, BK, GROUPS).T, acc)
+        acc = tl.dot(a, widened(b, scale, FORMAT, BN, BK, GROUPS).T, acc)
     return acc
 
 

@@ -11,6 +11,6 @@ from __future__ import annotations
 import importlib
 
 NAMES = ("workloads", "wgrad", "training", "experts", "sonic", "bias", "fp16", "cases", "fp8",
-         "fp8_experts", "mxfp4_experts", "vllm_fp8", "fp8_training", "fp8_moe_training",
+         "fp8_experts", "w4_experts", "vllm_fp8", "fp8_training", "fp8_moe_training",
          "fp8_convergence", "model", "expert_parallel", "proxy", "host")
 SECTIONS = {name: importlib.import_module(f"{__name__}.{name}") for name in NAMES}

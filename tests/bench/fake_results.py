@@ -96,20 +96,21 @@ DATA = {
         "quantize": {"rowwise": {"tbps": 2.6, "vs_copy": 0.84},
                      "128x128": {"tbps": 2.7, "vs_copy": 0.87}},
     },
-    "mxfp4_experts": {
+    "w4_experts": {
         "copy_tbps": 4.2,
         "cases": [
-            {"name": "gpt_oss_20b", "shape": {"H": 2880, "I": 2880, "E": 32, "k": 4},
+            {"name": "gpt_oss_20b", "format": "mxfp4",
+             "shape": {"H": 2880, "I": 2880, "E": 32, "k": 4},
              "rows": [
                  {"name": "gpt_oss_20b, T=1", "T": 1, "decode": True, "touched_experts": 4,
-                  "runs": {"gg_mxfp4": {"rel_error": 0.004, "ms": 0.076, "tflops": 1.3},
+                  "runs": {"gg_w4": {"rel_error": 0.004, "ms": 0.076, "tflops": 1.3},
                            "gg_fp8": {"rel_error": 0.05, "ms": 0.051, "tflops": 2.0},
                            "gg_bf16": {"rel_error": 0.0, "ms": 0.092, "tflops": 1.1}},
                   "first_call_ms": 2.9, "vs_fp8": 0.68, "vs_bf16": 1.21,
-                  "of_bound": {"gg_mxfp4": 0.16, "gg_fp8": 0.46, "gg_bf16": 0.51}},
+                  "of_bound": {"gg_w4": 0.16, "gg_fp8": 0.46, "gg_bf16": 0.51}},
                  {"name": "gpt_oss_20b, T=4096", "T": 4096, "decode": False,
                   "touched_experts": 32,
-                  "runs": {"gg_mxfp4": {"error": "wrong result: relative error 1.00e+00"},
+                  "runs": {"gg_w4": {"error": "wrong result: relative error 1.00e+00"},
                            "gg_fp8": timed(700.0), "gg_bf16": timed(560.0)},
                   "first_call_ms": 5.8, "vs_fp8": None, "vs_bf16": None, "of_bound": {}}]},
         ],

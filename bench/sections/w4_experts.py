@@ -1,0 +1,150 @@
+"""MoE experts with 4-bit weights for serving (issue 82): moe_experts with
+MXFP4 or INT4 weights (W4A16), with the same weights in fp8 (128 x 128
+blocks, quantize_fp8) and widened to bf16 (as the kernels widen them), on
+the expert shapes of gpt-oss (MXFP4), Kimi-K2 (INT4, groups of 32) and
+Qwen3-30B-A3B's INT4 checkpoints (groups of 128) at decode and prefill
+token counts.  GPU time; the decode rows' fraction of the time to read the
+touched experts' weights once at this GPU's copy bandwidth; the first call
+on a new token count.  Random 4-bit weights (every byte uniform; MXFP4's
+scales 2^-9 .. 2^-3, INT4's bfloat16 in [2^-7, 2^-5)); every output checked
+against the bf16 moe_experts on the widened weights before it is timed."""
+from __future__ import annotations
+
+import torch
+
+import gg_runtime
+from gg_runtime.testing import rel_error
+from gg_runtime.testing.w4 import random_int4, random_mxfp4, widened
+
+from ..markdown import fmt, ms_cells, not_timed, table
+from ..measure import SETTLED_WITHIN, measure, ratio
+from .fp8_experts import first_call_ms, routed_tokens
+
+TITLE = "MoE experts with 4-bit weights (serving)"
+# (H, I, E, k, gate_up, activation, format) of each model's MoE layers; the
+# format: MXFP4, or INT4 with a bfloat16 scale a group of 32 or 128.
+MODELS = {"gpt_oss_20b": (2880, 2880, 32, 4, "interleaved", "gpt_oss", "mxfp4"),
+          "gpt_oss_120b": (2880, 2880, 128, 4, "interleaved", "gpt_oss", "mxfp4"),
+          "kimi_k2_tp8": (7168, 256, 384, 8, "concatenated", "swiglu", "int4_g32"),
+          "kimi_k2": (7168, 2048, 384, 8, "concatenated", "swiglu", "int4_g32"),
+          "qwen3_30b_a3b": (2048, 768, 128, 8, "concatenated", "swiglu", "int4_g128")}
+DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 64, 256), (4096, 16384)
+# Format -> bytes a weight element the 4-bit forward reads: half a byte and
+# its share of a scale (MXFP4's byte a 32 values, INT4's bfloat16 a group).
+FORMAT_BYTES = {"mxfp4": 0.5 + 1 / 32, "int4_g32": 0.5 + 2 / 32, "int4_g128": 0.5 + 2 / 128}
+# The other implementations' bytes a weight element.
+REFERENCE_BYTES = {"gg_fp8": 1 + 1 / 128 ** 2 * 4, "gg_bf16": 2}
+IMPLEMENTATIONS = ("gg_w4", "gg_fp8", "gg_bf16")
+REFERENCE = "gg_bf16"
+COLUMNS = ["T", "experts touched", "4-bit ms", "fp8 ms", "bf16 ms", "x fp8", "x bf16",
+           "4-bit of bound", "fp8 of bound", "bf16 of bound", "1st 4-bit ms"]
+# 4-bit against bf16 on the same widened weights: the same math rounded
+# alike; fp8's tokens and activations rounded to e4m3 (about 5%).
+TOLERANCE = 8e-2
+
+
+def run(context) -> dict:
+    copy_tbps = context.ceilings()["copy_tbps"]
+    with torch.no_grad():
+        return {"copy_tbps": copy_tbps,
+                "cases": [bench_model(model, copy_tbps) for model in MODELS
+                          if context.only in model]}
+
+
+def bench_model(model: str, copy_tbps: float) -> dict:
+    hidden, inter, experts, top_k, gate_up, activation, fmt = MODELS[model]
+    weights = expert_weights(hidden, inter, experts, fmt)
+    options = {"gate_up": gate_up, "activation": activation}
+    bytes_per_element = {"gg_w4": FORMAT_BYTES[fmt], **REFERENCE_BYTES}
+    rows = [bench_tokens(f"{model}, T={tokens}", tokens, top_k, weights, options,
+                         bytes_per_element, copy_tbps)
+            for tokens in DECODE_TOKENS + PREFILL_TOKENS]
+    del weights
+    torch.cuda.empty_cache()
+    return {"name": model, "format": fmt,
+            "shape": {"H": hidden, "I": inter, "E": experts, "k": top_k}, "rows": rows}
+
+
+def random_w4(experts: int, rows: int, cols: int, fmt: str) -> tuple:
+    """(values, scales) of random 4-bit weights [E, rows, cols] in `fmt`."""
+    if fmt == "mxfp4":
+        return random_mxfp4(experts, rows, cols)
+    return random_int4(experts, rows, cols, group=int(fmt.removeprefix("int4_g")))
+
+
+def expert_weights(hidden: int, inter: int, experts: int, fmt: str) -> dict:
+    """Random 4-bit w13 [E, 2I, H] and w2 [E, H, I] in `fmt`, and the same
+    weights in bf16 (as the kernels widen them) and in fp8 with 128 x 128
+    block scales, an expert at a time."""
+    weights = {}
+    for name, rows, cols in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
+        values, scales = random_w4(experts, rows, cols, fmt)
+        bf16 = torch.empty(experts, rows, cols, dtype=torch.bfloat16, device="cuda")
+        fp8 = torch.empty(experts, rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
+        fp8_scales = []
+        for e in range(experts):
+            bf16[e] = widened(values[e:e + 1], scales[e:e + 1])[0]
+            q, scale = gg_runtime.quantize_fp8(bf16[e], "128x128")
+            fp8[e] = q
+            fp8_scales.append(scale)
+        weights.update({name: values, f"{name}_scale": scales, f"{name}_bf16": bf16,
+                        f"{name}_fp8": fp8, f"{name}_fp8_scale": torch.stack(fp8_scales)})
+    return weights
+
+
+def bench_tokens(name: str, tokens: int, top_k: int, w: dict, options: dict,
+                 bytes_per_element: dict, copy_tbps: float) -> dict:
+    experts, _, hidden = w["w13_bf16"].shape
+    inter = w["w2_bf16"].shape[2]
+    x, ids, weights = routed_tokens(tokens, hidden, experts, top_k)
+    candidates = {
+        "gg_w4": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13"], w["w2"],
+                                                   w13_scale=w["w13_scale"],
+                                                   w2_scale=w["w2_scale"], **options),
+        "gg_fp8": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13_fp8"], w["w2_fp8"],
+                                                 w13_scale=w["w13_fp8_scale"],
+                                                 w2_scale=w["w2_fp8_scale"], **options),
+        "gg_bf16": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13_bf16"], w["w2_bf16"],
+                                                  **options)}
+    first = first_call_ms(candidates["gg_w4"])
+    ref = candidates[REFERENCE]().float()
+    decode = tokens in DECODE_TOKENS
+    runs = measure(candidates, lambda out: rel_error(out, ref), TOLERANCE,
+                   2 * tokens * top_k * 3 * hidden * inter, settle=True, graphs=decode)
+    touched = ids.unique().numel()
+    elements = touched * 3 * hidden * inter
+    return {"name": name, "T": tokens, "decode": decode, "touched_experts": touched,
+            "runs": runs, "first_call_ms": first,
+            "vs_fp8": ratio(runs, "gg_w4", "gg_fp8"),
+            "vs_bf16": ratio(runs, "gg_w4", "gg_bf16"),
+            "of_bound": {impl: elements * bytes_per_element[impl] / copy_tbps / 1e9 / run["ms"]
+                         for impl, run in runs.items() if "ms" in run} if decode else {}}
+
+
+def report(data) -> list:
+    lines = [
+        "Forward ms: `4-bit`, moe_experts with 4-bit weights (W4A16: the values widened to "
+        "bf16 in the K loop), in the format named beside each model (MXFP4; INT4 with a bf16 "
+        "scale a group of 32 or 128 values); `fp8`, moe_experts on the same weights quantized "
+        "to fp8 (128 x 128 blocks); `bf16`, moe_experts on them widened to bf16 as the kernels "
+        "widen them. x fp8 / x bf16: that time / the 4-bit one's. of bound (decode rows): the "
+        "time to read the touched experts' weights (and scales) once at this run's "
+        f"device-copy bandwidth, {data['copy_tbps']:.2f} TB/s, / the time. 1st: the 4-bit "
+        "forward's first call on that token count, wall-clock, host included. Bf16 tokens, "
+        "random top-k routing; each output "
+        f"within {TOLERANCE:.0e} (relative) of bf16's before it is timed; times in turns, "
+        f"repeated until two runs agree within {SETTLED_WITHIN:.0%}. Decode rows replayed "
+        "from CUDA graphs (called directly where one cannot be captured: marked *). "
+        "OpenAI's triton_kernels (the issue's anchor) is not in this run."]
+    for case in data["cases"]:
+        shape = ", ".join(f"{axis} {value}" for axis, value in case["shape"].items())
+        lines += ["", f"{case['name']}, {case['format']} ({shape}):", ""]
+        lines += table(COLUMNS, [row_cells(row) for row in case["rows"]])
+    return lines + not_timed([row for case in data["cases"] for row in case["rows"]])
+
+
+def row_cells(row: dict) -> list:
+    bound = [row["of_bound"].get(impl) for impl in IMPLEMENTATIONS]
+    return [row["T"], row["touched_experts"], *ms_cells(row["runs"], IMPLEMENTATIONS),
+            fmt(row["vs_fp8"]), fmt(row["vs_bf16"]),
+            *(fmt(b, "{:.0%}") for b in bound), fmt(row["first_call_ms"], "{:.1f}")]

@@ -1,0 +1,453 @@
+"""4-bit moe_experts at decode in one kernel, the fp8 decode forward's units
+(aot/kernels/experts_decode.py: a tile of an expert's slots and 128 columns
+of h, both projections a unit, the parts summed by combine_parts) with
+4-bit weights (MXFP4 or INT4) widened to bfloat16 and bfloat16 tokens
+(W4A16), JIT-compiled by the GPU host's Triton; against the wheel's 4-bit
+forward (the routed w4_glu / w4_ragged_m path) and its fp8 forward on the
+same weights, each replayed from a CUDA graph with the L2 flushed.
+
+Variants: the weights widened by Triton's integer and float ops
+(`generic`) or by inline PTX, two values a 32-bit op (`asm`); the weights
+as the MMA's first operand (an expert's 128 rows its M, as fp8 decode has
+them) or second.
+
+    python lab/w4_decode_probe.py [--filter NAME] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+import gg_runtime
+from aot.kernels.combine import combine_parts_kernel
+from aot.kernels.experts_decode import CHUNK_COLUMNS, locate_unit, slot_groups
+from aot.kernels.glu import act
+from gg_runtime.testing import rel_error, time_in_turns
+from gg_runtime.testing.moe_fp8 import fp8_experts
+from gg_runtime.testing.timing import time_ms
+from gg_runtime.testing.w4 import moe_experts_w4_ref, random_int4, random_mxfp4, widened
+
+MXFP4 = tl.constexpr(0)
+INT4 = tl.constexpr(1)
+
+# (H, I, E, k, format, group) of issue 82's served shapes.
+SHAPES = {"gpt_oss_20b": (2880, 2880, 32, 4, "mxfp4", 32),
+          "gpt_oss_120b": (2880, 2880, 128, 4, "mxfp4", 32),
+          "kimi_k2_tp8": (7168, 256, 384, 8, "int4", 32),
+          "kimi_k2_tp8_mxfp4": (7168, 256, 384, 8, "mxfp4", 32),
+          "qwen3_30b_a3b_int4": (2048, 768, 128, 8, "int4", 128)}
+TOKENS = (1, 2, 4, 8)
+PROGRAMS = 132 * 4
+
+
+@triton.jit
+def int4_asm(b, scale):
+    """b [R, C] bytes of offset-8 nibbles, scale [R, C] bfloat16 (each
+    byte's) -> (low nibbles', high nibbles' values [R, C] bfloat16): q * s
+    rounded once, two values a 32-bit op."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 p, t, one, c136, nz;
+        mov.b32 one, 0x3F803F80;
+        mov.b32 c136, 0xC308C308;
+        mov.b32 nz, 0x80008000;
+        prmt.b32 p, $4, 0, 0x3120;
+        lop3.b32 t, p, 0x000F000F, 0x43004300, 0xEA;
+        fma.rn.bf16x2 t, t, one, c136;
+        fma.rn.bf16x2 $0, t, $5, nz;
+        shr.b32 t, p, 8;
+        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+        fma.rn.bf16x2 t, t, one, c136;
+        fma.rn.bf16x2 $1, t, $6, nz;
+        shr.b32 t, p, 4;
+        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+        fma.rn.bf16x2 t, t, one, c136;
+        fma.rn.bf16x2 $2, t, $5, nz;
+        shr.b32 t, p, 12;
+        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+        fma.rn.bf16x2 t, t, one, c136;
+        fma.rn.bf16x2 $3, t, $6, nz;
+        }
+        """,
+        "=r,=r,=r,=r,r,r,r", [b, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+        pack=4)
+
+
+@triton.jit
+def mxfp4_asm(b, scale):
+    """b [R, C] bytes of two e2m1 values, scale [R, C] bfloat16 (2^(e - 127),
+    each byte's) -> (low, high nibbles' values [R, C] bfloat16): each e2m1
+    value placed as bf16 bits (value * 2^-126), times 2^126, times the
+    scale; two values a 32-bit op."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 p, t, u, bias, nz;
+        mov.b32 bias, 0x7E807E80;
+        mov.b32 nz, 0x80008000;
+        prmt.b32 p, $4, 0, 0x3120;
+        shl.b32 t, p, 6;
+        shl.b32 u, p, 12;
+        and.b32 u, u, 0x80008000;
+        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
+        fma.rn.bf16x2 t, t, bias, nz;
+        fma.rn.bf16x2 $0, t, $5, nz;
+        shr.b32 t, p, 2;
+        shl.b32 u, p, 4;
+        and.b32 u, u, 0x80008000;
+        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
+        fma.rn.bf16x2 t, t, bias, nz;
+        fma.rn.bf16x2 $1, t, $6, nz;
+        shl.b32 t, p, 2;
+        shl.b32 u, p, 8;
+        and.b32 u, u, 0x80008000;
+        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
+        fma.rn.bf16x2 t, t, bias, nz;
+        fma.rn.bf16x2 $2, t, $5, nz;
+        shr.b32 t, p, 6;
+        and.b32 u, p, 0x80008000;
+        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
+        fma.rn.bf16x2 t, t, bias, nz;
+        fma.rn.bf16x2 $3, t, $6, nz;
+        }
+        """,
+        "=r,=r,=r,=r,r,r,r", [b, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+        pack=4)
+
+
+@triton.jit
+def widen(b, scale_ptrs, scale_ok, R: tl.constexpr, BK: tl.constexpr, FORMAT: tl.constexpr,
+          GROUP: tl.constexpr, ASM: tl.constexpr):
+    """b [R, BK / 2] packed bytes; scale_ptrs [R, GROUPS] the step's scales
+    (MXFP4's bytes, INT4's bfloat16) -> the weights [R, BK] bfloat16."""
+    GROUPS: tl.constexpr = max(BK // GROUP, 1)
+    raw = tl.load(scale_ptrs, mask=scale_ok, other=0)
+    if FORMAT == MXFP4:
+        scale = (raw.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)
+    else:
+        scale = raw
+    if ASM:
+        per_byte = tl.broadcast_to(scale[:, :, None], (R, GROUPS, BK // 2 // GROUPS))
+        per_byte = per_byte.reshape(R, BK // 2)
+        if FORMAT == MXFP4:
+            lo, hi = mxfp4_asm(b, per_byte)
+        else:
+            lo, hi = int4_asm(b, per_byte)
+        return tl.join(lo, hi).reshape(R, BK)
+    v = tl.join(b & 15, b >> 4).reshape(R, BK)
+    if FORMAT == MXFP4:
+        v16 = v.to(tl.uint16)
+        bits = ((v16 & 8) << 12) | ((v16 & 7) << 6)
+        w = bits.to(tl.bfloat16, bitcast=True).to(tl.float32) * 2.0 ** 126
+    else:
+        w = (v.to(tl.int32) - 8).to(tl.float32)
+    w = w.reshape(R, GROUPS, BK // GROUPS) * scale.to(tl.float32)[:, :, None]
+    return w.reshape(R, BK).to(tl.bfloat16)
+
+
+@triton.jit
+def w4_decode_kernel(x_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, w2_ptr, w2_scale_ptr, parts_ptr,
+                     S, H, N, G, FORMAT: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr,
+                     FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """x [*, H] bf16; ids [S]; w13 [G, 2I, H/2] bytes (concatenated gate,
+    up) with scales [G, 2I, H/GROUP]; w2 [G, H, I/2] with [G, H, I/GROUP];
+    parts [S, C, H] float32."""
+    inter = N // 2
+    chunks = tl.cdiv(inter, CHUNK_COLUMNS)
+    if FORMAT == INT4:
+        w13_scale_ptr = w13_scale_ptr.to(tl.pointer_type(tl.bfloat16))
+        w2_scale_ptr = w2_scale_ptr.to(tl.pointer_type(tl.bfloat16))
+    w13_desc = tl.make_tensor_descriptor(w13_ptr, shape=[G, 2, inter, H // 2],
+                                         strides=[N * (H // 2), inter * (H // 2), H // 2, 1],
+                                         block_shape=[1, 1, CHUNK_COLUMNS, BK // 2])
+    w2_desc = tl.make_tensor_descriptor(w2_ptr, shape=[G, H, inter // 2],
+                                        strides=[H * (inter // 2), inter // 2, 1],
+                                        block_shape=[1, BN, CHUNK_COLUMNS // 2])
+    groups = slot_groups(ids_ptr, S, G, chunks, BM)
+    units = tl.sum(groups[2])
+    GROUPS: tl.constexpr = max(BK // GROUP, 1)
+    for t in range(tl.program_id(0), units, tl.num_programs(0)):
+        g, slots, row_ok, column = locate_unit(t, groups, chunks, BM)
+        g64 = g.to(tl.int64)
+        x_rows = x_ptr + (slots // k).to(tl.int64) * H
+        first = column * CHUNK_COLUMNS
+        j = first + tl.arange(0, CHUNK_COLUMNS)
+        j_ok = j < inter
+        ks = tl.arange(0, BK)
+        gs = tl.arange(0, GROUPS)
+        gate = tl.zeros((CHUNK_COLUMNS, BM), dtype=tl.float32)
+        up = tl.zeros((CHUNK_COLUMNS, BM), dtype=tl.float32)
+        scale_rows = w13_scale_ptr + (g64 * N + j) * tl.cdiv(H, GROUP)
+        for k0 in range(0, H, BK):
+            xs = tl.load(x_rows[:, None] + k0 + ks[None, :],
+                         mask=row_ok[:, None] & (k0 + ks[None, :] < H), other=0.0)
+            s_ok = j_ok[:, None] & ((k0 // GROUP + gs[None, :]) * GROUP < H)
+            wg = widen(w13_desc.load([g, 0, first, k0 // 2]).reshape(CHUNK_COLUMNS, BK // 2),
+                       scale_rows[:, None] + k0 // GROUP + gs[None, :], s_ok, CHUNK_COLUMNS, BK,
+                       FORMAT, GROUP, ASM)
+            wu = widen(w13_desc.load([g, 1, first, k0 // 2]).reshape(CHUNK_COLUMNS, BK // 2),
+                       scale_rows[:, None] + inter * tl.cdiv(H, GROUP) + k0 // GROUP
+                       + gs[None, :], s_ok, CHUNK_COLUMNS, BK, FORMAT, GROUP, ASM)
+            if FIRST:
+                gate = tl.dot(wg, xs.T, gate)
+                up = tl.dot(wu, xs.T, up)
+            else:
+                gate += tl.dot(xs, wg.T).T
+                up += tl.dot(xs, wu.T).T
+        h = tl.where(j_ok[None, :], act(gate.T, up.T, 0), 0.0).to(tl.bfloat16)  # [BM, 128]
+        parts = parts_ptr + (slots.to(tl.int64) * chunks + column) * H
+        CG: tl.constexpr = max(CHUNK_COLUMNS // GROUP, 1)
+        cgs = tl.arange(0, CG)
+        for n0 in range(0, H, BN):
+            ns = n0 + tl.arange(0, BN)
+            n_ok = ns < H
+            s_ok = n_ok[:, None] & ((first // GROUP + cgs[None, :]) * GROUP < inter)
+            w = widen(w2_desc.load([g, n0, first // 2]).reshape(BN, CHUNK_COLUMNS // 2),
+                      w2_scale_ptr + (g64 * H + ns)[:, None] * tl.cdiv(inter, GROUP)
+                      + first // GROUP + cgs[None, :], s_ok, BN, CHUNK_COLUMNS, FORMAT, GROUP,
+                      ASM)
+            if FIRST:
+                part = tl.dot(w, h.T)
+            else:
+                part = tl.dot(h, w.T).T
+            tl.store(parts[None, :] + ns[:, None], part, mask=row_ok[None, :] & n_ok[:, None])
+
+
+def make_case(H, inter, E, k, fmt, group, T):
+    x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
+    weights = torch.rand(T, k, device="cuda")
+    if fmt == "mxfp4":
+        w13, s13 = random_mxfp4(E, 2 * inter, H)
+        w2, s2 = random_mxfp4(E, H, inter)
+    else:
+        w13, s13 = random_int4(E, 2 * inter, H, group)
+        w2, s2 = random_int4(E, H, inter, group)
+    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2, w13_scale=s13,
+                w2_scale=s2)
+
+
+def probe_forward(case, fmt, group, asm, first, bn=128, bk=128, warps=4, stages=3):
+    x, ids, weights = case["x"], case["topk_ids"].reshape(-1), case["topk_weights"]
+    w13, w2 = case["w13"].view(torch.uint8), case["w2"].view(torch.uint8)
+    s13 = case["w13_scale"].view(torch.uint8)
+    s2 = case["w2_scale"].view(torch.uint8)
+    T, H = x.shape
+    E, N, _ = w13.shape
+    k = case["topk_ids"].shape[1]
+    S = T * k
+    chunks = triton.cdiv(N // 2, 128)
+    parts = torch.empty(S, chunks, H, device="cuda")
+    out = torch.empty(T, H, device="cuda", dtype=torch.bfloat16)
+    grid = (min((triton.cdiv(S, 16) + min(S, E)) * chunks, PROGRAMS),)
+    fmt_code = 0 if fmt == "mxfp4" else 1
+
+    def run():
+        w4_decode_kernel[grid](x, ids, k, w13, s13, w2, s2, parts, S, H, N, E, FORMAT=fmt_code,
+                               GROUP=group, ASM=asm, FIRST=first, BM=16, BN=bn, BK=bk,
+                               num_warps=warps, num_stages=stages)
+        combine_parts_kernel[(min(T * triton.cdiv(H, 32), PROGRAMS),)](
+            parts, ids, weights, out, T, H, k, E, chunks, USE_TMA=False, BM=1, BN=32, BK=256,
+            CHUNK=0, PRECISION=0, num_warps=8, num_stages=1)
+        return out
+    return run
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (after a call); its replay, which keeps fn
+    (and so the buffers the graph reads and writes) alive."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+
+    def replay():
+        graph.replay()
+        return fn
+    return replay
+
+
+def weight_bytes(case, touched):
+    E = case["w13"].shape[0]
+    per_expert = sum(case[n].view(torch.uint8).numel() * case[n].element_size()
+                     for n in ("w13", "w2", "w13_scale", "w2_scale")) / E
+    return per_expert * touched
+
+
+# (BM, BN, BK, warps, stages) of the routed kernels (aot/kernels/w4.py).
+SWEEP_CONFIGS = ((16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 256, 4, 3),
+                 (16, 128, 128, 4, 4), (16, 64, 128, 2, 4), (16, 32, 256, 2, 4),
+                 (16, 128, 256, 8, 3), (16, 64, 128, 4, 6), (16, 64, 128, 4, 8),
+                 (16, 128, 128, 8, 4), (16, 64, 256, 4, 4), (16, 32, 256, 4, 6),
+                 (32, 64, 128, 4, 4), (64, 128, 64, 4, 4))
+
+
+def routed_kernels(case, fmt, group, config, tma=True):
+    """The wheel's routed 4-bit forward's two products (w4_glu_kernel,
+    w4_ragged_m_kernel of this tree, JIT) at `config`, as two closures."""
+    from aot.kernels.w4 import INT4_G32, INT4_G128, MXFP4 as W4_MXFP4
+    from aot.kernels.w4 import w4_glu_kernel, w4_ragged_m_kernel
+    BM, BN, BK, warps, stages = config
+    x, ids = case["x"], case["topk_ids"]
+    w13, w2 = case["w13"].view(torch.uint8), case["w2"].view(torch.uint8)
+    s13, s2 = case["w13_scale"], case["w2_scale"]
+    if fmt == "mxfp4":
+        s13, s2, code = s13.view(torch.uint8), s2.view(torch.uint8), W4_MXFP4
+    else:
+        code = INT4_G128 if group == 128 else INT4_G32
+    T, H = x.shape
+    E, N, _ = w13.shape
+    k = ids.shape[1]
+    S = T * k
+    routing = gg_runtime.moe.route(ids, E)
+    h = torch.empty(S, N // 2, device="cuda", dtype=torch.bfloat16)
+    ys = torch.empty(S, H, device="cuda", dtype=torch.bfloat16)
+    common = dict(FORMAT=code, USE_TMA=tma, BM=BM, BN=BN, BK=BK, CHUNK=64, PRECISION=0,
+                  num_warps=warps, num_stages=stages)
+
+    def up():
+        grid = (min((triton.cdiv(S, BM) + E + 1) * triton.cdiv(N, BN), 132 * 16),)
+        w4_glu_kernel[grid](x, w13, h, routing.offs, s13, S, N, H, E, x.stride(0), w13.stride(0),
+                            w13.stride(1), s13.stride(0), s13.stride(1), N // 2, x, 0, 0,
+                            routing.order, k, GLU=2, **common)
+
+    def down():
+        grid = (min((triton.cdiv(S, BM) + E + 1) * triton.cdiv(H, BN), 132 * 16),)
+        w4_ragged_m_kernel[grid](h, w2, ys, routing.offs, s2, S, H, N // 2, E, h.stride(0),
+                                 w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), H, x, 0,
+                                 **common)
+    return up, down
+
+
+def sweep(args):
+    """Each routed product alone at each of SWEEP_CONFIGS."""
+    rows = []
+    for name, (H, inter, E, k, fmt, group) in SHAPES.items():
+        if args.filter not in name:
+            continue
+        for T in map(int, args.tokens.split(",")):
+            torch.manual_seed(T)
+            case = make_case(H, inter, E, k, fmt, group, T)
+            fns = {}
+            for config, tma in [(SWEEP_CONFIGS[0], False)] + [(c, True) for c in SWEEP_CONFIGS]:
+                label = "x".join(map(str, config)) + ("" if tma else " pointers")
+                try:
+                    up, down = routed_kernels(case, fmt, group, config, tma)
+                    up()
+                    down()
+                    fns[label + " up"] = graphed(up)
+                    fns[label + " down"] = graphed(down)
+                except Exception as error:
+                    print(f"  {config}: {type(error).__name__}: {str(error)[:200]}")
+            times = {n: 1e3 * v for n, v in time_in_turns(fns, turns=2).items()}
+            rows.append({"shape": name, "T": T, "us": times})
+            print(f"{name} T={T}: " + "; ".join(f"{n} {v:.1f}" for n, v in times.items()),
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def wheel_only(args):
+    """The wheel's 4-bit forward and its fp8 forward on the same weights, at
+    args.tokens, each replayed from a CUDA graph where T <= 256."""
+    rows = []
+    for name, (H, inter, E, k, fmt, group) in SHAPES.items():
+        if args.filter not in name:
+            continue
+        for T in map(int, args.tokens.split(",")):
+            torch.manual_seed(T)
+            case = make_case(H, inter, E, k, fmt, group, T)
+            bf13 = widened(case["w13"], case["w13_scale"]).bfloat16()
+            bf2 = widened(case["w2"], case["w2_scale"]).bfloat16()
+            q13, q13s, q2, q2s = fp8_experts(bf13, bf2, "blockwise")
+            del bf13, bf2
+            fp8_case = dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+            w4 = lambda: gg_runtime.moe_experts(**case)  # noqa: E731
+            fp8 = lambda: gg_runtime.moe_experts(**fp8_case)  # noqa: E731
+            error = rel_error(w4(), moe_experts_w4_ref(**case)) if T <= 256 else None
+            fns = ({"w4": graphed(w4), "fp8": graphed(fp8)} if T <= 256
+                   else {"w4": w4, "fp8": fp8})
+            times = {n: 1e3 * v for n, v in time_in_turns(fns, turns=3).items()}
+            rows.append({"shape": name, "T": T, "us": times, "error": error})
+            print(f"{name:20s} T={T:5d} w4 {times['w4']:8.1f} fp8 {times['fp8']:8.1f} "
+                  f"x fp8 {times['fp8'] / times['w4']:.2f} error {error}", flush=True)
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    parser.add_argument("--filter", default="")
+    parser.add_argument("--tokens", default="1,2,4,8")
+    parser.add_argument("--wheel", action="store_true",
+                        help="only the wheel's 4-bit and fp8 forwards (an A/B of two wheels, "
+                             "each in processes of its own)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the routed kernels alone at each of SWEEP_CONFIGS")
+    args = parser.parse_args()
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
+    if args.wheel:
+        return wheel_only(args)
+    if args.sweep:
+        return sweep(args)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
+    src = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src))
+    bandwidth = 2 * src.numel() / copy_ms / 1e9  # TB/s
+    print(f"copy bandwidth {bandwidth:.2f} TB/s", flush=True)
+    rows = []
+    for name, (H, inter, E, k, fmt, group) in SHAPES.items():
+        if args.filter not in name:
+            continue
+        for T in map(int, args.tokens.split(",")):
+            if T * k > min(E, 64):
+                continue
+            torch.manual_seed(T)
+            case = make_case(H, inter, E, k, fmt, group, T)
+            reference = moe_experts_w4_ref(**case)
+            bf13 = widened(case["w13"], case["w13_scale"]).bfloat16()
+            bf2 = widened(case["w2"], case["w2_scale"]).bfloat16()
+            q13, q13s, q2, q2s = fp8_experts(bf13, bf2, "blockwise")
+            del bf13, bf2
+            fp8_case = dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+            fns = {"w4_wheel": graphed(lambda: gg_runtime.moe_experts(**case)),
+                   "fp8_wheel": graphed(lambda: gg_runtime.moe_experts(**fp8_case))}
+            errors = {"w4_wheel": rel_error(gg_runtime.moe_experts(**case), reference)}
+            for asm in (False, True):
+                for first in (True, False):
+                    label = f"{'asm' if asm else 'generic'}_{'first' if first else 'second'}"
+                    fn = probe_forward(case, fmt, group, asm, first)
+                    try:
+                        errors[label] = rel_error(fn(), reference)
+                        fns[label] = graphed(fn)
+                    except Exception as error:  # a variant Triton cannot compile
+                        print(f"  {label}: {type(error).__name__}: {str(error)[:300]}")
+            times = {n: 1e3 * v for n, v in time_in_turns(fns, turns=3).items()}
+            touched = int(torch.unique(case["topk_ids"]).numel())
+            bound_us = weight_bytes(case, touched) / bandwidth / 1e6
+            row = {"shape": name, "T": T, "touched": touched, "bound_us": bound_us,
+                   "us": times, "errors": errors}
+            rows.append(row)
+            print(f"{name:20s} T={T} bound {bound_us:5.1f} | " + " ".join(
+                f"{n} {v:6.1f}" + (f"({errors[n]:.0e})" if n in errors else "")
+                for n, v in times.items()), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
