@@ -21,6 +21,7 @@ from ..measure import SETTLED_WITHIN, measure, ratio
 from .fp8_experts import first_call_ms, routed_tokens
 
 TITLE = "MoE experts with 4-bit weights (serving)"
+ROWS = "cases"  # a filter's run (--only) merges its models into the last run's
 # (H, I, E, k, gate_up, activation, format) of each model's MoE layers; the
 # format: MXFP4, or INT4 with a bfloat16 scale a group of 32 or 128.
 MODELS = {"gpt_oss_20b": (2880, 2880, 32, 4, "interleaved", "gpt_oss", "mxfp4"),
