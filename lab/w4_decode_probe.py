@@ -7,9 +7,12 @@ forward (the routed w4_glu / w4_ragged_m path) and its fp8 forward on the
 same weights, each replayed from a CUDA graph with the L2 flushed.
 
 Variants: the weights widened by Triton's integer and float ops
-(`generic`) or by inline PTX, two values a 32-bit op (`asm`); the weights
+(`generic`) or by aot/kernels/widen4.py's inline PTX (`asm`); the weights
 as the MMA's first operand (an expert's 128 rows its M, as fp8 decode has
-them) or second.
+them) or second.  `--sweep`: the routed kernels (aot/kernels/w4.py) alone
+at several configs; `--wheel`: the installed wheel's 4-bit and fp8
+forwards (run it under two wheels for an A/B).  Measured in
+docs/notes/2026-11-29-w4-widening-in-ptx.md.
 
     python lab/w4_decode_probe.py [--filter NAME] [--json OUT]
 """
@@ -26,6 +29,7 @@ import gg_runtime
 from aot.kernels.combine import combine_parts_kernel
 from aot.kernels.experts_decode import CHUNK_COLUMNS, locate_unit, slot_groups
 from aot.kernels.glu import act
+from aot.kernels.widen4 import e2m1_pairs, e8m0_scales, int4_pairs
 from gg_runtime.testing import rel_error, time_in_turns
 from gg_runtime.testing.moe_fp8 import fp8_experts
 from gg_runtime.testing.timing import time_ms
@@ -45,82 +49,6 @@ PROGRAMS = 132 * 4
 
 
 @triton.jit
-def int4_asm(b, scale):
-    """b [R, C] bytes of offset-8 nibbles, scale [R, C] bfloat16 (each
-    byte's) -> (low nibbles', high nibbles' values [R, C] bfloat16): q * s
-    rounded once, two values a 32-bit op."""
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 p, t, one, c136, nz;
-        mov.b32 one, 0x3F803F80;
-        mov.b32 c136, 0xC308C308;
-        mov.b32 nz, 0x80008000;
-        prmt.b32 p, $4, 0, 0x3120;
-        lop3.b32 t, p, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 t, t, one, c136;
-        fma.rn.bf16x2 $0, t, $5, nz;
-        shr.b32 t, p, 8;
-        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 t, t, one, c136;
-        fma.rn.bf16x2 $1, t, $6, nz;
-        shr.b32 t, p, 4;
-        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 t, t, one, c136;
-        fma.rn.bf16x2 $2, t, $5, nz;
-        shr.b32 t, p, 12;
-        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 t, t, one, c136;
-        fma.rn.bf16x2 $3, t, $6, nz;
-        }
-        """,
-        "=r,=r,=r,=r,r,r,r", [b, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-        pack=4)
-
-
-@triton.jit
-def mxfp4_asm(b, scale):
-    """b [R, C] bytes of two e2m1 values, scale [R, C] bfloat16 (2^(e - 127),
-    each byte's) -> (low, high nibbles' values [R, C] bfloat16): each e2m1
-    value placed as bf16 bits (value * 2^-126), times 2^126, times the
-    scale; two values a 32-bit op."""
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 p, t, u, bias, nz;
-        mov.b32 bias, 0x7E807E80;
-        mov.b32 nz, 0x80008000;
-        prmt.b32 p, $4, 0, 0x3120;
-        shl.b32 t, p, 6;
-        shl.b32 u, p, 12;
-        and.b32 u, u, 0x80008000;
-        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
-        fma.rn.bf16x2 t, t, bias, nz;
-        fma.rn.bf16x2 $0, t, $5, nz;
-        shr.b32 t, p, 2;
-        shl.b32 u, p, 4;
-        and.b32 u, u, 0x80008000;
-        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
-        fma.rn.bf16x2 t, t, bias, nz;
-        fma.rn.bf16x2 $1, t, $6, nz;
-        shl.b32 t, p, 2;
-        shl.b32 u, p, 8;
-        and.b32 u, u, 0x80008000;
-        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
-        fma.rn.bf16x2 t, t, bias, nz;
-        fma.rn.bf16x2 $2, t, $5, nz;
-        shr.b32 t, p, 6;
-        and.b32 u, p, 0x80008000;
-        lop3.b32 t, t, 0x01C001C0, u, 0xEA;
-        fma.rn.bf16x2 t, t, bias, nz;
-        fma.rn.bf16x2 $3, t, $6, nz;
-        }
-        """,
-        "=r,=r,=r,=r,r,r,r", [b, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-        pack=4)
-
-
-@triton.jit
 def widen(b, scale_ptrs, scale_ok, R: tl.constexpr, BK: tl.constexpr, FORMAT: tl.constexpr,
           GROUP: tl.constexpr, ASM: tl.constexpr):
     """b [R, BK / 2] packed bytes; scale_ptrs [R, GROUPS] the step's scales
@@ -128,16 +56,16 @@ def widen(b, scale_ptrs, scale_ok, R: tl.constexpr, BK: tl.constexpr, FORMAT: tl
     GROUPS: tl.constexpr = max(BK // GROUP, 1)
     raw = tl.load(scale_ptrs, mask=scale_ok, other=0)
     if FORMAT == MXFP4:
-        scale = (raw.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)
+        scale = e8m0_scales(raw)
     else:
         scale = raw
     if ASM:
         per_byte = tl.broadcast_to(scale[:, :, None], (R, GROUPS, BK // 2 // GROUPS))
         per_byte = per_byte.reshape(R, BK // 2)
         if FORMAT == MXFP4:
-            lo, hi = mxfp4_asm(b, per_byte)
+            lo, hi = e2m1_pairs(b, per_byte)
         else:
-            lo, hi = int4_asm(b, per_byte)
+            lo, hi = int4_pairs(b, per_byte)
         return tl.join(lo, hi).reshape(R, BK)
     v = tl.join(b & 15, b >> 4).reshape(R, BK)
     if FORMAT == MXFP4:
@@ -288,7 +216,7 @@ SWEEP_CONFIGS = ((16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 256, 4, 3),
                  (32, 64, 128, 4, 4), (64, 128, 64, 4, 4))
 
 
-def routed_kernels(case, fmt, group, config, tma=True):
+def routed_kernels(case, fmt, group, config):
     """The wheel's routed 4-bit forward's two products (w4_glu_kernel,
     w4_ragged_m_kernel of this tree, JIT) at `config`, as two closures."""
     from aot.kernels.w4 import INT4_G32, INT4_G128, MXFP4 as W4_MXFP4
@@ -308,7 +236,7 @@ def routed_kernels(case, fmt, group, config, tma=True):
     routing = gg_runtime.moe.route(ids, E)
     h = torch.empty(S, N // 2, device="cuda", dtype=torch.bfloat16)
     ys = torch.empty(S, H, device="cuda", dtype=torch.bfloat16)
-    common = dict(FORMAT=code, USE_TMA=tma, BM=BM, BN=BN, BK=BK, CHUNK=64, PRECISION=0,
+    common = dict(FORMAT=code, USE_TMA=False, BM=BM, BN=BN, BK=BK, CHUNK=64, PRECISION=0,
                   num_warps=warps, num_stages=stages)
 
     def up():
@@ -335,10 +263,10 @@ def sweep(args):
             torch.manual_seed(T)
             case = make_case(H, inter, E, k, fmt, group, T)
             fns = {}
-            for config, tma in [(SWEEP_CONFIGS[0], False)] + [(c, True) for c in SWEEP_CONFIGS]:
-                label = "x".join(map(str, config)) + ("" if tma else " pointers")
+            for config in SWEEP_CONFIGS:
+                label = "x".join(map(str, config))
                 try:
-                    up, down = routed_kernels(case, fmt, group, config, tma)
+                    up, down = routed_kernels(case, fmt, group, config)
                     up()
                     down()
                     fns[label + " up"] = graphed(up)

@@ -143,6 +143,16 @@ def test_decode_kernel_reads_strided_tokens(variant):
     check_decode(variant, case)
 
 
+@decode_kernels
+def test_decode_kernel_forced_with_no_tokens(variant):
+    """T = 0 with a decode kernel forced: an empty output (the operator returns
+    before any launch, on every path)."""
+    case = decode_case(variant, (0, 272, 208, 8, 4))
+    with forced(variant["key"]):
+        out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"])
+    assert out.shape == (0, 272) and out.dtype == case["x"].dtype
+
+
 SPLIT_DOWN_KERNELS = [v for v in _C.variants() if v["arch"] == 90
                       and v["family"] == "scaled_decode_down"]
 

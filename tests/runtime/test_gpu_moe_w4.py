@@ -144,6 +144,21 @@ def test_bytes_and_checkpoint_layout():
     assert torch.equal(run(dict(case, w13=w13, w13_scale=w13_scale)), out)
 
 
+@pytest.mark.parametrize("w13_exponents, w2_exponents, token_scale", [
+    ((0, 6), (118, 124), 2.0 ** 100),  # w13's values down to 2^-128: bf16 subnormals
+    ((127, 140), (127, 140), 1.0)])  # scales above 2 (up to 2^13)
+def test_mxfp4_scales_over_their_range(w13_exponents, w2_exponents, token_scale):
+    """MXFP4's widening is exact for every e8m0 scale: the smallest (2^-127,
+    whose products with 0.5 are bfloat16 subnormals) and ones above 2; the
+    tokens scaled so that the layer's values stay normal float32."""
+    case = make_case(*TAILS["mxfp4"])
+    hidden, inter, experts = case["x"].shape[1], case["w2"].shape[2] * 2, case["w13"].shape[0]
+    case["w13"], case["w13_scale"] = random_mxfp4(experts, 2 * inter, hidden, w13_exponents)
+    case["w2"], case["w2_scale"] = random_mxfp4(experts, hidden, inter, w2_exponents)
+    case["x"] = (case["x"].double() * token_scale).bfloat16()
+    assert_close(run(case), moe_experts_w4_ref(**case))
+
+
 @pytest.mark.parametrize("weight_format", FORMATS)
 def test_nonfinite_token_stays_its_own(weight_format):
     case = make_case(*TAILS[weight_format], weight_format=weight_format)
