@@ -7,7 +7,8 @@ forward (the routed w4_glu / w4_ragged_m path) and its fp8 forward on the
 same weights, each replayed from a CUDA graph with the L2 flushed.
 
 Variants: the weights widened by Triton's integer and float ops
-(`generic`) or by aot/kernels/widen4.py's inline PTX (`asm`); the weights
+(`generic`) or as aot/kernels/w4.py widens them (`asm`: widen4.py's inline
+PTX); the weights
 as the MMA's first operand (an expert's 128 rows its M, as fp8 decode has
 them) or second.  `--sweep`: the routed kernels (aot/kernels/w4.py) alone
 at several configs; `--wheel`: the installed wheel's 4-bit and fp8
@@ -29,7 +30,8 @@ import gg_runtime
 from aot.kernels.combine import combine_parts_kernel
 from aot.kernels.experts_decode import CHUNK_COLUMNS, locate_unit, slot_groups
 from aot.kernels.glu import act
-from aot.kernels.widen4 import e2m1_pairs, e8m0_scales, int4_pairs
+from aot.kernels.w4 import widened as kernel_widened
+from aot.kernels.widen4 import e8m0_scales
 from gg_runtime.testing import rel_error, time_in_turns
 from gg_runtime.testing.moe_fp8 import fp8_experts
 from gg_runtime.testing.timing import time_ms
@@ -55,18 +57,9 @@ def widen(b, scale_ptrs, scale_ok, R: tl.constexpr, BK: tl.constexpr, FORMAT: tl
     (MXFP4's bytes, INT4's bfloat16) -> the weights [R, BK] bfloat16."""
     GROUPS: tl.constexpr = max(BK // GROUP, 1)
     raw = tl.load(scale_ptrs, mask=scale_ok, other=0)
-    if FORMAT == MXFP4:
-        scale = e8m0_scales(raw)
-    else:
-        scale = raw
+    scale = e8m0_scales(raw) if FORMAT == MXFP4 else raw
     if ASM:
-        per_byte = tl.broadcast_to(scale[:, :, None], (R, GROUPS, BK // 2 // GROUPS))
-        per_byte = per_byte.reshape(R, BK // 2)
-        if FORMAT == MXFP4:
-            lo, hi = e2m1_pairs(b, per_byte)
-        else:
-            lo, hi = int4_pairs(b, per_byte)
-        return tl.join(lo, hi).reshape(R, BK)
+        return kernel_widened(b, raw, FORMAT, R, BK, GROUPS)
     v = tl.join(b & 15, b >> 4).reshape(R, BK)
     if FORMAT == MXFP4:
         v16 = v.to(tl.uint16)
