@@ -56,7 +56,9 @@ def measure(candidates: dict, check, tolerance: float, flops: int, settle: bool 
 def graphed(fn):
     """A replay of a CUDA graph that captured a call of fn (after one call
     outside it), or None where fn cannot be captured: how a server runs a
-    decode step, its GPU time without the host's launches in it."""
+    decode step, its GPU time without the host's launches in it.  The
+    replay holds fn, and so whatever buffers fn's closure made outside the
+    capture: the graph reads and writes them."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -66,7 +68,11 @@ def graphed(fn):
     except RuntimeError:
         torch.cuda.synchronize()
         return None
-    return graph.replay
+
+    def replay():
+        graph.replay()
+        return fn
+    return replay
 
 
 # settled_times: how closely two runs of turns must agree, and how many runs at most.

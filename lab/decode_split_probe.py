@@ -23,6 +23,7 @@ import torch
 import triton
 
 import gg_runtime
+from bench.measure import graphed
 from gg_runtime import _C
 from aot.kernels.combine import combine_parts_kernel
 import triton.language as tl
@@ -247,15 +248,6 @@ def ab(args):
             rows.append(row)
     return rows
 
-
-def graphed(fn):
-    """fn captured in a CUDA graph (after a call), its replay."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def main():

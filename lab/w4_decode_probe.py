@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 import gg_runtime
+from bench.measure import graphed
 from aot.kernels.combine import combine_parts_kernel
 from aot.kernels.experts_decode import CHUNK_COLUMNS, locate_unit, slot_groups
 from aot.kernels.glu import act
@@ -178,20 +179,6 @@ def probe_forward(case, fmt, group, asm, first, bn=128, bk=128, warps=4, stages=
         return out
     return run
 
-
-def graphed(fn):
-    """fn captured in a CUDA graph (after a call); its replay, which keeps fn
-    (and so the buffers the graph reads and writes) alive."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-
-    def replay():
-        graph.replay()
-        return fn
-    return replay
 
 
 def weight_bytes(case, touched):

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 import gg_runtime
+from bench.measure import graphed
 from aot.kernels.glu import CONCATENATED, NO_GLU, glu_epilogue
 from aot.kernels.ragged import add_bias
 from aot.kernels.tiles import first_step_past, locate_tile, tile_store, walk_groups
@@ -158,20 +159,6 @@ def make_case(H, inter, E, k, fmt, T):
     return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2, w13_scale=s13,
                 w2_scale=s2)
 
-
-def graphed(fn):
-    """fn captured in a CUDA graph (after a call); its replay, which keeps fn
-    (and so the buffers the graph reads and writes) alive."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-
-    def replay():
-        graph.replay()
-        return fn
-    return replay
 
 
 def main():

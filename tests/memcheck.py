@@ -225,6 +225,8 @@ def execute(run: Run, gpu: str, logs: Path) -> Outcome:
     command = ["compute-sanitizer", "--tool", run.tool, *TOOL_FLAGS.get(run.tool, SORTED_FLAGS),
                *kernels, *run.command]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, **dict(run.env))
+    # The caller's setting would make the caching runs (CUDA graphs) fail too.
+    env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
     if run.exact:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     path = logs / f"{run.name()}.log"
