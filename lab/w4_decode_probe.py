@@ -140,6 +140,15 @@ def w4_decode_kernel(x_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, w2_ptr, w2_scale
             tl.store(parts[None, :] + ns[:, None], part, mask=row_ok[None, :] & n_ok[:, None])
 
 
+def fp8_twin(case):
+    """case with its 4-bit weights widened, then quantized to fp8 in 128 x
+    128 blocks: the fp8 forward on the same weights."""
+    q13, q13s, q2, q2s = fp8_experts(widened(case["w13"], case["w13_scale"]).bfloat16(),
+                                     widened(case["w2"], case["w2_scale"]).bfloat16(),
+                                     "blockwise")
+    return dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+
+
 def make_case(H, inter, E, k, fmt, group, T):
     x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
     ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
@@ -272,11 +281,7 @@ def wheel_only(args):
         for T in map(int, args.tokens.split(",")):
             torch.manual_seed(T)
             case = make_case(H, inter, E, k, fmt, group, T)
-            bf13 = widened(case["w13"], case["w13_scale"]).bfloat16()
-            bf2 = widened(case["w2"], case["w2_scale"]).bfloat16()
-            q13, q13s, q2, q2s = fp8_experts(bf13, bf2, "blockwise")
-            del bf13, bf2
-            fp8_case = dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+            fp8_case = fp8_twin(case)
             w4 = lambda: gg_runtime.moe_experts(**case)  # noqa: E731
             fp8 = lambda: gg_runtime.moe_experts(**fp8_case)  # noqa: E731
             error = rel_error(w4(), moe_experts_w4_ref(**case)) if T <= 256 else None
@@ -326,11 +331,7 @@ def main():
             torch.manual_seed(T)
             case = make_case(H, inter, E, k, fmt, group, T)
             reference = moe_experts_w4_ref(**case)
-            bf13 = widened(case["w13"], case["w13_scale"]).bfloat16()
-            bf2 = widened(case["w2"], case["w2_scale"]).bfloat16()
-            q13, q13s, q2, q2s = fp8_experts(bf13, bf2, "blockwise")
-            del bf13, bf2
-            fp8_case = dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+            fp8_case = fp8_twin(case)
             fns = {"w4_wheel": graphed(lambda: gg_runtime.moe_experts(**case)),
                    "fp8_wheel": graphed(lambda: gg_runtime.moe_experts(**fp8_case))}
             errors = {"w4_wheel": rel_error(gg_runtime.moe_experts(**case), reference)}

@@ -29,14 +29,15 @@ from aot.kernels.ragged import add_bias
 from aot.kernels.tiles import first_step_past, locate_tile, tile_store, walk_groups
 from aot.kernels.w4 import INT4_G32, INT4_G128, MXFP4, w4_tile
 from gg_runtime.testing import rel_error, time_in_turns
-from gg_runtime.testing.moe_fp8 import fp8_experts
-from gg_runtime.testing.w4 import moe_experts_w4_ref, random_int4, random_mxfp4, widened
+from gg_runtime.testing.w4 import moe_experts_w4_ref
+from lab.w4_decode_probe import fp8_twin, make_case
 
-# (H, I, E, k, format) of issue 82's served shapes (concatenated gate/up, SwiGLU).
-SHAPES = {"gpt_oss_20b": (2880, 2880, 32, 4, "mxfp4"),
-          "kimi_k2_tp8": (7168, 256, 384, 8, "int4_g32"),
-          "qwen3_30b_a3b": (2048, 768, 128, 8, "int4_g128")}
-CODES = {"mxfp4": MXFP4, "int4_g32": INT4_G32, "int4_g128": INT4_G128}
+# (H, I, E, k, format, group) of issue 82's served shapes, as
+# lab/w4_decode_probe.py's make_case takes them (concatenated gate/up, SwiGLU).
+SHAPES = {"gpt_oss_20b": (2880, 2880, 32, 4, "mxfp4", 32),
+          "kimi_k2_tp8": (7168, 256, 384, 8, "int4", 32),
+          "qwen3_30b_a3b": (2048, 768, 128, 8, "int4", 128)}
+CODES = {("mxfp4", 32): MXFP4, ("int4", 32): INT4_G32, ("int4", 128): INT4_G128}
 SPLITS = (1, 2, 4, 8)
 BM, BN, BK, WARPS, STAGES = 16, 64, 128, 4, 4  # w4_glu's decode config
 PROGRAMS = 132 * 8
@@ -105,7 +106,7 @@ def split_kernel(a_ptr, b_ptr, c_ptr, parts_ptr, offs_ptr, b_scale_ptr, T, N, K,
         rows_before = tl.max(ends)
 
 
-def split_forward(case, fmt, splits):
+def split_forward(case, fmt, group, splits):
     """The 4-bit forward with both products split `splits` ways along K, as
     a closure over its buffers."""
     x, ids, weights = case["x"], case["topk_ids"], case["topk_weights"]
@@ -121,7 +122,7 @@ def split_forward(case, fmt, splits):
     ys = torch.empty(S, H, device="cuda", dtype=torch.bfloat16)
     up_parts = torch.empty(splits, S, N, device="cuda")
     down_parts = torch.empty(splits, S, H, device="cuda")
-    common = dict(FORMAT=CODES[fmt], BM=BM, BN=BN, BK=BK, CHUNK=CHUNK, num_warps=WARPS,
+    common = dict(FORMAT=CODES[fmt, group], BM=BM, BN=BN, BK=BK, CHUNK=CHUNK, num_warps=WARPS,
                   num_stages=STAGES)
 
     def k_part(K):
@@ -146,21 +147,6 @@ def split_forward(case, fmt, splits):
     return run
 
 
-def make_case(H, inter, E, k, fmt, T):
-    x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
-    weights = torch.rand(T, k, device="cuda")
-    if fmt == "mxfp4":
-        (w13, s13), (w2, s2) = random_mxfp4(E, 2 * inter, H), random_mxfp4(E, H, inter)
-    else:
-        group = int(fmt.removeprefix("int4_g"))
-        (w13, s13), (w2, s2) = (random_int4(E, 2 * inter, H, group),
-                                random_int4(E, H, inter, group))
-    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2, w13_scale=s13,
-                w2_scale=s2)
-
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
@@ -168,22 +154,19 @@ def main():
     parser.add_argument("--tokens", default="1,8,64")
     args = parser.parse_args()
     rows = []
-    for name, (H, inter, E, k, fmt) in SHAPES.items():
+    for name, (H, inter, E, k, fmt, group) in SHAPES.items():
         if args.filter not in name:
             continue
         for T in map(int, args.tokens.split(",")):
             torch.manual_seed(T)
-            case = make_case(H, inter, E, k, fmt, T)
+            case = make_case(H, inter, E, k, fmt, group, T)
             reference = moe_experts_w4_ref(**case)
-            q13, q13s, q2, q2s = fp8_experts(widened(case["w13"], case["w13_scale"]).bfloat16(),
-                                             widened(case["w2"], case["w2_scale"]).bfloat16(),
-                                             "blockwise")
-            fp8_case = dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+            fp8_case = fp8_twin(case)
             fns = {"wheel": graphed(lambda: gg_runtime.moe_experts(**case)),
                    "fp8": graphed(lambda: gg_runtime.moe_experts(**fp8_case))}
             errors = {"wheel": rel_error(gg_runtime.moe_experts(**case), reference)}
             for splits in SPLITS:
-                fn = split_forward(case, fmt, splits)
+                fn = split_forward(case, fmt, group, splits)
                 errors[f"split {splits}"] = rel_error(fn(), reference)
                 fns[f"split {splits}"] = graphed(fn)
             times = {n: 1e3 * v for n, v in time_in_turns(fns, turns=3).items()}
