@@ -20,8 +20,8 @@ Every rounding is the one of the value times its scale, once (fma.rn with
 INT4's q * scale, MXFP4's e2m1 value times a power of two (exact, subnormal
 results included: bfloat16 fma keeps subnormals; infinity past bfloat16's
 range, which only the values of 2 and more at e = 254 reach).
-tests/aot/test_widen4.py runs this PTX through an emulator on every byte.  fma.rn.bf16x2 is sm80's,
-so sm80 and sm90 compile the same code."""
+fma.rn.bf16x2 is sm80's, so sm80 and sm90 compile the same code.
+tests/aot/test_widen4.py runs this PTX through an emulator on every byte."""
 import triton
 import triton.language as tl
 
