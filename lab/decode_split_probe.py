@@ -249,7 +249,6 @@ def ab(args):
     return rows
 
 
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")

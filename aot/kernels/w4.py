@@ -27,9 +27,8 @@ change here recompiles none of its kernels.
 
 Pointer loads throughout: 16-byte vectors, the host having checked what makes
 them whole (csrc/ops/expert_products_w4.cc: 16-byte aligned rows, K a
-multiple of the scale group); sm80 and sm90 compile the same code.  The
-weights by TMA, pipelined, measured no faster at decode
-(docs/notes/2026-11-29-w4-widening-in-ptx.md)."""
+multiple of the scale group); sm80 and sm90 compile the same code.  Why not
+the weights by TMA: docs/notes/2026-11-29-w4-widening-in-ptx.md."""
 import triton
 import triton.language as tl
 
