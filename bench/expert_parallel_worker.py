@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
-from gg_runtime import quantize_fp8
-from gg_runtime.formats import ROW_BLOCKS, SQUARE_BLOCKS
+from gg_runtime import Quantized, quantize_fp8
+from gg_runtime.formats import FP8_WEIGHT_SCALINGS, SQUARE_BLOCKS
 from gg_runtime.moe import expert_parallel, moe_experts
 from gg_runtime.moe import exchange
 from gg_runtime.testing import rel_error
@@ -103,33 +103,34 @@ def layer(hidden, inter, experts, k, tokens, seed):
     return x, ids, weights, w13, w2
 
 
-def transfers(x, ids, weights, w13, w2, max_tokens=None, fp8=None) -> dict:
+def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
     """Dispatch and return alone (ms, graphed), the rows this rank sent, and
     the experts alone on the rows it received, gathered (ms, graphed); with
-    fp8 weights (fp8: their scales), the tokens sent quantized per 128
-    columns, as expert_parallel sends them."""
-    granularity, options = (None, {}) if fp8 is None else (
-        ROW_BLOCKS, {"w13_scale": fp8[0], "w2_scale": fp8[1]})
-    layout = exchange.layout_for(dist.group.WORLD, x, ids, w13, max_tokens,
-                                 granularity=granularity)
+    fp8 weights (w13 and w2 Quantized), the tokens sent quantized as the
+    weights ask (per 128 columns for 128 x 128 blocks), as expert_parallel
+    sends them."""
+    fp8 = isinstance(w13, Quantized)
+    granularity = FP8_WEIGHT_SCALINGS[w13.format].rows if fp8 else None
+    layout = exchange.layout_for(dist.group.WORLD, x, ids, w13.values if fp8 else w13,
+                                 max_tokens, granularity=granularity)
 
     def dispatched(plan):
         if granularity is None:
-            return (*plan.dispatch(x), None)
-        return plan.dispatch_quantized(x, granularity)
+            return plan.dispatch(x)
+        rows, received, scales = plan.dispatch_quantized(x, granularity)
+        return Quantized(rows, scales, granularity), received
 
     plan = exchange.Plan(layout, ids, weights)
-    rows, received, scales = dispatched(plan)
+    rows, received = dispatched(plan)
     came = (plan.local_ids >= 0).any(1)
-    alone = (rows[came].clone(), plan.local_ids[came].clone(), received[came].clone())
-    alone_options = dict(options)
-    if scales is not None:
-        options["x_scale"], alone_options["x_scale"] = scales, scales[came].clone()
-    out = moe_experts(rows, plan.local_ids, received, w13, w2, **options)
+    kept = Quantized(rows.values[came].clone(), rows.scales[came].clone(), granularity) \
+        if fp8 else rows[came].clone()
+    alone = (kept, plan.local_ids[came].clone(), received[came].clone())
+    out = moe_experts(rows, plan.local_ids, received, w13, w2)
     return {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
             "return_ms": graphed(lambda: plan.returned(out)),
             "rows_sent": int((plan.index >= 0).sum()),
-            "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2, **alone_options)),
+            "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2)),
             "alone_inputs": alone}
 
 
@@ -182,13 +183,12 @@ def fp8_row(hidden, inter, experts, k, tokens) -> dict:
     """The layer with fp8 weights (128 x 128 blocks; the tokens travel in
     fp8), replayed from graphs: ours, dispatch, return, the experts alone."""
     x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, tokens, 2)
-    q13, s13 = quantize_fp8(w13, SQUARE_BLOCKS)
-    q2, s2 = quantize_fp8(w2, SQUARE_BLOCKS)
+    q13, q2 = quantize_fp8(w13, SQUARE_BLOCKS), quantize_fp8(w2, SQUARE_BLOCKS)
     with torch.no_grad():
         row = {"tokens": tokens,
-               "ours_graphed_ms": graphed(lambda: expert_parallel(
-                   x, ids, weights, q13, q2, w13_scale=s13, w2_scale=s2, max_tokens=tokens)),
-               **transfers(x, ids, weights, q13, q2, max_tokens=tokens, fp8=(s13, s2))}
+               "ours_graphed_ms": graphed(lambda: expert_parallel(x, ids, weights, q13, q2,
+                                                                  max_tokens=tokens)),
+               **transfers(x, ids, weights, q13, q2, max_tokens=tokens)}
     row.pop("alone_inputs")
     return row
 

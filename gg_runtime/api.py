@@ -10,6 +10,7 @@ import torch
 
 from . import autograd  # noqa: F401  (registers grouped_mm's gradients)
 from ._native import OPS, call, call_untracked_if_possible, check_types, tf32_allowed
+from .formats import Quantized
 
 
 def grouped_gemm(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], *,
@@ -294,8 +295,7 @@ def scaled_grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: torch.T
                 scale_result, out_dtype, use_fast_accum)
 
 
-def quantize_fp8(x: torch.Tensor,
-                 granularity: str = "rowwise") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(x: torch.Tensor, granularity: str = "rowwise") -> Quantized:
     """float8_e4m3fn quantisation, `x ~ q * scale`, in torch._scaled_grouped_mm's convention.
 
     `scale = max(amax(|x|) over the elements it covers, 1e-12) / 448` and
@@ -319,7 +319,12 @@ def quantize_fp8(x: torch.Tensor,
             `[ceil(T/128), ceil(K/128)]` or `[G, ceil(N/128), ceil(K/128)]`.
 
     Returns:
-        `(q, scale)`: q float8_e4m3fn, contiguous, of x's shape; scale float32.
+        A `Quantized` `(values, scales, format)`: values float8_e4m3fn,
+        contiguous, of x's shape; scales float32; format the granularity.
+        Weights so quantized (`"128x128"` or `"rowwise"`) are what
+        `moe_experts` takes as fp8 weights, and tokens (`"1x128"` or
+        `"rowwise"`) as tokens given quantized; `scaled_grouped_mm` takes the
+        values and scales apart, in torch's convention.
 
     Raises:
         TypeError: x not a tensor, or of another dtype.
@@ -328,4 +333,4 @@ def quantize_fp8(x: torch.Tensor,
         UnsupportedDeviceError: a GPU of another compute capability than 9.0.
     """
     check_types(tensors=(("x", x),))
-    return call(OPS.quantize_fp8.default, x, granularity)
+    return Quantized(*call(OPS.quantize_fp8.default, x, granularity), granularity)

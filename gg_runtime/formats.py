@@ -1,12 +1,14 @@
-"""How gg_runtime scales fp8 (float8_e4m3fn) values: the scale layouts
-(quantize_fp8's granularities), and by name the layouts of a product's two
-operands (scaled_grouped_mm's granularity, fp8_grouped_mm's recipe,
-moe_experts' `fp8`, the fp8 expert weights served); and which format
-served expert weights are in (fp8's two, MXFP4, INT4).  Every map from such a
-name to its layouts reads this table."""
+"""How gg_runtime stores values quantized: the formats (the scale layouts of
+fp8, float8_e4m3fn, values: quantize_fp8's granularities; MXFP4; INT4), a
+tensor held in one (`Quantized`: what quantize_fp8 and the 4-bit weight
+converters return and moe_experts takes), and by name the layouts of a
+product's two operands (scaled_grouped_mm's granularity, fp8_grouped_mm's
+recipe, the tokens fp8 expert weights ask for).  Every map from such a name
+to its layouts reads this table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -34,12 +36,10 @@ SCALINGS = {"rowwise": Scaling(ROWWISE, ROWWISE),
 # fp8 training's recipes (fp8_grouped_mm's `recipe`, moe_experts' `fp8`), each
 # a scaling of SCALINGS; the recipe's name is also its weight gradient's.
 RECIPES = ("rowwise", "blockwise")
-# fp8 expert weights served (moe_experts given fp8 weights), by their scales'
-# layout: per 128 x 128 block, or per output channel (a row of the weights).
-WEIGHT_FORMATS = {"blockwise": SCALINGS["blockwise"], "channelwise": SCALINGS["rowwise"]}
-# The weight format each training recipe's forward quantizes the weights to.
-RECIPE_WEIGHT_FORMATS = {recipe: next(name for name, scaling in WEIGHT_FORMATS.items()
-                                      if scaling == SCALINGS[recipe]) for recipe in RECIPES}
+# The layouts fp8 expert weights are served in (moe_experts given fp8
+# weights), by the weights' layout: per 128 x 128 block, or per output
+# channel (a row of each expert's weight); each with the tokens' layout it asks.
+FP8_WEIGHT_SCALINGS = {s.weights: s for s in (SCALINGS["blockwise"], SCALINGS["rowwise"])}
 
 
 # 4-bit expert weights served, two values a byte along K (the first in the
@@ -52,29 +52,40 @@ INT4 = "int4"
 W4_FORMATS = (MXFP4, INT4)
 MXFP4_GROUP = 32
 INT4_GROUPS = (32, 128)
-W4_VALUE_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
 # torch's dtypes of MXFP4's values and scales, each stored in a byte.
 MXFP4_BYTE_DTYPES = (torch.float4_e2m1fn_x2, torch.float8_e8m0fnu)
 
 
-def served_weight_format(w: torch.Tensor, scale: torch.Tensor) -> str:
-    """The format of served expert weights w `[E, N, K]` scaled by `scale`:
-    where w holds packed 4-bit values (W4_VALUE_DTYPES), INT4 for bytes with
-    floating-point scales, else MXFP4; else fp8's WEIGHT_FORMATS key,
-    `"channelwise"` where it has a scale per output channel (`[E, N]` or
-    `[E, N, 1]`: as many rows as w, which 128 x 128 blocks never have), else
-    `"blockwise"` (`[E, ceil(N/128), ceil(K/128)]`).  The operators check
-    the scales' shape and dtype in full."""
-    if w.dtype in W4_VALUE_DTYPES:
-        integers = w.dtype == torch.uint8 and scale.is_floating_point() and \
-            scale.dtype != torch.float8_e8m0fnu
-        return INT4 if integers else MXFP4
-    channels = scale.dim() >= 2 and w.dim() >= 2 and scale.shape[1] == w.shape[1]
-    return "channelwise" if channels else "blockwise"
-
-
-# The weight formats of torch.ops.gg_runtime.moe_experts (its `weight_format`,
-# which csrc/ops/moe_experts.cc parses): 16-bit weights in the tokens' dtype,
-# then fp8's and the 4-bit ones.
+# moe_experts' weight formats: fp8's layouts, then the 4-bit ones; and
+# torch.ops.gg_runtime.moe_experts' `weight_format` (csrc/ops/moe_experts.cc
+# parses it), which adds 16-bit weights in the tokens' dtype.
+WEIGHT_FORMATS = (*FP8_WEIGHT_SCALINGS, *W4_FORMATS)
 UNQUANTIZED = "unquantized"
-OPERATOR_WEIGHT_FORMATS = (UNQUANTIZED, *WEIGHT_FORMATS, *W4_FORMATS)
+OPERATOR_WEIGHT_FORMATS = (UNQUANTIZED, *WEIGHT_FORMATS)
+# Every format a Quantized value can be in.
+FORMATS = (*GRANULARITIES, *W4_FORMATS)
+
+
+class Quantized(NamedTuple):
+    """A tensor stored quantized: its `values`, their `scales` and the
+    `format` that says how the two combine and what each scale covers.
+
+    - fp8 (`values` float8_e4m3fn, `scales` float32, `value ~ q * scale`):
+      `format` is the scales' layout, quantize_fp8's granularity:
+      `"rowwise"` (a scale a row: `[T]` or `[G, N]`, or with a trailing 1),
+      `"1x128"` (128 columns of a row) or `"128x128"` (a block);
+      quantize_fp8 makes them.
+    - `"mxfp4"`: OCP microscaling, `values` two e2m1 values a byte along K
+      (float4_e2m1fn_x2 or uint8), `scales` e8m0 (float8_e8m0fnu or uint8),
+      one a group of 32 along K; `mxfp4_expert_weights` makes them.
+    - `"int4"`: symmetric integers q in -8 .. 7 stored as q + 8, two a byte
+      along K (uint8), `scales` bfloat16, one a group of 32 or 128 along K
+      (the scales' last dimension gives which); `int4_expert_weights` and
+      `gptq_expert_weights` make them.
+
+    A NamedTuple: `values, scales, format = q` unpacks it, and
+    `torch.compile` traces through it.  The functions that take one check
+    its fields in full, naming the argument."""
+    values: torch.Tensor
+    scales: torch.Tensor
+    format: str

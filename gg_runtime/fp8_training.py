@@ -8,7 +8,7 @@ quantize_fp8_both_orientations launch).  What autograd keeps is the inputs
 themselves, as for grouped_mm.  Its products and quantizations (product,
 weight_gradient, quantize_weight) are moe_experts(fp8=...)'s too (moe/),
 whose operands may be read through the routing's order (autograd.Gathered)
-or quantized where they were made (Quantized)."""
+or quantized where they were made (QuantizedBothWays)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ _DTYPES = (torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
-class Quantized:
+class QuantizedBothWays:
     """An operand quantized by the kernel that made it (moe/differentiable.py's SwiGLU
     backward), as the blockwise recipe quantizes: along its rows
     (quantize_fp8's (q, scale), 1x128) for a product that reduces them,
@@ -46,7 +46,7 @@ def _quantize(x, granularity):
 def _quantized_rows(a, granularity):
     """(q, scale) of a's rows, each quantized along itself: a Gathered
     operand's tokens once, then the rows picked (fp8, a byte an element)."""
-    if isinstance(a, Quantized):
+    if isinstance(a, QuantizedBothWays):
         return a.along_rows
     if not isinstance(a, Gathered):
         return _quantize(a, granularity)
@@ -67,7 +67,7 @@ def _picked_rows(t, rows):
 
 def _quantized_columns(a, offs, granularity):
     """quantize_fp8_columns of a (a Gathered operand's rows read in place)."""
-    if isinstance(a, Quantized):
+    if isinstance(a, QuantizedBothWays):
         return a.along_columns
     if isinstance(a, Gathered):
         return call(OPS.quantize_fp8_columns.default, a.x, offs, granularity, a.rows, a.k)
@@ -90,13 +90,13 @@ def quantize_weight_both(w, recipe):
 
 
 def _row_count(a) -> int:
-    if isinstance(a, Quantized):
+    if isinstance(a, QuantizedBothWays):
         return a.count
     return a.rows.shape[0] if isinstance(a, Gathered) else a.shape[0]
 
 
 def product(a, b_t, recipe, offs, quantized_b=None, out_dtype=torch.bfloat16):
-    """a [T, R] (a tensor, Gathered or Quantized) @ b[g] for b given as b_t [G, C, R]
+    """a [T, R] (a tensor, Gathered or QuantizedBothWays) @ b[g] for b given as b_t [G, C, R]
     (R the reduced dimension), both quantized by the recipe: [T, C] in
     out_dtype (bfloat16 or float32).  quantized_b: quantize_weight(b_t,
     recipe), made before (None: made here)."""
@@ -108,7 +108,7 @@ def product(a, b_t, recipe, offs, quantized_b=None, out_dtype=torch.bfloat16):
 
 def weight_gradient(left, right, offs, recipe, out_dtype=torch.bfloat16):
     """[G, L, R] in out_dtype (bfloat16 or float32): left_g^T @ right_g for
-    left [T, L], right [T, R] (tensors, Gathered or Quantized), each
+    left [T, L], right [T, R] (tensors, Gathered or QuantizedBothWays), each
     quantized along T within the groups."""
     granularity = SCALINGS[recipe].rows
     q_left, scale_left = _quantized_columns(left, offs, granularity)

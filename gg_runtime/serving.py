@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ._native import check_types
-from .formats import INT4, INT4_GROUPS, served_weight_format
+from .formats import INT4, INT4_GROUPS, ROWWISE, SQUARE_BLOCKS, Quantized
 from .moe import moe_experts
 from .moe.stages import mapped_ids
 
@@ -83,8 +83,9 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
         TypeError: an argument of the wrong type (named), or as `moe_experts`.
 
     The errors `moe_experts` raises name its arguments: `x` for
-    hidden_states, `w13` for w1, `w13_scale` and `w2_scale` for w1_scale and
-    w2_scale, `topk_ids` for the local ids made through expert_map.
+    hidden_states, `w13` (`w13.values`) for w1, `w13.scales` and `w2.scales`
+    for w1_scale and w2_scale, `topk_ids` for the local ids made through
+    expert_map.
     """
     check_types(tensors=(("hidden_states", hidden_states), ("w1", w1), ("w2", w2),
                          ("topk_weights", topk_weights), ("topk_ids", topk_ids)),
@@ -111,18 +112,16 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
         _check_int4(w1, w1_scale, block_shape, per_channel_quant)
     else:
         _check_fp8_block_shape(block_shape, per_channel_quant)
-    if use_fp8_w8a8 and (served_weight_format(w1, w1_scale) == "channelwise") != per_channel_quant:
-        raise ValueError(f"w1_scale {tuple(w1_scale.shape)} does not match per_channel_quant="
-                         f"{per_channel_quant} (per channel: [E, 2I]; blocks: "
-                         "[E, ceil(2I/128), ceil(H/128)])")
     if expert_map is not None:
         topk_ids = _local_ids(topk_ids, expert_map, global_num_experts)
     elif global_num_experts not in (-1, w1.shape[0]):
         raise ValueError(f"global_num_experts = {global_num_experts} needs an expert_map (its "
                          f"ids would index w1's {w1.shape[0]} experts); without one it must be "
                          "-1 or w1's E")
-    out = moe_experts(hidden_states, topk_ids, topk_weights, w1, w2, w13_scale=w1_scale,
-                      w2_scale=w2_scale)
+    if quantized:
+        weight_format = INT4 if use_int4_w4a16 else ROWWISE if per_channel_quant else SQUARE_BLOCKS
+        w1, w2 = Quantized(w1, w1_scale, weight_format), Quantized(w2, w2_scale, weight_format)
+    out = moe_experts(hidden_states, topk_ids, topk_weights, w1, w2)
     return hidden_states.copy_(out) if inplace else out
 
 
@@ -157,8 +156,8 @@ def _check_int4(w1, w1_scale, block_shape, per_channel_quant):
             block_shape[0] != 0 or block_shape[1] not in INT4_GROUPS:
         raise ValueError(f"use_int4_w4a16=True needs block_shape [0, group] with group in "
                          f"{INT4_GROUPS} and per_channel_quant=False, got {block_shape}")
-    if served_weight_format(w1, w1_scale) != INT4 or w1_scale.dim() != 3 or \
-            w1_scale.shape[-1] * block_shape[1] != 2 * w1.shape[-1]:
+    if w1.dtype != torch.uint8 or w1_scale.dtype != torch.bfloat16 or w1_scale.dim() != 3 or \
+            w1.dim() != 3 or w1_scale.shape[-1] * block_shape[1] != 2 * w1.shape[-1]:
         raise ValueError(f"use_int4_w4a16=True takes w1 uint8 [E, 2I, H/2] and w1_scale bfloat16 "
                          f"[E, 2I, H/{block_shape[1]}], got w1 {w1.dtype} {tuple(w1.shape)} and "
                          f"w1_scale {w1_scale.dtype} {tuple(w1_scale.shape)}")

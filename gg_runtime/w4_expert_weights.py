@@ -6,26 +6,24 @@ from __future__ import annotations
 import torch
 
 from ._native import check_types
-from .formats import INT4_GROUPS, MXFP4_GROUP
+from .formats import INT4, INT4_GROUPS, MXFP4, MXFP4_GROUP, Quantized
 
 # Bytes a group of MXFP4_GROUP e2m1 values takes, two a byte.
 _GROUP_BYTES = MXFP4_GROUP // 2
 
 
-def mxfp4_expert_weights(blocks: torch.Tensor,
-                         scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mxfp4_expert_weights(blocks: torch.Tensor, scales: torch.Tensor) -> Quantized:
     """MXFP4 expert weights in the layout `moe_experts` reads, from a checkpoint's.
 
     For one weight of every expert (w13 or w2). With gpt-oss's checkpoints
     as transformers loads them (`Mxfp4Config(dequantize=False)` keeps them
     packed):
 
-        w13, w13_scale = gg_runtime.mxfp4_expert_weights(
-            experts.gate_up_proj_blocks, experts.gate_up_proj_scales)
-        w2, w2_scale = gg_runtime.mxfp4_expert_weights(
-            experts.down_proj_blocks, experts.down_proj_scales)
-        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, w13_scale=w13_scale,
-                                     w2_scale=w2_scale, gate_up="interleaved",
+        w13 = gg_runtime.mxfp4_expert_weights(experts.gate_up_proj_blocks,
+                                              experts.gate_up_proj_scales)
+        w2 = gg_runtime.mxfp4_expert_weights(experts.down_proj_blocks,
+                                             experts.down_proj_scales)
+        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, gate_up="interleaved",
                                      activation="gpt_oss", b13=..., b2=...)
 
     Once, at load: a view where the tensors are contiguous, else one copy.
@@ -39,8 +37,9 @@ def mxfp4_expert_weights(blocks: torch.Tensor,
             values' scale, `2 ** (byte - 127)` (255: NaN).
 
     Returns:
-        The pair (values, scales), `[E, N, K/2]` float4_e2m1fn_x2 and `[E, N,
-        K/32]` float8_e8m0fnu, contiguous, on blocks' device.
+        A `Quantized` in format `"mxfp4"`: values `[E, N, K/2]`
+        float4_e2m1fn_x2 and scales `[E, N, K/32]` float8_e8m0fnu,
+        contiguous, on blocks' device.
 
     Raises:
         TypeError: an argument that is not a tensor, or of another dtype.
@@ -58,8 +57,8 @@ def mxfp4_expert_weights(blocks: torch.Tensor,
         raise ValueError(f"blocks must be [E, N, K/32, 16] or [E, N, K/2] and scales [E, N, K/32] "
                          f"(K a multiple of 32), got {tuple(blocks.shape)} and "
                          f"{tuple(scales.shape)}")
-    return (blocks.contiguous().view(torch.float4_e2m1fn_x2),
-            scales.contiguous().view(torch.float8_e8m0fnu))
+    return Quantized(blocks.contiguous().view(torch.float4_e2m1fn_x2),
+                     scales.contiguous().view(torch.float8_e8m0fnu), MXFP4)
 
 
 # INT4's encodings of q in -8 .. 7 in a nibble: q + 8 (compressed-tensors'
@@ -68,7 +67,7 @@ INT4_ENCODINGS = ("offset8", "signed")
 
 
 def int4_expert_weights(packed: torch.Tensor, scales: torch.Tensor, *,
-                        encoding: str = "offset8") -> tuple[torch.Tensor, torch.Tensor]:
+                        encoding: str = "offset8") -> Quantized:
     """Symmetric INT4 expert weights in the layout `moe_experts` reads, from a checkpoint's.
 
     For one weight of every expert (w13 or w2), quantized symmetrically per
@@ -77,9 +76,9 @@ def int4_expert_weights(packed: torch.Tensor, scales: torch.Tensor, *,
     (Kimi-K2's experts, symmetric groups of 32), its `weight_packed` int32
     `[N, K/8]` of each expert stacked:
 
-        w13, w13_scale = gg_runtime.int4_expert_weights(w13_packed, w13_scale)
-        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, w13_scale=w13_scale,
-                                     w2_scale=w2_scale)
+        w13 = gg_runtime.int4_expert_weights(w13_packed, w13_scale)
+        w2 = gg_runtime.int4_expert_weights(w2_packed, w2_scale)
+        out = gg_runtime.moe_experts(x, ids, weights, w13, w2)
 
     Once, at load: a view where the tensors are contiguous and stored
     offset by 8, else one copy.
@@ -94,8 +93,9 @@ def int4_expert_weights(packed: torch.Tensor, scales: torch.Tensor, *,
             tensors, GPTQ's symmetric checkpoints); `"signed"`, two's complement.
 
     Returns:
-        The pair (values, scales), `[E, N, K/2]` uint8 with q stored as `q +
-        8` and `[E, N, K/group]` bfloat16, contiguous, on packed's device.
+        A `Quantized` in format `"int4"`: values `[E, N, K/2]` uint8 with q
+        stored as `q + 8` and scales `[E, N, K/group]` bfloat16, contiguous,
+        on packed's device.
 
     Raises:
         TypeError: an argument that is not a tensor, or of another dtype.
@@ -113,7 +113,10 @@ def int4_expert_weights(packed: torch.Tensor, scales: torch.Tensor, *,
     if packed.dim() != 3 or scales.dim() != 3:
         raise ValueError(f"packed must be [E, N, K/2] or [E, N, K/8] and scales [E, N, K/group], "
                          f"got {tuple(packed.shape)} and {tuple(scales.shape)}")
-    values = packed.contiguous().view(torch.uint8)  # int32: little-endian, the first value lowest
+    # int32: little-endian, the first value lowest.  An empty tensor counts as
+    # contiguous whatever its strides, and view(uint8) needs a unit last stride.
+    dense = packed.contiguous() if packed.numel() else packed.new_empty(packed.shape)
+    values = dense.view(torch.uint8)
     k = 2 * values.shape[2]
     group = k // scales.shape[2] if scales.shape[2] else 0
     if scales.shape[:2] != values.shape[:2] or group not in INT4_GROUPS or k % group:
@@ -121,12 +124,12 @@ def int4_expert_weights(packed: torch.Tensor, scales: torch.Tensor, *,
                          f"[E, N, K] = {(*values.shape[:2], k)}, got {tuple(scales.shape)}")
     if encoding == "signed":
         values = values ^ 0x88  # q + 8 = q xor 8 in four bits
-    return values, scales.contiguous()
+    return Quantized(values, scales.contiguous(), INT4)
 
 
 def gptq_expert_weights(qweight: torch.Tensor, scales: torch.Tensor, *,
                         qzeros: torch.Tensor | None = None,
-                        g_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        g_idx: torch.Tensor | None = None) -> Quantized:
     """Symmetric INT4 expert weights in the layout `moe_experts` reads, from GPTQ's.
 
     For one weight of every expert (each of gate, up and down), each
@@ -136,12 +139,12 @@ def gptq_expert_weights(qweight: torch.Tensor, scales: torch.Tensor, *,
     in -8 .. 7 stored as q + 8 (symmetric checkpoints: `sym=True`), and a
     scale per group of 32 or 128 values along K (`scales [K/group, N]`):
 
-        gate, gate_scale = gg_runtime.gptq_expert_weights(gate_qweight, gate_scales)
-        up, up_scale = gg_runtime.gptq_expert_weights(up_qweight, up_scales)
-        w2, w2_scale = gg_runtime.gptq_expert_weights(down_qweight, down_scales)
-        w13, w13_scale = torch.cat((gate, up), 1), torch.cat((gate_scale, up_scale), 1)
-        out = gg_runtime.moe_experts(x, ids, weights, w13, w2, w13_scale=w13_scale,
-                                     w2_scale=w2_scale)
+        gate = gg_runtime.gptq_expert_weights(gate_qweight, gate_scales)
+        up = gg_runtime.gptq_expert_weights(up_qweight, up_scales)
+        w2 = gg_runtime.gptq_expert_weights(down_qweight, down_scales)
+        w13 = gg_runtime.Quantized(torch.cat((gate.values, up.values), 1),
+                                   torch.cat((gate.scales, up.scales), 1), "int4")
+        out = gg_runtime.moe_experts(x, ids, weights, w13, w2)
 
     Once, at load: one copy. float16 scales are rounded to bfloat16 (the
     kernels' scale dtype; the weights they give then differ from float16
@@ -159,9 +162,9 @@ def gptq_expert_weights(qweight: torch.Tensor, scales: torch.Tensor, *,
             it must be `k // group` (no act-order reordering).
 
     Returns:
-        The pair (values, scales), `[E, N, K/2]` uint8 (two values a byte
-        along K, q + 8, the first in the low nibble) and `[E, N, K/group]`
-        bfloat16, contiguous, on qweight's device.
+        A `Quantized` in format `"int4"`: values `[E, N, K/2]` uint8 (two
+        values a byte along K, q + 8, the first in the low nibble) and
+        scales `[E, N, K/group]` bfloat16, contiguous, on qweight's device.
 
     Raises:
         TypeError: an argument that is not a tensor (qzeros and g_idx: nor
@@ -192,7 +195,8 @@ def gptq_expert_weights(qweight: torch.Tensor, scales: torch.Tensor, *,
     values = (qweight.unsqueeze(2) >> nibbles.view(1, 1, 8, 1)) & 15  # [E, K/8, 8, N]
     values = values.reshape(experts, k, n).transpose(1, 2).to(torch.uint8)  # [E, N, K], q + 8
     packed = values[..., 0::2] | (values[..., 1::2] << 4)
-    return packed.contiguous(), scales.transpose(1, 2).to(torch.bfloat16).contiguous()
+    return Quantized(packed.contiguous(), scales.transpose(1, 2).to(torch.bfloat16).contiguous(),
+                     INT4)
 
 
 def _check_symmetric(qzeros, shape):

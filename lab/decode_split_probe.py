@@ -136,9 +136,8 @@ def make_case(H, inter, E, k, T):
     weights = torch.rand(T, k, device="cuda")
     w13 = (torch.randn(E, 2 * inter, H, device="cuda") * H ** -0.5).to(torch.bfloat16)
     w2 = (torch.randn(E, H, inter, device="cuda") * inter ** -0.5).to(torch.bfloat16)
-    w13, w13_scale, w2, w2_scale = fp8_experts(w13, w2, "blockwise")
-    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2, w13_scale=w13_scale,
-                w2_scale=w2_scale)
+    w13, w2 = fp8_experts(w13, w2, "128x128")
+    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2)
 
 
 def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
@@ -146,7 +145,7 @@ def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
     """The two split kernels and combine_parts (those of `stages` on), as a
     closure over buffers."""
     x, ids, weights = case["x"], case["topk_ids"].reshape(-1), case["topk_weights"]
-    w13, w2 = case["w13"], case["w2"]
+    (w13, w13_scale, _), (w2, w2_scale, _) = case["w13"], case["w2"]
     T, H = x.shape
     E, N, _ = w13.shape
     k = case["topk_ids"].shape[1]
@@ -162,10 +161,10 @@ def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
 
     def run():
         if stages[0]:
-            up_kernel[grid](x, x, weights, ids, k, w13, case["w13_scale"], gu, S, H, N, E, splits,
+            up_kernel[grid](x, x, weights, ids, k, w13, w13_scale, gu, S, H, N, E, splits,
                             w13.stride(0), w13.stride(1), **common)
         if stages[1]:
-            down_kernel[grid](gu, ids, w2, case["w2_scale"], x, 0, x, 0, 0, parts, S, H, N, E,
+            down_kernel[grid](gu, ids, w2, w2_scale, x, 0, x, 0, 0, parts, S, H, N, E,
                               splits, w2.stride(0), w2.stride(1), **common)
         if stages[2]:
             combine_parts_kernel[(min(T * triton.cdiv(H, 32), PROGRAMS),)](
@@ -209,8 +208,8 @@ def replayed_ms(fn):
 def one_kernel_variant(case) -> str:
     """The scaled_experts_decode variant the dispatch took before the split
     forward (blockwise, concatenated, bfloat16 tokens)."""
-    slots, experts = case["topk_ids"].numel(), case["w13"].shape[0]
-    few_units = min(slots, experts) * triton.cdiv(case["w2"].shape[2], 128) <= 128
+    slots, experts = case["topk_ids"].numel(), case["w13"].values.shape[0]
+    few_units = min(slots, experts) * triton.cdiv(case["w2"].values.shape[2], 128) <= 128
     (key,) = [v["key"] for v in _C.variants() if v["family"] == "scaled_experts_decode"
               and v["axes"] == {"scaling": "blockwise", "gate_up": "concatenated"}
               and v["dtype"] == "bfloat16" and v["key"].endswith(

@@ -143,10 +143,9 @@ def w4_decode_kernel(x_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, w2_ptr, w2_scale
 def fp8_twin(case):
     """case with its 4-bit weights widened, then quantized to fp8 in 128 x
     128 blocks: the fp8 forward on the same weights."""
-    q13, q13s, q2, q2s = fp8_experts(widened(case["w13"], case["w13_scale"]).bfloat16(),
-                                     widened(case["w2"], case["w2_scale"]).bfloat16(),
-                                     "blockwise")
-    return dict(case, w13=q13, w2=q2, w13_scale=q13s, w2_scale=q2s)
+    w13, w2 = fp8_experts(widened(case["w13"]).bfloat16(), widened(case["w2"]).bfloat16(),
+                          "128x128")
+    return dict(case, w13=w13, w2=w2)
 
 
 def make_case(H, inter, E, k, fmt, group, T):
@@ -154,20 +153,15 @@ def make_case(H, inter, E, k, fmt, group, T):
     ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
     weights = torch.rand(T, k, device="cuda")
     if fmt == "mxfp4":
-        w13, s13 = random_mxfp4(E, 2 * inter, H)
-        w2, s2 = random_mxfp4(E, H, inter)
+        w13, w2 = random_mxfp4(E, 2 * inter, H), random_mxfp4(E, H, inter)
     else:
-        w13, s13 = random_int4(E, 2 * inter, H, group)
-        w2, s2 = random_int4(E, H, inter, group)
-    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2, w13_scale=s13,
-                w2_scale=s2)
+        w13, w2 = random_int4(E, 2 * inter, H, group), random_int4(E, H, inter, group)
+    return dict(x=x, topk_ids=ids, topk_weights=weights, w13=w13, w2=w2)
 
 
 def probe_forward(case, fmt, group, asm, first, bn=128, bk=128, warps=4, stages=3):
     x, ids, weights = case["x"], case["topk_ids"].reshape(-1), case["topk_weights"]
-    w13, w2 = case["w13"].view(torch.uint8), case["w2"].view(torch.uint8)
-    s13 = case["w13_scale"].view(torch.uint8)
-    s2 = case["w2_scale"].view(torch.uint8)
+    (w13, s13, _), (w2, s2, _) = ((t.view(torch.uint8) for t in case[n]) for n in ("w13", "w2"))
     T, H = x.shape
     E, N, _ = w13.shape
     k = case["topk_ids"].shape[1]
@@ -192,8 +186,7 @@ def probe_forward(case, fmt, group, asm, first, bn=128, bk=128, warps=4, stages=
 
 def weight_bytes(case, touched):
     E = case["w13"].shape[0]
-    per_expert = sum(case[n].view(torch.uint8).numel() * case[n].element_size()
-                     for n in ("w13", "w2", "w13_scale", "w2_scale")) / E
+    per_expert = sum(t.view(torch.uint8).numel() for n in ("w13", "w2") for t in case[n][:2]) / E
     return per_expert * touched
 
 
@@ -212,8 +205,8 @@ def routed_kernels(case, fmt, group, config):
     from aot.kernels.w4 import w4_glu_kernel, w4_ragged_m_kernel
     BM, BN, BK, warps, stages = config
     x, ids = case["x"], case["topk_ids"]
-    w13, w2 = case["w13"].view(torch.uint8), case["w2"].view(torch.uint8)
-    s13, s2 = case["w13_scale"], case["w2_scale"]
+    (w13, s13, _), (w2, s2, _) = case["w13"], case["w2"]
+    w13, w2 = w13.view(torch.uint8), w2.view(torch.uint8)
     if fmt == "mxfp4":
         s13, s2, code = s13.view(torch.uint8), s2.view(torch.uint8), W4_MXFP4
     else:

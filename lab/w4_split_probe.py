@@ -110,8 +110,8 @@ def split_forward(case, fmt, group, splits):
     """The 4-bit forward with both products split `splits` ways along K, as
     a closure over its buffers."""
     x, ids, weights = case["x"], case["topk_ids"], case["topk_weights"]
-    w13, w2 = case["w13"].view(torch.uint8), case["w2"].view(torch.uint8)
-    s13, s2 = case["w13_scale"], case["w2_scale"]
+    (w13, s13, _), (w2, s2, _) = case["w13"], case["w2"]
+    w13, w2 = w13.view(torch.uint8), w2.view(torch.uint8)
     if fmt == "mxfp4":
         s13, s2 = s13.view(torch.uint8), s2.view(torch.uint8)
     T, H = x.shape

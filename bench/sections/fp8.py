@@ -88,7 +88,7 @@ def bench_quantize(copy_tbps: float) -> dict:
     x = torch.randn(16384, 7168, device="cuda", dtype=torch.bfloat16)
     rows = {}
     for granularity in GRANULARITIES:
-        q, scale = gg_runtime.quantize_fp8(x, granularity)
+        q, scale, _ = gg_runtime.quantize_fp8(x, granularity)
         moved = x.numel() * 2 + q.numel() + scale.numel() * 4
         tbps = moved / time_ms(lambda g=granularity: gg_runtime.quantize_fp8(x, g)) / 1e9
         rows[granularity] = {"tbps": tbps, "vs_copy": tbps / copy_tbps}

@@ -14,6 +14,7 @@ import time
 import torch
 
 import gg_runtime
+from gg_runtime import Quantized
 from gg_runtime.testing import (dequantize_ref, gated_activation, quantize_ref, rel_error,
                                 sorted_by_expert)
 
@@ -24,7 +25,7 @@ TITLE = "MoE experts with fp8 weights (serving)"
 # (H, I, E, k) of each model's MoE layers.
 MODELS = {"mixtral": (4096, 14336, 8, 2), "deepseek_v3": (7168, 2048, 256, 8),
           "qwen3_30b_a3b": (2048, 768, 128, 8)}
-# Weight scales -> quantize_fp8's granularity for them.
+# Weight scales -> quantize_fp8's granularity for them (the weights' format).
 SCALES = {"blockwise": "128x128", "channelwise": "rowwise"}
 CASES = [(model, "blockwise") for model in MODELS] + [
     (model, "channelwise") for model in ("mixtral", "qwen3_30b_a3b")]
@@ -68,32 +69,32 @@ def bench_case(model: str, scales: str, copy_tbps: float) -> dict:
 def expert_weights(hidden: int, inter: int, experts: int, granularity: str,
                    bf16: bool = True) -> dict:
     """Random w13 [E, 2I, H] and w2 [E, H, I] quantized to fp8 with scales of
-    `granularity`, and the bf16 weights they dequantize to (None unless bf16)."""
-    w13, w13_scale, w13_bf16 = quantized_experts(experts, 2 * inter, hidden, granularity, bf16)
-    w2, w2_scale, w2_bf16 = quantized_experts(experts, hidden, inter, granularity, bf16)
-    return {"w13": w13, "w13_scale": w13_scale, "w13_bf16": w13_bf16,
-            "w2": w2, "w2_scale": w2_scale, "w2_bf16": w2_bf16}
+    `granularity` (each a Quantized in that format), and the bf16 weights they
+    dequantize to (None unless bf16)."""
+    w13, w13_bf16 = quantized_experts(experts, 2 * inter, hidden, granularity, bf16)
+    w2, w2_bf16 = quantized_experts(experts, hidden, inter, granularity, bf16)
+    return {"w13": w13, "w13_bf16": w13_bf16, "w2": w2, "w2_bf16": w2_bf16}
 
 
 def quantized_experts(experts: int, rows: int, cols: int, granularity: str,
                       bf16: bool = True) -> tuple:
-    """(q [E, rows, cols] float8_e4m3fn, its float32 scales [E, ...], q * scale
-    in bf16 or, unless bf16, None) of random normal weights of std cols ** -0.5
-    (products of O(1) inputs stay O(1)), made and quantized one expert at a
-    time: no full-size 16-bit original or float32 copy (DeepSeek-V3's experts
-    are 22.5 GB in bf16)."""
+    """(Quantized(q [E, rows, cols] float8_e4m3fn, its float32 scales [E, ...],
+    granularity), q * scale in bf16 or, unless bf16, None) of random normal
+    weights of std cols ** -0.5 (products of O(1) inputs stay O(1)), made and
+    quantized one expert at a time: no full-size 16-bit original or float32
+    copy (DeepSeek-V3's experts are 22.5 GB in bf16)."""
     q = torch.empty(experts, rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
     dequantized = (torch.empty(experts, rows, cols, dtype=torch.bfloat16, device="cuda")
                    if bf16 else None)
     scales = []
     for e in range(experts):
         w = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda") * cols ** -0.5
-        q_e, scale = gg_runtime.quantize_fp8(w, granularity)
+        q_e, scale, _ = gg_runtime.quantize_fp8(w, granularity)
         q[e] = q_e
         if bf16:
             dequantized[e] = dequantize_ref(q_e, scale, granularity)
         scales.append(scale)
-    return q, torch.stack(scales), dequantized
+    return Quantized(q, torch.stack(scales), granularity), dequantized
 
 
 def bench_tokens(name: str, tokens: int, top_k: int, weights: dict, scales: str,
@@ -101,8 +102,8 @@ def bench_tokens(name: str, tokens: int, top_k: int, weights: dict, scales: str,
     """Every implementation on `tokens` random tokens, random top-k routing
     (softmax of random logits): first call, check, time in turns; ratios and,
     for decode, the fraction of the weight-read bound."""
-    experts, _, hidden = weights["w13"].shape
-    inter = weights["w2"].shape[2]
+    experts, _, hidden = weights["w13"].values.shape
+    inter = weights["w2"].values.shape[2]
     x, topk_ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
     candidates = implementations(x, topk_ids, topk_weights, weights, scales)
     first_call = {impl: first_call_ms(fn) for impl, fn in candidates.items()}
@@ -135,18 +136,16 @@ def implementations(x, topk_ids, topk_weights, weights: dict, scales: str) -> di
     not 128 x 128 blocks."""
     w = weights
     candidates = {
-        "gg_fp8": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w["w13"], w["w2"],
-                                                 w13_scale=w["w13_scale"],
-                                                 w2_scale=w["w2_scale"]),
+        "gg_fp8": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w["w13"], w["w2"]),
         "gg_bf16": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w["w13_bf16"],
                                                   w["w2_bf16"])}
     if scales == "channelwise":
-        candidates["torch_fp8"] = lambda: torch_fp8_experts(
-            x, topk_ids, topk_weights, w["w13"], w["w13_scale"], w["w2"], w["w2_scale"])
+        candidates["torch_fp8"] = lambda: torch_fp8_experts(x, topk_ids, topk_weights, w["w13"],
+                                                            w["w2"])
     return candidates
 
 
-def torch_fp8_experts(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale):
+def torch_fp8_experts(x, topk_ids, topk_weights, w13: Quantized, w2: Quantized):
     """The experts with fp8 weights written with torch, as moe_experts
     computes them: token slots sorted by expert, the tokens' rows gathered,
     quantized per row (float32 torch ops), torch._scaled_grouped_mm with
@@ -155,19 +154,19 @@ def torch_fp8_experts(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale):
     projection, then each token's k outputs weighted and summed (put back in
     slot order by the inverse permutation: no atomics)."""
     tokens, top_k = topk_ids.shape
-    order, offs = sorted_by_expert(topk_ids, w13.shape[0])
+    order, offs = sorted_by_expert(topk_ids, w13.values.shape[0])
     rows = x.index_select(0, order // top_k)
-    h = gated_activation(torch_scaled_product(rows, w13, w13_scale, offs))
-    ys = torch_scaled_product(h, w2, w2_scale, offs)
+    h = gated_activation(torch_scaled_product(rows, w13, offs))
+    ys = torch_scaled_product(h, w2, offs)
     ys = ys.index_select(0, order.argsort()).view(tokens, top_k, -1)
     return (ys * topk_weights.to(ys.dtype).unsqueeze(-1)).sum(1)
 
 
-def torch_scaled_product(rows, w, w_scale, offs):
-    """rows [S, K] (bf16, sorted by expert) times each expert's w [E, N, K]:
-    rows quantized per row, [S, N] in bf16."""
+def torch_scaled_product(rows, w: Quantized, offs):
+    """rows [S, K] (bf16, sorted by expert) times each expert's w [E, N, K]
+    (per-channel scales): rows quantized per row, [S, N] in bf16."""
     q, scale = quantize_ref(rows, "rowwise")
-    return torch._scaled_grouped_mm(q, w.transpose(1, 2), scale, w_scale, offs=offs,
+    return torch._scaled_grouped_mm(q, w.values.transpose(1, 2), scale, w.scales, offs=offs,
                                     out_dtype=torch.bfloat16, use_fast_accum=True)
 
 

@@ -123,25 +123,23 @@ def bench_tokens(kernels, name: str, tokens: int, top_k: int, weights: dict) -> 
     """Ours, vLLM's and vLLM's GEMMs alone on `tokens` random tokens, random
     top-k routing: first call, vLLM's checked against ours, all timed in turns,
     replayed from CUDA graphs at decode sizes."""
-    w = weights
-    experts, _, hidden = w["w13"].shape
-    inter = w["w2"].shape[2]
+    w13, w2 = weights["w13"], weights["w2"]
+    experts, _, hidden = w13.values.shape
+    inter = w2.values.shape[2]
     x, topk_ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
     chosen = vllm_moe.plan(kernels.configs, experts, inter, top_k, tokens)
     refused = vllm_moe.refusal(hidden, inter)
     candidates = {
-        "gg_fp8": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w["w13"], w["w2"],
-                                                 w13_scale=w["w13_scale"],
-                                                 w2_scale=w["w2_scale"])}
+        "gg_fp8": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w13, w2)}
     if not refused:
         candidates["vllm_fp8"] = lambda: vllm_moe.fused_experts(
-            kernels, chosen, x, topk_ids, topk_weights, w["w13"], w["w2"], w["w13_scale"],
-            w["w2_scale"])
+            kernels, chosen, x, topk_ids, topk_weights, w13.values, w2.values, w13.scales,
+            w2.scales)
     first_call = {impl: first_call_ms(fn) for impl, fn in candidates.items()}
     if not refused:
         candidates["vllm_gemms"] = vllm_moe.gemms_alone(
-            kernels, chosen, x, topk_ids, topk_weights, w["w13"], w["w2"], w["w13_scale"],
-            w["w2_scale"])
+            kernels, chosen, x, topk_ids, topk_weights, w13.values, w2.values, w13.scales,
+            w2.scales)
     ref = candidates["gg_fp8"]().float()
     flops = 2 * tokens * top_k * 3 * hidden * inter
     runs = measure(candidates, lambda out: rel_error(summed(out), ref), TOLERANCE, flops,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 import gg_runtime
+from gg_runtime import Quantized
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.w4 import random_int4, random_mxfp4, widened
 
@@ -66,8 +67,8 @@ def bench_model(model: str, copy_tbps: float) -> dict:
             "shape": {"H": hidden, "I": inter, "E": experts, "k": top_k}, "rows": rows}
 
 
-def random_w4(experts: int, rows: int, cols: int, fmt: str) -> tuple:
-    """(values, scales) of random 4-bit weights [E, rows, cols] in `fmt`."""
+def random_w4(experts: int, rows: int, cols: int, fmt: str) -> Quantized:
+    """Random 4-bit weights [E, rows, cols] in `fmt`, a Quantized."""
     if fmt == "mxfp4":
         return random_mxfp4(experts, rows, cols)
     return random_int4(experts, rows, cols, group=int(fmt.removeprefix("int4_g")))
@@ -76,20 +77,21 @@ def random_w4(experts: int, rows: int, cols: int, fmt: str) -> tuple:
 def expert_weights(hidden: int, inter: int, experts: int, fmt: str) -> dict:
     """Random 4-bit w13 [E, 2I, H] and w2 [E, H, I] in `fmt`, and the same
     weights in bf16 (as the kernels widen them) and in fp8 with 128 x 128
-    block scales, an expert at a time."""
+    block scales (4-bit and fp8 each a Quantized), an expert at a time."""
     weights = {}
     for name, rows, cols in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
-        values, scales = random_w4(experts, rows, cols, fmt)
+        w4 = random_w4(experts, rows, cols, fmt)
         bf16 = torch.empty(experts, rows, cols, dtype=torch.bfloat16, device="cuda")
         fp8 = torch.empty(experts, rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
         fp8_scales = []
         for e in range(experts):
-            bf16[e] = widened(values[e:e + 1], scales[e:e + 1])[0]
-            q, scale = gg_runtime.quantize_fp8(bf16[e], "128x128")
+            bf16[e] = widened(w4._replace(values=w4.values[e:e + 1],
+                                          scales=w4.scales[e:e + 1]))[0]
+            q, scale, _ = gg_runtime.quantize_fp8(bf16[e], "128x128")
             fp8[e] = q
             fp8_scales.append(scale)
-        weights.update({name: values, f"{name}_scale": scales, f"{name}_bf16": bf16,
-                        f"{name}_fp8": fp8, f"{name}_fp8_scale": torch.stack(fp8_scales)})
+        weights.update({name: w4, f"{name}_bf16": bf16,
+                        f"{name}_fp8": Quantized(fp8, torch.stack(fp8_scales), "128x128")})
     return weights
 
 
@@ -99,12 +101,9 @@ def bench_tokens(name: str, tokens: int, top_k: int, w: dict, options: dict,
     inter = w["w2_bf16"].shape[2]
     x, ids, weights = routed_tokens(tokens, hidden, experts, top_k)
     candidates = {
-        "gg_w4": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13"], w["w2"],
-                                                   w13_scale=w["w13_scale"],
-                                                   w2_scale=w["w2_scale"], **options),
+        "gg_w4": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13"], w["w2"], **options),
         "gg_fp8": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13_fp8"], w["w2_fp8"],
-                                                 w13_scale=w["w13_fp8_scale"],
-                                                 w2_scale=w["w2_fp8_scale"], **options),
+                                                 **options),
         "gg_bf16": lambda: gg_runtime.moe_experts(x, ids, weights, w["w13_bf16"], w["w2_bf16"],
                                                   **options)}
     first = first_call_ms(candidates["gg_w4"])

@@ -15,7 +15,7 @@
 namespace gg::ops {
 
 // gg_runtime.formats' names (the operator's weight_format), parsed once.
-enum class WeightFormat { kUnquantized, kFp8Blockwise, kFp8Channelwise, kMxfp4, kInt4 };
+enum class WeightFormat { kUnquantized, kFp8SquareBlocks, kFp8Rowwise, kMxfp4, kInt4 };
 WeightFormat parse_weight_format(const std::string& text);
 
 // The scales beside quantized weights, and beside tokens given quantized.

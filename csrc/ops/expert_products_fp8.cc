@@ -52,12 +52,12 @@ void check_scale(const Tensor& scale, const char* name, const Tensor& weight, Sc
   if (scales == Scaling::kBlockwise && shape != Shape{experts, blocks(n), blocks(k)}) {
     value_error(name, " must be [E, ceil(N/128), ceil(K/128)] = ",
                 tuple_text({experts, blocks(n), blocks(k)}), " for its weight ", shape_of(weight),
-                " in 128 x 128 blocks (w13_scale and w2_scale must both be 128 x 128 blocks or ",
+                " in 128 x 128 blocks (w13.scales and w2.scales must both be 128 x 128 blocks or ",
                 "both per channel), got ", shape_of(scale));
   }
   if (scales == Scaling::kRowwise && shape != Shape{experts, n} && shape != Shape{experts, n, 1}) {
     value_error(name, " must be [E, N] = ", tuple_text({experts, n}), " for its weight ",
-                shape_of(weight), " per output channel (or [E, N, 1]; w13_scale and w2_scale ",
+                shape_of(weight), " per output channel (or [E, N, 1]; w13.scales and w2.scales ",
                 "must both be 128 x 128 blocks or both per channel), got ", shape_of(scale));
   }
 }
@@ -79,16 +79,16 @@ void check_bias_dtypes(const MoeInputs& in) {
 void check_token_dtypes(const Tensor& x, const std::optional<Tensor>& x_scale) {
   if (!x_scale) {
     if (x.scalar_type() == kFp8) {
-      type_error("x is float8_e4m3fn: give its scales as x_scale (or x in 16 bits)");
+      type_error("x is float8_e4m3fn: give its scales as x.scales (or x in 16 bits)");
     }
     check_dtype(x, "x", family::Swiglu::kDTypes);  // its output's, h's
     return;
   }
   if (x.scalar_type() != kFp8) {
-    type_error("x must be float8_e4m3fn when x_scale is given, got ", dtype_name(x.scalar_type()));
+    type_error("x must be float8_e4m3fn when x.scales is given, got ", dtype_name(x.scalar_type()));
   }
   if (x_scale->scalar_type() != ScalarType::Float) {
-    type_error("x_scale must be float32, got ", dtype_name(x_scale->scalar_type()));
+    type_error("x.scales must be float32, got ", dtype_name(x_scale->scalar_type()));
   }
 }
 
@@ -99,12 +99,12 @@ void check_token_scales(const Tensor& x, const Tensor& x_scale, Scaling scales) 
   const Shape shape = sizes_of(x_scale);
   if (scales == Scaling::kBlockwise) {
     if (shape != Shape{tokens, blocks(hidden)}) {
-      value_error("x_scale must be [T, ceil(H/128)] = ", tuple_text({tokens, blocks(hidden)}),
+      value_error("x.scales must be [T, ceil(H/128)] = ", tuple_text({tokens, blocks(hidden)}),
                   " (a scale per token per 128 columns, as 128 x 128 weight blocks ask), got ",
                   shape_of(x_scale));
     }
   } else if (shape != Shape{tokens} && shape != Shape{tokens, 1}) {
-    value_error("x_scale must be [T] = ", tuple_text({tokens}),
+    value_error("x.scales must be [T] = ", tuple_text({tokens}),
                 " (a scale per token, as per-channel weights ask), got ", shape_of(x_scale));
   }
 }
@@ -115,8 +115,8 @@ void check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tens
   check_token_dtypes(in.x, x_scale);
   check_routing_dtypes(in);
   check_bias_dtypes(in);
-  check_devices(in,
-                {{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}, {"x_scale", given(x_scale)}});
+  check_devices(
+      in, {{"w13.scales", &w13_scale}, {"w2.scales", &w2_scale}, {"x.scales", given(x_scale)}});
   check_shapes(in);
   const int64_t hidden = in.x.size(1), inter = in.w2.size(2);
   if (hidden % kAlign != 0 || inter % kAlign != 0) {
@@ -125,13 +125,13 @@ void check(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tens
   }
   check_weight(in.w13, "w13", "[E, 2I, H]");
   check_weight(in.w2, "w2", "[E, H, I]");
-  for (const auto& [name, scale] : {Named{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}}) {
+  for (const auto& [name, scale] : {Named{"w13.scales", &w13_scale}, {"w2.scales", &w2_scale}}) {
     if (scale->scalar_type() != ScalarType::Float) {
       type_error(name, " must be float32, got ", dtype_name(scale->scalar_type()));
     }
   }
-  check_scale(w13_scale, "w13_scale", in.w13, scales);
-  check_scale(w2_scale, "w2_scale", in.w2, scales);
+  check_scale(w13_scale, "w13.scales", in.w13, scales);
+  check_scale(w2_scale, "w2.scales", in.w2, scales);
   if (x_scale) check_token_scales(in.x, *x_scale, scales);
 }
 
@@ -274,12 +274,12 @@ Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale
 std::unique_ptr<ExpertProducts> fp8_products(const MoeInputs& in, const Scales& scales,
                                              WeightFormat format, Choices choices) {
   const Scaling scaling =
-      format == WeightFormat::kFp8Blockwise ? Scaling::kBlockwise : Scaling::kRowwise;
+      format == WeightFormat::kFp8SquareBlocks ? Scaling::kBlockwise : Scaling::kRowwise;
   for (const auto& [name, scale] :
-       {Named{"w13_scale", given(scales.w13)}, Named{"w2_scale", given(scales.w2)}}) {
+       {Named{"w13.scales", given(scales.w13)}, Named{"w2.scales", given(scales.w2)}}) {
     if (scale == nullptr) {
-      type_error(name, " must be a tensor with fp8 weights (weight_format 'blockwise' or ",
-                 "'channelwise'), got None");
+      type_error(name, " must be a tensor with fp8 weights (weight_format '128x128' or ",
+                 "'rowwise'), got None");
     }
   }
   check(in, scales.x, *scales.w13, *scales.w2, scaling);

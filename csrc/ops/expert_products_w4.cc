@@ -70,7 +70,7 @@ int64_t check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sca
   check_dtype(in.x, "x", family::W4Glu::kDTypes);
   check_routing_dtypes(in);
   check_like_x(in, {{"b13", given(in.b13)}, {"b2", given(in.b2)}});
-  check_devices(in, {{"w13_scale", &w13_scale}, {"w2_scale", &w2_scale}});
+  check_devices(in, {{"w13.scales", &w13_scale}, {"w2.scales", &w2_scale}});
   check_shapes(in, /*values_per_element=*/2);
   const int64_t group = scale_group(format, w13_scale, in.w13);
   const int64_t hidden = in.x.size(1), inter = in.w13.size(1) / 2;
@@ -80,10 +80,10 @@ int64_t check(const MoeInputs& in, const Tensor& w13_scale, const Tensor& w2_sca
   }
   check_weight(in.w13, "w13", "[E, 2I, H/2]");
   check_weight(in.w2, "w2", "[E, H, I/2]");
-  check_scale(w13_scale, "w13_scale", in.w13, format);
-  check_scale(w2_scale, "w2_scale", in.w2, format);
+  check_scale(w13_scale, "w13.scales", in.w13, format);
+  check_scale(w2_scale, "w2.scales", in.w2, format);
   if (scale_group(format, w2_scale, in.w2) != group) {
-    value_error("w13_scale and w2_scale must have the same group (", group, " values), got ",
+    value_error("w13.scales and w2.scales must have the same group (", group, " values), got ",
                 shape_of(w13_scale), " and ", shape_of(w2_scale));
   }
   return group;
@@ -204,7 +204,7 @@ class W4Products final : public ExpertProducts {
 std::unique_ptr<ExpertProducts> w4_products(const MoeInputs& in, const Scales& scales,
                                             WeightFormat format, Choices choices) {
   for (const auto& [name, scale] :
-       {Named{"w13_scale", given(scales.w13)}, Named{"w2_scale", given(scales.w2)}}) {
+       {Named{"w13.scales", given(scales.w13)}, Named{"w2.scales", given(scales.w2)}}) {
     if (scale == nullptr) {
       type_error(name, " must be a tensor with 4-bit weights (weight_format 'mxfp4' or 'int4'), ",
                  "got None");

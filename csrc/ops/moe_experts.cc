@@ -20,11 +20,11 @@ namespace gg::ops {
 
 WeightFormat parse_weight_format(const std::string& text) {
   if (text == "unquantized") return WeightFormat::kUnquantized;
-  if (text == "blockwise") return WeightFormat::kFp8Blockwise;
-  if (text == "channelwise") return WeightFormat::kFp8Channelwise;
+  if (text == "128x128") return WeightFormat::kFp8SquareBlocks;
+  if (text == "rowwise") return WeightFormat::kFp8Rowwise;
   if (text == "mxfp4") return WeightFormat::kMxfp4;
   if (text == "int4") return WeightFormat::kInt4;
-  value_error("weight_format must be 'unquantized', 'blockwise', 'channelwise', 'mxfp4' or ",
+  value_error("weight_format must be 'unquantized', '128x128', 'rowwise', 'mxfp4' or ",
               "'int4', got '", text, "'");
 }
 
@@ -46,9 +46,9 @@ ScalarType ExpertProducts::out_dtype() const { return in_.x.scalar_type(); }
 ScalarType ExpertProducts::gu_dtype() const { return in_.x.scalar_type(); }
 
 void check_no_scales(const Scales& scales, bool weights, const char* why) {
-  const std::initializer_list<Named> named{{"w13_scale", weights ? given(scales.w13) : nullptr},
-                                           {"w2_scale", weights ? given(scales.w2) : nullptr},
-                                           {"x_scale", given(scales.x)}};
+  const std::initializer_list<Named> named{{"w13.scales", weights ? given(scales.w13) : nullptr},
+                                           {"w2.scales", weights ? given(scales.w2) : nullptr},
+                                           {"x.scales", given(scales.x)}};
   for (const auto& [name, scale] : named) {
     if (scale != nullptr) value_error(name, " must be None ", why);
   }
@@ -72,8 +72,8 @@ std::unique_ptr<ExpertProducts> products_of(const MoeInputs& in, const Scales& s
   switch (format) {
     case WeightFormat::kUnquantized:
       return unquantized_products(in, scales, choices);
-    case WeightFormat::kFp8Blockwise:
-    case WeightFormat::kFp8Channelwise:
+    case WeightFormat::kFp8SquareBlocks:
+    case WeightFormat::kFp8Rowwise:
       return fp8_products(in, scales, format, choices);
     case WeightFormat::kMxfp4:
     case WeightFormat::kInt4:

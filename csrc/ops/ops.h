@@ -149,7 +149,7 @@ int64_t route_bytes(int64_t slots, int64_t experts);
 // moe_experts' forward (gg_runtime/moe/experts.py says what it computes; gate_up
 // and activation as swiglu's) for weights in weight_format (csrc/ops/
 // expert_products.h; gg_runtime.formats' names): "unquantized", 16-bit in
-// x's dtype, no scales; "blockwise" or "channelwise", float8_e4m3fn [E, N,
+// x's dtype, no scales; "128x128" or "rowwise", float8_e4m3fn [E, N,
 // K] (K-major) with float32 scales per 128 x 128 block ([E, ceil(N/128),
 // ceil(K/128)]) or per output channel ([E, N], or [E, N, 1]), the tokens
 // quantized alike (per token per 128 columns, or per token) or given so (x

@@ -8,7 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import fp8_training
 from .._native import OPS, call, call_untracked_if_possible
-from ..formats import RECIPE_WEIGHT_FORMATS
+from ..formats import SCALINGS
 from ..autograd import Gathered, bias_gradient, input_gradient, stored_transposed
 from .inputs import MoeInputs
 
@@ -110,7 +110,7 @@ def _quantizes_in_swiglu_backward(recipe, gate_up, inter) -> bool:
 
 def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation, need_b13):
     """swiglu_backward's (d(gu), h scaled, dot) with d(gu) and h as the
-    blockwise recipe's products read them (fp8_training.Quantized), made in
+    blockwise recipe's products read them (fp8_training.QuantizedBothWays), made in
     one pass; and where need_b13 (else None), b13's gradient as
     bias_gradient's arguments: d(gu)'s sums over each group's 128-row
     blocks, whose groups end at block offs[g] // 128 + g + 1 (the blocks
@@ -122,9 +122,9 @@ def _swiglu_backward_fp8(gu, dh, scale, offs, gate_up, activation, need_b13):
     if need_b13:
         groups = torch.arange(1, offs.shape[0] + 1, dtype=offs.dtype, device=offs.device)
         db13_parts = (sums, offs // 128 + groups)
-    return (fp8_training.Quantized(rows, (dgu, dgu_scale), (dgu_columns, dgu_columns_scale)),
-            fp8_training.Quantized(rows, None, (h_columns, h_columns_scale)), dot.sum(0),
-            db13_parts)
+    both_ways = fp8_training.QuantizedBothWays
+    return (both_ways(rows, (dgu, dgu_scale), (dgu_columns, dgu_columns_scale)),
+            both_ways(rows, None, (h_columns, h_columns_scale)), dot.sum(0), db13_parts)
 
 
 def fp8_forward(inputs: MoeInputs, recipe, for_backward, quantized=None):
@@ -139,7 +139,7 @@ def fp8_forward(inputs: MoeInputs, recipe, for_backward, quantized=None):
     else:
         (q13, scale13), (q2, scale2) = quantized.forward
     op = OPS.moe_experts_for_backward if for_backward else OPS.moe_experts
-    return call(op.default, *inputs._replace(w13=q13, w2=q2), RECIPE_WEIGHT_FORMATS[recipe],
+    return call(op.default, *inputs._replace(w13=q13, w2=q2), SCALINGS[recipe].weights,
                 scale13, scale2)
 
 

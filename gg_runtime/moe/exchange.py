@@ -168,7 +168,7 @@ class Plan:
         travel (quantize_fp8 at `granularity`), and the rows' scales
         [W * max_tokens, scales a token]: read in place (no gradient)."""
         layout = self.layout
-        q, scale = quantize_fp8(x, granularity)
+        q, scale, _ = quantize_fp8(x, granularity)
         weights = self._delivered(((layout.fp8_rows, words(q)), (layout.scales, words(
             scale.view(x.shape[0], layout.token_scales)))))
         return (layout.fp8_rows.local.view(torch.float8_e4m3fn), weights,

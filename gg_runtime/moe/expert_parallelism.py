@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 from .._native import check_types
-from ..formats import W4_FORMATS, WEIGHT_FORMATS, served_weight_format
+from ..formats import FP8_WEIGHT_SCALINGS, WEIGHT_FORMATS, Quantized
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .exchange import Dispatch, Plan, Return, layout_for
-from .experts import moe_experts
+from .experts import check_quantized, moe_experts
 from .module import MoEExperts
 from .stages import mapped_ids
 from .transport import TRANSPORTS
@@ -48,12 +48,12 @@ _MAX_PLACEMENTS = 16
 
 
 def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    w13: torch.Tensor, w2: torch.Tensor, *, group: dist.ProcessGroup | None = None,
+                    w13: torch.Tensor | Quantized, w2: torch.Tensor | Quantized, *,
+                    group: dist.ProcessGroup | None = None,
                     max_tokens: int | None = None, transport: str = "symmetric_memory",
                     gate_up: str = "concatenated",
                     activation: str = "swiglu", b13: torch.Tensor | None = None,
-                    b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
-                    w2_scale: torch.Tensor | None = None,
+                    b2: torch.Tensor | None = None,
                     fp8: str | Fp8ExpertWeights | None = None,
                     placement: torch.Tensor | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer spread over a process group's
@@ -92,14 +92,12 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             ids in `[0, E)`.
         topk_weights: `[T, k]`, any floating dtype: the slots' weights.
         w13: `[E/W, 2I, H]`: this rank's experts' gate and up projections, as
-            `moe_experts` takes w13 (16-bit, or fp8 with w13_scale).
+            `moe_experts` takes w13 (16-bit, or a `Quantized`: fp8 or 4-bit).
         w2: `[E/W, H, I]`: their down projections, as `moe_experts`' w2.
         gate_up: as `moe_experts`' (`"concatenated"` or `"interleaved"`).
         activation: as `moe_experts`' (`"swiglu"` or `"gpt_oss"`).
         b13: None, or this rank's experts' `[E/W, 2I]` biases, as `moe_experts`'.
         b2: None, or `[E/W, H]`, as `moe_experts`'.
-        w13_scale: None, or the fp8 w13's scales, as `moe_experts`'.
-        w2_scale: None, or the fp8 w2's scales, as `moe_experts`'.
         fp8: None, or an fp8 training recipe (or `Fp8ExpertWeights` of this
             rank's experts), as `moe_experts`'.
         group: the process group (default: the default group); with the
@@ -141,21 +139,24 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             that process); with `"nccl"`, for the group's NCCL timeout.
     """
     group = resolved_group(group)
-    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)),
-                optional=(("w13_scale", w13_scale),))
+    check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))
     _check_local(x, topk_ids, topk_weights, max_tokens)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {tuple(TRANSPORTS)}, got {transport!r}")
-    granularity = _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8)
-    layout = layout_for(group, x, topk_ids, w13, max_tokens, transport, granularity)
+    for name, w in (("w13", w13), ("w2", w2)):
+        if isinstance(w, Quantized):  # checked before any transfer, naming it
+            check_quantized(name, w, WEIGHT_FORMATS, "the weights")
+    granularity = _dispatch_granularity(x, topk_weights, w13, fp8)
+    layout = layout_for(group, x, topk_ids, w13.values if isinstance(w13, Quantized) else w13,
+                        max_tokens, transport, granularity)
     if placement is not None:
         topk_ids = _placed_ids(topk_ids, placement, layout)
-    experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2,
-               "w13_scale": w13_scale, "w2_scale": w2_scale, "fp8": fp8}
+    experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2, "fp8": fp8}
     plan = Plan(layout, topk_ids, topk_weights)
     if granularity is not None:
         rows, weights, x_scale = plan.dispatch_quantized(x, granularity)
-        out = moe_experts(rows, plan.local_ids, weights, w13, w2, x_scale=x_scale, **experts)
+        out = moe_experts(Quantized(rows, x_scale, granularity), plan.local_ids, weights, w13, w2,
+                          **experts)
         return plan.returned(out).to(x.dtype)
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
         rows, weights = Dispatch.apply(x, topk_weights, plan)
@@ -167,24 +168,22 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     return plan.returned(out)
 
 
-def _dispatch_granularity(x, topk_weights, w13, w13_scale, fp8) -> str | None:
+def _dispatch_granularity(x, topk_weights, w13, fp8) -> str | None:
     """How the tokens travel quantized (quantize_fp8's granularity, as the
-    experts would quantize them), or None: 16-bit.  fp8 weights served
-    (w13_scale given) are inference only: refused here, before any transfer,
-    where a gradient is wanted."""
-    if w13_scale is None or fp8 is not None or not isinstance(w13, torch.Tensor):
-        return None  # moe_experts refuses what does not fit, naming it
-    weight_format = served_weight_format(w13, w13_scale)
-    if weight_format in W4_FORMATS:
-        return None  # 16-bit tokens (W4A16); moe_experts refuses gradients
+    experts would quantize them), or None: 16-bit.  fp8 weights served (w13
+    a Quantized in fp8) are inference only: refused here, before any
+    transfer, where a gradient is wanted."""
+    scaling = FP8_WEIGHT_SCALINGS.get(w13.format) if isinstance(w13, Quantized) else None
+    if scaling is None or fp8 is not None or not isinstance(w13.values, torch.Tensor):
+        return None  # 16-bit tokens (W4A16 too); moe_experts refuses what does not fit
     if x.shape[1] % 16:
         raise ValueError(f"fp8 weights need H to be a multiple of 16, got H={x.shape[1]}")
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad
-                                    or w13.requires_grad):
+                                    or w13.values.requires_grad):
         raise ValueError("expert_parallel with fp8 weights is inference-only, but an input "
                          "requires grad (run it under torch.no_grad() or "
                          "torch.inference_mode(), or detach it)")
-    return WEIGHT_FORMATS[weight_format].rows
+    return scaling.rows
 
 
 def resolved_group(group):

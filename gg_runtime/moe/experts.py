@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from .._native import OPS, call, check_types
-from ..formats import MXFP4_BYTE_DTYPES, RECIPES, W4_VALUE_DTYPES, served_weight_format
+from ..formats import (FP8_WEIGHT_SCALINGS, GRANULARITIES, MXFP4_BYTE_DTYPES, RECIPES,
+                       WEIGHT_FORMATS, Quantized)
 from ..fp8_expert_weights import Fp8ExpertWeights
 from .choices import check_choices
 from .differentiable import ExpertsFunction, fp8_forward
@@ -22,13 +23,12 @@ def _experts_forward(inputs: MoeInputs):
     return call(OPS.moe_experts.default, *inputs)
 
 
-def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                w13: torch.Tensor, w2: torch.Tensor, *, gate_up: str = "concatenated",
+def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor, w13: torch.Tensor | Quantized,
+                w2: torch.Tensor | Quantized, *, gate_up: str = "concatenated",
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
-                b2: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
-                w2_scale: torch.Tensor | None = None,
-                fp8: str | Fp8ExpertWeights | None = None,
-                x_scale: torch.Tensor | None = None) -> torch.Tensor:
+                b2: torch.Tensor | None = None,
+                fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer, given the router's choice: one function.
 
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
@@ -57,7 +57,10 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     (docs/guides/moe.md) says which kernels it runs.
 
     Args:
-        x: `[T, H]`, the tokens, float16 or bfloat16 on a CUDA device.
+        x: `[T, H]`, the tokens, float16 or bfloat16 on a CUDA device; or,
+            with fp8 weights, a `Quantized` of them in the layout the
+            weights ask (below), as expert parallelism's fp8 dispatch
+            delivers them.
         topk_ids: `[T, k]`, int32 or int64: each token's k experts.
         topk_weights: `[T, k]`, any floating dtype (converted to float32 for
             the combine): each slot's routing weight; its gradient comes back
@@ -65,9 +68,11 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         w13: `[E, 2I, H]` in x's dtype (with an fp8 recipe, or float32):
             each expert's gate and up projections in nn.Linear's `[out, in]`
             layout (transformers' `gate_up_proj`), or any strided view of
-            that shape (a transposed `[E, H, 2I]` tensor, say).
+            that shape (a transposed `[E, H, 2I]` tensor, say); or those
+            weights quantized, a `Quantized` (fp8 or 4-bit: below).
         w2: `[E, H, I]` in w13's dtype: the down projections, `[out, in]`
-            (transformers' `down_proj`), or any strided view of that shape.
+            (transformers' `down_proj`), or any strided view of that shape;
+            or, with w13 quantized, a `Quantized` in w13's format.
         gate_up: how w13's rows hold the two halves: `"concatenated"` (gate
             rows, then up rows: Qwen3-MoE, Mixtral, DeepSeek, OLMoE) or
             `"interleaved"` (gate, up, gate, ...: gpt-oss).
@@ -79,69 +84,56 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             float8_e4m3fn weights, and with an fp8 recipe the weights'
             dtype: the up projection's bias.
         b2: None, or `[E, H]`, as b13: the down projection's bias.
-        w13_scale: None for 16-bit weights. With w13 and w2 in
-            `torch.float8_e4m3fn` (inference; see below): w13's float32
-            scales, `[E, ceil(2I/128), ceil(H/128)]` (one per 128 x 128 block
-            of each expert's `[2I, H]`: DeepSeek-V3's and vLLM's
-            `block_shape=[128, 128]`) or `[E, 2I]` (one per output channel;
-            `[E, 2I, 1]` too). With 4-bit weights (below): MXFP4's `[E, 2I,
-            H/32]` float8_e8m0fnu (or uint8), INT4's `[E, 2I, H/group]`
-            bfloat16.
-        w2_scale: w2's scales, of the same kind: `[E, ceil(H/128),
-            ceil(I/128)]` or `[E, H]` (`[E, H, 1]`); 4-bit: `[E, H,
-            I/group]`.
         fp8: None, or an fp8 training recipe for 16-bit weights,
             `"blockwise"` or `"rowwise"` (see below), or w13 and w2
             quantized by one before (`quantize_expert_weights`).
-        x_scale: None, or with fp8 weights, the tokens given already
-            quantized (as expert parallelism's fp8 dispatch delivers them):
-            x `[T, H]` in float8_e4m3fn and x_scale its float32 scales, as
-            the weights ask (below): `[T, ceil(H/128)]` for 128 x 128 weight
-            blocks, `[T]` or `[T, 1]` for per-channel weights
-            (`quantize_fp8(x, "1x128")` or `"rowwise"` makes them).  The
-            output is then bfloat16.
 
-    fp8 weights (`w13_scale` and `w2_scale` given): each weight is its fp8
-    values times its scale (`w ~ q * scale`, as `quantize_fp8` makes them
-    from 16-bit weights: `"128x128"` or `"rowwise"`), stored `[E, N, K]` with
-    unit stride along K (fp8 tensor cores read it K-major); H and I multiples
-    of 16. x's rows are quantized on the GPU as the weights are: per token
-    per 128 columns for 128 x 128 blocks, per token for per-channel scales;
-    the activation's output (the down projection's input) per token per 128
+    fp8 weights (w13 and w2 each a `Quantized` in format `"128x128"` or
+    `"rowwise"`, as `quantize_fp8` makes them from 16-bit weights: values
+    float8_e4m3fn `[E, N, K]` with unit stride along K, fp8 tensor cores
+    reading it K-major, and float32 scales, `[E, ceil(N/128), ceil(K/128)]`,
+    one per 128 x 128 block of each expert's `[N, K]` (DeepSeek-V3's and
+    vLLM's `block_shape=[128, 128]`), or `[E, N]` (`[E, N, 1]` too), one per
+    output channel; `w ~ q * scale`): H and I multiples of 16. x's rows are
+    quantized on the GPU as the weights ask: per token per 128 columns
+    (`"1x128"`) for 128 x 128 blocks, per token (`"rowwise"`) for
+    per-channel scales; or x is given so quantized (a `Quantized` in that
+    layout, `quantize_fp8(x, "1x128")` or `"rowwise"`: the same values as
+    x's 16-bit rows would give, the output then bfloat16). The activation's
+    output (the down projection's input) is quantized per token per 128
     columns with either, in the up projection's epilogue;
-    `scale = max(amax, 1e-12) / 448`; or given so quantized (`x_scale`),
-    the same values as x's 16-bit rows would give. The products accumulate in float32 on
+    `scale = max(amax, 1e-12) / 448`. The products accumulate in float32 on
     the tensor cores, the blocks' scales applied per 128 columns of K; the
     activation reads the up projection's float32 sums and the down
     projection's rows are rounded to bfloat16. Inference only: with gradients
     enabled, an input that requires grad is refused. Both gate_up layouts,
-    both activations, the biases, dropped slots, T = 0 and CUDA-graph capture
-    work as with 16-bit weights. The forward is the operator
-    `torch.ops.gg_runtime.moe_experts` (`weight_format="blockwise"` or
-    `"channelwise"`; sm90: H100, H200).
+    both activations, the biases (float32 too), dropped slots, T = 0 and
+    CUDA-graph capture work as with 16-bit weights. The forward is the
+    operator `torch.ops.gg_runtime.moe_experts` (`weight_format` the
+    weights' format; sm90: H100, H200).
 
-    4-bit weights (w13 `[E, 2I, H/2]` and w2 `[E, H, I/2]`, each byte two
-    values along K, the first in the low nibble; unit stride along K, rows
-    16-byte aligned; x bfloat16; inference only, as fp8 weights), in one of
-    two formats, told apart by the dtypes:
+    4-bit weights (w13 and w2 each a `Quantized` in format `"mxfp4"` or
+    `"int4"`: values `[E, N, K/2]`, each byte two values along K, the first
+    in the low nibble, unit stride along K, rows 16-byte aligned; x
+    bfloat16; inference only, as fp8 weights):
     MXFP4 (`torch.float4_e2m1fn_x2` or uint8 values, float8_e8m0fnu or
     uint8 scales `[E, N, K/32]`; `mxfp4_expert_weights` makes them from
     gpt-oss's checkpoint layout): OCP microscaling e2m1 values, each group
     of 32 along K scaled by `2 ** (e - 127)`, widened to bfloat16 exactly;
     INT4 (uint8 values, bfloat16 scales `[E, N, K/32]` or `[E, N, K/128]`;
-    `int4_expert_weights` makes them from compressed-tensors' or other
-    packings): symmetric integers `q` in -8 .. 7 stored as `q + 8`, each
-    weight `q * scale` rounded once to bfloat16. H and I multiples of the
-    scale group. The weights are widened in the kernels' K loops (W4A16):
-    bfloat16 MMAs accumulating in float32, the activation's output and the
-    down projection's rows rounded to bfloat16. Both gate_up layouts, both
-    activations, the biases, dropped slots, T = 0 and CUDA-graph capture work
-    as with 16-bit weights. The forward is the operator
-    `torch.ops.gg_runtime.moe_experts` (`weight_format="mxfp4"` or `"int4"`;
-    sm80 and sm90).
+    `int4_expert_weights` and `gptq_expert_weights` make them from
+    compressed-tensors' and GPTQ's packings): symmetric integers `q` in
+    -8 .. 7 stored as `q + 8`, each weight `q * scale` rounded once to
+    bfloat16. H and I multiples of the scale group. The weights are widened
+    in the kernels' K loops (W4A16): bfloat16 MMAs accumulating in float32,
+    the activation's output and the down projection's rows rounded to
+    bfloat16. Both gate_up layouts, both activations, the biases, dropped
+    slots, T = 0 and CUDA-graph capture work as with 16-bit weights. The
+    forward is the operator `torch.ops.gg_runtime.moe_experts`
+    (`weight_format` the weights' format; sm80 and sm90).
 
-    fp8 training (`fp8="blockwise"` or `"rowwise"`, 16-bit weights, no
-    scales; sm90): every product of the forward and the backward runs in fp8
+    fp8 training (`fp8="blockwise"` or `"rowwise"`, 16-bit or float32
+    weights; sm90): every product of the forward and the backward runs in fp8
     on operands quantized as they are read, the recipes of `fp8_grouped_mm`.
     The forward quantizes w13 and w2 on each call (`"blockwise"`: 128 x 128
     blocks, `"rowwise"`: per output channel) and runs the fp8 weights'
@@ -172,52 +164,76 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         `[T, H]` in x's dtype.
 
     Raises:
-        TypeError: an argument that is not a tensor (the biases: nor None), or
-            of a dtype that does not fit, naming it (with `fp8`: x not
-            float16 or bfloat16, weights neither both of its dtype nor both
-            float32, or a bias of neither's); fp8 weights with a scale not
-            given.
+        TypeError: an argument that is not a tensor (the biases: nor None;
+            x, w13 and w2: nor a `Quantized`), or of a dtype that does not
+            fit, naming it (with `fp8`: x not float16 or bfloat16, weights
+            neither both of its dtype nor both float32, or a bias of
+            neither's); quantized values (float8_e4m3fn, 4-bit) given as a
+            plain tensor; one of w13 and w2 quantized and not the other.
         ValueError: an unknown gate_up or activation; shapes that do not fit
             `[T, H]`, `[T, k]`, `[E, 2I, H]`, `[E, H, I]`, `[E, 2I]`, `[E, H]`;
-            tensors on different devices or not on a CUDA device; fp8
-            weights: scales of neither kind or of two kinds, weights not
-            K-major, an input that requires grad; fp8 weights or `fp8`: H or
-            I not multiples of 16; `fp8`: a value other than None, the
-            recipes and an Fp8ExpertWeights, or given with scales; an
+            tensors on different devices or not on a CUDA device; quantized
+            weights: an unknown format, w13 and w2 in different formats,
+            scales that do not fit the format, weights not K-major, an input
+            that requires grad, x quantized in another layout than the
+            weights ask or with weights that are not fp8, `fp8` given too;
+            fp8 weights or `fp8`: H or I not multiples of 16; `fp8`: a value
+            other than None, the recipes and an Fp8ExpertWeights; an
             Fp8ExpertWeights of other weights than w13 and w2, or of them
             before a change.
         UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
             GPU but compute capability 9.0).
         CudaError: a driver or launch failure.
     """
+    if isinstance(w13, Quantized) or isinstance(w2, Quantized) or isinstance(x, Quantized):
+        return _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
+                               fp8)
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     check_choices(gate_up, activation)
-    if x_scale is not None and (fp8 is not None or w13.dtype != torch.float8_e4m3fn):
-        raise ValueError("x_scale (tokens given quantized) needs fp8 weights with w13_scale and "
-                         "w2_scale, and no fp8 recipe")
     inputs = MoeInputs(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
     if fp8 is not None:
-        return _fp8_training_experts(inputs, w13_scale, w2_scale, fp8)
-    if (w13_scale is not None or w2_scale is not None or w13.dtype == torch.float8_e4m3fn
-            or w13.dtype in W4_VALUE_DTYPES):
-        return _served_experts(inputs, w13_scale, w2_scale, x_scale)
+        return _fp8_training_experts(inputs, fp8)
+    if w13.dtype in _QUANTIZED_DTYPES or w2.dtype in _QUANTIZED_DTYPES:
+        raise TypeError(f"w13 and w2 are {w13.dtype} and {w2.dtype}: quantized weights are "
+                        "given as gg_runtime.Quantized values (values, scales, format), as "
+                        "quantize_fp8 and the 4-bit converters return them")
     if inputs.wants_gradient():
         return ExpertsFunction.apply(*inputs, None, None)
     return _experts_forward(inputs)  # nothing to differentiate, nothing kept
 
 
-def _served_experts(inputs: MoeInputs, w13_scale, w2_scale, x_scale):
-    """moe_experts with quantized weights (fp8, or 4-bit: MXFP4, INT4):
-    inference only; the operator's weight_format says which."""
-    for name, scale in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
-        if not isinstance(scale, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor with quantized weights (w13 and w2 "
-                            "float8_e4m3fn, or 4-bit values packed in bytes, with both scales; "
-                            f"16-bit weights with neither), got {type(scale).__name__}")
-    check_types(optional=(("x_scale", x_scale),))
+# Values that are quantized, and mean nothing without their scales.
+_QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.float4_e2m1fn_x2, torch.uint8)
+
+
+def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, fp8):
+    """moe_experts with quantized weights (fp8, or 4-bit: MXFP4, INT4), the
+    tokens maybe quantized too: inference only; the weights' format is the
+    operator's weight_format."""
+    for name, w in (("w13", w13), ("w2", w2)):
+        check_quantized(name, w, WEIGHT_FORMATS, "the weights")
+    if w2.format != w13.format:
+        raise ValueError(f"w13 and w2 must be in one format, got {w13.format!r} and "
+                         f"{w2.format!r}")
+    if fp8 is not None:
+        raise ValueError(f"fp8={fp8!r} is a training recipe that quantizes 16-bit weights "
+                         "itself; w13 and w2 are given quantized: give one or the other")
+    x_scale = None
+    if isinstance(x, Quantized):
+        check_quantized("x", x, GRANULARITIES, "the tokens")
+        scaling = FP8_WEIGHT_SCALINGS.get(w13.format)
+        if scaling is None or x.format != scaling.rows:
+            asked = "none (16-bit x)" if scaling is None else repr(scaling.rows)
+            raise ValueError(f"x is quantized {x.format!r}, but weights in format "
+                             f"{w13.format!r} ask for {asked}")
+        x, x_scale = x.values, x.scales
+    _check_types(x, topk_ids, topk_weights, w13.values, w2.values, b13, b2)
+    check_choices(gate_up, activation)
+    inputs = MoeInputs(x, topk_ids, topk_weights, w13.values, w2.values, b13, b2, gate_up,
+                       activation)
     if torch.is_grad_enabled():
         named = (*((name, getattr(inputs, name)) for name in _DIFFERENTIABLE),
-                 ("w13_scale", w13_scale), ("w2_scale", w2_scale), ("x_scale", x_scale))
+                 ("w13.scales", w13.scales), ("w2.scales", w2.scales), ("x.scales", x_scale))
         grad = [name for name, value in named if value is not None and value.requires_grad]
         if grad:
             raise ValueError(f"moe_experts with quantized weights is inference-only, but "
@@ -225,8 +241,19 @@ def _served_experts(inputs: MoeInputs, w13_scale, w2_scale, x_scale):
                              "torch.inference_mode(), or detach it)")
     # 4-bit values and e8m0 scales as bytes: torch's stable ABI names neither dtype.
     weights = inputs._replace(w13=_bytes(inputs.w13), w2=_bytes(inputs.w2))
-    return call(OPS.moe_experts.default, *weights, served_weight_format(inputs.w13, w13_scale),
-                _bytes(w13_scale), _bytes(w2_scale), x_scale)
+    return call(OPS.moe_experts.default, *weights, w13.format, _bytes(w13.scales),
+                _bytes(w2.scales), x_scale)
+
+
+def check_quantized(name: str, q, formats, what: str):
+    """A TypeError unless q is a Quantized of tensors, a ValueError unless
+    its format is one of `formats` (`what` they are the formats of)."""
+    if not isinstance(q, Quantized):
+        raise TypeError(f"{name} must be a gg_runtime.Quantized (values, scales, format) where "
+                        f"the weights or tokens are given quantized, got {type(q).__name__}")
+    check_types(tensors=((f"{name}.values", q.values), (f"{name}.scales", q.scales)))
+    if q.format not in formats:
+        raise ValueError(f"{name}.format must be one of {formats} for {what}, got {q.format!r}")
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -235,7 +262,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in MXFP4_BYTE_DTYPES else t
 
 
-def _fp8_training_experts(inputs: MoeInputs, w13_scale, w2_scale, fp8):
+def _fp8_training_experts(inputs: MoeInputs, fp8):
     """moe_experts(fp8=...): the weights' checks that their quantization
     would hide (the operator checks the rest, naming the same arguments),
     then ExpertsFunction where a gradient is wanted, else the forward alone."""
@@ -245,9 +272,6 @@ def _fp8_training_experts(inputs: MoeInputs, w13_scale, w2_scale, fp8):
     if recipe not in RECIPES:
         raise ValueError(f"fp8 must be None, one of {RECIPES} or an "
                          f"Fp8ExpertWeights, got {fp8!r}")
-    if w13_scale is not None or w2_scale is not None:
-        raise ValueError(f"fp8={recipe!r} quantizes 16-bit or float32 weights itself: give w13 "
-                         "and w2 in x's dtype or float32 and no w13_scale or w2_scale")
     if x.dtype not in (torch.float16, torch.bfloat16) or w13.dtype not in (
             x.dtype, torch.float32) or w2.dtype != w13.dtype:
         raise TypeError(f"with fp8={recipe!r}, x must be float16 or bfloat16 and w13 and w2 "

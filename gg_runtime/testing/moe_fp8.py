@@ -38,25 +38,22 @@ from __future__ import annotations
 import torch
 
 from ..api import quantize_fp8
-from ..formats import ROW_BLOCKS, WEIGHT_FORMATS, served_weight_format
+from ..formats import FP8_WEIGHT_SCALINGS, ROW_BLOCKS, Quantized
 from .fp8 import FP8_BLOCK, quantize_ref
 from .moe_layers import gated_activation
 
-KINDS = tuple(WEIGHT_FORMATS)
-# quantize_fp8's granularity for the weights and for the activations, by kind.
-WEIGHT_GRANULARITY = {kind: s.weights for kind, s in WEIGHT_FORMATS.items()}
-ACTIVATION_GRANULARITY = {kind: s.rows for kind, s in WEIGHT_FORMATS.items()}
+# The fp8 weights' formats: 128 x 128 blocks, per output channel.
+KINDS = tuple(FP8_WEIGHT_SCALINGS)
 # The down projection's input, SwiGLU's output, whatever the weights' scales.
 H_GRANULARITY = ROW_BLOCKS
 
 
 def fp8_experts(w13: torch.Tensor, w2: torch.Tensor, kind: str):
-    """(w13, w13_scale, w2, w2_scale) in float8_e4m3fn and float32 from 16-bit
-    expert weights `[E, 2I, H]` and `[E, H, I]` by gg_runtime.quantize_fp8:
-    `"blockwise"` scales `[E, ceil(N/128), ceil(K/128)]`, `"channelwise"`
-    `[E, N]` (CUDA tensors on an sm90 GPU)."""
-    granularity = WEIGHT_GRANULARITY[kind]
-    return (*quantize_fp8(w13, granularity), *quantize_fp8(w2, granularity))
+    """(w13, w2) quantized, each a Quantized in float8_e4m3fn and float32,
+    from 16-bit expert weights `[E, 2I, H]` and `[E, H, I]` by
+    gg_runtime.quantize_fp8: kind `"128x128"`, scales `[E, ceil(N/128),
+    ceil(K/128)]`, or `"rowwise"`, `[E, N]` (CUDA tensors on an sm90 GPU)."""
+    return quantize_fp8(w13, kind), quantize_fp8(w2, kind)
 
 
 def exactly_quantized(shape, granularity: str, scale: float = 1.0, dtype=torch.bfloat16,
@@ -94,32 +91,29 @@ def dequantize64(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> torc
     return q.double() * full
 
 
-def dequantized_experts(w13, w2, w13_scale, w2_scale):
-    """(w13, w2) in float64: the weights the fp8 ones and their scales stand for."""
-    granularity = WEIGHT_GRANULARITY[served_weight_format(w13, w13_scale)]
-    return dequantize64(w13, w13_scale, granularity), dequantize64(w2, w2_scale, granularity)
+def dequantized_experts(w13: Quantized, w2: Quantized):
+    """(w13, w2) in float64: the weights the fp8 ones stand for."""
+    return tuple(dequantize64(*w) for w in (w13, w2))
 
 
-def moe_experts_fp8_ref(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None,
-                        b2=None, gate_up="concatenated", activation="swiglu") -> torch.Tensor:
-    """moe_experts with fp8 weights (its arguments) in float64 with the
-    implementation's quantization and roundings (the module's docstring):
-    `[T, H]` float64 on x's device."""
-    granularity = ACTIVATION_GRANULARITY[served_weight_format(w13, w13_scale)]
-    return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
-                  b13, b2, gate_up, activation, granularity)
+def moe_experts_fp8_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
+                        gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+    """moe_experts with fp8 weights (its arguments; x in 16 bits) in float64
+    with the implementation's quantization and roundings (the module's
+    docstring): `[T, H]` float64 on x's device."""
+    return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2), b13, b2, gate_up,
+                  activation, FP8_WEIGHT_SCALINGS[w13.format].rows)
 
 
-def one_step_changes(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None,
-                     b2=None, gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+def one_step_changes(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
+                     gate_up="concatenated", activation="swiglu") -> torch.Tensor:
     """Each token's largest output change (2-norm, float64 `[T]`) that moving
     one element of one of its slots' quantized activation output one e4m3
     step would make: what the implementation's float32 activation may do to
     an element the reference's float64 one puts by a rounding boundary."""
-    granularity = ACTIVATION_GRANULARITY[served_weight_format(w13, w13_scale)]
     changes = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-    _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
-           b13, b2, gate_up, activation, granularity, changes)
+    _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2), b13, b2, gate_up,
+           activation, FP8_WEIGHT_SCALINGS[w13.format].rows, changes)
     return changes
 
 
@@ -131,13 +125,13 @@ def e4m3_steps(h: torch.Tensor, granularity: str) -> torch.Tensor:
     return dequantize64(2.0 ** (binade - 3), scale, granularity)
 
 
-def dequantized_layer(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None, b2=None,
+def dequantized_layer(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
                       gate_up="concatenated", activation="swiglu") -> torch.Tensor:
     """The layer of the weights the fp8 ones stand for, exactly: float64, the
     activations neither quantized nor rounded (what a 16-bit layer on the
     dequantized weights approximates): `[T, H]` float64."""
-    return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2, w13_scale, w2_scale),
-                  b13, b2, gate_up, activation, None)
+    return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2), b13, b2, gate_up,
+                  activation, None)
 
 
 def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, granularity,

@@ -49,11 +49,9 @@ def moe_experts_fp8_training_ref(x, topk_ids, topk_weights, w13, w2, grad, recip
     given): its gradient} in float64 for moe_experts(x, topk_ids,
     topk_weights, w13, w2, fp8=recipe, ...) and the output gradient grad."""
     rows_kind, weight_kind = SCALE_KINDS[recipe]
-    q13, s13 = quantize_fp8(w13, weight_kind)
-    q2, s2 = quantize_fp8(w2, weight_kind)
-    out = moe_experts_fp8_ref(x, topk_ids, topk_weights, q13, q2, s13, s2, b13, b2, gate_up,
-                              activation)
-    w13_up = dequantize64(q13, s13, weight_kind)
+    q13, q2 = quantize_fp8(w13, weight_kind), quantize_fp8(w2, weight_kind)
+    out = moe_experts_fp8_ref(x, topk_ids, topk_weights, q13, q2, b13, b2, gate_up, activation)
+    w13_up = dequantize64(*q13)
     w13_back = _dequantized(w13.mT, weight_kind)  # [E, H, 2I]
     w2_back = _dequantized(w2.mT, weight_kind)  # [E, I, H]
     tokens = _dequantized(x, rows_kind)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import INT4, MXFP4_GROUP, served_weight_format
+from ..formats import INT4, MXFP4, MXFP4_GROUP, Quantized
 from .moe_layers import gated_activation
 
 # e2m1's 16 values by their 4 bits (sign, 2 exponent bits, 1 mantissa bit).
@@ -21,14 +21,16 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 
 def random_mxfp4(experts: int, n: int, k: int, exponents=(118, 124), device="cuda",
                  generator=None):
-    """(values [E, N, K/2] float4_e2m1fn_x2, scales [E, N, K/32]
-    float8_e8m0fnu): every byte of values drawn uniformly, the scales'
-    exponents uniformly in [exponents[0], exponents[1]] (2 ** (e - 127))."""
+    """A Quantized in MXFP4 (values [E, N, K/2] float4_e2m1fn_x2, scales
+    [E, N, K/32] float8_e8m0fnu): every byte of values drawn uniformly, the
+    scales' exponents uniformly in [exponents[0], exponents[1]] (2 ** (e -
+    127))."""
     values = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device=device,
                            generator=generator)
     scales = torch.randint(exponents[0], exponents[1] + 1, (experts, n, k // MXFP4_GROUP),
                            dtype=torch.uint8, device=device, generator=generator)
-    return values.view(torch.float4_e2m1fn_x2), scales.view(torch.float8_e8m0fnu)
+    return Quantized(values.view(torch.float4_e2m1fn_x2), scales.view(torch.float8_e8m0fnu),
+                     MXFP4)
 
 
 def dequantize_mxfp4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -43,12 +45,13 @@ def dequantize_mxfp4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def random_int4(experts: int, n: int, k: int, group: int = 32, device="cuda", generator=None):
-    """(values [E, N, K/2] uint8, every byte uniform (q + 8 in each nibble),
-    scales [E, N, K/group] bfloat16 uniform in [2^-7, 2^-5))."""
+    """A Quantized in INT4 (values [E, N, K/2] uint8, every byte uniform (q +
+    8 in each nibble), scales [E, N, K/group] bfloat16 uniform in [2^-7,
+    2^-5))."""
     values = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device=device,
                            generator=generator)
     scales = torch.rand(experts, n, k // group, device=device, generator=generator) * 3 + 1
-    return values, (scales * 2.0 ** -7).bfloat16()
+    return Quantized(values, (scales * 2.0 ** -7).bfloat16(), INT4)
 
 
 def dequantize_int4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -58,19 +61,19 @@ def dequantize_int4(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q * scales.double().repeat_interleave(q.shape[-1] // scales.shape[-1], dim=-1)
 
 
-def widened(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The weights [E, N, K] as the kernels widen them, in float64: MXFP4's
-    exact values, INT4's rounded once to bfloat16."""
-    if served_weight_format(values, scales) == INT4:
-        return dequantize_int4(values, scales).bfloat16().double()
-    return dequantize_mxfp4(values, scales)
+def widened(w: Quantized) -> torch.Tensor:
+    """The weights [E, N, K] of w (MXFP4 or INT4) as the kernels widen them,
+    in float64: MXFP4's exact values, INT4's rounded once to bfloat16."""
+    if w.format == INT4:
+        return dequantize_int4(w.values, w.scales).bfloat16().double()
+    return dequantize_mxfp4(w.values, w.scales)
 
 
-def moe_experts_w4_ref(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13=None,
-                       b2=None, gate_up="concatenated", activation="swiglu") -> torch.Tensor:
+def moe_experts_w4_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
+                       gate_up="concatenated", activation="swiglu") -> torch.Tensor:
     """moe_experts with 4-bit weights (its arguments) in float64 with the
     implementation's roundings (the module's docstring): `[T, H]` float64."""
-    w13_64, w2_64 = widened(w13, w13_scale), widened(w2, w2_scale)
+    w13_64, w2_64 = widened(w13), widened(w2)
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     for e in range(w13_64.shape[0]):
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import gg_runtime
+from gg_runtime import Quantized
 from gg_runtime.moe import expert_parallel, moe_experts, transport
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.moe_fp8 import fp8_experts
@@ -58,11 +59,15 @@ def local(case, counts):
     """This rank's share: its tokens' rows and its experts."""
     world, rank = world_and_rank()
     start, end = sum(counts[:rank]), sum(counts[:rank + 1])
-    share = case["w13"].shape[0] // world
+    w13 = case["w13"]
+    share = (w13.values if isinstance(w13, Quantized) else w13).shape[0] // world
     mine = {name: case[name][start:end] for name in ("x", "topk_ids", "topk_weights")}
-    for name in ("w13", "w2", "b13", "b2", "w13_scale", "w2_scale"):
+    held = slice(rank * share, (rank + 1) * share)
+    for name in ("w13", "w2", "b13", "b2"):
         if name in case:
-            mine[name] = case[name][rank * share:(rank + 1) * share]
+            w = case[name]  # fp8 weights: a Quantized, its values and scales sliced alike
+            mine[name] = (w._replace(values=w.values[held], scales=w.scales[held])
+                          if isinstance(w, Quantized) else w[held])
     mine["max_tokens"] = max(counts)  # a layout of its own for each case's sizes
     return mine, slice(start, end), slice(rank * share, (rank + 1) * share)
 
@@ -175,8 +180,7 @@ def fp8_forward(kind, transport="symmetric_memory", **shape):
     """expert_parallel with fp8 weights of `kind` (the tokens travel
     quantized) against moe_experts with all of them."""
     case, counts = global_case(**shape)
-    q13, s13, q2, s2 = fp8_experts(case["w13"], case["w2"], kind)
-    case.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
+    case["w13"], case["w2"] = fp8_experts(case["w13"], case["w2"], kind)
     mine, tokens, _ = local(case, counts)
     with torch.no_grad():
         check_close(f"out ({kind})", expert_parallel(**mine, transport=transport),
@@ -187,11 +191,11 @@ def case_fp8_weights():
     if torch.cuda.get_device_capability()[0] != 9:
         return "skip fp8 kernels run on sm90"
     world, _ = world_and_rank()
-    for kind in ("blockwise", "channelwise"):
+    for kind in ("128x128", "rowwise"):
         fp8_forward(kind, tokens=uneven(200), experts=8 * world, **SHAPE)
         # A token a rank: few slots, the decode kernel where it takes given tokens.
         fp8_forward(kind, tokens=lambda r: 1, experts=8 * world, **SHAPE)
-    fp8_forward("blockwise", tokens=lambda r: 0 if r == 1 else 90, experts=4 * world,
+    fp8_forward("128x128", tokens=lambda r: 0 if r == 1 else 90, experts=4 * world,
                 hidden=272, inter=80, k=2, dropped=True)
 
 
@@ -199,7 +203,7 @@ def case_fp8_weights_over_nccl():
     if torch.cuda.get_device_capability()[0] != 9:
         return "skip fp8 kernels run on sm90"
     world, _ = world_and_rank()
-    for kind in ("blockwise", "channelwise"):
+    for kind in ("128x128", "rowwise"):
         fp8_forward(kind, "nccl", tokens=uneven(200), experts=8 * world, **SHAPE)
 
 
@@ -216,19 +220,20 @@ def case_fp8_training_recipe():
 def case_graph_replay_with_new_routing():
     graph_replay()
     if torch.cuda.get_device_capability()[0] == 9:
-        graph_replay("blockwise")  # the tokens quantized, then sent
+        graph_replay("128x128")  # the tokens quantized, then sent
 
 
 def graph_replay(kind=None):
     """A step captured once, replayed with new tokens and routing; with fp8
-    weights of `kind` where given."""
+    weights of `kind` (their format) where given."""
     world, _ = world_and_rank()
     case, counts = global_case(tokens=lambda r: 16, experts=8 * world, **SHAPE)
     if kind is not None:
-        q13, s13, q2, s2 = fp8_experts(case["w13"], case["w2"], kind)
-        case.update(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
+        case["w13"], case["w2"] = fp8_experts(case["w13"], case["w2"], kind)
     mine, tokens, _ = local(case, counts)
-    static = {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in mine.items()}
+    static = {n: v.clone() if isinstance(v, torch.Tensor) else
+              Quantized(v.values.clone(), v.scales.clone(), v.format)
+              if isinstance(v, Quantized) else v for n, v in mine.items()}
     with torch.no_grad():
         expert_parallel(**static)  # sets up the buffer and loads the kernels
         graph = torch.cuda.CUDAGraph()
@@ -236,8 +241,7 @@ def graph_replay(kind=None):
             out = expert_parallel(**static)
         for seed in (1, 2):
             fresh, _ = global_case(tokens=lambda r: 16, experts=8 * world, seed=seed, **SHAPE)
-            fresh.update({n: case[n] for n in ("w13", "w2", "w13_scale", "w2_scale")
-                          if n in case})
+            fresh.update({n: case[n] for n in ("w13", "w2")})
             for name in ("x", "topk_ids", "topk_weights"):
                 static[name].copy_(fresh[name][tokens])
             graph.replay()

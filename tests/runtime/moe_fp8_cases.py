@@ -10,8 +10,8 @@ import torch
 
 import gg_runtime
 from gg_runtime.testing import randn, rel_error
-from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, WEIGHT_GRANULARITY,
-                                        exactly_quantized, fp8_experts, moe_experts_fp8_ref,
+from gg_runtime.formats import FP8_WEIGHT_SCALINGS
+from gg_runtime.testing.moe_fp8 import (exactly_quantized, fp8_experts, moe_experts_fp8_ref,
                                         one_step_changes)
 
 # Exact data: the outputs' bfloat16 roundings (about 2e-3).
@@ -65,25 +65,26 @@ def routing(tokens, experts, k):
 
 def token_rows(tokens, hidden, kind, exact=True, dtype=torch.bfloat16):
     if exact:
-        return exactly_quantized((tokens, hidden), ACTIVATION_GRANULARITY[kind], 0.25, dtype)
+        return exactly_quantized((tokens, hidden), FP8_WEIGHT_SCALINGS[kind].rows, 0.25, dtype)
     return randn(tokens, hidden, dtype=dtype)
 
 
 def make_case(tokens, hidden, inter, experts, k, kind, exact=True, dtype=torch.bfloat16,
               bias=False):
-    """moe_experts' keyword arguments: fp8 weights of `kind` quantized from
-    16-bit ones by quantize_fp8; x and w13 exactly_quantized (exact) or normal."""
+    """moe_experts' keyword arguments: fp8 weights of `kind` (their format,
+    "128x128" or "rowwise": gg_runtime.Quantized values) quantized from 16-bit
+    ones by quantize_fp8; x and w13 exactly_quantized (exact) or normal."""
     ids, weights = routing(tokens, experts, k)
     if exact:
         # A power of two: the up projection's values about 2 in magnitude.
         unit = 2.0 ** -round(math.log2(4 * hidden ** 0.5))
-        w13 = exactly_quantized((experts, 2 * inter, hidden), WEIGHT_GRANULARITY[kind], unit)
+        w13 = exactly_quantized((experts, 2 * inter, hidden), kind, unit)
     else:
         w13 = randn(experts, 2 * inter, hidden, dtype=torch.bfloat16, scale=hidden ** -0.5)
     w2 = randn(experts, hidden, inter, dtype=torch.bfloat16, scale=inter ** -0.5)
-    q13, s13, q2, s2 = fp8_experts(w13, w2, kind)
+    q13, q2 = fp8_experts(w13, w2, kind)
     case = {"x": token_rows(tokens, hidden, kind, exact, dtype), "topk_ids": ids,
-            "topk_weights": weights, "w13": q13, "w2": q2, "w13_scale": s13, "w2_scale": s2}
+            "topk_weights": weights, "w13": q13, "w2": q2}
     if bias:
         case.update(b13=randn(experts, 2 * inter, dtype=dtype, scale=0.1),
                     b2=randn(experts, hidden, dtype=dtype, scale=0.1))
@@ -124,9 +125,10 @@ def check(case, tolerance=EXACT_TOLERANCE, **options):
 
 
 def up_kind(variant) -> str:
-    return "blockwise" if variant["axes"]["scaling"] == "blockwise" else "channelwise"
+    """The fp8 weights' format (a kind) a variant's scaling axis serves."""
+    return "128x128" if variant["axes"]["scaling"] == "blockwise" else "rowwise"
 
 
 def case_scaling(kind: str) -> str:
     """The kernels' scaling axis value of a weight kind (up_kind's inverse)."""
-    return "blockwise" if kind == "blockwise" else "rowwise"
+    return "blockwise" if kind == "128x128" else "rowwise"

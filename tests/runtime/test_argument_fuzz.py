@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gg_runtime
+from gg_runtime import Quantized
 
 FP8 = torch.float8_e4m3fn
 U8 = torch.uint8
@@ -42,6 +43,43 @@ class Arguments:
     def value(self, valid):
         return self.rng.choice(JUNK) if self.rng.random() < 0.15 else valid
 
+    def quantized(self, values, scales, format):
+        """A gg_runtime.Quantized of values and scales (random arguments
+        themselves) in `format`; rarely (each weight is one of two) with
+        another format, or no Quantized at all."""
+        rng = self.rng
+        if rng.random() < 0.04:
+            return rng.choice(JUNK)
+        return Quantized(values, scales, rng.choice(JUNK) if rng.random() < 0.04 else format)
+
+
+def served_fp8(args: Arguments):
+    """moe_experts with fp8 weights, each a Quantized of random arguments
+    (drawn in the order of the call's arguments before weights were one
+    value: x, the routing, w13, w2, then their scales)."""
+    t, f32 = args.tensor, torch.float32
+    x, ids, weights = t(T, H), t(T, K, dtype=torch.int64), t(T, K, dtype=f32)
+    w13, w2 = t(E, 2 * I, H, dtype=FP8), t(E, H, I, dtype=FP8)
+    w13_scale, w2_scale = t(E, 2 * I // 128, H // 128, dtype=f32), t(E, H // 128, I // 128,
+                                                                      dtype=f32)
+    return gg_runtime.moe_experts(x, ids, weights, Quantized(w13, w13_scale, "128x128"),
+                                  Quantized(w2, w2_scale, "128x128"))
+
+
+def served_w4(args: Arguments, group, scale, weight_format):
+    """moe_experts with 4-bit weights (MXFP4 or INT4), each a Quantized of
+    random arguments, and now and then x given quantized too (scales of any
+    kind: refused, 4-bit weights take 16-bit tokens); drawn as served_fp8."""
+    t, v, f32 = args.tensor, args.value, torch.float32
+    x, ids, weights = t(T, H), t(T, K, dtype=torch.int64), t(T, K, dtype=f32)
+    w13, w2 = t(E, 2 * I, H // 2, dtype=U8), t(E, H, I // 2, dtype=U8)
+    w13_scale, w2_scale = t(E, 2 * I, H // group, dtype=scale), t(E, H, I // group, dtype=scale)
+    options = {"gate_up": v("interleaved"), "activation": v("gpt_oss"), "b13": v(None)}
+    x_scale = v(None)
+    return gg_runtime.moe_experts(x if x_scale is None else Quantized(x, x_scale, "1x128"), ids,
+                                  weights, Quantized(w13, w13_scale, weight_format),
+                                  Quantized(w2, w2_scale, weight_format), **options)
+
 
 def calls(args: Arguments):
     """One call of each entry point, with args' random arguments."""
@@ -60,16 +98,11 @@ def calls(args: Arguments):
     yield lambda: gg_runtime.moe_experts(
         t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H), t(E, H, I),
         gate_up=v("concatenated"), activation=v("swiglu"), b13=v(None), fp8=v(None))
-    yield lambda: gg_runtime.moe_experts(
-        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H, dtype=FP8),
-        t(E, H, I, dtype=FP8), w13_scale=t(E, 2 * I // 128, H // 128, dtype=f32),
-        w2_scale=t(E, H // 128, I // 128, dtype=f32))
-    for group, scale in ((32, U8), (32, torch.bfloat16), (128, torch.bfloat16)):  # MXFP4, INT4
-        yield lambda group=group, scale=scale: gg_runtime.moe_experts(
-            t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32), t(E, 2 * I, H // 2, dtype=U8),
-            t(E, H, I // 2, dtype=U8), w13_scale=t(E, 2 * I, H // group, dtype=scale),
-            w2_scale=t(E, H, I // group, dtype=scale), gate_up=v("interleaved"),
-            activation=v("gpt_oss"), b13=v(None), x_scale=v(None))
+    yield lambda: served_fp8(args)
+    for group, scale, weight_format in ((32, U8, "mxfp4"), (32, torch.bfloat16, "int4"),
+                                        (128, torch.bfloat16, "int4")):
+        yield lambda group=group, scale=scale, weight_format=weight_format: served_w4(
+            args, group, scale, weight_format)
     yield lambda: gg_runtime.mxfp4_expert_weights(t(E, I, H // 32, 16, dtype=U8),
                                                   t(E, I, H // 32, dtype=U8))
     yield lambda: gg_runtime.int4_expert_weights(t(E, I, H // 8, dtype=torch.int32),
@@ -96,11 +129,33 @@ def calls(args: Arguments):
         t(T, K, dtype=f32))
 
 
+def quantized_calls(args: Arguments):
+    """The calls that take Quantized values, each value a wrong one or of a
+    wrong format now and then: moe_experts with fp8 weights and tokens given
+    quantized (per token), with 128 x 128 blocks, with 4-bit weights (their
+    own random stream, apart from calls(): it leaves calls()' draws as they
+    were)."""
+    t, v, q = args.tensor, args.value, args.quantized
+    ids, f32 = torch.int64, torch.float32
+    yield lambda: gg_runtime.moe_experts(
+        q(t(T, H, dtype=FP8), t(T, dtype=f32), "rowwise"), t(T, K, dtype=ids),
+        t(T, K, dtype=f32), q(t(E, 2 * I, H, dtype=FP8), t(E, 2 * I, dtype=f32), "rowwise"),
+        q(t(E, H, I, dtype=FP8), t(E, H, dtype=f32), "rowwise"), fp8=v(None))
+    yield lambda: gg_runtime.moe_experts(
+        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32),
+        q(t(E, 2 * I, H, dtype=FP8), t(E, 2 * I // 128, H // 128, dtype=f32), "128x128"),
+        q(t(E, H, I, dtype=FP8), t(E, H // 128, I // 128, dtype=f32), "128x128"))
+    yield lambda: gg_runtime.moe_experts(
+        t(T, H), t(T, K, dtype=ids), t(T, K, dtype=f32),
+        q(t(E, 2 * I, H // 2, dtype=U8), t(E, 2 * I, H // 32, dtype=U8), "mxfp4"),
+        q(t(E, H, I // 2, dtype=U8), t(E, H, I // 32, dtype=U8), "mxfp4"))
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_refusals_are_type_or_value_errors(seed):
-    args = Arguments(seed)
+    args, quantized = Arguments(seed), Arguments(seed + 1000)
     for _ in range(20):
-        for call in calls(args):
+        for call in (*calls(args), *quantized_calls(quantized)):
             try:
                 call()
             except (TypeError, ValueError) as error:

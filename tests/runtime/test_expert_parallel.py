@@ -17,7 +17,8 @@ import gg_runtime.moe.expert_parallelism as ep
 import gg_runtime.moe.transformers_glue as transformers_glue
 import gg_runtime.moe.transport as transport
 from gg_runtime.moe import ExpertParallelExperts, expert_parallel
-from gg_runtime.formats import WEIGHT_FORMATS, served_weight_format
+from gg_runtime import Quantized
+from gg_runtime.formats import FP8_WEIGHT_SCALINGS
 from gg_runtime.testing.fp8 import quantize_ref
 from gg_runtime.testing.moe_fp8 import dequantize64, dequantized_experts
 from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
@@ -243,6 +244,15 @@ def test_no_process_group_is_a_value_error():
                         torch.zeros(1, 4, 8), torch.zeros(1, 8, 2))
 
 
+def fp8_weights(hidden, w13_scales=None):
+    """{"w13": ..., "w2": ...}: one expert's fp8 weights (128 x 128 blocks,
+    Quantized) for tokens of `hidden` columns, w13's scales given."""
+    fp8 = torch.float8_e4m3fn
+    return {"w13": Quantized(torch.zeros(1, 4, hidden, dtype=fp8),
+                             torch.ones(1, 1, 1) if w13_scales is None else w13_scales, "128x128"),
+            "w2": Quantized(torch.zeros(1, hidden, 2, dtype=fp8), torch.ones(1, 1, 1), "128x128")}
+
+
 @pytest.mark.parametrize("change, error, match", [
     ({"x": torch.zeros(2, 8)}, TypeError, "x must be float16 or bfloat16"),
     ({"x": torch.zeros(2, 2, 8, dtype=torch.bfloat16)}, ValueError, r"x must be \[T, H\]"),
@@ -255,10 +265,11 @@ def test_no_process_group_is_a_value_error():
     ({"max_tokens": 2.0}, TypeError, "max_tokens"),
     ({"w13": torch.zeros(4, 8)}, ValueError, "w13 must be"),
     ({"transport": "mpi"}, ValueError, "transport must be one of"),
-    ({"w13_scale": torch.ones(1, 1, 1)}, ValueError, "H to be a multiple of 16, got H=8"),
-    ({"x": torch.zeros(2, 16, dtype=torch.bfloat16).requires_grad_(),
-      "w13_scale": torch.ones(1, 1, 1)}, ValueError, "fp8 weights is inference-only"),
-    ({"w13_scale": [1.0]}, TypeError, "w13_scale must be a torch.Tensor or None"),
+    ({**fp8_weights(8)}, ValueError, "H to be a multiple of 16, got H=8"),
+    ({"x": torch.zeros(2, 16, dtype=torch.bfloat16).requires_grad_(), **fp8_weights(16)},
+     ValueError, "fp8 weights is inference-only"),
+    ({"x": torch.zeros(2, 16, dtype=torch.bfloat16), **fp8_weights(16, w13_scales=[1.0])},
+     TypeError, r"w13\.scales must be a torch\.Tensor"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_sent(simulated, change, error, match):
     world = simulated(1)
@@ -386,18 +397,23 @@ def test_a_placement_changed_in_place_is_checked_again(simulated):
                             placement=placement)
 
 
-def fp8_reference_experts(x, topk_ids, topk_weights, w13, w2, *, x_scale, w13_scale, w2_scale,
-                          **options):
-    """moe_experts' contract for fp8 weights and tokens given quantized, in
-    float64 (rounded to bfloat16)."""
-    assert x.dtype == torch.float8_e4m3fn and options["fp8"] is None
-    kind = served_weight_format(w13, w13_scale)
-    tokens = dequantize64(x, x_scale, WEIGHT_FORMATS[kind].rows)
-    return layer_ref(tokens, topk_ids, topk_weights.double(),
-                     *dequantized_experts(w13, w2, w13_scale, w2_scale)).bfloat16()
+def fp8_reference_experts(x, topk_ids, topk_weights, w13, w2, **options):
+    """moe_experts' contract for fp8 weights (w13 and w2 Quantized in one
+    format) and tokens given quantized (x a Quantized in the layout they
+    ask), in float64 (rounded to bfloat16)."""
+    assert isinstance(x, Quantized) and x.values.dtype == torch.float8_e4m3fn
+    assert isinstance(w13, Quantized) and isinstance(w2, Quantized) and w13.format == w2.format
+    assert x.format == FP8_WEIGHT_SCALINGS[w13.format].rows and options["fp8"] is None
+    return layer_ref(dequantize64(*x), topk_ids, topk_weights.double(),
+                     *dequantized_experts(w13, w2)).bfloat16()
 
 
-@pytest.mark.parametrize("kind", tuple(WEIGHT_FORMATS))
+def quantized_ref(x, granularity):
+    """quantize_ref's (q, scale) as quantize_fp8 returns them, a Quantized."""
+    return Quantized(*quantize_ref(x, granularity), granularity)
+
+
+@pytest.mark.parametrize("kind", tuple(FP8_WEIGHT_SCALINGS))
 @pytest.mark.parametrize("counts", [(13, 7), (9, 0, 11)])
 @pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -407,24 +423,26 @@ def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, cou
     quantize them (per 128 columns, with H = 272 a partial block; or per
     token), their scales beside them: the layer of the tokens so quantized."""
     world = simulated(len(counts))
-    monkeypatch.setattr(exchange, "quantize_fp8", quantize_ref)
+    monkeypatch.setattr(exchange, "quantize_fp8", quantized_ref)
     monkeypatch.setattr(ep, "moe_experts", fp8_reference_experts)
     case = global_case(counts, 2 * len(counts), 2, hidden=272, inter=16)
     x = case["x"].to(dtype)
-    granularity = WEIGHT_FORMATS[kind]
-    q13, s13 = quantize_ref(case["w13"], granularity.weights)
-    q2, s2 = quantize_ref(case["w2"], granularity.weights)
-    want = layer_ref(dequantize64(*quantize_ref(x, granularity.rows), granularity.rows),
-                     case["topk_ids"], case["topk_weights"].double(),
-                     *dequantized_experts(q13, q2, s13, s2))
+    rows = FP8_WEIGHT_SCALINGS[kind].rows
+    w13, w2 = quantized_ref(case["w13"], kind), quantized_ref(case["w2"], kind)
+    want = layer_ref(dequantize64(*quantized_ref(x, rows)), case["topk_ids"],
+                     case["topk_weights"].double(), *dequantized_experts(w13, w2))
+
+    def share(w, rank):
+        """Rank `rank`'s two experts of the Quantized w."""
+        return w._replace(values=w.values[2 * rank:2 * rank + 2],
+                          scales=w.scales[2 * rank:2 * rank + 2])
 
     def rank_work(rank):
         tokens = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
         with torch.no_grad():
             out = expert_parallel(x[tokens], case["topk_ids"][tokens],
-                                  case["topk_weights"][tokens], q13[2 * rank:2 * rank + 2],
-                                  q2[2 * rank:2 * rank + 2], w13_scale=s13[2 * rank:2 * rank + 2],
-                                  w2_scale=s2[2 * rank:2 * rank + 2], group=Group(world, rank),
+                                  case["topk_weights"][tokens], share(w13, rank),
+                                  share(w2, rank), group=Group(world, rank),
                                   transport=transport)
         return tokens, out
 
@@ -433,12 +451,14 @@ def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, cou
         torch.testing.assert_close(out.double(), want[tokens], rtol=2e-2, atol=2e-2)
 
 
-def mxfp4_reference_experts(x, topk_ids, topk_weights, w13, w2, *, w13_scale, w2_scale,
-                            **options):
-    """moe_experts' contract for MXFP4 weights (16-bit tokens), in float64."""
-    assert x.dtype == torch.bfloat16 and options.get("x_scale") is None and options["fp8"] is None
+def mxfp4_reference_experts(x, topk_ids, topk_weights, w13, w2, **options):
+    """moe_experts' contract for MXFP4 weights (w13 and w2 Quantized;
+    16-bit tokens), in float64."""
+    assert isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and options["fp8"] is None
+    assert w13.format == w2.format == "mxfp4"
     return layer_ref(x.double(), topk_ids, topk_weights.double(),
-                     dequantize_mxfp4(w13, w13_scale), dequantize_mxfp4(w2, w2_scale)).bfloat16()
+                     dequantize_mxfp4(w13.values, w13.scales),
+                     dequantize_mxfp4(w2.values, w2.scales)).bfloat16()
 
 
 @pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
@@ -450,18 +470,21 @@ def test_mxfp4_weights_take_the_tokens_in_16_bits(simulated, monkeypatch, transp
     monkeypatch.setattr(ep, "moe_experts", mxfp4_reference_experts)
     case = global_case(counts, 4, 2, hidden=64, inter=32)
     x = case["x"].bfloat16()
-    w13, s13 = random_mxfp4(4, 64, 64, device="cpu")
-    w2, s2 = random_mxfp4(4, 64, 32, device="cpu")
+    w13, w2 = random_mxfp4(4, 64, 64, device="cpu"), random_mxfp4(4, 64, 32, device="cpu")
     want = layer_ref(x.double(), case["topk_ids"], case["topk_weights"].double(),
-                     dequantize_mxfp4(w13, s13), dequantize_mxfp4(w2, s2))
+                     dequantize_mxfp4(w13.values, w13.scales),
+                     dequantize_mxfp4(w2.values, w2.scales))
 
     def rank_work(rank):
         tokens = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
         experts = slice(2 * rank, 2 * rank + 2)
         with torch.no_grad():
             out = expert_parallel(x[tokens], case["topk_ids"][tokens],
-                                  case["topk_weights"][tokens], w13[experts], w2[experts],
-                                  w13_scale=s13[experts], w2_scale=s2[experts],
+                                  case["topk_weights"][tokens],
+                                  w13._replace(values=w13.values[experts],
+                                               scales=w13.scales[experts]),
+                                  w2._replace(values=w2.values[experts],
+                                              scales=w2.scales[experts]),
                                   group=Group(world, rank), transport=transport)
         return tokens, out
 

@@ -29,8 +29,9 @@ import torch
 import gg_runtime
 from gg_runtime import _C
 from gg_runtime.testing import forced, last_variant, rel_error
-from gg_runtime.testing.moe_fp8 import (ACTIVATION_GRANULARITY, KINDS, dequantized_experts,
-                                        dequantized_layer, moe_experts_fp8_ref)
+from gg_runtime.formats import FP8_WEIGHT_SCALINGS
+from gg_runtime.testing.moe_fp8 import (KINDS, dequantized_experts, dequantized_layer,
+                                        moe_experts_fp8_ref)
 
 from conftest import device_arch, up_projection_runs_on
 from moe_fp8_cases import (ACTIVATIONS, EXACT_TOLERANCE, GATE_UP, LARGE_GROUPS,
@@ -49,10 +50,11 @@ def test_shapes(kind, shape):
     tokens, hidden, inter, experts, k = shape
     case = make_case(*shape, kind)
     scale_shapes = {
-        "blockwise": [(experts, math.ceil(2 * inter / 128), math.ceil(hidden / 128)),
-                      (experts, math.ceil(hidden / 128), math.ceil(inter / 128))],
-        "channelwise": [(experts, 2 * inter), (experts, hidden)]}[kind]
-    assert [tuple(case[n].shape) for n in ("w13_scale", "w2_scale")] == scale_shapes
+        "128x128": [(experts, math.ceil(2 * inter / 128), math.ceil(hidden / 128)),
+                    (experts, math.ceil(hidden / 128), math.ceil(inter / 128))],
+        "rowwise": [(experts, 2 * inter), (experts, hidden)]}[kind]
+    assert [tuple(case[n].scales.shape) for n in ("w13", "w2")] == scale_shapes
+    assert [case[n].format for n in ("w13", "w2")] == [kind, kind]
     check(case)
 
 
@@ -64,7 +66,7 @@ def test_shapes(kind, shape):
 def test_layouts_activations_and_biases(kind, gate_up, activation, bias, shape):
     case = make_case(*shape, kind, bias=bias)
     if activation == "gpt_oss":  # many gate and up values past the clamps (+-7)
-        case["w13_scale"] = case["w13_scale"] * 4
+        case["w13"] = case["w13"]._replace(scales=case["w13"].scales * 4)
     check(case, gate_up=gate_up, activation=activation)
 
 
@@ -144,8 +146,9 @@ def test_no_tokens(kind):
 def test_no_experts(kind):
     """E = 0 (a rank that holds none): every slot dropped, the output zeros."""
     case = make_case(16, 272, 208, 2, 2, kind)
-    for name in ("w13", "w2", "w13_scale", "w2_scale"):
-        case[name] = case[name][:0]
+    for name in ("w13", "w2"):
+        case[name] = case[name]._replace(values=case[name].values[:0],
+                                         scales=case[name].scales[:0])
     case["topk_ids"].fill_(-1)
     out = gg_runtime.moe_experts(**case)
     assert out.shape == (16, 272) and out.eq(0).all()
@@ -191,21 +194,21 @@ def test_dropped_ids_add_nothing(kind, inter):
 @pytest.mark.parametrize("tokens, k", [(1, 8), (4, 4), (300, 4)],
                          ids=["one_token", "decode", "many"])
 def test_tokens_given_quantized(kind, tokens, k):
-    """x given in fp8 with x_scale (quantize_fp8 at the weights' granularity,
-    per-token scales also as [T, 1]): bfloat16 out, the 16-bit tokens' result
+    """x given quantized, a Quantized (quantize_fp8 in the layout the weights
+    ask, per-token scales also as [T, 1]): bfloat16 out, the 16-bit tokens' result
     to the bit where both take the same kernels (many slots; per-channel
     weights' decode kernel, which reads the tokens quantized either way).
     Blockwise tokens given quantized take the two projections' kernels at
     any size: the reference's result."""
     case = make_case(tokens, 272, 208, 16, k, kind, dtype=torch.float16, bias=True)
-    q, scale = gg_runtime.quantize_fp8(case["x"], ACTIVATION_GRANULARITY[kind])
+    x = gg_runtime.quantize_fp8(case["x"], FP8_WEIGHT_SCALINGS[kind].rows)
     want = gg_runtime.moe_experts(**case)
-    for x_scale in (scale, scale[:, None]) if kind == "channelwise" else (scale,):
+    for xq in (x, x._replace(scales=x.scales[:, None])) if kind == "rowwise" else (x,):
         # Biases in the output's dtype (or float32).
         biases = {n: case[n].bfloat16() for n in ("b13", "b2")}
-        got = gg_runtime.moe_experts(**{**case, **biases, "x": q}, x_scale=x_scale)
+        got = gg_runtime.moe_experts(**{**case, **biases, "x": xq})
         assert got.dtype == torch.bfloat16
-        if kind == "blockwise" and tokens * k <= 16:
+        if kind == "128x128" and tokens * k <= 16:
             assert last_variant().startswith("combine.")
         else:
             assert torch.equal(got.to(want.dtype), want)  # the same bfloat16 sums, converted
@@ -228,13 +231,13 @@ def test_strided_and_padded_storage(kind):
     case["topk_ids"] = case["topk_ids"].int()
     case["topk_weights"] = case["topk_weights"].bfloat16()
     for name in ("w13", "w2"):
-        w = case[name]
+        w, scale = case[name].values, case[name].scales
         wide = torch.empty(*w.shape[:2], w.shape[2] + 32, dtype=w.dtype, device="cuda")
-        case[name] = wide[..., :w.shape[2]]
-        case[name].copy_(w)
-        scale = case[f"{name}_scale"]
-        case[f"{name}_scale"] = (scale.unsqueeze(-1) if kind == "channelwise"
-                                 else scale.mT.contiguous().mT)
+        values = wide[..., :w.shape[2]]
+        values.copy_(w)
+        case[name] = case[name]._replace(
+            values=values,
+            scales=scale.unsqueeze(-1) if kind == "rowwise" else scale.mT.contiguous().mT)
     check(case)
 
 
@@ -289,13 +292,13 @@ def test_cuda_graph_replays_new_tokens_and_routing(kind, tokens, inter):
 
 def vllm_options(kind):
     """fused_experts' arguments saying the scales' kind, as vLLM passes them."""
-    return {"block_shape": [128, 128]} if kind == "blockwise" else {"per_channel_quant": True}
+    return {"block_shape": [128, 128]} if kind == "128x128" else {"per_channel_quant": True}
 
 
 def fused(case, **options):
-    return gg_runtime.fused_experts(case["x"], case["w13"], case["w2"], case["topk_weights"],
-                                    case["topk_ids"], use_fp8_w8a8=True,
-                                    w1_scale=case["w13_scale"], w2_scale=case["w2_scale"],
+    return gg_runtime.fused_experts(case["x"], case["w13"].values, case["w2"].values,
+                                    case["topk_weights"], case["topk_ids"], use_fp8_w8a8=True,
+                                    w1_scale=case["w13"].scales, w2_scale=case["w2"].scales,
                                     **options)
 
 
@@ -320,7 +323,7 @@ def test_fused_experts_is_moe_experts(kind):
     case = make_case(*TAILS, kind)
     want = gg_runtime.moe_experts(**case)
     assert torch.equal(fused(case, **vllm_options(kind)), want)
-    if kind == "blockwise":  # block_shape None: the scales' shapes say blocks
+    if kind == "128x128":  # block_shape None: the scales' shapes say blocks
         assert torch.equal(fused(case), want)
     x = case["x"].clone()
     returned = fused({**case, "x": x}, inplace=True, **vllm_options(kind))
@@ -353,11 +356,10 @@ def test_end_to_end_error(record_property):
     the exact layer of the dequantized weights; printed (pytest -s) and
     recorded (--junitxml)."""
     shape = (256, 1024, 512, 16, 4)
-    case = make_case(*shape, "blockwise", exact=False)
+    case = make_case(*shape, "128x128", exact=False)
     exact = dequantized_layer(**case)
     fp8 = gg_runtime.moe_experts(**case)
-    w13, w2 = (w.bfloat16() for w in dequantized_experts(
-        case["w13"], case["w2"], case["w13_scale"], case["w2_scale"]))
+    w13, w2 = (w.bfloat16() for w in dequantized_experts(case["w13"], case["w2"]))
     bf16 = gg_runtime.moe_experts(case["x"], case["topk_ids"], case["topk_weights"], w13, w2)
     errors = {"fp8_vs_exact": rel_error(fp8, exact), "bf16_vs_exact": rel_error(bf16, exact),
               "fp8_vs_bf16": rel_error(fp8, bf16.double())}
@@ -369,7 +371,7 @@ def test_end_to_end_error(record_property):
 
 
 def test_other_gpu_paths_are_refused():
-    case = make_case(*TAILS, "blockwise")
+    case = make_case(*TAILS, "128x128")
     gg_runtime.force_ptx(True)  # the sm80 path, which has no fp8 kernels
     try:
         with pytest.raises(gg_runtime.UnsupportedDeviceError, match="compute capability 9.0"):

@@ -59,7 +59,7 @@ def decode_runs_on(variant, case) -> bool:
     conditions (aot/families/scaled_experts_decode.py), which its key ends
     with: `few_slots`, at most its most slots, and `few_units`, a bound on the
     units too."""
-    slots, experts, inter = case["topk_ids"].numel(), case["w2"].shape[0], case["w2"].shape[2]
+    slots, (experts, _, inter) = case["topk_ids"].numel(), case["w2"].values.shape
     if slots > MAX_DECODE_SLOTS:
         return False
     return not variant["key"].endswith("_few_units") or \
@@ -99,7 +99,7 @@ def test_decode_kernel_on_every_shape(variant, shape):
 def test_decode_kernel_activations_biases_and_random_data(variant, activation, exact):
     case = decode_case(variant, DECODE_GROUPS, exact=exact, bias=True)
     if activation == "gpt_oss" and exact:  # many gate and up values past the clamps
-        case["w13_scale"] = case["w13_scale"] * 4
+        case["w13"] = case["w13"]._replace(scales=case["w13"].scales * 4)
     check_decode(variant, case, EXACT_TOLERANCE if exact else RANDOM_TOLERANCE,
                  activation=activation)
 

@@ -53,12 +53,11 @@ def random_weights(experts, n, k, weight_format):
 
 def make_case(tokens, hidden, inter, experts, k, bias=False, dropped=False,
               weight_format="mxfp4"):
-    w13, w13_scale = random_weights(experts, 2 * inter, hidden, weight_format)
-    w2, w2_scale = random_weights(experts, hidden, inter, weight_format)
+    w13 = random_weights(experts, 2 * inter, hidden, weight_format)
+    w2 = random_weights(experts, hidden, inter, weight_format)
     ids, weights = routing(tokens, experts, k, dropped)
     case = {"x": randn(tokens, hidden, dtype=torch.bfloat16), "topk_ids": ids,
-            "topk_weights": weights, "w13": w13, "w2": w2, "w13_scale": w13_scale,
-            "w2_scale": w2_scale}
+            "topk_weights": weights, "w13": w13, "w2": w2}
     if bias:
         case["b13"] = randn(experts, 2 * inter, dtype=torch.bfloat16)
         case["b2"] = randn(experts, hidden, dtype=torch.bfloat16)
@@ -123,9 +122,7 @@ def test_same_as_bfloat16_weights(weight_format):
     """The 16-bit layer on the widened weights (bfloat16, as the kernels
     widen them) runs the same math with its own kernels."""
     case = make_case(*TAILS[weight_format], bias=True, weight_format=weight_format)
-    dense = dict(case, w13=widened(case["w13"], case["w13_scale"]).bfloat16(),
-                 w2=widened(case["w2"], case["w2_scale"]).bfloat16())
-    del dense["w13_scale"], dense["w2_scale"]
+    dense = dict(case, w13=widened(case["w13"]).bfloat16(), w2=widened(case["w2"]).bfloat16())
     assert_close(run(case), gg_runtime.moe_experts(**dense).double(), 2 * TOLERANCE)
 
 
@@ -134,14 +131,15 @@ def test_bytes_and_checkpoint_layout():
     mxfp4_expert_weights, give the same bits as torch's 4-bit dtypes."""
     case = make_case(*TAILS["mxfp4"])
     out = run(case)
-    as_bytes = dict(case, **{n: case[n].view(torch.uint8)
-                             for n in ("w13", "w2", "w13_scale", "w2_scale")})
+    as_bytes = dict(case, **{n: case[n]._replace(values=case[n].values.view(torch.uint8),
+                                                 scales=case[n].scales.view(torch.uint8))
+                             for n in ("w13", "w2")})
     assert torch.equal(run(as_bytes), out)
-    experts, n, half = case["w13"].shape
-    w13, w13_scale = gg_runtime.mxfp4_expert_weights(
-        case["w13"].view(torch.uint8).reshape(experts, n, half // 16, 16),
-        case["w13_scale"].view(torch.uint8))
-    assert torch.equal(run(dict(case, w13=w13, w13_scale=w13_scale)), out)
+    experts, n, half = case["w13"].values.shape
+    w13 = gg_runtime.mxfp4_expert_weights(
+        case["w13"].values.view(torch.uint8).reshape(experts, n, half // 16, 16),
+        case["w13"].scales.view(torch.uint8))
+    assert torch.equal(run(dict(case, w13=w13)), out)
 
 
 @pytest.mark.parametrize("w13_exponents, w2_exponents, token_scale", [
@@ -152,9 +150,10 @@ def test_mxfp4_scales_over_their_range(w13_exponents, w2_exponents, token_scale)
     whose products with 0.5 are bfloat16 subnormals) and ones above 2; the
     tokens scaled so that the layer's values stay normal float32."""
     case = make_case(*TAILS["mxfp4"])
-    hidden, inter, experts = case["x"].shape[1], case["w2"].shape[2] * 2, case["w13"].shape[0]
-    case["w13"], case["w13_scale"] = random_mxfp4(experts, 2 * inter, hidden, w13_exponents)
-    case["w2"], case["w2_scale"] = random_mxfp4(experts, hidden, inter, w2_exponents)
+    hidden, inter = case["x"].shape[1], case["w2"].values.shape[2] * 2
+    experts = case["w13"].values.shape[0]
+    case["w13"] = random_mxfp4(experts, 2 * inter, hidden, w13_exponents)
+    case["w2"] = random_mxfp4(experts, hidden, inter, w2_exponents)
     case["x"] = (case["x"].double() * token_scale).bfloat16()
     assert_close(run(case), moe_experts_w4_ref(**case))
 
@@ -175,10 +174,10 @@ def test_nonfinite_token_stays_its_own(weight_format):
 def test_weights_in_padded_storage(weight_format):
     """Rows 16-byte multiples apart beyond their length."""
     case = make_case(*TAILS[weight_format], weight_format=weight_format)
-    experts, n, half = case["w13"].shape
+    experts, n, half = case["w13"].values.shape
     padded = torch.empty(experts, n, half + 16, dtype=torch.uint8, device="cuda")
-    padded[..., :half] = case["w13"].view(torch.uint8)
-    out = run(dict(case, w13=padded[..., :half]))
+    padded[..., :half] = case["w13"].values.view(torch.uint8)
+    out = run(dict(case, w13=case["w13"]._replace(values=padded[..., :half])))
     assert torch.equal(out, run(case))
 
 
@@ -208,9 +207,9 @@ def test_int4_encodings_and_packings():
     int4_expert_weights, give the same bits as the bytes stored q + 8."""
     case = make_case(*TAILS["int4_g32"], weight_format="int4_g32")
     out = run(case)
-    words = case["w13"].view(torch.int32)
-    w13, w13_scale = gg_runtime.int4_expert_weights(words, case["w13_scale"])
-    assert torch.equal(run(dict(case, w13=w13, w13_scale=w13_scale)), out)
-    signed = case["w2"] ^ 0x88
-    w2, w2_scale = gg_runtime.int4_expert_weights(signed, case["w2_scale"], encoding="signed")
-    assert torch.equal(run(dict(case, w2=w2, w2_scale=w2_scale)), out)
+    words = case["w13"].values.view(torch.int32)
+    w13 = gg_runtime.int4_expert_weights(words, case["w13"].scales)
+    assert torch.equal(run(dict(case, w13=w13)), out)
+    signed = case["w2"].values ^ 0x88
+    w2 = gg_runtime.int4_expert_weights(signed, case["w2"].scales, encoding="signed")
+    assert torch.equal(run(dict(case, w2=w2)), out)

@@ -39,9 +39,10 @@ def check(x, granularity) -> str:
     """quantize_fp8(x) is the reference exactly: the kernel computes amax / 448
     as torch does on CUDA (times float32 1 / 448) and rounds x / scale as
     float32 division does.  Returns the variant that ran."""
-    q, scale = quantize_fp8(x, granularity)
+    q, scale, format = quantize_fp8(x, granularity)
     key = last_variant()
     ref_q, ref_scale = quantize_ref(x, granularity)
+    assert format == granularity
     assert q.dtype == FP8 and q.shape == x.shape and q.is_contiguous()
     assert scale.dtype == torch.float32 and scale.shape == ref_scale.shape
     assert torch.equal(scale, ref_scale), key
@@ -80,7 +81,8 @@ def run_variant(v, dtype, out_dtype):
         q, scale, q_t, scale_t = BOTH(x)
         pairs = ((q, scale, x), (q_t, scale_t, x.mT))
     else:
-        pairs = (quantize_fp8(x, granularity) + (x,),)
+        quantized = quantize_fp8(x, granularity)
+        pairs = ((quantized.values, quantized.scales, x),)
     checked = []
     for q, scale, of in pairs:
         ref_q, ref_scale = quantize_ref(of, granularity)
@@ -130,8 +132,8 @@ def test_zero_rows_and_blocks(granularity):
     x[128:256, 128:256] = 0
     check(x, granularity)
     check(column_major(x), granularity)
-    q, scale = quantize_fp8(torch.zeros(130, 300, dtype=torch.bfloat16, device="cuda"),
-                            granularity)
+    q, scale, _ = quantize_fp8(torch.zeros(130, 300, dtype=torch.bfloat16, device="cuda"),
+                               granularity)
     assert q.float().eq(0).all() and scale.eq(floor_scale()).all()
 
 
@@ -208,7 +210,7 @@ def test_transposed_weights(granularity, dtype, rows, cols, flavour, groups):
     ((3, 4, 0), "rowwise", (3, 4)),
 ])
 def test_empty(shape, granularity, scale_shape):
-    q, scale = quantize_fp8(randn(*shape, dtype=torch.bfloat16), granularity)
+    q, scale, _ = quantize_fp8(randn(*shape, dtype=torch.bfloat16), granularity)
     assert q.shape == shape and scale.shape == scale_shape
     assert scale.eq(floor_scale()).all()  # rows without elements: the all-zero scale
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import gg_runtime
+from gg_runtime import Quantized
 from gg_runtime._native import call
 from gg_runtime.testing.w4 import dequantize_int4
 
@@ -20,13 +21,22 @@ def meta(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device="meta")
 
 
+def w13(**fields):
+    """MXFP4 w13, `fields` replacing some of the Quantized's."""
+    return Quantized(meta(E, 2 * INTER, H // 2, dtype=FP4), meta(E, 2 * INTER, H // 32, dtype=E8M0),
+                     "mxfp4")._replace(**fields)
+
+
+def w2(**fields):
+    """MXFP4 w2, `fields` replacing some of the Quantized's."""
+    return Quantized(meta(E, H, INTER // 2, dtype=FP4), meta(E, H, INTER // 32, dtype=E8M0),
+                     "mxfp4")._replace(**fields)
+
+
 def args(**changes):
     """moe_experts' keyword arguments with MXFP4 weights, `changes` replacing some."""
     given = {"x": meta(T, H), "topk_ids": meta(T, K, dtype=torch.int64),
-             "topk_weights": meta(T, K, dtype=torch.float32),
-             "w13": meta(E, 2 * INTER, H // 2, dtype=FP4), "w2": meta(E, H, INTER // 2, dtype=FP4),
-             "w13_scale": meta(E, 2 * INTER, H // 32, dtype=E8M0),
-             "w2_scale": meta(E, H, INTER // 32, dtype=E8M0)}
+             "topk_weights": meta(T, K, dtype=torch.float32), "w13": w13(), "w2": w2()}
     given.update(changes)
     return given
 
@@ -42,50 +52,69 @@ def test_output_shape_and_dtype(tokens):
 def test_accepted_variants():
     """Bytes for values and scales; biases; int32 ids; both layouts and
     activations; rows padded to 16-byte multiples; no experts."""
-    out = gg_runtime.moe_experts(**args(w13=meta(E, 2 * INTER, H // 2, dtype=U8),
-                                        w2=meta(E, H, INTER // 2 + 16, dtype=U8)[..., :INTER // 2],
-                                        w13_scale=meta(E, 2 * INTER, H // 32, dtype=U8),
+    out = gg_runtime.moe_experts(**args(w13=Quantized(meta(E, 2 * INTER, H // 2, dtype=U8),
+                                                      meta(E, 2 * INTER, H // 32, dtype=U8),
+                                                      "mxfp4"),
+                                        w2=w2(values=meta(E, H, INTER // 2 + 16,
+                                                          dtype=U8)[..., :INTER // 2]),
                                         b13=meta(E, 2 * INTER), b2=meta(E, H),
                                         topk_ids=meta(T, K, dtype=torch.int32)),
                                  gate_up="interleaved", activation="gpt_oss")
     assert out.shape == (T, H)
-    none = args(w13=meta(0, 2 * INTER, H // 2, dtype=FP4), w2=meta(0, H, INTER // 2, dtype=FP4),
-                w13_scale=meta(0, 2 * INTER, H // 32, dtype=E8M0),
-                w2_scale=meta(0, H, INTER // 32, dtype=E8M0))
+    none = args(w13=Quantized(meta(0, 2 * INTER, H // 2, dtype=FP4),
+                              meta(0, 2 * INTER, H // 32, dtype=E8M0), "mxfp4"),
+                w2=Quantized(meta(0, H, INTER // 2, dtype=FP4),
+                             meta(0, H, INTER // 32, dtype=E8M0), "mxfp4"))
     assert gg_runtime.moe_experts(**none).shape == (T, H)
 
 
 BAD = {
-    "w13 unpacked": (lambda: {"w13": meta(E, 2 * INTER, H, dtype=FP4)}, ValueError,
+    "w13 unpacked": (lambda: {"w13": w13(values=meta(E, 2 * INTER, H, dtype=FP4))}, ValueError,
                      r"w13 must be \[E, 2I, H/2\] with H = 96"),
-    "w2 unpacked": (lambda: {"w2": meta(E, H, INTER, dtype=FP4)}, ValueError,
+    "w2 unpacked": (lambda: {"w2": w2(values=meta(E, H, INTER, dtype=FP4))}, ValueError,
                     r"w2 must have shape \(4, 96, 80\) \(from w13 \[E, 2I, H/2\]"),
-    "w13_scale per 16": (lambda: {"w13_scale": meta(E, 2 * INTER, H // 16, dtype=E8M0)},
-                         ValueError, r"w13_scale must be \[E, N, K/32\] = \(4, 320, 3\)"),
-    "w2_scale float32": (lambda: {"w2_scale": meta(E, H, INTER // 32, dtype=torch.float32)},
-                         TypeError, "w2_scale must be float8_e8m0fnu or uint8"),
-    "w2 fp8 beside fp4 w13": (lambda: {"w2": meta(E, H, INTER // 2, dtype=torch.float8_e4m3fn)},
+    "w13.scales per 16": (lambda: {"w13": w13(scales=meta(E, 2 * INTER, H // 16, dtype=E8M0))},
+                          ValueError, r"w13.scales must be \[E, N, K/32\] = \(4, 320, 3\)"),
+    "w2.scales float32": (lambda: {"w2": w2(scales=meta(E, H, INTER // 32, dtype=torch.float32))},
+                          TypeError, "w2.scales must be float8_e8m0fnu or uint8"),
+    "w2 fp8 beside fp4 w13": (lambda: {"w2": w2(values=meta(E, H, INTER // 2,
+                                                            dtype=torch.float8_e4m3fn))},
                               TypeError, "w2 must be float4_e2m1fn_x2 or uint8 .* got "
                                          "torch.float8_e4m3fn"),
-    "w13 transposed": (lambda: {"w13": meta(E, H // 2, 2 * INTER, dtype=FP4).mT}, ValueError,
-                       r"w13 must be stored \[E, 2I, H/2\] with unit stride"),
-    "w2 rows 8 bytes apart": (lambda: {"w2": meta(E, H, INTER // 2 + 8, dtype=FP4)[..., :80]},
+    "w13 transposed": (lambda: {"w13": w13(values=meta(E, H // 2, 2 * INTER, dtype=FP4).mT)},
+                       ValueError, r"w13 must be stored \[E, 2I, H/2\] with unit stride"),
+    "w2 rows 8 bytes apart": (lambda: {"w2": w2(values=meta(E, H, INTER // 2 + 8,
+                                                            dtype=FP4)[..., :80])},
                               ValueError, r"w2 must be stored .* got strides \(8448, 88, 1\)"),
-    "H not 32n": (lambda: {"x": meta(T, H - 16), "w13": meta(E, 2 * INTER, 40, dtype=FP4),
-                           "w2": meta(E, H - 16, INTER // 2, dtype=FP4),
-                           "w13_scale": meta(E, 2 * INTER, 2, dtype=E8M0),
-                           "w2_scale": meta(E, H - 16, INTER // 32, dtype=E8M0)}, ValueError,
+    "H not 32n": (lambda: {"x": meta(T, H - 16),
+                           "w13": w13(values=meta(E, 2 * INTER, 40, dtype=FP4),
+                                      scales=meta(E, 2 * INTER, 2, dtype=E8M0)),
+                           "w2": w2(values=meta(E, H - 16, INTER // 2, dtype=FP4),
+                                    scales=meta(E, H - 16, INTER // 32, dtype=E8M0))}, ValueError,
                   r"4-bit weights need H and I to be multiples of their scale group \(32: whole "
                   r"groups\), got H=80, I=160"),
     "x float16": (lambda: {"x": meta(T, H, dtype=torch.float16)}, TypeError,
                   "x must be bfloat16"),
     "b13 float32": (lambda: {"b13": meta(E, 2 * INTER, dtype=torch.float32)}, TypeError,
                     r"b13 must have x's dtype \(torch.bfloat16\)"),
-    "w13_scale missing": (lambda: {"w13_scale": None}, TypeError,
-                          "w13_scale must be a torch.Tensor with quantized weights"),
-    "x_scale": (lambda: {"x_scale": meta(T, 3, dtype=torch.float32)}, ValueError,
-                "x_scale .* needs fp8 weights"),
-    "w2 on cpu": (lambda: {"w2": torch.empty(E, H, INTER // 2, dtype=U8)}, ValueError,
+    "w13.scales missing": (lambda: {"w13": w13(scales=None)}, TypeError,
+                           "w13.scales must be a torch.Tensor"),
+    "w13 and w2 plain 4-bit tensors": (
+        lambda: {"w13": w13().values, "w2": w2().values}, TypeError,
+        "w13 and w2 are torch.float4_e2m1fn_x2 and torch.float4_e2m1fn_x2: quantized weights "
+        r"are given as gg_runtime.Quantized values"),
+    "w2 not Quantized": (lambda: {"w2": w2().values}, TypeError,
+                         r"w2 must be a gg_runtime.Quantized \(values, scales, format\)"),
+    "w13 in an unknown format": (lambda: {"w13": w13(format="mxfp8")}, ValueError,
+                                 r"w13.format must be one of \(.*\) for the weights, got "
+                                 "'mxfp8'"),
+    "w13 and w2 in two formats": (lambda: {"w2": w2(format="int4")}, ValueError,
+                                  "w13 and w2 must be in one format, got 'mxfp4' and 'int4'"),
+    "x quantized": (lambda: {"x": Quantized(meta(T, H, dtype=torch.float8_e4m3fn),
+                                            meta(T, 3, dtype=torch.float32), "1x128")},
+                    ValueError, r"x is quantized '1x128', but weights in format 'mxfp4' ask for "
+                                r"none \(16-bit x\)"),
+    "w2 on cpu": (lambda: {"w2": w2(values=torch.empty(E, H, INTER // 2, dtype=U8))}, ValueError,
                   "w2 is on cpu but x is on meta"),
 }
 
@@ -109,8 +138,8 @@ def test_operator_checks_its_arguments():
     op = torch.ops.gg_runtime.moe_experts.default
     given = args()
     tensors = [given[n] for n in ("x", "topk_ids", "topk_weights")] + [
-        given[n].view(U8) for n in ("w13", "w2")]
-    scales = [given[n].view(U8) for n in ("w13_scale", "w2_scale")]
+        given[n].values.view(U8) for n in ("w13", "w2")]
+    scales = [given[n].scales.view(U8) for n in ("w13", "w2")]
 
     def run(weight_format, gate_up="concatenated", activation="swiglu", x_scale=None):
         return call(op, *tensors, None, None, gate_up, activation, weight_format, *scales,
@@ -120,15 +149,15 @@ def test_operator_checks_its_arguments():
         run("mxfp4", gate_up="split")
     with pytest.raises(ValueError, match="activation must be 'swiglu' or 'gpt_oss'"):
         run("mxfp4", activation="gelu")
-    with pytest.raises(ValueError, match="weight_format must be 'unquantized', 'blockwise', "
-                                         "'channelwise', 'mxfp4' or 'int4', got 'int8'"):
+    with pytest.raises(ValueError, match="weight_format must be 'unquantized', '128x128', "
+                                         "'rowwise', 'mxfp4' or 'int4', got 'int8'"):
         run("int8")
     # The format is the caller's: MXFP4's byte scales are refused as INT4's.
-    with pytest.raises(TypeError, match="w13_scale must be bfloat16 with INT4 weights"):
+    with pytest.raises(TypeError, match="w13.scales must be bfloat16 with INT4 weights"):
         run("int4")
-    with pytest.raises(ValueError, match="x_scale must be None with 4-bit weights"):
+    with pytest.raises(ValueError, match="x.scales must be None with 4-bit weights"):
         run("mxfp4", x_scale=meta(T, dtype=torch.float32))
-    with pytest.raises(TypeError, match="w2_scale must be a tensor with 4-bit weights"):
+    with pytest.raises(TypeError, match="w2.scales must be a tensor with 4-bit weights"):
         call(op, *tensors, None, None, "concatenated", "swiglu", "mxfp4", scales[0], None)
     with pytest.raises(ValueError, match="4-bit weights are for inference only"):
         call(torch.ops.gg_runtime.moe_experts_for_backward.default, *tensors, None, None,
@@ -136,33 +165,38 @@ def test_operator_checks_its_arguments():
     assert run("mxfp4").shape == (T, H)
 
 
+def int4(values, scales):
+    return Quantized(values, scales, "int4")
+
+
 def int4_args(group=32, **changes):
     """moe_experts' keyword arguments with INT4 weights (groups of `group`)."""
-    given = args(w13=meta(E, 2 * INTER, H // 2, dtype=U8), w2=meta(E, H, INTER // 2, dtype=U8),
-                 w13_scale=meta(E, 2 * INTER, H // group), w2_scale=meta(E, H, INTER // group))
+    given = args(w13=int4(meta(E, 2 * INTER, H // 2, dtype=U8), meta(E, 2 * INTER, H // group)),
+                 w2=int4(meta(E, H, INTER // 2, dtype=U8), meta(E, H, INTER // group)))
     given.update(changes)
     return given
 
 
 def test_int4_shapes_and_refusals():
     assert gg_runtime.moe_experts(**int4_args()).shape == (T, H)
-    wide = int4_args(128, x=meta(T, 256), w13=meta(E, 256, 128, dtype=U8),
-                     w2=meta(E, 256, 64, dtype=U8), w13_scale=meta(E, 256, 2),
-                     w2_scale=meta(E, 256, 1))
+    wide = int4_args(128, x=meta(T, 256), w13=int4(meta(E, 256, 128, dtype=U8), meta(E, 256, 2)),
+                     w2=int4(meta(E, 256, 64, dtype=U8), meta(E, 256, 1)))
     assert gg_runtime.moe_experts(**wide).shape == (T, 256)
-    with pytest.raises(TypeError, match="w13_scale must be bfloat16 with INT4 weights, got "
+    values13 = meta(E, 2 * INTER, H // 2, dtype=U8)
+    with pytest.raises(TypeError, match="w13.scales must be bfloat16 with INT4 weights, got "
                                         "torch.float16"):
-        gg_runtime.moe_experts(**int4_args(w13_scale=meta(E, 2 * INTER, 3, dtype=torch.float16)))
-    with pytest.raises(ValueError, match=r"w13_scale must be \[E, N, K/32\] = \(4, 320, 3\) .*"
+        gg_runtime.moe_experts(**int4_args(w13=int4(values13, meta(E, 2 * INTER, 3,
+                                                                   dtype=torch.float16))))
+    with pytest.raises(ValueError, match=r"w13.scales must be \[E, N, K/32\] = \(4, 320, 3\) .*"
                                          "INT4 takes groups of 32 or 128"):
-        gg_runtime.moe_experts(**int4_args(w13_scale=meta(E, 2 * INTER, 6)))
-    with pytest.raises(ValueError, match=r"w13_scale and w2_scale must have the same group"):
-        gg_runtime.moe_experts(**dict(wide, w2_scale=meta(E, 256, 4)))
+        gg_runtime.moe_experts(**int4_args(w13=int4(values13, meta(E, 2 * INTER, 6))))
+    with pytest.raises(ValueError, match=r"w13.scales and w2.scales must have the same group"):
+        gg_runtime.moe_experts(**dict(wide, w2=wide["w2"]._replace(scales=meta(E, 256, 4))))
     with pytest.raises(ValueError, match=r"multiples of their scale group \(128: whole groups\), "
                                          "got H=256, I=160"):
-        gg_runtime.moe_experts(**int4_args(128, x=meta(T, 256), w13=meta(E, 320, 128, dtype=U8),
-                                           w2=meta(E, 256, 80, dtype=U8),
-                                           w13_scale=meta(E, 320, 2), w2_scale=meta(E, 256, 1)))
+        gg_runtime.moe_experts(**int4_args(128, x=meta(T, 256),
+                                           w13=int4(meta(E, 320, 128, dtype=U8), meta(E, 320, 2)),
+                                           w2=int4(meta(E, 256, 80, dtype=U8), meta(E, 256, 1))))
 
 
 def test_int4_checkpoint_layouts():
@@ -170,10 +204,10 @@ def test_int4_checkpoint_layouts():
     stored offset by 8; bad groups, dtypes and encodings are refused."""
     packed = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, 8, 16), dtype=torch.int32)
     scales = torch.rand(E, 8, 4).bfloat16()
-    values, scale = gg_runtime.int4_expert_weights(packed, scales)
+    values, scale, weight_format = gg_runtime.int4_expert_weights(packed, scales)
     assert values.dtype == U8 and values.shape == (E, 8, 64) and scale.dtype == torch.bfloat16
-    assert torch.equal(values, packed.view(U8))
-    signed, _ = gg_runtime.int4_expert_weights(packed.view(U8), scales, encoding="signed")
+    assert weight_format == "int4" and torch.equal(values, packed.view(U8))
+    signed = gg_runtime.int4_expert_weights(packed.view(U8), scales, encoding="signed").values
     for shift in (0, 4):  # q from either nibble: two's complement -> q + 8
         q = ((packed.view(U8) >> shift) & 15).to(torch.int16)
         assert torch.equal(((signed >> shift) & 15).to(torch.int16), (q - 16 * (q >= 8) + 8))
@@ -191,12 +225,12 @@ def test_checkpoint_layout():
     """gpt-oss's [E, N, K/32, 16] blocks become [E, N, K/2] values, the same bytes."""
     blocks = torch.randint(0, 256, (E, 2 * INTER, H // 32, 16), dtype=U8)
     scales = torch.randint(100, 140, (E, 2 * INTER, H // 32), dtype=U8)
-    values, scale = gg_runtime.mxfp4_expert_weights(blocks, scales)
-    assert values.dtype == FP4 and scale.dtype == E8M0
+    values, scale, weight_format = gg_runtime.mxfp4_expert_weights(blocks, scales)
+    assert values.dtype == FP4 and scale.dtype == E8M0 and weight_format == "mxfp4"
     assert values.shape == (E, 2 * INTER, H // 2) and scale.shape == scales.shape
     assert torch.equal(values.view(U8), blocks.flatten(2)) and torch.equal(scale.view(U8), scales)
     strided = torch.randint(0, 256, (E, H // 32, 2 * INTER, 16), dtype=U8).transpose(1, 2)
-    assert torch.equal(gg_runtime.mxfp4_expert_weights(strided, scales)[0].view(U8),
+    assert torch.equal(gg_runtime.mxfp4_expert_weights(strided, scales).values.view(U8),
                        strided.reshape(E, 2 * INTER, H // 2))
     with pytest.raises(ValueError, match=r"blocks must be \[E, N, K/32, 16\] or \[E, N, K/2\]"):
         gg_runtime.mxfp4_expert_weights(blocks[..., :8], scales)
@@ -209,9 +243,9 @@ def test_checkpoint_layout():
 def fused_int4_args(group=32, **changes):
     """fused_experts' arguments (vLLM's names) with INT4 weights."""
     given = int4_args(group)
-    fused = {"hidden_states": given["x"], "w1": given["w13"], "w2": given["w2"],
+    fused = {"hidden_states": given["x"], "w1": given["w13"].values, "w2": given["w2"].values,
              "topk_weights": given["topk_weights"], "topk_ids": given["topk_ids"],
-             "w1_scale": given["w13_scale"], "w2_scale": given["w2_scale"],
+             "w1_scale": given["w13"].scales, "w2_scale": given["w2"].scales,
              "use_int4_w4a16": True, "block_shape": [0, group]}
     fused.update(changes)
     return fused
@@ -262,14 +296,15 @@ def test_gptq_checkpoint_layout(group, zero_stored):
     scales = (torch.rand(E, n, k // group, generator=gen) + 0.5).half()
     qweight, gptq_scales, qzeros = gptq_checkpoint(q, scales, zero_stored)
     g_idx = torch.arange(k, dtype=torch.int32) // group
-    values, scale = gg_runtime.gptq_expert_weights(qweight, gptq_scales, qzeros=qzeros,
-                                                   g_idx=g_idx)
-    assert values.dtype == U8 and values.shape == (E, n, k // 2) and values.is_contiguous()
+    values, scale, weight_format = gg_runtime.gptq_expert_weights(qweight, gptq_scales,
+                                                                  qzeros=qzeros, g_idx=g_idx)
+    assert weight_format == "int4" and values.dtype == U8 and values.shape == (E, n, k // 2)
+    assert values.is_contiguous()
     assert scale.dtype == torch.bfloat16 and scale.shape == (E, n, k // group)
     want = q.double() * scales.bfloat16().double().repeat_interleave(group, dim=-1)
     assert torch.equal(dequantize_int4(values, scale), want)
     # and as the same bytes int4_expert_weights takes
-    assert torch.equal(gg_runtime.int4_expert_weights(values, scale)[0], values)
+    assert torch.equal(gg_runtime.int4_expert_weights(values, scale).values, values)
 
 
 def test_gptq_checkpoint_refusals():

@@ -67,8 +67,8 @@ def test_cpu_tensor_refused():
 ])
 def test_empty_input_launches_nothing(fake, shape, granularity, scale_shape):
     """Fake tensors have no data pointer: a launch would fail here."""
-    q, scale = quantize_fp8(cuda(*shape), granularity)
-    assert q.shape == shape and q.dtype == torch.float8_e4m3fn
+    q, scale, format = quantize_fp8(cuda(*shape), granularity)
+    assert q.shape == shape and q.dtype == torch.float8_e4m3fn and format == granularity
     assert scale.shape == scale_shape and scale.dtype == torch.float32
 
 
@@ -88,7 +88,7 @@ def test_both_orientations_shapes(fake, make):
     q, scale, q_t, scale_t = call(BOTH, x)
     assert q.shape == x.shape and q_t.shape == x.mT.shape and q_t.is_contiguous()
     assert q.dtype == q_t.dtype == torch.float8_e4m3fn
-    assert scale.shape == quantize_fp8(x, "128x128")[1].shape
+    assert scale.shape == quantize_fp8(x, "128x128").scales.shape
     assert scale_t.shape == scale.mT.shape
 
 
