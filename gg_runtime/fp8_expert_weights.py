@@ -27,8 +27,10 @@ class Fp8ExpertWeights:
     Holds each weight in fp8 in both orientations a training step reads (the
     forward's, and the transposed one of the input gradients), with their
     scales: as many bytes as the 16-bit weights.  Attributes: `recipe`;
-    `forward` and `backward`, ((q, scale) of w13, (q, scale) of w2) in the
-    forward's and the transposed orientation (fp8_training.quantize_weight's).
+    `forward` and `backward`, (w13, w2) each a `Quantized` in the recipe's
+    weight layout, in the forward's and the transposed orientation
+    (fp8_training.quantize_weight's).  `forward` is what `moe_experts`
+    serves as fp8 weights: `moe_experts(x, ids, weights, *w.forward)`.
     """
 
     __slots__ = ("recipe", "forward", "backward", "_sources", "_storages")

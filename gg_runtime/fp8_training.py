@@ -18,7 +18,7 @@ from torch.autograd.function import once_differentiable
 
 from ._native import OPS, call, check_types
 from .autograd import Gathered, stored_transposed
-from .formats import RECIPES, SCALINGS
+from .formats import RECIPES, SCALINGS, Quantized
 
 # fp8 rows are read in 16-byte copies (TMA), as torch requires of fp8 inputs too.
 _ALIGN = 16
@@ -74,10 +74,11 @@ def _quantized_columns(a, offs, granularity):
     return call(OPS.quantize_fp8_columns.default, a, offs, granularity)
 
 
-def quantize_weight(w, recipe):
-    """(q, scale): w [G, C, R] quantized as the recipe quantizes weights for
-    products that reduce R (per 128 x 128 block, or per row of each w[g])."""
-    return _quantize(w, SCALINGS[recipe].weights)
+def quantize_weight(w, recipe) -> Quantized:
+    """w [G, C, R] quantized as the recipe quantizes weights for products
+    that reduce R (per 128 x 128 block, or per row of each w[g])."""
+    layout = SCALINGS[recipe].weights
+    return Quantized(*_quantize(w, layout), layout)
 
 
 def quantize_weight_both(w, recipe):
@@ -85,7 +86,8 @@ def quantize_weight_both(w, recipe):
     from one read of w (its 128 x 128 blocks, transposed, are w.mT's)."""
     if recipe == "blockwise":
         q, scale, q_t, scale_t = call(OPS.quantize_fp8_both_orientations.default, w)
-        return (q, scale), (q_t, scale_t)
+        layout = SCALINGS[recipe].weights
+        return Quantized(q, scale, layout), Quantized(q_t, scale_t, layout)
     return quantize_weight(w, recipe), quantize_weight(w.mT, recipe)
 
 
@@ -101,7 +103,7 @@ def product(a, b_t, recipe, offs, quantized_b=None, out_dtype=torch.bfloat16):
     out_dtype (bfloat16 or float32).  quantized_b: quantize_weight(b_t,
     recipe), made before (None: made here)."""
     qa, scale_a = _quantized_rows(a, SCALINGS[recipe].rows)
-    qb, scale_b = quantize_weight(b_t, recipe) if quantized_b is None else quantized_b
+    qb, scale_b, _ = quantize_weight(b_t, recipe) if quantized_b is None else quantized_b
     return call(OPS.scaled_grouped_mm.default, qa, qb.mT, scale_a, scale_b, offs, None, None,
                 out_dtype, False)
 

@@ -8,7 +8,6 @@ from torch.autograd.function import once_differentiable
 
 from .. import fp8_training
 from .._native import OPS, call, call_untracked_if_possible
-from ..formats import SCALINGS
 from ..autograd import Gathered, bias_gradient, input_gradient, stored_transposed
 from .inputs import MoeInputs
 
@@ -134,13 +133,12 @@ def fp8_forward(inputs: MoeInputs, recipe, for_backward, quantized=None):
     in the recipe's weight format (moe_experts, or with for_backward
     moe_experts_for_backward: (out, gu, order, offs, inverse, gathered))."""
     if quantized is None:
-        (q13, scale13), (q2, scale2) = (fp8_training.quantize_weight(w, recipe)
-                                        for w in (inputs.w13, inputs.w2))
+        w13, w2 = (fp8_training.quantize_weight(w, recipe) for w in (inputs.w13, inputs.w2))
     else:
-        (q13, scale13), (q2, scale2) = quantized.forward
+        w13, w2 = quantized.forward
     op = OPS.moe_experts_for_backward if for_backward else OPS.moe_experts
-    return call(op.default, *inputs._replace(w13=q13, w2=q2), SCALINGS[recipe].weights,
-                scale13, scale2)
+    return call(op.default, *inputs._replace(w13=w13.values, w2=w2.values), w13.format,
+                w13.scales, w2.scales)
 
 
 def _token_rows(t, order, k, gathered):

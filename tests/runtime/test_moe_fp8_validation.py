@@ -7,6 +7,7 @@ import torch
 
 import gg_runtime
 from gg_runtime import Quantized
+from gg_runtime.formats import SCALINGS
 from gg_runtime._native import call
 
 FP8 = torch.float8_e4m3fn
@@ -545,8 +546,9 @@ def test_quantized_weights_run(recipe, grad):
         given["w13"].requires_grad_()
     quantized = gg_runtime.quantize_expert_weights(given["w13"], given["w2"], fp8=recipe)
     assert quantized.recipe == recipe
-    (q13, _), (q2, _) = quantized.forward
-    (q13_t, _), (q2_t, _) = quantized.backward
+    (q13, _, layout), (q2, _, _) = quantized.forward
+    (q13_t, _, _), (q2_t, _, layout_t) = quantized.backward
+    assert layout == layout_t == SCALINGS[recipe].weights
     assert q13.shape == (E, 2 * INTER, H) and q13_t.shape == (E, H, 2 * INTER)
     assert q2.shape == (E, H, INTER) and q2_t.shape == (E, INTER, H)
     assert q13.dtype == q2_t.dtype == FP8
