@@ -3,7 +3,8 @@
 // 32) or symmetric INT4 (offset-8 integers, a bfloat16 scale a group of 32
 // or 128): the up projection on the tokens' rows gathered through the
 // routing with the activation in its epilogue (w4_glu), then the down
-// projection (w4_ragged_m).  The weights are widened to the tokens' 16 bits
+// projection (w4_ragged_m); at decode their twins w4_decode_glu and
+// w4_decode_down.  The weights are widened to the tokens' 16 bits
 // in the kernels' K loops (W4A16).  Inference only.
 #include <family_args.h>
 
@@ -103,8 +104,41 @@ struct Weights {
   family::W4Format format;
 };
 
+// At most one slot an expert (serving's decode): the kernels that load the
+// packed weights straight into the MMA's registers (w4_decode_glu,
+// w4_decode_down), every step's chain shorter; else the routed kernels.
+bool decodes(int64_t slots, int64_t experts) { return slots <= experts; }
+
+// The up projection's arguments, the same for both of its families.
+template <typename Family>
+Family up_args(const Tensor& x, const Tensor& order, int64_t k, const Tensor& offs,
+               const Weights& w13, const std::optional<Tensor>& b13, family::Activation activation,
+               const Tensor& h) {
+  const int64_t n = w13.values.size(1);
+  return Family{.a_ptr = address(x),
+                .b_ptr = address(w13.values),
+                .c_ptr = address(h),
+                .offs_ptr = address(offs),
+                .b_scale_ptr = address(w13.scales),
+                .T = order.size(0),
+                .N = n,
+                .K = x.size(1),
+                .G = w13.values.size(0),
+                .lda = x.stride(0),
+                .b_group_stride = w13.values.stride(0),
+                .ldb = w13.values.stride(1),
+                .b_scale_group_stride = w13.scales.stride(0),
+                .lds = w13.scales.stride(1),
+                .ldc = n / 2,
+                .bias_ptr = b13 ? address(*b13) : 0,
+                .has_bias = b13 ? 1 : 0,
+                .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
+                .rows_ptr = address(order),
+                .rows_div = k};
+}
+
 // h [S, I]: each slot's token row (token order[r] / k) times w13 (+ b13),
-// activated, in one w4_glu launch.
+// activated, in one launch.
 Tensor up_projection(const Tensor& x, const Tensor& order, int64_t k, const Tensor& offs,
                      const Weights& w13, const std::optional<Tensor>& b13, family::GateUp gate_up,
                      family::Activation activation, Outputs& outputs) {
@@ -113,55 +147,55 @@ Tensor up_projection(const Tensor& x, const Tensor& order, int64_t k, const Tens
   // No experts: every slot is dropped and nothing reads h (the kernels would
   // read a group's weights).
   if (w13.values.size(0) == 0 || shapes_only(h)) return h;
-  const family::W4Glu args{.a_ptr = address(x),
-                           .b_ptr = address(w13.values),
-                           .c_ptr = address(h),
-                           .offs_ptr = address(offs),
-                           .b_scale_ptr = address(w13.scales),
-                           .T = slots,
-                           .N = n,
-                           .K = x.size(1),
-                           .G = w13.values.size(0),
-                           .lda = x.stride(0),
-                           .b_group_stride = w13.values.stride(0),
-                           .ldb = w13.values.stride(1),
-                           .b_scale_group_stride = w13.scales.stride(0),
-                           .lds = w13.scales.stride(1),
-                           .ldc = n / 2,
-                           .bias_ptr = b13 ? address(*b13) : 0,
-                           .has_bias = b13 ? 1 : 0,
-                           .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
-                           .rows_ptr = address(order),
-                           .rows_div = k};
-  launch(args, {.format = w13.format, .gate_up = gate_up}, target_of(x, x.scalar_type()));
+  const Target target = target_of(x, x.scalar_type());
+  if (decodes(slots, w13.values.size(0))) {
+    launch(up_args<family::W4DecodeGlu>(x, order, k, offs, w13, b13, activation, h),
+           {.format = w13.format, .gate_up = gate_up}, target);
+  } else {
+    launch(up_args<family::W4Glu>(x, order, k, offs, w13, b13, activation, h),
+           {.format = w13.format, .gate_up = gate_up}, target);
+  }
   return h;
 }
 
+// The down projection's arguments, the same for both of its families.
+template <typename Family>
+Family down_args(const Tensor& h, const Tensor& offs, const Weights& w2,
+                 const std::optional<Tensor>& b2, const Tensor& ys) {
+  const int64_t hidden = w2.values.size(1);
+  return Family{.a_ptr = address(h),
+                .b_ptr = address(w2.values),
+                .c_ptr = address(ys),
+                .offs_ptr = address(offs),
+                .b_scale_ptr = address(w2.scales),
+                .T = h.size(0),
+                .N = hidden,
+                .K = h.size(1),
+                .G = w2.values.size(0),
+                .lda = h.stride(0),
+                .b_group_stride = w2.values.stride(0),
+                .ldb = w2.values.stride(1),
+                .b_scale_group_stride = w2.scales.stride(0),
+                .lds = w2.scales.stride(1),
+                .ldc = hidden,
+                .bias_ptr = b2 ? address(*b2) : 0,
+                .has_bias = b2 ? 1 : 0};
+}
+
 // The down projection's rows [S, H] in the routing's order: h's rows of
-// each group times w2 (+ b2), one w4_ragged_m launch.
+// each group times w2 (+ b2), one launch; the rows past the last group's
+// (dropped slots) zero.
 Tensor down_projection(const Tensor& h, const Tensor& offs, const Weights& w2,
                        const std::optional<Tensor>& b2, Outputs& outputs) {
   const int64_t slots = h.size(0), hidden = w2.values.size(1);
   Tensor ys = outputs.make({slots, hidden}, h.scalar_type());
   if (w2.values.size(0) == 0 || shapes_only(ys)) return ys;
-  const family::W4RaggedM args{.a_ptr = address(h),
-                               .b_ptr = address(w2.values),
-                               .c_ptr = address(ys),
-                               .offs_ptr = address(offs),
-                               .b_scale_ptr = address(w2.scales),
-                               .T = slots,
-                               .N = hidden,
-                               .K = h.size(1),
-                               .G = w2.values.size(0),
-                               .lda = h.stride(0),
-                               .b_group_stride = w2.values.stride(0),
-                               .ldb = w2.values.stride(1),
-                               .b_scale_group_stride = w2.scales.stride(0),
-                               .lds = w2.scales.stride(1),
-                               .ldc = hidden,
-                               .bias_ptr = b2 ? address(*b2) : 0,
-                               .has_bias = b2 ? 1 : 0};
-  launch(args, {.format = w2.format}, target_of(h, h.scalar_type()));
+  const Target target = target_of(h, h.scalar_type());
+  if (decodes(slots, w2.values.size(0))) {
+    launch(down_args<family::W4DecodeDown>(h, offs, w2, b2, ys), {.format = w2.format}, target);
+  } else {
+    launch(down_args<family::W4RaggedM>(h, offs, w2, b2, ys), {.format = w2.format}, target);
+  }
   return ys;
 }
 

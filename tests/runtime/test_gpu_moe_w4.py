@@ -32,6 +32,9 @@ PER_TOKEN_FACTOR = 4
 TAILS = {"mxfp4": (64, 288, 160, 8, 4), "int4_g32": (64, 288, 160, 8, 4),
          "int4_g128": (64, 384, 256, 8, 4)}
 FORMATS = tuple(TAILS)
+# Tokens that make at most one slot an expert with TAILS' E and k: the
+# decode kernels (w4_decode_glu, w4_decode_down) run, not the routed ones.
+DECODE_TOKENS = 2
 
 
 def routing(tokens, experts, k, dropped=False):
@@ -77,15 +80,57 @@ def run(case, **options):
     return gg_runtime.moe_experts(**case, **options)
 
 
+def kernels_run(case, **options) -> set:
+    """The names of the GPU kernels one call launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        run(case, **options)
+        torch.cuda.synchronize()
+    return {event.name for event in profile.events()}
+
+
+def assert_path(case, decode, **options):
+    """The call runs the decode kernels where `decode`, else the routed ones
+    (not checked where the profiler sees no kernels: under compute-sanitizer,
+    which holds the GPU's profiling interface)."""
+    names = " ".join(kernels_run(case, **options))
+    if "combine" not in names:
+        return
+    ran = ("w4_decode_glu" in names and "w4_decode_down" in names,
+           "w4_glu_kernel" in names and "w4_ragged_m" in names)
+    assert ran == (decode, not decode), names
+
+
 @pytest.mark.parametrize("weight_format", FORMATS)
 @pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
-def test_layouts_activations_biases(weight_format, gate_up, activation, bias):
-    case = make_case(*TAILS[weight_format], bias=bias, dropped=True,
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "routed"])
+def test_layouts_activations_biases(weight_format, gate_up, activation, bias, decode):
+    tokens, *shape = TAILS[weight_format]
+    case = make_case(DECODE_TOKENS if decode else tokens, *shape, bias=bias, dropped=True,
                      weight_format=weight_format)
     options = {"gate_up": gate_up, "activation": activation}
     assert_close(run(case, **options), moe_experts_w4_ref(**case, **options))
+    assert_path(case, decode, **options)
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("shape", [
+    (48, 288, 160, 64, 1), (100, 96, 32, 1024, 8), (1, 2880, 2880, 4, 4),
+    (4, 2048, 768, 32, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_decode_shapes(weight_format, shape):
+    """The decode kernels on more rows than a step's 16 for one expert (the
+    first 40 tokens' slot to expert 0), 1024 experts (the busy ones found
+    among them), K past the last whole step (gpt-oss's 2880: 11 steps of 256
+    and 64 more), Qwen3's I = 768."""
+    tokens, hidden, inter, experts, k = shape
+    if weight_format == "int4_g128" and (hidden % 128 or inter % 128):
+        hidden, inter = 128 * -(-hidden // 128), 128 * -(-inter // 128)
+    case = make_case(tokens, hidden, inter, experts, k, bias=True, dropped=True,
+                     weight_format=weight_format)
+    case["topk_ids"][:40, 0] = 0
+    assert_close(run(case), moe_experts_w4_ref(**case))
+    assert_path(case, True)
 
 
 @pytest.mark.parametrize("shape", [
@@ -171,9 +216,11 @@ def test_nonfinite_token_stays_its_own(weight_format):
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
-def test_weights_in_padded_storage(weight_format):
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "routed"])
+def test_weights_in_padded_storage(weight_format, decode):
     """Rows 16-byte multiples apart beyond their length."""
-    case = make_case(*TAILS[weight_format], weight_format=weight_format)
+    tokens, *shape = TAILS[weight_format]
+    case = make_case(DECODE_TOKENS if decode else tokens, *shape, weight_format=weight_format)
     experts, n, half = case["w13"].values.shape
     padded = torch.empty(experts, n, half + 16, dtype=torch.uint8, device="cuda")
     padded[..., :half] = case["w13"].values.view(torch.uint8)
