@@ -106,8 +106,14 @@ struct Weights {
 
 // At most one slot an expert (serving's decode): the kernels that load the
 // packed weights straight into the MMA's registers (w4_decode_glu,
-// w4_decode_down), every step's chain shorter; else the routed kernels.
-bool decodes(int64_t slots, int64_t experts) { return slots <= experts; }
+// w4_decode_down), every step's chain shorter; else the routed kernels.  Not
+// where the experts outnumber the slots kFewSlots times over, where the decode
+// kernels measured slower (each of their units searches offs, G long, for its
+// expert: docs/notes/2026-11-29-w4-decode-kernels-in-the-wheel.md).
+constexpr int64_t kFewSlots = 32;
+bool decodes(int64_t slots, int64_t experts) {
+  return slots <= experts && experts <= kFewSlots * slots;
+}
 
 // The up projection's arguments, the same for both of its families.
 template <typename Family>

@@ -115,6 +115,16 @@ def test_layouts_activations_biases(weight_format, gate_up, activation, bias, de
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
+def test_far_more_experts_than_slots_take_the_routed_kernels(weight_format):
+    """T * k <= E but E > 32 T * k: the routed kernels (the rule in
+    csrc/ops/expert_products_w4.cc)."""
+    _, hidden, inter, _, _ = TAILS[weight_format]
+    case = make_case(1, hidden, inter, 256, 4, bias=True, weight_format=weight_format)
+    assert_close(run(case), moe_experts_w4_ref(**case))
+    assert_path(case, False)
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
 @pytest.mark.parametrize("shape", [
     (48, 288, 160, 64, 1), (100, 96, 32, 1024, 8), (1, 2880, 2880, 4, 4),
     (4, 2048, 768, 32, 8)], ids=lambda s: "x".join(map(str, s)))
