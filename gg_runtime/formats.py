@@ -62,8 +62,6 @@ MXFP4_BYTE_DTYPES = (torch.float4_e2m1fn_x2, torch.float8_e8m0fnu)
 WEIGHT_FORMATS = (*FP8_WEIGHT_SCALINGS, *W4_FORMATS)
 UNQUANTIZED = "unquantized"
 OPERATOR_WEIGHT_FORMATS = (UNQUANTIZED, *WEIGHT_FORMATS)
-# Every format a Quantized value can be in.
-FORMATS = (*GRANULARITIES, *W4_FORMATS)
 
 
 class Quantized(NamedTuple):
