@@ -56,7 +56,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from aot.kernels.glu_ws import activate
-from aot.kernels.widen4 import E2M1_ASM, INT4_ASM, _e2m1_step, _int4_step
+from aot.kernels.w4_decode import halves
+from aot.kernels.widen4 import E2M1_WORDS_ASM, INT4_WORDS_ASM
 from aot.kernels.ws import plus, vector_layout
 
 # (H, I, E, k, format, group), as lab/w4_decode_probe.py's make_case takes them.
@@ -92,22 +93,6 @@ def parse_configs(text):
     if any(len(c) not in (4, 5) for c in configs):
         raise argparse.ArgumentTypeError("a config is BNxBKxKWxSPLIT[xSPLITK]")
     return [c + (1,) * (5 - len(c)) for c in configs]
-
-
-def word_asm(asm, step):
-    """widen4's PTX (asm, its step) for two words ($8, $9) and their scales
-    (a bfloat16 pair, $10): output j holds nibble j's weight (byte j // 2's
-    low nibble where j is even: K 8w + j) of the first word (low half) and
-    of the second (high half)."""
-    head = asm.value[:asm.value.index("prmt.b32 p, $4")]
-    halves = [f"prmt.b32 p, $8, $9, {sel};\n"
-              + "".join(step(4 * half + j, 10, 4 * j) for j in range(4))
-              for half, sel in enumerate(("0x5410", "0x7632"))]  # bytes 0, 1; then 2, 3
-    return gl.constexpr(head + "".join(halves) + "}")
-
-
-INT4_WORDS = word_asm(INT4_ASM, _int4_step)
-E2M1_WORDS = word_asm(E2M1_ASM, _e2m1_step)
 
 
 @gluon.constexpr_function
@@ -192,18 +177,9 @@ def widen(b, s, FORMAT: gl.constexpr):
     s = gl.broadcast(s, gl.full([s.shape[0], s.shape[1], b.shape[1] // s.shape[1], s.shape[3]],
                                 0, gl.bfloat16, s.type.layout))[0]
     s = gl.convert_layout(gl.reshape(s, [b.shape[0], b.shape[1], b.shape[2]]), b.type.layout)
-    asm: gl.constexpr = E2M1_WORDS if FORMAT == MXFP4 else INT4_WORDS
+    asm: gl.constexpr = E2M1_WORDS_ASM if FORMAT == MXFP4 else INT4_WORDS_ASM
     return gl.inline_asm_elementwise(asm, "=r," * 8 + "r,r,r", [b, s],
                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
-
-
-@gluon.jit
-def halves(x):
-    """gl.split(x), the halves' layout made linear: Triton 3.6 cannot split
-    again a tensor whose layout is a split's (a slice)."""
-    a, b = gl.split(x)
-    layout: gl.constexpr = gl.to_linear_layout(a.type.layout, a.shape)
-    return gl.convert_layout(a, layout), gl.convert_layout(b, layout)
 
 
 @gluon.jit

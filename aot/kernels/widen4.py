@@ -15,6 +15,9 @@ a 16-bit lane pair of the result holds bytes 0 and 1 (or 2 and 3).  Each
 output register is one step of the same shape: the nibbles it takes are
 shifted into place, made a bfloat16 pair, and scaled.
 
+INT4_WORDS_ASM and E2M1_WORDS_ASM are the same steps over two int32 words,
+eight values each, for kernels/w4_decode.py (_words_asm says the registers).
+
 Every rounding is the one of the value times its scale, once (fma.rn with
 -0.0 added), so either function gives the bfloat16 of the exact product:
 INT4's q * scale, MXFP4's e2m1 value times a power of two (exact, subnormal
@@ -72,6 +75,24 @@ def _e2m1_step(out: int, scale: int, offset: int) -> str:
 INT4_ASM = _asm("one, less;\nmov.b32 one, 0x3F803F80;\nmov.b32 less, 0xC308C308;\n",
                 _int4_step)
 E2M1_ASM = _asm("u, bias;\nmov.b32 bias, 0x7E807E80;\n", _e2m1_step)
+
+
+def _words_asm(asm: tl.constexpr, step) -> tl.constexpr:
+    """asm's PTX (its steps by `step`) for two int32 words of eight values each
+    ($8, $9: K 8w .. 8w + 7, value j in nibble j) and their scales, a
+    bfloat16 pair ($10: the first word's, the second's): output j ($j) holds
+    value j of the first word in its low half and of the second in its high
+    half.  kernels/w4_decode.py's order: a word's eight values are one K of
+    eight products."""
+    head = asm.value[:asm.value.index("prmt.b32 p, $4")]
+    halves = [f"prmt.b32 p, $8, $9, {sel};\n"
+              + "".join(step(4 * half + j, 10, 4 * j) for j in range(4))
+              for half, sel in enumerate(("0x5410", "0x7632"))]  # bytes 0, 1; then 2, 3
+    return tl.constexpr(head + "".join(halves) + "}")
+
+
+INT4_WORDS_ASM = _words_asm(INT4_ASM, _int4_step)
+E2M1_WORDS_ASM = _words_asm(E2M1_ASM, _e2m1_step)
 
 
 @triton.jit

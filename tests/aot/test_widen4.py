@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from aot.kernels.widen4 import E2M1_ASM, INT4_ASM
+from aot.kernels.widen4 import E2M1_ASM, E2M1_WORDS_ASM, INT4_ASM, INT4_WORDS_ASM
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 MASK = 0xFFFFFFFF
@@ -97,6 +97,13 @@ def widen(asm: str, word: int, scales: tuple) -> list:
     return [(bf16_value(lo), bf16_value(hi)) for lo, hi in zip(low, high)]
 
 
+def widen_words(asm: str, first: int, second: int, scales: tuple) -> list:
+    """Two words' eight values each widened: [(the first's value j, the
+    second's)] for j = 0 .. 7, given each word's scale as bfloat16 bits."""
+    out = run_ptx(asm, {"$8": first, "$9": second, "$10": scales[0] | scales[1] << 16})
+    return [(bf16_value(out[f"${j}"]), bf16_value(out[f"${j}"] >> 16)) for j in range(8)]
+
+
 def e2m1(nibble: int) -> float:
     return (-1 if nibble & 8 else 1) * E2M1_VALUES[nibble & 7]
 
@@ -122,8 +129,10 @@ def words():
 def test_emulator_is_checked():
     """The registers the two programs write are the outputs read above."""
     for asm in (INT4_ASM.value, E2M1_ASM.value):
-        assert sorted(set(re.findall(r"\$\d", asm))) == ["$0", "$1", "$2", "$3", "$4", "$5",
-                                                           "$6"]
+        assert sorted(set(re.findall(r"\$\d+", asm))) == ["$0", "$1", "$2", "$3", "$4", "$5",
+                                                            "$6"]
+    for asm in (INT4_WORDS_ASM.value, E2M1_WORDS_ASM.value):
+        assert set(re.findall(r"\$\d+", asm)) == {f"${i}" for i in (*range(8), 8, 9, 10)}
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.6875 * 2.0 ** -7, 49 * 2.0 ** -14, -0.75, 2.0 ** 100])
@@ -153,3 +162,31 @@ def test_mxfp4(exponent):
 def test_mxfp4_nan_scale_is_not_finite():
     got = widen(E2M1_ASM.value, 0x2F2F2F2F, (e8m0_bits(255),) * 4)
     assert all(math.isinf(v) for pair in got for v in pair)
+
+
+def word_pairs():
+    """Word pairs whose nibbles take every value at every position."""
+    for first in words():
+        yield first, (first * 2654435761 + 12345) & MASK
+
+
+@pytest.mark.parametrize("scales", [(1.0, -0.75), (1.6875 * 2.0 ** -7, 2.0 ** 100)])
+def test_int4_words(scales):
+    bits = tuple(bf16_bits(s) for s in scales)
+    s = tuple(bf16_value(b) for b in bits)
+    for first, second in word_pairs():
+        for j, got in enumerate(widen_words(INT4_WORDS_ASM.value, first, second, bits)):
+            want = tuple(bf16_value(bf16_bits((((w >> 4 * j) & 15) - 8) * si))
+                         for w, si in ((first, s[0]), (second, s[1])))
+            assert got == want
+
+
+@pytest.mark.parametrize("exponents", [(0, 127), (118, 254)])
+def test_mxfp4_words(exponents):
+    bits = tuple(e8m0_bits(e) for e in exponents)
+    s = tuple(2.0 ** (e - 127) for e in exponents)
+    for first, second in word_pairs():
+        for j, got in enumerate(widen_words(E2M1_WORDS_ASM.value, first, second, bits)):
+            want = tuple(in_bf16(e2m1((w >> 4 * j) & 15) * si)
+                         for w, si in ((first, s[0]), (second, s[1])))
+            assert got == want

@@ -127,12 +127,12 @@ def test_far_more_experts_than_slots_take_the_routed_kernels(weight_format):
 @pytest.mark.parametrize("weight_format", FORMATS)
 @pytest.mark.parametrize("shape", [
     (48, 288, 160, 64, 1), (100, 96, 32, 1024, 8), (1, 2880, 2880, 4, 4),
-    (4, 2048, 768, 32, 8)], ids=lambda s: "x".join(map(str, s)))
+    (4, 2048, 768, 32, 8), (1, 288, 160, 1, 1)], ids=lambda s: "x".join(map(str, s)))
 def test_decode_shapes(weight_format, shape):
     """The decode kernels on more rows than a step's 16 for one expert (the
     first 40 tokens' slot to expert 0), 1024 experts (the busy ones found
     among them), K past the last whole step (gpt-oss's 2880: 11 steps of 256
-    and 64 more), Qwen3's I = 768."""
+    and 64 more), Qwen3's I = 768, one expert (E = 1)."""
     tokens, hidden, inter, experts, k = shape
     if weight_format == "int4_g128" and (hidden % 128 or inter % 128):
         hidden, inter = 128 * -(-hidden // 128), 128 * -(-inter // 128)
