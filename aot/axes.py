@@ -25,6 +25,11 @@ class Choice:
             raise ValueError(f"choice {self.name}: values {self.values} must be distinct "
                              "lower-case words")
 
+    def code(self, value: str) -> int:
+        """The value's index: its C++ enumerator's value, and what a kernel
+        parameter of this Choice (Param role "choice") carries."""
+        return self.values.index(value)
+
     def enumerator(self, value: str) -> str:
         return "k" + "".join(part[:1].upper() + part[1:] for part in value.split("_"))
 
@@ -36,7 +41,9 @@ MAJOR = Choice("Major", ("row", "column"))
 # How gu's 2I columns hold the gate and up halves: gate columns then up
 # columns, or gate, up, gate, ... (gpt-oss).
 GATE_UP = Choice("GateUp", ("concatenated", "interleaved"))
-# act(gate, up): silu(gate) * up, or gpt-oss's clamped form (kernels/glu.py).
+# act(gate, up): silu(gate) * up, or gpt-oss's clamped form (kernels/swiglu.py).
+# Chosen at run time in every family (a Param of role "choice"): both forms
+# share one kernel's code, so the activation does not double the variants.
 ACTIVATION = Choice("Activation", ("swiglu", "gpt_oss"))
 
 

@@ -1,7 +1,7 @@
 """Turn the family descriptions and the compiled variant records into what the
 runtime needs: a JSON manifest (shipped in the wheel for `info()` and the
 tests), the C++ tables compiled into the core extension (kernel_table.inc):
-archs, dtypes, every family's parameters with their roles, its axes and
+archs, dtypes, every Choice's values, every family's parameters with their roles, its axes and
 constants, its size expressions as C++ functions, and one row per variant
 (its axis values as one code); and what the torch operators compile against
 (family_args.h): an enum per Choice and one for the dtypes, and per family
@@ -23,9 +23,9 @@ from .variants import ARCHS, DTYPES, FLAVOURS, compiled_dtypes
 KINDS = {"i32": "i", "i64": "l"}  # anything else is a pointer, 'p'
 RULE_ENUMS = {"tma": "Rule::kTma", "aligned": "Rule::kAligned", "none": "Rule::kNone"}
 ROLE_ENUMS = {"operand": "kOperand", "output": "kOutput", "offsets": "kOffsets", "scale": "kScale",
-              "bias": "kBias", "flag": "kFlag", "extent": "kExtent", "row_length": "kRowLength",
-              "stride": "kStride", "count": "kCount", "group_table": "kGroupTable",
-              "tile_prefix": "kTilePrefix"}
+              "bias": "kBias", "flag": "kFlag", "choice": "kChoice", "extent": "kExtent",
+              "row_length": "kRowLength", "stride": "kStride", "count": "kCount",
+              "group_table": "kGroupTable", "tile_prefix": "kTilePrefix"}
 
 
 def param_kind(type_: str) -> str:
@@ -73,6 +73,16 @@ def _constants_array(prefix: str, family) -> list:
         return []
     rows = [_init(name=_string(name), value=value) for name, value in family.constants.items()]
     return [f"const ConstantInfo {prefix}_constants[] = {{", *(f"    {r}," for r in rows), "};"]
+
+
+def _choices_arrays() -> list:
+    """Every Choice's value names (registry.h ChoiceInfo): the vocabulary the
+    Python layer checks str arguments against before the operators parse them."""
+    lines = [f"const char* const kChoice{c.name}[] = {{" + ", ".join(map(_string, c.values))
+             + "};" for c in choices()]
+    rows = [_init(name=_string(c.name), values=f"kChoice{c.name}", value_count=len(c.values))
+            for c in choices()]
+    return lines + ["const ChoiceInfo kChoices[] = {", *(f"    {r}," for r in rows), "};"]
 
 
 def _family_lines(index: int, family) -> tuple:
@@ -146,6 +156,7 @@ def kernel_table_source(records: list, triton_version: str) -> str:
         "};",
         "const DTypeInfo kDTypes[] = {",
         *(f"    {_init(name=_string(d.name), bytes=d.bytes)}," for d in DTYPES.values()), "};",
+        *_choices_arrays(),
     ]
     initializers = []
     for index, family in enumerate(FAMILIES.values()):
@@ -170,15 +181,17 @@ DTYPE = Choice("DType", tuple(DTYPES))  # the runtime's dtypes, in its table's o
 
 
 def choices() -> list:
-    """Every Choice an axis takes, once, by name; a name given two value sets
-    is refused."""
+    """Every Choice an axis or a parameter takes, once, by name; a name given
+    two value sets is refused."""
     found = {}
     for family in FAMILIES.values():
-        for axis in family.axes:
-            known = found.setdefault(axis.choice.name, axis.choice)
-            if known != axis.choice:
+        taken = [axis.choice for axis in family.axes] + [p.choice for p in family.params
+                                                         if p.choice is not None]
+        for choice in taken:
+            known = found.setdefault(choice.name, choice)
+            if known != choice:
                 raise ValueError(f"choice {known.name} has values {known.values} and, in "
-                                 f"family {family.name}, {axis.choice.values}")
+                                 f"family {family.name}, {choice.values}")
     return [found[name] for name in sorted(found)]
 
 
@@ -191,6 +204,11 @@ struct Names;
 template <typename Choice>
 constexpr std::string_view name(Choice value) {
   return Names<Choice>::kValues[static_cast<size_t>(value)];
+}
+// What a kernel parameter of a Choice (role "choice") carries: the value's index.
+template <typename Choice>
+constexpr int64_t choice_code(Choice value) {
+  return static_cast<int64_t>(value);
 }
 template <typename Choice>
 constexpr std::optional<Choice> parse(std::string_view text) {

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import expr
-from .axes import Where
+from .axes import Choice, Where
 from .kernels.ws import EPILOGUE_COLS
 
 # '*T': pointer to the variant's input dtype, '*O': to its output dtype.
@@ -36,6 +36,7 @@ ROLES = {
     "scale": "pointer to float32 scale factors the kernel reads",
     "bias": "pointer to values the epilogue adds, read only where the flag after it is 1",
     "flag": "0 or 1",
+    "choice": "one of a Choice's values, as its code (the C++ enum's value; Choice.code)",
     "extent": "a size; must fit the parameter's type",
     "row_length": "a size (elements a row) that the TMA flavour reads in 16-byte copies (TMA: a "
                   "multiple of 16 bytes)",
@@ -55,8 +56,15 @@ class Param:
     # The `aligned` flavour compiles this value as a multiple of 16 (bytes for a
     # pointer, elements for an int): vectorised loads; the runtime checks it.
     aligned: bool = False
+    # The role "choice": the Choice whose code the parameter carries, a value
+    # chosen at run time (where an Axis would compile a variant for each).
+    choice: Choice | None = None
 
     def __post_init__(self):
+        if (self.role == "choice") != (self.choice is not None) or (
+                self.choice is not None and self.type != "i32"):
+            raise ValueError(f"parameter {self.name}: the role 'choice' goes with a Choice "
+                             "and the type i32")
         if self.type not in TYPES:
             raise ValueError(f"parameter {self.name}: type {self.type!r} is not one of {TYPES}")
         if self.role not in ROLES:

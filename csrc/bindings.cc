@@ -77,6 +77,14 @@ py::dict describe_constants(std::span<const gg::ConstantInfo> constants) {
   return out;
 }
 
+py::dict choices() {
+  py::dict out;
+  for (const gg::ChoiceInfo& c : gg::choices()) {
+    out[c.name] = std::vector<std::string>(c.values, c.values + c.value_count);
+  }
+  return out;
+}
+
 py::dict families() {
   py::dict out;
   for (const gg::FamilyInfo& f : gg::families()) {
@@ -162,6 +170,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("families", &families,
         "Each family, in index order: its parameters and group fields (name, kind, role, "
         "tma_limit, aligned), its axes (name: values) and its constants (name: value).");
+  m.def("choices", &choices,
+        "Every Choice the families' axes and parameters take: name: its values, in code order.");
   m.def("device_info", &device_info, py::arg("device"));
   m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");

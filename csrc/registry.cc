@@ -101,6 +101,7 @@ std::span<const FamilyInfo> families() { return kFamilies; }
 std::span<const ArchInfo> archs() { return kArchs; }
 std::span<const FlavourInfo> flavours() { return kFlavours; }
 std::span<const DTypeInfo> dtypes() { return kDTypes; }
+std::span<const ChoiceInfo> choices() { return kChoices; }
 const char* triton_version() { return GG_TRITON_VERSION; }
 
 int family_index(const std::string& name) {

@@ -24,6 +24,7 @@ enum class Role {
   kScale,
   kBias,
   kFlag,
+  kChoice,
   kExtent,
   kRowLength,
   kStride,
@@ -46,6 +47,8 @@ inline const char* role_name(Role role) {
       return "bias";
     case Role::kFlag:
       return "flag";
+    case Role::kChoice:
+      return "choice";
     case Role::kExtent:
       return "extent";
     case Role::kRowLength:
@@ -80,6 +83,14 @@ enum class Rule {
 struct FlavourInfo {
   const char* name;
   Rule rule;
+};
+
+// A named set of values one concept takes (aot/axes.py Choice): its value
+// names in code order (the order of the operators' enum, family_args.h).
+struct ChoiceInfo {
+  const char* name;
+  const char* const* values;
+  int value_count;
 };
 
 // One axis of a family's variants (aot/family.py Axis): its name and its
@@ -172,6 +183,7 @@ std::span<const FamilyInfo> families();
 std::span<const ArchInfo> archs();
 std::span<const FlavourInfo> flavours();
 std::span<const DTypeInfo> dtypes();
+std::span<const ChoiceInfo> choices();
 const char* triton_version();
 
 // Index into families() of the family called `name`; throws std::invalid_argument.

@@ -15,7 +15,7 @@ FAMILY = Family(
     name="gathered_m",
     kernel=ragged_glu_kernel,
     ws_kernel=ragged_glu_ws_kernel,
-    params=PARAMS,  # gu_ptr, save_gu and gpt_oss not read
+    params=PARAMS,  # gu_ptr, save_gu and activation not read
     # b [G, K, N] row-major, or column-major: a transposed view of [G, N, K].
     axes=(Axis("b_major", MAJOR),),
     constexprs=lambda v: {"B_T": v["b_major"] == "column", "GLU": UNGATED},

@@ -10,6 +10,7 @@ from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.ragged import ragged_glu_kernel
 from ..kernels.ragged_ws import ragged_glu_ws_kernel
 from .ragged_m import BIAS, EXTENTS, FAMILY as RAGGED_M, POINTERS
+from .swiglu import ACTIVATION_PARAM
 
 # sm90: ragged_m's tuned pair (aot/tuning/sm90.json): small groups on the
 # Triton kernel, the rest warp-specialised (whose epilogue stages h and gu in
@@ -39,7 +40,7 @@ ROWS = (Param("rows_ptr", "*i64", "operand"), Param("rows_div", "i32", "extent")
 PARAMS = POINTERS + GATHERED_EXTENTS + BIAS + (
     Param("gu_ptr", "*T", "output", aligned=True),
     Param("save_gu", "i32", "flag"),
-    Param("gpt_oss", "i32", "flag"),
+    ACTIVATION_PARAM,
 ) + ROWS
 
 FAMILY = Family(

@@ -20,6 +20,7 @@ from ..kernels.experts_decode import MAX_SLOTS, scaled_experts_decode_kernel
 from ..kernels.experts_decode_ws import scaled_experts_decode_ws_kernel
 from ..kernels.glu import CONCATENATED, INTERLEAVED
 from .scaled_ragged_m import SCALING, SCALINGS
+from .swiglu import ACTIVATION_PARAM
 
 # BM: slot rows a unit, the MMAs' N; BN: w2's rows a step (the ws kernel: a
 # box) of the down projection; BK: the up projection's step in whole scale
@@ -53,7 +54,7 @@ W13 = (Param("w13_ptr", "*fp8e4nv", "operand", aligned=True),
 W2 = (Param("w2_ptr", "*fp8e4nv", "operand", aligned=True), Param("w2_scale_ptr", "*fp32", "scale"))
 BIASES = (Param("b13_ptr", "*bf16", "bias"), Param("has_b13", "i32", "flag"),
           Param("b2_ptr", "*bf16", "bias"), Param("has_b2", "i32", "flag"),
-          Param("gpt_oss", "i32", "flag"))
+          ACTIVATION_PARAM)
 EXTENTS = (Param("S", "i32", "extent"), Param("H", "i32", "row_length", aligned=True),
            Param("N", "i32", "row_length", aligned=True), Param("G", "i32", "count"))
 W13_STRIDES = (Param("w13_group_stride", "i64", "stride", aligned=True),

@@ -15,6 +15,7 @@ from ..kernels.ragged_ws import scaled_ragged_glu_ws_kernel
 from .ragged_glu import GATHERED_EXTENTS, ROWS
 from .ragged_m import FAMILY as RAGGED_M, POINTERS
 from .scaled_ragged_m import SCALING, SCALINGS
+from .swiglu import ACTIVATION_PARAM
 
 TRITON_DECODE = Config(64, 256, 128, 8, 5, max_rows=32)
 SWAPPED = Config(32, 256, 128, 4, 4, max_rows=16)
@@ -46,7 +47,7 @@ FAMILY = Family(
     ) + GATHERED_EXTENTS + (
         Param("bias_ptr", "*bf16", "bias"),
         Param("has_bias", "i32", "flag"),
-        Param("gpt_oss", "i32", "flag"),
+        ACTIVATION_PARAM,
         Param("gu_ptr", "*bf16", "output", aligned=True),
     ) + ROWS,
     axes=(Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP),

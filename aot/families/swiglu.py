@@ -14,6 +14,8 @@ from ..kernels.swiglu import swiglu_kernel
 CONFIGS = (Config(8, 256, 16, 4, 1),)
 
 DIRECTION = Choice("Direction", ("forward", "backward"))
+# Every family with an activation takes it so: a run-time choice.
+ACTIVATION_PARAM = Param("activation", "i32", "choice", choice=ACTIVATION)
 
 FAMILY = Family(
     name="swiglu",
@@ -28,11 +30,11 @@ FAMILY = Family(
         Param("dot_ptr", "*fp32", "output"),
         Param("R", "i32", "extent"),
         Param("C", "i32", "extent", aligned=True),
+        ACTIVATION_PARAM,
     ),
-    axes=(Axis("direction", DIRECTION), Axis("gate_up", GATE_UP), Axis("activation", ACTIVATION)),
+    axes=(Axis("direction", DIRECTION), Axis("gate_up", GATE_UP)),
     constexprs=lambda v: {"BACKWARD": v["direction"] == "backward",
-                          "INTERLEAVED": v["gate_up"] == "interleaved",
-                          "GPT_OSS": v["activation"] == "gpt_oss"},
+                          "INTERLEAVED": v["gate_up"] == "interleaved"},
     aligned=EVERY,
     dtypes=("float16", "bfloat16"),
     configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},

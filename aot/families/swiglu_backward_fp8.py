@@ -8,8 +8,9 @@ summed over a group's blocks).  bfloat16 in (the fp8 forward's gu and
 products are bfloat16), float8_e4m3fn out; sm90 only, as
 the fp8 GEMMs; `aligned` only (its copies move 16 bytes: the operator
 copies an input that does not start at 16 bytes)."""
-from ..axes import ACTIVATION, EVERY, GATE_UP, Axis, Choice
+from ..axes import EVERY, GATE_UP, Axis, Choice
 from ..family import Config, Family, Param
+from .swiglu import ACTIVATION_PARAM
 from ..kernels.swiglu_backward_fp8 import swiglu_backward_fp8_kernel
 
 # A tile is one 128-row block by 128 of h's columns, computed BK = 64 at a
@@ -52,10 +53,11 @@ FAMILY = Family(
         Param("R", "i32", "extent"),
         Param("C", "i32", "extent", aligned=True),
         Param("G", "i32", "count"),
+        ACTIVATION_PARAM,
     ),
-    axes=(Axis("gate_up", GATE_UP), Axis("activation", ACTIVATION), Axis("sums", SUMS)),
+    axes=(Axis("gate_up", GATE_UP), Axis("sums", SUMS)),
     constexprs=lambda v: {"INTERLEAVED": v["gate_up"] == "interleaved",
-                          "GPT_OSS": v["activation"] == "gpt_oss", "SUMS": v["sums"] == "dgu"},
+                          "SUMS": v["sums"] == "dgu"},
     aligned=EVERY,
     basic=False,
     dtypes=("bfloat16",),

@@ -9,6 +9,7 @@ from ..kernels.glu import CONCATENATED, INTERLEAVED
 from ..kernels.w4 import INT4_G32, INT4_G128, MXFP4, w4_glu_kernel
 from .ragged_glu import ROWS
 from .ragged_m import BIAS, FAMILY as RAGGED_M
+from .swiglu import ACTIVATION_PARAM
 
 # A 4-bit weights' format: MXFP4 (e8m0 scales a 32 values), or symmetric
 # INT4 with bfloat16 scales a 32 or a 128 values (kernels/w4.py).
@@ -53,7 +54,7 @@ EXTENTS = (
 FAMILY = Family(
     name="w4_glu",
     kernel=w4_glu_kernel,
-    params=POINTERS + EXTENTS + BIAS + (Param("gpt_oss", "i32", "flag"),) + ROWS,
+    params=POINTERS + EXTENTS + BIAS + (ACTIVATION_PARAM,) + ROWS,
     axes=(Axis("format", W4_FORMAT), Axis("gate_up", GATE_UP)),
     constexprs=lambda v: {"FORMAT": W4_FORMATS[v["format"]],
                           "GLU": CONCATENATED if v["gate_up"] == "concatenated"

@@ -61,7 +61,7 @@ MAX_SLOTS = tl.constexpr(64)  # the most slots a call (the family's kMaxSlots)
 @triton.jit
 def scaled_experts_decode_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr,
                                  w13_scale_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr,
-                                 has_b2, gpt_oss, parts_ptr, S, H, N, G, w13_group_stride, ld13,
+                                 has_b2, activation, parts_ptr, S, H, N, G, w13_group_stride, ld13,
                                  w2_group_stride, ld2, SCALING: tl.constexpr,
                                  GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
                                  BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
@@ -81,7 +81,7 @@ def scaled_experts_decode_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr
     w13_desc = w13_descriptor(w13_ptr, G, inter, H, w13_group_stride, ld13, GLU, BK)
     w2_desc = w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN)
     weights = (x_ptr, xq_ptr, x_scale_ptr, k, w13_desc, w13_scale_ptr, w2_desc, w2_scale_ptr)
-    biases = (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss)
+    biases = (b13_ptr, has_b13, b2_ptr, has_b2, activation)
     extents = (H, inter)
     groups = slot_groups(ids_ptr, S, G, chunks, BM)
     units = tl.sum(groups[2])
@@ -179,7 +179,7 @@ def token_rows(x_ptr, xq_ptr, x_scale_ptr, k, slots, row_ok, H, SCALING: tl.cons
 def quantized_h(gate, up, biases, g, column, inter, GLU: tl.constexpr):
     """h's chunk `column` [128, BM] e4m3 from gate and up [BM, 128] float32
     (b13 added where given), and its scales [BM]: per slot, its 1x128 block."""
-    b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
+    b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
     j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
     j_ok = j < inter
     if has_b13 != 0:
@@ -188,7 +188,7 @@ def quantized_h(gate, up, biases, g, column, inter, GLU: tl.constexpr):
                         other=0.0).to(tl.float32)[None, :]
         up += tl.load(bias + w13_rows(j, 1, inter, GLU), mask=j_ok,
                       other=0.0).to(tl.float32)[None, :]
-    h = tl.where(j_ok[None, :], act(gate, up, gpt_oss), 0.0)
+    h = tl.where(j_ok[None, :], act(gate, up, activation), 0.0)
     h_scale = scale_of(tl.max(tl.abs(h), axis=1))
     return to_e4m3(h, h_scale[:, None]).T, h_scale
 
@@ -200,7 +200,7 @@ def down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks, rows
     [BM]) over w2[g]'s rows n_lo .. n_hi (rows = (n_lo, n_hi, H); n_lo a
     multiple of BN), written to the slots' parts (b2 added in chunk 0)."""
     w2_desc, w2_scale_ptr, biases = w2
-    b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
+    b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
     n_lo, n_hi, H = rows
     g64 = g.to(tl.int64)
     first = column * CHUNK_COLUMNS

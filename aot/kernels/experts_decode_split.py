@@ -64,17 +64,17 @@ def scaled_decode_up_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13
 
 @triton.jit
 def scaled_decode_down_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr,
-                              has_b2, gpt_oss, parts_ptr, S, H, N, G, splits, w2_group_stride,
+                              has_b2, activation, parts_ptr, S, H, N, G, splits, w2_group_stride,
                               ld2, SCALING: tl.constexpr, GLU: tl.constexpr,
                               USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                               BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """gu [splits, S, N = 2I] float32, scaled_decode_up_kernel's; ids, w2
-    and its scales, b13, b2, gpt_oss and parts [S, C, H] as
+    and its scales, b13, b2, activation and parts [S, C, H] as
     scaled_experts_decode_kernel's (GLU: b13's gate/up layout)."""
     inter = N // 2
     chunks = tl.cdiv(inter, CHUNK_COLUMNS)
     w2 = (w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN), w2_scale_ptr,
-          (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss))
+          (b13_ptr, has_b13, b2_ptr, has_b2, activation))
     groups = slot_groups(ids_ptr, S, G, chunks, BM)
     per_split = tl.cdiv(tl.cdiv(H, BN), splits) * BN
     for t in range(tl.program_id(0), tl.sum(groups[2]) * splits, tl.num_programs(0)):

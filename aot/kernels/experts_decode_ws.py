@@ -228,7 +228,7 @@ def unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, x_scale, SCALING: g
     gate and up (per-channel scales, with the tokens' x_scale, and b13
     applied here), each slot row's 128 columns one 1x128 block (columns past
     I are 0)."""
-    b13_ptr, has_b13, gpt_oss = biases
+    b13_ptr, has_b13, activation = biases
     layout: gl.constexpr = gate.type.layout
     j = first + gl.arange(0, CHUNK_COLUMNS, gl.SliceLayout(1, layout))
     j_ok = j < inter
@@ -244,7 +244,7 @@ def unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, x_scale, SCALING: g
         bias = b13_ptr + g64 * 2 * inter
         gate += gl.expand_dims(gl.load(bias + gate_rows, mask=j_ok, other=0.0).to(gl.float32), 1)
         up += gl.expand_dims(gl.load(bias + up_rows, mask=j_ok, other=0.0).to(gl.float32), 1)
-    h = gl.where(gl.expand_dims(j_ok, 1), activate(gate, up, gpt_oss), 0.0)
+    h = gl.where(gl.expand_dims(j_ok, 1), activate(gate, up, activation), 0.0)
     h_scale = gl.maximum(gl.max(gl.abs(h), 0), AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
     return to_e4m3(h, gl.expand_dims(h_scale, 0)), h_scale
 
@@ -297,7 +297,7 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
     boxes, w2_boxes, x_bufs, xq_bufs, h_buf = bufs
     w13_scale_ptr, w2_scale_ptr = scales
-    b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss = biases
+    b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
     _, x_scale_ptr, k = tokens
     acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
     g, slots, row_ok, column = locate_unit(t, groups, chunks, BM, gl.SliceLayout(0, acc_layout))
@@ -313,7 +313,7 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
                 w13_scale_ptr + (row_blocks + w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
     gate, up, count = up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok,
                                     H, SCALING, BK, STAGES, acc_layout)
-    h, h_scale = unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, gpt_oss), g, first, inter,
+    h, h_scale = unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, activation), g, first, inter,
                         x_scale, SCALING, GLU)
     h_buf.store(h)  # the last unit's down projection has read it (its MMAs were waited for)
     fence_async_shared()
@@ -341,7 +341,7 @@ def load_partition(walk, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.
 @gluon.jit
 def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr,
                                     w13_scale_ptr, w2_ptr,
-                                    w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss,
+                                    w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, activation,
                                     parts_ptr, S, H, N, G, w13_group_stride, ld13,
                                     w2_group_stride, ld2, SCALING: gl.constexpr,
                                     GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
@@ -398,7 +398,7 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
     walk = (ids_ptr, S, G, chunks)
     tokens = (rows_ptr, x_scale_ptr, k)
     mma_work = ((boxes, w2_boxes, x_bufs, xq_bufs, h_buf), ready, empty,
-                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss),
+                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, activation),
                 tokens, parts_ptr, chunks, H, inter)
     load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
                  H)

@@ -14,7 +14,8 @@ j0 = off_n / 2, off_n being the tile's column origin in 2I):
                 go through w13_columns).
   INTERLEAVED:  gate at even columns, up at odd.  The accumulator holds
                 columns off_n .. off_n + BN, pairs (gate, up) side by side.
-act: kernels/swiglu.py's, plain SwiGLU or (gpt_oss != 0) gpt-oss's clamped form.
+act: kernels/swiglu.py's, plain SwiGLU or (activation == GPT_OSS,
+     ACTIVATION's code) gpt-oss's clamped form.
 UNGATED: no activation: the gathered rows' product (plus bias) is stored as it
 is, [T, N] (moe_experts' backward: the gradient of h from the gathered
 gradient rows).
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .quantize import quantize_blocks
-from .swiglu import activate
+from .swiglu import GPT_OSS, activate
 
 NO_GLU = tl.constexpr(0)
 UNGATED = tl.constexpr(1)
@@ -127,8 +128,8 @@ def glu_tile(gather, weights, off_m, off_n, k_end, end, N, ldb, B_T: tl.constexp
 
 
 @triton.jit
-def act(gate, up, gpt_oss):
-    if gpt_oss != 0:
+def act(gate, up, activation):
+    if activation == GPT_OSS:
         h = activate(gate, up, True)[0]
     else:
         h = activate(gate, up, False)[0]
@@ -140,10 +141,10 @@ def glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, glu, GLU: tl.constexpr, 
                  BN: tl.constexpr):
     """h's [BM, BN / 2] tile (float32) from the accumulator of rows off_m ..
     (those below end are the group's); bias = (bias_ptr [G, N], has_bias) is
-    added first (where has_bias); glu = (gu_ptr, save_gu, gpt_oss): gu ([T,
-    N] row-major) written where save_gu is 1 (gu_ptr None: never), act's gpt_oss."""
+    added first (where has_bias); glu = (gu_ptr, save_gu, activation): gu ([T,
+    N] row-major) written where save_gu is 1 (gu_ptr None: never), act's activation."""
     bias_ptr, has_bias = bias
-    gu_ptr, save_gu, gpt_oss = glu
+    gu_ptr, save_gu, activation = glu
     cols, col_ok = w13_columns(off_n, N, GLU, BN)
     if has_bias != 0:
         group_bias = tl.load(bias_ptr + g.to(tl.int64) * N + cols, mask=col_ok & (g < G), other=0.0)
@@ -155,7 +156,7 @@ def glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, glu, GLU: tl.constexpr, 
             tl.store(gu_ptr + at, acc.to(gu_ptr.dtype.element_ty),
                      mask=(rows < end)[:, None] & col_ok[None, :])
     gate, up = gate_and_up(acc, GLU, BM, BN)
-    return act(gate, up, gpt_oss)
+    return act(gate, up, activation)
 
 
 @triton.jit

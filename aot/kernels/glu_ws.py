@@ -16,7 +16,7 @@ from .gluon_api import clamp, tma_store
 from .quantize import AMAX_FLOOR, E4M3_MAX, E4M3_MAX_RECIPROCAL
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 from .scaled import SCALE_BLOCK
-from .swiglu import GPT_OSS_ALPHA, GPT_OSS_LIMIT
+from .swiglu import GPT_OSS, GPT_OSS_ALPHA, GPT_OSS_LIMIT
 from .ws import ragged_descriptor, shared_layout
 
 
@@ -47,10 +47,10 @@ def w13_columns(off_n, N, BN: gl.constexpr, GLU: gl.constexpr, layout: gl.conste
 
 
 @gluon.jit
-def activate(gate, up, gpt_oss):
+def activate(gate, up, activation):
     """glu.act (kernels/swiglu.py's activation), float32, with fast_math's
     sigmoid (the same bits but where gate < -87: there 0, not a subnormal)."""
-    if gpt_oss != 0:
+    if activation == GPT_OSS:
         g = gl.minimum(gate, GPT_OSS_LIMIT)
         u = gl.minimum(gl.maximum(up, -GPT_OSS_LIMIT), GPT_OSS_LIMIT)
         h = (u + 1.0) * (g * sigmoid(GPT_OSS_ALPHA * g))
@@ -96,10 +96,10 @@ def store_gated(acc, c_desc, c_buf, bias, glu, g, G, N, off_n, row, start, end,
                 GLU: gl.constexpr, out_scales=None):
     """glu.glu_epilogue for a tile at (row >= start, off_n) of the group
     [start, end), bias = (bias_ptr, has_bias) and glu = (gu_desc, save_gu,
-    gpt_oss): h's tile stored through c_desc, gu's through gu_desc (None:
+    activation): h's tile stored through c_desc, gu's through gu_desc (None:
     never); out_scales: h stored in fp8 (quantized_h)."""
     bias_ptr, has_bias = bias
-    gu_desc, save_gu, gpt_oss = glu
+    gu_desc, save_gu, activation = glu
     BN: gl.constexpr = acc.shape[1]
     if has_bias != 0:
         cols, ok = w13_columns(off_n, N, BN, GLU, gl.SliceLayout(0, acc.type.layout))
@@ -113,7 +113,7 @@ def store_gated(acc, c_desc, c_buf, bias, glu, g, G, N, off_n, row, start, end,
     if gu_desc is not None:  # noqa: SIM102 (a constexpr, then a runtime test)
         if save_gu != 0:
             store_gu(acc, gate, up, gu_desc, c_buf, (RAGGED_ROWS, end, at), off_n, GLU)
-    h = activate(gate, up, gpt_oss)
+    h = activate(gate, up, activation)
     if out_scales is not None:
         h = quantized_h(h, out_scales, N, off_n, row, end)
     store_tile(h, c_desc, c_buf, (RAGGED_ROWS, end, at), off_n // 2)

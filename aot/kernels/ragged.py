@@ -129,7 +129,7 @@ def ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stri
 
 @triton.jit
 def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                      bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, rows_ptr, rows_div,
+                      bias_ptr, has_bias, gu_ptr, save_gu, activation, rows_ptr, rows_div,
                       B_T: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                       PRECISION: tl.constexpr):
@@ -138,13 +138,13 @@ def ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_st
     apart; rows int64) times b [G, K, N] (N = 2I, w13's gate and up columns as
     GLU says) plus bias[g] [G, N] (where has_bias); c [T, I] (rows ldc apart)
     = act(gate, up); gu [T, N] row-major = the product plus bias, written
-    where save_gu is 1; gpt_oss: 0 SwiGLU, 1 gpt-oss's.  GLU = UNGATED: c
-    [T, N] = the product plus bias (gu, save_gu and gpt_oss not read).  Rows
+    where save_gu is 1; activation: ACTIVATION's code (aot/axes.py).  GLU = UNGATED: c
+    [T, N] = the product plus bias (gu, save_gu and activation not read).  Rows
     of the group offsets' pseudo-group (past the last group) are written zero."""
     ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                      (bias_ptr, has_bias), False, B_T, False, USE_TMA, BM, BN, BK, CHUNK,
                      PRECISION, gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                     glu=(gu_ptr, save_gu, gpt_oss))
+                     glu=(gu_ptr, save_gu, activation))
 
 
 @triton.jit
@@ -166,7 +166,7 @@ def scaled_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_p
 @triton.jit
 def scaled_ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr, c_scale_ptr,
                              T, N, K, G, lda, b_group_stride, ldb, ldc, bias_ptr, has_bias,
-                             gpt_oss, gu_ptr, rows_ptr, rows_div, SCALING: tl.constexpr,
+                             activation, gu_ptr, rows_ptr, rows_div, SCALING: tl.constexpr,
                              GLU: tl.constexpr, SAVE_GU: tl.constexpr, USE_TMA: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                              CHUNK: tl.constexpr, PRECISION: tl.constexpr):
@@ -182,7 +182,7 @@ def scaled_ragged_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b
                      (bias_ptr, has_bias), False, True, False, USE_TMA, BM, BN, BK, CHUNK,
                      PRECISION, SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
                      gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                     glu=(gu_ptr if SAVE_GU else None, 1, gpt_oss), out_scales=c_scale_ptr)
+                     glu=(gu_ptr if SAVE_GU else None, 1, activation), out_scales=c_scale_ptr)
 
 
 @triton.jit
@@ -207,7 +207,7 @@ def ragged_m_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_str
     applied as SCALING (scaled.py's, with FAST_ACCUM) says; gather = (a_ptr,
     lda, rows_ptr, rows_div), A's rows read through an index by pointer
     loads (glu.glu_tile; TMA then only stores c); glu = (gu_ptr, save_gu,
-    gpt_oss), glu.py's gated epilogue where GLU >= CONCATENATED (gu_ptr None:
+    activation), glu.py's gated epilogue where GLU >= CONCATENATED (gu_ptr None:
     no gu); out_scales, h stored in fp8 with its 1x128 blocks' scales there
     (glu.quantized_h).  gather and out_scales, which have no mode, are used
     where they are not None; gather with scales is scaled.gathered_scaled_tile.  scales and glu are

@@ -98,7 +98,7 @@ def mma_partition(half: gl.constexpr, PARTS: gl.constexpr, c_desc, c_ptr, ldc, a
     """Rows half * BM / PARTS .. (half + 1) * BM / PARTS of every tile of this
     program (in a cluster, PARTS = 1: each CTA's share of the tile's rows),
     or PINGPONG all rows of every other tile, from the program's tile `half`.
-    The features as ragged_m_ws_program's, but glu = (save_gu, gpt_oss)
+    The features as ragged_m_ws_program's, but glu = (save_gu, activation)
     beside gu_desc: kernels/glu.py's gated epilogue stores h through c_desc
     and gu through gu_desc (None: no gu; a partition's arguments hold no None
     in a tuple); turns: the partitions' barriers for taking turns, at K blocks
@@ -198,7 +198,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
     GATED: gl.constexpr = GLU >= CONCATENATED
     HALVES: gl.constexpr = GLU == CONCATENATED
     if GATED:  # the MMA partitions' glu: gu stored through a descriptor, if at all
-        gu_ptr, save_gu, gpt_oss = glu
+        gu_ptr, save_gu, activation = glu
         SAVES_GU: gl.constexpr = gu_ptr is not None
     else:
         SAVES_GU: gl.constexpr = False
@@ -229,7 +229,7 @@ def ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_
     gl.warp_specialize(
         [(mma_partition, (p, PARTS, c_desc, c_ptr, ldc, a_bufs, b_bufs, c_bufs, ready, empty,
                           turns if TURNS else None, offs_ptr, T, N, K, G, bias, scales, gather,
-                          gu_desc if SAVES_GU else None, (save_gu, gpt_oss) if GATED else None,
+                          gu_desc if SAVES_GU else None, (save_gu, activation) if GATED else None,
                           out_scales, A_T, B_T, C_T,
                           SCALING, FAST_ACCUM, GLU, BM, BN, BK, CHUNK, STAGES, CTAS, PINGPONG,
                           BLOCK_COLUMNS))
@@ -262,7 +262,7 @@ def ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_s
 
 @gluon.jit
 def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
-                         bias_ptr, has_bias, gu_ptr, save_gu, gpt_oss, rows_ptr, rows_div,
+                         bias_ptr, has_bias, gu_ptr, save_gu, activation, rows_ptr, rows_div,
                          B_T: gl.constexpr,
                          GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                          BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
@@ -274,7 +274,7 @@ def ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group
     ragged_m_ws_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc,
                         (bias_ptr, has_bias), False, B_T, False, BM, BN, BK, CHUNK, STAGES, 1,
                         gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                        glu=(gu_ptr, save_gu, gpt_oss), PINGPONG=PINGPONG)
+                        glu=(gu_ptr, save_gu, activation), PINGPONG=PINGPONG)
 
 
 @gluon.jit
@@ -296,7 +296,7 @@ def scaled_ragged_m_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_
 @gluon.jit
 def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scale_b_ptr,
                                 c_scale_ptr, T, N, K, G, lda, b_group_stride, ldb, ldc, bias_ptr,
-                                has_bias, gpt_oss, gu_ptr, rows_ptr, rows_div,
+                                has_bias, activation, gu_ptr, rows_ptr, rows_div,
                                 SCALING: gl.constexpr, GLU: gl.constexpr, SAVE_GU: gl.constexpr,
                                 USE_TMA: gl.constexpr, BM: gl.constexpr,
                                 BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
@@ -310,5 +310,5 @@ def scaled_ragged_glu_ws_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, scale_a_ptr, scal
                         (bias_ptr, has_bias), False, True, False, BM, BN, BK, CHUNK, STAGES, 1,
                         SCALING=SCALING, scales=(scale_a_ptr, scale_b_ptr),
                         gather=(a_ptr, lda, rows_ptr, rows_div), GLU=GLU,
-                        glu=(gu_ptr if SAVE_GU else None, 1, gpt_oss), out_scales=c_scale_ptr,
+                        glu=(gu_ptr if SAVE_GU else None, 1, activation), out_scales=c_scale_ptr,
                         PINGPONG=PINGPONG, BLOCK_COLUMNS=BLOCK_COLUMNS)

@@ -6,9 +6,9 @@ concatenated (gate columns 0..C, up columns C..2C) or INTERLEAVED (gate at even
 columns, up at odd).
 
 forward:   h[r]   = act(gate[r], up[r])                           -> h [R, C]
-           GPT_OSS=0: act(g, u) = silu(g) * u
-           GPT_OSS=1: gpt-oss's clamped form, g' = min(g, LIMIT), u' = clamp(u, -LIMIT, LIMIT),
-                      act(g, u) = (u' + 1) * g' * sigmoid(ALPHA * g')
+           activation "swiglu":  act(g, u) = silu(g) * u
+           activation "gpt_oss": gpt-oss's clamped form, g' = min(g, LIMIT),
+                      u' = clamp(u, -LIMIT, LIMIT), act(g, u) = (u' + 1) * g' * sigmoid(ALPHA * g')
 backward:  with dh = grad[r] * scale[r] (grad [R, C] the gradient of h before
            the routing weight scale [R] float32 is applied):
            dgu[r] = (dh * d act / d gate, dh * d act / d up), zero where a clamp
@@ -23,6 +23,10 @@ BN at a time (the row sum needs the whole row); memory-bound.
 import triton
 import triton.language as tl
 
+from ..axes import ACTIVATION
+
+# The code of gpt-oss's form that a kernel's `activation` parameter carries.
+GPT_OSS = tl.constexpr(ACTIVATION.code("gpt_oss"))
 # gpt-oss's activation constants (its experts' alpha and limit).
 GPT_OSS_ALPHA = tl.constexpr(1.702)
 GPT_OSS_LIMIT = tl.constexpr(7.0)
@@ -83,22 +87,43 @@ def store_gate_and_up(dgu_ptr, d_gate, d_up, rows, c0, row_ok, C, INTERLEAVED: t
 
 
 @triton.jit
-def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C,
-                  BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, GPT_OSS: tl.constexpr,
-                  USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
+                  BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                  PRECISION: tl.constexpr):
     """Persistent: program p takes row tiles p, p + P, ... (the runtime
     launches min(`tiles`, one wave) programs).  In the forward (BACKWARD=0)
     grad_ptr, scale_ptr, dgu_ptr and dot_ptr are not read or written.  USE_TMA,
-    BK, CHUNK and PRECISION (GEMM constexprs every variant receives) are unused."""
-    for tile in range(tl.program_id(0), tl.cdiv(R, BM), tl.num_programs(0)):
-        swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, tile * BM, R, C,
-                    BACKWARD, INTERLEAVED, GPT_OSS, BM, BN)
+    BK, CHUNK and PRECISION (GEMM constexprs every variant receives) are unused.
+    Where the activation's form is chosen is what measured fastest each way
+    (docs/notes/2026-11-29-activation-chosen-at-run-time.md): the backward
+    once, each form's loop compiled alone; the forward at each column step,
+    whose loads then issue together."""
+    if not BACKWARD:
+        swiglu_tiles(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
+                     BACKWARD, INTERLEAVED, None, BM, BN)
+    elif activation == GPT_OSS:
+        swiglu_tiles(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
+                     BACKWARD, INTERLEAVED, True, BM, BN)
+    else:
+        swiglu_tiles(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
+                     BACKWARD, INTERLEAVED, False, BM, BN)
 
 
 @triton.jit
-def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C,
-                BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, GPT_OSS: tl.constexpr,
+def swiglu_tiles(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
+                 BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, FORM: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr):
+    """FORM: gpt-oss's form (True), plain SwiGLU (False), or (None) the one
+    `activation` names, chosen at each step."""
+    for tile in range(tl.program_id(0), tl.cdiv(R, BM), tl.num_programs(0)):
+        swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, tile * BM, R, C,
+                    activation, BACKWARD, INTERLEAVED, FORM, BM, BN)
+
+
+@triton.jit
+def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C, activation,
+                BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, FORM: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr):
     """Rows row0 .. row0 + BM, BN columns at a time."""
     rows = row0 + tl.arange(0, BM)
@@ -113,7 +138,12 @@ def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C
         col_ok = cols < C
         mask = row_ok[:, None] & col_ok[None, :]
         gate, up = gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED, BM, BN)
-        h, d_gate, d_up = activate(gate, up, GPT_OSS)
+        if FORM is not None:
+            h, d_gate, d_up = activate(gate, up, FORM)
+        elif activation == GPT_OSS:
+            h, d_gate, d_up = activate(gate, up, True)
+        else:
+            h, d_gate, d_up = activate(gate, up, False)
         h = h.to(h_ptr.dtype.element_ty).to(tl.float32)
         if BACKWARD:
             grad = tl.load(grad_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)

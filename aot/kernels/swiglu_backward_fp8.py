@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
 from .gluon_api import cp_async_load, thread_barrier
 from .quantize import BLOCK, scale_of, to_e4m3
-from .swiglu import activate
+from .swiglu import GPT_OSS, activate
 from .ws import chunk_groups, first_step_past, locate
 
 SLAB = gl.constexpr(64)  # rows a copy (phase 1's inputs) or a step of phase 3 takes
@@ -262,8 +262,8 @@ def quantize_tile(dgu_s, h_s, outputs, row0, end, block, c0, C, W, INTERLEAVED: 
 @gluon.jit
 def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr, dgu_scale_ptr,
                                dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr, h_cols_scale_ptr,
-                               dot_ptr, dgu_cols_sum_ptr, R, C, G, INTERLEAVED: gl.constexpr,
-                               GPT_OSS: gl.constexpr, SUMS: gl.constexpr,
+                               dot_ptr, dgu_cols_sum_ptr, R, C, G, activation,
+                               INTERLEAVED: gl.constexpr, SUMS: gl.constexpr,
                                USE_TMA: gl.constexpr, BM: gl.constexpr,
                                BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                                PRECISION: gl.constexpr):
@@ -285,6 +285,21 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
     grad_in = gl.allocate_shared_memory(dtype, [2, BLOCK, BLOCK], staged)
     outputs = (dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr,
                h_cols_scale_ptr, dot_ptr, dgu_cols_sum_ptr)
+    # The activation chosen once: each form's loop compiled for it alone.
+    if activation == GPT_OSS:
+        backward_tiles(gu_ptr, grad_ptr, scale_ptr, offs_ptr, outputs, gu_in, grad_in, R, C, G,
+                       INTERLEAVED, True, SUMS, BM, BN, BK, CHUNK)
+    else:
+        backward_tiles(gu_ptr, grad_ptr, scale_ptr, offs_ptr, outputs, gu_in, grad_in, R, C, G,
+                       INTERLEAVED, False, SUMS, BM, BN, BK, CHUNK)
+
+
+@gluon.jit
+def backward_tiles(gu_ptr, grad_ptr, scale_ptr, offs_ptr, outputs, gu_in, grad_in, R, C, G,
+                   INTERLEAVED: gl.constexpr, GPT_OSS: gl.constexpr, SUMS: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr):
+    """The kernel's tiles, with the activation's form fixed."""
+    dot_ptr = outputs[6]
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     n_tiles = (C + BN - 1) // BN

@@ -105,7 +105,7 @@ def w4_tile(gather, weights, off_m, off_n, k_end, end, N, GLU: tl.constexpr,
 
 @triton.jit
 def w4_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, b_group_stride,
-                  ldb, b_scale_group_stride, lds, ldc, bias_ptr, has_bias, gpt_oss, rows_ptr,
+                  ldb, b_scale_group_stride, lds, ldc, bias_ptr, has_bias, activation, rows_ptr,
                   rows_div, GLU: tl.constexpr, FORMAT: tl.constexpr, USE_TMA: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
                   PRECISION: tl.constexpr):
@@ -116,7 +116,7 @@ def w4_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, b
     act(gate, up), rows ldc apart.  USE_TMA and PRECISION are unused."""
     w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, ldc, (a_ptr, lda, rows_ptr, rows_div),
                (b_group_stride, ldb, b_scale_ptr, b_scale_group_stride, lds),
-               (bias_ptr, has_bias), gpt_oss, GLU, FORMAT, BM, BN, BK, CHUNK)
+               (bias_ptr, has_bias), activation, GLU, FORMAT, BM, BN, BK, CHUNK)
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def w4_ragged_m_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, l
 
 
 @triton.jit
-def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, ldc, gather, weights, bias, gpt_oss,
+def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, ldc, gather, weights, bias, activation,
                GLU: tl.constexpr, FORMAT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, CHUNK: tl.constexpr):
     """One persistent program: tiles pid, pid + P, ... of every group's
@@ -166,7 +166,7 @@ def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, T, N, K, G, ldc, gather, weights, 
                 acc = add_bias(acc, bias, g, G, off_n, N, BN)
                 tile_store(c_ptr, acc, off_m, off_n, end, N, ldc, False, BM, BN)
             else:
-                h = glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, (None, 0, gpt_oss), GLU,
+                h = glu_epilogue(acc, g, G, off_m, end, off_n, N, bias, (None, 0, activation), GLU,
                                  BM, BN)
                 tile_store(c_ptr, h, off_m, off_n // 2, end, N // 2, ldc, False, BM, BN // 2)
         tiles_before = chunk_end

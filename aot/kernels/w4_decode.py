@@ -200,7 +200,7 @@ def first_sums(bias, g, N, off_n, width, GATED: gl.constexpr, GLU: gl.constexpr,
 
 @gluon.jit
 def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bias, g, start,
-            end, off_n, gpt_oss, GATED: gl.constexpr, GLU: gl.constexpr, FORMAT: gl.constexpr,
+            end, off_n, activation, GATED: gl.constexpr, GLU: gl.constexpr, FORMAT: gl.constexpr,
             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
     """Expert g's rows start .. end, the output columns off_n .. off_n + BN
     (GATED: of h, from two accumulators, the gate rows' and the up rows'; BN
@@ -278,7 +278,7 @@ def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bia
                 b_up, s_up = b_up_next, s_up_next
             b, s = b_next, s_next
         if GATED:
-            acc = activate(acc, acc_up, gpt_oss)
+            acc = activate(acc, acc_up, activation)
         out_r = m0 + along(BM, 0, MMA)
         out_c = off_n + along(BN, 1, MMA)
         gl.store(c_ptr + out_r.to(gl.int64) * ldc + out_c, acc.to(gl.bfloat16),
@@ -287,7 +287,7 @@ def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bia
 
 @gluon.jit
 def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc, weights, rows,
-               bias, gpt_oss, GATED: gl.constexpr, GLU: gl.constexpr, FORMAT: gl.constexpr,
+               bias, activation, GATED: gl.constexpr, GLU: gl.constexpr, FORMAT: gl.constexpr,
                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
     """One persistent program: units pid, pid + P, ... of cdiv(N, BN) *
     min(T, G) (BN: W13 rows where GATED, a unit's columns of h being BN / 2)."""
@@ -296,7 +296,7 @@ def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc,
     for u in range(gl.program_id(0), n_tiles * gl.minimum(T, G), gl.num_programs(0)):
         g, start, end = busy_expert(offs_ptr, G, u // n_tiles)
         w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bias, g, start,
-                end, (u % n_tiles) * TILE_N, gpt_oss, GATED, GLU, FORMAT, BM, TILE_N, BK)
+                end, (u % n_tiles) * TILE_N, activation, GATED, GLU, FORMAT, BM, TILE_N, BK)
 
 
 @gluon.jit
@@ -318,7 +318,7 @@ def zero_rows_past(c_ptr, offs_ptr, T, N, G, ldc, BM: gl.constexpr):
 @gluon.jit
 def w4_decode_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda,
                          b_group_stride, ldb, b_scale_group_stride, lds, ldc, bias_ptr, has_bias,
-                         gpt_oss, rows_ptr, rows_div, GLU: gl.constexpr, FORMAT: gl.constexpr,
+                         activation, rows_ptr, rows_div, GLU: gl.constexpr, FORMAT: gl.constexpr,
                          USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                          BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr):
     """w4.w4_glu_kernel's up projection: a [*, K] bf16 tokens (rows lda
@@ -329,7 +329,7 @@ def w4_decode_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G,
     PRECISION are unused."""
     w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc,
                (b_group_stride, ldb, b_scale_group_stride, lds), (rows_ptr, rows_div),
-               (bias_ptr, has_bias), gpt_oss, True, GLU, FORMAT, BM, BN, BK)
+               (bias_ptr, has_bias), activation, True, GLU, FORMAT, BM, BN, BK)
 
 
 @gluon.jit

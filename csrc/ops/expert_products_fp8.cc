@@ -191,7 +191,7 @@ std::tuple<Tensor, Tensor> up_projection(const UpProjection& p, Scaling scales,
                                      .ldc = inter,
                                      .bias_ptr = p.b13 ? address(*p.b13) : 0,
                                      .has_bias = p.b13 ? 1 : 0,
-                                     .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
+                                     .activation = family::choice_code(activation),
                                      .gu_ptr = gu ? address(*gu) : 0,
                                      .rows_ptr = address(p.order),
                                      .rows_div = p.k};

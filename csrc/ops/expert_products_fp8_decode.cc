@@ -105,7 +105,7 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
   // The family's dtype is the 16-bit tokens': the output's where they come quantized.
   const Target target =
       target_of(in.x, runtime_dtype(fp8_out_dtype(in.x)), runtime_dtype(ScalarType::Float));
-  const int32_t gpt_oss = choices.activation == family::Activation::kGptOss ? 1 : 0;
+  const int64_t activation = family::choice_code(choices.activation);
   const int64_t b13_ptr = b13 ? address(*b13) : 0, b2_ptr = weights.b2 ? address(*weights.b2) : 0;
   const int64_t splits = decode_splits(slots, experts, hidden, inter);
   if (splits == 1) {
@@ -122,7 +122,7 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
                                            .has_b13 = b13 ? 1 : 0,
                                            .b2_ptr = b2_ptr,
                                            .has_b2 = weights.b2 ? 1 : 0,
-                                           .gpt_oss = gpt_oss,
+                                           .activation = activation,
                                            .parts_ptr = address(parts),
                                            .S = slots,
                                            .H = hidden,
@@ -159,7 +159,7 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
                                       .has_b13 = b13 ? 1 : 0,
                                       .b2_ptr = b2_ptr,
                                       .has_b2 = weights.b2 ? 1 : 0,
-                                      .gpt_oss = gpt_oss,
+                                      .activation = activation,
                                       .parts_ptr = address(parts),
                                       .S = slots,
                                       .H = hidden,

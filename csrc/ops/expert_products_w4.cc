@@ -138,7 +138,7 @@ Family up_args(const Tensor& x, const Tensor& order, int64_t k, const Tensor& of
                 .ldc = n / 2,
                 .bias_ptr = b13 ? address(*b13) : 0,
                 .has_bias = b13 ? 1 : 0,
-                .gpt_oss = activation == family::Activation::kGptOss ? 1 : 0,
+                .activation = family::choice_code(activation),
                 .rows_ptr = address(order),
                 .rows_div = k};
 }

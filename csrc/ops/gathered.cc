@@ -33,7 +33,7 @@ int64_t check_w13(const Tensor& w13, const Tensor& x) {
 // row r < count of the product is a[rows[r] / rows_div] (a's row r where
 // rows_div is 0: rows is then not read) times b[g] (+ bias[g]), into c (rows
 // ldc apart): gathered_m's the product; ragged_glu's its activation
-// (gpt-oss's where gpt_oss), gu where save_gu.
+// (`activation`), gu where save_gu.
 struct GatheredProduct {
   const Matrix& a;
   const Tensor& rows;
@@ -46,7 +46,7 @@ struct GatheredProduct {
 
 template <typename Family>
 void launch_gathered(const GatheredProduct& p, const Tensor& c, int64_t ldc, const Tensor& gu,
-                     bool save_gu, bool gpt_oss, const typename Family::Axes& axes) {
+                     bool save_gu, Activation activation, const typename Family::Axes& axes) {
   const std::optional<Tensor> bias_rows =
       p.bias.has_value() ? std::optional(as_contiguous(*p.bias)) : std::nullopt;
   const Family args{.a_ptr = address(p.a.t),
@@ -65,7 +65,7 @@ void launch_gathered(const GatheredProduct& p, const Tensor& c, int64_t ldc, con
                     .has_bias = bias_rows ? 1 : 0,
                     .gu_ptr = address(save_gu ? gu : c),
                     .save_gu = save_gu ? 1 : 0,
-                    .gpt_oss = gpt_oss ? 1 : 0,
+                    .activation = family::choice_code(activation),
                     .rows_ptr = address(p.rows),
                     .rows_div = p.rows_div};
   launch(args, axes, target_of(p.a.t, p.a.t.scalar_type()));
@@ -111,8 +111,7 @@ Tensor up_projection(const Tensor& x_in, const std::optional<Tensor>& rows_in, i
   const GatheredProduct product{a,    gather, rows_in.has_value() ? k : 0, b, rows, 2 * inter,
                                 offs, bias};
   launch_gathered<family::RaggedGlu>(product, h, inter, gu != nullptr ? *gu : h, gu != nullptr,
-                                     activation == Activation::kGptOss,
-                                     {.b_major = b.major, .gate_up = gate_up});
+                                     activation, {.b_major = b.major, .gate_up = gate_up});
   return h;
 }
 
@@ -134,7 +133,7 @@ Tensor gathered_mm(Tensor x, Tensor rows_in, int64_t k, Tensor b_in, Tensor offs
   const Matrix a = row_major(x), b = matrix_of(b_in);
   const Tensor gather = as_contiguous(rows_in);
   launch_gathered<family::GatheredM>({a, gather, k, b, rows, n, offs, std::nullopt}, out, n, out,
-                                     false, false, {.b_major = b.major});
+                                     false, Activation::kSwiglu, {.b_major = b.major});
   return out;
 }
 

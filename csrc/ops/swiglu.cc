@@ -39,19 +39,22 @@ void check_backward_inputs(const Tensor& gu, const Tensor& grad, const Tensor& s
                   "(one routing weight per row)");
 }
 
-// The variant for `direction` of the str arguments gate_up and activation.
-Family::Axes axes_of(Direction direction, const std::string& gate_up,
-                     const std::string& activation) {
-  return {.direction = direction,
-          .gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
-          .activation = parse_choice<family::Activation>("activation", activation)};
+// The variant for `direction` of the str argument gate_up.
+Family::Axes axes_of(Direction direction, const std::string& gate_up) {
+  return {.direction = direction, .gate_up = parse_choice<family::GateUp>("gate_up", gate_up)};
+}
+
+// The kernels' `activation` argument of the str argument activation.
+int64_t activation_code(const std::string& activation) {
+  return family::choice_code(parse_choice<family::Activation>("activation", activation));
 }
 
 }  // namespace
 
 Tensor swiglu(Tensor gu_in, std::string gate_up, std::string activation) {
   const int64_t c = check_gate_up(gu_in);
-  const Family::Axes axes = axes_of(Direction::kForward, gate_up, activation);
+  const Family::Axes axes = axes_of(Direction::kForward, gate_up);
+  const int64_t activation_value = activation_code(activation);
   Tensor h = new_output(gu_in, {gu_in.size(0), c}, gu_in.scalar_type());
   if (h.numel() == 0 || shapes_only(h)) return h;
   const Tensor gu = dense(gu_in);
@@ -63,7 +66,8 @@ Tensor swiglu(Tensor gu_in, std::string gate_up, std::string activation) {
                     .dgu_ptr = address(h),
                     .dot_ptr = address(h),
                     .R = gu.size(0),
-                    .C = c};
+                    .C = c,
+                    .activation = activation_value};
   launch(args, axes, target_of(gu, gu.scalar_type()));
   return h;
 }
@@ -71,7 +75,8 @@ Tensor swiglu(Tensor gu_in, std::string gate_up, std::string activation) {
 std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in, Tensor scale_in,
                                                    std::string gate_up, std::string activation) {
   const int64_t c = check_gate_up(gu_in);
-  const Family::Axes axes = axes_of(Direction::kBackward, gate_up, activation);
+  const Family::Axes axes = axes_of(Direction::kBackward, gate_up);
+  const int64_t activation_value = activation_code(activation);
   const int64_t rows = gu_in.size(0);
   check_tensor(grad_in, "grad", 2, Family::kDTypes);
   check_backward_inputs(gu_in, grad_in, scale_in, c);
@@ -89,7 +94,8 @@ std::tuple<Tensor, Tensor, Tensor> swiglu_backward(Tensor gu_in, Tensor grad_in,
                     .dgu_ptr = address(dgu),
                     .dot_ptr = address(dot),
                     .R = rows,
-                    .C = c};
+                    .C = c,
+                    .activation = activation_value};
   launch(args, axes, target_of(gu, gu.scalar_type()));
   return {dgu, h, dot};
 }
@@ -99,10 +105,9 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
   using Fp8Family = family::SwigluBackwardFp8;
   check_tensor(gu_in, "gu", 2, Fp8Family::kDTypes);
   const int64_t c = check_gate_up(gu_in);
-  const Fp8Family::Axes axes{
-      .gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
-      .activation = parse_choice<family::Activation>("activation", activation),
-      .sums = dgu_sums ? family::Sums::kDgu : family::Sums::kNone};
+  const Fp8Family::Axes axes{.gate_up = parse_choice<family::GateUp>("gate_up", gate_up),
+                             .sums = dgu_sums ? family::Sums::kDgu : family::Sums::kNone};
+  const int64_t activation_value = activation_code(activation);
   check_tensor(grad_in, "grad", 2, Fp8Family::kDTypes);
   check_backward_inputs(gu_in, grad_in, scale_in, c);
   check_offsets(offs, "offs", offs.dim() == 1 ? offs.size(0) : 0, gu_in);
@@ -144,7 +149,8 @@ Fp8Backward swiglu_backward_fp8(Tensor gu_in, Tensor grad_in, Tensor scale_in, T
                        .dgu_cols_sum_ptr = address(dgu_columns_sum),
                        .R = rows,
                        .C = c,
-                       .G = groups};
+                       .G = groups,
+                       .activation = activation_value};
   sm90_only([&] { launch(args, axes, target_of(gu, kFp8, /*tf32=*/false)); });
   return out;
 }

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from .._native import _C
 
-# The values the kernels are built for, read from the swiglu family's axes
-# (aot/families/swiglu.py), the one description the operators parse them by.
-_SWIGLU_AXES = _C.families()["swiglu"]["axes"]
-GATE_UP_VALUES = tuple(_SWIGLU_AXES["gate_up"])
+# The values the kernels are built for (aot/axes.py's Choices), the one
+# description the operators parse them by.
+_CHOICES = _C.choices()
+GATE_UP_VALUES = tuple(_CHOICES["GateUp"])
 # silu(gate) * up, and gpt-oss's clamped form (the kernels' GPT_OSS_ALPHA and
 # GPT_OSS_LIMIT, aot/kernels/swiglu.py; a test holds them equal): (clamp(up, -7,
 # 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).
-ACTIVATIONS = tuple(_SWIGLU_AXES["activation"])
+ACTIVATIONS = tuple(_CHOICES["Activation"])
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
 
 

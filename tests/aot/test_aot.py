@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from aot import codegen, expr
+from aot.axes import ACTIVATION, GATE_UP
 from aot.compile import (TWIN_FIELDS, CompileError, compile_all, compile_variant,
                          ptx_entry_params, sm80_twin)
 from aot.families import FAMILIES
@@ -141,6 +142,40 @@ def test_description_needs_known_roles_and_names_in_expressions():
     with pytest.raises(expr.ExprError, match="unknown name 'rows'"):
         Family(name="bad", kernel=RAGGED_M.kernel, params=RAGGED_M.params,
                axes=RAGGED_M.axes, constexprs=RAGGED_M.constexprs, tiles="rows * 2", rows="T")
+
+
+def test_a_choice_parameter_names_its_choice():
+    with pytest.raises(ValueError, match="the role 'choice' goes with a Choice"):
+        Param("activation", "i32", "choice")
+    with pytest.raises(ValueError, match="the role 'choice' goes with a Choice"):
+        Param("activation", "i64", "choice", choice=ACTIVATION)
+    with pytest.raises(ValueError, match="the role 'choice' goes with a Choice"):
+        Param("flag", "i32", "flag", choice=ACTIVATION)
+
+
+def test_the_activation_is_a_run_time_choice_in_every_family():
+    """One way to bind it: an `activation` parameter of the Activation
+    Choice, never an axis (which would compile each form apart)."""
+    with_activation = [f.name for f in FAMILIES.values()
+                       if any(p.name == "activation" for p in f.params)]
+    assert {"swiglu", "swiglu_backward_fp8", "ragged_glu", "w4_glu"} <= set(with_activation)
+    for family in FAMILIES.values():
+        assert all(axis.choice != ACTIVATION for axis in family.axes), family.name
+        for p in family.params:
+            if p.name == "activation":
+                assert (p.role, p.choice, p.type) == ("choice", ACTIVATION, "i32"), family.name
+            assert p.choice is None or p.role == "choice"
+
+
+def test_every_choice_reaches_the_runtime_once():
+    """The kernel table lists every Choice an axis or a parameter takes (the
+    Python layer's vocabulary, _C.choices()), each value in code order."""
+    found = {c.name: c for c in codegen.choices()}
+    assert found["Activation"] == ACTIVATION and found["GateUp"] == GATE_UP
+    assert [ACTIVATION.code(v) for v in ACTIVATION.values] == [0, 1]
+    lines = codegen._choices_arrays()
+    assert 'const char* const kChoiceActivation[] = {"swiglu", "gpt_oss"};' in lines
+    assert sum(line.strip().startswith("{.name =") for line in lines) == len(found)
 
 
 @pytest.mark.parametrize("text", [

@@ -66,13 +66,13 @@ SWIGLU_VARIANTS = [v for v in _C.variants() if v["family"] == "swiglu" and
 
 @pytest.mark.skipif(not SWIGLU_VARIANTS, reason="needs a GPU this wheel has kernels for")
 @pytest.mark.parametrize("variant", SWIGLU_VARIANTS, ids=[v["key"] for v in SWIGLU_VARIANTS])
-def test_swiglu_variant(variant):
-    """Each compiled SwiGLU variant, forced, on more row tiles than one wave
-    of programs (each program takes several) and columns that are no
-    multiple of the tile (of 16 for `basic`)."""
+@pytest.mark.parametrize("activation", _C.choices()["Activation"])
+def test_swiglu_variant(variant, activation):
+    """Each compiled SwiGLU variant, forced, with each activation (a run-time
+    choice), on more row tiles than one wave of programs (each program takes
+    several) and columns that are no multiple of the tile (of 16 for `basic`)."""
     dtype = getattr(torch, variant["dtype"])
-    direction, gate_up, activation = (variant["axes"][axis]
-                                      for axis in ("direction", "gate_up", "activation"))
+    direction, gate_up = variant["axes"]["direction"], variant["axes"]["gate_up"]
     cols = 45 if variant["flavour"] == "basic" else 48
     gu, grad = randn(20000, 2 * cols, dtype=dtype) * 4, randn(20000, cols, dtype=dtype)
     scale = torch.rand(20000, device="cuda")

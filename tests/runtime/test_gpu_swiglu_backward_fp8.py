@@ -126,9 +126,10 @@ def test_no_rows():
 @pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == 90
                                      and v["family"] == "swiglu_backward_fp8"],
                          ids=lambda v: v["key"])
-def test_every_variant(variant):
-    """Each compiled variant forced, on tile tails."""
+@pytest.mark.parametrize("activation", _C.choices()["Activation"])
+def test_every_variant(variant, activation):
+    """Each compiled variant forced, with each activation, on tile tails."""
     axes = variant["axes"]
     cols = 256 if axes["gate_up"] == "concatenated" else 208
-    check([0, 1, 127, 200, 0], 37, axes["gate_up"], cols, axes["activation"], variant["key"],
+    check([0, 1, 127, 200, 0], 37, axes["gate_up"], cols, activation, variant["key"],
           sums=axes["sums"] == "dgu")

@@ -96,6 +96,20 @@ def test_kernel_table_matches_shipped_manifest():
     assert _C.triton_version() == manifest["triton_version"]
 
 
+def test_choices_are_the_python_vocabulary():
+    """_C.choices() holds every Choice of the families, by the C++ enum's
+    order; moe_experts checks its str arguments against two of them."""
+    from gg_runtime.moe.choices import ACTIVATIONS, GATE_UP_VALUES
+    choices = _C.choices()
+    assert choices["Activation"] == ["swiglu", "gpt_oss"] == list(ACTIVATIONS)
+    assert choices["GateUp"] == ["concatenated", "interleaved"] == list(GATE_UP_VALUES)
+    for family in _C.families().values():
+        for name, values in family["axes"].items():
+            assert any(values == listed for listed in choices.values()), name
+        assert all(role != "choice" or name == "activation"
+                   for name, _, role, _, _ in family["params"])
+
+
 def test_build_info():
     build = gg_runtime.info()["build"]
     assert build["archs"] == ["sm80", "sm90"]
