@@ -274,7 +274,9 @@ def missing(folder: Path) -> list:
 
 def load(folder: Path) -> SimpleNamespace:
     """The vendored kernels of `folder`, imported with this process's Triton:
-    fused_moe_kernel, per_token_group_quant (vLLM's _per_token_group_quant_fp8),
+    fused_moe_kernel, its parameters' names (fused_moe_params: vLLM's releases
+    differ, SWAP_AB and USE_TD in 0.33 and not on its main branch of
+    2026-11), per_token_group_quant (vLLM's _per_token_group_quant_fp8),
     bfloat16 (Triton's, the kernels' compute_type), configs (the folder of
     tuned configs), provenance (vendored.json) and triton_version."""
     import triton
@@ -289,6 +291,7 @@ def load(folder: Path) -> SimpleNamespace:
         spec.loader.exec_module(modules[module])
     return SimpleNamespace(
         fused_moe_kernel=modules["fused_moe_kernel"].fused_moe_kernel,
+        fused_moe_params=frozenset(modules["fused_moe_kernel"].fused_moe_kernel.arg_names),
         per_token_group_quant=modules["fp8_quant_kernel"]._per_token_group_quant_fp8,
         bfloat16=tl.bfloat16, configs=folder / "configs",
         provenance=json.loads((folder / PROVENANCE).read_text()),

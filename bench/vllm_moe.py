@@ -86,18 +86,20 @@ def tuned_file(configs: Path, experts: int, inter: int, device: str) -> tuple:
     return None, "default"
 
 
-def plan(configs, experts: int, inter: int, top_k: int, tokens: int) -> Plan:
+def plan(kernels, experts: int, inter: int, top_k: int, tokens: int) -> Plan:
     """vLLM's choices for `tokens` tokens on experts of intermediate size
     `inter`: the config of the nearest token count in the tuned file
-    (tuned_file) where there is one, else vLLM's default."""
-    path, source = tuned_file(configs, experts, inter, device_file_name())
+    (tuned_file) where there is one, else vLLM's default; the transposed
+    product where the vendored kernel has one (SWAP_AB)."""
+    path, source = tuned_file(kernels.configs, experts, inter, device_file_name())
     if path is None:
         name, config = None, default_config(tokens)
     else:
         table = {int(m): c for m, c in json.loads(path.read_text()).items()
                  if m != "triton_version"}
         name, config = path.name, table[min(table, key=lambda m: abs(m - tokens))]
-    swap_ab = (torch.cuda.get_device_capability() == (9, 0) and config["BLOCK_SIZE_M"] < 64
+    swap_ab = ("SWAP_AB" in kernels.fused_moe_params
+               and torch.cuda.get_device_capability() == (9, 0) and config["BLOCK_SIZE_M"] < 64
                and config["BLOCK_SIZE_N"] >= 64)
     return Plan(config, name, source, swap_ab, tokens * top_k * NAIVE_SPARSITY <= experts)
 
@@ -196,7 +198,15 @@ def expert_product(kernels, chosen: Plan, blocks: Assignment, a, a_scale, w, w_s
         group_n=FP8_BLOCK, group_k=FP8_BLOCK, naive_block_assignment=blocks.sorted_ids is None,
         MUL_ROUTED_WEIGHT=routed, top_k=top_k, compute_type=kernels.bfloat16,
         use_fp8_w8a8=True, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
-        HAS_BIAS=False, SWAP_AB=chosen.swap_ab, USE_TD=False, **config)
+        HAS_BIAS=False, **release_options(kernels, chosen), **config)
+
+
+def release_options(kernels, chosen: Plan) -> dict:
+    """The constexprs of fused_moe_kernel that only some vLLM releases have,
+    where the vendored one has them: the transposed product, no tensor
+    descriptors (vLLM 0.33's defaults for fp8 blocks)."""
+    options = {"SWAP_AB": chosen.swap_ab, "USE_TD": False}
+    return {name: value for name, value in options.items() if name in kernels.fused_moe_params}
 
 
 def fused_experts(kernels, chosen: Plan, x, topk_ids, topk_weights, w13, w2, w13_scale,

@@ -127,7 +127,7 @@ def bench_tokens(kernels, name: str, tokens: int, top_k: int, weights: dict) -> 
     experts, _, hidden = w13.values.shape
     inter = w2.values.shape[2]
     x, topk_ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
-    chosen = vllm_moe.plan(kernels.configs, experts, inter, top_k, tokens)
+    chosen = vllm_moe.plan(kernels, experts, inter, top_k, tokens)
     refused = vllm_moe.refusal(hidden, inter)
     candidates = {
         "gg_fp8": lambda: gg_runtime.moe_experts(x, topk_ids, topk_weights, w13, w2)}

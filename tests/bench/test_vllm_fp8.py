@@ -6,6 +6,7 @@ import ast
 import json
 import subprocess
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -174,3 +175,15 @@ def test_shapes_vllm_refuses_are_named_not_run():
     assert vllm_moe.refusal(*vllm_fp8.SHAPES["deepseek_v3_tp16"][:2]) is None
     with pytest.raises(ValueError, match="whole groups"):
         vllm_moe.quantize(None, torch.zeros(2, 192))
+
+
+@pytest.mark.parametrize("params, passed", [
+    ({"a_ptr", "SWAP_AB", "USE_TD"}, {"SWAP_AB": True, "USE_TD": False}),  # vLLM 0.33
+    ({"a_ptr"}, {}),  # vLLM's main branch of 2026-11: neither
+])
+def test_only_the_vendored_kernels_options_are_passed(params, passed):
+    """fused_moe_kernel's constexprs differ between vLLM releases: the host
+    path passes those the vendored kernel declares, no others."""
+    kernels = SimpleNamespace(fused_moe_params=frozenset(params))
+    chosen = vllm_moe.Plan({}, None, "default", True, False)
+    assert vllm_moe.release_options(kernels, chosen) == passed
