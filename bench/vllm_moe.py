@@ -2,7 +2,8 @@
 format): vLLM's Triton kernels (bench/vendor_vllm.py copies them) driven by a
 host path written here in torch, for the vllm_fp8 bench section.
 
-It follows fused_experts_impl of vLLM 0.33.0: the tokens quantised per 1 x 128
+It follows fused_experts_impl of vLLM 0.33.0 (the vendored kernel's
+release-dependent options passed where it declares them): the tokens quantised per 1 x 128
 group by vLLM's Triton kernel; the token slots assigned to blocks of
 BLOCK_SIZE_M rows of one expert each (moe_align_block_size: slots sorted by
 expert, each expert's padded to a multiple of BLOCK_SIZE_M), or, where
