@@ -1,12 +1,12 @@
 """Turn the family descriptions and the compiled variant records into what the
 runtime needs: a JSON manifest (shipped in the wheel for `info()` and the
 tests), the C++ tables compiled into the core extension (kernel_table.inc):
-archs, dtypes, every Choice's values, every family's parameters with their roles, its axes and
-constants, its size expressions as C++ functions, and one row per variant
-(its axis values as one code); and what the torch operators compile against
-(family_args.h): an enum per Choice and one for the dtypes, and per family
-its typed Axes (a variant's code computed from them), its dtypes, its
-constants and its argument struct.  Every initializer names its fields (C++20
+archs, dtypes, every Choice's values, every family's parameters with their
+roles, its axes and constants, its size expressions as C++ functions, and one
+row per variant (its axis values as one code); and what the torch operators
+compile against (family_args.h): an enum per Choice and one for the dtypes,
+and per family its typed Axes (a variant's code computed from them), its
+dtypes, its constants and its argument struct.  Every initializer names its fields (C++20
 designated initializers), so a row whose fields do not match csrc/registry.h,
 or an operator that leaves out an argument or an axis, does not compile; nor
 does an axis given another Choice's value.  Output is deterministic."""

@@ -14,7 +14,7 @@ j0 = off_n / 2, off_n being the tile's column origin in 2I):
                 go through w13_columns).
   INTERLEAVED:  gate at even columns, up at odd.  The accumulator holds
                 columns off_n .. off_n + BN, pairs (gate, up) side by side.
-act: kernels/swiglu.py's, plain SwiGLU or (activation == GPT_OSS,
+act: kernels/swiglu.py's, plain SwiGLU or (activation == GPT_OSS_CODE,
      ACTIVATION's code) gpt-oss's clamped form.
 UNGATED: no activation: the gathered rows' product (plus bias) is stored as it
 is, [T, N] (moe_experts' backward: the gradient of h from the gathered
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .quantize import quantize_blocks
-from .swiglu import GPT_OSS, activate
+from .swiglu import GPT_OSS_CODE, activate
 
 NO_GLU = tl.constexpr(0)
 UNGATED = tl.constexpr(1)
@@ -129,7 +129,7 @@ def glu_tile(gather, weights, off_m, off_n, k_end, end, N, ldb, B_T: tl.constexp
 
 @triton.jit
 def act(gate, up, activation):
-    if activation == GPT_OSS:
+    if activation == GPT_OSS_CODE:
         h = activate(gate, up, True)[0]
     else:
         h = activate(gate, up, False)[0]

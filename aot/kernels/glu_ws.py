@@ -16,7 +16,7 @@ from .gluon_api import clamp, tma_store
 from .quantize import AMAX_FLOOR, E4M3_MAX, E4M3_MAX_RECIPROCAL
 from .ragged import RAGGED_MAX, RAGGED_ROWS
 from .scaled import SCALE_BLOCK
-from .swiglu import GPT_OSS, GPT_OSS_ALPHA, GPT_OSS_LIMIT
+from .swiglu import GPT_OSS_ALPHA, GPT_OSS_CODE, GPT_OSS_LIMIT
 from .ws import ragged_descriptor, shared_layout
 
 
@@ -50,7 +50,7 @@ def w13_columns(off_n, N, BN: gl.constexpr, GLU: gl.constexpr, layout: gl.conste
 def activate(gate, up, activation):
     """glu.act (kernels/swiglu.py's activation), float32, with fast_math's
     sigmoid (the same bits but where gate < -87: there 0, not a subnormal)."""
-    if activation == GPT_OSS:
+    if activation == GPT_OSS_CODE:
         g = gl.minimum(gate, GPT_OSS_LIMIT)
         u = gl.minimum(gl.maximum(up, -GPT_OSS_LIMIT), GPT_OSS_LIMIT)
         h = (u + 1.0) * (g * sigmoid(GPT_OSS_ALPHA * g))

@@ -26,7 +26,7 @@ import triton.language as tl
 from ..axes import ACTIVATION
 
 # The code of gpt-oss's form that a kernel's `activation` parameter carries.
-GPT_OSS = tl.constexpr(ACTIVATION.code("gpt_oss"))
+GPT_OSS_CODE = tl.constexpr(ACTIVATION.code("gpt_oss"))
 # gpt-oss's activation constants (its experts' alpha and limit).
 GPT_OSS_ALPHA = tl.constexpr(1.702)
 GPT_OSS_LIMIT = tl.constexpr(7.0)
@@ -102,7 +102,7 @@ def swiglu_kernel(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, ac
     if not BACKWARD:
         swiglu_tiles(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
                      BACKWARD, INTERLEAVED, None, BM, BN)
-    elif activation == GPT_OSS:
+    elif activation == GPT_OSS_CODE:
         swiglu_tiles(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, R, C, activation,
                      BACKWARD, INTERLEAVED, True, BM, BN)
     else:
@@ -140,7 +140,7 @@ def swiglu_rows(gu_ptr, grad_ptr, scale_ptr, h_ptr, dgu_ptr, dot_ptr, row0, R, C
         gate, up = gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED, BM, BN)
         if FORM is not None:
             h, d_gate, d_up = activate(gate, up, FORM)
-        elif activation == GPT_OSS:
+        elif activation == GPT_OSS_CODE:
             h, d_gate, d_up = activate(gate, up, True)
         else:
             h, d_gate, d_up = activate(gate, up, False)

@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import async_copy
 
 from .gluon_api import cp_async_load, thread_barrier
 from .quantize import BLOCK, scale_of, to_e4m3
-from .swiglu import GPT_OSS, activate
+from .swiglu import GPT_OSS_CODE, activate
 from .ws import chunk_groups, first_step_past, locate
 
 SLAB = gl.constexpr(64)  # rows a copy (phase 1's inputs) or a step of phase 3 takes
@@ -286,7 +286,7 @@ def swiglu_backward_fp8_kernel(gu_ptr, grad_ptr, scale_ptr, offs_ptr, dgu_q_ptr,
     outputs = (dgu_q_ptr, dgu_scale_ptr, dgu_cols_ptr, dgu_cols_scale_ptr, h_cols_ptr,
                h_cols_scale_ptr, dot_ptr, dgu_cols_sum_ptr)
     # The activation chosen once: each form's loop compiled for it alone.
-    if activation == GPT_OSS:
+    if activation == GPT_OSS_CODE:
         backward_tiles(gu_ptr, grad_ptr, scale_ptr, offs_ptr, outputs, gu_in, grad_in, R, C, G,
                        INTERLEAVED, True, SUMS, BM, BN, BK, CHUNK)
     else:
