@@ -13,7 +13,9 @@ reported instead of the times).  Forward rows at `TOKENS` tokens a rank
 (eager; expert_parallel and the experts alone also replayed from CUDA
 graphs) and forward + backward; decode rows at `DECODE` tokens a rank,
 replayed from graphs (the NCCL baseline eager: its splits go through the
-host).  Dispatch and return are timed alone, replayed from graphs.  On
+host).  At TOKENS, the overlap: the tokens in CHUNKS chunks with the
+transfers on TRANSPORT_SMS SMs, forward graphed and (at the middle SM
+count) forward + backward.  Dispatch and return are timed alone, replayed from graphs.  On
 sm90, the same layer with fp8 weights (128 x 128 blocks, the tokens sent in
 fp8) at the decode sizes and at `TOKENS`, from graphs."""
 from __future__ import annotations
@@ -36,6 +38,9 @@ from . import measure
 
 TOKENS = 4096
 DECODE = (1, 32, 128)
+# The overlap's settings tried at TOKENS: chunks, and the SMs the transfers fill.
+CHUNKS = (2, 4)
+TRANSPORT_SMS = (8, 16, 32)
 REPS = 10
 TOLERANCE = 1e-2  # each rank's part rounded to bfloat16 before the parts are summed
 
@@ -111,8 +116,8 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
     sends them."""
     fp8 = isinstance(w13, Quantized)
     granularity = FP8_WEIGHT_SCALINGS[w13.format].rows if fp8 else None
-    layout = exchange.layout_for(dist.group.WORLD, x, ids, w13.values if fp8 else w13,
-                                 max_tokens, granularity=granularity)
+    layout, = exchange.layout_for(dist.group.WORLD, x, ids, w13.values if fp8 else w13,
+                                  max_tokens, granularity=granularity)
 
     def dispatched(plan):
         if granularity is None:
@@ -161,6 +166,18 @@ def forward_rows(hidden, inter, experts, k) -> dict:
         r, w = rows.clone().requires_grad_(), received.clone().requires_grad_()
         moe_experts(r, local_ids, w, leaves[2], leaves[3]).backward(torch.ones_like(r))
 
+    def chunked(function, chunks, sms):
+        return lambda *args: function(*args, chunks=chunks, transport_sms=sms)
+
+    with torch.no_grad():
+        row["overlap"] = [{"chunks": c, "transport_sms": sms,
+                           "graphed_ms": graphed(lambda: chunked(expert_parallel, c, sms)(
+                               x, ids, weights, w13, w2)),
+                           "backward_ms": None} for c in CHUNKS for sms in TRANSPORT_SMS]
+    for entry in row["overlap"]:
+        if entry["transport_sms"] == TRANSPORT_SMS[1]:
+            entry["backward_ms"] = timed(backward(chunked(
+                expert_parallel, entry["chunks"], entry["transport_sms"])), 5)
     row.update(ours_backward_ms=timed(backward(expert_parallel), 5),
                nccl_backward_ms=timed(backward(nccl_experts), 5),
                alone_backward_ms=timed(alone, 5))

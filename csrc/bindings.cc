@@ -176,6 +176,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_force_ptx", &gg::set_force_ptx, py::arg("on"),
         "Run the PTX kernels (compiled by the driver) on every GPU that can, cubins or not.");
   m.def("force_ptx", &gg::force_ptx);
+  m.def("set_sm_limit", &gg::set_sm_limit, py::arg("sms"),
+        "The most SMs this thread's launches fill (0: all); gg_runtime.settings.sm_limit.");
+  m.def("sm_limit", &gg::sm_limit);
   m.def("set_override", &gg::set_override, py::arg("variant"), py::arg("basic_only"),
         "Test-only: force the variant with this key, or ('', True) only `basic` variants.");
   m.def(
@@ -185,6 +188,8 @@ PYBIND11_MODULE(_C, m) {
         return std::string(k == nullptr ? "" : k->key);
       },
       "Key of the variant this thread's last launch ran ('' if it launched nothing).");
+  m.def("last_programs", &gg::last_programs,
+        "The programs (grid size) of this thread's last launch (0 if it launched nothing).");
   m.def("graph_launches", &gg::graph_launches,
         "Test-only: how many groups of recorded kernels this process launched as one CUDA "
         "graph.");

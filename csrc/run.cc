@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "dispatch.h"
@@ -15,6 +16,8 @@ namespace gg {
 namespace {
 
 thread_local const KernelInfo* t_last = nullptr;
+thread_local int t_sm_limit = 0;
+thread_local unsigned t_last_programs = 0;
 
 constexpr int64_t kTmaAlignBytes = 16;
 
@@ -175,7 +178,21 @@ int64_t stage_group_table(const FamilyInfo& f, const KernelInfo& k, const Call& 
   return tiles;
 }
 
+// The programs a launch may have: the resident wave, or the calling thread's
+// SM limit's share of it (programs per SM times the SMs allowed).
+int64_t limited_wave(int64_t wave, int sm_count) {
+  if (t_sm_limit <= 0 || t_sm_limit >= sm_count) return wave;
+  return std::max<int64_t>(1, wave * t_sm_limit / sm_count);
+}
+
 }  // namespace
+
+void set_sm_limit(int sms) {
+  if (sms < 0) throw std::invalid_argument("the SM limit must be >= 0, got " + std::to_string(sms));
+  t_sm_limit = sms;
+}
+
+int sm_limit() { return t_sm_limit; }
 
 void run(const Call& c) {
   t_last = nullptr;
@@ -206,7 +223,8 @@ void run(const Call& c) {
   if (tiles > std::numeric_limits<int32_t>::max()) {  // kernels number tiles in int32
     throw std::invalid_argument("more than 2**31 output tiles in one call; split the problem");
   }
-  const auto programs = static_cast<unsigned>(std::min<int64_t>(tiles, ready.wave));
+  const auto programs =
+      static_cast<unsigned>(std::min<int64_t>(tiles, limited_wave(ready.wave, props.sm_count)));
   std::vector<uint64_t> slots = pack_args(f.param_list(), args);
   std::optional<StreamBuffer> graph_memory;
   const cu::DevicePtr scratch =
@@ -215,8 +233,10 @@ void run(const Call& c) {
   // The table's stream-ordered free (its destructor) follows the launch.
   if (table) submit_recorded();
   t_last = &k;
+  t_last_programs = programs;
 }
 
 const KernelInfo* last_variant() { return t_last; }
+unsigned last_programs() { return t_last == nullptr ? 0 : t_last_programs; }
 
 }  // namespace gg

@@ -32,8 +32,17 @@ struct Call {
 // UnsupportedDevice and CudaError otherwise.
 void run(const Call& call);
 
+// The most SMs the calling thread's launches may fill (0: every SM): each
+// run() sizes its persistent grid to that share of the device's resident
+// programs, at least one, so that kernels on another stream (expert
+// parallelism's transfers) find SMs free while these run.
+void set_sm_limit(int sms);
+int sm_limit();
+
 // The variant the calling thread's last run() launched; nullptr when that
 // call launched nothing.  For tests and benchmarks.
 const KernelInfo* last_variant();
+// The programs (grid size) of that launch; 0 when it launched nothing.
+unsigned last_programs();
 
 }  // namespace gg

@@ -1,8 +1,11 @@
-"""Process-wide settings of the runtime, each also an environment variable
-read once at import (this module is its one reader)."""
+"""Settings of the runtime: process-wide ones, each also an environment
+variable read once at import (this module is its one reader), and the
+calling thread's SM limit."""
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from . import _C
 
@@ -48,3 +51,37 @@ def _force_ptx_from_environment() -> bool:
 
 
 force_ptx(_force_ptx_from_environment())
+
+
+@contextlib.contextmanager
+def sm_limit(sms: int) -> Iterator[None]:
+    """Within it, gg_runtime's kernels launched by this thread fill at most `sms` SMs.
+
+    Every gg_runtime kernel is persistent: its grid is the programs the GPU
+    holds at once, each looping over the output's tiles.  Under a limit the
+    grid is that share of them (programs per SM times `sms`, at least one),
+    so that work on another stream, a transfer between GPUs for instance,
+    finds SMs free while these kernels run and runs beside them rather than
+    after them.  The results are the same; a kernel with fewer programs than
+    it has tiles takes longer.  Only this thread's launches are limited (not
+    torch's kernels, nor an autograd backward, which runs on autograd's own
+    threads); limits nest, the innermost holds.
+
+    Args:
+        sms: the most SMs, an int >= 0; 0 (or the device's count or more)
+            lifts the limit.
+
+    Raises:
+        TypeError: sms is not an int.
+        ValueError: sms is negative.
+    """
+    if not isinstance(sms, int) or isinstance(sms, bool):
+        raise TypeError(f"sm_limit: sms must be an int, not {type(sms).__name__} ({sms!r})")
+    if sms < 0:
+        raise ValueError(f"sm_limit: sms must be >= 0, got {sms}")
+    before = _C.sm_limit()
+    _C.set_sm_limit(sms)
+    try:
+        yield
+    finally:
+        _C.set_sm_limit(before)

@@ -74,6 +74,22 @@ def report(data) -> list:
           fmt(f["return_ms"] * 1e3, "{:.0f}"), fmt(gb_per_s(f, hidden, world), "{:.0f}"),
           fmt(gb_per_s(f, hidden, world, True), "{:.0f}"), fmt(f["error_vs_nccl"], "{:.1e}")]
          for name, world, hidden, f in forward])
+    overlap = [(r["layer"], r["world"], r["forward"]) for r in done if "overlap" in r["forward"]]
+    if overlap:
+        lines += ["", "Overlap at 4096 tokens a rank: the tokens in chunks, each chunk's "
+                  "transfers on a second stream held to the given SMs while the experts of "
+                  "the chunks beside it run on the rest (ms; forward replayed from a CUDA "
+                  "graph, forward + backward eager, timed at one SM count). Chunks 1: the "
+                  "stages one after the other (the rows above).", ""]
+        lines += table(
+            ["layer", "EP", "chunks", "transport SMs", "forward graphed", "/ chunks 1",
+             "/ experts alone", "fwd+bwd", "fwd+bwd / chunks 1"],
+            [[name, world, o["chunks"], o["transport_sms"], fmt(o["graphed_ms"]),
+              fmt(o["graphed_ms"] / f["ours_graphed_ms"]), fmt(o["graphed_ms"] / f["alone_ms"]),
+              fmt(o["backward_ms"]) if o["backward_ms"] is not None else "—",
+              fmt(o["backward_ms"] / f["ours_backward_ms"]) if o["backward_ms"] is not None
+              else "—"]
+             for name, world, f in overlap for o in f["overlap"]])
     lines += ["", "Decode (µs a step, ours and the experts alone replayed from CUDA graphs; the "
               "NCCL baseline eager, its splits read by the host):", ""]
     lines += table(

@@ -22,13 +22,13 @@ _BUFFERS: dict[tuple, Buffer] = {}
 _LAYOUTS: dict[tuple, Layout] = {}
 # What the ranks must agree on, in the order they are compared.
 AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size",
-          "token scales")
+          "token scales", "chunks")
 
 
 @dataclass
 class Layout:
-    """One configuration's sizes and its regions of the group's buffer, each
-    W blocks of max_tokens rows, row t of block s rank s's token t (where
+    """One configuration's sizes and its regions of the group's buffer (one
+    chunk's, where the tokens go in chunks), each W blocks of `capacity` rows, row t of block s rank s's token t (where
     sent): `rows` (rows of H words: tokens, outputs and their gradients) and
     `meta` (rows of 2k int32: a token's global ids and its weights' bits; the
     weights' gradients on the way back); with fp8 dispatch (`token_scales`
@@ -37,7 +37,7 @@ class Layout:
     world: int
     rank: int
     experts_per_rank: int
-    capacity: int  # max_tokens
+    capacity: int  # max_tokens / chunks
     k: int
     buffer: Buffer
     rows: Region
@@ -64,26 +64,28 @@ class Layout:
 
 
 def layout_for(group, x, topk_ids, w13, max_tokens, transport="symmetric_memory",
-               granularity=None) -> Layout:
-    """This configuration's Layout, agreed by every rank on its first call
-    (max_tokens None: the group's largest T of that call; granularity: the
-    tokens' quantization for fp8 dispatch, None for 16-bit)."""
+               granularity=None, chunks=1) -> list[Layout]:
+    """This configuration's Layouts, one a chunk of the tokens (each with its
+    own regions of the buffer, holding max_tokens / chunks tokens a rank),
+    agreed by every rank on its first call (max_tokens None: the group's
+    largest T of that call; granularity: the tokens' quantization for fp8
+    dispatch, None for 16-bit)."""
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[0] < 1:
         raise ValueError("w13 must be [E/W, 2I, H]: this rank's experts")
     agreed = (w13.shape[0], x.shape[1], topk_ids.shape[1], max_tokens or 0, x.element_size(),
-              token_scales(x.shape[1], granularity))
+              token_scales(x.shape[1], granularity), chunks)
     key = (group.group_name, transport, agreed)
     if key not in _LAYOUTS:
         largest = _agree(group, agreed, x.shape[0], x.device)
-        capacity = max_tokens or max(largest, 1)
-        _LAYOUTS[key] = _new_layout(group, transport, *agreed[:3], capacity, agreed[-1],
-                                    x.device)
-    layout = _LAYOUTS[key]
-    if x.shape[0] > layout.capacity:
-        raise ValueError(f"x has {x.shape[0]} tokens, more than the {layout.capacity} a rank's "
-                         "share of the buffer holds (the largest T of the first call, without "
-                         "max_tokens): pass max_tokens, the same on every rank")
-    return layout
+        capacity = -(-(max_tokens or max(largest, 1)) // chunks)
+        _LAYOUTS[key] = _new_layouts(group, transport, *agreed[:3], capacity, agreed[5], chunks,
+                                     x.device)
+    lanes = _LAYOUTS[key]
+    if x.shape[0] > chunks * lanes[0].capacity:
+        raise ValueError(f"x has {x.shape[0]} tokens, more than the {chunks * lanes[0].capacity} "
+                         "a rank's share of the buffer holds (the largest T of the first call, "
+                         "without max_tokens): pass max_tokens, the same on every rank")
+    return lanes
 
 
 def _agree(group, agreed, tokens, device) -> int:
@@ -105,22 +107,25 @@ def _agree(group, agreed, tokens, device) -> int:
     return max(row[-1] for row in every)
 
 
-def _new_layout(group, transport, experts_per_rank, hidden, k, capacity, scales,
-                device) -> Layout:
+def _new_layouts(group, transport, experts_per_rank, hidden, k, capacity, scales, chunks,
+                 device) -> list[Layout]:
     world = group.size()
     # The rows a rank does not send: stale rows and scales (zeros on NCCL),
     # and metadata of all-ones words (ids -1).
     shapes = ((world * capacity, hidden, 0), (world * capacity, 2 * meta_width(k), -1))
     shapes += ((world * capacity, 2 * scales, 0),) if scales else ()
-    nbytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
+    lane_bytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
     key = (group.group_name, transport)
     buffer = _BUFFERS.get(key)
-    if buffer is None or buffer.nbytes < nbytes:
+    if buffer is None or buffer.nbytes < chunks * lane_bytes:
         _BUFFERS.pop(key, None)
-        buffer = _BUFFERS[key] = TRANSPORTS[transport](group, nbytes, device)
-    rows, meta, *scaled = buffer.regions(*shapes)
-    return Layout(world, group.rank(), experts_per_rank, capacity, k, buffer, rows, meta, scales,
-                  *scaled)
+        buffer = _BUFFERS[key] = TRANSPORTS[transport](group, chunks * lane_bytes, device)
+    lanes = []
+    for chunk in range(chunks):
+        rows, meta, *scaled = buffer.regions(*shapes, start=chunk * lane_bytes)
+        lanes.append(Layout(world, group.rank(), experts_per_rank, capacity, k, buffer, rows,
+                            meta, scales, *scaled))
+    return lanes
 
 
 def meta_width(k: int) -> int:

@@ -17,6 +17,10 @@ to that order first, by one lookup).  A call is three stages:
    of the rank that made it, and each token's planes summed in float32
    (the combine operator).
 
+With `chunks` above 1 the tokens go in chunks, a chunk's dispatch and return
+on a second stream while the experts of the chunks beside it run
+(overlap.py).
+
 With fp8 weights served, the tokens travel quantized (as moe_experts would
 quantize them: per 128 columns, or per token), their scales beside them, and
 the experts take them so: half the bytes of 16-bit rows.
@@ -37,9 +41,12 @@ from ..fp8_expert_weights import Fp8ExpertWeights
 from .exchange import Dispatch, Plan, Return, layout_for
 from .experts import check_quantized, moe_experts
 from .module import MoEExperts
+from .overlap import pipelined
 from .stages import mapped_ids
 from .transport import TRANSPORTS
 
+# The SMs the transfers fill while the experts run (chunks > 1).
+TRANSPORT_SMS = 16
 # Where x must be (the CPU tests' simulated ranks change it).
 DEVICE_TYPE = "cuda"
 # Placements checked, by the tensor's id (kept alive, so that no other takes it) with its version.
@@ -55,7 +62,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
                     activation: str = "swiglu", b13: torch.Tensor | None = None,
                     b2: torch.Tensor | None = None,
                     fp8: str | Fp8ExpertWeights | None = None,
-                    placement: torch.Tensor | None = None) -> torch.Tensor:
+                    placement: torch.Tensor | None = None, chunks: int = 1,
+                    transport_sms: int = TRANSPORT_SMS) -> torch.Tensor:
     """The experts of a token-choice MoE layer spread over a process group's
     ranks (expert parallelism): the GPUs of one host, or of several over NCCL.
 
@@ -78,7 +86,9 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     the worst case, every token of every rank sent to one rank:
     `W * max_tokens` rows of H elements, plus their ids and weights; it is
     made (collectively) on the first call of each configuration, where the
-    ranks also check that they agree on it.
+    ranks also check that they agree on it.  With `chunks` above 1 the
+    transfers of one chunk of the tokens run beside the experts of the
+    others, on a second stream.
 
     Autograd: differentiable in x, topk_weights and this rank's expert
     weights and biases, once, as `moe_experts` is; the backward runs the
@@ -118,19 +128,29 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             expert on one rank, no replicas).  Checked (a host sync) on the
             first call with that tensor, or after it changes in place; a CUDA
             graph keeps the placement it was captured with.
+        chunks: the tokens in this many chunks (the same on every rank),
+            each a pipeline step with its own share of the buffer: a chunk's
+            dispatch and return run on a second stream while its neighbours'
+            experts run on the caller's, so that only the first dispatch and
+            the last return are not hidden; 1 (the default) runs the stages
+            one after the other on the caller's stream.  The experts then
+            run on `max_tokens / chunks` tokens a rank at a time.
+        transport_sms: with chunks above 1, the SMs the transfers' kernels
+            fill (`gg_runtime.sm_limit`); the experts' kernels take the
+            others.
 
     Returns:
         `[T, H]` in x's dtype.
 
     Raises:
         TypeError: an argument of the wrong type or dtype, naming it.
-        ValueError: shapes that do not fit; T above max_tokens; an unknown
-            transport; a placement that is not a permutation of `0 .. E-1`
+        ValueError: shapes that do not fit; T above max_tokens; chunks or
+            transport_sms below 1; an unknown transport; a placement that is not a permutation of `0 .. E-1`
             (E = W * E/W); fp8 weights with H not a multiple of 16, or with
             an input that requires grad (inference only, refused before
             anything is sent); ranks that disagree on the experts per rank,
             H, k, max_tokens, x's element size or the scales the tokens
-            travel with (raised on every rank, naming them).  An error
+            travel with or chunks (raised on every rank, naming them).  An error
             raised on some ranks only (a bad argument, T above max_tokens)
             leaves the others waiting for them in their next transfer: on
             one host, for torch.distributed's default timeout (10 minutes),
@@ -141,31 +161,56 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     group = resolved_group(group)
     check_types(tensors=(("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)))
     _check_local(x, topk_ids, topk_weights, max_tokens)
+    _check_overlap(chunks, transport_sms)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {tuple(TRANSPORTS)}, got {transport!r}")
     for name, w in (("w13", w13), ("w2", w2)):
         if isinstance(w, Quantized):  # checked before any transfer, naming it
             check_quantized(name, w, WEIGHT_FORMATS, "the weights")
     granularity = _dispatch_granularity(x, topk_weights, w13, fp8)
-    layout = layout_for(group, x, topk_ids, w13.values if isinstance(w13, Quantized) else w13,
-                        max_tokens, transport, granularity)
+    lanes = layout_for(group, x, topk_ids, w13.values if isinstance(w13, Quantized) else w13,
+                       max_tokens, transport, granularity, chunks)
     if placement is not None:
-        topk_ids = _placed_ids(topk_ids, placement, layout)
-    experts = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2, "fp8": fp8}
-    plan = Plan(layout, topk_ids, topk_weights)
+        topk_ids = _placed_ids(topk_ids, placement, lanes[0])
+    options = {"gate_up": gate_up, "activation": activation, "b13": b13, "b2": b2, "fp8": fp8}
+
+    def dispatch(lane, part):
+        plan = Plan(lane, topk_ids[part], topk_weights[part])
+        return plan, _dispatched(plan, x[part], topk_weights[part], granularity)
+
+    def experts(plan, operands):
+        rows, weights = operands
+        return moe_experts(rows, plan.local_ids, weights, w13, w2, **options)
+
+    def returned(plan, out):
+        if torch.is_grad_enabled() and out.requires_grad:
+            return Return.apply(out, plan)
+        return plan.returned(out).to(x.dtype)
+
+    if chunks == 1:
+        plan, operands = dispatch(lanes[0], slice(None))
+        return returned(plan, experts(plan, operands))
+    return pipelined(x.shape[0], lanes, dispatch, experts, returned, transport_sms, x.device)
+
+
+def _dispatched(plan, x, topk_weights, granularity):
+    """The received rows as moe_experts takes them (a Quantized where the
+    tokens travel quantized) and their weights."""
     if granularity is not None:
         rows, weights, x_scale = plan.dispatch_quantized(x, granularity)
-        out = moe_experts(Quantized(rows, x_scale, granularity), plan.local_ids, weights, w13, w2,
-                          **experts)
-        return plan.returned(out).to(x.dtype)
+        return Quantized(rows, x_scale, granularity), weights
     if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
-        rows, weights = Dispatch.apply(x, topk_weights, plan)
-    else:  # read in place unless autograd may keep the rows (the experts' weights' gradients)
-        rows, weights = plan.dispatch(x, private=torch.is_grad_enabled())
-    out = moe_experts(rows, plan.local_ids, weights, w13, w2, **experts)
-    if torch.is_grad_enabled() and out.requires_grad:
-        return Return.apply(out, plan)
-    return plan.returned(out)
+        return Dispatch.apply(x, topk_weights, plan)
+    # read in place unless autograd may keep the rows (the experts' weights' gradients)
+    return plan.dispatch(x, private=torch.is_grad_enabled())
+
+
+def _check_overlap(chunks, transport_sms):
+    check_types(ints=(("chunks", chunks), ("transport_sms", transport_sms)))
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    if transport_sms < 1:
+        raise ValueError(f"transport_sms must be at least 1, got {transport_sms}")
 
 
 def _dispatch_granularity(x, topk_weights, w13, fp8) -> str | None:
@@ -277,6 +322,8 @@ class ExpertParallelExperts(MoEExperts):
         transport: as `expert_parallel`'s.
         placement: as `expert_parallel`'s: which experts this rank's
             parameters hold.
+        chunks: as `expert_parallel`'s.
+        transport_sms: as `expert_parallel`'s.
         **options: `MoEExperts`' keyword arguments: gate_up, activation,
             bias, fp8, device and dtype.
 
@@ -289,7 +336,7 @@ class ExpertParallelExperts(MoEExperts):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  group: dist.ProcessGroup | None = None, max_tokens: int | None = None,
                  transport: str = "symmetric_memory", placement: torch.Tensor | None = None,
-                 **options: object):
+                 chunks: int = 1, transport_sms: int = TRANSPORT_SMS, **options: object):
         self.group = resolved_group(group)
         check_types(ints=(("num_experts", num_experts),))
         world = self.group.size()
@@ -297,14 +344,18 @@ class ExpertParallelExperts(MoEExperts):
             raise ValueError(f"num_experts ({num_experts}) must be a multiple of the group's "
                              f"size ({world})")
         super().__init__(num_experts // world, hidden_size, intermediate_size, **options)
+        _check_overlap(chunks, transport_sms)
         self.max_tokens, self.transport = max_tokens, transport
+        self.chunks, self.transport_sms = chunks, transport_sms
         # A buffer, so that the module's .to() takes it along; not in the state dict.
         self.register_buffer("placement", placement, persistent=False)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """`expert_parallel(hidden_states, top_k_index, top_k_weights, ...)` with
-        this module's parameters, group, max_tokens, placement and settings."""
+        this module's parameters, group, max_tokens, placement, chunks and
+        settings."""
         return expert_parallel(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                                self.down_proj, group=self.group, max_tokens=self.max_tokens,
                                transport=self.transport, placement=self.placement,
+                               chunks=self.chunks, transport_sms=self.transport_sms,
                                **self._options())

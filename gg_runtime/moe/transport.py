@@ -70,9 +70,10 @@ class Buffer:
     def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
         self.group, self.nbytes, self.tensor = group, nbytes, tensor
 
-    def regions(self, *shapes: tuple[int, int, int]) -> list[Region]:
-        """Consecutive regions of (rows, width, blank) words, each ALIGN-aligned."""
-        found, offset = [], 0
+    def regions(self, *shapes: tuple[int, int, int], start: int = 0) -> list[Region]:
+        """Consecutive regions of (rows, width, blank) words from byte `start`
+        (a multiple of ALIGN), each ALIGN-aligned."""
+        found, offset = [], start
         for rows, width, blank in shapes:
             found.append(Region(self, offset, rows, width, blank))
             offset += aligned_bytes(rows, width)

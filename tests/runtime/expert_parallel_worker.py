@@ -78,7 +78,7 @@ def check_close(name, got, want, tolerance=TOLERANCE):
 
 
 def forward_and_backward(options=None, transport="symmetric_memory", weight_tolerance=TOLERANCE,
-                         **shape):
+                         chunks=1, **shape):
     """Outputs and gradients against moe_experts with all the experts;
     options: both take them."""
     options = options or {}
@@ -89,7 +89,7 @@ def forward_and_backward(options=None, transport="symmetric_memory", weight_tole
     grad = torch.randn_like(want)
     want.backward(grad)
     ours = {n: mine[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
-    got = expert_parallel(**{**mine, **ours}, **options, transport=transport)
+    got = expert_parallel(**{**mine, **ours}, **options, transport=transport, chunks=chunks)
     got.backward(grad[tokens])
     check_close("out", got, want[tokens])
     check_close("x.grad", ours["x"].grad, leaves["x"].grad[tokens])
@@ -170,20 +170,34 @@ def case_placed_experts():
         check_close(f"{name}.grad", ours[name].grad, leaves[name].grad[held])
 
 
+def case_chunks_on_two_streams():
+    """The tokens in chunks, each chunk's transfers beside its neighbours'
+    experts: outputs and gradients as in one go; chunks left empty where a
+    rank has fewer tokens than the chunks hold."""
+    world, _ = world_and_rank()
+    forward_and_backward(tokens=uneven(300), experts=8 * world, chunks=3, **SHAPE)
+    forward_and_backward(tokens=lambda r: 0 if r == 1 else 50, experts=4 * world, skew=True,
+                         chunks=4, **SHAPE)
+    forward_and_backward(transport="nccl", tokens=uneven(120), experts=4 * world, dropped=True,
+                         chunks=2, **SHAPE)
+    if torch.cuda.get_device_capability()[0] == 9:
+        fp8_forward("128x128", tokens=uneven(200), experts=8 * world, chunks=2, **SHAPE)
+
+
 def case_one_expert_a_rank_k8():
     world, _ = world_and_rank()
     forward_and_backward(tokens=uneven(128), experts=world, hidden=128, inter=64,
                          k=min(8, world))
 
 
-def fp8_forward(kind, transport="symmetric_memory", **shape):
+def fp8_forward(kind, transport="symmetric_memory", chunks=1, **shape):
     """expert_parallel with fp8 weights of `kind` (the tokens travel
     quantized) against moe_experts with all of them."""
     case, counts = global_case(**shape)
     case["w13"], case["w2"] = fp8_experts(case["w13"], case["w2"], kind)
     mine, tokens, _ = local(case, counts)
     with torch.no_grad():
-        check_close(f"out ({kind})", expert_parallel(**mine, transport=transport),
+        check_close(f"out ({kind})", expert_parallel(**mine, transport=transport, chunks=chunks),
                     moe_experts(**case)[tokens])
 
 
@@ -219,11 +233,12 @@ def case_fp8_training_recipe():
 
 def case_graph_replay_with_new_routing():
     graph_replay()
+    graph_replay(chunks=2)  # two streams in the graph
     if torch.cuda.get_device_capability()[0] == 9:
         graph_replay("128x128")  # the tokens quantized, then sent
 
 
-def graph_replay(kind=None):
+def graph_replay(kind=None, chunks=1):
     """A step captured once, replayed with new tokens and routing; with fp8
     weights of `kind` (their format) where given."""
     world, _ = world_and_rank()
@@ -234,6 +249,7 @@ def graph_replay(kind=None):
     static = {n: v.clone() if isinstance(v, torch.Tensor) else
               Quantized(v.values.clone(), v.scales.clone(), v.format)
               if isinstance(v, Quantized) else v for n, v in mine.items()}
+    static["chunks"] = chunks
     with torch.no_grad():
         expert_parallel(**static)  # sets up the buffer and loads the kernels
         graph = torch.cuda.CUDAGraph()
@@ -253,13 +269,14 @@ def case_no_host_sync():
     case, counts = global_case(tokens=uneven(100), experts=4 * world, **SHAPE)
     mine, _, _ = local(case, counts)
     leaves = {n: mine[n].clone().requires_grad_() for n in ("x", "topk_weights", "w13", "w2")}
-    expert_parallel(**{**mine, **leaves}).sum().backward()  # setup may sync, once
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        expert_parallel(**{**mine, **leaves}).sum().backward()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    for chunks in (1, 2):
+        expert_parallel(**{**mine, **leaves}, chunks=chunks).sum().backward()  # setup may sync
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            expert_parallel(**{**mine, **leaves}, chunks=chunks).sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 def case_ranks_that_disagree_are_refused_on_every_rank():

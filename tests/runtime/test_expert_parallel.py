@@ -169,9 +169,10 @@ LEAVES = ("x", "topk_weights", "w13", "w2")
     ((5,), 3, 2, {}, None),
 ])
 @pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
+@pytest.mark.parametrize("chunks", [1, 3])
 def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, counts, experts,
                                                                   k, options, max_tokens,
-                                                                  transport):
+                                                                  transport, chunks):
     world = simulated(len(counts))
     case = global_case(counts, experts, k, **options)
     leaves = {n: case[n].double().requires_grad_() for n in LEAVES}
@@ -188,7 +189,7 @@ def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, coun
                 "w2": case["w2"][rank * share:(rank + 1) * share]}
         ours = {n: mine[n].clone().requires_grad_() for n in LEAVES}
         out = expert_parallel(**{**mine, **ours}, group=Group(world, rank),
-                              max_tokens=max_tokens, transport=transport)
+                              max_tokens=max_tokens, transport=transport, chunks=chunks)
         out.backward(grad[tokens])
         return tokens, out, {n: ours[n].grad for n in LEAVES}
 
@@ -219,6 +220,24 @@ def test_ranks_that_disagree_are_refused_on_every_rank(simulated):
 
     messages = on_every_rank(world, rank_work)
     assert all(m and "disagree on experts per rank" in m and "rank 0: experts per rank 1" in m
+               for m in messages), messages
+
+
+def test_ranks_that_disagree_on_chunks_are_refused_on_every_rank(simulated):
+    world = simulated(2)
+    case = global_case((4, 4), 4, 2)
+
+    def rank_work(rank):
+        try:
+            expert_parallel(case["x"][:4], case["topk_ids"][:4], case["topk_weights"][:4],
+                            case["w13"][:2], case["w2"][:2], group=Group(world, rank),
+                            chunks=1 + rank)
+        except ValueError as error:
+            return str(error)
+        return None
+
+    messages = on_every_rank(world, rank_work)
+    assert all(m and "disagree on chunks" in m and "rank 1: chunks 2" in m
                for m in messages), messages
 
 
@@ -265,6 +284,10 @@ def fp8_weights(hidden, w13_scales=None):
     ({"max_tokens": 2.0}, TypeError, "max_tokens"),
     ({"w13": torch.zeros(4, 8)}, ValueError, "w13 must be"),
     ({"transport": "mpi"}, ValueError, "transport must be one of"),
+    ({"chunks": 0}, ValueError, "chunks must be at least 1"),
+    ({"chunks": 2.0}, TypeError, "chunks must be an int"),
+    ({"transport_sms": 0}, ValueError, "transport_sms must be at least 1"),
+    ({"transport_sms": None}, TypeError, "transport_sms must be an int"),
     ({**fp8_weights(8)}, ValueError, "H to be a multiple of 16, got H=8"),
     ({"x": torch.zeros(2, 16, dtype=torch.bfloat16).requires_grad_(), **fp8_weights(16)},
      ValueError, "fp8 weights is inference-only"),

@@ -349,3 +349,21 @@ def test_torch_compile_fullgraph():
     eager = model(x.detach(), offs)
     assert rel_error(out, eager.float()) < 1e-2
     assert model.up.grad is not None and torch.isfinite(model.up.grad.float()).all()
+
+
+@pytest.mark.parametrize("sms", [1, 7])
+def test_sm_limit_caps_the_grid_and_keeps_the_result(sms):
+    """Under sm_limit the persistent grid shrinks to that share of the
+    device's programs and every tile is still computed, bit for bit."""
+    counts = skewed_counts(2048, 16)
+    a = randn(2048, 512, dtype=torch.bfloat16)
+    b = weights(16, 512, 768, torch.bfloat16, "kn")
+    offs = offsets_from_counts(counts, "cuda")
+    full = gg_runtime.grouped_mm(a, b, offs)
+    programs = gg_runtime._C.last_programs()
+    with gg_runtime.sm_limit(sms):
+        limited = gg_runtime.grouped_mm(a, b, offs)
+        assert gg_runtime._C.last_programs() < programs
+        per_sm = -(-programs // torch.cuda.get_device_properties(a.device).multi_processor_count)
+        assert gg_runtime._C.last_programs() <= per_sm * sms
+    assert torch.equal(limited, full)

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -175,6 +176,28 @@ def test_force_ptx_setting():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "GG_RUNTIME_FORCE_PTX": "maybe"})
     assert out.returncode != 0 and "GG_RUNTIME_FORCE_PTX='maybe'" in out.stderr
+
+
+def test_sm_limit_setting():
+    """The limit holds inside the context, nests, is this thread's alone, and
+    refuses what is not a count."""
+    assert _C.sm_limit() == 0
+    with gg_runtime.sm_limit(16):
+        assert _C.sm_limit() == 16
+        with gg_runtime.sm_limit(4):
+            assert _C.sm_limit() == 4
+        assert _C.sm_limit() == 16
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(_C.sm_limit()))
+        worker.start()
+        worker.join()
+        assert seen == [0]
+    assert _C.sm_limit() == 0
+    for wrong, error in ((1.5, TypeError), (True, TypeError), ("8", TypeError), (-1, ValueError)):
+        with pytest.raises(error, match="sm_limit: sms must be"):
+            with gg_runtime.sm_limit(wrong):
+                pass
+    assert _C.sm_limit() == 0
 
 
 def cli(*args, **kwargs):
