@@ -28,12 +28,13 @@ AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size",
 @dataclass
 class Layout:
     """One configuration's sizes and its regions of the group's buffer (one
-    chunk's, where the tokens go in chunks), each W blocks of `capacity` rows, row t of block s rank s's token t (where
-    sent): `rows` (rows of H words: tokens, outputs and their gradients) and
-    `meta` (rows of 2k int32: a token's global ids and its weights' bits; the
-    weights' gradients on the way back); with fp8 dispatch (`token_scales`
-    float32 scales a token), `fp8_rows` (the rows region's bytes as rows of
-    H fp8 values) and `scales`."""
+    chunk's, where the tokens go in chunks), each W blocks of `capacity`
+    rows, row t of block s rank s's token t (where sent): `rows` (rows of H
+    words: tokens, outputs and their gradients) and `meta` (rows of 2k
+    int32: a token's global ids and its weights' bits; the weights'
+    gradients on the way back); with fp8 dispatch (`token_scales` float32
+    scales a token), `fp8_rows` (the rows region's bytes as rows of H fp8
+    values) and `scales`."""
     world: int
     rank: int
     experts_per_rank: int

@@ -145,16 +145,17 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     Raises:
         TypeError: an argument of the wrong type or dtype, naming it.
         ValueError: shapes that do not fit; T above max_tokens; chunks or
-            transport_sms below 1; an unknown transport; a placement that is not a permutation of `0 .. E-1`
-            (E = W * E/W); fp8 weights with H not a multiple of 16, or with
-            an input that requires grad (inference only, refused before
-            anything is sent); ranks that disagree on the experts per rank,
-            H, k, max_tokens, x's element size or the scales the tokens
-            travel with or chunks (raised on every rank, naming them).  An error
-            raised on some ranks only (a bad argument, T above max_tokens)
-            leaves the others waiting for them in their next transfer: on
-            one host, for torch.distributed's default timeout (10 minutes),
-            after which torch prints which rank was not heard from and the
+            transport_sms below 1; an unknown transport; a placement that
+            is not a permutation of `0 .. E-1` (E = W * E/W); fp8 weights
+            with H not a multiple of 16, or with an input that requires
+            grad (inference only, refused before anything is sent); ranks
+            that disagree on the experts per rank, H, k, max_tokens, x's
+            element size, the scales the tokens travel with or chunks
+            (raised on every rank, naming them).  An error raised on some
+            ranks only (a bad argument, T above max_tokens) leaves the
+            others waiting for them in their next transfer: on one host,
+            for torch.distributed's default timeout (10 minutes), after
+            which torch prints which rank was not heard from and the
             waiting ranks' CUDA work fails (a RuntimeError, CUDA unusable in
             that process); with `"nccl"`, for the group's NCCL timeout.
     """

@@ -194,9 +194,8 @@ def test_sm_limit_setting():
         assert seen == [0]
     assert _C.sm_limit() == 0
     for wrong, error in ((1.5, TypeError), (True, TypeError), ("8", TypeError), (-1, ValueError)):
-        with pytest.raises(error, match="sm_limit: sms must be"):
-            with gg_runtime.sm_limit(wrong):
-                pass
+        with pytest.raises(error, match="sm_limit: sms must be"), gg_runtime.sm_limit(wrong):
+            pass
     assert _C.sm_limit() == 0
 
 
