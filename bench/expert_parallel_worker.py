@@ -94,6 +94,92 @@ def nccl_experts(x, topk_ids, topk_weights, w13, w2):
     return (slots.float() * topk_weights[..., None].float()).sum(1).to(x.dtype)
 
 
+class Vdev2d:
+    """The baseline on torch's NVSHMEM all-to-all (`torch.ops.symm_mem`):
+    each slot's row, sorted by global expert, sent by `all_to_all_vdev_2d`
+    (splits on the GPU, received expert by expert), moe_experts on what came
+    (k = 1), the outputs sent back by `all_to_all_vdev_2d_offset`, each
+    token's k gathered and summed with its weights.  No host sync; buffers
+    sized for every slot of every rank landing on one rank."""
+
+    ALIGN = 16  # each expert's received rows start on a multiple of this
+
+    def __init__(self, tokens, hidden, k, experts, dtype):
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        world, self.experts = dist.get_world_size(), experts
+        slots = tokens * k
+        self.received = world * slots + experts * self.ALIGN
+
+        def symmetric(*shape, dtype=dtype):
+            t = symm_mem.empty(*shape, dtype=dtype, device="cuda")
+            symm_mem.rendezvous(t, dist.group.WORLD.group_name)
+            return t
+
+        self.inp, self.out = symmetric(slots, hidden), symmetric(self.received, hidden)
+        self.outputs, self.back = symmetric(self.received, hidden), symmetric(slots, hidden)
+        self.in_splits = symmetric(experts, dtype=torch.int64)
+        self.out_splits_offsets = symmetric(2, experts, dtype=torch.int64)
+        self.back_splits_offsets = symmetric(2, experts, dtype=torch.int64)
+        self.rows = torch.arange(self.received, device="cuda")
+
+    def dispatch(self, x, topk_ids):
+        """The slots' rows to their experts' ranks; each received row's local
+        expert (-1 in the padding)."""
+        slots = topk_ids.numel()
+        expert = topk_ids.flatten()
+        self.order = expert.argsort(stable=True)
+        self.inp[:slots].copy_(x[self.order // topk_ids.shape[1]])
+        self.in_splits.copy_(torch.bincount(expert, minlength=self.experts))
+        torch.ops.symm_mem.all_to_all_vdev_2d(self.inp, self.out, self.in_splits,
+                                              self.out_splits_offsets,
+                                              dist.group.WORLD.group_name,
+                                              major_align=self.ALIGN)
+        splits, offsets = self.out_splits_offsets
+        chunk = torch.searchsorted(offsets, self.rows, right=True) - 1
+        landed = self.rows < offsets[chunk] + splits[chunk]
+        return torch.where(landed, chunk // dist.get_world_size(), -1)
+
+    def __call__(self, x, topk_ids, topk_weights, w13, w2):
+        local = self.dispatch(x, topk_ids)
+        ones = torch.ones(self.received, 1, device=x.device)
+        self.outputs.copy_(moe_experts(self.out, local[:, None], ones, w13, w2))
+        torch.ops.symm_mem.all_to_all_vdev_2d_offset(self.outputs, self.back,
+                                                     self.out_splits_offsets,
+                                                     self.back_splits_offsets,
+                                                     dist.group.WORLD.group_name)
+        slots = torch.empty_like(self.back[:topk_ids.numel()])
+        slots[self.order] = self.back[:topk_ids.numel()]
+        slots = slots.view(*topk_ids.shape, -1)
+        return (slots.float() * topk_weights[..., None].float()).sum(1).to(x.dtype)
+
+
+def vdev_rows(hidden, inter, experts, k) -> dict:
+    """The Vdev2d baseline at TOKENS and at DECODE tokens a rank, forward
+    (eager and graphed) and its dispatch alone (graphed), checked against
+    the NCCL baseline first; in a process of its own (NVSHMEM's backend)."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    symm_mem.set_backend("NVSHMEM")
+    rows = []
+    for tokens in (*DECODE, TOKENS):
+        x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, tokens, 1)
+        baseline = Vdev2d(tokens, hidden, k, experts, x.dtype)
+        with torch.no_grad():
+            error = torch.tensor(rel_error(baseline(x, ids, weights, w13, w2),
+                                           nccl_experts(x, ids, weights, w13, w2)),
+                                 device="cuda")
+            dist.all_reduce(error, dist.ReduceOp.MAX)
+            if error > TOLERANCE:
+                raise ValueError(f"vdev_2d baseline: relative error {float(error):.2e} against "
+                                 "the NCCL baseline")
+            rows.append({"tokens": tokens, "error_vs_nccl": float(error),
+                         "eager_ms": timed(lambda: baseline(x, ids, weights, w13, w2)),
+                         "graphed_ms": graphed(lambda: baseline(x, ids, weights, w13, w2)),
+                         "dispatch_ms": graphed(lambda: baseline.dispatch(x, ids))})
+    return rows
+
+
 def layer(hidden, inter, experts, k, tokens, seed):
     """This rank's tokens, routing and experts (bf16)."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -174,8 +260,12 @@ def forward_rows(hidden, inter, experts, k) -> dict:
                            "graphed_ms": graphed(lambda: chunked(expert_parallel, c, sms)(
                                x, ids, weights, w13, w2)),
                            "backward_ms": None} for c in CHUNKS for sms in TRANSPORT_SMS]
+        row["overlap"] += [{"chunks": c, "transport": "nccl",
+                            "graphed_ms": graphed(lambda: expert_parallel(
+                                x, ids, weights, w13, w2, transport="nccl", chunks=c)),
+                            "backward_ms": None} for c in (1, *CHUNKS)]
     for entry in row["overlap"]:
-        if entry["transport_sms"] == TRANSPORT_SMS[1]:
+        if entry.get("transport_sms") == TRANSPORT_SMS[1]:
             entry["backward_ms"] = timed(backward(chunked(
                 expert_parallel, entry["chunks"], entry["transport_sms"])), 5)
     row.update(ours_backward_ms=timed(backward(expert_parallel), 5),
@@ -217,12 +307,16 @@ def main(argv) -> None:
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     result = {"layer": name, "shape": [hidden, inter, experts, k], "world": dist.get_world_size()}
     try:
-        result.update(forward=forward_rows(hidden, inter, experts, k),
-                      decode=[decode_row(hidden, inter, experts, k, t) for t in DECODE])
-        if torch.cuda.get_device_capability() == (9, 0):
-            result["fp8"] = [fp8_row(hidden, inter, experts, k, t) for t in (*DECODE, TOKENS)]
-    except ValueError as error:  # a wrong result is reported, not timed
-        result["error"] = str(error)
+        if argv[5:] == ["vdev"]:
+            result["vdev"] = vdev_rows(hidden, inter, experts, k)
+        else:
+            result.update(forward=forward_rows(hidden, inter, experts, k),
+                          decode=[decode_row(hidden, inter, experts, k, t) for t in DECODE])
+            if torch.cuda.get_device_capability() == (9, 0):
+                result["fp8"] = [fp8_row(hidden, inter, experts, k, t)
+                                 for t in (*DECODE, TOKENS)]
+    except (ValueError, RuntimeError) as error:  # a wrong result or a failed baseline: reported
+        result["error"] = f"{type(error).__name__}: {error}"
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()

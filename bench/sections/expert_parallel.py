@@ -29,13 +29,21 @@ def run(context) -> dict:
     gpus = torch.cuda.device_count()
     if gpus < 2:
         return {"skipped": f"needs two or more GPUs of one host, this machine has {gpus}"}
-    return {"runs": [run_layer(name, shape, world) for name, shape in LAYERS.items()
-                     if context.only in name for world in WORLDS if world <= gpus]}
+    runs = []
+    for name, shape in LAYERS.items():
+        for world in WORLDS:
+            if context.only in name and world <= gpus:
+                run = run_layer(name, shape, world)
+                run["vdev"] = run_layer(name, shape, world, "vdev").get("vdev")
+                runs.append(run)
+    return {"runs": runs}
 
 
-def run_layer(name, shape, world) -> dict:
-    """The worker's rows for one layer on `world` GPUs, or its error."""
-    command = ranks_command(world, "-m", "bench.expert_parallel_worker", name, *map(str, shape))
+def run_layer(name, shape, world, *mode) -> dict:
+    """The worker's rows for one layer on `world` GPUs (mode "vdev": the
+    torch NVSHMEM baseline's, in a process of its own), or its error."""
+    command = ranks_command(world, "-m", "bench.expert_parallel_worker", name, *map(str, shape),
+                            *mode)
     out = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=ranks_env())
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -48,6 +56,22 @@ def gb_per_s(row, hidden, world, over_nvlink=False):
     only, over_nvlink: (W - 1) / W of them)."""
     sent = row["rows_sent"] * hidden * 2 * ((world - 1) / world if over_nvlink else 1)
     return sent / row["dispatch_ms"] / 1e6
+
+
+def one_chunk(forward, entry) -> float:
+    """The forward (graphed ms) an overlap entry compares with: its
+    transport's in one chunk."""
+    for other in forward["overlap"]:
+        if (other["chunks"] == 1
+                and other.get("transport") == entry.get("transport", "symmetric_memory")):
+            return other["graphed_ms"]
+    return forward["ours_graphed_ms"]
+
+
+def ours_at(run, tokens) -> float:
+    """Our layer's graphed ms at `tokens` a rank (the forward or a decode row)."""
+    rows = [run["forward"], *run["decode"]]
+    return next(r["ours_graphed_ms"] for r in rows if r["tokens"] == tokens)
 
 
 def report(data) -> list:
@@ -82,14 +106,29 @@ def report(data) -> list:
                   "graph, forward + backward eager, timed at one SM count). Chunks 1: the "
                   "stages one after the other (the rows above).", ""]
         lines += table(
-            ["layer", "EP", "chunks", "transport SMs", "forward graphed", "/ chunks 1",
-             "/ experts alone", "fwd+bwd", "fwd+bwd / chunks 1"],
-            [[name, world, o["chunks"], o["transport_sms"], fmt(o["graphed_ms"]),
-              fmt(o["graphed_ms"] / f["ours_graphed_ms"]), fmt(o["graphed_ms"] / f["alone_ms"]),
+            ["layer", "EP", "transport", "chunks", "transport SMs", "forward graphed",
+             "/ chunks 1", "/ experts alone", "fwd+bwd", "fwd+bwd / chunks 1"],
+            [[name, world, o.get("transport", "symmetric_memory"), o["chunks"],
+              o.get("transport_sms", "—"), fmt(o["graphed_ms"]),
+              fmt(o["graphed_ms"] / one_chunk(f, o)), fmt(o["graphed_ms"] / f["alone_ms"]),
               fmt(o["backward_ms"]) if o["backward_ms"] is not None else "—",
               fmt(o["backward_ms"] / f["ours_backward_ms"]) if o["backward_ms"] is not None
               else "—"]
              for name, world, f in overlap for o in f["overlap"]])
+    vdev = [(r["layer"], r["world"], v, ours_at(r, v["tokens"])) for r in done
+            for v in r.get("vdev") or ()]
+    if vdev:
+        lines += ["", "torch's NVSHMEM all-to-all (`all_to_all_vdev_2d` out, "
+                  "`all_to_all_vdev_2d_offset` back, each slot's row sent, moe_experts on what "
+                  "came, no host sync) as the transport, in a process of its own (ms; ours "
+                  "graphed from the rows above):", ""]
+        lines += table(
+            ["layer", "EP", "tokens a rank", "vdev_2d eager", "vdev_2d graphed",
+             "its dispatch µs", "ours graphed", "vdev_2d / ours", "error"],
+            [[name, world, v["tokens"], fmt(v["eager_ms"]), fmt(v["graphed_ms"]),
+              fmt(v["dispatch_ms"] * 1e3, "{:.0f}"), fmt(ours), fmt(v["graphed_ms"] / ours),
+              fmt(v["error_vs_nccl"], "{:.1e}")]
+             for name, world, v, ours in vdev])
     lines += ["", "Decode (µs a step, ours and the experts alone replayed from CUDA graphs; the "
               "NCCL baseline eager, its splits read by the host):", ""]
     lines += table(
