@@ -34,7 +34,8 @@ def run(context) -> dict:
         for world in WORLDS:
             if context.only in name and world <= gpus:
                 run = run_layer(name, shape, world)
-                run["vdev"] = run_layer(name, shape, world, "vdev").get("vdev")
+                vdev = run_layer(name, shape, world, "vdev")
+                run["vdev"] = vdev.get("vdev") or {"error": vdev.get("error", "no rows")}
                 runs.append(run)
     return {"runs": runs}
 
@@ -116,7 +117,7 @@ def report(data) -> list:
               else "—"]
              for name, world, f in overlap for o in f["overlap"]])
     vdev = [(r["layer"], r["world"], v, ours_at(r, v["tokens"])) for r in done
-            for v in r.get("vdev") or ()]
+            if isinstance(r.get("vdev"), list) for v in r["vdev"]]
     if vdev:
         lines += ["", "torch's NVSHMEM all-to-all (`all_to_all_vdev_2d` out, "
                   "`all_to_all_vdev_2d_offset` back, each slot's row sent, moe_experts on what "
@@ -126,8 +127,8 @@ def report(data) -> list:
             ["layer", "EP", "tokens a rank", "vdev_2d eager", "vdev_2d graphed",
              "its dispatch µs", "ours graphed", "vdev_2d / ours", "error"],
             [[name, world, v["tokens"], fmt(v["eager_ms"]), fmt(v["graphed_ms"]),
-              fmt(v["dispatch_ms"] * 1e3, "{:.0f}"), fmt(ours), fmt(v["graphed_ms"] / ours),
-              fmt(v["error_vs_nccl"], "{:.1e}")]
+              fmt(v["dispatch_ms"] and v["dispatch_ms"] * 1e3, "{:.0f}"), fmt(ours),
+              fmt(v["graphed_ms"] and v["graphed_ms"] / ours), fmt(v["error_vs_nccl"], "{:.1e}")]
              for name, world, v, ours in vdev])
     lines += ["", "Decode (µs a step, ours and the experts alone replayed from CUDA graphs; the "
               "NCCL baseline eager, its splits read by the host):", ""]
@@ -152,4 +153,6 @@ def report(data) -> list:
              for r in fp8 for d in r["fp8"]])
     failed = [f"- {r['layer']} at EP{r['world']}: {r['error']}" for r in data["runs"]
               if "error" in r]
+    failed += [f"- the vdev_2d baseline, {r['layer']} at EP{r['world']}: {r['vdev']['error']}"
+               for r in data["runs"] if isinstance(r.get("vdev"), dict)]
     return lines + (["", "Not run:", *failed] if failed else [])
