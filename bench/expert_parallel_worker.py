@@ -96,54 +96,64 @@ def nccl_experts(x, topk_ids, topk_weights, w13, w2):
 
 class Vdev2d:
     """The baseline on torch's NVSHMEM all-to-all (`torch.ops.symm_mem`):
-    each slot's row, sorted by global expert, sent by `all_to_all_vdev_2d`
-    (splits on the GPU, received expert by expert), moe_experts on what came
-    (k = 1), the outputs sent back by `all_to_all_vdev_2d_offset`, each
-    token's k gathered and summed with its weights.  No host sync; buffers
-    sized for every slot of every rank landing on one rank."""
+    each slot's row, sorted by its expert's rank, its global id in the row's
+    last words, sent by `all_to_all_vdev_2d` (splits on the GPU), moe_experts
+    on what came (k = 1), the outputs sent back by
+    `all_to_all_vdev_2d_offset`, each token's k gathered and summed with its
+    weights.  No host sync; buffers sized for every slot of every rank
+    landing on one rank.  One split a rank, not an expert: torch's op takes
+    at most 16 experts a rank (DeepSeek-V3 and Qwen3 have 32-128 at EP2-8),
+    and the experts sort their rows themselves."""
 
-    ALIGN = 16  # each expert's received rows start on a multiple of this
+    ALIGN = 16  # each rank's rows start on a multiple of this
+    ID_WORDS = 8  # the id's int32 bits in two bf16 words, the row padded to 16 bytes
 
     def __init__(self, tokens, hidden, k, experts, dtype):
         from torch.distributed import _symmetric_memory as symm_mem
 
-        world, self.experts = dist.get_world_size(), experts
+        world, self.hidden = dist.get_world_size(), hidden
+        self.per_rank = experts // world
         slots = tokens * k
-        self.received = world * slots + experts * self.ALIGN
+        self.received = world * slots + world * self.ALIGN
 
         def symmetric(*shape, dtype=dtype):
             t = symm_mem.empty(*shape, dtype=dtype, device="cuda")
             symm_mem.rendezvous(t, dist.group.WORLD.group_name)
             return t
 
-        self.inp, self.out = symmetric(slots, hidden), symmetric(self.received, hidden)
+        width = hidden + self.ID_WORDS
+        self.inp, self.out = symmetric(slots, width), symmetric(self.received, width)
         self.outputs, self.back = symmetric(self.received, hidden), symmetric(slots, hidden)
-        self.in_splits = symmetric(experts, dtype=torch.int64)
-        self.out_splits_offsets = symmetric(2, experts, dtype=torch.int64)
-        self.back_splits_offsets = symmetric(2, experts, dtype=torch.int64)
+        self.in_splits = symmetric(world, dtype=torch.int64)
+        self.out_splits_offsets = symmetric(2, world, dtype=torch.int64)
+        self.back_splits_offsets = symmetric(2, world, dtype=torch.int64)
         self.rows = torch.arange(self.received, device="cuda")
 
     def dispatch(self, x, topk_ids):
-        """The slots' rows to their experts' ranks; each received row's local
-        expert (-1 in the padding)."""
-        slots = topk_ids.numel()
+        """The slots' rows and ids to their experts' ranks; each received
+        row's local expert (-1 in the padding)."""
+        slots, k = topk_ids.numel(), topk_ids.shape[1]
         expert = topk_ids.flatten()
         self.order = expert.argsort(stable=True)
-        self.inp[:slots].copy_(x[self.order // topk_ids.shape[1]])
-        self.in_splits.copy_(torch.bincount(expert, minlength=self.experts))
+        self.inp[:slots, :self.hidden].copy_(x[self.order // k])
+        self.inp[:slots, self.hidden:self.hidden + 2].copy_(
+            expert[self.order].int()[:, None].view(torch.bfloat16))
+        self.in_splits.copy_(torch.bincount(expert // self.per_rank,
+                                            minlength=dist.get_world_size()))
         torch.ops.symm_mem.all_to_all_vdev_2d(self.inp, self.out, self.in_splits,
                                               self.out_splits_offsets,
                                               dist.group.WORLD.group_name,
                                               major_align=self.ALIGN)
         splits, offsets = self.out_splits_offsets
-        chunk = torch.searchsorted(offsets, self.rows, right=True) - 1
-        landed = self.rows < offsets[chunk] + splits[chunk]
-        return torch.where(landed, chunk // dist.get_world_size(), -1)
+        source = torch.searchsorted(offsets, self.rows, right=True) - 1
+        landed = self.rows < offsets[source] + splits[source]
+        ids = self.out[:, self.hidden:self.hidden + 2].contiguous().view(torch.int32)[:, 0]
+        return torch.where(landed, ids - dist.get_rank() * self.per_rank, -1)
 
     def __call__(self, x, topk_ids, topk_weights, w13, w2):
         local = self.dispatch(x, topk_ids)
         ones = torch.ones(self.received, 1, device=x.device)
-        self.outputs.copy_(moe_experts(self.out, local[:, None], ones, w13, w2))
+        self.outputs.copy_(moe_experts(self.out[:, :self.hidden], local[:, None], ones, w13, w2))
         torch.ops.symm_mem.all_to_all_vdev_2d_offset(self.outputs, self.back,
                                                      self.out_splits_offsets,
                                                      self.back_splits_offsets,
