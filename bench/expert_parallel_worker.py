@@ -116,8 +116,10 @@ class Vdev2d:
         slots = tokens * k
         self.received = world * slots + world * self.ALIGN
 
+        device = torch.device("cuda", torch.cuda.current_device())  # not "cuda": NVSHMEM's teams
+
         def symmetric(*shape, dtype=dtype):
-            t = symm_mem.empty(*shape, dtype=dtype, device="cuda")
+            t = symm_mem.empty(*shape, dtype=dtype, device=device)
             symm_mem.rendezvous(t, dist.group.WORLD.group_name)
             return t
 
@@ -127,7 +129,7 @@ class Vdev2d:
         self.in_splits = symmetric(world, dtype=torch.int64)
         self.out_splits_offsets = symmetric(2, world, dtype=torch.int64)
         self.back_splits_offsets = symmetric(2, world, dtype=torch.int64)
-        self.rows = torch.arange(self.received, device="cuda")
+        self.rows = torch.arange(self.received, device=device)
 
     def dispatch(self, x, topk_ids):
         """The slots' rows and ids to their experts' ranks; each received
