@@ -112,11 +112,10 @@ def report(data) -> list:
             ["layer", "EP", "transport", "chunks", "transport SMs", "forward graphed",
              "/ chunks 1", "/ experts alone", "fwd+bwd", "fwd+bwd / chunks 1"],
             [[name, world, o.get("transport", "symmetric_memory"), o["chunks"],
-              o.get("transport_sms", "—"), fmt(o["graphed_ms"]),
+              o.get("transport_sms", "-"), fmt(o["graphed_ms"]),
               fmt(o["graphed_ms"] / one_chunk(f, o)), fmt(o["graphed_ms"] / f["alone_ms"]),
-              fmt(o["backward_ms"]) if o["backward_ms"] is not None else "—",
-              fmt(o["backward_ms"] / f["ours_backward_ms"]) if o["backward_ms"] is not None
-              else "—"]
+              fmt(o["backward_ms"]),
+              fmt(o["backward_ms"] and o["backward_ms"] / f["ours_backward_ms"])]
              for name, world, f in overlap for o in f["overlap"]])
     vdev = [(r["layer"], r["world"], v, ours_at(r, v["tokens"])) for r in done
             if isinstance(r.get("vdev"), list) for v in r["vdev"]]

@@ -134,7 +134,10 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
             experts run on the caller's, so that only the first dispatch and
             the last return are not hidden; 1 (the default) runs the stages
             one after the other on the caller's stream.  The experts then
-            run on `max_tokens / chunks` tokens a rank at a time.
+            run on `max_tokens / chunks` tokens a rank at a time: each chunk
+            reads this rank's weights again, on fewer SMs, so chunks pay
+            only where the transfers take longer than that (a slow
+            transport, few weight bytes for the rows).
         transport_sms: with chunks above 1, the SMs the transfers' kernels
             fill (`gg_runtime.sm_limit`); the experts' kernels take the
             others.
