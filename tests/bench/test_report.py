@@ -70,7 +70,8 @@ def test_results_md_from_results_json():
     assert ("| 1 | 8 | 0.100 | 0.150 | 0.080 | 1.50 | 0.80 | yes/yes/no | 0.020 | 0.030 | 1.50 "
             "| 1.2 | 2500.0 | 1.2e-02 "
             "| default, 16x64x128, 4w/4s, naive, swap AB |") in lines
-    assert ("| 4096 | 256 | 0.111 | - | - | - | - | eager | - | - | - | 2.0 | 900.0 | - | H200 proxy, "
+    assert ("| 4096 | 256 | 0.111 | - | - | - | - | eager | - | - | - | 2.0 | 900.0 | - "
+            "| H200 proxy, "
             "64x128x128, 4w/3s |") in lines
     assert ("- deepseek_v3_blockwise, T=4096, vllm_fp8: wrong result: relative error 1.00e+00"
             in lines)
