@@ -205,40 +205,29 @@ def test_outputs_and_gradients_match_all_the_experts_on_one_rank(simulated, coun
                                        msg=lambda m, r=rank: f"rank {r}: {m}")
 
 
-def test_ranks_that_disagree_are_refused_on_every_rank(simulated):
+@pytest.mark.parametrize("differing, expected", [
+    (lambda rank: {"share": 2 if rank else 1},
+     ("disagree on experts per rank", "rank 0: experts per rank 1")),
+    (lambda rank: {"chunks": 1 + rank}, ("disagree on chunks", "rank 1: chunks 2")),
+], ids=["experts per rank", "chunks"])
+def test_ranks_that_disagree_are_refused_on_every_rank(simulated, differing, expected):
+    """Rank 0 holds one expert and rank 1 two, or they pass different chunks."""
     world = simulated(2)
     case = global_case((4, 4), 4, 2)
 
     def rank_work(rank):
-        share = 2 if rank else 1  # rank 0 holds one expert, rank 1 two
+        options = {"share": 2, "chunks": 1, **differing(rank)}
+        share = options.pop("share")
         try:
             expert_parallel(case["x"][:4], case["topk_ids"][:4], case["topk_weights"][:4],
-                            case["w13"][:share], case["w2"][:share], group=Group(world, rank))
+                            case["w13"][:share], case["w2"][:share], group=Group(world, rank),
+                            **options)
         except ValueError as error:
             return str(error)
         return None
 
     messages = on_every_rank(world, rank_work)
-    assert all(m and "disagree on experts per rank" in m and "rank 0: experts per rank 1" in m
-               for m in messages), messages
-
-
-def test_ranks_that_disagree_on_chunks_are_refused_on_every_rank(simulated):
-    world = simulated(2)
-    case = global_case((4, 4), 4, 2)
-
-    def rank_work(rank):
-        try:
-            expert_parallel(case["x"][:4], case["topk_ids"][:4], case["topk_weights"][:4],
-                            case["w13"][:2], case["w2"][:2], group=Group(world, rank),
-                            chunks=1 + rank)
-        except ValueError as error:
-            return str(error)
-        return None
-
-    messages = on_every_rank(world, rank_work)
-    assert all(m and "disagree on chunks" in m and "rank 1: chunks 2" in m
-               for m in messages), messages
+    assert all(m and all(e in m for e in expected) for m in messages), messages
 
 
 def test_more_tokens_than_the_first_call_is_refused_without_max_tokens(simulated):
