@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 import torch
 
-from ..formats import Quantized
 from ..settings import sm_limit
 
 # The transport's second stream, one a device, made on first use.
@@ -119,10 +118,9 @@ class _Streams:
 
 
 def _tensors(value):
+    """The tensors in value, a tensor or nested tuples (a Quantized is one) and lists."""
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, Quantized):
-        yield from _tensors((value.values, value.scales))
     elif isinstance(value, (tuple, list)):
         for item in value:
             yield from _tensors(item)
