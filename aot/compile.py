@@ -44,8 +44,8 @@ def backend_options(variant: Variant):
     family = FAMILIES[variant.family]
     if config.ws:  # the MMA warps get what the loader's warpgroup gives back
         options["maxnreg"] = max_registers(config)
-    elif family.max_registers:
-        options["maxnreg"] = family.max_registers
+    elif config.max_registers or family.max_registers:
+        options["maxnreg"] = config.max_registers or family.max_registers
     return backend, backend.parse_options(options)
 
 

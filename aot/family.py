@@ -96,7 +96,9 @@ class Config:
     turns at whole BM x BN tiles, one's epilogue running while the other's
     MMAs do (Family.ws_kernel takes PINGPONG).  `when`: the name of one of
     the family's conditions (Family.conditions) that a call must meet for the
-    dispatch to pick this config, as a kernel's correctness rule ('' = none)."""
+    dispatch to pick this config, as a kernel's correctness rule ('' = none).
+    `max_registers`: ptxas's cap on a thread's registers for this config's
+    variants (Family.max_registers' for one config; 0: the family's)."""
     BM: int
     BN: int
     BK: int
@@ -107,6 +109,7 @@ class Config:
     ctas: int = 1
     pingpong: bool = False
     when: str = ""
+    max_registers: int = 0
 
     @property
     def tag(self) -> str:
@@ -114,8 +117,9 @@ class Config:
         cluster = f"_c{self.ctas}" if self.ctas > 1 else ""
         pingpong = "_pp" if self.pingpong else ""
         when = f"_{self.when}" if self.when else ""
+        registers = f"_r{self.max_registers}" if self.max_registers else ""
         return (f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
-                f"{ws}{cluster}{pingpong}{when}")
+                f"{ws}{cluster}{pingpong}{when}{registers}")
 
     def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False,
                         weights=None) -> int:

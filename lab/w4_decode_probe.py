@@ -12,7 +12,8 @@ PTX); the weights
 as the MMA's first operand (an expert's 128 rows its M, as fp8 decode has
 them) or second.  `--sweep`: the routed kernels (aot/kernels/w4.py) alone
 at several configs; `--wheel`: the installed wheel's 4-bit and fp8
-forwards (run it under two wheels for an A/B).  Measured in
+forwards (run it under two wheels for an A/B), with `--force` also each
+decode kernel variant forced.  Measured in
 docs/notes/2026-11-29-w4-widening-in-ptx.md.
 
     python lab/w4_decode_probe.py [--filter NAME] [--json OUT]
@@ -33,7 +34,7 @@ from aot.kernels.experts_decode import CHUNK_COLUMNS, locate_unit, slot_groups
 from aot.kernels.glu import act
 from aot.kernels.w4 import widened as kernel_widened
 from aot.kernels.widen4 import e8m0_scales
-from gg_runtime.testing import rel_error, time_in_turns
+from gg_runtime.testing import forced, rel_error, time_in_turns
 from gg_runtime.testing.moe_fp8 import fp8_experts
 from gg_runtime.testing.timing import time_ms
 from gg_runtime.testing.w4 import moe_experts_w4_ref, random_int4, random_mxfp4, widened
@@ -264,6 +265,25 @@ def sweep(args):
             json.dump(rows, f, indent=1)
 
 
+def forced_decode_variants(w4) -> dict:
+    """{key: the 4-bit forward replayed from a CUDA graph with that variant of
+    w4_decode_glu or w4_decode_down forced}, for each of this GPU's variants
+    that can run the call (the others, refused, left out)."""
+    arch = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
+    fns = {}
+    for variant in gg_runtime._C.variants():
+        if variant["family"] not in ("w4_decode_glu", "w4_decode_down") \
+                or variant["arch"] != arch:
+            continue
+        try:
+            with forced(variant=variant["key"]):
+                fn = graphed(w4)
+        except ValueError:
+            continue
+        fns[variant["key"].split(".", 3)[3]] = fn
+    return fns
+
+
 def wheel_only(args):
     """The wheel's 4-bit forward and its fp8 forward on the same weights, at
     args.tokens, each replayed from a CUDA graph where T <= 256."""
@@ -280,10 +300,14 @@ def wheel_only(args):
             error = rel_error(w4(), moe_experts_w4_ref(**case)) if T <= 256 else None
             fns = ({"w4": graphed(w4), "fp8": graphed(fp8)} if T <= 256
                    else {"w4": w4, "fp8": fp8})
+            if args.force and T <= 256:
+                fns.update(forced_decode_variants(w4))
             times = {n: 1e3 * v for n, v in time_in_turns(fns, turns=3).items()}
             rows.append({"shape": name, "T": T, "us": times, "error": error})
             print(f"{name:20s} T={T:5d} w4 {times['w4']:8.1f} fp8 {times['fp8']:8.1f} "
                   f"x fp8 {times['fp8'] / times['w4']:.2f} error {error}", flush=True)
+            for key in sorted(set(times) - {"w4", "fp8"}):
+                print(f"    forced {key}: {times[key]:8.1f}", flush=True)
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
@@ -298,6 +322,9 @@ def main():
     parser.add_argument("--wheel", action="store_true",
                         help="only the wheel's 4-bit and fp8 forwards (an A/B of two wheels, "
                              "each in processes of its own)")
+    parser.add_argument("--force", action="store_true",
+                        help="with --wheel: also each decode kernel variant that can run a row, "
+                             "forced")
     parser.add_argument("--sweep", action="store_true",
                         help="the routed kernels alone at each of SWEEP_CONFIGS")
     args = parser.parse_args()

@@ -8,8 +8,13 @@ from ..kernels.w4_decode import w4_decode_down_kernel
 from .w4_decode_glu import TILES
 from .w4_ragged_m import FAMILY as W4_RAGGED_M
 
-# BN: output columns a unit; BM and BK as w4_decode_glu's.
-CONFIGS = (Config(16, 64, 256, 4, 1),)
+# BN: output columns a unit; BM and BK as w4_decode_glu's.  64 x 256, or:
+# 128 of K a step where K (I) is at most 256 (`short_k`: Kimi-K2's TP8 shard,
+# two steps instead of one, fewer registers); 32 columns a unit where the
+# units at that width fit in one wave (`few_units`, as w4_decode_glu's).
+# From the same H200 sweep (docs/notes/2026-11-29-w4-decode-configs.md).
+CONFIGS = (Config(16, 64, 128, 4, 1, when="short_k"),
+           Config(16, 32, 256, 4, 1, when="few_units"), Config(16, 64, 256, 4, 1))
 
 FAMILY = Family(
     name="w4_decode_down",
@@ -20,6 +25,7 @@ FAMILY = Family(
     dtypes=("bfloat16",),
     archs=(80, 90),
     configs={(arch, "basic"): CONFIGS for arch in (80, 90)},
+    conditions={"short_k": "K <= 256", "few_units": "cdiv(N, 32) * min(T, G) <= 396"},
     tiles=TILES,
     rows=W4_RAGGED_M.rows,
 )

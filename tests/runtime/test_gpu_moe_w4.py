@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import gg_runtime
-from gg_runtime.testing import last_variant, randn, rel_error
+from gg_runtime import _C
+from gg_runtime.testing import forced, last_variant, randn, rel_error
 from gg_runtime.testing.w4 import moe_experts_w4_ref, random_int4, random_mxfp4, widened
 
-from conftest import HAS_GPU
+from conftest import HAS_GPU, device_arch
 
 pytestmark = [pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU"),
               pytest.mark.usefixtures("poison")]
@@ -122,6 +123,24 @@ def test_far_more_experts_than_slots_take_the_routed_kernels(weight_format):
     case = make_case(1, hidden, inter, 256, 4, bias=True, weight_format=weight_format)
     assert_close(run(case), moe_experts_w4_ref(**case))
     assert_path(case, False)
+
+
+DECODE_VARIANTS = [v for v in _C.variants() if HAS_GPU and v["arch"] == device_arch()
+                   and v["family"] in ("w4_decode_glu", "w4_decode_down")]
+
+
+@pytest.mark.parametrize("variant", DECODE_VARIANTS, ids=lambda v: v["key"])
+def test_every_decode_variant_forced(variant):
+    """Each decode kernel variant of this GPU forced on a call whose
+    conditions it meets (TAILS' shapes at decode meet every one: few units,
+    K at most 256), against the reference."""
+    weight_format = variant["axes"]["format"]
+    gate_up = variant["axes"].get("gate_up", "concatenated")
+    _, *shape = TAILS[weight_format]
+    case = make_case(DECODE_TOKENS, *shape, bias=True, dropped=True, weight_format=weight_format)
+    with forced(variant=variant["key"]):
+        out = run(case, gate_up=gate_up)
+    assert_close(out, moe_experts_w4_ref(**case, gate_up=gate_up))
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
