@@ -26,15 +26,12 @@ from gg_runtime.formats import Quantized
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_in_turns
 from gg_runtime.testing.w4 import random_int4, random_mxfp4, widened
+from lab.w4_decode_probe import SHAPES
 
-# (H, I, E, k, format, group) of issue 82's served shapes.
-SHAPES = {"gpt_oss_20b": (2880, 2880, 32, 4, "mxfp4", 32),
-          "gpt_oss_120b": (2880, 2880, 128, 4, "mxfp4", 32),
-          "kimi_k2_tp8": (7168, 256, 384, 8, "int4", 32),
-          "qwen3_30b_a3b_int4": (2048, 768, 128, 8, "int4", 128)}
 TOKENS = (1, 4, 8)
-# (BN, BK, warps): BN is w13 rows (up) or output columns (down); the
-# wheel's first (aot/families/w4_decode_glu.py, w4_decode_down.py).
+# (BN, BK, warps): BN is w13 rows (up) or output columns (down); each
+# first is the wheel's config where none of its conditions holds
+# (aot/families/w4_decode_glu.py, w4_decode_down.py).
 UP_CONFIGS = ((128, 256, 4), (64, 256, 4), (32, 256, 4), (64, 512, 4), (64, 128, 4),
               (128, 256, 8), (256, 256, 8), (64, 256, 2), (32, 256, 2), (128, 128, 4))
 DOWN_CONFIGS = ((64, 256, 4), (32, 256, 4), (16, 256, 4), (32, 512, 4), (64, 128, 4),

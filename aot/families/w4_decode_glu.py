@@ -18,7 +18,6 @@ from .w4_glu import FAMILY as W4_GLU
 # an H200 sweep (docs/notes/2026-11-29-w4-decode-configs.md).  mma.sync is
 # sm80's, so both archs compile them.
 CONFIGS = (Config(16, 64, 256, 4, 1, when="few_units", max_registers=168),
-           Config(16, 64, 256, 4, 1, when="few_units"),
            Config(16, 128, 256, 4, 1))
 FEW_UNITS = "cdiv(N, 64) * min(T, G) <= 396"
 # An upper bound on the units: each busy expert (at most T of the G) times
