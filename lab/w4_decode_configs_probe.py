@@ -1,6 +1,5 @@
 """The 4-bit decode kernels (aot/kernels/w4_decode.py) alone, JIT-compiled by
-the GPU host's Triton, at several tile widths, K steps, warps and rings
-(the kernels' RING: loads in flight in shared memory), on the
+the GPU host's Triton, at several tile widths, K steps and warps, on the
 programs the wheel would launch (the resident wave: programs an SM by the
 compiled kernel's registers, times the SMs, at most the units); each
 replayed from a CUDA graph with the L2 flushed, all of a shape's in turns,
@@ -29,18 +28,16 @@ from gg_runtime.testing.timing import time_in_turns
 from gg_runtime.testing.w4 import random_int4, random_mxfp4, widened
 from lab.w4_decode_probe import SHAPES
 
-TOKENS = (1, 8)
-# (BN, BK, warps, RING): BN is w13 rows (up) or output columns (down); RING
-# the kernels' (0: loads a step ahead in registers; else a cp.async ring);
-# each first is the wheel's config where none of its conditions holds
+TOKENS = (1, 4, 8)
+# (BN, BK, warps): BN is w13 rows (up) or output columns (down); each
+# first is the wheel's config where none of its conditions holds
 # (aot/families/w4_decode_glu.py, w4_decode_down.py).
-UP_CONFIGS = ((128, 256, 4, 0), (128, 256, 4, 3), (128, 256, 4, 4), (64, 256, 4, 0),
-              (64, 256, 4, 4), (64, 256, 4, 6))
-DOWN_CONFIGS = ((64, 256, 4, 0), (64, 256, 4, 4), (32, 256, 4, 0), (32, 256, 4, 4),
-                (64, 128, 4, 0), (64, 128, 4, 4), (64, 128, 4, 6))
+UP_CONFIGS = ((128, 256, 4), (64, 256, 4), (32, 256, 4), (64, 512, 4), (64, 128, 4),
+              (128, 256, 8), (256, 256, 8), (64, 256, 2), (32, 256, 2), (128, 128, 4))
+DOWN_CONFIGS = ((64, 256, 4), (32, 256, 4), (16, 256, 4), (32, 512, 4), (64, 128, 4),
+                (128, 256, 8), (32, 256, 2), (16, 256, 2), (64, 512, 4))
 SMS = 132
 MAX_REGISTERS = 65536
-MAX_SHARED = 227 * 1024
 
 
 def weights(fmt, group, E, n, k):
@@ -62,11 +59,10 @@ def code(fmt, group):
 def launcher(kernel, units, args, constexprs, warps):
     """(a closure launching kernel on the wheel's programs, the compiled
     kernel's registers a thread and spilled bytes): the resident wave by its
-    registers and shared memory (run.cc's wave), at most the units."""
+    registers (run.cc's wave), at most the units."""
     options = dict(**constexprs, num_warps=warps, num_stages=1)
     compiled = kernel[(1,)](*args, **options)
-    per_sm = max(min(MAX_REGISTERS // (compiled.n_regs * 32 * warps),
-                     MAX_SHARED // max(compiled.metadata.shared, 1)), 1)
+    per_sm = max(MAX_REGISTERS // (compiled.n_regs * 32 * warps), 1)
     programs = min(units, per_sm * SMS)
 
     def run():
@@ -121,12 +117,12 @@ def up_runs(c, module, configs):
     S, N, H, E = routing.order.numel(), v13.shape[1], c["H"], c["E"]
     h = torch.empty(S, N // 2, device="cuda", dtype=torch.bfloat16)
     runs = {}
-    for BN, BK, warps, ring in configs:
+    for BN, BK, warps in configs:
         args = (x, v13, h, routing.offs, s13, S, N, H, E, x.stride(0), v13.stride(0),
                 v13.stride(1), s13.stride(0), s13.stride(1), N // 2, x, 0, 0, routing.order, k)
         constexprs = dict(GLU=CONCATENATED, FORMAT=code(c["fmt"], c["group"]), USE_TMA=False,
-                          BM=16, BN=BN, BK=BK, CHUNK=0, PRECISION=0, RING=ring)
-        add(runs, f"{BN}x{BK}_w{warps}_ring{ring}", lambda: launcher(
+                          BM=16, BN=BN, BK=BK, CHUNK=0, PRECISION=0)
+        add(runs, f"{BN}x{BK}_w{warps}", lambda: launcher(
             module.w4_decode_glu_kernel, triton.cdiv(N, BN) * min(S, E), args, constexprs, warps),
             h)
     return runs
@@ -138,12 +134,12 @@ def down_runs(c, h_in, module, configs):
     S, H, inter, E = routing.order.numel(), c["H"], c["inter"], c["E"]
     ys = torch.empty(S, H, device="cuda", dtype=torch.bfloat16)
     runs = {}
-    for BN, BK, warps, ring in configs:
+    for BN, BK, warps in configs:
         args = (h_in, v2, ys, routing.offs, s2, S, H, inter, E, h_in.stride(0), v2.stride(0),
                 v2.stride(1), s2.stride(0), s2.stride(1), H, h_in, 0)
         constexprs = dict(FORMAT=code(c["fmt"], c["group"]), USE_TMA=False, BM=16, BN=BN, BK=BK,
-                          CHUNK=0, PRECISION=0, RING=ring)
-        add(runs, f"{BN}x{BK}_w{warps}_ring{ring}", lambda: launcher(
+                          CHUNK=0, PRECISION=0)
+        add(runs, f"{BN}x{BK}_w{warps}", lambda: launcher(
             module.w4_decode_down_kernel, triton.cdiv(H, BN) * min(S, E), args, constexprs, warps),
             ys)
     return runs

@@ -36,18 +36,16 @@ strides, K a multiple of the scale group); sm80 and sm90 compile the same
 code."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .glu import CONCATENATED
 from .glu_ws import activate
 from .w4 import INT4_G128, MXFP4
 from .widen4 import E2M1_WORDS_ASM, INT4_WORDS_ASM
-from .gluon_api import cp_async_load
 from .ws import plus, vector_layout
 
 CHUNK_E = gl.constexpr(128)  # experts a step of the busy-expert search (G is any)
 ZERO_N = gl.constexpr(256)  # columns a store of the down projection's rows past the last expert
-RING_STEPS = gl.constexpr(0)  # the kernels' RING (w4_unit's): 0, loads a step ahead in registers
 
 
 @gluon.constexpr_function
@@ -113,25 +111,14 @@ def busy_expert(offs_ptr, G, i):
 
 
 @gluon.jit
-def words_in_k(word, k0, K):
-    """Which of step k0's words (word: each one's index in a step) lie before K."""
-    # K is whole groups of 32 values (host-checked): runs of 4 words agree.
-    return gl.max_constancy(k0 // 8 + word < K // 8, [4, 1])
-
-
-@gluon.jit
-def load_scales(s_at, group, k0, K, GROUP: gl.constexpr):
-    """Step k0's raw scales (s_at + k0 / GROUP, group: each one's in a step),
-    none past K."""
-    return gl.load(s_at + k0 // GROUP, mask=k0 // GROUP + group < K // GROUP, other=0)
-
-
-@gluon.jit
 def load_step(at, word, s_at, group, k0, K, GROUP: gl.constexpr):
-    """Step k0's words (at + k0 / 8) and raw scales (load_scales'), none past
-    K (a step past K loads nothing: the last step's double buffer)."""
-    b = gl.load(at + k0 // 8, mask=words_in_k(word, k0, K), other=0)
-    return b, load_scales(s_at, group, k0, K, GROUP)
+    """Step k0's words (at + k0 / 8, word: each one's index in a step) and
+    raw scales (s_at + k0 / GROUP, group: each one's in a step), none past K
+    (a step past K loads nothing: the last step's double buffer)."""
+    # K is whole groups of 32 values (host-checked): runs of 4 words agree.
+    b = gl.load(at + k0 // 8, mask=gl.max_constancy(k0 // 8 + word < K // 8, [4, 1]), other=0)
+    s = gl.load(s_at + k0 // GROUP, mask=k0 // GROUP + group < K // GROUP, other=0)
+    return b, s
 
 
 @gluon.jit
@@ -161,14 +148,9 @@ def halves(x):
 
 @gluon.jit
 def load_tokens(at, mask, A_L: gl.constexpr):
-    """The step's token block (at: pointers [BM, 8W]) as split_tokens gives it."""
-    return split_tokens(gl.load(at, mask=mask, other=0.0), A_L)
-
-
-@gluon.jit
-def split_tokens(x, A_L: gl.constexpr):
-    """A step's token block x [BM, 8W] as eight [BM, W] bf16 in A_L, the j-th
-    its columns 8w + j."""
+    """The step's token block (at: pointers [BM, 8W]) as eight [BM, W] bf16
+    in A_L, the j-th its columns 8w + j."""
+    x = gl.load(at, mask=mask, other=0.0)
     x = gl.reshape(x, [x.shape[0], x.shape[1] // 8, 2, 2, 2])  # j's bits 2, 1, 0
     j0, j1 = halves(x)  # a split takes the last dimension: j's bit 0, then 1, then 2
     j00, j10 = halves(j0)
@@ -219,15 +201,13 @@ def first_sums(bias, g, N, off_n, width, GATED: gl.constexpr, GLU: gl.constexpr,
 @gluon.jit
 def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bias, g, start,
             end, off_n, activation, GATED: gl.constexpr, GLU: gl.constexpr, FORMAT: gl.constexpr,
-            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, RING: gl.constexpr):
+            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
     """Expert g's rows start .. end, the output columns off_n .. off_n + BN
     (GATED: of h, from two accumulators, the gate rows' and the up rows'; BN
     is here the MMA tile's width).  weights = (b_group_stride, ldb,
     b_scale_group_stride, lds); rows = (rows_ptr, rows_div): GATED gathers
     a's rows as rows[r] // rows_div, else reads a's row r; bias = (bias_ptr,
-    has_bias).  RING: 0, each step's words loaded into registers a step
-    ahead; else each step's words and tokens copied by cp.async into a ring
-    of RING steps in shared memory, RING - 1 steps ahead (ring_sums)."""
+    has_bias)."""
     GROUP: gl.constexpr = 128 if FORMAT == INT4_G128 else 32  # values along K a scale covers
     KW: gl.constexpr = BK // 64  # a thread's run of a row, in words (the operand layout's span)
     MMA: gl.constexpr = mma_layout(gl.num_warps())
@@ -267,17 +247,14 @@ def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bia
     at = gl.multiple_of(expert + n_b * ldw, [16, 16]) + word
     group = along(GROUPS, 0, S_L) * (8 * W // GROUPS) // GROUP
     s_at = scales + g.to(gl.int64) * b_scale_group_stride + n_s * lds + group
-    # The up rows' (GATED), their alignment stated anew (ldb's is unknown to
-    # the compiler); else the gate's again, never read.
-    at_up = at
-    s_at_up = s_at
-    if GATED:
+    if GATED:  # the up rows', their alignment stated anew (ldb's is unknown to the compiler)
         at_up = gl.multiple_of(expert + (n_b + up_rows) * ldw, [16, 16]) + word
         s_at_up = s_at + up_rows * lds
     cols = along(8 * W, 1, X_L)
-    if RING > 0:
-        ring = allocate_ring(RING, W, BN, BM, KW, GATED, a_ptr.dtype.element_ty)
     for m0 in range(start, end, BM):
+        b, s = load_step(at, word, s_at, group, 0, K, GROUP)
+        if GATED:
+            b_up, s_up = load_step(at_up, word, s_at_up, group, 0, K, GROUP)
         r = m0 + along(BM, 0, X_L)
         row_ok = r < end
         if GATED:
@@ -286,12 +263,20 @@ def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bia
             src = r.to(gl.int64)
         x_at = gl.multiple_of(a_ptr + src * lda, [16, 16]) + cols
         acc, acc_up = first_sums(bias, g, N, off_n, width, GATED, GLU, BM, BN, MMA)
-        steps = (at, at_up, s_at, s_at_up, word, group, x_at, row_ok, cols)
-        if RING > 0:
-            acc, acc_up = ring_sums(ring, steps, acc, acc_up, K, GATED, FORMAT, GROUP, BK, A_L,
-                                    B_L, X_L)
-        else:
-            acc, acc_up = register_sums(steps, acc, acc_up, K, GATED, FORMAT, GROUP, BK, A_L)
+        for k0 in range(0, K, BK):
+            # the next step's loads first: in flight while this step widens and multiplies
+            b_next, s_next = load_step(at, word, s_at, group, k0 + BK, K, GROUP)
+            if GATED:
+                b_up_next, s_up_next = load_step(at_up, word, s_at_up, group, k0 + BK, K,
+                                                 GROUP)
+            # K is whole groups of 32 (host-checked), not always whole steps: a mask
+            x_ok = row_ok & gl.max_constancy(k0 + cols < K, [1, 8])
+            xs = load_tokens(x_at + k0, x_ok, A_L)
+            acc = multiply(xs, widen(b, s, FORMAT), acc)
+            if GATED:
+                acc_up = multiply(xs, widen(b_up, s_up, FORMAT), acc_up)
+                b_up, s_up = b_up_next, s_up_next
+            b, s = b_next, s_next
         if GATED:
             acc = activate(acc, acc_up, activation)
         out_r = m0 + along(BM, 0, MMA)
@@ -301,106 +286,9 @@ def w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bia
 
 
 @gluon.jit
-def register_sums(steps, acc, acc_up, K, GATED: gl.constexpr, FORMAT: gl.constexpr,
-                  GROUP: gl.constexpr, BK: gl.constexpr, A_L: gl.constexpr):
-    """(acc, acc_up) plus the row block's products over K: each step's words
-    and scales loaded into registers a step ahead, its tokens in the step.
-    steps = (at, at_up, s_at, s_at_up, word, group, x_at, row_ok, cols):
-    the words', the scales' and the tokens' pointers at K 0 (w4_unit's)."""
-    at, at_up, s_at, s_at_up, word, group, x_at, row_ok, cols = steps
-    b, s = load_step(at, word, s_at, group, 0, K, GROUP)
-    if GATED:
-        b_up, s_up = load_step(at_up, word, s_at_up, group, 0, K, GROUP)
-    for k0 in range(0, K, BK):
-        # the next step's loads first: in flight while this step widens and multiplies
-        b_next, s_next = load_step(at, word, s_at, group, k0 + BK, K, GROUP)
-        if GATED:
-            b_up_next, s_up_next = load_step(at_up, word, s_at_up, group, k0 + BK, K, GROUP)
-        # K is whole groups of 32 (host-checked), not always whole steps: a mask
-        x_ok = row_ok & gl.max_constancy(k0 + cols < K, [1, 8])
-        xs = load_tokens(x_at + k0, x_ok, A_L)
-        acc = multiply(xs, widen(b, s, FORMAT), acc)
-        if GATED:
-            acc_up = multiply(xs, widen(b_up, s_up, FORMAT), acc_up)
-            b_up, s_up = b_up_next, s_up_next
-        b, s = b_next, s_next
-    return acc, acc_up
-
-
-@gluon.constexpr_function
-def ring_layout(vector, dim):
-    """A ring slot's shared layout: 16-byte vectors (`vector` elements) along
-    dimension `dim`, swizzled across 8 rows so that a warp's 16-byte reads of
-    as many rows fall in different banks."""
-    return gl.SwizzledSharedLayout(vector, 1, 8, [dim, 1 - dim])
-
-
-@gluon.jit
-def allocate_ring(RING: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-                  KW: gl.constexpr, GATED: gl.constexpr, dtype: gl.constexpr):
-    """RING slots of a step's gate (or only) words [W, BN], up words (GATED;
-    else one slot, never used) and tokens [BM, 8W]."""
-    words: gl.constexpr = ring_layout(KW, 0)
-    UP: gl.constexpr = RING if GATED else 1
-    return (gl.allocate_shared_memory(gl.int32, [RING, W, BN], words),
-            gl.allocate_shared_memory(gl.int32, [UP, W, BN], words),
-            gl.allocate_shared_memory(dtype, [RING, BM, 8 * W], ring_layout(8, 1)))
-
-
-@gluon.jit
-def copy_step(ring, slot, steps, k0, K, GATED: gl.constexpr):
-    """cp.async of step k0's words (and up words) and tokens into ring slot
-    `slot`, zeros past K or the rows, as one group.  Each thread copies the
-    elements it reads back (ring_sums: the same layouts), so a wait for its
-    own groups is all it needs before reading them."""
-    at, at_up, s_at, s_at_up, word, group, x_at, row_ok, cols = steps
-    ring_b, ring_up, ring_x = ring
-    ok = gl.broadcast(words_in_k(word, k0, K), at)[0]
-    cp_async_load(ring_b.index(slot), at + k0 // 8, ok)
-    if GATED:
-        cp_async_load(ring_up.index(slot), at_up + k0 // 8, ok)
-    cp_async_load(ring_x.index(slot), x_at + k0, row_ok & gl.max_constancy(k0 + cols < K, [1, 8]))
-    async_copy.commit_group()
-
-
-@gluon.jit
-def ring_sums(ring, steps, acc, acc_up, K, GATED: gl.constexpr, FORMAT: gl.constexpr,
-              GROUP: gl.constexpr, BK: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
-              X_L: gl.constexpr):
-    """register_sums' result with each step's words and tokens copied into
-    the ring RING - 1 steps ahead (copy_step; its scales, a few registers,
-    loaded a step ahead), so that loads are in flight without registers
-    held for them."""
-    at, at_up, s_at, s_at_up, word, group, x_at, row_ok, cols = steps
-    ring_b, ring_up, ring_x = ring
-    RING: gl.constexpr = ring_b.shape[0]
-    for i in gl.static_range(RING - 1):
-        copy_step(ring, i, steps, i * BK, K, GATED)
-    s = load_scales(s_at, group, 0, K, GROUP)
-    if GATED:
-        s_up = load_scales(s_at_up, group, 0, K, GROUP)
-    for k0 in range(0, K, BK):
-        step = k0 // BK
-        copy_step(ring, (step + RING - 1) % RING, steps, k0 + (RING - 1) * BK, K, GATED)
-        s_next = load_scales(s_at, group, k0 + BK, K, GROUP)
-        if GATED:
-            s_up_next = load_scales(s_at_up, group, k0 + BK, K, GROUP)
-        async_copy.wait_group(RING - 1)  # this step's group has landed
-        slot = step % RING
-        xs = split_tokens(ring_x.index(slot).load(X_L), A_L)
-        acc = multiply(xs, widen(ring_b.index(slot).load(B_L), s, FORMAT), acc)
-        if GATED:
-            acc_up = multiply(xs, widen(ring_up.index(slot).load(B_L), s_up, FORMAT), acc_up)
-            s_up = s_up_next
-        s = s_next
-    async_copy.wait_group(0)  # no copy of this row block lands on the next one's
-    return acc, acc_up
-
-
-@gluon.jit
 def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc, weights, rows,
                bias, activation, GATED: gl.constexpr, GLU: gl.constexpr, FORMAT: gl.constexpr,
-               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, RING: gl.constexpr):
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
     """One persistent program: units pid, pid + P, ... of cdiv(N, BN) *
     min(T, G) (BN: W13 rows where GATED, a unit's columns of h being BN / 2)."""
     TILE_N: gl.constexpr = BN // 2 if GATED else BN  # the MMA tile's width
@@ -408,8 +296,7 @@ def w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc,
     for u in range(gl.program_id(0), n_tiles * gl.minimum(T, G), gl.num_programs(0)):
         g, start, end = busy_expert(offs_ptr, G, u // n_tiles)
         w4_unit(a_ptr, b_ptr, c_ptr, b_scale_ptr, N, K, lda, ldc, weights, rows, bias, g, start,
-                end, (u % n_tiles) * TILE_N, activation, GATED, GLU, FORMAT, BM, TILE_N, BK,
-                RING)
+                end, (u % n_tiles) * TILE_N, activation, GATED, GLU, FORMAT, BM, TILE_N, BK)
 
 
 @gluon.jit
@@ -433,8 +320,7 @@ def w4_decode_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G,
                          b_group_stride, ldb, b_scale_group_stride, lds, ldc, bias_ptr, has_bias,
                          activation, rows_ptr, rows_div, GLU: gl.constexpr, FORMAT: gl.constexpr,
                          USE_TMA: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                         BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr,
-                         RING: gl.constexpr = RING_STEPS):
+                         BK: gl.constexpr, CHUNK: gl.constexpr, PRECISION: gl.constexpr):
     """w4.w4_glu_kernel's up projection: a [*, K] bf16 tokens (rows lda
     apart) gathered as rows[r] // rows_div, b [G, N, K / 2] packed as FORMAT
     says (rows ldb bytes apart) with its scales b_scale [G, N, K / group]
@@ -443,7 +329,7 @@ def w4_decode_glu_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G,
     PRECISION are unused."""
     w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc,
                (b_group_stride, ldb, b_scale_group_stride, lds), (rows_ptr, rows_div),
-               (bias_ptr, has_bias), activation, True, GLU, FORMAT, BM, BN, BK, RING)
+               (bias_ptr, has_bias), activation, True, GLU, FORMAT, BM, BN, BK)
 
 
 @gluon.jit
@@ -451,12 +337,12 @@ def w4_decode_down_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G
                           b_group_stride, ldb, b_scale_group_stride, lds, ldc, bias_ptr, has_bias,
                           FORMAT: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                           BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                          PRECISION: gl.constexpr, RING: gl.constexpr = RING_STEPS):
+                          PRECISION: gl.constexpr):
     """w4.w4_ragged_m_kernel's down projection: a [T, K] bf16 (rows lda
     apart, the routing's order), b and b_scale as w4_decode_glu_kernel's;
     c [T, N] (rows ldc apart) = a @ b[g]^T (+ bias[g]), the rows past the
     last expert zero.  USE_TMA, CHUNK and PRECISION are unused."""
     w4_program(a_ptr, b_ptr, c_ptr, offs_ptr, b_scale_ptr, T, N, K, G, lda, ldc,
                (b_group_stride, ldb, b_scale_group_stride, lds), (offs_ptr, 0),
-               (bias_ptr, has_bias), 0, False, CONCATENATED, FORMAT, BM, BN, BK, RING)
+               (bias_ptr, has_bias), 0, False, CONCATENATED, FORMAT, BM, BN, BK)
     zero_rows_past(c_ptr, offs_ptr, T, N, G, ldc, BM)
