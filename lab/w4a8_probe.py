@@ -11,8 +11,11 @@ tables), each weight row's groups shifted below the row's largest scale
 2^(E - 133) and the token's after the sum.
 
 Against, in the same run: the same kernel on the weights already e4m3 in
-the slot order (A loaded, nothing widened: what the widening costs), and
-torch._scaled_mm on the same fp8 operands, scaled per row and per token.
+the slot order (A loaded, nothing widened: what the widening costs);
+torch._scaled_mm on the same fp8 operands, scaled per row and per token;
+and gg_runtime's scaled_grouped_mm on one group, per channel on the same
+operands and in 128 x 128 blocks (moe_experts' fp8 serving format): the
+issue's reference, "our fp8".
 Each output against float64.  Prefill shapes of gpt-oss (H = I = 2880) and
 Kimi-K2 (H 7168, I 2048) at T = 4096 and 16384 rows of one expert.
 
@@ -29,6 +32,8 @@ import json
 import torch
 import triton
 from triton.experimental import gluon
+
+import gg_runtime
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
@@ -229,13 +234,30 @@ def run_case(n: int, k: int, tokens: int, bt: int, stages: int) -> dict:
         return torch._scaled_mm(x_fp8, w_fp8.T, scale_a=x_scale[:, None], scale_b=w_scale[None, :],
                                 out_dtype=torch.bfloat16)
 
+    # gg_runtime's fp8 product on one group, the issue's reference: per channel (the same
+    # operands) and in 128 x 128 blocks (moe_experts' fp8 serving format), fast accumulation.
+    offs = torch.tensor([tokens], dtype=torch.int32, device="cuda")
+    w_blocks = gg_runtime.quantize_fp8(weights.float().unsqueeze(0), "128x128")
+    x_blocks = gg_runtime.quantize_fp8(x, "1x128")
+
+    def ours_rowwise():
+        return gg_runtime.scaled_grouped_mm(x_fp8, w_fp8.unsqueeze(0).transpose(1, 2), x_scale,
+                                            w_scale[None, :], offs=offs, use_fast_accum=True)
+
+    def ours_blockwise():
+        return gg_runtime.scaled_grouped_mm(x_blocks.values, w_blocks.values.transpose(1, 2),
+                                            x_blocks.scales, w_blocks.scales, offs=offs,
+                                            use_fast_accum=True)
+
     errors = {}
     for name, fn in (("w4a8", w4a8), ("fp8_A", fp8_a)):
         out[name].fill_(float("nan"))
         fn()
         errors[name] = rel_error(out[name], reference)
     errors["torch_scaled_mm"] = rel_error(scaled_mm(), reference)
-    times = time_in_turns({"w4a8": w4a8, "fp8_A": fp8_a, "torch_scaled_mm": scaled_mm})
+    errors["ours_rowwise"] = rel_error(ours_rowwise(), reference)
+    times = time_in_turns({"w4a8": w4a8, "fp8_A": fp8_a, "torch_scaled_mm": scaled_mm,
+                           "ours_rowwise": ours_rowwise, "ours_blockwise": ours_blockwise})
     flops = 2 * tokens * n * k
     return {"N": n, "K": k, "T": tokens, "BT": bt, "stages": stages, "errors": errors,
             "us": {name: ms * 1e3 for name, ms in times.items()},
