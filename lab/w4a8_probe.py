@@ -21,6 +21,9 @@ Kimi-K2 (H 7168, I 2048) at T = 4096 and 16384 rows of one expert.
 
 Compiled by Triton 3.9 and 3.6 on a machine without a GPU (the A fragment's
 layout conversion is trivial: assert_trivial holds); not yet run on one.
+Each MMA is waited for before the next step's A is widened (Triton's wait
+cannot keep an fp8 register operand live); at 128 tokens a tile two
+programs an SM overlap.
 
     python lab/w4a8_probe.py [--json OUT]
 """
@@ -47,6 +50,9 @@ from lab.w4a8_tables_check import SUBNORMAL_TABLES
 BN = gl.constexpr(128)  # weight rows a program (two warpgroups of 64)
 BK = gl.constexpr(128)
 E4M3_MAX = 448.0
+# (tokens a tile, ring stages, ptxas's register cap): 128 tokens with two
+# programs of 8 warps an SM (128 registers), or 256 with one.
+CONFIGS = ((128, 4, 128), (256, 3, 255))
 
 # The widening of one packed word's half (shift 0: values 0 .. 3, 16: 4 ..
 # 7) into four e4m3 bytes ($0), lab/w4a8_tables_check.py's `convert`, one
@@ -122,6 +128,14 @@ def widened(words, d, A_L: gl.constexpr):
 
 
 @gluon.jit
+def widened_step(w_at, d_at, ok, words, k0, K, A_L: gl.constexpr):
+    """Step k0's weights [BN, BK] e4m3 in A_L (widened's), zeros past K."""
+    in_k = ok & gl.expand_dims(k0 // 8 + words < K // 8, 0)
+    return widened(gl.load(w_at + k0 // 8, mask=in_k, other=0),
+                   gl.load(d_at + k0 // 32, mask=in_k, other=0).to(gl.int32), A_L)
+
+
+@gluon.jit
 def w4a8_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
                 WIDEN: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr):
     """out [T, N] bf16 = (x [T, K] fp8, slot order) @ w^T, times w_scale[n] and
@@ -161,20 +175,20 @@ def w4a8_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
         k0 = s * BK
         slot = s % STAGES
         if WIDEN:
-            in_k = ok & gl.expand_dims(k0 // 8 + words < K // 8, 0)
-            a = widened(gl.load(w_at + k0 // 8, mask=in_k, other=0),
-                        gl.load(d_at + k0 // 32, mask=in_k, other=0).to(gl.int32), A_L)
+            a = widened_step(w_at, d_at, ok, words, k0, K, A_L)
         else:
             a = gl.load(w_at + k0, mask=ok & gl.expand_dims(k0 + cols < K, 0), other=0.0)
         mbarrier.wait(ready.index(slot), s // STAGES & 1)
+        # wgmma reads A's registers as it runs, and Triton's wait cannot keep an
+        # fp8 tensor live: the MMA is waited for before the next step's A is made.
+        # Two programs an SM (CONFIGS) overlap one's widening with the other's MMAs.
         acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(1, deps=(acc, ))  # the MMA before is done with its slot
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
         ahead = s + STAGES - 1
-        refill = ahead % STAGES
+        refill = ahead % STAGES  # (s - 1) % STAGES: its MMA is done
         mbarrier.expect(ready.index(refill), BT * BK, pred=ahead < steps)
         tma_load(x_desc, [off_t, ahead * BK], ready.index(refill), x_bufs.index(refill),
                  pred=ahead < steps)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
     n = off_n + gl.arange(0, BN, gl.SliceLayout(1, ACC))
     t = off_t + gl.arange(0, BT, gl.SliceLayout(0, ACC))
     w_scale = gl.load(w_scale_ptr + n, mask=n < N, other=0.0)
@@ -201,7 +215,7 @@ def mxfp4_rows(n: int, k: int):
     return packed, exponents, weights
 
 
-def run_case(n: int, k: int, tokens: int, bt: int, stages: int) -> dict:
+def run_case(n: int, k: int, tokens: int, bt: int, stages: int, registers: int) -> dict:
     packed, exponents, weights = mxfp4_rows(n, k)
     largest = exponents.amax(dim=1)
     shifts = (largest[:, None] - exponents).to(torch.uint8)
@@ -218,7 +232,7 @@ def run_case(n: int, k: int, tokens: int, bt: int, stages: int) -> dict:
     out = {name: torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
            for name in ("w4a8", "fp8_A")}
     grid = (triton.cdiv(n, BN.value), triton.cdiv(tokens, bt))
-    options = dict(BT=bt, STAGES=stages, num_warps=8, num_stages=1)
+    options = dict(BT=bt, STAGES=stages, num_warps=8, num_stages=1, maxnreg=registers)
 
     def w4a8():
         w4a8_kernel[grid](packed, shifts, x_slots, out["w4a8"], w_scale, x_scale, n, tokens, k,
@@ -277,8 +291,8 @@ def main():
     rows = []
     for n, k in SHAPES:
         for tokens in (4096, 16384):
-            for bt, stages in ((128, 4), (256, 3)):
-                row = run_case(n, k, tokens, bt, stages)
+            for bt, stages, registers in CONFIGS:
+                row = run_case(n, k, tokens, bt, stages, registers)
                 rows.append(row)
                 print(f"N={n} K={k} T={tokens} BT={bt}: "
                       + " ".join(f"{name} {us:.1f} us ({row['tflops'][name]:.0f} TF, "
