@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 from aot.kernels.gluon_api import tma_load
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_in_turns
-from gg_runtime.testing.w4 import E2M1_VALUES
+from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
 from lab.w4a8_tables_check import SUBNORMAL_TABLES
 
 BN = gl.constexpr(128)  # weight rows a program (two warpgroups of 64)
@@ -206,13 +206,11 @@ def slot_order(k: int) -> torch.Tensor:
 
 
 def mxfp4_rows(n: int, k: int):
-    """(packed [N, K/2] uint8, e8m0 exponents [N, K/32], the weights float64)."""
-    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
-    exponents = torch.randint(115, 124, (n, k // 32), dtype=torch.int32, device="cuda")
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device="cuda")
-    values = torch.stack((table[(packed & 15).long()], table[(packed >> 4).long()]), -1)
-    weights = values.flatten(-2) * torch.exp2(exponents.double() - 127).repeat_interleave(32, -1)
-    return packed, exponents, weights
+    """(packed [N, K/2] uint8, e8m0 exponents [N, K/32] int32, the weights
+    float64): gg_runtime.testing.w4's random MXFP4, exponents spanning 8."""
+    w = random_mxfp4(1, n, k, exponents=(115, 123))
+    weights = dequantize_mxfp4(w.values, w.scales)[0]
+    return w.values.view(torch.uint8)[0], w.scales.view(torch.uint8)[0].int(), weights
 
 
 def run_case(n: int, k: int, tokens: int, bt: int, stages: int, registers: int) -> dict:
