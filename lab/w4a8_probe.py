@@ -1,31 +1,34 @@
 """W4A8 prefill's core (docs/notes/2026-11-29-w4a8-prefill-design.md), one
-expert, JIT-compiled by the GPU host's Triton: out[T, N] = x[T, K] @ w[N, K]^T
-with the weights as wgmma's A operand from registers (128 weight rows a
-program, 64 a warpgroup) and the tokens as B, TMA'd into a ring of shared
-memory.  The tokens are fp8 per token, each 32-wide chunk of K stored in the
-fragment's slot order (slot 16h + 4q + i holds K 8q + 4h + i), so that a
-thread's eight weights of a chunk are one packed MXFP4 word.  Each word is
-widened to e4m3 by two `prmt` lookups a half (lab/w4a8_tables_check.py's
-tables), each weight row's groups shifted below the row's largest scale
-(d = E - e, at most 11 here: the random exponents span 8); the row's scale
-2^(E - 133) and the token's after the sum.
+expert, JIT-compiled by the GPU host's Triton: out[T, N] = x[T, K] @ w[N, K]^T,
+the weights packed MXFP4 widened to e4m3 in the kernel, the tokens fp8 per
+token, TMA'd into a ring of shared memory.  Each packed word is widened by
+two `prmt` lookups a half (lab/w4a8_tables_check.py's tables), each weight
+row's groups shifted below the row's largest scale (d = E - e, at most 11
+here: the random exponents span 8); the row's scale 2^(E - 133) and the
+token's after the sum.  Three kernels:
 
-Against, in the same run: the same kernel on the weights already e4m3 in
-the slot order (A loaded, nothing widened: what the widening costs);
-torch._scaled_mm on the same fp8 operands, scaled per row and per token;
-and gg_runtime's scaled_grouped_mm on one group, per channel on the same
-operands and in 128 x 128 blocks (moe_experts' fp8 serving format): the
-issue's reference, "our fp8".
-Each output against float64.  Prefill shapes of gpt-oss (H = I = 2880) and
-Kimi-K2 (H 7168, I 2048) at T = 4096 and 16384 rows of one expert.
+- w4a8_kernel: the weights as wgmma's A operand from registers, 128 rows a
+  program, all 8 warps widening then multiplying in turn.  The tokens' K is
+  stored in the fragment's slot order (each 32-wide chunk's slot
+  16h + 4q + i holds K 8q + 4h + i), so that a thread's eight weights of a
+  chunk are one packed word.
+- w4a8_ws_kernel: the same A from registers, warp-specialised: PARTS
+  warpgroups of 64 rows each, apart (one widens while another's MMAs run),
+  and a one-warp TMA loader.
+- w4a8_ss_kernel: a widening partition stores the weights into shared
+  memory (tokens in K's natural order); the MMA partition's two
+  warpgroups take both operands from shared memory, one MMA in flight.
 
-Compiled by Triton 3.9 and 3.6 on a machine without a GPU (the A fragment's
-layout conversion is trivial: assert_trivial holds); not yet run on one.
-Each MMA is waited for before the next step's A is widened (Triton's wait
-cannot keep an fp8 register operand live); at 128 tokens a tile two
-programs an SM overlap.
+Against, in the same run: torch._scaled_mm on the same fp8 operands, scaled
+per row and per token; gg_runtime's scaled_grouped_mm on one group, per
+channel on the same operands and in 128 x 128 blocks (moe_experts' fp8
+serving format: the issue's reference, "our fp8").  Each output against
+float64 (the blockwise one against the unquantized product).  Prefill
+shapes of gpt-oss (H = I = 2880) and Kimi-K2 (H 7168, I 2048) at T = 4096
+and 16384 rows of one expert.  docs/notes/2026-11-29-w4a8-prefill-probe.md
+has the measurements.
 
-    python lab/w4a8_probe.py [--json OUT]
+    python lab/w4a8_probe.py [--json OUT] [--bk 128|256] [--only NAME_PREFIX]
 """
 from __future__ import annotations
 
@@ -38,21 +41,40 @@ from triton.experimental import gluon
 
 import gg_runtime
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from aot.kernels.gluon_api import tma_load
+from aot.kernels.gluon_api import thread_barrier, tma_load
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_in_turns
 from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
 from lab.w4a8_tables_check import SUBNORMAL_TABLES
 
 BN = gl.constexpr(128)  # weight rows a program (two warpgroups of 64)
+# K a step (--bk sets it before the kernels compile: 128 or 256).
 BK = gl.constexpr(128)
 E4M3_MAX = 448.0
 # (tokens a tile, ring stages, ptxas's register cap): 128 tokens with two
 # programs of 8 warps an SM (128 registers), or 256 with one.
 CONFIGS = ((128, 4, 128), (256, 3, 255))
+# The warp-specialised kernel's (tokens a tile, ring stages, MMA partitions):
+# one program an SM (the kernel's cap 65536 / (32 x (4 PARTS + 4)), as
+# aot/kernels/ws.max_registers; the partitions take what the loader gives back).
+WS_CONFIGS = ((128, 4, 2), (256, 4, 2), (128, 4, 3))
+# The shared-memory kernel's (tokens a tile, ring stages, widening warps).
+SS_CONFIGS = ((256, 3, 4), (256, 4, 4), (128, 4, 4), (128, 4, 8))
+
+
+@gluon.constexpr_function
+def widener_registers(warps):
+    """The widening partition's registers: what the MMA partition's 8 warps leave."""
+    return min((65536 - 256 * 200) // (32 * warps) // 8 * 8, 160)
+
+
+@gluon.constexpr_function
+def ws_registers(parts):
+    """An MMA partition's registers: the SM's 64K less the loader warpgroup's 40 each."""
+    return min((65536 - 128 * 40) // (128 * parts) // 8 * 8, 240)
 
 # The widening of one packed word's half (shift 0: values 0 .. 3, 16: 4 ..
 # 7) into four e4m3 bytes ($0), lab/w4a8_tables_check.py's `convert`, one
@@ -76,13 +98,15 @@ SECOND_ASM = gl.constexpr(HALF_ASM.format(shift=16))
 
 @gluon.constexpr_function
 def words_layout(warps):
-    """The packed words [BN, BK / 8] a thread widens into wgmma's A fragment
-    (fp8, k_width 4, BK = 128): word 4c + q of rows r and r + 8, for lane
-    4r' + q and the chunk c in its registers."""
-    return gl.DistributedLinearLayout([[8, 0], [0, 4], [0, 8]],
+    """The packed words [16 x warps, BK / 8] a thread widens into wgmma's A fragment
+    (fp8, k_width 4): word 4c + q of rows r and r + 8, for lane 4r' + q and
+    each chunk c in its registers."""
+    words = BK.value // 8
+    chunks = [[0, 4 << i] for i in range(words.bit_length() - 3)]
+    return gl.DistributedLinearLayout([[8, 0]] + chunks,
                                       [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
                                       [[16 * 2 ** i, 0] for i in range(warps.bit_length() - 1)],
-                                      [], [BN.value, BK.value // 8])
+                                      [], [16 * warps, words])
 
 
 @gluon.jit
@@ -128,19 +152,33 @@ def widened(words, d, A_L: gl.constexpr):
 
 
 @gluon.jit
-def widened_step(w_at, d_at, ok, words, k0, K, A_L: gl.constexpr):
-    """Step k0's weights [BN, BK] e4m3 in A_L (widened's), zeros past K."""
+def packed_step(w_at, d_at, ok, words, k0, K):
+    """Step k0's packed words [BN, BK / 8] and their groups' shifts (int32:
+    kept live across the MMA's wait), zeros past K."""
     in_k = ok & gl.expand_dims(k0 // 8 + words < K // 8, 0)
-    return widened(gl.load(w_at + k0 // 8, mask=in_k, other=0),
-                   gl.load(d_at + k0 // 32, mask=in_k, other=0).to(gl.int32), A_L)
+    return (gl.load(w_at + k0 // 8, mask=in_k, other=0),
+            gl.load(d_at + k0 // 32, mask=in_k, other=0).to(gl.int32))
+
+
+@gluon.jit
+def store_scaled(acc, out_ptr, w_scale_ptr, x_scale_ptr, off_n, off_t, N, T):
+    """out[t, n] = acc [rows, tokens] at (off_n, off_t) times w_scale[n] and x_scale[t], bf16."""
+    ACC: gl.constexpr = acc.type.layout
+    n = off_n + gl.arange(0, acc.shape[0], gl.SliceLayout(1, ACC))
+    t = off_t + gl.arange(0, acc.shape[1], gl.SliceLayout(0, ACC))
+    w_scale = gl.load(w_scale_ptr + n, mask=n < N, other=0.0)
+    x_scale = gl.load(x_scale_ptr + t, mask=t < T, other=0.0)
+    out = acc * gl.expand_dims(w_scale, 1) * gl.expand_dims(x_scale, 0)
+    at = out_ptr + gl.expand_dims(t, 0).to(gl.int64) * N + gl.expand_dims(n, 1)
+    gl.store(at, out.to(gl.bfloat16), mask=gl.expand_dims(n < N, 1) & gl.expand_dims(t < T, 0))
 
 
 @gluon.jit
 def w4a8_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
-                WIDEN: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr):
+                BT: gl.constexpr, STAGES: gl.constexpr):
     """out [T, N] bf16 = (x [T, K] fp8, slot order) @ w^T, times w_scale[n] and
-    x_scale[t].  WIDEN: w packed MXFP4 [N, K / 2] (as int32 words) with d
-    [N, K / 32] uint8 each group's shift; else w e4m3 [N, K] in slot order."""
+    x_scale[t]: w packed MXFP4 [N, K / 2] (read as int32 words) with d
+    [N, K / 32] uint8 each group's shift.  All 8 warps widen, then MMA, in turn."""
     warps: gl.constexpr = gl.num_warps()
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                                   instr_shape=[16, BT, 32])
@@ -158,30 +196,24 @@ def w4a8_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
     for i in gl.static_range(STAGES - 1):
         mbarrier.expect(ready.index(i), BT * BK, pred=i < steps)
         tma_load(x_desc, [off_t, i * BK], ready.index(i), x_bufs.index(i), pred=i < steps)
-    if WIDEN:
-        rows = off_n + gl.arange(0, BN, gl.SliceLayout(1, W_L))
-        words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
-        row_at = gl.expand_dims(rows, 1).to(gl.int64)
-        w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
-        d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
-        ok = gl.expand_dims(rows < N, 1)
-    else:
-        rows = off_n + gl.arange(0, BN, gl.SliceLayout(1, A_L))
-        cols = gl.arange(0, BK, gl.SliceLayout(0, A_L))
-        w_at = w_ptr + gl.expand_dims(rows, 1).to(gl.int64) * K + gl.expand_dims(cols, 0)
-        ok = gl.expand_dims(rows < N, 1)
+    rows = off_n + gl.arange(0, BN, gl.SliceLayout(1, W_L))
+    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
+    row_at = gl.expand_dims(rows, 1).to(gl.int64)
+    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
+    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
+    ok = gl.expand_dims(rows < N, 1)
     acc = gl.zeros([BN, BT], gl.float32, ACC)
+    # The weights are loaded a step ahead in registers: the load's latency
+    # overlaps this step's MMA (the wait below would otherwise expose it).
+    next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
     for s in range(steps):
-        k0 = s * BK
         slot = s % STAGES
-        if WIDEN:
-            a = widened_step(w_at, d_at, ok, words, k0, K, A_L)
-        else:
-            a = gl.load(w_at + k0, mask=ok & gl.expand_dims(k0 + cols < K, 0), other=0.0)
+        a = widened(next_words, next_d, A_L)
+        next_words, next_d = packed_step(w_at, d_at, ok, words, (s + 1) * BK, K)
         mbarrier.wait(ready.index(slot), s // STAGES & 1)
         # wgmma reads A's registers as it runs, and Triton's wait cannot keep an
-        # fp8 tensor live: the MMA is waited for before the next step's A is made.
-        # Two programs an SM (CONFIGS) overlap one's widening with the other's MMAs.
+        # fp8 tensor live (nor does ptxas order a later write to them after the
+        # MMA): the MMA is waited for before the next step's A is made.
         acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         ahead = s + STAGES - 1
@@ -189,13 +221,163 @@ def w4a8_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
         mbarrier.expect(ready.index(refill), BT * BK, pred=ahead < steps)
         tma_load(x_desc, [off_t, ahead * BK], ready.index(refill), x_bufs.index(refill),
                  pred=ahead < steps)
-    n = off_n + gl.arange(0, BN, gl.SliceLayout(1, ACC))
-    t = off_t + gl.arange(0, BT, gl.SliceLayout(0, ACC))
-    w_scale = gl.load(w_scale_ptr + n, mask=n < N, other=0.0)
-    x_scale = gl.load(x_scale_ptr + t, mask=t < T, other=0.0)
-    out = acc * gl.expand_dims(w_scale, 1) * gl.expand_dims(x_scale, 0)
-    at = out_ptr + gl.expand_dims(t, 0).to(gl.int64) * N + gl.expand_dims(n, 1)
-    gl.store(at, out.to(gl.bfloat16), mask=gl.expand_dims(n < N, 1) & gl.expand_dims(t < T, 0))
+    store_scaled(acc, out_ptr, w_scale_ptr, x_scale_ptr, off_n, off_t, N, T)
+
+@gluon.jit
+def x_loader(x_desc, x_bufs, ready, empty, off_t, K, BT: gl.constexpr, STAGES: gl.constexpr):
+    """The warp-specialised kernel's loader: the tokens' K blocks into the
+    ring, each slot once both MMA partitions have freed it."""
+    for s in range(gl.cdiv(K, BK)):
+        slot = s % STAGES
+        mbarrier.wait(empty.index(slot), (s // STAGES & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), BT * BK)
+        tma_load(x_desc, [off_t, s * BK], ready.index(slot), x_bufs.index(slot))
+
+
+@gluon.jit
+def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w_scale_ptr,
+              x_scale_ptr, N, T, K, off_n, off_t, BT: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup's 64 weight rows (off_n + 64 part ..) of the program's
+    tile: widen, MMA, wait, free the slot; the other warpgroup's MMAs run
+    while this one widens (no CTA-wide barrier between them)."""
+    warps: gl.constexpr = gl.num_warps()
+    ROWS: gl.constexpr = 16 * warps
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                  instr_shape=[16, BT, 32])
+    A_L: gl.constexpr = gl.DotOperandLayout(0, ACC, 4)
+    W_L: gl.constexpr = words_layout(warps)
+    rows = off_n + part * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, W_L))
+    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
+    row_at = gl.expand_dims(rows, 1).to(gl.int64)
+    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
+    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
+    ok = gl.expand_dims(rows < N, 1)
+    acc = gl.zeros([ROWS, BT], gl.float32, ACC)
+    next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
+    for s in range(gl.cdiv(K, BK)):
+        slot = s % STAGES
+        a = widened(next_words, next_d, A_L)
+        next_words, next_d = packed_step(w_at, d_at, ok, words, (s + 1) * BK, K)
+        mbarrier.wait(ready.index(slot), s // STAGES & 1)
+        acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index(slot))
+    store_scaled(acc, out_ptr, w_scale_ptr, x_scale_ptr, off_n + part * ROWS, off_t, N, T)
+
+
+@gluon.jit
+def w4a8_ws_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
+                   BT: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr):
+    """w4a8_kernel's contract, warp-specialised: PARTS warpgroups of
+    64 weight rows each (num_warps = 4 a partition) and a one-warp TMA loader."""
+    off_n = gl.program_id(0) * (64 * PARTS)
+    off_t = gl.program_id(1) * BT
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.float8e4nv)
+    x_desc = tma.make_tensor_descriptor(x_ptr, [T, K], [K, 1], [BT, BK], x_layout)
+    x_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BT, BK], x_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=PARTS)
+    gl.warp_specialize(
+        [(widen_mma, (p, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w_scale_ptr, x_scale_ptr,
+                      N, T, K, off_n, off_t, BT, STAGES))
+         if p < PARTS else
+         (x_loader, (x_desc, x_bufs, ready, empty, off_t, K, BT, STAGES))
+         for p in ((0, 1, 2) if PARTS == 2 else (0, 1, 2, 3))],
+        [4] * (PARTS - 1) + [1], [ws_registers(PARTS)] * (PARTS - 1) + [40])
+
+
+@gluon.jit
+def widened_natural(words, d):
+    """words [R, BK / 8] int32 and their groups' shifts d -> the weights [R, BK]
+    e4m3 in K's natural order (word j's eight values are K 8j .. 8j + 7)."""
+    low, high = tables(d)
+    args = [fourfold(words), fourfold(low), fourfold(high)]
+    constraints: gl.constexpr = "=r" + ",r" * 12
+    first = gl.inline_asm_elementwise(FIRST_ASM, constraints, args, dtype=gl.float8e4nv,
+                                      is_pure=True, pack=4)
+    second = gl.inline_asm_elementwise(SECOND_ASM, constraints, args, dtype=gl.float8e4nv,
+                                       is_pure=True, pack=4)
+    natural = gl.permute(gl.join(first, second), (0, 1, 3, 2))  # [R, words, half, i]
+    return gl.reshape(natural, [words.shape[0], BK])
+
+
+@gluon.jit
+def widen_into_ring(w_ptr, d_ptr, x_desc, a_bufs, x_bufs, ready, empty, N, K, off_n, off_t,
+                    BT: gl.constexpr, STAGES: gl.constexpr):
+    """The shared-memory kernel's producer: for each K block, once the MMA
+    partition has freed the slot, TMA the tokens' block into it and widen
+    the weights' block into its A buffer (stores, a proxy fence, the
+    partition's barrier, then one arrival: the MMAs read it by the async proxy)."""
+    W_L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])
+    rows = off_n + gl.arange(0, BN, gl.SliceLayout(1, W_L))
+    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
+    row_at = gl.expand_dims(rows, 1).to(gl.int64)
+    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
+    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
+    ok = gl.expand_dims(rows < N, 1)
+    next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
+    for s in range(gl.cdiv(K, BK)):
+        slot = s % STAGES
+        mbarrier.wait(empty.index(slot), (s // STAGES & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), BT * BK)
+        tma_load(x_desc, [off_t, s * BK], ready.index(slot), x_bufs.index(slot))
+        a = widened_natural(next_words, next_d)
+        next_words, next_d = packed_step(w_at, d_at, ok, words, (s + 1) * BK, K)
+        a_bufs.index(slot).store(a)
+        fence_async_shared()
+        thread_barrier()
+        mbarrier.arrive(ready.index(slot))
+
+
+@gluon.jit
+def mma_from_ring(a_bufs, x_bufs, ready, empty, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
+                  off_n, off_t, BT: gl.constexpr, STAGES: gl.constexpr):
+    """The shared-memory kernel's MMAs, one in flight, and its epilogue."""
+    warps: gl.constexpr = gl.num_warps()
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                  instr_shape=[16, BT, 32])
+    acc = gl.zeros([BN, BT], gl.float32, ACC)
+    steps = gl.cdiv(K, BK)
+    for s in range(steps):
+        slot = s % STAGES
+        mbarrier.wait(ready.index(slot), s // STAGES & 1)
+        fence_async_shared()
+        acc = warpgroup_mma(a_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc, ))  # the MMA before is done with its slot
+        mbarrier.arrive(empty.index((s + STAGES - 1) % STAGES), pred=s > 0)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    store_scaled(acc, out_ptr, w_scale_ptr, x_scale_ptr, off_n, off_t, N, T)
+
+
+@gluon.jit
+def w4a8_ss_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
+                   BT: gl.constexpr, STAGES: gl.constexpr, WIDENERS: gl.constexpr):
+    """w4a8_kernel's contract but the tokens in K's natural order: a
+    partition of WIDENERS warps widens each weight block into shared memory
+    (and has TMA bring the tokens' block); the program's 8 warps (two
+    warpgroups, 128 weight rows) take both as wgmma's shared operands."""
+    off_n = gl.program_id(0) * BN
+    off_t = gl.program_id(1) * BT
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.float8e4nv)
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv)
+    x_desc = tma.make_tensor_descriptor(x_ptr, [T, K], [K, 1], [BT, BK], x_layout)
+    x_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BT, BK], x_layout)
+    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], a_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=2)  # the expect's arrival and the wideners'
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize(
+        [(mma_from_ring, (a_bufs, x_bufs, ready, empty, out_ptr, w_scale_ptr, x_scale_ptr, N, T,
+                          K, off_n, off_t, BT, STAGES)),
+         (widen_into_ring, (w_ptr, d_ptr, x_desc, a_bufs, x_bufs, ready, empty, N, K, off_n,
+                            off_t, BT, STAGES))],
+        [WIDENERS], [widener_registers(WIDENERS)])
 
 
 def slot_order(k: int) -> torch.Tensor:
@@ -213,34 +395,46 @@ def mxfp4_rows(n: int, k: int):
     return w.values.view(torch.uint8)[0], w.scales.view(torch.uint8)[0].int(), weights
 
 
-def run_case(n: int, k: int, tokens: int, bt: int, stages: int, registers: int) -> dict:
+def run_case(n: int, k: int, tokens: int, only: str) -> dict:
     packed, exponents, weights = mxfp4_rows(n, k)
     largest = exponents.amax(dim=1)
     shifts = (largest[:, None] - exponents).to(torch.uint8)
     w_scale = torch.exp2(largest.double() - 133).float()
-    # The same weights in e4m3 (exact: shifts <= 14), slot order, for the twin and torch.
+    # The same weights in e4m3 (exact: shifts <= 14) for torch and per-channel ours.
     w_fp8 = (weights / w_scale[:, None].double()).float().to(torch.float8_e4m3fn)
     x = torch.randn(tokens, k, device="cuda")
     x_scale = (x.abs().amax(dim=1) / E4M3_MAX).float()
     x_fp8 = (x / x_scale[:, None]).to(torch.float8_e4m3fn)
-    order = slot_order(k).cuda()
-    x_slots = x_fp8[:, order].contiguous()
+    x_slots = x_fp8[:, slot_order(k).cuda()].contiguous()
     reference = (x_fp8.double() * x_scale[:, None].double()) @ (
         w_fp8.double() * w_scale[:, None].double()).T
-    out = {name: torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-           for name in ("w4a8", "fp8_A")}
-    grid = (triton.cdiv(n, BN.value), triton.cdiv(tokens, bt))
-    options = dict(BT=bt, STAGES=stages, num_warps=8, num_stages=1, maxnreg=registers)
-
-    def w4a8():
-        w4a8_kernel[grid](packed, shifts, x_slots, out["w4a8"], w_scale, x_scale, n, tokens, k,
-                          WIDEN=True, **options)
-
-    w_slots = w_fp8[:, order].contiguous()
-
-    def fp8_a():
-        w4a8_kernel[grid](w_slots, shifts, x_slots, out["fp8_A"], w_scale, x_scale, n, tokens, k,
-                          WIDEN=False, **options)
+    args = (packed, shifts, x_slots)
+    scales = (w_scale, x_scale, n, tokens, k)
+    ours = {}
+    for bt, stages, registers in CONFIGS:
+        ours[f"w4a8_{bt}"] = (
+            lambda out, bt=bt, stages=stages, registers=registers: w4a8_kernel[
+                (triton.cdiv(n, BN.value), triton.cdiv(tokens, bt))](
+                *args, out, *scales, BT=bt, STAGES=stages, num_warps=8, num_stages=1,
+                maxnreg=registers))
+    for bt, stages, parts in WS_CONFIGS:
+        ours[f"w4a8_ws_{bt}x{parts}"] = (
+            lambda out, bt=bt, stages=stages, parts=parts: w4a8_ws_kernel[
+                (triton.cdiv(n, 64 * parts), triton.cdiv(tokens, bt))](
+                *args, out, *scales, BT=bt, STAGES=stages, PARTS=parts, num_warps=4,
+                num_stages=1, maxnreg=65536 // (32 * (4 * parts + 4)) // 8 * 8))
+    for bt, stages, wideners in SS_CONFIGS:
+        ours[f"w4a8_ss_{bt}s{stages}w{wideners}"] = (
+            lambda out, bt=bt, stages=stages, wideners=wideners: w4a8_ss_kernel[
+                (triton.cdiv(n, BN.value), triton.cdiv(tokens, bt))](
+                packed, shifts, x_fp8, out, *scales, BT=bt, STAGES=stages, WIDENERS=wideners,
+                num_warps=8, num_stages=1, maxnreg=65536 // (32 * (8 + wideners)) // 8 * 8))
+    errors, timed = {}, {}
+    for name, launch in ((name, launch) for name, launch in ours.items() if name.startswith(only)):
+        out = torch.full((tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        launch(out)
+        errors[name] = rel_error(out, reference)
+        timed[name] = lambda launch=launch, out=out: launch(out)
 
     def scaled_mm():
         return torch._scaled_mm(x_fp8, w_fp8.T, scale_a=x_scale[:, None], scale_b=w_scale[None, :],
@@ -261,17 +455,14 @@ def run_case(n: int, k: int, tokens: int, bt: int, stages: int, registers: int) 
                                             x_blocks.scales, w_blocks.scales, offs=offs,
                                             use_fast_accum=True)
 
-    errors = {}
-    for name, fn in (("w4a8", w4a8), ("fp8_A", fp8_a)):
-        out[name].fill_(float("nan"))
-        fn()
-        errors[name] = rel_error(out[name], reference)
     errors["torch_scaled_mm"] = rel_error(scaled_mm(), reference)
     errors["ours_rowwise"] = rel_error(ours_rowwise(), reference)
-    times = time_in_turns({"w4a8": w4a8, "fp8_A": fp8_a, "torch_scaled_mm": scaled_mm,
-                           "ours_rowwise": ours_rowwise, "ours_blockwise": ours_blockwise})
+    # Blockwise quantizes the float weights and tokens itself: its error is against their product.
+    errors["ours_blockwise"] = rel_error(ours_blockwise(), x.double() @ weights.T)
+    times = time_in_turns({**timed, "torch_scaled_mm": scaled_mm, "ours_rowwise": ours_rowwise,
+                           "ours_blockwise": ours_blockwise})
     flops = 2 * tokens * n * k
-    return {"N": n, "K": k, "T": tokens, "BT": bt, "stages": stages, "errors": errors,
+    return {"N": n, "K": k, "T": tokens, "errors": errors,
             "us": {name: ms * 1e3 for name, ms in times.items()},
             "tflops": {name: flops / ms / 1e9 for name, ms in times.items()}}
 
@@ -283,19 +474,24 @@ SHAPES = ((5760, 2880), (2880, 2880), (4096, 7168), (7168, 2048))
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
+    parser.add_argument("--bk", type=int, default=128)
+    parser.add_argument("--only", default="", help="time only our kernels whose names start so")
     args = parser.parse_args()
+    global BK, WS_CONFIGS
+    BK = gl.constexpr(args.bk)
+    if args.bk == 256:  # a ring of 256-deep token blocks: fewer stages fit
+        WS_CONFIGS = ((128, 3, 2), (128, 4, 2), (256, 2, 2))
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
     rows = []
     for n, k in SHAPES:
         for tokens in (4096, 16384):
-            for bt, stages, registers in CONFIGS:
-                row = run_case(n, k, tokens, bt, stages, registers)
-                rows.append(row)
-                print(f"N={n} K={k} T={tokens} BT={bt}: "
-                      + " ".join(f"{name} {us:.1f} us ({row['tflops'][name]:.0f} TF, "
-                                 f"err {row['errors'][name]:.1e})"
-                                 for name, us in row["us"].items()), flush=True)
+            row = run_case(n, k, tokens, args.only)
+            rows.append(row)
+            print(f"N={n} K={k} T={tokens}: "
+                  + " ".join(f"{name} {us:.1f} us ({row['tflops'][name]:.0f} TF, "
+                             f"err {row['errors'][name]:.1e})"
+                             for name, us in row["us"].items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
