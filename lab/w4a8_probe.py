@@ -14,7 +14,10 @@ token's after the sum.  Three kernels:
   chunk are one packed word.
 - w4a8_ws_kernel: the same A from registers, warp-specialised: PARTS
   warpgroups of 64 rows each, apart (one widens while another's MMAs run),
-  and a one-warp TMA loader.
+  and a one-warp TMA loader.  GROUPED: each thread's words of a step are one
+  scale group's (the tokens in grouped_slot_order), so that a row's tables
+  are built once a step; REPLICATED: the signs placed by prmt's
+  sign-replicating selectors.
 - w4a8_ss_kernel: a widening partition stores the weights into shared
   memory (tokens in K's natural order); the MMA partition's two
   warpgroups take both operands from shared memory, one MMA in flight.
@@ -60,7 +63,9 @@ CONFIGS = ((128, 4, 128), (256, 3, 255))
 # The warp-specialised kernel's (tokens a tile, ring stages, MMA partitions):
 # one program an SM (the kernel's cap 65536 / (32 x (4 PARTS + 4)), as
 # aot/kernels/ws.max_registers; the partitions take what the loader gives back).
-WS_CONFIGS = ((128, 4, 2), (256, 4, 2), (128, 4, 3))
+# (GROUPED, REPLICATED: widen_mma's; a 128-deep step only.)
+WS_CONFIGS = ((128, 4, 2, False, False), (256, 4, 2, False, False), (128, 4, 3, False, False),
+              (256, 4, 2, False, True), (256, 4, 2, True, False), (256, 4, 2, True, True))
 # The shared-memory kernel's (tokens a tile, ring stages, widening warps).
 SS_CONFIGS = ((256, 3, 4), (256, 4, 4), (128, 4, 4), (128, 4, 8))
 
@@ -94,6 +99,22 @@ or.b32 $0, $0, s;
 }}"""
 FIRST_ASM = gl.constexpr(HALF_ASM.format(shift=0))
 SECOND_ASM = gl.constexpr(HALF_ASM.format(shift=16))
+# The same with the signs by prmt's sign-replicating selectors (bit 3 of a
+# selector nibble: the selected byte's top bit in all eight bits): byte j's
+# sign is nibble j's top bit, at bit 7 of a byte of the word (odd j) or of
+# the word shifted left 4 (even j); one AND-OR (LOP3) puts the signs in.
+REPLICATED_ASM = """{{
+.reg .b32 w, m, e, s;
+shr.b32 w, $1, {shift};
+and.b32 m, w, 0x7777;
+prmt.b32 $0, $5, $9, m;
+shl.b32 e, $1, 4;
+prmt.b32 s, e, $1, {signs};
+and.b32 s, s, 0x80808080;
+or.b32 $0, $0, s;
+}}"""
+FIRST_REPLICATED_ASM = gl.constexpr(REPLICATED_ASM.format(shift=0, signs="0xD9C8"))
+SECOND_REPLICATED_ASM = gl.constexpr(REPLICATED_ASM.format(shift=16, signs="0xFBEA"))
 
 
 @gluon.constexpr_function
@@ -132,15 +153,17 @@ def tables(d):
 
 
 @gluon.jit
-def widened(words, d, A_L: gl.constexpr):
+def widened(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr = False):
     """words [BN, BK / 8] (words_layout) and their groups' shifts d -> the
     weights [BN, BK] e4m3 in A_L, K in the fragment's slot order."""
     low, high = tables(d)
     args = [fourfold(words), fourfold(low), fourfold(high)]
     constraints: gl.constexpr = "=r" + ",r" * 12
-    first = gl.inline_asm_elementwise(FIRST_ASM, constraints, args, dtype=gl.float8e4nv,
+    first_asm: gl.constexpr = FIRST_REPLICATED_ASM if REPLICATED else FIRST_ASM
+    second_asm: gl.constexpr = SECOND_REPLICATED_ASM if REPLICATED else SECOND_ASM
+    first = gl.inline_asm_elementwise(first_asm, constraints, args, dtype=gl.float8e4nv,
                                       is_pure=True, pack=4)
-    second = gl.inline_asm_elementwise(SECOND_ASM, constraints, args, dtype=gl.float8e4nv,
+    second = gl.inline_asm_elementwise(second_asm, constraints, args, dtype=gl.float8e4nv,
                                        is_pure=True, pack=4)
     rows: gl.constexpr = words.shape[0]
     # [rows, words, 2 (half h), 4 (i)]: K 8j + 4h + i, the natural order
@@ -234,30 +257,98 @@ def x_loader(x_desc, x_bufs, ready, empty, off_t, K, BT: gl.constexpr, STAGES: g
         tma_load(x_desc, [off_t, s * BK], ready.index(slot), x_bufs.index(slot))
 
 
+@gluon.constexpr_function
+def grouped_words_layout(warps):
+    """The packed words [16 x warps, 4 groups, 4 words] of a 128-deep step
+    (GROUPED): lane 4r' + q holds group q's four words (natural K 32q ..
+    32q + 31) of rows r and r + 8, one group's scale for all of them."""
+    return gl.DistributedLinearLayout([[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+                                      [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+                                      [[16 * 2 ** i, 0, 0] for i in range(warps.bit_length() - 1)],
+                                      [], [16 * warps, 4, 4])
+
+
+@gluon.jit
+def widened_grouped(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr):
+    """words [R, 4, 4] (grouped_words_layout) and d [R, 4] -> the weights [R, 128]
+    e4m3 in A_L: slot 32c + 16h + 4q + i holds natural K 32q + 8c + 4h + i."""
+    low, high = tables(d)
+    low, _ = gl.broadcast(gl.expand_dims(low, 2), words)
+    high, _ = gl.broadcast(gl.expand_dims(high, 2), words)
+    args = [fourfold3(words), fourfold3(low), fourfold3(high)]
+    constraints: gl.constexpr = "=r" + ",r" * 12
+    first_asm: gl.constexpr = FIRST_REPLICATED_ASM if REPLICATED else FIRST_ASM
+    second_asm: gl.constexpr = SECOND_REPLICATED_ASM if REPLICATED else SECOND_ASM
+    first = gl.inline_asm_elementwise(first_asm, constraints, args, dtype=gl.float8e4nv,
+                                      is_pure=True, pack=4)
+    second = gl.inline_asm_elementwise(second_asm, constraints, args, dtype=gl.float8e4nv,
+                                       is_pure=True, pack=4)
+    rows: gl.constexpr = words.shape[0]
+    # [rows, q, c, h, i] -> [rows, c, h, q, i]
+    natural = gl.permute(gl.join(first, second), (0, 1, 2, 4, 3))
+    slots = gl.reshape(gl.permute(natural, (0, 2, 3, 1, 4)), [rows, 128])
+    return gl.convert_layout(slots, A_L, assert_trivial=True)
+
+
+@gluon.jit
+def fourfold3(x):
+    """x [R, G, W] as [R, G, W, 4], each element four times (joins: no moves)."""
+    two = gl.join(x, x)
+    return gl.reshape(gl.join(two, two), [x.shape[0], x.shape[1], x.shape[2], 4])
+
+
 @gluon.jit
 def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w_scale_ptr,
-              x_scale_ptr, N, T, K, off_n, off_t, BT: gl.constexpr, STAGES: gl.constexpr):
+              x_scale_ptr, N, T, K, off_n, off_t, BT: gl.constexpr, STAGES: gl.constexpr,
+              GROUPED: gl.constexpr, REPLICATED: gl.constexpr):
     """One warpgroup's 64 weight rows (off_n + 64 part ..) of the program's
     tile: widen, MMA, wait, free the slot; the other warpgroup's MMAs run
-    while this one widens (no CTA-wide barrier between them)."""
+    while this one widens (no CTA-wide barrier between them).  GROUPED: each
+    thread's words of a step are one scale group's (widened_grouped's slot
+    order); else words_layout's.  REPLICATED: the signs by prmt's sign mode."""
     warps: gl.constexpr = gl.num_warps()
     ROWS: gl.constexpr = 16 * warps
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                                   instr_shape=[16, BT, 32])
     A_L: gl.constexpr = gl.DotOperandLayout(0, ACC, 4)
-    W_L: gl.constexpr = words_layout(warps)
-    rows = off_n + part * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, W_L))
-    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
-    row_at = gl.expand_dims(rows, 1).to(gl.int64)
-    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
-    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
-    ok = gl.expand_dims(rows < N, 1)
+    words_pointer = w_ptr.to(gl.pointer_type(gl.int32))
+    if GROUPED:
+        gl.static_assert(BK == 128, "a thread's 32 values of a row are one group")
+        W3: gl.constexpr = grouped_words_layout(warps)
+        D_L: gl.constexpr = gl.SliceLayout(2, W3)
+        rows = off_n + part * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, D_L))
+        groups = gl.arange(0, 4, gl.SliceLayout(0, D_L))
+        words = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, W3)))
+        row_at = gl.expand_dims(rows, 1).to(gl.int64)
+        d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(groups, 0)
+        d_ok = gl.expand_dims(rows < N, 1) & gl.expand_dims(groups >= 0, 0)
+        w_at = (words_pointer + gl.expand_dims(row_at * (K // 8) + gl.expand_dims(groups * 4, 0), 2)
+                + gl.expand_dims(gl.expand_dims(words, 0), 1))
+        w_ok = gl.expand_dims(d_ok, 2)
+        group_k = gl.expand_dims(groups * 32, 0)
+        next_words = gl.load(w_at, mask=w_ok & gl.expand_dims(group_k < K, 2), other=0)
+        next_d = gl.load(d_at, mask=d_ok & (group_k < K), other=0).to(gl.int32)
+    else:
+        W_L: gl.constexpr = words_layout(warps)
+        rows = off_n + part * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, W_L))
+        words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
+        row_at = gl.expand_dims(rows, 1).to(gl.int64)
+        w_at = words_pointer + row_at * (K // 8) + gl.expand_dims(words, 0)
+        d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
+        ok = gl.expand_dims(rows < N, 1)
+        next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
     acc = gl.zeros([ROWS, BT], gl.float32, ACC)
-    next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
     for s in range(gl.cdiv(K, BK)):
         slot = s % STAGES
-        a = widened(next_words, next_d, A_L)
-        next_words, next_d = packed_step(w_at, d_at, ok, words, (s + 1) * BK, K)
+        k_next = (s + 1) * BK
+        if GROUPED:
+            a = widened_grouped(next_words, next_d, A_L, REPLICATED)
+            in_k = k_next + group_k < K
+            next_words = gl.load(w_at + k_next // 8, mask=w_ok & gl.expand_dims(in_k, 2), other=0)
+            next_d = gl.load(d_at + k_next // 32, mask=d_ok & in_k, other=0).to(gl.int32)
+        else:
+            a = widened(next_words, next_d, A_L, REPLICATED)
+            next_words, next_d = packed_step(w_at, d_at, ok, words, k_next, K)
         mbarrier.wait(ready.index(slot), s // STAGES & 1)
         acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -267,13 +358,17 @@ def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w
 
 @gluon.jit
 def w4a8_ws_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
-                   BT: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr):
+                   BT: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr,
+                   GROUPED: gl.constexpr = False, REPLICATED: gl.constexpr = False):
     """w4a8_kernel's contract, warp-specialised: PARTS warpgroups of
-    64 weight rows each (num_warps = 4 a partition) and a one-warp TMA loader."""
+    64 weight rows each (num_warps = 4 a partition) and a one-warp TMA loader;
+    x's rows padded with zeros to whole steps (x [T, cdiv(K, BK) BK]).
+    GROUPED, REPLICATED: widen_mma's."""
     off_n = gl.program_id(0) * (64 * PARTS)
     off_t = gl.program_id(1) * BT
+    KX = gl.cdiv(K, BK) * BK
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.float8e4nv)
-    x_desc = tma.make_tensor_descriptor(x_ptr, [T, K], [K, 1], [BT, BK], x_layout)
+    x_desc = tma.make_tensor_descriptor(x_ptr, [T, KX], [KX, 1], [BT, BK], x_layout)
     x_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BT, BK], x_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -282,7 +377,7 @@ def w4a8_ws_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T,
         mbarrier.init(empty.index(i), count=PARTS)
     gl.warp_specialize(
         [(widen_mma, (p, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w_scale_ptr, x_scale_ptr,
-                      N, T, K, off_n, off_t, BT, STAGES))
+                      N, T, K, off_n, off_t, BT, STAGES, GROUPED, REPLICATED))
          if p < PARTS else
          (x_loader, (x_desc, x_bufs, ready, empty, off_t, K, BT, STAGES))
          for p in ((0, 1, 2) if PARTS == 2 else (0, 1, 2, 3))],
@@ -387,6 +482,14 @@ def slot_order(k: int) -> torch.Tensor:
     return 32 * c + 8 * q + 4 * h + i
 
 
+def grouped_slot_order(k: int) -> torch.Tensor:
+    """widened_grouped's: in each 128-deep step (k a multiple of 128), slot
+    32c + 16h + 4q + i holds K 32q + 8c + 4h + i."""
+    s = torch.arange(k)
+    b, c, h, q, i = s // 128, s // 32 % 4, s // 16 % 2, s // 4 % 4, s % 4
+    return 128 * b + 32 * q + 8 * c + 4 * h + i
+
+
 def mxfp4_rows(n: int, k: int):
     """(packed [N, K/2] uint8, e8m0 exponents [N, K/32] int32, the weights
     float64): gg_runtime.testing.w4's random MXFP4, exponents spanning 8."""
@@ -417,11 +520,18 @@ def run_case(n: int, k: int, tokens: int, only: str) -> dict:
                 (triton.cdiv(n, BN.value), triton.cdiv(tokens, bt))](
                 *args, out, *scales, BT=bt, STAGES=stages, num_warps=8, num_stages=1,
                 maxnreg=registers))
-    for bt, stages, parts in WS_CONFIGS:
-        ours[f"w4a8_ws_{bt}x{parts}"] = (
-            lambda out, bt=bt, stages=stages, parts=parts: w4a8_ws_kernel[
-                (triton.cdiv(n, 64 * parts), triton.cdiv(tokens, bt))](
-                *args, out, *scales, BT=bt, STAGES=stages, PARTS=parts, num_warps=4,
+    # The warp-specialised kernel reads x padded to whole 128-deep steps.
+    padded = torch.nn.functional.pad(x_fp8, (0, -k % 128))
+    x_padded_slots = padded[:, slot_order(padded.shape[1]).cuda()].contiguous()
+    x_grouped = padded[:, grouped_slot_order(padded.shape[1]).cuda()].contiguous()
+    for bt, stages, parts, grouped, replicated in WS_CONFIGS:
+        name = f"w4a8_ws_{bt}x{parts}" + ("_grouped" if grouped else "") + (
+            "_replicated" if replicated else "")
+        ours[name] = (
+            lambda out, bt=bt, stages=stages, parts=parts, grouped=grouped, replicated=replicated:
+            w4a8_ws_kernel[(triton.cdiv(n, 64 * parts), triton.cdiv(tokens, bt))](
+                packed, shifts, x_grouped if grouped else x_padded_slots, out, *scales, BT=bt,
+                STAGES=stages, PARTS=parts, GROUPED=grouped, REPLICATED=replicated, num_warps=4,
                 num_stages=1, maxnreg=65536 // (32 * (4 * parts + 4)) // 8 * 8))
     for bt, stages, wideners in SS_CONFIGS:
         ours[f"w4a8_ss_{bt}s{stages}w{wideners}"] = (
@@ -480,7 +590,7 @@ def main():
     global BK, WS_CONFIGS
     BK = gl.constexpr(args.bk)
     if args.bk == 256:  # a ring of 256-deep token blocks: fewer stages fit
-        WS_CONFIGS = ((128, 3, 2), (128, 4, 2), (256, 2, 2))
+        WS_CONFIGS = ((128, 4, 2, False, False), (256, 2, 2, False, False))
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
     rows = []
