@@ -153,11 +153,11 @@ def tables(d):
 
 
 @gluon.jit
-def widened(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr = False):
-    """words [BN, BK / 8] (words_layout) and their groups' shifts d -> the
-    weights [BN, BK] e4m3 in A_L, K in the fragment's slot order."""
-    low, high = tables(d)
-    args = [fourfold(words), fourfold(low), fourfold(high)]
+def halves(words, low, high, REPLICATED: gl.constexpr):
+    """Fourfold words and tables (fourfold's) -> each word's e4m3 values
+    [..., 4 (i), 2 (half h)]: half h holds values 4h + i.  REPLICATED: the
+    signs by prmt's sign mode (REPLICATED_ASM), else HALF_ASM's."""
+    args = [words, low, high]
     constraints: gl.constexpr = "=r" + ",r" * 12
     first_asm: gl.constexpr = FIRST_REPLICATED_ASM if REPLICATED else FIRST_ASM
     second_asm: gl.constexpr = SECOND_REPLICATED_ASM if REPLICATED else SECOND_ASM
@@ -165,9 +165,18 @@ def widened(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr = False):
                                       is_pure=True, pack=4)
     second = gl.inline_asm_elementwise(second_asm, constraints, args, dtype=gl.float8e4nv,
                                        is_pure=True, pack=4)
+    return gl.join(first, second)
+
+
+@gluon.jit
+def widened(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr = False):
+    """words [BN, BK / 8] (words_layout) and their groups' shifts d -> the
+    weights [BN, BK] e4m3 in A_L, K in the fragment's slot order."""
+    low, high = tables(d)
     rows: gl.constexpr = words.shape[0]
     # [rows, words, 2 (half h), 4 (i)]: K 8j + 4h + i, the natural order
-    natural = gl.permute(gl.join(first, second), (0, 1, 3, 2))
+    natural = gl.permute(halves(fourfold(words), fourfold(low), fourfold(high), REPLICATED),
+                         (0, 1, 3, 2))
     # word j = 4c + q: [rows, c, q1, q0, h, i] -> [rows, c, h, q1, q0, i], slot 32c + 16h + 4q + i
     parts = gl.reshape(natural, [rows, BK // 32, 2, 2, 2, 4])
     slots = gl.reshape(gl.permute(parts, (0, 1, 4, 2, 3, 5)), [rows, BK])
@@ -275,17 +284,10 @@ def widened_grouped(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr):
     low, high = tables(d)
     low, _ = gl.broadcast(gl.expand_dims(low, 2), words)
     high, _ = gl.broadcast(gl.expand_dims(high, 2), words)
-    args = [fourfold3(words), fourfold3(low), fourfold3(high)]
-    constraints: gl.constexpr = "=r" + ",r" * 12
-    first_asm: gl.constexpr = FIRST_REPLICATED_ASM if REPLICATED else FIRST_ASM
-    second_asm: gl.constexpr = SECOND_REPLICATED_ASM if REPLICATED else SECOND_ASM
-    first = gl.inline_asm_elementwise(first_asm, constraints, args, dtype=gl.float8e4nv,
-                                      is_pure=True, pack=4)
-    second = gl.inline_asm_elementwise(second_asm, constraints, args, dtype=gl.float8e4nv,
-                                       is_pure=True, pack=4)
     rows: gl.constexpr = words.shape[0]
     # [rows, q, c, h, i] -> [rows, c, h, q, i]
-    natural = gl.permute(gl.join(first, second), (0, 1, 2, 4, 3))
+    natural = gl.permute(halves(fourfold3(words), fourfold3(low), fourfold3(high), REPLICATED),
+                         (0, 1, 2, 4, 3))
     slots = gl.reshape(gl.permute(natural, (0, 2, 3, 1, 4)), [rows, 128])
     return gl.convert_layout(slots, A_L, assert_trivial=True)
 
@@ -389,13 +391,8 @@ def widened_natural(words, d):
     """words [R, BK / 8] int32 and their groups' shifts d -> the weights [R, BK]
     e4m3 in K's natural order (word j's eight values are K 8j .. 8j + 7)."""
     low, high = tables(d)
-    args = [fourfold(words), fourfold(low), fourfold(high)]
-    constraints: gl.constexpr = "=r" + ",r" * 12
-    first = gl.inline_asm_elementwise(FIRST_ASM, constraints, args, dtype=gl.float8e4nv,
-                                      is_pure=True, pack=4)
-    second = gl.inline_asm_elementwise(SECOND_ASM, constraints, args, dtype=gl.float8e4nv,
-                                       is_pure=True, pack=4)
-    natural = gl.permute(gl.join(first, second), (0, 1, 3, 2))  # [R, words, half, i]
+    natural = gl.permute(halves(fourfold(words), fourfold(low), fourfold(high), False),
+                         (0, 1, 3, 2))  # [R, words, half, i]
     return gl.reshape(natural, [words.shape[0], BK])
 
 
