@@ -184,6 +184,18 @@ def widened(words, d, A_L: gl.constexpr, REPLICATED: gl.constexpr = False):
 
 
 @gluon.jit
+def word_pointers(w_ptr, d_ptr, first_row, N, K, ROWS: gl.constexpr, W_L: gl.constexpr):
+    """(words' addresses [ROWS, BK / 8] in W_L, their groups' shift addresses,
+    the rows' mask [ROWS, 1], the words' indices) of weight rows first_row .. at k = 0."""
+    rows = first_row + gl.arange(0, ROWS, gl.SliceLayout(1, W_L))
+    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
+    row_at = gl.expand_dims(rows, 1).to(gl.int64)
+    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
+    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
+    return w_at, d_at, gl.expand_dims(rows < N, 1), words
+
+
+@gluon.jit
 def packed_step(w_at, d_at, ok, words, k0, K):
     """Step k0's packed words [BN, BK / 8] and their groups' shifts (int32:
     kept live across the MMA's wait), zeros past K."""
@@ -228,12 +240,7 @@ def w4a8_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
     for i in gl.static_range(STAGES - 1):
         mbarrier.expect(ready.index(i), BT * BK, pred=i < steps)
         tma_load(x_desc, [off_t, i * BK], ready.index(i), x_bufs.index(i), pred=i < steps)
-    rows = off_n + gl.arange(0, BN, gl.SliceLayout(1, W_L))
-    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
-    row_at = gl.expand_dims(rows, 1).to(gl.int64)
-    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
-    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
-    ok = gl.expand_dims(rows < N, 1)
+    w_at, d_at, ok, words = word_pointers(w_ptr, d_ptr, off_n, N, K, BN, W_L)
     acc = gl.zeros([BN, BT], gl.float32, ACC)
     # The weights are loaded a step ahead in registers: the load's latency
     # overlaps this step's MMA (the wait below would otherwise expose it).
@@ -313,7 +320,6 @@ def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                                   instr_shape=[16, BT, 32])
     A_L: gl.constexpr = gl.DotOperandLayout(0, ACC, 4)
-    words_pointer = w_ptr.to(gl.pointer_type(gl.int32))
     if GROUPED:
         gl.static_assert(BK == 128, "a thread's 32 values of a row are one group")
         W3: gl.constexpr = grouped_words_layout(warps)
@@ -324,7 +330,8 @@ def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w
         row_at = gl.expand_dims(rows, 1).to(gl.int64)
         d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(groups, 0)
         d_ok = gl.expand_dims(rows < N, 1) & gl.expand_dims(groups >= 0, 0)
-        w_at = (words_pointer + gl.expand_dims(row_at * (K // 8) + gl.expand_dims(groups * 4, 0), 2)
+        group_at = row_at * (K // 8) + gl.expand_dims(groups * 4, 0)
+        w_at = (w_ptr.to(gl.pointer_type(gl.int32)) + gl.expand_dims(group_at, 2)
                 + gl.expand_dims(gl.expand_dims(words, 0), 1))
         w_ok = gl.expand_dims(d_ok, 2)
         group_k = gl.expand_dims(groups * 32, 0)
@@ -332,12 +339,7 @@ def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w
         next_d = gl.load(d_at, mask=d_ok & (group_k < K), other=0).to(gl.int32)
     else:
         W_L: gl.constexpr = words_layout(warps)
-        rows = off_n + part * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, W_L))
-        words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
-        row_at = gl.expand_dims(rows, 1).to(gl.int64)
-        w_at = words_pointer + row_at * (K // 8) + gl.expand_dims(words, 0)
-        d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
-        ok = gl.expand_dims(rows < N, 1)
+        w_at, d_at, ok, words = word_pointers(w_ptr, d_ptr, off_n + part * ROWS, N, K, ROWS, W_L)
         next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
     acc = gl.zeros([ROWS, BT], gl.float32, ACC)
     for s in range(gl.cdiv(K, BK)):
@@ -404,12 +406,7 @@ def widen_into_ring(w_ptr, d_ptr, x_desc, a_bufs, x_bufs, ready, empty, N, K, of
     the weights' block into its A buffer (stores, a proxy fence, the
     partition's barrier, then one arrival: the MMAs read it by the async proxy)."""
     W_L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])
-    rows = off_n + gl.arange(0, BN, gl.SliceLayout(1, W_L))
-    words = gl.arange(0, BK // 8, gl.SliceLayout(0, W_L))
-    row_at = gl.expand_dims(rows, 1).to(gl.int64)
-    w_at = w_ptr.to(gl.pointer_type(gl.int32)) + row_at * (K // 8) + gl.expand_dims(words, 0)
-    d_at = d_ptr + row_at * (K // 32) + gl.expand_dims(words // 4, 0)
-    ok = gl.expand_dims(rows < N, 1)
+    w_at, d_at, ok, words = word_pointers(w_ptr, d_ptr, off_n, N, K, BN, W_L)
     next_words, next_d = packed_step(w_at, d_at, ok, words, 0, K)
     for s in range(gl.cdiv(K, BK)):
         slot = s % STAGES
