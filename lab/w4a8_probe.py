@@ -17,7 +17,8 @@ token's after the sum.  Three kernels:
   and a one-warp TMA loader.  GROUPED: each thread's words of a step are one
   scale group's (the tokens in grouped_slot_order), so that a row's tables
   are built once a step; REPLICATED: the signs placed by prmt's
-  sign-replicating selectors.
+  sign-replicating selectors.  w4a8_ragged_kernel runs its program over
+  routed experts' groups (lab/w4a8_experts_probe.py).
 - w4a8_ss_kernel: a widening partition stores the weights into shared
   memory (tokens in K's natural order); the MMA partition's two
   warpgroups take both operands from shared memory, one MMA in flight.
@@ -361,15 +362,13 @@ def widen_mma(part: gl.constexpr, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w
 
 
 @gluon.jit
-def w4a8_ws_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
-                   BT: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr,
-                   GROUPED: gl.constexpr = False, REPLICATED: gl.constexpr = False):
-    """w4a8_kernel's contract, warp-specialised: PARTS warpgroups of
-    64 weight rows each (num_warps = 4 a partition) and a one-warp TMA loader;
-    x's rows padded with zeros to whole steps (x [T, cdiv(K, BK) BK]).
-    GROUPED, REPLICATED: widen_mma's."""
-    off_n = gl.program_id(0) * (64 * PARTS)
-    off_t = gl.program_id(1) * BT
+def ws_tile(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, end, K, off_n, off_t,
+            BT: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr,
+            GROUPED: gl.constexpr, REPLICATED: gl.constexpr):
+    """The warp-specialised program of weight rows off_n .. and token rows
+    off_t .. end (x [T, cdiv(K, BK) BK], its rows padded with zeros to whole
+    steps): PARTS warpgroups of 64 weight rows each (num_warps = 4 a
+    partition) and a one-warp TMA loader.  GROUPED, REPLICATED: widen_mma's."""
     KX = gl.cdiv(K, BK) * BK
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.float8e4nv)
     x_desc = tma.make_tensor_descriptor(x_ptr, [T, KX], [KX, 1], [BT, BK], x_layout)
@@ -381,11 +380,43 @@ def w4a8_ws_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T,
         mbarrier.init(empty.index(i), count=PARTS)
     gl.warp_specialize(
         [(widen_mma, (p, w_ptr, d_ptr, x_bufs, ready, empty, out_ptr, w_scale_ptr, x_scale_ptr,
-                      N, T, K, off_n, off_t, BT, STAGES, GROUPED, REPLICATED))
+                      N, end, K, off_n, off_t, BT, STAGES, GROUPED, REPLICATED))
          if p < PARTS else
          (x_loader, (x_desc, x_bufs, ready, empty, off_t, K, BT, STAGES))
          for p in ((0, 1, 2) if PARTS == 2 else (0, 1, 2, 3))],
         [4] * (PARTS - 1) + [1], [ws_registers(PARTS)] * (PARTS - 1) + [40])
+
+
+@gluon.jit
+def w4a8_ws_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, K,
+                   BT: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr,
+                   GROUPED: gl.constexpr = False, REPLICATED: gl.constexpr = False):
+    """w4a8_kernel's contract, warp-specialised (ws_tile's), x's rows padded
+    with zeros to whole steps (x [T, cdiv(K, BK) BK])."""
+    ws_tile(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, N, T, T, K,
+            gl.program_id(0) * (64 * PARTS), gl.program_id(1) * BT, BT, STAGES, PARTS, GROUPED,
+            REPLICATED)
+
+
+@gluon.jit
+def w4a8_ragged_kernel(w_ptr, d_ptr, x_ptr, out_ptr, w_scale_ptr, x_scale_ptr, tiles_ptr,
+                       ends_ptr, N, T, K, BT: gl.constexpr, STAGES: gl.constexpr,
+                       PARTS: gl.constexpr, GROUPED: gl.constexpr,
+                       REPLICATED: gl.constexpr):
+    """The experts' products over ragged groups: x [T, cdiv(K, BK) BK] fp8, its
+    rows grouped by expert (group g's end ends_ptr[g]), w [G, N, K / 2]
+    packed MXFP4, d [G, N, K / 32] shifts, w_scale [G, N]; program (n, i)
+    takes weight rows 64 PARTS n .. of tile i = (group, first row) of
+    tiles_ptr [tiles, 2] (a tile's rows past its group's end are read, not
+    written)."""
+    tile = gl.program_id(1)
+    g = gl.load(tiles_ptr + 2 * tile)
+    off_t = gl.load(tiles_ptr + 2 * tile + 1)
+    end = gl.load(ends_ptr + g)
+    expert = g.to(gl.int64)
+    ws_tile(w_ptr + expert * N * (K // 2), d_ptr + expert * N * (K // 32), x_ptr, out_ptr,
+            w_scale_ptr + expert * N, x_scale_ptr, N, T, end, K, gl.program_id(0) * (64 * PARTS),
+            off_t, BT, STAGES, PARTS, GROUPED, REPLICATED)
 
 
 @gluon.jit
