@@ -27,7 +27,8 @@ import gg_runtime
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_in_turns
 from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
-from lab.w4a8_probe import E4M3_MAX, grouped_slot_order, w4a8_ragged_kernel
+from lab.w4a8_probe import (grouped_slot_order, padded_tokens, w4a8_ragged_kernel,
+                            ws_kernel_registers)
 
 # (model, experts, top-k, N, K) of one product: gpt-oss-120b's up (2I) and
 # down, Kimi-K2's.
@@ -82,10 +83,8 @@ def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int)
     rows = int(ends[-1])
     packed, shifts, w_scale, per_channel, blocks, weights = experts_weights(experts, n, k)
     x = torch.randn(rows, k, device="cuda")
-    x_scale = (x.abs().amax(dim=1) / E4M3_MAX).float()
-    x_fp8 = (x / x_scale[:, None]).to(torch.float8_e4m3fn)
-    padded = torch.nn.functional.pad(x_fp8, (0, -k % 128))
-    x_grouped = padded[:, grouped_slot_order(padded.shape[1]).cuda()].contiguous()
+    x_fp8, x_scale = gg_runtime.quantize_fp8(x, "rowwise")[:2]
+    x_grouped = padded_tokens(x_fp8, grouped_slot_order)
     x_blocks = gg_runtime.quantize_fp8(x, "1x128")
     reference = torch.empty(rows, n, device="cuda")
     unquantized = torch.empty(rows, n, device="cuda")
@@ -102,7 +101,7 @@ def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int)
             w4a8_ragged_kernel[(triton.cdiv(n, 64 * parts), tiles.shape[0])](
                 packed, shifts, x_grouped, out, w_scale, x_scale, tiles, ends, n, rows, k,
                 BT=bt, STAGES=stages, PARTS=parts, GROUPED=True, REPLICATED=True, num_warps=4,
-                num_stages=1, maxnreg=65536 // (32 * (4 * parts + 4)) // 8 * 8))
+                num_stages=1, maxnreg=ws_kernel_registers(parts)))
     errors, timed = {}, {}
     for label, launch in ours.items():
         out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)

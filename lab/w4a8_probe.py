@@ -57,7 +57,6 @@ from lab.w4a8_tables_check import SUBNORMAL_TABLES
 BN = gl.constexpr(128)  # weight rows a program (two warpgroups of 64)
 # K a step (--bk sets it before the kernels compile: 128 or 256).
 BK = gl.constexpr(128)
-E4M3_MAX = 448.0
 # (tokens a tile, ring stages, ptxas's register cap): 128 tokens with two
 # programs of 8 warps an SM (128 registers), or 256 with one.
 CONFIGS = ((128, 4, 128), (256, 3, 255))
@@ -523,6 +522,20 @@ def mxfp4_rows(n: int, k: int):
     return w.values.view(torch.uint8)[0], w.scales.view(torch.uint8)[0].int(), weights
 
 
+def ws_kernel_registers(parts: int) -> int:
+    """ptxas's cap for the warp-specialised kernels: PARTS warpgroups and the
+    loader's within 64K registers (as aot/kernels/ws.max_registers)."""
+    return 65536 // (32 * (4 * parts + 4)) // 8 * 8
+
+
+def padded_tokens(x_fp8: torch.Tensor, order) -> torch.Tensor:
+    """x_fp8 [T, K] padded with zeros to whole 128-deep steps and its
+    columns in `order` (slot_order or grouped_slot_order): the
+    warp-specialised kernels' tokens."""
+    padded = torch.nn.functional.pad(x_fp8, (0, -x_fp8.shape[1] % 128))
+    return padded[:, order(padded.shape[1]).cuda()].contiguous()
+
+
 def run_case(n: int, k: int, tokens: int, only: str) -> dict:
     packed, exponents, weights = mxfp4_rows(n, k)
     largest = exponents.amax(dim=1)
@@ -531,8 +544,7 @@ def run_case(n: int, k: int, tokens: int, only: str) -> dict:
     # The same weights in e4m3 (exact: shifts <= 14) for torch and per-channel ours.
     w_fp8 = (weights / w_scale[:, None].double()).float().to(torch.float8_e4m3fn)
     x = torch.randn(tokens, k, device="cuda")
-    x_scale = (x.abs().amax(dim=1) / E4M3_MAX).float()
-    x_fp8 = (x / x_scale[:, None]).to(torch.float8_e4m3fn)
+    x_fp8, x_scale = gg_runtime.quantize_fp8(x, "rowwise")[:2]
     x_slots = x_fp8[:, slot_order(k).cuda()].contiguous()
     reference = (x_fp8.double() * x_scale[:, None].double()) @ (
         w_fp8.double() * w_scale[:, None].double()).T
@@ -545,10 +557,8 @@ def run_case(n: int, k: int, tokens: int, only: str) -> dict:
                 (triton.cdiv(n, BN.value), triton.cdiv(tokens, bt))](
                 *args, out, *scales, BT=bt, STAGES=stages, num_warps=8, num_stages=1,
                 maxnreg=registers))
-    # The warp-specialised kernel reads x padded to whole 128-deep steps.
-    padded = torch.nn.functional.pad(x_fp8, (0, -k % 128))
-    x_padded_slots = padded[:, slot_order(padded.shape[1]).cuda()].contiguous()
-    x_grouped = padded[:, grouped_slot_order(padded.shape[1]).cuda()].contiguous()
+    x_padded_slots = padded_tokens(x_fp8, slot_order)
+    x_grouped = padded_tokens(x_fp8, grouped_slot_order)
     for bt, stages, parts, grouped, replicated in WS_CONFIGS:
         name = f"w4a8_ws_{bt}x{parts}" + ("_grouped" if grouped else "") + (
             "_replicated" if replicated else "")
@@ -557,7 +567,7 @@ def run_case(n: int, k: int, tokens: int, only: str) -> dict:
             w4a8_ws_kernel[(triton.cdiv(n, 64 * parts), triton.cdiv(tokens, bt))](
                 packed, shifts, x_grouped if grouped else x_padded_slots, out, *scales, BT=bt,
                 STAGES=stages, PARTS=parts, GROUPED=grouped, REPLICATED=replicated, num_warps=4,
-                num_stages=1, maxnreg=65536 // (32 * (4 * parts + 4)) // 8 * 8))
+                num_stages=1, maxnreg=ws_kernel_registers(parts)))
     for bt, stages, wideners in SS_CONFIGS:
         ours[f"w4a8_ss_{bt}s{stages}w{wideners}"] = (
             lambda out, bt=bt, stages=stages, wideners=wideners: w4a8_ss_kernel[
