@@ -26,8 +26,10 @@ from .experts import moe_experts
 from .expert_parallelism import ExpertParallelExperts, expert_parallel
 from .module import MoEExperts
 from .stages import Routing, combine, route
+from .torchtitan_glue import TorchtitanExpertParallel, shard_torchtitan_experts
 from .transformers_glue import shard_transformers_experts, transformers_experts_forward
 
 __all__ = ["ACTIVATIONS", "GATE_UP_VALUES", "ExpertParallelExperts", "MoEExperts", "Routing",
-           "combine", "expert_parallel", "moe_experts", "route", "shard_transformers_experts",
+           "TorchtitanExpertParallel", "combine", "expert_parallel", "moe_experts", "route",
+           "shard_torchtitan_experts", "shard_transformers_experts",
            "transformers_experts_forward"]

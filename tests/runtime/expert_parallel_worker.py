@@ -344,6 +344,57 @@ def case_transformers_qwen3_moe():
         check_close(f"{name}.grad", getattr(ours, name).grad, getattr(theirs, name).grad[share])
 
 
+def case_torchtitan_moe():
+    """A torchtitan MoE layer (float32 parameters, softmax router) sharded
+    (shard_torchtitan_experts), each rank its own batch, against the whole
+    layer run by torchtitan on one GPU: the outputs, the experts' weight
+    gradients of every rank's batch, and the router's (summed over ranks)."""
+    try:
+        from torchtitan.models.common import moe as titan
+        from torchtitan.models.common.linear import Linear
+        from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+    except ImportError as error:
+        return f"skip torchtitan is not installed ({error})"
+    from gg_runtime.moe import shard_torchtitan_experts
+
+    world, rank = world_and_rank()
+    experts, dim, inter, k = 4 * world, 64, 48, 2
+    config = titan.MoE.Config(
+        num_experts=experts, load_balance_coeff=None,
+        routed_experts=titan.RoutedExperts.Config(
+            inner_experts=titan.GroupedExperts.Config(dim=dim, hidden_dim=inter,
+                                                      num_experts=experts),
+            token_dispatcher=LocalTokenDispatcher.Config(num_experts=experts, top_k=k)),
+        router=titan.TokenChoiceTopKRouter.Config(
+            num_experts=experts, gate=Linear.Config(in_features=dim, out_features=experts),
+            top_k=k, score_func="softmax", route_norm=True))
+    torch.manual_seed(0)  # the same layer on every rank
+    layer, whole = config.build().cuda(), config.build().cuda()
+    with torch.no_grad():
+        for weight in layer.parameters():
+            weight.copy_(torch.randn_like(weight) * weight.shape[-1] ** -0.5)
+    whole.load_state_dict(layer.state_dict())
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    batches = [torch.randn(2, 24, dim, device="cuda", generator=generator) for _ in range(world)]
+    want = [whole(batch) for batch in batches]
+    sum(out.square().mean() for out in want).backward()
+    assert shard_torchtitan_experts(layer, max_tokens=48) == 1
+    got = layer(batches[rank])
+    got.square().mean().backward()
+    check_close("output", got, want[rank])
+    share = slice(rank * 4, (rank + 1) * 4)
+    inner = whole.routed_experts.inner_experts
+    check_close("w13.grad", layer.routed_experts.w13.grad,
+                torch.cat([inner.w1_EFD.grad, inner.w3_EFD.grad], dim=1)[share])
+    check_close("w2.grad", layer.routed_experts.w2.grad, inner.w2_EDF.grad[share])
+    gate = layer.router.gate.weight.grad
+    dist.all_reduce(gate)
+    check_close("router gate.grad", gate, whole.router.gate.weight.grad)
+    state = layer.state_dict()
+    check_close("state dict w3", state["routed_experts.inner_experts.w3_EFD"],
+                inner.w3_EFD[share], tolerance=0)
+
+
 def alone_a_rank_that_fails_alone_ends_the_others_wait():
     """After the first call, the last rank's T above max_tokens: it raises
     ValueError before it sends anything, and the others, at the transfer's

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gg_runtime.moe.exchange as exchange
+import gg_runtime.moe.torchtitan_glue as torchtitan_glue
 import gg_runtime.moe.expert_parallelism as ep
 import gg_runtime.moe.transformers_glue as transformers_glue
 import gg_runtime.moe.transport as transport
@@ -560,3 +561,81 @@ def test_sharding_refuses_experts_that_do_not_divide_before_changing_any(simulat
     assert model.experts.gate_up_proj.shape[0] == 4
     with pytest.raises(ValueError, match="no transformers experts module"):
         transformers_glue.shard_transformers_experts(torch.nn.Linear(2, 2), group=Group(world, 0))
+
+
+class TorchtitanRoutedExperts(torch.nn.Module):
+    """torchtitan's RoutedExperts as its names lay it out: a token dispatcher
+    and GroupedExperts' w1_EFD, w3_EFD [E, F, D] and w2_EDF [E, D, F]."""
+
+    def __init__(self, w13, w2):
+        super().__init__()
+        inter = w13.shape[1] // 2
+        self.inner_experts = torch.nn.Module()
+        self.inner_experts.w1_EFD = torch.nn.Parameter(w13[:, :inter].clone())
+        self.inner_experts.w3_EFD = torch.nn.Parameter(w13[:, inter:].clone())
+        self.inner_experts.w2_EDF = torch.nn.Parameter(w2.clone())
+        self.token_dispatcher = SimpleNamespace()
+
+
+def torchtitan_model(case):
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.layers[0].moe = torch.nn.Module()
+    model.layers[0].moe.routed_experts = TorchtitanRoutedExperts(case["w13"], case["w2"])
+    return model
+
+
+def test_a_torchtitan_model_sharded_runs_its_share_of_the_experts(simulated):
+    world = simulated(2)
+    case = global_case((10, 7), 4, 2)
+    leaves = {n: case[n].double().requires_grad_() for n in LEAVES}
+    want = layer_ref(**{**case, **leaves})
+    grad = torch.randn_like(want).bfloat16()
+    want.backward(grad.double())
+
+    def rank_work(rank):
+        model = torchtitan_model(case)
+        inner = model.layers[0].moe.routed_experts.inner_experts
+        names = {n: p.clone() for n, p in inner.named_parameters()}
+        assert torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, rank),
+                                                        max_tokens=10) == 1
+        routed = model.layers[0].moe.routed_experts
+        share = slice(2 * rank, 2 * rank + 2)
+        assert torch.equal(routed.w13, case["w13"][share])
+        state = model.state_dict()
+        for name, weight in names.items():  # torchtitan's keys, this rank's share
+            assert torch.equal(state[f"layers.0.moe.routed_experts.inner_experts.{name}"],
+                               weight[share])
+        tokens = slice(10 * rank, 10 + 7 * rank)
+        scores = case["topk_weights"][tokens].clone().requires_grad_()
+        out = routed(case["x"][tokens][None], scores[None], case["topk_ids"][tokens][None],
+                     torch.zeros(4))
+        assert out.shape == (1, tokens.stop - tokens.start, case["x"].shape[1])
+        out[0].backward(grad[tokens])
+        grads = {"topk_weights": scores.grad, "w13": routed.w13.grad, "w2": routed.w2.grad}
+        model.load_state_dict({k: torch.zeros_like(v) for k, v in state.items()})
+        assert not routed.w13.any() and not routed.w2.any()  # torchtitan's keys load back
+        return rank, tokens, out[0], grads
+
+    for rank, tokens, out, grads in on_every_rank(world, rank_work):
+        share = slice(2 * rank, 2 * rank + 2)
+        pairs = [(out, want[tokens]), (grads["topk_weights"], leaves["topk_weights"].grad[tokens]),
+                 (grads["w13"], leaves["w13"].grad[share]), (grads["w2"], leaves["w2"].grad[share])]
+        for got, expected in pairs:
+            torch.testing.assert_close(got.double(), expected.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_torchtitan_sharding_refuses_what_it_does_not_run_before_changing_any(simulated):
+    world = simulated(3)
+    case = global_case((4, 4, 4), 4, 2)
+    model = torchtitan_model(case)
+    with pytest.raises(ValueError, match="4 experts, not a multiple"):
+        torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, 0))
+    assert isinstance(model.layers[0].moe.routed_experts, TorchtitanRoutedExperts)
+    with pytest.raises(ValueError, match="no torchtitan routed experts"):
+        torchtitan_glue.shard_torchtitan_experts(torch.nn.Linear(2, 2), group=Group(world, 0))
+    del model.layers[0].moe.routed_experts.inner_experts.w3_EFD  # gpt-oss's names differ
+    with pytest.raises(ValueError, match="SwiGLU GroupedExperts"):
+        torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, 0))
+    with pytest.raises(TypeError, match="max_tokens"):
+        torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, 0), max_tokens=2.0)

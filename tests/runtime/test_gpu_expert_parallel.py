@@ -20,7 +20,7 @@ CASES = ("uniform", "skewed", "a_rank_with_no_tokens", "dropped_ids", "gpt_oss_w
          "fp8_weights_over_nccl", "fp8_training_recipe",
          "graph_replay_with_new_routing", "no_host_sync", "nccl_transport",
          "ranks_that_disagree_are_refused_on_every_rank", "more_tokens_than_max_tokens_is_refused",
-         "transformers_qwen3_moe")
+         "torchtitan_moe", "transformers_qwen3_moe")
 
 
 @functools.cache
