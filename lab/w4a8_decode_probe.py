@@ -1,30 +1,32 @@
-"""W4A8 at decode: MXFP4 weights multiplied by fp8 tokens with mma.sync's fp8
-MMA (m16n8k32), against the wheel's W4A16 decode kernel
-(aot/kernels/w4_decode.py, the weights widened to bfloat16 by widen4.py's
-PTX, about three instructions a value) on the same experts' bytes.
+"""W4A8 at decode through mma.sync's 8-bit MMAs, against the wheel's W4A16
+decode kernel (aot/kernels/w4_decode.py: the weights widened to bfloat16 by
+widen4.py's PTX) on the same experts' bytes; measured in
+docs/notes/2026-11-29-w4a8-decode-probe.md.
 
-Why: ncu has the W4A16 decode kernels issuing on about 58% of the cycles
-(docs/notes/2026-11-29-w4a8-decode-probe.md): widening is most of their
-instructions.  An e2m1 value becomes an e4m3 byte by moving its bits (its
-value times 2^-6, subnormals included), no arithmetic: with the nibbles of
-a byte taken apart by shifts and masks, about one instruction a value.
-The scales cannot ride in the e4m3 exponent (e2m1's 0.5 is subnormal
-there), so each MMA covers one scale group: the weights are pre-arranged
-(once, at load) so that byte i of each 64-value block holds value i of its
-first group (low nibble) and of its second (high nibble); the low nibbles
-are one MMA's operand, the high nibbles the next's, each against its group's
-32 token columns, each partial sum scaled into the accumulator in float32
-(exact: the products are exact in float32).
+- MXFP4 with e4m3 tokens (per token): an e2m1 value is an e4m3 byte with its
+  bits moved (the value times 2^-6, subnormals included), seven instructions
+  per eight values; the MMA is m16n8k32 e4m3, which ptxas emulates on Hopper
+  (f16 conversions and f16 MMAs).
+- INT4 (INT: groups of 32, bfloat16 scales) with int8 tokens (per token): a
+  two's complement nibble q becomes int8 16 q by a shift and a mask; the MMA
+  is m16n8k32 s8 (native), its sums int32.
 
-The weights are the MMA's first operand (rows of W its M, 16 a tile), the
-tokens its second (N: 8, T <= 8), so each partial sum's float32 scaling
-covers 16 values a thread.  One program: BN rows of one expert, all K.
+The scales cannot ride in the operands, so each MMA covers one scale group:
+the weights are pre-arranged (once, at load) so that byte i of each 64-value
+block holds value i of its first group (low nibble) and of its second (high
+nibble); the low nibbles are one MMA's operand, the high nibbles the next's,
+each against its group's 32 token columns, each partial sum times its
+group's scale added to float32 sums.  The weights are the MMA's first operand
+(16 rows a tile), the tokens its second (8: T <= 8).  One program: BN rows of
+one expert, all of K, PAIRS 64-value blocks a step; w4a8_decode_tma_kernel
+brings the (MXFP4) bytes by TMA into a ring of STAGES steps instead.
 
-    python lab/w4a8_decode_probe.py [--json OUT]
+    python lab/w4a8_decode_probe.py [--formats mxfp4,int4] [--tokens 1,8] [--json OUT]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
@@ -32,14 +34,16 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 import gg_runtime
-from aot.kernels.w4 import MXFP4
+from aot.kernels.gluon_api import thread_barrier, tma_load
+from aot.kernels.w4 import INT4_G32, MXFP4
 from aot.kernels.w4_decode import w4_decode_down_kernel
 from bench.measure import graphed
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_in_turns
-from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
+from gg_runtime.testing.w4 import dequantize_int4, dequantize_mxfp4, random_int4, random_mxfp4
 
 # The low nibbles of four bytes ($2) to e4m3 ($0: sign to bit 7, the other
 # three bits to 4..2), the high nibbles likewise ($1).  lop3 0xE4: c ? a : b.
@@ -49,12 +53,21 @@ E2M1_TO_E4M3 = gl.constexpr("{\n.reg .b32 t, u;\n"
                 "shr.b32 t, $2, 2;\nand.b32 t, t, 0x1C1C1C1C;\n"
                 "lop3.b32 $1, $2, t, 0x80808080, 0xE4;\n}")
 
+# Two's complement nibbles q of four bytes ($2) as int8 16 q: the low nibbles
+# shifted up ($0), the high ones masked ($1).
+INT4_TO_S8 = gl.constexpr("{\n.reg .b32 t;\nshl.b32 t, $2, 4;\nand.b32 $0, t, 0xF0F0F0F0;\n"
+                          "and.b32 $1, $2, 0xF0F0F0F0;\n}")
+
 # (name, experts, N, K): gpt-oss-20b's up (2I rows) and down over its k = 4
 # experts, Kimi-K2 TP8's up and down over k = 8.
 PRODUCTS = (("gpt_oss_up", 4, 5760, 2880), ("gpt_oss_down", 4, 2880, 2880),
             ("kimi_tp8_up", 8, 512, 7168), ("kimi_tp8_down", 8, 7168, 256))
-# (BN, PAIRS: 64-value blocks a K step, warps)
-CONFIGS = ((64, 4, 4), (64, 8, 4), (32, 8, 2), (64, 16, 4), (32, 16, 2), (128, 8, 8))
+# (BN, PAIRS: 64-value blocks a K step, warps, AHEAD: the next step's loads first)
+CONFIGS = ((64, 4, 4, 0), (32, 4, 2, 0), (32, 8, 2, 0), (32, 8, 2, 1))
+# w4a8_decode_tma_kernel's (BN, PAIRS, STAGES, warps): a TMA box's rows are at
+# most 128 bytes (its 128-byte swizzle), so PAIRS <= 4.
+TMA_CONFIGS = ((64, 4, 4, 4), (64, 4, 8, 4), (32, 4, 8, 2), (128, 4, 6, 4), (64, 2, 8, 4),
+               (32, 4, 12, 2))
 BASELINE = (64, 256, 4)  # the wheel's W4A16 decode config: BN, BK, warps (BM 16)
 
 
@@ -66,11 +79,28 @@ def e8m0_to_float(e):
 
 
 @gluon.jit
+def step_loads(w_at, s_at, k0, K, PAIRS: gl.constexpr):
+    """A K step's pre-arranged bytes (a tuple of PAIRS [BN, 32] tensors) and
+    raw scales (2 PAIRS [BN]), nothing past K."""
+    words = ()
+    raw = ()
+    for p in gl.static_range(PAIRS):
+        k = k0 + 64 * p
+        ok = k < K
+        words = words + (gl.load(w_at + k // 2, mask=ok, other=0),)
+        raw = raw + (gl.load(s_at + k // 32, mask=ok, other=0),
+                     gl.load(s_at + k // 32 + 1, mask=ok, other=0))
+    return words, raw
+
+
+@gluon.jit
 def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, BN: gl.constexpr,
-                       PAIRS: gl.constexpr):
-    """out [G, T, N] bf16 = (x [T, K] e4m3 times xs [T]) @ W[g]^T for expert
+                       PAIRS: gl.constexpr, AHEAD: gl.constexpr, INT: gl.constexpr):
+    """out [G, T, N] bf16 = (x [T, K] times xs [T]) @ W[g]^T for expert
     g = program_id(1), rows program_id(0) * BN ..: w [G, N, K / 2] the
-    pre-arranged bytes, s [G, N, K / 32] e8m0.  T <= 8; K a multiple of 64."""
+    pre-arranged bytes, s [G, N, K / 32] their scales.  MXFP4 (x e4m3, s
+    e8m0), or with INT INT4 (x int8, s bfloat16; the nibbles two's
+    complement q, made int8 16 q, int32 sums).  T <= 8; K a multiple of 64."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
                                                   warps_per_cta=[gl.num_warps(), 1],
                                                   instr_shape=[16, 8])
@@ -90,12 +120,98 @@ def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, BN: gl.con
     n_s = gl.minimum(off_n + gl.arange(0, BN, ROWS), N - 1)
     s_at = s_ptr + g * N * (K // 32) + n_s.to(gl.int64) * (K // 32)
     acc = gl.zeros([BN, 8], gl.float32, MMA)
-    zero = gl.zeros([BN, 8], gl.float32, MMA)
-    for k0 in range(0, K, 64 * PAIRS):
+    zero = gl.zeros([BN, 8], gl.int32 if INT else gl.float32, MMA)
+    STEP: gl.constexpr = 64 * PAIRS
+    # AHEAD: the next step's bytes and scales loaded first, in flight while this
+    # step converts and multiplies (else each step's loads, then its work).
+    words, raw = step_loads(w_at, s_at, 0 if AHEAD else K, K, PAIRS)
+    for k0 in range(0, K, STEP):
+        if AHEAD:
+            next_words, next_raw = step_loads(w_at, s_at, k0 + STEP, K, PAIRS)
+        else:
+            words, raw = step_loads(w_at, s_at, k0, K, PAIRS)
+            next_words, next_raw = words, raw
         for p in gl.static_range(PAIRS):
             k = k0 + 64 * p
             ok = k < K
-            packed = gl.load(w_at + k // 2, mask=ok, other=0)
+            low, high = operands(words[p], INT)
+            xa = gl.load(x_at + k, mask=x_ok & ok, other=0 if INT else 0.0)
+            xb = gl.load(x_at + k + 32, mask=x_ok & ok, other=0 if INT else 0.0)
+            acc += mma_v2(low, xa, zero).to(gl.float32) * group_scale(raw[2 * p], INT)
+            acc += mma_v2(high, xb, zero).to(gl.float32) * group_scale(raw[2 * p + 1], INT)
+        words, raw = next_words, next_raw
+    rows = off_n + gl.expand_dims(gl.arange(0, BN, ROWS), 1)
+    cols = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, MMA)), 0)
+    # e2m1 as e4m3 is the value times 2^-6; INT4 as int8, times 16
+    token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * (0.0625 if INT else 64.0)
+    gl.store(out_ptr + g * T * N + cols * N + rows, (acc * token_scale).to(gl.bfloat16),
+             mask=(rows < N) & (cols < T))
+
+
+@gluon.jit
+def operands(packed, INT: gl.constexpr):
+    """Pre-arranged bytes [BN, 32] -> the MMA's first operands (low nibbles,
+    high nibbles): e4m3, or with INT int8 16 q."""
+    if INT:
+        return gl.inline_asm_elementwise(INT4_TO_S8, "=r,=r,r", [packed],
+                                         dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
+    else:
+        return gl.inline_asm_elementwise(E2M1_TO_E4M3, "=r,=r,r", [packed],
+                                         dtype=(gl.float8e4nv, gl.float8e4nv), is_pure=True,
+                                         pack=4)
+
+
+@gluon.jit
+def group_scale(raw, INT: gl.constexpr):
+    """A group's scales [BN] (e8m0 bytes, or with INT bfloat16) as float32 [BN, 1]."""
+    if INT:
+        return gl.expand_dims(raw.to(gl.float32), 1)
+    else:
+        return gl.expand_dims(e8m0_to_float(raw), 1)
+
+
+@gluon.jit
+def w4a8_decode_tma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, G, BN: gl.constexpr,
+                           PAIRS: gl.constexpr, STAGES: gl.constexpr):
+    """w4a8_decode_kernel's contract, the weights' bytes brought by TMA into a
+    ring of STAGES steps (PAIRS 64-value blocks a step), STAGES - 1 steps
+    ahead: bytes in flight without registers."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
+                                                  warps_per_cta=[gl.num_warps(), 1],
+                                                  instr_shape=[16, 8])
+    W_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
+    X_L: gl.constexpr = gl.DotOperandLayout(1, MMA, 4)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    BYTES: gl.constexpr = 32 * PAIRS  # a step's bytes of a row
+    ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BYTES], gl.uint8)
+    w_desc = tma.make_tensor_descriptor(w_ptr, [G * N, K // 2], [K // 2, 1], [BN, BYTES],
+                                        ring_layout)
+    ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BYTES], ring_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    g = gl.program_id(1)
+    off_n = gl.program_id(0) * BN
+    row = g * N + off_n
+    steps = gl.cdiv(K, 64 * PAIRS)
+    for i in gl.static_range(STAGES - 1):
+        mbarrier.expect(ready.index(i), BN * BYTES, pred=i < steps)
+        tma_load(w_desc, [row, i * BYTES], ready.index(i), ring.index(i), pred=i < steps)
+    kx = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(1, X_L)), 1)
+    t = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, X_L)), 0)
+    x_at = gl.multiple_of(x_ptr + t * K, [16, 16]) + kx
+    x_ok = t < T
+    n_s = gl.minimum(off_n + gl.arange(0, BN, ROWS), N - 1)
+    s_at = s_ptr + g.to(gl.int64) * N * (K // 32) + n_s.to(gl.int64) * (K // 32)
+    acc = gl.zeros([BN, 8], gl.float32, MMA)
+    zero = gl.zeros([BN, 8], gl.float32, MMA)
+    for s in range(steps):
+        slot = s % STAGES
+        mbarrier.wait(ready.index(slot), s // STAGES & 1)
+        for p in gl.static_range(PAIRS):
+            k = s * 64 * PAIRS + 64 * p
+            ok = k < K
+            packed = ring.index(slot).slice(32 * p, 32, dim=1).load(W_L)
             low, high = gl.inline_asm_elementwise(
                 E2M1_TO_E4M3, "=r,=r,r", [packed], dtype=(gl.float8e4nv, gl.float8e4nv),
                 is_pure=True, pack=4)
@@ -105,11 +221,17 @@ def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, BN: gl.con
             sb = e8m0_to_float(gl.load(s_at + k // 32 + 1, mask=ok, other=0))
             acc += mma_v2(low, xa, zero) * gl.expand_dims(sa, 1)
             acc += mma_v2(high, xb, zero) * gl.expand_dims(sb, 1)
+        thread_barrier()  # every warp is done with slot s - 1 + STAGES's bytes: refill it
+        ahead = s + STAGES - 1
+        refill = ahead % STAGES
+        mbarrier.expect(ready.index(refill), BN * BYTES, pred=ahead < steps)
+        tma_load(w_desc, [row, ahead * BYTES], ready.index(refill), ring.index(refill),
+                 pred=ahead < steps)
     rows = off_n + gl.expand_dims(gl.arange(0, BN, ROWS), 1)
     cols = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, MMA)), 0)
     token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * 64.0  # e2m1 as e4m3: x 2^-6
-    gl.store(out_ptr + g * T * N + cols * N + rows, (acc * token_scale).to(gl.bfloat16),
-             mask=(rows < N) & (cols < T))
+    gl.store(out_ptr + g.to(gl.int64) * T * N + cols * N + rows,
+             (acc * token_scale).to(gl.bfloat16), mask=(rows < N) & (cols < T))
 
 
 def pre_arranged(packed: torch.Tensor) -> torch.Tensor:
@@ -121,24 +243,53 @@ def pre_arranged(packed: torch.Tensor) -> torch.Tensor:
     return (blocks[..., 0, :] | (blocks[..., 1, :] << 4)).flatten(-2).contiguous()
 
 
-def run_product(name, experts, n, k, tokens):
-    w = random_mxfp4(experts, n, k, exponents=(115, 123))
-    packed, scales = w.values.view(torch.uint8), w.scales.view(torch.uint8)
-    exact = dequantize_mxfp4(packed, scales)  # [G, N, K] float64
+def operands_of(fmt, experts, n, k, tokens):
+    """(packed as the wheel stores it, scales, the kernel's pre-arranged bytes,
+    the float64 weights [G, N, K], tokens x [T, K] float32, the kernel's
+    quantized tokens and their scales [T]) of a random case in `fmt`."""
     x = torch.randn(tokens, k, device="cuda")
-    x_fp8, x_scale = gg_runtime.quantize_fp8(x, "rowwise")[:2]
-    x_q = x_fp8.double() * x_scale.double()[:, None]
-    want = torch.einsum("tk,gnk->gtn", x_q, exact)
-    arranged = pre_arranged(packed)
-    launches, errors = {}, {}
-    for bn, pairs, warps in CONFIGS:
-        out = torch.full((experts, tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        label = f"w4a8_{bn}x{pairs}x{warps}"
+    if fmt == "mxfp4":
+        w = random_mxfp4(experts, n, k, exponents=(115, 123))
+        packed, scales = w.values.view(torch.uint8), w.scales.view(torch.uint8)
+        exact = dequantize_mxfp4(packed, scales)
+        arranged = pre_arranged(packed)
+        xq, xs = gg_runtime.quantize_fp8(x, "rowwise")[:2]
+    else:  # INT4, groups of 32, stored q + 8; the kernel's nibbles are q (two's complement)
+        w = random_int4(experts, n, k)
+        packed, scales = w.values, w.scales
+        exact = dequantize_int4(packed, scales)
+        arranged = pre_arranged(packed ^ 0x88)
+        xs = x.abs().amax(dim=1) / 127
+        xq = (x / xs[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return packed, scales, arranged, exact, x, xq, xs
 
-        def launch(out=out, bn=bn, pairs=pairs, warps=warps):
+
+def run_product(name, fmt, experts, n, k, tokens):
+    packed, scales, arranged, exact, x, x_q, x_scale = operands_of(fmt, experts, n, k, tokens)
+    want = torch.einsum("tk,gnk->gtn", x_q.double() * x_scale.double()[:, None], exact)
+    unquantized = torch.einsum("tk,gnk->gtn", x.bfloat16().double(), exact)
+    launches, errors, against_bf16_tokens = {}, {}, {}
+    for bn, pairs, warps, ahead in CONFIGS:
+        out = torch.full((experts, tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        label = f"w4a8_{bn}x{pairs}x{warps}" + ("_ahead" if ahead else "")
+
+        def launch(out=out, bn=bn, pairs=pairs, warps=warps, ahead=ahead):
             w4a8_decode_kernel[(triton.cdiv(n, bn), experts)](
-                arranged, scales, x_fp8, x_scale, out, tokens, n, k, BN=bn, PAIRS=pairs,
-                num_warps=warps)
+                arranged, scales, x_q, x_scale, out, tokens, n, k, BN=bn, PAIRS=pairs,
+                AHEAD=ahead, INT=fmt == "int4", num_warps=warps)
+
+        launch()
+        errors[label] = rel_error(out.double(), want)
+        against_bf16_tokens[label] = rel_error(out.double(), unquantized)
+        launches[label] = graphed(launch)
+    for bn, pairs, stages, warps in TMA_CONFIGS if fmt == "mxfp4" else ():
+        out = torch.full((experts, tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        label = f"tma_{bn}x{pairs}x{stages}x{warps}"
+
+        def launch(out=out, bn=bn, pairs=pairs, stages=stages, warps=warps):
+            w4a8_decode_tma_kernel[(triton.cdiv(n, bn), experts)](
+                arranged, scales, x_q, x_scale, out, tokens, n, k, experts, BN=bn,
+                PAIRS=pairs, STAGES=stages, num_warps=warps)
 
         launch()
         errors[label] = rel_error(out.double(), want)
@@ -150,40 +301,56 @@ def run_product(name, experts, n, k, tokens):
     out16 = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     bn, bk, warps = BASELINE
     units = triton.cdiv(n, bn) * min(rows, experts)
+    groups = k // scales.shape[-1]
 
     def baseline():
         w4_decode_down_kernel[(min(units, 3 * 132),)](
             x16, packed, out16, offs, scales, rows, n, k, experts, k, n * (k // 2), k // 2,
-            n * (k // 32), k // 32, n, out16, 0, FORMAT=MXFP4, USE_TMA=False, BM=16, BN=bn,
-            BK=bk, CHUNK=0, PRECISION=0, num_warps=warps)
+            n * (k // groups), k // groups, n, out16, 0,
+            FORMAT=MXFP4 if fmt == "mxfp4" else INT4_G32, USE_TMA=False, BM=16, BN=bn, BK=bk,
+            CHUNK=0, PRECISION=0, num_warps=warps)
 
     baseline()
-    want16 = torch.einsum("tk,gnk->gtn", x.bfloat16().double(), exact)
+    want16 = torch.einsum("tk,gnk->gtn", x.bfloat16().double(), widened_values(fmt, exact))
     errors["w4a16_wheel"] = rel_error(out16.view(experts, tokens, n).double(), want16)
     launches["w4a16_wheel"] = graphed(baseline)
     for label, error in errors.items():
-        assert error < 1e-2, f"{name} T={tokens} {label}: relative error {error:.2e}"
+        assert error < 1e-2, f"{name} {fmt} T={tokens} {label}: relative error {error:.2e}"
     times = time_in_turns(launches)
-    weight_bytes = packed.numel() + scales.numel()
-    return {"product": name, "experts": experts, "N": n, "K": k, "T": tokens, "errors": errors,
+    weight_bytes = packed.numel() + scales.numel() * scales.element_size()
+    against_bf16_tokens["w4a16_wheel"] = rel_error(out16.view(experts, tokens, n).double(),
+                                                   unquantized)
+    return {"product": name, "format": fmt, "experts": experts, "N": n, "K": k, "T": tokens,
+            "errors": errors, "against_bf16_tokens": against_bf16_tokens,
             "us": {label: ms * 1e3 for label, ms in times.items()},
             "TBps": {label: weight_bytes / ms / 1e9 for label, ms in times.items()}}
+
+
+def widened_values(fmt, exact):
+    """The weights as the W4A16 kernel multiplies them: MXFP4's exact, INT4's
+    q * scale rounded to bfloat16."""
+    return exact if fmt == "mxfp4" else exact.bfloat16().double()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--tokens", default="1,8")
+    parser.add_argument("--formats", default="mxfp4,int4")
     args = parser.parse_args()
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
     rows = []
-    for name, experts, n, k in PRODUCTS:
+    for (name, experts, n, k), fmt in itertools.product(PRODUCTS, args.formats.split(",")):
         for tokens in map(int, args.tokens.split(",")):
-            row = run_product(name, experts, n, k, tokens)
+            row = run_product(name, fmt, experts, n, k, tokens)
             rows.append(row)
             base = row["us"]["w4a16_wheel"]
-            print(f"{name} T={tokens}: " + " ".join(
+            print(f"{name} {fmt} T={tokens}: " + " ".join(
                 f"{label} {us:.1f} us ({base / us:.2f}x, {row['TBps'][label]:.2f} TB/s, "
-                f"err {row['errors'][label]:.1e})" for label, us in row["us"].items()),
+                f"err {row['errors'][label]:.1e}, "
+                f"against bf16 tokens {row['against_bf16_tokens'].get(label, float('nan')):.1e})"
+                for label, us in row["us"].items()),
                 flush=True)
     if args.json:
         with open(args.json, "w") as f:
