@@ -7,9 +7,12 @@ docs/notes/2026-11-29-w4a8-decode-probe.md.
   bits moved (the value times 2^-6, subnormals included), seven instructions
   per eight values; the MMA is m16n8k32 e4m3, which ptxas emulates on Hopper
   (f16 conversions and f16 MMAs).
-- INT4 (INT: groups of 32, bfloat16 scales) with int8 tokens (per token): a
+- INT4 (groups of 32, bfloat16 scales) with int8 tokens (per token): a
   two's complement nibble q becomes int8 16 q by a shift and a mask; the MMA
   is m16n8k32 s8 (native), its sums int32.
+- MXFP4 with int8 tokens (mxfp4_s8): e2m1 times 2 as int8 from a prmt table,
+  which cannot negate, so each group's positive part multiplies the tokens
+  and its negative part their negatives, in two s8 MMAs.
 
 The scales cannot ride in the operands, so each MMA covers one scale group:
 the weights are pre-arranged (once, at load) so that byte i of each 64-value
@@ -21,7 +24,7 @@ group's scale added to float32 sums.  The weights are the MMA's first operand
 one expert, all of K, PAIRS 64-value blocks a step; w4a8_decode_tma_kernel
 brings the (MXFP4) bytes by TMA into a ring of STAGES steps instead.
 
-    python lab/w4a8_decode_probe.py [--formats mxfp4,int4] [--tokens 1,8] [--json OUT]
+    python lab/w4a8_decode_probe.py [--formats mxfp4,mxfp4_s8,int4] [--tokens 1,8] [--json OUT]
 """
 from __future__ import annotations
 
@@ -58,6 +61,17 @@ E2M1_TO_E4M3 = gl.constexpr("{\n.reg .b32 t, u;\n"
 INT4_TO_S8 = gl.constexpr("{\n.reg .b32 t;\nshl.b32 t, $2, 4;\nand.b32 $0, t, 0xF0F0F0F0;\n"
                           "and.b32 $1, $2, 0xF0F0F0F0;\n}")
 
+# e2m1 codes ($4: four of the first group in bits 15..0, four of the second
+# in 31..16) as int8 twice the value, each group's positive part ($0, $2:
+# prmt's table of magnitudes, a set sign bit selecting 0 by sign extension)
+# and negative part ($1, $3: the same with the signs flipped).
+E2M1_TO_S8_PARTS = gl.constexpr(
+    "{\n.reg .b32 f, h, lut0, lut1;\nmov.b32 lut0, 0x03020100;\nmov.b32 lut1, 0x0C080604;\n"
+    "prmt.b32 $0, lut0, lut1, $4;\nxor.b32 f, $4, 0x88888888;\nprmt.b32 $1, lut0, lut1, f;\n"
+    "shr.b32 h, $4, 16;\nprmt.b32 $2, lut0, lut1, h;\nshr.b32 f, f, 16;\n"
+    "prmt.b32 $3, lut0, lut1, f;\n}")
+E4M3, S8_INT4, S8_MXFP4 = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
+
 # (name, experts, N, K): gpt-oss-20b's up (2I rows) and down over its k = 4
 # experts, Kimi-K2 TP8's up and down over k = 8.
 PRODUCTS = (("gpt_oss_up", 4, 5760, 2880), ("gpt_oss_down", 4, 2880, 2880),
@@ -66,6 +80,7 @@ PRODUCTS = (("gpt_oss_up", 4, 5760, 2880), ("gpt_oss_down", 4, 2880, 2880),
 CONFIGS = ((64, 4, 4, 0), (32, 4, 2, 0), (32, 8, 2, 0), (32, 8, 2, 1))
 # w4a8_decode_tma_kernel's (BN, PAIRS, STAGES, warps): a TMA box's rows are at
 # most 128 bytes (its 128-byte swizzle), so PAIRS <= 4.
+MODES = {"mxfp4": E4M3, "int4": S8_INT4, "mxfp4_s8": S8_MXFP4}
 TMA_CONFIGS = ((64, 4, 4, 4), (64, 4, 8, 4), (32, 4, 8, 2), (128, 4, 6, 4), (64, 2, 8, 4),
                (32, 4, 12, 2))
 BASELINE = (64, 256, 4)  # the wheel's W4A16 decode config: BN, BK, warps (BM 16)
@@ -94,13 +109,16 @@ def step_loads(w_at, s_at, k0, K, PAIRS: gl.constexpr):
 
 
 @gluon.jit
-def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, BN: gl.constexpr,
-                       PAIRS: gl.constexpr, AHEAD: gl.constexpr, INT: gl.constexpr):
+def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xn_ptr, xs_ptr, out_ptr, T, N, K,
+                       BN: gl.constexpr, PAIRS: gl.constexpr, AHEAD: gl.constexpr,
+                       MODE: gl.constexpr):
     """out [G, T, N] bf16 = (x [T, K] times xs [T]) @ W[g]^T for expert
     g = program_id(1), rows program_id(0) * BN ..: w [G, N, K / 2] the
-    pre-arranged bytes, s [G, N, K / 32] their scales.  MXFP4 (x e4m3, s
-    e8m0), or with INT INT4 (x int8, s bfloat16; the nibbles two's
-    complement q, made int8 16 q, int32 sums).  T <= 8; K a multiple of 64."""
+    pre-arranged bytes, s [G, N, K / 32] their scales.  MODE: E4M3 (MXFP4, x
+    e4m3, s e8m0), S8_INT4 (x int8, s bfloat16; two's complement nibbles q
+    made int8 16 q) or S8_MXFP4 (x int8 and xn = -x, s e8m0; each e2m1 value
+    times 2 as int8, its positive and negative parts in two MMAs, the second
+    against -x).  T <= 8; K a multiple of 64."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
                                                   warps_per_cta=[gl.num_warps(), 1],
                                                   instr_shape=[16, 8])
@@ -116,10 +134,12 @@ def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, BN: gl.con
     kx = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(1, X_L)), 1)
     t = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, X_L)), 0)
     x_at = gl.multiple_of(x_ptr + t * K, [16, 16]) + kx
+    xn_at = gl.multiple_of(xn_ptr + t * K, [16, 16]) + kx
     x_ok = t < T
     n_s = gl.minimum(off_n + gl.arange(0, BN, ROWS), N - 1)
     s_at = s_ptr + g * N * (K // 32) + n_s.to(gl.int64) * (K // 32)
     acc = gl.zeros([BN, 8], gl.float32, MMA)
+    INT: gl.constexpr = MODE != E4M3
     zero = gl.zeros([BN, 8], gl.int32 if INT else gl.float32, MMA)
     STEP: gl.constexpr = 64 * PAIRS
     # AHEAD: the next step's bytes and scales loaded first, in flight while this
@@ -134,16 +154,28 @@ def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, BN: gl.con
         for p in gl.static_range(PAIRS):
             k = k0 + 64 * p
             ok = k < K
-            low, high = operands(words[p], INT)
             xa = gl.load(x_at + k, mask=x_ok & ok, other=0 if INT else 0.0)
             xb = gl.load(x_at + k + 32, mask=x_ok & ok, other=0 if INT else 0.0)
-            acc += mma_v2(low, xa, zero).to(gl.float32) * group_scale(raw[2 * p], INT)
-            acc += mma_v2(high, xb, zero).to(gl.float32) * group_scale(raw[2 * p + 1], INT)
+            if MODE == S8_MXFP4:
+                pa, na, pb, nb = gl.inline_asm_elementwise(
+                    E2M1_TO_S8_PARTS, "=r,=r,=r,=r,r", [words[p]], dtype=(gl.int8,) * 4,
+                    is_pure=True, pack=4)
+                xna = gl.load(xn_at + k, mask=x_ok & ok, other=0)
+                xnb = gl.load(xn_at + k + 32, mask=x_ok & ok, other=0)
+                sum_a = mma_v2(na, xna, mma_v2(pa, xa, zero))
+                sum_b = mma_v2(nb, xnb, mma_v2(pb, xb, zero))
+            else:
+                low, high = operands(words[p], INT)
+                sum_a = mma_v2(low, xa, zero)
+                sum_b = mma_v2(high, xb, zero)
+            acc += sum_a.to(gl.float32) * group_scale(raw[2 * p], MODE == S8_INT4)
+            acc += sum_b.to(gl.float32) * group_scale(raw[2 * p + 1], MODE == S8_INT4)
         words, raw = next_words, next_raw
     rows = off_n + gl.expand_dims(gl.arange(0, BN, ROWS), 1)
     cols = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, MMA)), 0)
-    # e2m1 as e4m3 is the value times 2^-6; INT4 as int8, times 16
-    token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * (0.0625 if INT else 64.0)
+    # e2m1 as e4m3 is the value times 2^-6; INT4 as int8 times 16; e2m1 as int8 times 2
+    UNDO: gl.constexpr = 64.0 if MODE == E4M3 else (0.0625 if MODE == S8_INT4 else 0.5)
+    token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * UNDO
     gl.store(out_ptr + g * T * N + cols * N + rows, (acc * token_scale).to(gl.bfloat16),
              mask=(rows < N) & (cols < T))
 
@@ -234,38 +266,50 @@ def w4a8_decode_tma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, G, BN:
              (acc * token_scale).to(gl.bfloat16), mask=(rows < N) & (cols < T))
 
 
-def pre_arranged(packed: torch.Tensor) -> torch.Tensor:
-    """MXFP4 bytes [G, N, K / 2] (value 2c in byte c's low nibble) -> the
-    kernel's: byte i of each 64-value block = value i of its first 32 (low
-    nibble) | value i of its second 32 (high nibble)."""
+def pre_arranged(packed: torch.Tensor, words: bool = False) -> torch.Tensor:
+    """MXFP4 or INT4 bytes [G, N, K / 2] (value 2c in byte c's low nibble) ->
+    the kernel's: byte i of each 64-value block = value i of its first 32
+    (low nibble) | value i of its second 32 (high nibble).  With `words`,
+    the block's 32-bit word j holds values 4j .. 4j + 3 of its first 32 in
+    its low 16 bits and of its second 32 in its high 16 bits (a nibble each,
+    in order)."""
     codes = torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)  # [G, N, K]
     blocks = codes.unflatten(-1, (-1, 2, 32))
+    if words:
+        pairs = blocks[..., 0::2] | (blocks[..., 1::2] << 4)  # [.., 2, 16]: a byte, two values
+        word = torch.cat((pairs[..., 0, :].unflatten(-1, (8, 2)),
+                          pairs[..., 1, :].unflatten(-1, (8, 2))), dim=-1)  # [.., 8, 4]
+        return word.flatten(-3).contiguous()
     return (blocks[..., 0, :] | (blocks[..., 1, :] << 4)).flatten(-2).contiguous()
 
 
 def operands_of(fmt, experts, n, k, tokens):
     """(packed as the wheel stores it, scales, the kernel's pre-arranged bytes,
     the float64 weights [G, N, K], tokens x [T, K] float32, the kernel's
-    quantized tokens and their scales [T]) of a random case in `fmt`."""
+    quantized tokens, their negatives and their scales [T]) of a random case
+    in `fmt` (mxfp4: e4m3 tokens; mxfp4_s8 and int4: int8 tokens)."""
     x = torch.randn(tokens, k, device="cuda")
-    if fmt == "mxfp4":
-        w = random_mxfp4(experts, n, k, exponents=(115, 123))
-        packed, scales = w.values.view(torch.uint8), w.scales.view(torch.uint8)
-        exact = dequantize_mxfp4(packed, scales)
-        arranged = pre_arranged(packed)
-        xq, xs = gg_runtime.quantize_fp8(x, "rowwise")[:2]
-    else:  # INT4, groups of 32, stored q + 8; the kernel's nibbles are q (two's complement)
+    if fmt == "int4":  # groups of 32, stored q + 8; the kernel's nibbles are q (two's complement)
         w = random_int4(experts, n, k)
         packed, scales = w.values, w.scales
         exact = dequantize_int4(packed, scales)
         arranged = pre_arranged(packed ^ 0x88)
-        xs = x.abs().amax(dim=1) / 127
-        xq = (x / xs[:, None]).round().clamp(-127, 127).to(torch.int8)
-    return packed, scales, arranged, exact, x, xq, xs
+    else:
+        w = random_mxfp4(experts, n, k, exponents=(115, 123))
+        packed, scales = w.values.view(torch.uint8), w.scales.view(torch.uint8)
+        exact = dequantize_mxfp4(packed, scales)
+        arranged = pre_arranged(packed, words=fmt == "mxfp4_s8")
+    if fmt == "mxfp4":
+        xq, xs = gg_runtime.quantize_fp8(x, "rowwise")[:2]
+        return packed, scales, arranged, exact, x, xq, xq, xs
+    xs = x.abs().amax(dim=1) / 127
+    xq = (x / xs[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return packed, scales, arranged, exact, x, xq, -xq, xs
 
 
 def run_product(name, fmt, experts, n, k, tokens):
-    packed, scales, arranged, exact, x, x_q, x_scale = operands_of(fmt, experts, n, k, tokens)
+    packed, scales, arranged, exact, x, x_q, x_neg, x_scale = operands_of(fmt, experts, n, k,
+                                                                         tokens)
     want = torch.einsum("tk,gnk->gtn", x_q.double() * x_scale.double()[:, None], exact)
     unquantized = torch.einsum("tk,gnk->gtn", x.bfloat16().double(), exact)
     launches, errors, against_bf16_tokens = {}, {}, {}
@@ -275,8 +319,8 @@ def run_product(name, fmt, experts, n, k, tokens):
 
         def launch(out=out, bn=bn, pairs=pairs, warps=warps, ahead=ahead):
             w4a8_decode_kernel[(triton.cdiv(n, bn), experts)](
-                arranged, scales, x_q, x_scale, out, tokens, n, k, BN=bn, PAIRS=pairs,
-                AHEAD=ahead, INT=fmt == "int4", num_warps=warps)
+                arranged, scales, x_q, x_neg, x_scale, out, tokens, n, k, BN=bn, PAIRS=pairs,
+                AHEAD=ahead, MODE=MODES[fmt], num_warps=warps)
 
         launch()
         errors[label] = rel_error(out.double(), want)
@@ -307,7 +351,7 @@ def run_product(name, fmt, experts, n, k, tokens):
         w4_decode_down_kernel[(min(units, 3 * 132),)](
             x16, packed, out16, offs, scales, rows, n, k, experts, k, n * (k // 2), k // 2,
             n * (k // groups), k // groups, n, out16, 0,
-            FORMAT=MXFP4 if fmt == "mxfp4" else INT4_G32, USE_TMA=False, BM=16, BN=bn, BK=bk,
+            FORMAT=INT4_G32 if fmt == "int4" else MXFP4, USE_TMA=False, BM=16, BN=bn, BK=bk,
             CHUNK=0, PRECISION=0, num_warps=warps)
 
     baseline()
@@ -329,14 +373,14 @@ def run_product(name, fmt, experts, n, k, tokens):
 def widened_values(fmt, exact):
     """The weights as the W4A16 kernel multiplies them: MXFP4's exact, INT4's
     q * scale rounded to bfloat16."""
-    return exact if fmt == "mxfp4" else exact.bfloat16().double()
+    return exact.bfloat16().double() if fmt == "int4" else exact
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--tokens", default="1,8")
-    parser.add_argument("--formats", default="mxfp4,int4")
+    parser.add_argument("--formats", default="mxfp4,mxfp4_s8,int4")
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
