@@ -86,6 +86,24 @@ TMA_CONFIGS = ((64, 4, 4, 4), (64, 4, 8, 4), (32, 4, 8, 2), (128, 4, 6, 4), (64,
 BASELINE = (64, 256, 4)  # the wheel's W4A16 decode config: BN, BK, warps (BM 16)
 
 
+@gluon.constexpr_function
+def mma_layout(warps):
+    """mma.sync's accumulator [BN, 8]: the warps along the weights' rows."""
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1],
+                                     instr_shape=[16, 8])
+
+
+@gluon.jit
+def store_out(acc, out_ptr, xs_ptr, g, off_n, T, N, UNDO: gl.constexpr):
+    """out[g, t, off_n + r] = acc[r, t] times token t's scale and UNDO, for t < T."""
+    MMA: gl.constexpr = acc.type.layout
+    rows = off_n + gl.expand_dims(gl.arange(0, acc.shape[0], gl.SliceLayout(1, MMA)), 1)
+    cols = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, MMA)), 0)
+    token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * UNDO
+    gl.store(out_ptr + g * T * N + cols * N + rows, (acc * token_scale).to(gl.bfloat16),
+             mask=(rows < N) & (cols < T))
+
+
 @gluon.jit
 def e8m0_to_float(e):
     """e8m0 bytes as float32 2^(e - 127) (e = 0 the subnormal 2^-127, 255 infinity)."""
@@ -119,9 +137,7 @@ def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xn_ptr, xs_ptr, out_ptr, T, N, K,
     made int8 16 q) or S8_MXFP4 (x int8 and xn = -x, s e8m0; each e2m1 value
     times 2 as int8, its positive and negative parts in two MMAs, the second
     against -x).  T <= 8; K a multiple of 64."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
-                                                  warps_per_cta=[gl.num_warps(), 1],
-                                                  instr_shape=[16, 8])
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
     W_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
     X_L: gl.constexpr = gl.DotOperandLayout(1, MMA, 4)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -171,13 +187,9 @@ def w4a8_decode_kernel(w_ptr, s_ptr, x_ptr, xn_ptr, xs_ptr, out_ptr, T, N, K,
             acc += sum_a.to(gl.float32) * group_scale(raw[2 * p], MODE == S8_INT4)
             acc += sum_b.to(gl.float32) * group_scale(raw[2 * p + 1], MODE == S8_INT4)
         words, raw = next_words, next_raw
-    rows = off_n + gl.expand_dims(gl.arange(0, BN, ROWS), 1)
-    cols = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, MMA)), 0)
     # e2m1 as e4m3 is the value times 2^-6; INT4 as int8 times 16; e2m1 as int8 times 2
     UNDO: gl.constexpr = 64.0 if MODE == E4M3 else (0.0625 if MODE == S8_INT4 else 0.5)
-    token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * UNDO
-    gl.store(out_ptr + g * T * N + cols * N + rows, (acc * token_scale).to(gl.bfloat16),
-             mask=(rows < N) & (cols < T))
+    store_out(acc, out_ptr, xs_ptr, g, off_n, T, N, UNDO)
 
 
 @gluon.jit
@@ -208,9 +220,7 @@ def w4a8_decode_tma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, G, BN:
     """w4a8_decode_kernel's contract, the weights' bytes brought by TMA into a
     ring of STAGES steps (PAIRS 64-value blocks a step), STAGES - 1 steps
     ahead: bytes in flight without registers."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
-                                                  warps_per_cta=[gl.num_warps(), 1],
-                                                  instr_shape=[16, 8])
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
     W_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
     X_L: gl.constexpr = gl.DotOperandLayout(1, MMA, 4)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -259,11 +269,7 @@ def w4a8_decode_tma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, out_ptr, T, N, K, G, BN:
         mbarrier.expect(ready.index(refill), BN * BYTES, pred=ahead < steps)
         tma_load(w_desc, [row, ahead * BYTES], ready.index(refill), ring.index(refill),
                  pred=ahead < steps)
-    rows = off_n + gl.expand_dims(gl.arange(0, BN, ROWS), 1)
-    cols = gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, MMA)), 0)
-    token_scale = gl.load(xs_ptr + cols, mask=cols < T, other=0.0) * 64.0  # e2m1 as e4m3: x 2^-6
-    gl.store(out_ptr + g.to(gl.int64) * T * N + cols * N + rows,
-             (acc * token_scale).to(gl.bfloat16), mask=(rows < N) & (cols < T))
+    store_out(acc, out_ptr, xs_ptr, g.to(gl.int64), off_n, T, N, 64.0)  # e2m1 as e4m3: x 2^-6
 
 
 def pre_arranged(packed: torch.Tensor, words: bool = False) -> torch.Tensor:
