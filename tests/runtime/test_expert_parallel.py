@@ -585,9 +585,12 @@ def torchtitan_model(case):
     return model
 
 
-def test_a_torchtitan_model_sharded_runs_its_share_of_the_experts(simulated):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32],
+                         ids=["bf16", "float32 (run in bf16)"])
+def test_a_torchtitan_model_sharded_runs_its_share_of_the_experts(simulated, dtype):
     world = simulated(2)
     case = global_case((10, 7), 4, 2)
+    case = {**case, **{n: case[n].to(dtype) for n in ("x", "w13", "w2")}}
     leaves = {n: case[n].double().requires_grad_() for n in LEAVES}
     want = layer_ref(**{**case, **leaves})
     grad = torch.randn_like(want).bfloat16()
@@ -611,6 +614,7 @@ def test_a_torchtitan_model_sharded_runs_its_share_of_the_experts(simulated):
         out = routed(case["x"][tokens][None], scores[None], case["topk_ids"][tokens][None],
                      torch.zeros(4))
         assert out.shape == (1, tokens.stop - tokens.start, case["x"].shape[1])
+        assert out.dtype == routed.w13.dtype == dtype
         out[0].backward(grad[tokens])
         grads = {"topk_weights": scores.grad, "w13": routed.w13.grad, "w2": routed.w2.grad}
         model.load_state_dict({k: torch.zeros_like(v) for k, v in state.items()})
