@@ -155,7 +155,9 @@ def _check_experts(inner, world: int) -> None:
     if not all(isinstance(w, torch.Tensor) for w in weights):
         raise ValueError(f"{name}: shard_torchtitan_experts runs torchtitan's SwiGLU "
                          f"GroupedExperts ({GATE}, {UP}, {DOWN}), not this module's weights")
-    if any(type(w).__name__ == "DTensor" or type(w.data).__name__ == "DTensor" for w in weights):
+    from torch.distributed.tensor import DTensor  # here: not at gg_runtime's import
+
+    if any(isinstance(w, DTensor) for w in weights):
         raise ValueError(f"{name}'s weights are already parallelized (DTensors): shard the "
                          f"model before torchtitan parallelizes it, with its expert "
                          f"parallelism off")

@@ -643,3 +643,25 @@ def test_torchtitan_sharding_refuses_what_it_does_not_run_before_changing_any(si
         torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, 0))
     with pytest.raises(TypeError, match="max_tokens"):
         torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, 0), max_tokens=2.0)
+
+
+def test_torchtitan_weights_already_parallelized_are_refused(simulated):
+    """DTensors (torchtitan's parallelize ran first): refused, naming why."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    world = simulated(2)
+    case = global_case((4, 4), 4, 2)
+    model = torchtitan_model(case)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        inner = model.layers[0].moe.routed_experts.inner_experts
+        inner.w1_EFD = torch.nn.Parameter(distribute_tensor(inner.w1_EFD.data, mesh,
+                                                            [Replicate()]))
+        with pytest.raises(ValueError, match="already parallelized"):
+            torchtitan_glue.shard_torchtitan_experts(model, group=Group(world, 0))
+    finally:
+        torch.distributed.destroy_process_group()
+    assert isinstance(model.layers[0].moe.routed_experts, TorchtitanRoutedExperts)
