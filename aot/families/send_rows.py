@@ -23,10 +23,18 @@ FAMILY = Family(
         Param("H", "i32", "extent", aligned=True),
         Param("C", "i32", "extent"),
         Param("BLOCKS", "i32", "extent"),
+        # Row sets that go where rows go (H2 or H3 0: none); their widths are
+        # not part of the aligned flavour's rule: scalar stores, a few words.
+        Param("rows2_ptr", "*T", "operand"),
+        Param("peers2_ptr", "*i64", "operand"),
+        Param("H2", "i32", "extent"),
+        Param("rows3_ptr", "*T", "operand"),
+        Param("peers3_ptr", "*i64", "operand"),
+        Param("H3", "i32", "extent"),
     ),
     aligned=EVERY,
     dtypes=("bfloat16",),
     configs={(arch, flavour): CONFIGS for arch in (80, 90) for flavour in ("basic", "aligned")},
-    tiles="BLOCKS * cdiv(R // max(BLOCKS, 1), BM) * cdiv(H, BN)",
+    tiles="BLOCKS * cdiv(R // max(BLOCKS, 1), BM) * (cdiv(H, BN) + cdiv(H2, BN) + cdiv(H3, BN))",
     rows="R",
 )

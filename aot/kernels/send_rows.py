@@ -12,7 +12,10 @@ rows [R, H] 16-bit words (any 2-byte dtype, copied bit for bit), ranks
 [R, C] int32 and dest [R, C] int64 are contiguous; peers [W] int64 holds
 each rank's buffer address, 16-byte aligned, its rows H words apart.  Each
 row is read once, however many buffers it goes to, and a row going nowhere
-is not read.
+is not read.  Up to two more row sets travel with the rows in the same
+launch (a token's metadata, its scales): rows2 [R, H2] to row dest[r, c]
+of the buffers at peers2 (rows H2 words apart), rows3 likewise; H2 = 0 or
+H3 = 0 where there are none.
 
 The rows are BLOCKS equal blocks (R a multiple of BLOCKS), taken in turns:
 the first tile of every block, then the second of every block, and so on.
@@ -25,13 +28,36 @@ import triton.language as tl
 
 
 @triton.jit
-def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, BLOCKS,
-                     USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+def store_tile(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, first, row_ok, sent_anywhere, cols, H,
+               C):
+    """The tile's rows (first [BM] of rows [R, H]) at columns cols, stored
+    into each of their destinations."""
+    col_ok = cols < H
+    values = tl.load(rows_ptr + first[:, None] * H + cols[None, :],
+                     mask=sent_anywhere[:, None] & col_ok[None, :])
+    for c in range(C):
+        dest = tl.load(dest_ptr + first * C + c, mask=row_ok, other=-1)
+        sent = dest >= 0
+        rank = tl.load(ranks_ptr + first * C + c, mask=sent, other=0)
+        address = tl.load(peers_ptr + rank, mask=sent, other=0)
+        # The buffers are 16-byte aligned: the aligned flavour's stores
+        # (H a multiple of 16) go in 16-byte vectors.
+        base = tl.multiple_of(address.to(tl.pointer_type(rows_ptr.dtype.element_ty)), 16)
+        tl.store(base[:, None] + dest[:, None] * H + cols[None, :], values,
+                 mask=sent[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, BLOCKS, rows2_ptr,
+                     peers2_ptr, H2, rows3_ptr, peers3_ptr, H3, USE_TMA: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     PRECISION: tl.constexpr):
     """Persistent: program p takes steps p, p + P, ..., each a tile of BM rows
-    x BN columns of block step % BLOCKS.  USE_TMA, BK, CHUNK and PRECISION are
-    unused."""
-    col_tiles = tl.cdiv(H, BN)
+    x BN columns of block step % BLOCKS, its columns those of rows, then of
+    rows2, then of rows3.  USE_TMA, BK, CHUNK and PRECISION are unused."""
+    tiles1 = tl.cdiv(H, BN)
+    tiles2 = tl.cdiv(H2, BN)
+    col_tiles = tiles1 + tiles2 + tl.cdiv(H3, BN)
     block_rows = R // BLOCKS
     block_tiles = tl.cdiv(block_rows, BM) * col_tiles
     for step in range(tl.program_id(0), block_tiles * BLOCKS, tl.num_programs(0)):
@@ -40,21 +66,17 @@ def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, BLOCKS,
         in_block = (tile // col_tiles) * BM + tl.arange(0, BM)
         first = (block * block_rows + in_block).to(tl.int64)
         row_ok = in_block < block_rows
-        cols = (tile % col_tiles) * BN + tl.arange(0, BN)
-        col_ok = cols < H
         sent_anywhere = tl.zeros((BM,), dtype=tl.int1)
         for c in range(C):
             dest = tl.load(dest_ptr + first * C + c, mask=row_ok, other=-1)
             sent_anywhere = sent_anywhere | (dest >= 0)
-        values = tl.load(rows_ptr + first[:, None] * H + cols[None, :],
-                         mask=sent_anywhere[:, None] & col_ok[None, :])
-        for c in range(C):
-            dest = tl.load(dest_ptr + first * C + c, mask=row_ok, other=-1)
-            sent = dest >= 0
-            rank = tl.load(ranks_ptr + first * C + c, mask=sent, other=0)
-            address = tl.load(peers_ptr + rank, mask=sent, other=0)
-            # The buffers are 16-byte aligned: the aligned flavour's stores
-            # (H a multiple of 16) go in 16-byte vectors.
-            base = tl.multiple_of(address.to(tl.pointer_type(rows_ptr.dtype.element_ty)), 16)
-            tl.store(base[:, None] + dest[:, None] * H + cols[None, :], values,
-                     mask=sent[:, None] & col_ok[None, :])
+        col_tile = tile % col_tiles
+        if col_tile < tiles1:
+            store_tile(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, first, row_ok, sent_anywhere,
+                       col_tile * BN + tl.arange(0, BN), H, C)
+        elif col_tile < tiles1 + tiles2:
+            store_tile(rows2_ptr, peers2_ptr, ranks_ptr, dest_ptr, first, row_ok, sent_anywhere,
+                       (col_tile - tiles1) * BN + tl.arange(0, BN), H2, C)
+        else:
+            store_tile(rows3_ptr, peers3_ptr, ranks_ptr, dest_ptr, first, row_ok, sent_anywhere,
+                       (col_tile - tiles1 - tiles2) * BN + tl.arange(0, BN), H3, C)

@@ -115,7 +115,9 @@ Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int
 // dest[r, c] >= 0: expert parallelism's transport.  The rows are `blocks` equal
 // blocks, taken in turns (rows sent home, block s to rank s, store into every
 // peer at once, not into one rank at a time).
-void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks);
+void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks,
+               std::optional<Tensor> rows2, std::optional<Tensor> peers2,
+               std::optional<Tensor> rows3, std::optional<Tensor> peers3);
 
 // Expert parallelism's plan (W = world ranks of experts_per_rank experts,
 // `capacity` rows a block; rank s's token t in row t of block s), on the

@@ -1,20 +1,58 @@
 // gg_runtime::send_rows: expert parallelism's transport (the send_rows kernel
-// family), one launch: each row of `rows` stored into the symmetric buffers
-// of the ranks it goes to, the rows taken as `blocks` equal blocks in turns.
-// Checks, launch; nothing to make (the buffers are the caller's, on the
-// peers); Meta tensors run the checks only.
+// family), one launch: each row of `rows` (and of up to two more row sets
+// that go where it goes, each to its own addresses) stored into the
+// symmetric buffers of the ranks it goes to, the rows taken as `blocks`
+// equal blocks in turns.  Checks, launch; nothing to make (the buffers are
+// the caller's, on the peers); Meta tensors run the checks only.
 #include <family_args.h>
+
+#include <optional>
+#include <vector>
 
 #include "op_support.h"
 #include "ops.h"
 
 namespace gg::ops {
+namespace {
 
-void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks) {
+// A row set's launch arguments: its rows, its peers' table, its width in
+// words; zeros where there is none.
+struct Companion {
+  int64_t rows_ptr = 0, peers_ptr = 0, width = 0;
+};
+
+// The row set that travels with `rows`: rows_in [R, *] and its peers'
+// table, both or neither given; `kept` holds what the launch reads.
+Companion companion(const std::optional<Tensor>& rows_in, const std::optional<Tensor>& peers,
+                    const char* rows_name, const char* peers_name, const Tensor& rows,
+                    const Tensor& table, std::vector<Tensor>& kept) {
+  if (rows_in.has_value() != peers.has_value()) {
+    value_error(rows_name, " and ", peers_name, " must be given together, got only ",
+                rows_in ? rows_name : peers_name);
+  }
+  if (!rows_in) return {};
+  check_tensor(*rows_in, rows_name, 2, family::SendRows::kDTypes);
+  check_companion(*rows_in, rows_name, {rows.size(0), rows_in->size(1)}, rows.scalar_type(), rows,
+                  dtype_name(rows.scalar_type()), "(a row for each of rows')");
+  check_companion(*peers, peers_name, {table.size(0)}, ScalarType::Long, rows, "int64",
+                  "(each rank's address of that row set)");
+  kept.push_back(dense(*rows_in));
+  kept.push_back(as_contiguous(*peers));
+  return {address(kept[kept.size() - 2]), address(kept.back()), rows_in->size(1)};
+}
+
+}  // namespace
+
+void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks,
+               std::optional<Tensor> rows2, std::optional<Tensor> peers2,
+               std::optional<Tensor> rows3, std::optional<Tensor> peers3) {
   check_tensor(rows_in, "rows", 2, family::SendRows::kDTypes);
   check_tensor(peers, "peers", 1, ScalarType::Long);
   check_companion(peers, "peers", {peers.size(0)}, ScalarType::Long, rows_in, "int64",
                   "(each rank's buffer address)");
+  std::vector<Tensor> kept;
+  const Companion second = companion(rows2, peers2, "rows2", "peers2", rows_in, peers, kept);
+  const Companion third = companion(rows3, peers3, "rows3", "peers3", rows_in, peers, kept);
   const int64_t count = rows_in.size(0), destinations = dest.size(1);
   check_tensor(dest, "dest", 2, ScalarType::Long);
   check_companion(dest, "dest", {count, destinations}, ScalarType::Long, rows_in, "int64",
@@ -23,7 +61,8 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                   "(the rank of each of dest's rows)");
   if (blocks < 1 || count % blocks != 0)
     value_error("blocks must be >= 1 and divide the ", count, " rows, got ", blocks);
-  if (count == 0 || destinations == 0 || rows_in.size(1) == 0 || shapes_only(rows_in)) return;
+  if (count == 0 || destinations == 0 || shapes_only(rows_in)) return;
+  if (rows_in.size(1) + second.width + third.width == 0) return;
   const Tensor rows = dense(rows_in), table = as_contiguous(peers), rank = as_contiguous(ranks),
                row = as_contiguous(dest);
   const family::SendRows args{.rows_ptr = address(rows),
@@ -33,7 +72,13 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                               .R = count,
                               .H = rows.size(1),
                               .C = destinations,
-                              .BLOCKS = blocks};
+                              .BLOCKS = blocks,
+                              .rows2_ptr = second.rows_ptr,
+                              .peers2_ptr = second.peers_ptr,
+                              .H2 = second.width,
+                              .rows3_ptr = third.rows_ptr,
+                              .peers3_ptr = third.peers_ptr,
+                              .H3 = third.width};
   launch(args, {}, target_of(rows, rows.scalar_type()));
 }
 

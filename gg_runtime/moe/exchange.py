@@ -187,9 +187,7 @@ class Plan:
         layout = self.layout
         layout.meta.clear()  # rows no rank sends: no ids
         layout.buffer.barrier()  # every rank has read what the regions held
-        for region, rows in sends:
-            region.send(rows, self.ranks, self.dest)
-        layout.meta.send(words(self.meta), self.ranks, self.dest)
+        layout.buffer.send((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest)
         layout.buffer.barrier()
         self.local_ids, weights, self.back_dest = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
@@ -201,7 +199,8 @@ class Plan:
         and summed over the ranks that made them."""
         layout = self.layout
         layout.buffer.barrier()
-        layout.rows.send(words(out), layout.home_ranks, self.back_dest, layout.world)
+        layout.buffer.send(((layout.rows, words(out)),), layout.home_ranks, self.back_dest,
+                           layout.world)
         layout.buffer.barrier()
         return self._summed(layout.rows.local.view(out.dtype))
 
@@ -217,7 +216,7 @@ class Plan:
         went (a copy: autograd may run another transfer before it is read)."""
         layout = self.layout
         layout.buffer.barrier()
-        layout.rows.send(words(grad), self.ranks, self.dest)
+        layout.buffer.send(((layout.rows, words(grad)),), self.ranks, self.dest)
         layout.buffer.barrier()
         return layout.rows.local.view(grad.dtype).clone()
 
@@ -230,8 +229,8 @@ class Plan:
                              device=grad_weights.device)
         padded[:, :k] = grad_weights
         layout.buffer.barrier()
-        layout.rows.send(words(grad_rows), layout.home_ranks, self.back_dest, layout.world)
-        layout.meta.send(words(padded), layout.home_ranks, self.back_dest, layout.world)
+        layout.buffer.send(((layout.rows, words(grad_rows)), (layout.meta, words(padded))),
+                           layout.home_ranks, self.back_dest, layout.world)
         layout.buffer.barrier()
         grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
         planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]

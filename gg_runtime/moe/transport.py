@@ -31,6 +31,7 @@ ALIGN = 256
 # was not heard from and the kernel traps (a CUDA error on the waiting ranks).
 BARRIER_TIMEOUT_MS = 10 * 60 * 1000
 WORD = torch.bfloat16  # what send_rows copies: 2-byte words
+SEND_PARTS = 3  # the row sets a send_rows launch takes (a token, its scales, its metadata)
 
 
 def words(t: torch.Tensor) -> torch.Tensor:
@@ -48,27 +49,31 @@ class Region:
     def __init__(self, buffer: Buffer, offset: int, rows: int, width: int, blank: int):
         self.buffer, self.offset, self.blank = buffer, offset, blank
         self.local = buffer.tensor[offset:offset + rows * width * 2].view(WORD).view(rows, width)
+        self.peers = buffer.peers(offset)
 
     def clear(self):
         """Before a transfer's first barrier: its rows no rank sends will read
         `blank`."""
         self.buffer.clear(self)
 
-    def send(self, rows: torch.Tensor, ranks: torch.Tensor, dest: torch.Tensor,
-             blocks: int = 1):
-        """Row r of `rows` (2-D, `width` words each) to row dest[r, c] of rank
-        ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of this
-        rank's block there (dest // (rows / W) is this rank).  `rows` in
-        `blocks` equal blocks, each going to another rank, are stored into
-        all of them at once."""
-        self.buffer.send(self, rows, ranks, dest, blocks)
-
 
 class Buffer:
-    """What the transports share: the group, the bytes, the regions."""
+    """What the transports share: the group, the bytes, the regions.  A
+    transport's `send(sends, ranks, dest, blocks)`: for each (region, rows)
+    of `sends` (at most SEND_PARTS, rows 2-D, the region's width in words
+    each, a row for each of the first's), row r of rows to row dest[r, c] of
+    rank ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of
+    this rank's block there (dest // (rows / W) is this rank).  Rows in
+    `blocks` equal blocks, each going to another rank, are stored into all
+    of them at once."""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
         self.group, self.nbytes, self.tensor = group, nbytes, tensor
+
+    def peers(self, offset: int) -> torch.Tensor | None:
+        """Where byte `offset` of every rank's buffer is, for the sends, or
+        None where the transport does not address peers."""
+        return None
 
     def regions(self, *shapes: tuple[int, int, int], start: int = 0) -> list[Region]:
         """Consecutive regions of (rows, width, blank) words from byte `start`
@@ -94,8 +99,16 @@ class SymmetricBuffer(Buffer):
         self.handle = symmetric_memory.rendezvous(self.tensor, group.group_name)
         self.addresses = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
 
-    def send(self, region: Region, rows, ranks, dest, blocks):
-        call(OPS.send_rows.default, rows, self.addresses + region.offset, ranks, dest, blocks)
+    def peers(self, offset: int) -> torch.Tensor:
+        """[W] int64, made once a region: a call launches no arithmetic for it."""
+        return self.addresses + offset
+
+    def send(self, sends, ranks, dest, blocks=1):
+        """One send_rows launch for every row set of `sends`."""
+        assert len(sends) <= SEND_PARTS, "send_rows takes at most SEND_PARTS row sets"
+        (region, rows), *more = sends
+        call(OPS.send_rows.default, rows, region.peers, ranks, dest, blocks,
+             *(a for part, part_rows in more for a in (part_rows, part.peers)))
 
     def clear(self, region: Region):
         """The peers store only the rows they send: the rest is set here."""
@@ -113,18 +126,21 @@ class NcclBuffer(Buffer):
     def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
         super().__init__(group, nbytes, torch.zeros(nbytes, dtype=torch.uint8, device=device))
 
-    def send(self, region: Region, rows, ranks, dest, blocks):
-        """Each row into its place in a staging copy of the peers' blocks (the
-        others blank; a last row takes the rows not sent), then every block to
-        its rank (NCCL orders the transfers: blocks does not matter)."""
+    def send(self, sends, ranks, dest, blocks=1):
+        """Each row set's rows into their places in a staging copy of the
+        peers' blocks (the others blank; a last row takes the rows not sent),
+        then every block to its rank (NCCL orders the transfers: blocks does
+        not matter)."""
         world, rank = self.group.size(), self.group.rank()
-        block = region.local.shape[0] // world
-        staging = rows.view(torch.int16).new_full((world * block + 1, rows.shape[1]),
-                                                   region.blank).view(rows.dtype)
-        place = torch.where(dest >= 0, ranks.long() * block + dest - rank * block, world * block)
-        for c in range(dest.shape[1]):
-            staging.index_copy_(0, place[:, c], rows)
-        dist.all_to_all_single(region.local, staging[:-1], group=self.group)
+        for region, rows in sends:
+            block = region.local.shape[0] // world
+            staging = rows.view(torch.int16).new_full((world * block + 1, rows.shape[1]),
+                                                       region.blank).view(rows.dtype)
+            place = torch.where(dest >= 0, ranks.long() * block + dest - rank * block,
+                                world * block)
+            for c in range(dest.shape[1]):
+                staging.index_copy_(0, place[:, c], rows)
+            dist.all_to_all_single(region.local, staging[:-1], group=self.group)
 
     def clear(self, region: Region):
         """Every block travels whole, the rows not sent blank (send)."""

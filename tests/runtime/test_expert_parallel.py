@@ -48,15 +48,20 @@ class World:
         out.copy_(torch.stack(self.gathered))
         self.barrier.wait()
 
-    def send_rows(self, rows, peers, ranks, dest, blocks):
+    def send_rows(self, rows, peers, ranks, dest, blocks, *more):
+        """The operator's contract: rows, and each further (rows, peers) pair,
+        to where dest says."""
         assert blocks >= 1 and rows.shape[0] % blocks == 0  # the operator's check
-        width = rows.shape[1] * 2
-        for r, c in torch.nonzero(dest >= 0).tolist():
-            address = int(peers[ranks[r, c]]) + int(dest[r, c]) * width
-            buffer = next(b for b in self.buffers
-                          if b.data_ptr() <= address < b.data_ptr() + b.numel())
-            start = address - buffer.data_ptr()
-            buffer[start:start + width] = rows[r].view(torch.uint8)
+        assert len(more) % 2 == 0 and len(more) <= 4
+        for part, table in ((rows, peers), *zip(more[::2], more[1::2])):
+            assert part.shape[0] == rows.shape[0]
+            width = part.shape[1] * 2
+            for r, c in torch.nonzero(dest >= 0).tolist():
+                address = int(table[ranks[r, c]]) + int(dest[r, c]) * width
+                buffer = next(b for b in self.buffers
+                              if b.data_ptr() <= address < b.data_ptr() + b.numel())
+                start = address - buffer.data_ptr()
+                buffer[start:start + width] = part[r].view(torch.uint8)
 
 
 class Group:
