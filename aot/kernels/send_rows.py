@@ -17,18 +17,6 @@ launch (a token's metadata, its scales): rows2 [R, H2] to row dest[r, c]
 of the buffers at peers2 (rows H2 words apart), rows3 likewise; H2 = 0 or
 H3 = 0 where there are none.
 
-With ARRIVE = 1 the launch ends in a barrier of the W ranks (flags [W]
-int64: each rank's flags, W + 1 int32 words in its symmetric buffer, zero
-before the first launch): the last program to finish its stores, found by
-a counter (word W of this rank's flags, back to zero after), marks its
-arrival in each peer's word RANK (0 to 1) and waits until each peer has
-marked its own (1 to 0, ready for the next launch), every step release /
-acquire at system scope, so that when the launch ends every peer's rows to
-this rank have landed.  After timeout_ns it traps (a CUDA error on this
-rank).  This saves the barrier kernel a send would otherwise be followed
-by; the barrier before a send (every rank done reading the region) stays
-the caller's.
-
 The rows are BLOCKS equal blocks (R a multiple of BLOCKS), taken in turns:
 the first tile of every block, then the second of every block, and so on.
 A caller whose blocks go to different ranks (rows sent home, block s to
@@ -37,7 +25,6 @@ into one rank at a time.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import globaltimer
 
 
 @triton.jit
@@ -61,42 +48,10 @@ def store_tile(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, first, row_ok, sent_any
 
 
 @triton.jit
-def flag_of(flags_ptr, rank, word):
-    """Word `word` of rank `rank`'s flags."""
-    return tl.load(flags_ptr + rank).to(tl.pointer_type(tl.int32)) + word
-
-
-@triton.jit
-def swap_until(flag, expected, value, deadline, SEM: tl.constexpr):
-    """Sets `flag` from `expected` to `value` once it holds `expected` (a
-    compare-and-swap, system scope), or traps past `deadline` (globaltimer ns)."""
-    while tl.atomic_cas(flag, expected, value, sem=SEM, scope="sys") != expected:
-        if globaltimer() > deadline:
-            tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def arrive(flags_ptr, RANK, W, timeout_ns):
-    """The launch's barrier (the module's docstring), from every program once
-    its stores are issued; the last one to arrive meets the peers."""
-    tl.debug_barrier()  # every thread's stores before this program's arrival
-    counter = flag_of(flags_ptr, RANK, W)
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-        deadline = globaltimer() + timeout_ns
-        for peer in range(W):
-            if peer != RANK:
-                swap_until(flag_of(flags_ptr, peer, RANK), 0, 1, deadline, "release")
-        for peer in range(W):
-            if peer != RANK:
-                swap_until(flag_of(flags_ptr, RANK, peer), 1, 0, deadline, "acquire")
-
-
-@triton.jit
 def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, BLOCKS, rows2_ptr,
-                     peers2_ptr, H2, rows3_ptr, peers3_ptr, H3, flags_ptr, RANK, W, ARRIVE,
-                     timeout_ns, USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+                     peers2_ptr, H2, rows3_ptr, peers3_ptr, H3, USE_TMA: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+                     PRECISION: tl.constexpr):
     """Persistent: program p takes steps p, p + P, ..., each a tile of BM rows
     x BN columns of block step % BLOCKS, its columns those of rows, then of
     rows2, then of rows3.  USE_TMA, BK, CHUNK and PRECISION are unused."""
@@ -125,5 +80,3 @@ def send_rows_kernel(rows_ptr, peers_ptr, ranks_ptr, dest_ptr, R, H, C, BLOCKS, 
         else:
             store_tile(rows3_ptr, peers3_ptr, ranks_ptr, dest_ptr, first, row_ok, sent_anywhere,
                        (col_tile - tiles1 - tiles2) * BN + tl.arange(0, BN), H3, C)
-    if ARRIVE != 0:
-        arrive(flags_ptr, RANK, W, timeout_ns)

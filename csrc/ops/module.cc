@@ -184,8 +184,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def("route(Tensor ids, int experts) -> (Tensor, Tensor, Tensor)");
   m.def(
       "send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int blocks=1, "
-      "Tensor? rows2=None, Tensor? peers2=None, Tensor? rows3=None, Tensor? peers3=None, "
-      "Tensor? flags=None, int rank=0, int timeout_ms=600000) -> ()");
+      "Tensor? rows2=None, Tensor? peers2=None, Tensor? rows3=None, Tensor? peers3=None) -> ()");
   m.def(
       "dispatch_plan(Tensor topk_ids, Tensor topk_weights, int world, int rank, "
       "int experts_per_rank, int capacity) -> (Tensor dest, Tensor index, Tensor meta)");

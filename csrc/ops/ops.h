@@ -117,8 +117,7 @@ Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int
 // peer at once, not into one rank at a time).
 void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks,
                std::optional<Tensor> rows2, std::optional<Tensor> peers2,
-               std::optional<Tensor> rows3, std::optional<Tensor> peers3,
-               std::optional<Tensor> flags, int64_t rank, int64_t timeout_ms);
+               std::optional<Tensor> rows3, std::optional<Tensor> peers3);
 
 // Expert parallelism's plan (W = world ranks of experts_per_rank experts,
 // `capacity` rows a block; rank s's token t in row t of block s), on the

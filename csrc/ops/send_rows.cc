@@ -2,9 +2,8 @@
 // family), one launch: each row of `rows` (and of up to two more row sets
 // that go where it goes, each to its own addresses) stored into the
 // symmetric buffers of the ranks it goes to, the rows taken as `blocks`
-// equal blocks in turns; with `flags`, the launch ends in a barrier of the
-// ranks (aot/kernels/send_rows.py).  Checks, launch; nothing to make (the
-// buffers are the caller's, on the peers); Meta tensors run the checks only.
+// equal blocks in turns.  Checks, launch; nothing to make (the buffers are
+// the caller's, on the peers); Meta tensors run the checks only.
 #include <family_args.h>
 
 #include <optional>
@@ -46,8 +45,7 @@ Companion companion(const std::optional<Tensor>& rows_in, const std::optional<Te
 
 void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t blocks,
                std::optional<Tensor> rows2, std::optional<Tensor> peers2,
-               std::optional<Tensor> rows3, std::optional<Tensor> peers3,
-               std::optional<Tensor> flags, int64_t rank, int64_t timeout_ms) {
+               std::optional<Tensor> rows3, std::optional<Tensor> peers3) {
   check_tensor(rows_in, "rows", 2, family::SendRows::kDTypes);
   check_tensor(peers, "peers", 1, ScalarType::Long);
   check_companion(peers, "peers", {peers.size(0)}, ScalarType::Long, rows_in, "int64",
@@ -56,13 +54,6 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
   const Companion second = companion(rows2, peers2, "rows2", "peers2", rows_in, peers, kept);
   const Companion third = companion(rows3, peers3, "rows3", "peers3", rows_in, peers, kept);
   const int64_t count = rows_in.size(0), destinations = dest.size(1);
-  if (flags) {
-    check_companion(*flags, "flags", {peers.size(0)}, ScalarType::Long, rows_in, "int64",
-                    "(each rank's barrier flags)");
-    if (rank < 0 || rank >= peers.size(0))
-      value_error("rank must be in [0, ", peers.size(0), "), got ", rank);
-    if (timeout_ms < 1) value_error("timeout_ms must be >= 1, got ", timeout_ms);
-  }
   check_tensor(dest, "dest", 2, ScalarType::Long);
   check_companion(dest, "dest", {count, destinations}, ScalarType::Long, rows_in, "int64",
                   "(each row's destinations)");
@@ -70,17 +61,13 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                   "(the rank of each of dest's rows)");
   if (blocks < 1 || count % blocks != 0)
     value_error("blocks must be >= 1 and divide the ", count, " rows, got ", blocks);
-  if (shapes_only(rows_in)) return;
-  // Nothing to store: no launch, unless the ranks meet at its end.
-  const bool nothing =
-      count == 0 || destinations == 0 || rows_in.size(1) + second.width + third.width == 0;
-  if (nothing && !flags) return;
-  const Tensor rows = dense(rows_in), table = as_contiguous(peers), rank_of = as_contiguous(ranks),
+  if (count == 0 || destinations == 0 || shapes_only(rows_in)) return;
+  if (rows_in.size(1) + second.width + third.width == 0) return;
+  const Tensor rows = dense(rows_in), table = as_contiguous(peers), rank = as_contiguous(ranks),
                row = as_contiguous(dest);
-  const Tensor flag_table = flags ? as_contiguous(*flags) : table;
   const family::SendRows args{.rows_ptr = address(rows),
                               .peers_ptr = address(table),
-                              .ranks_ptr = address(rank_of),
+                              .ranks_ptr = address(rank),
                               .dest_ptr = address(row),
                               .R = count,
                               .H = rows.size(1),
@@ -91,12 +78,7 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                               .H2 = second.width,
                               .rows3_ptr = third.rows_ptr,
                               .peers3_ptr = third.peers_ptr,
-                              .H3 = third.width,
-                              .flags_ptr = address(flag_table),
-                              .RANK = rank,
-                              .W = peers.size(0),
-                              .ARRIVE = flags ? 1 : 0,
-                              .timeout_ns = timeout_ms * 1000000};
+                              .H3 = third.width};
   launch(args, {}, target_of(rows, rows.scalar_type()));
 }
 

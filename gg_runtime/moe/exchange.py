@@ -187,8 +187,8 @@ class Plan:
         layout = self.layout
         layout.meta.clear()  # rows no rank sends: no ids
         layout.buffer.barrier()  # every rank has read what the regions held
-        layout.buffer.send((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest,
-                           arrive=True)
+        layout.buffer.send((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest)
+        layout.buffer.barrier()
         self.local_ids, weights, self.back_dest = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)
@@ -200,7 +200,8 @@ class Plan:
         layout = self.layout
         layout.buffer.barrier()
         layout.buffer.send(((layout.rows, words(out)),), layout.home_ranks, self.back_dest,
-                           layout.world, arrive=True)
+                           layout.world)
+        layout.buffer.barrier()
         return self._summed(layout.rows.local.view(out.dtype))
 
     def _summed(self, planes):
@@ -215,7 +216,8 @@ class Plan:
         went (a copy: autograd may run another transfer before it is read)."""
         layout = self.layout
         layout.buffer.barrier()
-        layout.buffer.send(((layout.rows, words(grad)),), self.ranks, self.dest, arrive=True)
+        layout.buffer.send(((layout.rows, words(grad)),), self.ranks, self.dest)
+        layout.buffer.barrier()
         return layout.rows.local.view(grad.dtype).clone()
 
     def returned_gradients(self, grad_rows, grad_weights):
@@ -228,7 +230,8 @@ class Plan:
         padded[:, :k] = grad_weights
         layout.buffer.barrier()
         layout.buffer.send(((layout.rows, words(grad_rows)), (layout.meta, words(padded))),
-                           layout.home_ranks, self.back_dest, layout.world, arrive=True)
+                           layout.home_ranks, self.back_dest, layout.world)
+        layout.buffer.barrier()
         grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
         planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
         planes = planes.contiguous().view(torch.float32)[..., :k]  # [W, T, k]

@@ -6,11 +6,10 @@ peers' regions; two ways, one interface:
 - `SymmetricBuffer` (one host): torch's SymmetricMemory allocates the
   buffer on every rank and gives each rank every peer's address; the
   send_rows operator stores rows straight into the peers' regions.  A send
-  is bracketed by two device-side barriers: the first (torch's) waits until
-  every rank has finished reading what the region held (and has cleared
-  it, where the rows not sent must read blank), the second, at the end of
-  the send's own launch (flags at the buffer's head), until every rank's
-  rows have landed.
+  is bracketed by two device-side barriers: the first waits until every
+  rank has finished reading what the region held (and has cleared it, where
+  the rows not sent must read blank), the second until every rank's rows
+  have landed.
 - `NcclBuffer` (any ranks, across hosts too): the rows are placed in a
   staging copy of the region's blocks on the sender and moved by NCCL's
   all_to_all_single, every block whole (equal splits: no counts from the
@@ -60,14 +59,13 @@ class Region:
 
 class Buffer:
     """What the transports share: the group, the bytes, the regions.  A
-    transport's `send(sends, ranks, dest, blocks, arrive)`: for each (region, rows)
+    transport's `send(sends, ranks, dest, blocks)`: for each (region, rows)
     of `sends` (at most SEND_PARTS, rows 2-D, the region's width in words
     each, a row for each of the first's), row r of rows to row dest[r, c] of
     rank ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of
     this rank's block there (dest // (rows / W) is this rank).  Rows in
     `blocks` equal blocks, each going to another rank, are stored into all
-    of them at once.  With `arrive`, the send ends in a barrier of the
-    ranks: when it ends, every peer's rows to this rank have landed."""
+    of them at once."""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
         self.group, self.nbytes, self.tensor = group, nbytes, tensor
@@ -95,28 +93,22 @@ class SymmetricBuffer(Buffer):
     def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
         from torch.distributed import _symmetric_memory as symmetric_memory
 
-        # At the head, send_rows' barrier flags (W + 1 int32 words, zero to start).
-        head = aligned_bytes(1, 2 * (group.size() + 1))
         # Zeroed: a row no rank sent is read in place, never multiplied, but finite.
-        whole = symmetric_memory.empty(head + nbytes, dtype=torch.uint8, device=device).zero_()
-        super().__init__(group, nbytes, whole[head:])
-        self.handle = symmetric_memory.rendezvous(whole, group.group_name)
-        self.flags = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.addresses = self.flags + head
+        super().__init__(group, nbytes,
+                         symmetric_memory.empty(nbytes, dtype=torch.uint8, device=device).zero_())
+        self.handle = symmetric_memory.rendezvous(self.tensor, group.group_name)
+        self.addresses = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
 
     def peers(self, offset: int) -> torch.Tensor:
         """[W] int64, made once a region: a call launches no arithmetic for it."""
         return self.addresses + offset
 
-    def send(self, sends, ranks, dest, blocks=1, arrive=False):
-        """One send_rows launch for every row set of `sends`, ending in the
-        barrier where `arrive`."""
+    def send(self, sends, ranks, dest, blocks=1):
+        """One send_rows launch for every row set of `sends`."""
         assert len(sends) <= SEND_PARTS, "send_rows takes at most SEND_PARTS row sets"
         (region, rows), *more = sends
-        companions = [a for part, part_rows in more for a in (part_rows, part.peers)]
-        companions += [None] * (2 * (SEND_PARTS - 1) - len(companions))
-        call(OPS.send_rows.default, rows, region.peers, ranks, dest, blocks, *companions,
-             self.flags if arrive else None, self.group.rank(), BARRIER_TIMEOUT_MS)
+        call(OPS.send_rows.default, rows, region.peers, ranks, dest, blocks,
+             *(a for part, part_rows in more for a in (part_rows, part.peers)))
 
     def clear(self, region: Region):
         """The peers store only the rows they send: the rest is set here."""
@@ -134,11 +126,11 @@ class NcclBuffer(Buffer):
     def __init__(self, group: dist.ProcessGroup, nbytes: int, device: torch.device):
         super().__init__(group, nbytes, torch.zeros(nbytes, dtype=torch.uint8, device=device))
 
-    def send(self, sends, ranks, dest, blocks=1, arrive=False):
+    def send(self, sends, ranks, dest, blocks=1):
         """Each row set's rows into their places in a staging copy of the
         peers' blocks (the others blank; a last row takes the rows not sent),
-        then every block to its rank (NCCL orders the transfers: blocks and
-        arrive do not matter)."""
+        then every block to its rank (NCCL orders the transfers: blocks does
+        not matter)."""
         world, rank = self.group.size(), self.group.rank()
         for region, rows in sends:
             block = region.local.shape[0] // world

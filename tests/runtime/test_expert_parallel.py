@@ -48,15 +48,12 @@ class World:
         out.copy_(torch.stack(self.gathered))
         self.barrier.wait()
 
-    def send_rows(self, rows, peers, ranks, dest, blocks, rows2, peers2, rows3, peers3, flags,
-                  rank, timeout_ms):
+    def send_rows(self, rows, peers, ranks, dest, blocks, *more):
         """The operator's contract: rows, and each further (rows, peers) pair,
-        to where dest says; then, with flags, a barrier of the ranks."""
+        to where dest says."""
         assert blocks >= 1 and rows.shape[0] % blocks == 0  # the operator's check
-        assert timeout_ms >= 1
-        more = [(part, table) for part, table in ((rows2, peers2), (rows3, peers3))
-                if part is not None]
-        for part, table in ((rows, peers), *more):
+        assert len(more) % 2 == 0 and len(more) <= 4
+        for part, table in ((rows, peers), *zip(more[::2], more[1::2])):
             assert part.shape[0] == rows.shape[0]
             width = part.shape[1] * 2
             for r, c in torch.nonzero(dest >= 0).tolist():
@@ -65,8 +62,6 @@ class World:
                               if b.data_ptr() <= address < b.data_ptr() + b.numel())
                 start = address - buffer.data_ptr()
                 buffer[start:start + width] = part[r].view(torch.uint8)
-        if flags is not None:
-            self.barrier.wait()
 
 
 class Group:
@@ -94,7 +89,6 @@ def simulated(monkeypatch):
             world.buffers[group.rank()] = self.tensor
             world.barrier.wait()
             self.addresses = torch.tensor([b.data_ptr() for b in world.buffers])
-            self.flags = torch.zeros(world.size, dtype=torch.int64)  # the send's barrier: World's
             world.barrier.wait()
 
         def barrier(self):

@@ -19,18 +19,16 @@ pytestmark = [gpu, pytest.mark.usefixtures("poison")]
 CASES = [(1, 16, 1, 1, 1), (37, 7168, 4, 4, 64), (1000, 200, 2, 3, 1500), (9, 24, 9, 9, 16)]
 
 
-def send(values, buffers, ranks, dest, blocks, more=(), **barrier):
+def send(values, buffers, ranks, dest, blocks, more=()):
     """send_rows into `buffers` (and each (values, buffers) of `more` into
-    its own; `barrier`: flags and rank); what they should hold after it, in
-    that order."""
+    its own); what they should hold after it, in that order."""
     parts = ((values, buffers), *more)
     want = [[b.clone() for b in part_buffers] for _, part_buffers in parts]
     for r, c in torch.nonzero(dest >= 0).tolist():
         for (part_values, _), part_want in zip(parts, want):
             part_want[ranks[r, c]][dest[r, c]] = part_values[r]
-    companions = {f"{name}{i + 2}": a for i, (part_values, part_buffers) in enumerate(more)
-                  for name, a in (("rows", part_values), ("peers", peers_of(part_buffers)))}
-    OPS.send_rows.default(values, peers_of(buffers), ranks, dest, blocks, **companions, **barrier)
+    args = [a for part_values, part_buffers in parts for a in (part_values, peers_of(part_buffers))]
+    OPS.send_rows.default(*args[:2], ranks, dest, blocks, *args[2:])
     torch.cuda.synchronize()
     return want[0] if not more else want
 
@@ -104,25 +102,3 @@ def test_row_sets_without_their_peers_or_of_other_row_counts_are_refused():
         OPS.send_rows.default(rows, peers, ranks, dest, 1, rows)
     with pytest.raises(ValueError, match="rows3"):
         OPS.send_rows.default(rows, peers, ranks, dest, 1, rows, peers, rows[:5], peers)
-
-
-@pytest.mark.parametrize("rows", [37, 0])
-def test_with_flags_the_launch_ends_in_a_barrier_of_the_ranks(rows):
-    """Rank 1 of 3, its peers' marks set here beforehand as they would set
-    them: it marks its arrival in word 1 of each peer's flags, takes the
-    peers' marks off its own (ready for the next launch) and leaves its
-    counter (word 3) at zero; with no rows to send too."""
-    buffers, ranks, dest = buffers_and_routes(rows, 64, 2, 3, 128)
-    flags = [torch.zeros(4, dtype=torch.int32, device="cuda") for _ in range(3)]
-    flags[1][0] = flags[1][2] = 1
-    values = torch.randn(rows, 64, device="cuda").bfloat16()
-    want = send(values, buffers, ranks, dest, 1, flags=peers_of(flags), rank=1)
-    assert all(torch.equal(got, expected) for got, expected in zip(buffers, want))
-    assert [f.tolist() for f in flags] == [[0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]
-
-
-def test_a_barrier_rank_outside_the_group_is_refused():
-    buffers, ranks, dest = buffers_and_routes(5, 16, 1, 2, 8)
-    peers, rows = peers_of(buffers), torch.zeros(5, 16, device="cuda").bfloat16()
-    with pytest.raises(ValueError, match="rank must be in"):
-        OPS.send_rows.default(rows, peers, ranks, dest, 1, flags=peers, rank=2)
