@@ -10,9 +10,13 @@ flushed.  Two modes:
   expert_products_fp8.cc decode_splits);
 - `--ab`: the wheel's forward as it dispatches against the one-kernel
   forward forced (the variant the dispatch took before the split forward:
-  the warp-specialised one where its `few_units` holds).
+  the warp-specialised one where its `few_units` holds);
+- `--down`: the down kernel's sum of the parts, four loads at a time as the
+  wheel's (part_sums), against one load after another and against a single
+  part (a bound on what the sum costs; its output is wrong), each kernel
+  alone and each whole forward, at T = 1 and 2.
 
-    python lab/decode_split_probe.py [--ab] [--filter NAME] [--json OUT]
+    python lab/decode_split_probe.py [--ab | --down] [--filter NAME] [--json OUT]
 """
 from __future__ import annotations
 
@@ -84,6 +88,41 @@ def down_in_fours_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13
 
 
 @triton.jit
+def down_parts_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2,
+                      gpt_oss, parts_ptr, S, H, N, G, splits, w2_group_stride, ld2,
+                      SCALING: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      CHUNK: tl.constexpr, PRECISION: tl.constexpr, AT_ONCE: tl.constexpr):
+    """scaled_decode_down_kernel with the parts of gu read one load after
+    another (AT_ONCE 1, the kernel before part_sums), or only the first part
+    (AT_ONCE 0: timing only)."""
+    inter = N // 2
+    chunks = tl.cdiv(inter, CHUNK_COLUMNS)
+    w2 = (w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN), w2_scale_ptr,
+          (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss))
+    groups = slot_groups(ids_ptr, S, G, chunks, BM)
+    per_split = tl.cdiv(tl.cdiv(H, BN), splits) * BN
+    for t in range(tl.program_id(0), tl.sum(groups[2]) * splits, tl.num_programs(0)):
+        g, slots, row_ok, column = locate_unit(t // splits, groups, chunks, BM)
+        n_lo = (t % splits) * per_split
+        j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
+        mask = row_ok[:, None] & (j < inter)[None, :]
+        rows = gu_ptr + slots.to(tl.int64)[:, None] * N + j[None, :]
+        if AT_ONCE == 0:
+            gate = tl.load(rows, mask=mask, other=0.0)
+            up = tl.load(rows + inter, mask=mask, other=0.0)
+        else:
+            gate = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
+            up = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
+            for split in range(splits):
+                gate += tl.load(rows + split * S * N, mask=mask, other=0.0)
+                up += tl.load(rows + split * S * N + inter, mask=mask, other=0.0)
+        h, h_scale = quantized_h(gate, up, w2[2], g, column, inter, GLU)
+        down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks,
+                   (n_lo, tl.minimum(n_lo + per_split, H), H), SCALING, BN)
+
+
+@triton.jit
 def up_merged_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, gu_ptr,
                      S, H, N, G, splits, w13_group_stride, ld13, SCALING: tl.constexpr,
                      GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
@@ -141,7 +180,8 @@ def make_case(H, inter, E, k, T):
 
 
 def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
-                  down_kernel=scaled_decode_down_kernel, stages=(True, True, True)):
+                  down_kernel=scaled_decode_down_kernel, stages=(True, True, True),
+                  down_options=None):
     """The two split kernels and combine_parts (those of `stages` on), as a
     closure over buffers."""
     x, ids, weights = case["x"], case["topk_ids"].reshape(-1), case["topk_weights"]
@@ -165,7 +205,8 @@ def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
                             w13.stride(0), w13.stride(1), **common)
         if stages[1]:
             down_kernel[grid](gu, ids, w2, w2_scale, x, 0, x, 0, 0, parts, S, H, N, E,
-                              splits, w2.stride(0), w2.stride(1), **common)
+                              splits, w2.stride(0), w2.stride(1), **common,
+                              **(down_options or {}))
         if stages[2]:
             combine_parts_kernel[(min(T * triton.cdiv(H, 32), PROGRAMS),)](
                 parts, ids, weights, out, T, H, k, E, chunks, USE_TMA=False, BM=1, BN=32,
@@ -198,6 +239,39 @@ def breakdown(case, reference) -> dict:
             f"{k} {v:.1f}" if "error" not in k else f"({v:.0e})" for k, v in row.items()),
             flush=True)
         rows[splits] = row
+    return rows
+
+
+def down_sums(args):
+    """--down: the part sums' cost in the down kernel (the module's docstring)."""
+    rows = []
+    variants = {"wheel": {}, "one_at_a_time": {"down_kernel": down_parts_kernel,
+                                               "down_options": {"AT_ONCE": 1}},
+                "one_part": {"down_kernel": down_parts_kernel, "down_options": {"AT_ONCE": 0}}}
+    for name, shape in SHAPES.items():
+        if args.filter not in name:
+            continue
+        for T in (1, 2):
+            torch.manual_seed(T)
+            case = make_case(*shape, T)
+            reference = moe_experts_fp8_ref(**case)
+            for splits in (8, 14, 16):
+                if splits > triton.cdiv(shape[0], 128) // 4:
+                    continue
+                row = {"shape": name, "T": T, "splits": splits}
+                timed = {}
+                for variant, options in variants.items():
+                    split_forward(case, splits, **options)()
+                    alone = split_forward(case, splits, stages=(False, True, False), **options)
+                    whole = split_forward(case, splits, **options)
+                    timed[variant + "_down"] = graphed(alone)
+                    timed[variant + "_whole"] = graphed(whole)
+                    row[variant + "_error"] = rel_error(whole(), reference)
+                row.update({k: 1e3 * v for k, v in time_in_turns(timed).items()})
+                print(f"{name:20s} T={T} splits {splits:2d}: " + " ".join(
+                    f"{k} {row[k]:.1f}" for k in timed) + " | errors " + " ".join(
+                    f"{v}: {row[v + '_error']:.1e}" for v in variants), flush=True)
+                rows.append(row)
     return rows
 
 
@@ -253,9 +327,13 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--filter", default="")
     parser.add_argument("--ab", action="store_true")
+    parser.add_argument("--down", action="store_true")
     args = parser.parse_args()
-    if args.ab:
-        rows = ab(args)
+    if args.ab or args.down:
+        if args.down:
+            triton.set_allocator(lambda size, align, stream: torch.empty(
+                size, dtype=torch.int8, device="cuda"))
+        rows = ab(args) if args.ab else down_sums(args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)

@@ -63,6 +63,30 @@ def scaled_decode_up_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13
 
 
 @triton.jit
+def part_sums(rows, mask, step, inter, splits):
+    """(gate, up): the unit's rows of gu (rows: pointers into the first part's
+    gate columns, mask [BM, 128], parts `step` elements apart) summed over
+    the splits, four parts' loads in flight at a time: one after another,
+    their latency was most of what the sum cost (lab/decode_split_probe.py
+    --down)."""
+    gate = tl.zeros(rows.shape, dtype=tl.float32)
+    up = tl.zeros(rows.shape, dtype=tl.float32)
+    for s0 in range(0, splits, 4):
+        at = rows + s0 * step
+        g0 = tl.load(at, mask=mask, other=0.0)
+        u0 = tl.load(at + inter, mask=mask, other=0.0)
+        g1 = tl.load(at + step, mask=mask & (s0 + 1 < splits), other=0.0)
+        u1 = tl.load(at + step + inter, mask=mask & (s0 + 1 < splits), other=0.0)
+        g2 = tl.load(at + 2 * step, mask=mask & (s0 + 2 < splits), other=0.0)
+        u2 = tl.load(at + 2 * step + inter, mask=mask & (s0 + 2 < splits), other=0.0)
+        g3 = tl.load(at + 3 * step, mask=mask & (s0 + 3 < splits), other=0.0)
+        u3 = tl.load(at + 3 * step + inter, mask=mask & (s0 + 3 < splits), other=0.0)
+        gate += (g0 + g1) + (g2 + g3)
+        up += (u0 + u1) + (u2 + u3)
+    return gate, up
+
+
+@triton.jit
 def scaled_decode_down_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr,
                               has_b2, activation, parts_ptr, S, H, N, G, splits, w2_group_stride,
                               ld2, SCALING: tl.constexpr, GLU: tl.constexpr,
@@ -82,12 +106,8 @@ def scaled_decode_down_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, ha
         n_lo = (t % splits) * per_split
         j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
         mask = row_ok[:, None] & (j < inter)[None, :]
-        gate = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
-        up = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
-        for split in range(splits):
-            rows = gu_ptr + (split * S + slots.to(tl.int64))[:, None] * N + j[None, :]
-            gate += tl.load(rows, mask=mask, other=0.0)
-            up += tl.load(rows + inter, mask=mask, other=0.0)
+        gate, up = part_sums(gu_ptr + slots.to(tl.int64)[:, None] * N + j[None, :], mask,
+                             S.to(tl.int64) * N, inter, splits)
         h, h_scale = quantized_h(gate, up, w2[2], g, column, inter, GLU)
         down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks,
                    (n_lo, tl.minimum(n_lo + per_split, H), H), SCALING, BN)
