@@ -54,13 +54,20 @@ BM, BN, BK = 16, 128, 128
 PROGRAMS = 132 * 4
 
 
+# The down kernels' ways of summing gu's parts (down_sums_kernel's SUMS).
+IN_FOURS, ONE_AT_A_TIME, ONE_PART = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
 @triton.jit
-def down_in_fours_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2,
-                         gpt_oss, parts_ptr, S, H, N, G, splits, w2_group_stride, ld2,
-                         SCALING: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """scaled_decode_down_kernel with the parts of gu read four splits a load."""
+def down_sums_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2,
+                     gpt_oss, parts_ptr, S, H, N, G, splits, w2_group_stride, ld2,
+                     SCALING: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     CHUNK: tl.constexpr, PRECISION: tl.constexpr, SUMS: tl.constexpr):
+    """scaled_decode_down_kernel with the parts of gu summed another way:
+    IN_FOURS, four splits a load (one 3-D tile); ONE_AT_A_TIME, one load
+    after another (the kernel before part_sums); ONE_PART, only the first
+    part read (timing only: its output is wrong)."""
     inter = N // 2
     chunks = tl.cdiv(inter, CHUNK_COLUMNS)
     w2 = (w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN), w2_scale_ptr,
@@ -73,50 +80,24 @@ def down_in_fours_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13
         n_lo = (t % splits) * per_split
         j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
         mask = row_ok[:, None] & (j < inter)[None, :]
-        gate = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
-        up = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
-        for s0 in range(0, splits, 4):
-            split = s0 + four
-            rows = gu_ptr + ((split * S)[:, None, None] + slots.to(tl.int64)[None, :, None]) * N \
-                + j[None, None, :]
-            both = mask[None, :, :] & (split < splits)[:, None, None]
-            gate += tl.sum(tl.load(rows, mask=both, other=0.0), axis=0)
-            up += tl.sum(tl.load(rows + inter, mask=both, other=0.0), axis=0)
-        h, h_scale = quantized_h(gate, up, w2[2], g, column, inter, GLU)
-        down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks,
-                   (n_lo, tl.minimum(n_lo + per_split, H), H), SCALING, BN)
-
-
-@triton.jit
-def down_parts_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2,
-                      gpt_oss, parts_ptr, S, H, N, G, splits, w2_group_stride, ld2,
-                      SCALING: tl.constexpr, GLU: tl.constexpr, USE_TMA: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      CHUNK: tl.constexpr, PRECISION: tl.constexpr, AT_ONCE: tl.constexpr):
-    """scaled_decode_down_kernel with the parts of gu read one load after
-    another (AT_ONCE 1, the kernel before part_sums), or only the first part
-    (AT_ONCE 0: timing only)."""
-    inter = N // 2
-    chunks = tl.cdiv(inter, CHUNK_COLUMNS)
-    w2 = (w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN), w2_scale_ptr,
-          (b13_ptr, has_b13, b2_ptr, has_b2, gpt_oss))
-    groups = slot_groups(ids_ptr, S, G, chunks, BM)
-    per_split = tl.cdiv(tl.cdiv(H, BN), splits) * BN
-    for t in range(tl.program_id(0), tl.sum(groups[2]) * splits, tl.num_programs(0)):
-        g, slots, row_ok, column = locate_unit(t // splits, groups, chunks, BM)
-        n_lo = (t % splits) * per_split
-        j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
-        mask = row_ok[:, None] & (j < inter)[None, :]
         rows = gu_ptr + slots.to(tl.int64)[:, None] * N + j[None, :]
-        if AT_ONCE == 0:
+        if SUMS == ONE_PART:
             gate = tl.load(rows, mask=mask, other=0.0)
             up = tl.load(rows + inter, mask=mask, other=0.0)
         else:
             gate = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
             up = tl.zeros((BM, CHUNK_COLUMNS), dtype=tl.float32)
-            for split in range(splits):
-                gate += tl.load(rows + split * S * N, mask=mask, other=0.0)
-                up += tl.load(rows + split * S * N + inter, mask=mask, other=0.0)
+            if SUMS == ONE_AT_A_TIME:
+                for split in range(splits):
+                    gate += tl.load(rows + split * S * N, mask=mask, other=0.0)
+                    up += tl.load(rows + split * S * N + inter, mask=mask, other=0.0)
+            else:
+                for s0 in range(0, splits, 4):
+                    split = s0 + four
+                    at = rows[None, :, :] + (split * S * N)[:, None, None]
+                    both = mask[None, :, :] & (split < splits)[:, None, None]
+                    gate += tl.sum(tl.load(at, mask=both, other=0.0), axis=0)
+                    up += tl.sum(tl.load(at + inter, mask=both, other=0.0), axis=0)
         h, h_scale = quantized_h(gate, up, w2[2], g, column, inter, GLU)
         down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks,
                    (n_lo, tl.minimum(n_lo + per_split, H), H), SCALING, BN)
@@ -228,10 +209,10 @@ def breakdown(case, reference) -> dict:
             fn = split_forward(case, splits, stages=stages)
             split_forward(case, splits)()  # gu and parts as a call leaves them
             row[name] = 1e3 * replayed_ms(fn)
-        for name, kernels in (("down_in_fours", {"down_kernel": down_in_fours_kernel}),
+        in_fours = {"down_kernel": down_sums_kernel, "down_options": {"SUMS": IN_FOURS}}
+        for name, kernels in (("down_in_fours", in_fours),
                               ("up_merged", {"up_kernel": up_merged_kernel}),
-                              ("both", {"down_kernel": down_in_fours_kernel,
-                                        "up_kernel": up_merged_kernel})):
+                              ("both", {**in_fours, "up_kernel": up_merged_kernel})):
             fn = split_forward(case, splits, **kernels)
             row[name] = 1e3 * replayed_ms(fn)
             row[name + "_error"] = rel_error(fn(), reference)
@@ -245,9 +226,9 @@ def breakdown(case, reference) -> dict:
 def down_sums(args):
     """--down: the part sums' cost in the down kernel (the module's docstring)."""
     rows = []
-    variants = {"wheel": {}, "one_at_a_time": {"down_kernel": down_parts_kernel,
-                                               "down_options": {"AT_ONCE": 1}},
-                "one_part": {"down_kernel": down_parts_kernel, "down_options": {"AT_ONCE": 0}}}
+    variants = {"wheel": {}, "one_at_a_time": {"down_kernel": down_sums_kernel,
+                                               "down_options": {"SUMS": ONE_AT_A_TIME}},
+                "one_part": {"down_kernel": down_sums_kernel, "down_options": {"SUMS": ONE_PART}}}
     for name, shape in SHAPES.items():
         if args.filter not in name:
             continue
