@@ -19,6 +19,7 @@ from gg_runtime import Quantized
 from gg_runtime.moe import expert_parallel, moe_experts, transport
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.moe_fp8 import fp8_experts
+from gg_runtime.testing.w4 import random_int4, random_mxfp4
 
 TOLERANCE = 1e-2  # each rank's part rounded to bfloat16 before the parts are summed
 
@@ -229,6 +230,34 @@ def case_fp8_training_recipe():
     # each expert's rows, which the ranks hold in another order than one GPU.
     forward_and_backward({"fp8": "blockwise"}, tokens=uneven(256), experts=4 * world,
                          weight_tolerance=8e-2, **SHAPE)
+
+
+def w4_forward(weight_format, **shape):
+    """expert_parallel with 4-bit weights in `weight_format` (mxfp4, int4_gN;
+    inference, the tokens travel in 16 bits), drawn alike on every rank,
+    against moe_experts with all of them."""
+    case, counts = global_case(**shape)
+    experts, hidden, inter = shape["experts"], shape["hidden"], shape["inter"]
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    for name, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
+        case[name] = (random_mxfp4(experts, n, k, generator=generator)
+                      if weight_format == "mxfp4" else
+                      random_int4(experts, n, k, group=int(weight_format.split("_g")[1]),
+                                  generator=generator))
+    mine, tokens, _ = local(case, counts)
+    with torch.no_grad():
+        check_close(f"out ({weight_format})", expert_parallel(**mine),
+                    moe_experts(**case)[tokens])
+
+
+def case_w4_weights():
+    world, _ = world_and_rank()
+    for weight_format in ("mxfp4", "int4_g32", "int4_g128"):
+        w4_forward(weight_format, tokens=uneven(200), experts=8 * world, **SHAPE)
+        # A token a rank: the decode kernels.
+        w4_forward(weight_format, tokens=lambda r: 1, experts=8 * world, **SHAPE)
+    w4_forward("mxfp4", tokens=lambda r: 0 if r == 1 else 90, experts=4 * world, hidden=288,
+               inter=160, k=2, dropped=True)
 
 
 def case_graph_replay_with_new_routing():

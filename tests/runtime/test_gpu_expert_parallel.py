@@ -17,7 +17,7 @@ from gg_runtime.testing import ranks_command, ranks_env
 WORKER = Path(__file__).with_name("expert_parallel_worker.py")
 CASES = ("uniform", "skewed", "a_rank_with_no_tokens", "dropped_ids", "gpt_oss_with_biases",
          "one_expert_a_rank_k8", "placed_experts", "chunks_on_two_streams", "fp8_weights",
-         "fp8_weights_over_nccl", "fp8_training_recipe",
+         "fp8_weights_over_nccl", "fp8_training_recipe", "w4_weights",
          "graph_replay_with_new_routing", "no_host_sync", "nccl_transport",
          "ranks_that_disagree_are_refused_on_every_rank", "more_tokens_than_max_tokens_is_refused",
          "torchtitan_moe", "transformers_qwen3_moe")
