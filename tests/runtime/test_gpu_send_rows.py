@@ -94,11 +94,3 @@ def test_blocks_that_do_not_divide_the_rows_are_refused(blocks):
         OPS.send_rows.default(torch.zeros(37, 16, device="cuda").bfloat16(), peers, ranks, dest,
                               blocks)
 
-
-def test_row_sets_without_their_peers_or_of_other_row_counts_are_refused():
-    buffers, ranks, dest = buffers_and_routes(37, 16, 1, 2, 64)
-    peers, rows = peers_of(buffers), torch.zeros(37, 16, device="cuda").bfloat16()
-    with pytest.raises(ValueError, match="rows2 and peers2 must be given together"):
-        OPS.send_rows.default(rows, peers, ranks, dest, 1, rows)
-    with pytest.raises(ValueError, match="rows3"):
-        OPS.send_rows.default(rows, peers, ranks, dest, 1, rows, peers, rows[:5], peers)
