@@ -4,7 +4,11 @@ kernel's) and duration on rank 0, beside the experts alone (moe_experts on
 the same rows, graphed).  A layer (H, I, E, k) at a few token counts, 16-bit
 and fp8 weights (128 x 128 blocks, the tokens sent in fp8).
 
-    torchrun --nproc-per-node 2 -m lab.ep_decode_profile [--tokens 1,128] [--shape qwen3]
+    cd build && PYTHONPATH=WHEEL_SITE:.. torchrun --nproc-per-node 2 \
+        -m lab.ep_decode_profile [--tokens 1,128] [--shape qwen3]
+
+(from build/, as make bench runs: in the repository's root the tree's
+gg_runtime, which has no extension, would shadow the installed wheel's).
 """
 from __future__ import annotations
 
