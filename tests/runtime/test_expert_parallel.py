@@ -19,7 +19,7 @@ import gg_runtime.moe.transformers_glue as transformers_glue
 import gg_runtime.moe.transport as transport
 from gg_runtime.moe import ExpertParallelExperts, expert_parallel
 from gg_runtime import Quantized
-from gg_runtime._native import OPS
+from gg_runtime._native import OPS, call
 from gg_runtime.formats import FP8_WEIGHT_SCALINGS
 from gg_runtime.testing.fp8 import quantize_ref
 from gg_runtime.testing.moe_fp8 import dequantize64, dequantized_experts
@@ -260,19 +260,20 @@ def test_no_process_group_is_a_value_error():
 
 
 def test_send_rows_refuses_row_sets_without_their_peers_or_of_other_row_counts():
-    """The operator's checks, on meta tensors (they launch nothing)."""
+    """The operator's checks, on meta tensors (they launch nothing), its
+    errors as gg_runtime's calls raise them."""
     def meta(*shape, dtype=torch.bfloat16):
         return torch.empty(*shape, dtype=dtype, device="meta")
 
     rows, peers = meta(5, 16), meta(2, dtype=torch.int64)
     route = (meta(5, 1, dtype=torch.int32), meta(5, 1, dtype=torch.int64), 1)
-    OPS.send_rows.default(rows, peers, *route, meta(5, 3), peers, meta(5, 2), peers)
+    call(OPS.send_rows.default, rows, peers, *route, meta(5, 3), peers, meta(5, 2), peers)
     with pytest.raises(ValueError, match="rows2 and peers2 must be given together, got only rows2"):
-        OPS.send_rows.default(rows, peers, *route, meta(5, 3))
+        call(OPS.send_rows.default, rows, peers, *route, meta(5, 3))
     with pytest.raises(ValueError, match="rows3 must"):
-        OPS.send_rows.default(rows, peers, *route, meta(5, 3), peers, meta(4, 3), peers)
+        call(OPS.send_rows.default, rows, peers, *route, meta(5, 3), peers, meta(4, 3), peers)
     with pytest.raises(ValueError, match="peers2 must"):
-        OPS.send_rows.default(rows, peers, *route, meta(5, 3), meta(3, dtype=torch.int64))
+        call(OPS.send_rows.default, rows, peers, *route, meta(5, 3), meta(3, dtype=torch.int64))
 
 
 def fp8_weights(hidden, w13_scales=None):
