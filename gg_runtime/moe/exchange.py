@@ -3,7 +3,10 @@ out for a configuration (its sizes agreed by every rank on its first call),
 and one call's Plan, all on the GPU: where each token goes and its row
 there, the transfers out (the tokens, 16-bit or quantized, and their
 metadata) and back (the outputs, summed over the ranks that made them), and
-both ways again for the backward (Dispatch and Return, the autograd)."""
+both ways again for the backward (Dispatch and Return, the autograd).
+Transfers out and back store into regions of their own, and each call reads
+what a transfer brought before the next one starts: so no transfer waits
+for the ranks to finish reading (transport.Buffer.transfer)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,12 +32,14 @@ AGREED = ("experts per rank", "hidden size", "k", "max_tokens", "element size",
 class Layout:
     """One configuration's sizes and its regions of the group's buffer (one
     chunk's, where the tokens go in chunks), each W blocks of `capacity`
-    rows, row t of block s rank s's token t (where sent): `rows` (rows of H
-    words: tokens, outputs and their gradients) and `meta` (rows of 2k
-    int32: a token's global ids and its weights' bits; the weights'
-    gradients on the way back); with fp8 dispatch (`token_scales` float32
-    scales a token), `fp8_rows` (the rows region's bytes as rows of H fp8
-    values) and `scales`."""
+    rows, row t of block s rank s's token t (where sent).  Out to the
+    experts' ranks: `rows` (rows of H words: tokens, the output's
+    gradients) and `meta` (rows of 2k int32: a token's global ids and its
+    weights' bits); with fp8 dispatch (`token_scales` float32 scales a
+    token), `fp8_rows` (the rows region's bytes as rows of H fp8 values) and
+    `scales`.  Back home: `home` (rows of H words: outputs, the tokens'
+    gradients) and `home_weights` (rows of k float32: the weights'
+    gradients)."""
     world: int
     rank: int
     experts_per_rank: int
@@ -43,6 +48,8 @@ class Layout:
     buffer: Buffer
     rows: Region
     meta: Region
+    home: Region
+    home_weights: Region
     token_scales: int = 0
     scales: Region | None = None
 
@@ -113,8 +120,10 @@ def _new_layouts(group, transport, experts_per_rank, hidden, k, capacity, scales
     world = group.size()
     # The rows a rank does not send: stale rows and scales (zeros on NCCL),
     # and metadata of all-ones words (ids -1).
-    shapes = ((world * capacity, hidden, 0), (world * capacity, 2 * meta_width(k), -1))
-    shapes += ((world * capacity, 2 * scales, 0),) if scales else ()
+    planes = world * capacity
+    shapes = ((planes, hidden, 0), (planes, 2 * meta_width(k), -1), (planes, hidden, 0),
+              (planes, 2 * k, 0))
+    shapes += ((planes, 2 * scales, 0),) if scales else ()
     lane_bytes = sum(aligned_bytes(rows, width) for rows, width, _ in shapes)
     key = (group.group_name, transport)
     buffer = _BUFFERS.get(key)
@@ -123,9 +132,10 @@ def _new_layouts(group, transport, experts_per_rank, hidden, k, capacity, scales
         buffer = _BUFFERS[key] = TRANSPORTS[transport](group, chunks * lane_bytes, device)
     lanes = []
     for chunk in range(chunks):
-        rows, meta, *scaled = buffer.regions(*shapes, start=chunk * lane_bytes)
+        rows, meta, home, home_weights, *scaled = buffer.regions(*shapes,
+                                                                 start=chunk * lane_bytes)
         lanes.append(Layout(world, group.rank(), experts_per_rank, capacity, k, buffer, rows,
-                            meta, scales, *scaled))
+                            meta, home, home_weights, scales, *scaled))
     return lanes
 
 
@@ -160,10 +170,10 @@ class Plan:
 
     def dispatch(self, x, private=False):
         """(rows [W * max_tokens, H], weights [.., k] float32) received by this
-        rank: its blocks of the rows region (a copy where `private`: the
-        region is overwritten by the next transfer, and autograd keeps the
-        rows), the rows no rank sent stale, their ids -1; sets local_ids (-1
-        but for this rank's experts) and where each row's output goes back."""
+        rank: its blocks of the rows region, read in place until the return
+        (a copy where `private`: autograd keeps the rows), the rows no rank
+        sent stale, their ids -1; sets local_ids (-1 but for this rank's
+        experts) and where each row's output goes back."""
         layout = self.layout
         weights = self._delivered(((layout.rows, words(x)),))
         rows = layout.rows.local.view(x.dtype)
@@ -184,59 +194,62 @@ class Plan:
         """Each (region, rows) of `sends` and the tokens' metadata sent as the
         tokens go; the received rows' weights [.., k] float32.  Sets local_ids
         (-1 but for this rank's experts) and where each row's output goes back."""
-        layout = self.layout
-        layout.meta.clear()  # rows no rank sends: no ids
-        layout.buffer.barrier()  # every rank has read what the regions held
-        layout.buffer.send((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest)
-        layout.buffer.barrier()
+        layout, buffer = self.layout, self.layout.buffer
+        buffer.cleared(layout.meta)  # rows no rank sends: no ids
+        self.delivered = [region for region, _ in sends]
+        buffer.transfer((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest)
         self.local_ids, weights, self.back_dest = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)
+        buffer.cleared(layout.meta)  # blank again before the next barrier: no wait for it
         return weights
+
+    def read(self):
+        """The received rows' reads are issued (the experts'): the regions may
+        take the next dispatch's rows once the ranks meet again."""
+        self.layout.buffer.consumed(*self.delivered)
 
     def returned(self, out):
         """Each token's output: its received rows' outputs (out) sent home
         and summed over the ranks that made them."""
         layout = self.layout
-        layout.buffer.barrier()
-        layout.buffer.send(((layout.rows, words(out)),), layout.home_ranks, self.back_dest,
-                           layout.world)
-        layout.buffer.barrier()
-        return self._summed(layout.rows.local.view(out.dtype))
+        self.read()
+        layout.buffer.transfer(((layout.home, words(out)),), layout.home_ranks, self.back_dest,
+                               layout.world)
+        return self._summed(layout.home.local.view(out.dtype))
 
     def _summed(self, planes):
         """Each token's rows in the planes of the ranks it went to, summed in
         float32 (the combine operator, weights 1)."""
         layout = self.layout
-        return call(OPS.combine.default, planes, self.index, layout.ones[:self.tokens],
-                    layout.offs)
+        summed = call(OPS.combine.default, planes, self.index, layout.ones[:self.tokens],
+                      layout.offs)
+        layout.buffer.consumed(layout.home)
+        return summed
 
     def dispatch_gradient(self, grad):
         """The output's gradient [T, H] to the received rows, as the tokens
         went (a copy: autograd may run another transfer before it is read)."""
         layout = self.layout
-        layout.buffer.barrier()
-        layout.buffer.send(((layout.rows, words(grad)),), self.ranks, self.dest)
-        layout.buffer.barrier()
-        return layout.rows.local.view(grad.dtype).clone()
+        layout.buffer.transfer(((layout.rows, words(grad)),), self.ranks, self.dest)
+        rows = layout.rows.local.view(grad.dtype).clone()
+        layout.buffer.consumed(layout.rows)
+        return rows
 
     def returned_gradients(self, grad_rows, grad_weights):
         """The received rows' and weights' gradients sent home: each token's
         summed over the ranks ([T, H] and [T, k] float32)."""
         layout = self.layout
-        k = layout.k
-        padded = torch.zeros(grad_weights.shape[0], meta_width(k), dtype=torch.float32,
-                             device=grad_weights.device)
-        padded[:, :k] = grad_weights
-        layout.buffer.barrier()
-        layout.buffer.send(((layout.rows, words(grad_rows)), (layout.meta, words(padded))),
-                           layout.home_ranks, self.back_dest, layout.world)
-        layout.buffer.barrier()
-        grad_x = self._summed(layout.rows.local.view(grad_rows.dtype))
-        planes = layout.meta.local.view(layout.world, layout.capacity, -1)[:, :self.tokens]
-        planes = planes.contiguous().view(torch.float32)[..., :k]  # [W, T, k]
+        layout.buffer.transfer(((layout.home, words(grad_rows)),
+                                (layout.home_weights, words(grad_weights))),
+                               layout.home_ranks, self.back_dest, layout.world)
+        grad_x = self._summed(layout.home.local.view(grad_rows.dtype))
+        planes = layout.home_weights.local.view(torch.float32).view(layout.world,
+                                                                     layout.capacity, -1)
         sent = (self.index >= 0).T[:, :, None]
-        return grad_x, torch.where(sent, planes, 0.0).sum(0)
+        grad_weights = torch.where(sent, planes[:, :self.tokens], 0.0).sum(0)
+        layout.buffer.consumed(layout.home_weights)
+        return grad_x, grad_weights
 
 
 class Dispatch(torch.autograd.Function):

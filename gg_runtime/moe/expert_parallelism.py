@@ -28,7 +28,7 @@ the experts take them so: half the bytes of 16-bit rows.
 The backward runs the same transfers the other way: the output's gradient
 goes out as the tokens did, the received rows' and weights' gradients come
 back as the outputs did.  The buffers are sized by the worst case, every
-token of every rank sent to one rank (W * max_tokens rows), so no call
+token of every rank sent to one rank (W * max_tokens rows each way), so no call
 waits for the host and a decode step can be captured in a CUDA graph."""
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     step waits for the host: a call can be captured in a CUDA graph and
     replayed with new tokens and routing.  The group's buffer is sized for
     the worst case, every token of every rank sent to one rank:
-    `W * max_tokens` rows of H elements, plus their ids and weights; it is
+    `W * max_tokens` rows of H elements each way, plus their ids and weights; it is
     made (collectively) on the first call of each configuration, where the
     ranks also check that they agree on it.  With `chunks` above 1 the
     transfers of one chunk of the tokens run beside the experts of the

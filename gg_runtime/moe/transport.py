@@ -6,10 +6,14 @@ peers' regions; two ways, one interface:
 - `SymmetricBuffer` (one host): torch's SymmetricMemory allocates the
   buffer on every rank and gives each rank every peer's address; the
   send_rows operator stores rows straight into the peers' regions.  A send
-  is bracketed by two device-side barriers: the first waits until every
-  rank has finished reading what the region held (and has cleared it, where
-  the rows not sent must read blank), the second until every rank's rows
-  have landed.
+  ends in a device-side barrier (every rank's rows have landed).  A peer
+  may store into a region only once every rank has finished reading what
+  it held (and has cleared it, where the rows not sent must read blank):
+  the buffer keeps, on the host, the bytes that may still be read (or were
+  cleared) since the last barrier, and a send into any of them waits at a
+  barrier first.  A call's dispatch and return use different regions, and
+  each reads what came before the next transfer, so in a run of calls that
+  first barrier is never needed.
 - `NcclBuffer` (any ranks, across hosts too): the rows are placed in a
   staging copy of the region's blocks on the sender and moved by NCCL's
   all_to_all_single, every block whole (equal splits: no counts from the
@@ -44,22 +48,20 @@ class Region:
     """`rows` rows of `width` 2-byte words, at `offset` bytes into every rank's
     buffer, in W blocks of rows / W: this rank's as a tensor (`local`).
     `blank`, a 16-bit word: what the rows no rank sends hold after a
-    transfer that `clear` began."""
+    transfer into the region once `Buffer.cleared`."""
 
     def __init__(self, buffer: Buffer, offset: int, rows: int, width: int, blank: int):
         self.buffer, self.offset, self.blank = buffer, offset, blank
+        self.span = (offset, offset + rows * width * 2)
         self.local = buffer.tensor[offset:offset + rows * width * 2].view(WORD).view(rows, width)
         self.peers = buffer.peers(offset)
 
-    def clear(self):
-        """Before a transfer's first barrier: its rows no rank sends will read
-        `blank`."""
-        self.buffer.clear(self)
-
 
 class Buffer:
-    """What the transports share: the group, the bytes, the regions.  A
-    transport's `send(sends, ranks, dest, blocks)`: for each (region, rows)
+    """What the transports share: the group, the bytes, the regions, and
+    which of them a peer may store into now (`transfer`).  A transport gives
+    `clear(region)` (its rows blank), `wait()` (every rank's stream meets) and
+    `send(sends, ranks, dest, blocks)`: for each (region, rows)
     of `sends` (at most SEND_PARTS, rows 2-D, the region's width in words
     each, a row for each of the first's), row r of rows to row dest[r, c] of
     rank ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of
@@ -69,6 +71,42 @@ class Buffer:
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
         self.group, self.nbytes, self.tensor = group, nbytes, tensor
+        # Byte spans a peer must not store into before the next barrier: True
+        # while rows that landed there are still to be read, False once their
+        # reads (or a clear) are issued, before that barrier in stream order.
+        self.unfenced: dict[tuple[int, int], bool] = {}
+        self.blank: set[tuple[int, int]] = set()  # spans cleared, not stored into since
+
+    def transfer(self, sends, ranks, dest, blocks=1):
+        """`send`, then a barrier (every rank's rows landed); a barrier first
+        where a region of `sends` may still be read on some rank."""
+        spans = [region.span for region, _ in sends]
+        if any(_overlap(span, held) for span in spans for held in self.unfenced):
+            self.barrier()
+        self.send(sends, ranks, dest, blocks)
+        self.barrier()
+        self.blank = {held for held in self.blank if not any(_overlap(held, s) for s in spans)}
+        self.unfenced.update(dict.fromkeys(spans, True))
+
+    def consumed(self, *regions: Region):
+        """The reads of these regions' rows are issued: the next barrier
+        (later in stream order) frees them for the peers' stores."""
+        for region in regions:
+            self.unfenced[region.span] = False
+
+    def cleared(self, region: Region):
+        """`region`'s rows read `blank` until a peer stores into them: cleared
+        here unless still blank (before the barrier a send into it waits at)."""
+        if region.span not in self.blank:
+            self.clear(region)
+            self.blank.add(region.span)
+            self.consumed(region)
+
+    def barrier(self):
+        """Every rank's stream reaches this point before any goes past it (the
+        transport's `wait`); what was read by then is free."""
+        self.wait()
+        self.unfenced = {span: live for span, live in self.unfenced.items() if live}
 
     def peers(self, offset: int) -> torch.Tensor | None:
         """Where byte `offset` of every rank's buffer is, for the sends, or
@@ -114,7 +152,7 @@ class SymmetricBuffer(Buffer):
         """The peers store only the rows they send: the rest is set here."""
         region.local.view(torch.int16).fill_(region.blank)
 
-    def barrier(self):
+    def wait(self):
         """Every rank's stream reaches this point before any goes past it, or
         BARRIER_TIMEOUT_MS passes (then a CUDA error, the late rank named)."""
         self.handle.barrier(channel=0, timeout_ms=BARRIER_TIMEOUT_MS)
@@ -145,11 +183,15 @@ class NcclBuffer(Buffer):
     def clear(self, region: Region):
         """Every block travels whole, the rows not sent blank (send)."""
 
-    def barrier(self):
+    def wait(self):
         """NCCL orders the ranks' transfers itself."""
 
 
 TRANSPORTS = {"symmetric_memory": SymmetricBuffer, "nccl": NcclBuffer}
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def aligned_bytes(rows: int, width: int) -> int:

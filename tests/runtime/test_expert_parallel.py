@@ -7,6 +7,7 @@ float64.  Against the reference layer with all the experts, outputs and
 every gradient.  The GPU runs (test_gpu_expert_parallel.py) check the
 kernels and the real transport."""
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +36,7 @@ class World:
         self.barrier = threading.Barrier(size, timeout=60)
         self.buffers = [None] * size
         self.gathered = [None] * size
+        self.waits = [0] * size  # the transport's barriers each rank met
 
     def all_to_all_single(self, out, mine, group):
         """Block r of rank s's `mine` to block s of rank r's `out`."""
@@ -92,7 +94,8 @@ def simulated(monkeypatch):
             self.addresses = torch.tensor([b.data_ptr() for b in world.buffers])
             world.barrier.wait()
 
-        def barrier(self):
+        def wait(self):
+            self.world.waits[self.group.rank()] += 1
             self.world.barrier.wait()
 
     def make(size):
@@ -358,6 +361,55 @@ def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated,
     # Each rank's experts read its rows region (the buffer's first), not a copy.
     assert sorted(read) == sorted(buffer.tensor.data_ptr()
                                   for buffer in exchange._BUFFERS.values())
+
+
+def test_a_run_of_calls_meets_once_a_transfer_and_reads_nothing_overwritten(simulated,
+                                                                            monkeypatch):
+    """Two configurations sharing the buffer's bytes, called in turns, rank 0
+    slow to read what came (its experts and its sums): right outputs, and
+    after each configuration's first call the ranks meet only once a
+    transfer (a call's dispatch and return use their own regions)."""
+    world = simulated(2)
+    cases = [global_case((13, 7), 4, 2, hidden=40), global_case((6, 9), 4, 3)]
+    TURNS = (0, 0, 1, 1, 0, 0)  # noqa: N806 - which case each call takes
+
+    def slow_on_rank_0(function):
+        def slowed(rows, *args, **options):
+            start = world.buffers[0].data_ptr()
+            if start <= rows.data_ptr() < start + world.buffers[0].numel():
+                time.sleep(0.05)  # rank 0's reads of its buffer come late
+            return function(rows, *args, **options)
+        return slowed
+
+    monkeypatch.setattr(ep, "moe_experts", slow_on_rank_0(reference_experts))
+    combine = exchange.OPS.combine.default
+    monkeypatch.setattr(exchange.OPS.combine, "default", slow_on_rank_0(combine))
+
+    def rank_work(rank):
+        outs, waits = [], []
+        for turn in TURNS:
+            case = cases[turn]
+            tokens = ((slice(0, 13), slice(13, 20)), (slice(0, 6), slice(6, 15)))[turn][rank]
+            mine = {n: case[n][tokens] for n in ("x", "topk_ids", "topk_weights")}
+            before = world.waits[rank]
+            with torch.no_grad():
+                outs.append(expert_parallel(**mine, w13=case["w13"][2 * rank:2 * rank + 2],
+                                            w2=case["w2"][2 * rank:2 * rank + 2],
+                                            group=Group(world, rank)))
+            waits.append(world.waits[rank] - before)
+        return outs, waits
+
+    results = on_every_rank(world, rank_work)
+    for rank, (outs, waits) in enumerate(results):
+        for turn, out in zip(TURNS, outs):
+            tokens = ((slice(0, 13), slice(13, 20)), (slice(0, 6), slice(6, 15)))[turn][rank]
+            torch.testing.assert_close(out.double(), layer_ref(**cases[turn])[tokens].double(),
+                                       rtol=2e-2, atol=2e-2)
+        # A call after the other configuration's waits for the ranks before
+        # its dispatch (its metadata region cleared again); the next meets
+        # once a transfer.
+        assert waits == [3, 2, 3, 2, 3, 2], waits
+    assert len(exchange._BUFFERS) == world.size  # the configurations share a rank's buffer
 
 
 @pytest.mark.parametrize("counts, experts, k, options", [
