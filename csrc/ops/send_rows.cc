@@ -21,21 +21,29 @@ struct Companion {
   int64_t rows_ptr = 0, peers_ptr = 0, width = 0;
 };
 
-// The row set that travels with `rows`: rows_in [R, *] and its peers'
-// table, both or neither given; `kept` holds what the launch reads.
-Companion companion(const std::optional<Tensor>& rows_in, const std::optional<Tensor>& peers,
-                    const char* rows_name, const char* peers_name, const Tensor& rows,
-                    const Tensor& table, std::vector<Tensor>& kept) {
+// Checks the row set that travels with `rows`: rows_in [R, *] and its peers'
+// table, both or neither given.
+void check_row_set(const std::optional<Tensor>& rows_in, const std::optional<Tensor>& peers,
+                   const char* rows_name, const char* peers_name, const Tensor& rows,
+                   const Tensor& table) {
   if (rows_in.has_value() != peers.has_value()) {
     value_error(rows_name, " and ", peers_name, " must be given together, got only ",
                 rows_in ? rows_name : peers_name);
   }
-  if (!rows_in) return {};
+  if (!rows_in) return;
   check_tensor(*rows_in, rows_name, 2, family::SendRows::kDTypes);
   check_companion(*rows_in, rows_name, {rows.size(0), rows_in->size(1)}, rows.scalar_type(), rows,
                   dtype_name(rows.scalar_type()), "(a row for each of rows')");
   check_companion(*peers, peers_name, {table.size(0)}, ScalarType::Long, rows, "int64",
                   "(each rank's address of that row set)");
+}
+
+int64_t width(const std::optional<Tensor>& rows_in) { return rows_in ? rows_in->size(1) : 0; }
+
+// A checked row set's launch arguments; `kept` holds what the launch reads.
+Companion companion(const std::optional<Tensor>& rows_in, const std::optional<Tensor>& peers,
+                    std::vector<Tensor>& kept) {
+  if (!rows_in) return {};
   kept.push_back(dense(*rows_in));
   kept.push_back(as_contiguous(*peers));
   return {address(kept[kept.size() - 2]), address(kept.back()), rows_in->size(1)};
@@ -50,9 +58,8 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
   check_tensor(peers, "peers", 1, ScalarType::Long);
   check_companion(peers, "peers", {peers.size(0)}, ScalarType::Long, rows_in, "int64",
                   "(each rank's buffer address)");
-  std::vector<Tensor> kept;
-  const Companion second = companion(rows2, peers2, "rows2", "peers2", rows_in, peers, kept);
-  const Companion third = companion(rows3, peers3, "rows3", "peers3", rows_in, peers, kept);
+  check_row_set(rows2, peers2, "rows2", "peers2", rows_in, peers);
+  check_row_set(rows3, peers3, "rows3", "peers3", rows_in, peers);
   const int64_t count = rows_in.size(0), destinations = dest.size(1);
   check_tensor(dest, "dest", 2, ScalarType::Long);
   check_companion(dest, "dest", {count, destinations}, ScalarType::Long, rows_in, "int64",
@@ -62,7 +69,9 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
   if (blocks < 1 || count % blocks != 0)
     value_error("blocks must be >= 1 and divide the ", count, " rows, got ", blocks);
   if (count == 0 || destinations == 0 || shapes_only(rows_in)) return;
-  if (rows_in.size(1) + second.width + third.width == 0) return;
+  if (rows_in.size(1) + width(rows2) + width(rows3) == 0) return;
+  std::vector<Tensor> kept;
+  const Companion second = companion(rows2, peers2, kept), third = companion(rows3, peers3, kept);
   const Tensor rows = dense(rows_in), table = as_contiguous(peers), rank = as_contiguous(ranks),
                row = as_contiguous(dest);
   const family::SendRows args{.rows_ptr = address(rows),
