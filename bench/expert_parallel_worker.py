@@ -231,7 +231,8 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
     kept = Quantized(rows.values[came].clone(), rows.scales[came].clone(), granularity) \
         if fp8 else rows[came].clone()
     alone = (kept, plan.local_ids[came].clone(), received[came].clone())
-    out = moe_experts(rows, plan.local_ids, received, w13, w2)
+    out = moe_experts(rows, plan.local_ids, received, w13, w2,
+                      out=plan.home_rows(torch.bfloat16))  # as expert_parallel's experts write
     return {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
             "return_ms": graphed(lambda: plan.returned(out)),
             "rows_sent": int((plan.index >= 0).sum()),

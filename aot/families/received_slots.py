@@ -1,6 +1,6 @@
 """received_slots: what each row a rank received in expert parallelism holds
-for its experts (aot/kernels/expert_parallel_plan.py): local ids, weights
-and the row's way home, in one launch.  Integer work with plain loads: every
+for its experts (aot/kernels/expert_parallel_plan.py): local ids and
+weights, in one launch.  Integer work with plain loads: every
 arch, `basic` only, one dtype (the pointers' types are fixed)."""
 from ..family import Config, Family, Param
 from ..kernels.expert_parallel_plan import received_slots_kernel
@@ -16,12 +16,10 @@ FAMILY = Family(
         Param("meta_ptr", "*i32", "operand"),
         Param("ids_ptr", "*i64", "output"),
         Param("weights_ptr", "*fp32", "output"),
-        Param("back_ptr", "*i64", "output"),
         Param("R", "i32", "extent"),
         Param("K", "i32", "extent"),
         Param("EPR", "i32", "extent"),
         Param("RANK", "i32", "extent"),
-        Param("CAP", "i32", "extent"),
     ),
     dtypes=("bfloat16",),
     conditions=CONDITIONS,

@@ -9,8 +9,8 @@ dispatch_plan_kernel, on the sending rank RANK, for its T tokens of K slots
 
     dest  [T, W] int64: RANK * CAP + t where token t goes to rank r (one of
                         its kept ids is r's), else -1 (its row there)
-    index [T, W] int64: r * CAP + t where it goes, else -1 (where rank r's
-                        output for it comes back)
+    index [T, W] int64: r * CAP + t where it goes, else -1 (>= 0: rank r
+                        makes an output for it)
     meta  [T, 2K] int32: its ids (-1 where not kept), then its weights' bits
 
 received_slots_kernel, on the receiving rank RANK, for the R = W * CAP rows
@@ -19,8 +19,6 @@ of its metadata (meta [R, 2K] int32, all -1 where no rank sent the row):
     ids     [R, K] int64: id - RANK * EPR where the id is one of this rank's
                           experts, else -1
     weights [R, K] float32: the weight where ids >= 0, else 0
-    back    [R] int64: RANK * CAP + r % CAP where one of the row's ids is
-                       this rank's (it was sent), else -1 (its row at home)
 
 BM rows a program step, BK >= K slots (masked), BN ranks at a time.
 """
@@ -60,7 +58,7 @@ def dispatch_plan_kernel(ids_ptr, weights_ptr, dest_ptr, index_ptr, meta_ptr, T,
 
 
 @triton.jit
-def received_slots_kernel(meta_ptr, ids_ptr, weights_ptr, back_ptr, R, K, EPR, RANK, CAP,
+def received_slots_kernel(meta_ptr, ids_ptr, weights_ptr, R, K, EPR, RANK,
                           USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                           BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """Persistent: program p takes tiles p, p + P, ... of BM rows.  USE_TMA,
@@ -78,6 +76,3 @@ def received_slots_kernel(meta_ptr, ids_ptr, weights_ptr, back_ptr, R, K, EPR, R
         at = rows[:, None] * K + slots[None, :]
         tl.store(ids_ptr + at, tl.where(here, local, -1).to(tl.int64), mask=slot_ok)
         tl.store(weights_ptr + at, tl.where(here, weights, 0.0), mask=slot_ok)
-        came = tl.max(here.to(tl.int32), axis=1) > 0
-        tl.store(back_ptr + rows, tl.where(came, RANK.to(tl.int64) * CAP + rows % CAP, -1),
-                 mask=row_ok)

@@ -8,6 +8,16 @@
 #include "ops.h"
 
 namespace gg::ops {
+namespace {
+
+// `into` where given and of `dtype`, else a new [tokens, hidden] output.
+Tensor output_into(const Tensor* into, const Tensor& like, int64_t tokens, int64_t hidden,
+                   ScalarType dtype) {
+  if (into != nullptr && into->scalar_type() == dtype) return *into;
+  return new_output(like, {tokens, hidden}, dtype);
+}
+
+}  // namespace
 
 Tensor combine(Tensor rows_in, Tensor index_in, Tensor weights_in, Tensor offs) {
   check_tensor(rows_in, "rows", 2, family::Combine::kDTypes);
@@ -22,9 +32,9 @@ Tensor combine(Tensor rows_in, Tensor index_in, Tensor weights_in, Tensor offs) 
 }
 
 Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t tokens, int64_t k,
-                     const Tensor& weights_in, const Tensor& offs) {
+                     const Tensor& weights_in, const Tensor& offs, const Tensor* into) {
   const int64_t hidden = rows_in.size(1);
-  Tensor out = new_output(rows_in, {tokens, hidden}, rows_in.scalar_type());
+  Tensor out = output_into(into, rows_in, tokens, hidden, rows_in.scalar_type());
   if (out.numel() == 0 || shapes_only(out)) return out;
   const Tensor rows = dense(rows_in), index = as_contiguous(index_in),
                weights = as_contiguous(weights_in);
@@ -43,9 +53,9 @@ Tensor combine_slots(const Tensor& rows_in, const Tensor& index_in, int64_t toke
 }
 
 Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int64_t k,
-                     const Tensor& weights_in, int64_t experts) {
+                     const Tensor& weights_in, int64_t experts, const Tensor* into) {
   const int64_t hidden = parts.size(2);
-  Tensor out = new_output(parts, {tokens, hidden}, ScalarType::BFloat16);
+  Tensor out = output_into(into, parts, tokens, hidden, ScalarType::BFloat16);
   if (out.numel() == 0 || shapes_only(out)) return out;
   const Tensor weights = as_contiguous(weights_in);
   const family::CombineParts args{.parts_ptr = address(parts),

@@ -63,8 +63,8 @@ std::tuple<Tensor, Tensor, Tensor> dispatch_plan(Tensor topk_ids, Tensor topk_we
   return {dest, index, meta};
 }
 
-std::tuple<Tensor, Tensor, Tensor> received_slots(Tensor meta_in, int64_t world, int64_t rank,
-                                                  int64_t experts_per_rank, int64_t capacity) {
+std::tuple<Tensor, Tensor> received_slots(Tensor meta_in, int64_t world, int64_t rank,
+                                          int64_t experts_per_rank, int64_t capacity) {
   check_tensor(meta_in, "meta", 2, ScalarType::Int);
   check_layout(world, rank, experts_per_rank, capacity);
   const int64_t rows = meta_in.size(0), k = meta_in.size(1) / 2;
@@ -75,21 +75,18 @@ std::tuple<Tensor, Tensor, Tensor> received_slots(Tensor meta_in, int64_t world,
   check_slots(k, "meta");
   Tensor ids = new_output(meta_in, {rows, k}, ScalarType::Long);
   Tensor weights = new_output(meta_in, {rows, k}, ScalarType::Float);
-  Tensor back = new_output(meta_in, {rows, 1}, ScalarType::Long);
-  if (shapes_only(ids)) return {ids, weights, back};
+  if (shapes_only(ids)) return {ids, weights};
   const Tensor meta = as_contiguous(meta_in);
   const family::ReceivedSlots args{.meta_ptr = address(meta),
                                    .ids_ptr = address(ids),
                                    .weights_ptr = address(weights),
-                                   .back_ptr = address(back),
                                    .R = rows,
                                    .K = k,
                                    .EPR = experts_per_rank,
-                                   .RANK = rank,
-                                   .CAP = capacity};
+                                   .RANK = rank};
   launch(args, {},
          target_of(meta, family::ReceivedSlots::kDTypes[0], family::ReceivedSlots::kDTypes[0]));
-  return {ids, weights, back};
+  return {ids, weights};
 }
 
 }  // namespace gg::ops

@@ -55,8 +55,10 @@ class ExpertProducts {
   // takes decode() instead of the routing, rows() and the combine.
   virtual bool takes_decode(int64_t slots) const;
   // The output [T, H] (before out_dtype's conversion) from ids (int64) and
-  // weights (float32, contiguous) in one path of the format's own.
-  virtual Tensor decode(const Tensor& ids, const Tensor& weights, Outputs& temporaries) const;
+  // weights (float32, contiguous) in one path of the format's own; written
+  // into `into` where given and of the path's dtype.
+  virtual Tensor decode(const Tensor& ids, const Tensor& weights, Outputs& temporaries,
+                        const Tensor* into) const;
   // The output's dtype, and gu's (rows()' product plus bias, for the backward).
   virtual ScalarType out_dtype() const;
   virtual ScalarType gu_dtype() const;

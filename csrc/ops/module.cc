@@ -23,6 +23,7 @@ using gg::ops::grouped_mm;
 using gg::ops::grouped_mm_glu;
 using gg::ops::moe_experts;
 using gg::ops::moe_experts_for_backward;
+using gg::ops::moe_experts_into;
 using gg::ops::quantize_fp8;
 using gg::ops::quantize_fp8_both_orientations;
 using gg::ops::quantize_fp8_columns;
@@ -31,6 +32,7 @@ using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
 using gg::ops::scaled_grouped_mm_k;
 using gg::ops::send_rows;
+using gg::ops::sum_peer_rows;
 using gg::ops::swiglu;
 using gg::ops::swiglu_backward;
 using gg::ops::swiglu_backward_fp8;
@@ -68,9 +70,11 @@ void implement(Library& m) {
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
   m.impl("send_rows", kernel<TORCH_BOX(&send_rows), kShapesOnly>());
+  m.impl("sum_peer_rows", kernel<TORCH_BOX(&sum_peer_rows), kShapesOnly>());
   m.impl("dispatch_plan", kernel<TORCH_BOX(&dispatch_plan), kShapesOnly>());
   m.impl("received_slots", kernel<TORCH_BOX(&received_slots), kShapesOnly>());
   m.impl("moe_experts", kernel<TORCH_BOX(&moe_experts), kShapesOnly>());
+  m.impl("moe_experts_into", kernel<TORCH_BOX(&moe_experts_into), kShapesOnly>());
   m.impl("moe_experts_for_backward", kernel<TORCH_BOX(&moe_experts_for_backward), kShapesOnly>());
 }
 
@@ -185,17 +189,23 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int blocks=1, "
       "Tensor? rows2=None, Tensor? peers2=None, Tensor? rows3=None, Tensor? peers3=None) -> ()");
+  m.def("sum_peer_rows(Tensor region, Tensor peers, Tensor index, int first_row) -> Tensor");
   m.def(
       "dispatch_plan(Tensor topk_ids, Tensor topk_weights, int world, int rank, "
       "int experts_per_rank, int capacity) -> (Tensor dest, Tensor index, Tensor meta)");
   m.def(
       "received_slots(Tensor meta, int world, int rank, int experts_per_rank, int capacity) "
-      "-> (Tensor ids, Tensor weights, Tensor back)");
+      "-> (Tensor ids, Tensor weights)");
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "
       "Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
       "str activation='swiglu', str weight_format='unquantized', Tensor? w13_scale=None, "
       "Tensor? w2_scale=None, Tensor? x_scale=None) -> Tensor");
+  m.def(
+      "moe_experts_into(Tensor(a!) into, Tensor x, Tensor topk_ids, Tensor topk_weights, "
+      "Tensor w13, Tensor w2, Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "
+      "str activation='swiglu', str weight_format='unquantized', Tensor? w13_scale=None, "
+      "Tensor? w2_scale=None, Tensor? x_scale=None) -> ()");
   m.def(
       "moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, "
       "Tensor w2, Tensor? b13=None, Tensor? b2=None, str gate_up='concatenated', "

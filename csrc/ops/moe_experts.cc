@@ -6,6 +6,7 @@
 // code without the launches.
 #include <family_args.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -37,7 +38,7 @@ int64_t ExpertProducts::temporary_bytes(int64_t slots) const {
 bool ExpertProducts::takes_decode(int64_t /*slots*/) const { return false; }
 
 Tensor ExpertProducts::decode(const Tensor& /*ids*/, const Tensor& /*weights*/,
-                              Outputs& /*temporaries*/) const {
+                              Outputs& /*temporaries*/, const Tensor* /*into*/) const {
   throw std::logic_error("decode() of a format without a decode path");
 }
 
@@ -83,8 +84,10 @@ std::unique_ptr<ExpertProducts> products_of(const MoeInputs& in, const Scales& s
 }
 
 // The forward; where `saved` is given, what the backward reads goes there
-// (else the routing is a temporary too).
-Tensor forward(const MoeInputs& in, const ExpertProducts& products, Saved* saved) {
+// (else the routing is a temporary too); the output written into `into`
+// where given (checked: [T, H] of out_dtype(), contiguous).
+Tensor forward(const MoeInputs& in, const ExpertProducts& products, Saved* saved,
+               const Tensor* into = nullptr) {
   const Tensor& x = in.x;
   const int64_t tokens = x.size(0), k = in.topk_ids.size(1), experts = in.w13.size(0);
   const int64_t slots = tokens * k;
@@ -98,7 +101,7 @@ Tensor forward(const MoeInputs& in, const ExpertProducts& products, Saved* saved
   Tensor out;
   if (!saved && products.takes_decode(slots)) {
     Outputs temporaries(x);
-    out = products.decode(ids, weights, temporaries);
+    out = products.decode(ids, weights, temporaries, into);
   } else {
     // The products' rows, and the routing unless the backward reads it, are
     // temporaries: one block.
@@ -109,11 +112,30 @@ Tensor forward(const MoeInputs& in, const ExpertProducts& products, Saved* saved
     std::optional<Tensor> gu;
     if (saved) gu = new_output(x, {slots, in.w13.size(1)}, products.gu_dtype());
     const Tensor ys = products.rows({order, offs, k}, gu ? &*gu : nullptr, temporaries);
-    out = combine_slots(ys, inverse, tokens, k, weights, offs);
+    out = combine_slots(ys, inverse, tokens, k, weights, offs, into);
     if (saved) *saved = {*gu, order, offs, inverse, products.gathers()};
   }
   launches.submit();
-  return converted(out, products.out_dtype());
+  out = converted(out, products.out_dtype());
+  if (into == nullptr || shapes_only(out) || out.data_ptr() == into->data_ptr()) return out;
+  submit_recorded();
+  Tensor target = *into;  // the kernels' dtype was not into's
+  return torch::stable::copy_(target, out);
+}
+
+// out: [T, H] of the forward's output dtype, contiguous, on x's device, not
+// overlapping x.
+void check_into(const Tensor& out, const MoeInputs& in, const ExpertProducts& products) {
+  const ScalarType dtype = products.out_dtype();
+  check_companion(out, "out", {in.x.size(0), in.x.size(1)}, dtype, in.x, dtype_name(dtype),
+                  "(the output: [T, H])");
+  if (out.numel() > 1 && (out.stride(1) != 1 || out.stride(0) != out.size(1)))
+    value_error("out must be contiguous");
+  const auto first = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); };
+  const auto last = [&](const Tensor& t) { return first(t) + t.numel() * t.element_size(); };
+  if (!shapes_only(out) && out.numel() > 0 && in.x.numel() > 0 && first(out) < last(in.x) &&
+      first(in.x) < last(out))
+    value_error("out must not overlap x");
 }
 
 }  // namespace
@@ -127,6 +149,18 @@ Tensor moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, T
   const auto products = products_of(in, {w13_scale, w2_scale, x_scale},
                                     parse_weight_format(weight_format), gate_up, activation);
   return forward(in, *products, nullptr);
+}
+
+void moe_experts_into(Tensor out, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13,
+                      Tensor w2, std::optional<Tensor> b13, std::optional<Tensor> b2,
+                      std::string gate_up, std::string activation, std::string weight_format,
+                      std::optional<Tensor> w13_scale, std::optional<Tensor> w2_scale,
+                      std::optional<Tensor> x_scale) {
+  const MoeInputs in{x, topk_ids, topk_weights, w13, w2, b13, b2};
+  const auto products = products_of(in, {w13_scale, w2_scale, x_scale},
+                                    parse_weight_format(weight_format), gate_up, activation);
+  check_into(out, in, *products);
+  forward(in, *products, nullptr, &out);
 }
 
 ExpertsForBackward moe_experts_for_backward(Tensor x, Tensor topk_ids, Tensor topk_weights,

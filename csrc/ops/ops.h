@@ -101,14 +101,16 @@ Tensor gathered_mm_k(Tensor a, Tensor b, Tensor offs, Tensor rows, int64_t k, bo
 // within the groups (offs[-1]); the others are dropped slots and add nothing.
 Tensor combine(Tensor rows, Tensor index, Tensor weights, Tensor offs);
 // combine's work for index and weights of tokens x k elements each (any
-// shape; weights float32), for operators that checked them.
+// shape; weights float32), for operators that checked them; written into
+// `into` ([tokens, H], contiguous) where given and of rows' dtype.
 Tensor combine_slots(const Tensor& rows, const Tensor& index, int64_t tokens, int64_t k,
-                     const Tensor& weights, const Tensor& offs);
+                     const Tensor& weights, const Tensor& offs, const Tensor* into = nullptr);
 // The same for slots made in parts, in the slots' own order: parts [tokens *
 // k, P, H] float32 (contiguous), slot t * k + j the sum of its P parts, kept
-// where 0 <= ids[t, j] < experts (ids contiguous int64); out bfloat16.
+// where 0 <= ids[t, j] < experts (ids contiguous int64); out bfloat16 (into
+// where given and bfloat16).
 Tensor combine_parts(const Tensor& parts, const Tensor& ids, int64_t tokens, int64_t k,
-                     const Tensor& weights, int64_t experts);
+                     const Tensor& weights, int64_t experts, const Tensor* into = nullptr);
 
 // Row r of rows (2-byte words) stored at row dest[r, c] of the symmetric buffer
 // of rank ranks[r, c] (peers: each rank's buffer address), for every c with
@@ -119,21 +121,26 @@ void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t blo
                std::optional<Tensor> rows2, std::optional<Tensor> peers2,
                std::optional<Tensor> rows3, std::optional<Tensor> peers3);
 
+// out[t] = sum over the ranks r with index[t, r] >= 0 of row first_row + t of
+// rank r's symmetric region (peers[r] its address; region this rank's, of
+// every rank's shape and dtype), in float32, rank by rank: expert
+// parallelism's return on one host.
+Tensor sum_peer_rows(Tensor region, Tensor peers, Tensor index, int64_t first_row);
+
 // Expert parallelism's plan (W = world ranks of experts_per_rank experts,
 // `capacity` rows a block; rank s's token t in row t of block s), on the
 // sending rank: (dest [T, W] int64, index [T, W] int64, meta [T, 2k] int32)
 // for topk_ids [T, k] int64 and topk_weights [T, k] float32: token t's row on
-// each rank (-1: not sent), where each rank's output for it comes back, and
+// each rank (-1: not sent), whether each rank makes an output for it (>= 0), and
 // its kept ids (-1 otherwise) and weights' bits.  On the receiving rank, for
 // meta [W * capacity, 2k] as it arrived (rows not sent all -1): (ids [R, k]
-// int64, weights [R, k] float32, back [R, 1] int64): this rank's experts'
-// local ids (-1 otherwise), their weights (0 otherwise), each row's row at
-// home (-1: not sent).
+// int64, weights [R, k] float32): this rank's experts' local ids (-1
+// otherwise) and their weights (0 otherwise).
 std::tuple<Tensor, Tensor, Tensor> dispatch_plan(Tensor topk_ids, Tensor topk_weights,
                                                  int64_t world, int64_t rank,
                                                  int64_t experts_per_rank, int64_t capacity);
-std::tuple<Tensor, Tensor, Tensor> received_slots(Tensor meta, int64_t world, int64_t rank,
-                                                  int64_t experts_per_rank, int64_t capacity);
+std::tuple<Tensor, Tensor> received_slots(Tensor meta, int64_t world, int64_t rank,
+                                          int64_t experts_per_rank, int64_t capacity);
 
 // (order, offs, inverse): the slots of ids [N] (int64) sorted by expert, stably,
 // ids outside [0, experts) last; the groups' end offsets (int32 [experts]); the
@@ -169,6 +176,13 @@ Tensor moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, T
                    std::string activation, std::string weight_format,
                    std::optional<Tensor> w13_scale, std::optional<Tensor> w2_scale,
                    std::optional<Tensor> x_scale);
+// moe_experts' forward written into out ([T, H] of its output dtype,
+// contiguous, not overlapping x); the schema's first argument, `into`.
+void moe_experts_into(Tensor out, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13,
+                      Tensor w2, std::optional<Tensor> b13, std::optional<Tensor> b2,
+                      std::string gate_up, std::string activation, std::string weight_format,
+                      std::optional<Tensor> w13_scale, std::optional<Tensor> w2_scale,
+                      std::optional<Tensor> x_scale);
 // The same forward, for unquantized or fp8 weights (4-bit ones serve
 // inference only), and what its backward reads beyond the inputs, in this
 // order: (out, gu [T*k, 2I], the up projection's product plus bias (in x's

@@ -1,12 +1,13 @@
 """Expert parallelism's exchange between the ranks: the group's buffer laid
 out for a configuration (its sizes agreed by every rank on its first call),
 and one call's Plan, all on the GPU: where each token goes and its row
-there, the transfers out (the tokens, 16-bit or quantized, and their
-metadata) and back (the outputs, summed over the ranks that made them), and
-both ways again for the backward (Dispatch and Return, the autograd).
-Transfers out and back store into regions of their own, and each call reads
-what a transfer brought before the next one starts: so no transfer waits
-for the ranks to finish reading (transport.Buffer.transfer)."""
+there, the transfer out (the tokens, 16-bit or quantized, and their
+metadata) and the sums back (each token's outputs, written by the ranks
+that made them into their `home` regions and summed by the token's rank
+from there), and both ways again for the backward (Dispatch and Return, the
+autograd).  The tokens and the outputs have regions of their own, and each
+call reads what a transfer brought before the next one starts: so no
+transfer waits for the ranks to finish reading (transport.Buffer)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,13 +57,9 @@ class Layout:
     def __post_init__(self):
         """The index tensors every call reads, made once (fewer launches a call)."""
         device = self.buffer.tensor.device
-        # Token t's rows go to ranks 0 .. W - 1 (Plan.dest: where to, if at all) ...
+        # Token t's rows go to ranks 0 .. W - 1 (Plan.dest: where to, if at all).
         self.ranks = torch.arange(self.world, dtype=torch.int32,
                                   device=device).expand(self.capacity, self.world).contiguous()
-        # ... and a received row of block s goes back to rank s.
-        self.home_ranks = (torch.arange(self.planes, device=device) // self.capacity).int()[:, None]
-        self.ones = torch.ones(self.capacity, self.world, device=device)
-        self.offs = torch.full((1,), self.planes, dtype=torch.int32, device=device)
         self.fp8_rows = Region(self.buffer, self.rows.offset, self.planes,
                                self.rows.local.shape[1] // 2, 0)
 
@@ -154,14 +151,14 @@ def token_scales(hidden: int, granularity: str | None) -> int:
 
 class Plan:
     """One call's routing between ranks, all on the GPU: which ranks each of
-    this rank's tokens goes to and its row there (dispatch), and for each
-    received row, where its output goes back (return)."""
+    this rank's tokens goes to and its row there (dispatch), and which ranks
+    made each token's outputs (the return's sums)."""
 
     def __init__(self, layout: Layout, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         """Token t goes to row t of this rank's block of each rank that holds
-        one of its experts (dest, -1 where not), its outputs come back to row
-        t of those ranks' blocks here (index), and its ids and weights travel
-        as its metadata (meta)."""
+        one of its experts (dest, -1 where not), its outputs are summed from
+        row t of this rank's block of those ranks' home regions (index: >= 0
+        where sent), and its ids and weights travel as its metadata (meta)."""
         self.layout, self.tokens = layout, topk_ids.shape[0]
         self.ranks = layout.ranks[:self.tokens]
         self.dest, self.index, self.meta = call(
@@ -173,7 +170,7 @@ class Plan:
         rank: its blocks of the rows region, read in place until the return
         (a copy where `private`: autograd keeps the rows), the rows no rank
         sent stale, their ids -1; sets local_ids (-1 but for this rank's
-        experts) and where each row's output goes back."""
+        experts)."""
         layout = self.layout
         weights = self._delivered(((layout.rows, words(x)),))
         rows = layout.rows.local.view(x.dtype)
@@ -193,12 +190,12 @@ class Plan:
     def _delivered(self, sends):
         """Each (region, rows) of `sends` and the tokens' metadata sent as the
         tokens go; the received rows' weights [.., k] float32.  Sets local_ids
-        (-1 but for this rank's experts) and where each row's output goes back."""
+        (-1 but for this rank's experts)."""
         layout, buffer = self.layout, self.layout.buffer
         buffer.cleared(layout.meta)  # rows no rank sends: no ids
         self.delivered = [region for region, _ in sends]
         buffer.transfer((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest)
-        self.local_ids, weights, self.back_dest = call(
+        self.local_ids, weights = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)
         buffer.cleared(layout.meta)  # blank again before the next barrier: no wait for it
@@ -209,23 +206,25 @@ class Plan:
         take the next dispatch's rows once the ranks meet again."""
         self.layout.buffer.consumed(*self.delivered)
 
+    def home_rows(self, dtype: torch.dtype) -> torch.Tensor:
+        """[W * max_tokens, H] of dtype: where the received rows' outputs go
+        (the experts write them there), to be summed at their tokens' ranks."""
+        self.layout.buffer.claimed(self.layout.home)
+        return self.layout.home.local.view(dtype)
+
     def returned(self, out):
-        """Each token's output: its received rows' outputs (out) sent home
-        and summed over the ranks that made them."""
+        """Each token's output: its received rows' outputs (out, best
+        written into home_rows) summed over the ranks that made them."""
         layout = self.layout
         self.read()
-        layout.buffer.transfer(((layout.home, words(out)),), layout.home_ranks, self.back_dest,
-                               layout.world)
-        return self._summed(layout.home.local.view(out.dtype))
-
-    def _summed(self, planes):
-        """Each token's rows in the planes of the ranks it went to, summed in
-        float32 (the combine operator, weights 1)."""
-        layout = self.layout
-        summed = call(OPS.combine.default, planes, self.index, layout.ones[:self.tokens],
-                      layout.offs)
-        layout.buffer.consumed(layout.home)
+        _placed(self.home_rows(out.dtype), out)
+        summed, = layout.buffer.summed(((layout.home, out.dtype),), self.index, self.first_row)
         return summed
+
+    @property
+    def first_row(self) -> int:
+        """The row of this rank's block in every rank's regions."""
+        return self.layout.rank * self.layout.capacity
 
     def dispatch_gradient(self, grad):
         """The output's gradient [T, H] to the received rows, as the tokens
@@ -237,19 +236,21 @@ class Plan:
         return rows
 
     def returned_gradients(self, grad_rows, grad_weights):
-        """The received rows' and weights' gradients sent home: each token's
-        summed over the ranks ([T, H] and [T, k] float32)."""
+        """The received rows' and weights' gradients summed at their tokens'
+        ranks ([T, H] and [T, k] float32), as the outputs were."""
         layout = self.layout
-        layout.buffer.transfer(((layout.home, words(grad_rows)),
-                                (layout.home_weights, words(grad_weights))),
-                               layout.home_ranks, self.back_dest, layout.world)
-        grad_x = self._summed(layout.home.local.view(grad_rows.dtype))
-        planes = layout.home_weights.local.view(torch.float32).view(layout.world,
-                                                                     layout.capacity, -1)
-        sent = (self.index >= 0).T[:, :, None]
-        grad_weights = torch.where(sent, planes[:, :self.tokens], 0.0).sum(0)
-        layout.buffer.consumed(layout.home_weights)
-        return grad_x, grad_weights
+        _placed(self.home_rows(grad_rows.dtype), grad_rows)
+        layout.buffer.claimed(layout.home_weights)
+        _placed(layout.home_weights.local.view(torch.float32), grad_weights)
+        return layout.buffer.summed(((layout.home, grad_rows.dtype),
+                                     (layout.home_weights, torch.float32)),
+                                    self.index, self.first_row)
+
+
+def _placed(region_rows: torch.Tensor, rows: torch.Tensor):
+    """rows into region_rows, unless they were written there."""
+    if rows.data_ptr() != region_rows.data_ptr():
+        region_rows.copy_(rows)
 
 
 class Dispatch(torch.autograd.Function):

@@ -13,9 +13,10 @@ to that order first, by one lookup).  A call is three stages:
 2. the local experts: moe_experts on the received rows, the ids of other
    ranks' experts dropped, so that each row's output is the weighted sum of
    its slots on this rank;
-3. return: each output row stored back into its token's rank, in the plane
-   of the rank that made it, and each token's planes summed in float32
-   (the combine operator).
+3. return: each rank's experts write their rows' outputs into its buffer's
+   home region, and each rank sums its tokens' rows there, read straight
+   from the ranks that made them, in float32 (the sum_peer_rows operator;
+   with NCCL, the regions' blocks moved by its all-to-all, then summed).
 
 With `chunks` above 1 the tokens go in chunks, a chunk's dispatch and return
 on a second stream while the experts of the chunks beside it run
@@ -80,7 +81,8 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     Tokens travel once to each rank that holds one of their experts, stored
     by gg_runtime's send_rows kernel straight into that rank's buffer (torch's
     SymmetricMemory, over NVLink; or, with `transport="nccl"`, by NCCL's
-    all-to-all); the outputs come back the same way.  No
+    all-to-all); each token's outputs are summed by its rank, read from the
+    buffers of the ranks that made them.  No
     step waits for the host: a call can be captured in a CUDA graph and
     replayed with new tokens and routing.  The group's buffer is sized for
     the worst case, every token of every rank sent to one rank:
@@ -184,7 +186,11 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 
     def experts(plan, operands):
         rows, weights = operands
-        return moe_experts(rows, plan.local_ids, weights, w13, w2, **options)
+        if torch.is_grad_enabled() and _wants_gradient(rows, weights, w13, w2, b13, b2) \
+                or fp8 is not None:
+            return moe_experts(rows, plan.local_ids, weights, w13, w2, **options)
+        out = plan.home_rows(torch.bfloat16 if granularity is not None else x.dtype)
+        return moe_experts(rows, plan.local_ids, weights, w13, w2, out=out, **options)
 
     def returned(plan, out):
         if torch.is_grad_enabled() and out.requires_grad:
@@ -195,6 +201,12 @@ def expert_parallel(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         plan, operands = dispatch(lanes[0], slice(None))
         return returned(plan, experts(plan, operands))
     return pipelined(x.shape[0], lanes, dispatch, experts, returned, transport_sms, x.device)
+
+
+def _wants_gradient(*values) -> bool:
+    """Whether a tensor among values (or a Quantized's values) requires grad."""
+    return any((v.values if isinstance(v, Quantized) else v).requires_grad
+               for v in values if v is not None)
 
 
 def _dispatched(plan, x, topk_weights, granularity):

@@ -16,11 +16,15 @@ from .inputs import MoeInputs
 _DIFFERENTIABLE = ("x", "topk_weights", "w13", "w2", "b13", "b2")
 
 
-def _experts_forward(inputs: MoeInputs):
+def _experts_forward(inputs: MoeInputs, out: torch.Tensor | None = None, *quantized):
     """The forward in one operator (torch.ops.gg_runtime.moe_experts,
     csrc/ops/moe_experts.cc: every check of the arguments, the routing, both
-    projections, the combine)."""
-    return call(OPS.moe_experts.default, *inputs)
+    projections, the combine); written into `out` where given
+    (moe_experts_into).  `quantized`: the weights' format and the scales."""
+    if out is None:
+        return call(OPS.moe_experts.default, *inputs, *quantized)
+    call(OPS.moe_experts_into.default, out, *inputs, *quantized)
+    return out
 
 
 def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
@@ -28,7 +32,8 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
                 w2: torch.Tensor | Quantized, *, gate_up: str = "concatenated",
                 activation: str = "swiglu", b13: torch.Tensor | None = None,
                 b2: torch.Tensor | None = None,
-                fp8: str | Fp8ExpertWeights | None = None) -> torch.Tensor:
+                fp8: str | Fp8ExpertWeights | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """The experts of a token-choice MoE layer, given the router's choice: one function.
 
     `out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`, each
@@ -87,6 +92,10 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
         fp8: None, or an fp8 training recipe for 16-bit weights,
             `"blockwise"` or `"rowwise"` (see below), or w13 and w2
             quantized by one before (`quantize_expert_weights`).
+        out: None, or a contiguous `[T, H]` tensor of the output's dtype on
+            x's device, not overlapping x: the output is written there and
+            returned (inference: refused where autograd records the call,
+            and with an fp8 training recipe).
 
     fp8 weights (w13 and w2 each a `Quantized` in format `"128x128"` or
     `"rowwise"`, as `quantize_fp8` makes them from 16-bit weights: values
@@ -161,7 +170,7 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
     the ones given, unchanged since.
 
     Returns:
-        `[T, H]` in x's dtype.
+        `[T, H]` in x's dtype (out, where given).
 
     Raises:
         TypeError: an argument that is not a tensor (the biases: nor None;
@@ -180,17 +189,24 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
             fp8 weights or `fp8`: H or I not multiples of 16; `fp8`: a value
             other than None, the recipes and an Fp8ExpertWeights; an
             Fp8ExpertWeights of other weights than w13 and w2, or of them
-            before a change.
+            before a change; out given where a gradient is wanted or with an
+            fp8 training recipe, or not `[T, H]` of the output's dtype,
+            contiguous, on x's device, apart from x.
         UnsupportedDeviceError: a GPU this wheel has no kernels for (fp8: any
             GPU but compute capability 9.0).
         CudaError: a driver or launch failure.
     """
     if isinstance(w13, Quantized) or isinstance(w2, Quantized) or isinstance(x, Quantized):
         return _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation,
-                               fp8)
+                               fp8, out)
     _check_types(x, topk_ids, topk_weights, w13, w2, b13, b2)
     check_choices(gate_up, activation)
     inputs = MoeInputs(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation)
+    if out is not None:
+        check_types(tensors=(("out", out),))
+        if fp8 is not None or inputs.wants_gradient():
+            raise ValueError("out is for inference: moe_experts takes it neither where a "
+                             "gradient is wanted nor with an fp8 training recipe")
     if fp8 is not None:
         return _fp8_training_experts(inputs, fp8)
     if w13.dtype in _QUANTIZED_DTYPES or w2.dtype in _QUANTIZED_DTYPES:
@@ -199,14 +215,15 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
                         "quantize_fp8 and the 4-bit converters return them")
     if inputs.wants_gradient():
         return ExpertsFunction.apply(*inputs, None, None)
-    return _experts_forward(inputs)  # nothing to differentiate, nothing kept
+    return _experts_forward(inputs, out)  # nothing to differentiate, nothing kept
 
 
 # Values that are quantized, and mean nothing without their scales.
 _QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.float4_e2m1fn_x2, torch.uint8)
 
 
-def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, fp8):
+def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, fp8,
+                    out):
     """moe_experts with quantized weights (fp8, or 4-bit: MXFP4, INT4), the
     tokens maybe quantized too: inference only; the weights' format is the
     operator's weight_format."""
@@ -239,10 +256,12 @@ def _served_experts(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activa
             raise ValueError(f"moe_experts with quantized weights is inference-only, but "
                              f"{grad[0]} requires grad (run it under torch.no_grad() or "
                              "torch.inference_mode(), or detach it)")
+    if out is not None:
+        check_types(tensors=(("out", out),))
     # 4-bit values and e8m0 scales as bytes: torch's stable ABI names neither dtype.
     weights = inputs._replace(w13=_bytes(inputs.w13), w2=_bytes(inputs.w2))
-    return call(OPS.moe_experts.default, *weights, w13.format, _bytes(w13.scales),
-                _bytes(w2.scales), x_scale)
+    return _experts_forward(weights, out, w13.format, _bytes(w13.scales), _bytes(w2.scales),
+                            x_scale)
 
 
 def check_quantized(name: str, q, formats, what: str):

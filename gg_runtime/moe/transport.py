@@ -94,6 +94,12 @@ class Buffer:
         for region in regions:
             self.unfenced[region.span] = False
 
+    def claimed(self, region: Region):
+        """Before this rank stores into `region` itself: a barrier first where
+        a rank may still read what it holds (the peers, summing it)."""
+        if any(_overlap(region.span, held) for held in self.unfenced):
+            self.barrier()
+
     def cleared(self, region: Region):
         """`region`'s rows read `blank` until a peer stores into them: cleared
         here unless still blank (before the barrier a send into it waits at)."""
@@ -152,6 +158,20 @@ class SymmetricBuffer(Buffer):
         """The peers store only the rows they send: the rest is set here."""
         region.local.view(torch.int16).fill_(region.blank)
 
+    def summed(self, parts, index, first_row):
+        """For each (region, dtype) of `parts` (rows a rank made for the ranks'
+        tokens, block s rank s's, written by every rank into its own region):
+        this rank's tokens' rows, row first_row + t of the regions of the
+        ranks r with index[t, r] >= 0, summed in float32 ([T, width] of
+        dtype): read from the peers' regions once every rank has written
+        its own (a barrier)."""
+        self.barrier()
+        sums = [call(OPS.sum_peer_rows.default, region.local.view(dtype), region.peers, index,
+                     first_row) for region, dtype in parts]
+        # The peers read these regions before their next barrier.
+        self.consumed(*(region for region, _ in parts))
+        return sums
+
     def wait(self):
         """Every rank's stream reaches this point before any goes past it, or
         BARRIER_TIMEOUT_MS passes (then a CUDA error, the late rank named)."""
@@ -182,6 +202,20 @@ class NcclBuffer(Buffer):
 
     def clear(self, region: Region):
         """Every block travels whole, the rows not sent blank (send)."""
+
+    def summed(self, parts, index, first_row):
+        """SymmetricBuffer.summed's sums: each region's blocks moved to their
+        ranks by NCCL's all-to-all, then each token's planes summed."""
+        world = self.group.size()
+        sent = (index >= 0).T[:, :, None]  # [W, T, 1]
+        sums = []
+        for region, dtype in parts:
+            planes = torch.empty_like(region.local)
+            dist.all_to_all_single(planes, region.local, group=self.group)
+            planes = planes.view(dtype).view(world, -1, planes.view(dtype).shape[1])
+            sums.append(torch.where(sent, planes[:, :index.shape[0]].float(), 0.0).sum(0)
+                        .to(dtype))
+        return sums
 
     def wait(self):
         """NCCL orders the ranks' transfers itself."""

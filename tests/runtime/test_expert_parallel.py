@@ -25,7 +25,7 @@ from gg_runtime.formats import FP8_WEIGHT_SCALINGS
 from gg_runtime.testing.fp8 import quantize_ref
 from gg_runtime.testing.moe_fp8 import dequantize64, dequantized_experts
 from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
-from moe_reference import combine_ref, dispatch_plan_ref, layer_ref, received_slots_ref
+from moe_reference import dispatch_plan_ref, layer_ref, received_slots_ref
 
 
 class World:
@@ -66,6 +66,22 @@ class World:
                 start = address - buffer.data_ptr()
                 buffer[start:start + width] = part[r].view(torch.uint8)
 
+    def sum_peer_rows(self, region, peers, index, first_row):
+        """The operator's contract: each token's row first_row + t of the
+        regions at peers[r] with index[t, r] >= 0, summed in float32 rank by
+        rank."""
+        assert region.is_contiguous() and peers.shape == (index.shape[1],)
+        assert first_row >= 0 and first_row + index.shape[0] <= region.shape[0]
+        width = region.shape[1] * region.element_size()
+        out = torch.zeros(index.shape[0], region.shape[1])
+        for t, r in torch.nonzero(index >= 0).tolist():
+            address = int(peers[r]) + (first_row + t) * width
+            buffer = next(b for b in self.buffers
+                          if b.data_ptr() <= address < b.data_ptr() + b.numel())
+            start = address - buffer.data_ptr()
+            out[t] += buffer[start:start + width].view(region.dtype).float()
+        return out.to(region.dtype)
+
 
 class Group:
     def __init__(self, world, rank):
@@ -104,7 +120,8 @@ def simulated(monkeypatch):
         monkeypatch.setattr(exchange, "dist", SimpleNamespace(
             all_gather_into_tensor=world.all_gather_into_tensor))
         monkeypatch.setattr(transport, "OPS", SimpleNamespace(
-            send_rows=SimpleNamespace(default=world.send_rows)))
+            send_rows=SimpleNamespace(default=world.send_rows),
+            sum_peer_rows=SimpleNamespace(default=world.sum_peer_rows)))
         monkeypatch.setattr(transport, "dist", SimpleNamespace(
             all_to_all_single=world.all_to_all_single))
         monkeypatch.setitem(transport.TRANSPORTS, "symmetric_memory", Buffer)
@@ -116,18 +133,24 @@ def simulated(monkeypatch):
     monkeypatch.setattr(exchange, "_BUFFERS", {})
     monkeypatch.setattr(ep, "moe_experts", reference_experts)
     monkeypatch.setattr(exchange, "OPS", SimpleNamespace(
-        combine=SimpleNamespace(
-            default=lambda rows, *args: combine_ref(rows, *args).to(rows.dtype)),
         dispatch_plan=SimpleNamespace(default=dispatch_plan_ref),
         received_slots=SimpleNamespace(default=received_slots_ref)))
     return make
 
 
-def reference_experts(x, topk_ids, topk_weights, w13, w2, **options):
+def reference_experts(x, topk_ids, topk_weights, w13, w2, out=None, **options):
     """moe_experts' contract in float64 (rounded to x's dtype), differentiable."""
     assert not any(v is not None for k, v in options.items() if k not in ("gate_up", "activation"))
-    return layer_ref(x.double(), topk_ids, topk_weights.double(), w13.double(),
-                     w2.double()).to(x.dtype)
+    return written(layer_ref(x.double(), topk_ids, topk_weights.double(), w13.double(),
+                             w2.double()), out, x.dtype)
+
+
+def written(got, out, dtype):
+    """moe_experts' result: got in dtype, or written into out (inference only)."""
+    if out is None:
+        return got.to(dtype)
+    assert out.dtype == dtype and not (torch.is_grad_enabled() and got.requires_grad)
+    return out.copy_(got)
 
 
 def on_every_rank(world, work):
@@ -363,12 +386,59 @@ def test_without_autograd_the_experts_read_the_received_rows_in_place(simulated,
                                   for buffer in exchange._BUFFERS.values())
 
 
+def test_a_buffer_waits_for_the_ranks_only_where_a_region_may_still_be_read():
+    """transport.Buffer's record: a send into a region whose rows may still
+    be read (landed and not read, or read since the last barrier) waits at a
+    barrier first, as does this rank's own store into it (claimed); a
+    region read before a barrier, or never written, does not; a cleared
+    region is cleared once until it is stored into again."""
+    class Counting(transport.Buffer):
+        waits, clears = 0, 0
+
+        def wait(self):
+            self.waits += 1
+
+        def send(self, sends, ranks, dest, blocks=1):
+            pass
+
+        def clear(self, region):
+            self.clears += 1
+
+    buffer = Counting(None, 4096, torch.zeros(4096, dtype=torch.uint8))
+    a, b = buffer.regions((4, 16, 0), (4, 16, -1))
+    rows = torch.zeros(4, 16, dtype=torch.bfloat16)
+
+    def waits_of(step):
+        before = buffer.waits
+        step()
+        return buffer.waits - before
+
+    send = lambda region: buffer.transfer(((region, rows),), None, None)  # noqa: E731
+    assert waits_of(lambda: send(a)) == 1  # never written: the landing barrier only
+    assert waits_of(lambda: send(a)) == 2  # a's rows not read yet
+    buffer.consumed(a)
+    assert waits_of(lambda: buffer.claimed(a)) == 1  # read since the last barrier
+    assert waits_of(lambda: buffer.claimed(a)) == 0
+    assert waits_of(lambda: send(b)) == 1
+    buffer.consumed(a)
+    assert waits_of(lambda: send(b)) == 2  # b's rows landed, not read
+    buffer.consumed(b)
+    buffer.cleared(b)
+    assert buffer.clears == 1 and waits_of(lambda: send(a)) == 1  # the barrier frees a and b
+    buffer.cleared(b)
+    assert buffer.clears == 1  # still blank: b was not stored into
+    assert waits_of(lambda: send(b)) == 1
+    buffer.cleared(b)
+    assert buffer.clears == 2 and waits_of(lambda: send(b)) == 2  # the clear before the peers'
+
+
 def test_a_run_of_calls_meets_once_a_transfer_and_reads_nothing_overwritten(simulated,
                                                                             monkeypatch):
     """Two configurations sharing the buffer's bytes, called in turns, rank 0
-    slow to read what came (its experts and its sums): right outputs, and
-    after each configuration's first call the ranks meet only once a
-    transfer (a call's dispatch and return use their own regions)."""
+    slow to read what came (its experts, and its sums from the peers'
+    regions): right outputs, and after each configuration's first call the
+    ranks meet only once a transfer (the tokens and the outputs have regions
+    of their own)."""
     world = simulated(2)
     cases = [global_case((13, 7), 4, 2, hidden=40), global_case((6, 9), 4, 3)]
     TURNS = (0, 0, 1, 1, 0, 0)  # noqa: N806 - which case each call takes
@@ -382,8 +452,8 @@ def test_a_run_of_calls_meets_once_a_transfer_and_reads_nothing_overwritten(simu
         return slowed
 
     monkeypatch.setattr(ep, "moe_experts", slow_on_rank_0(reference_experts))
-    combine = exchange.OPS.combine.default
-    monkeypatch.setattr(exchange.OPS.combine, "default", slow_on_rank_0(combine))
+    monkeypatch.setattr(transport.OPS.sum_peer_rows, "default",
+                        slow_on_rank_0(transport.OPS.sum_peer_rows.default))
 
     def rank_work(rank):
         outs, waits = [], []
@@ -485,15 +555,15 @@ def test_a_placement_changed_in_place_is_checked_again(simulated):
                             placement=placement)
 
 
-def fp8_reference_experts(x, topk_ids, topk_weights, w13, w2, **options):
+def fp8_reference_experts(x, topk_ids, topk_weights, w13, w2, out=None, **options):
     """moe_experts' contract for fp8 weights (w13 and w2 Quantized in one
     format) and tokens given quantized (x a Quantized in the layout they
     ask), in float64 (rounded to bfloat16)."""
     assert isinstance(x, Quantized) and x.values.dtype == torch.float8_e4m3fn
     assert isinstance(w13, Quantized) and isinstance(w2, Quantized) and w13.format == w2.format
     assert x.format == FP8_WEIGHT_SCALINGS[w13.format].rows and options["fp8"] is None
-    return layer_ref(dequantize64(*x), topk_ids, topk_weights.double(),
-                     *dequantized_experts(w13, w2)).bfloat16()
+    return written(layer_ref(dequantize64(*x), topk_ids, topk_weights.double(),
+                             *dequantized_experts(w13, w2)), out, torch.bfloat16)
 
 
 def quantized_ref(x, granularity):
@@ -539,14 +609,14 @@ def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, cou
         torch.testing.assert_close(out.double(), want[tokens], rtol=2e-2, atol=2e-2)
 
 
-def mxfp4_reference_experts(x, topk_ids, topk_weights, w13, w2, **options):
+def mxfp4_reference_experts(x, topk_ids, topk_weights, w13, w2, out=None, **options):
     """moe_experts' contract for MXFP4 weights (w13 and w2 Quantized;
     16-bit tokens), in float64."""
     assert isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and options["fp8"] is None
     assert w13.format == w2.format == "mxfp4"
-    return layer_ref(x.double(), topk_ids, topk_weights.double(),
-                     dequantize_mxfp4(w13.values, w13.scales),
-                     dequantize_mxfp4(w2.values, w2.scales)).bfloat16()
+    return written(layer_ref(x.double(), topk_ids, topk_weights.double(),
+                             dequantize_mxfp4(w13.values, w13.scales),
+                             dequantize_mxfp4(w2.values, w2.scales)), out, torch.bfloat16)
 
 
 @pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])

@@ -162,6 +162,22 @@ def test_up_projection_gathers_or_copies_the_tokens(inter):
     check_against_reference(inputs)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_out_takes_the_output(dtype):
+    """out=: the output written into the tensor given (poisoned before) and
+    returned, the same as without it; refused over x and with gradients."""
+    inputs = make_inputs(257, 128, 96, 24, 4, dtype=dtype, bias=True)
+    with torch.no_grad():
+        want = gg_runtime.moe_experts(**inputs)
+        out = torch.full_like(want, float("nan"))
+        assert gg_runtime.moe_experts(**inputs, out=out) is out
+        assert torch.equal(out, want)
+        with pytest.raises(ValueError, match="out must not overlap x"):
+            gg_runtime.moe_experts(**inputs, out=inputs["x"])
+    with pytest.raises(ValueError, match="out is for inference"):
+        gg_runtime.moe_experts(**{**inputs, "w2": inputs["w2"].requires_grad_()}, out=out)
+
+
 def test_forward_without_gradients_matches_training_forward():
     """Nothing requires grad: the forward keeps nothing (no gu written), same output."""
     inputs = make_inputs(300, 64, 48, 8, 2)

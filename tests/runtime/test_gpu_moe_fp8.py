@@ -216,6 +216,19 @@ def test_tokens_given_quantized(kind, tokens, k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tokens", [1, 64], ids=["decode", "routed"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_out_takes_the_output(kind, tokens, dtype):
+    """out= on either path, the output written where given (float16 tokens:
+    the kernels' bfloat16 sums converted into it)."""
+    case = make_case(tokens, *TAILS[1:], kind, dtype=dtype)
+    want = gg_runtime.moe_experts(**case)
+    out = torch.full_like(want, float("nan"))
+    assert gg_runtime.moe_experts(**case, out=out) is out
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_float16_tokens(kind):
     check(make_case(*TAILS, kind, dtype=torch.float16, bias=True))
 

@@ -183,6 +183,18 @@ def test_int4_shapes(weight_format, shape):
     assert_close(run(case), moe_experts_w4_ref(**case))
 
 
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "routed"])
+def test_out_takes_the_output(weight_format, decode):
+    tokens, *shape = TAILS[weight_format]
+    case = make_case(DECODE_TOKENS if decode else tokens, *shape, weight_format=weight_format)
+    with torch.no_grad():
+        want = run(case)
+        out = torch.full_like(want, float("nan"))
+        assert run(case, out=out) is out
+    assert torch.equal(out, want)
+
+
 def test_no_tokens_and_no_kept_slots():
     case = make_case(0, 288, 160, 8, 2)
     assert run(case).shape == (0, 288)

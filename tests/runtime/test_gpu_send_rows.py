@@ -1,16 +1,18 @@
-"""Expert parallelism's transport kernel on one GPU: torch.ops.gg_runtime.send_rows
-storing rows into W buffers of this GPU that stand in for the ranks' symmetric
-buffers (the kernel sees only their addresses), against a scatter in torch:
-rows not a multiple of a program's, widths not a multiple of 16 words (the
-basic flavour), rows going nowhere and to several ranks, the rows taken
-as one block, as many as there are rows, and between; the row sets that
-travel with the rows (rows2, rows3) to their own buffers; each variant
-forced (test_gpu_variants.py leaves them to this file)."""
+"""Expert parallelism's transport kernels on one GPU, W buffers of this GPU
+standing in for the ranks' symmetric buffers (the kernels see only their
+addresses).  torch.ops.gg_runtime.send_rows storing rows into them, against
+a scatter in torch: rows not a multiple of a program's, widths not a
+multiple of 16 words (the basic flavour), rows going nowhere and to several
+ranks, the rows taken as one block, as many as there are rows, and between;
+the row sets that travel with the rows (rows2, rows3) to their own buffers.
+torch.ops.gg_runtime.sum_peer_rows reading each token's rows from them,
+against a float32 sum rank by rank in torch.  Each variant forced
+(test_gpu_variants.py leaves them to this file)."""
 import pytest
 import torch
 
 from gg_runtime import _C
-from gg_runtime._native import OPS
+from gg_runtime._native import OPS, call
 from gg_runtime.testing import forced, last_variant
 from conftest import device_arch, gpu
 
@@ -94,3 +96,58 @@ def test_blocks_that_do_not_divide_the_rows_are_refused(blocks):
         OPS.send_rows.default(torch.zeros(37, 16, device="cuda").bfloat16(), peers, ranks, dest,
                               blocks)
 
+
+
+def peer_sums(regions, index, first_row):
+    """sum_peer_rows of regions (rank r's at peers[r]); what it should give."""
+    got = OPS.sum_peer_rows.default(regions[0], peers_of(regions), index, first_row)
+    want = torch.zeros(index.shape[0], regions[0].shape[1], device="cuda")
+    for r, region in enumerate(regions):
+        rows = region[first_row:first_row + index.shape[0]].float()
+        want += torch.where(index[:, r:r + 1] >= 0, rows, 0.0)
+    return got, want.to(regions[0].dtype)
+
+
+def regions_and_index(tokens, width, world, dtype):
+    """Each rank's region (a block of tokens + 3 rows a rank), NaN where no
+    row is read; which ranks made each token's row (about a third none)."""
+    capacity = tokens + 3
+    regions = [torch.randn(world * capacity, width, device="cuda").to(dtype) for _ in range(world)]
+    index = torch.where(torch.rand(tokens, world, device="cuda") < 0.35, -1,
+                        torch.arange(world, device="cuda") * capacity)
+    first_row = (world - 1) * capacity
+    for r, region in enumerate(regions):
+        region[first_row:first_row + tokens][index[:, r] < 0] = float("nan")
+    return regions, index, first_row
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("tokens, width, world", [(1, 16, 1), (37, 7168, 4), (1000, 200, 3),
+                                                  (9, 8, 9), (5, 3, 2), (0, 16, 2)])
+def test_peer_rows_summed_rank_by_rank(dtype, tokens, width, world):
+    """Every token's rows from the ranks that made them, summed in float32
+    in rank order: bit for bit torch's sum in that order; a rank that did not
+    make a row is not read (its NaN does not show)."""
+    got, want = peer_sums(*regions_and_index(tokens, width, world, dtype))
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("variant", [v for v in _C.variants() if v["arch"] == device_arch()
+                                     and v["family"] == "sum_peer_rows"], ids=lambda v: v["key"])
+def test_each_sum_variant_sums_the_peers_rows(variant):
+    regions, index, first_row = regions_and_index(100, 7168, 4, getattr(torch, variant["dtype"]))
+    with forced(variant["key"]):  # 7168 columns: every flavour's
+        got, want = peer_sums(regions, index, first_row)
+        assert last_variant() == variant["key"]
+    assert torch.equal(got, want)
+
+
+def test_sum_arguments_that_do_not_fit_are_refused():
+    regions, index, first_row = regions_and_index(10, 16, 2, torch.bfloat16)
+    peers = peers_of(regions)
+    with pytest.raises(ValueError, match="first_row"):
+        call(OPS.sum_peer_rows.default, regions[0], peers, index, first_row + 4)
+    with pytest.raises(ValueError, match="peers must have shape"):
+        call(OPS.sum_peer_rows.default, regions[0], peers[:1], index, first_row)
+    with pytest.raises(ValueError, match="region must be contiguous"):
+        call(OPS.sum_peer_rows.default, regions[0][:, :8], peers, index, first_row)
