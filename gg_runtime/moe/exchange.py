@@ -199,6 +199,7 @@ class Plan:
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)
         buffer.cleared(layout.meta)  # blank again before the next barrier: no wait for it
+        buffer.claimed(layout.home)  # the experts write their outputs there
         return weights
 
     def read(self):
@@ -208,8 +209,8 @@ class Plan:
 
     def home_rows(self, dtype: torch.dtype) -> torch.Tensor:
         """[W * max_tokens, H] of dtype: where the received rows' outputs go
-        (the experts write them there), to be summed at their tokens' ranks."""
-        self.layout.buffer.claimed(self.layout.home)
+        (the experts write them there: the dispatch claimed the region), to
+        be summed at their tokens' ranks."""
         return self.layout.home.local.view(dtype)
 
     def returned(self, out):
@@ -239,8 +240,9 @@ class Plan:
         """The received rows' and weights' gradients summed at their tokens'
         ranks ([T, H] and [T, k] float32), as the outputs were."""
         layout = self.layout
-        _placed(self.home_rows(grad_rows.dtype), grad_rows)
+        layout.buffer.claimed(layout.home)
         layout.buffer.claimed(layout.home_weights)
+        _placed(self.home_rows(grad_rows.dtype), grad_rows)
         _placed(layout.home_weights.local.view(torch.float32), grad_weights)
         return layout.buffer.summed(((layout.home, grad_rows.dtype),
                                      (layout.home_weights, torch.float32)),

@@ -85,8 +85,11 @@ class Buffer:
             self.barrier()
         self.send(sends, ranks, dest, blocks)
         self.barrier()
-        self.blank = {held for held in self.blank if not any(_overlap(held, s) for s in spans)}
+        self._stored(*spans)
         self.unfenced.update(dict.fromkeys(spans, True))
+
+    def _stored(self, *spans):
+        self.blank = {held for held in self.blank if not any(_overlap(held, s) for s in spans)}
 
     def consumed(self, *regions: Region):
         """The reads of these regions' rows are issued: the next barrier
@@ -96,9 +99,11 @@ class Buffer:
 
     def claimed(self, region: Region):
         """Before this rank stores into `region` itself: a barrier first where
-        a rank may still read what it holds (the peers, summing it)."""
+        a rank may still read what it holds (the peers, summing it); what
+        was blank there no longer is."""
         if any(_overlap(region.span, held) for held in self.unfenced):
             self.barrier()
+        self._stored(region.span)
 
     def cleared(self, region: Region):
         """`region`'s rows read `blank` until a peer stores into them: cleared

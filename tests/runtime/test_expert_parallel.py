@@ -391,7 +391,7 @@ def test_a_buffer_waits_for_the_ranks_only_where_a_region_may_still_be_read():
     be read (landed and not read, or read since the last barrier) waits at a
     barrier first, as does this rank's own store into it (claimed); a
     region read before a barrier, or never written, does not; a cleared
-    region is cleared once until it is stored into again."""
+    region is cleared once until a peer or this rank stores into it again."""
     class Counting(transport.Buffer):
         waits, clears = 0, 0
 
@@ -430,6 +430,11 @@ def test_a_buffer_waits_for_the_ranks_only_where_a_region_may_still_be_read():
     assert waits_of(lambda: send(b)) == 1
     buffer.cleared(b)
     assert buffer.clears == 2 and waits_of(lambda: send(b)) == 2  # the clear before the peers'
+    buffer.consumed(b)
+    buffer.cleared(b)
+    buffer.claimed(b)  # this rank's own store: no longer blank
+    buffer.cleared(b)
+    assert buffer.clears == 4
 
 
 def test_a_run_of_calls_meets_once_a_transfer_and_reads_nothing_overwritten(simulated,
