@@ -52,11 +52,11 @@ def run_layer(name, shape, world, *mode) -> dict:
     return {"layer": name, "world": world, "error": (out.stderr or out.stdout)[-400:].strip()}
 
 
-def gb_per_s(row, hidden, world, over_nvlink=False):
-    """Dispatch's bytes a second: the rows rank 0 sent (those to other ranks
-    only, over_nvlink: (W - 1) / W of them)."""
+def gb_per_s(row, hidden, world, over_nvlink=False, transfer="dispatch"):
+    """A transfer's bytes a second: the rows rank 0 sent, or got back (those
+    from or to other ranks only, over_nvlink: (W - 1) / W of them)."""
     sent = row["rows_sent"] * hidden * 2 * ((world - 1) / world if over_nvlink else 1)
-    return sent / row["dispatch_ms"] / 1e6
+    return sent / row[f"{transfer}_ms"] / 1e6
 
 
 def one_chunk(forward, entry) -> float:
@@ -86,14 +86,15 @@ def report(data) -> list:
              "+ backward (eager), and dispatch and return timed alone (graphed, each repeated: a "
              "lone transfer also waits for the ranks before it sends, which a layer's run of "
              "calls does not; GB/s of the rows rank 0 sent, and of those that crossed "
-             "NVLink). The local experts alone: "
+             "NVLink, each way; the return's time includes the sum). The local experts alone: "
              "moe_experts on the rows a rank received, gathered (none of the buffer's rows "
              "that no rank sent). Error: ours against the NCCL "
              "baseline's output.", ""]
     lines += table(
         ["layer", "EP", "ours", "ours graphed", "NCCL", "experts alone", "graphed / alone",
          "NCCL / ours", "fwd+bwd ours", "fwd+bwd NCCL", "fwd+bwd alone", "fwd+bwd ours / alone",
-         "dispatch µs", "return µs", "dispatch GB/s", "NVLink GB/s", "error"],
+         "dispatch µs", "return µs", "dispatch GB/s", "NVLink GB/s", "return NVLink GB/s",
+         "error"],
         [[name, world, fmt(f["ours_ms"]), fmt(f["ours_graphed_ms"]), fmt(f["nccl_ms"]),
           fmt(f["alone_ms"]), fmt(f["ours_graphed_ms"] / f["alone_ms"]),
           fmt(f["nccl_ms"] / f["ours_ms"]), fmt(f["ours_backward_ms"]),
@@ -101,7 +102,9 @@ def report(data) -> list:
           fmt(f["ours_backward_ms"] / f["alone_backward_ms"]),
           fmt(f["dispatch_ms"] * 1e3, "{:.0f}"),
           fmt(f["return_ms"] * 1e3, "{:.0f}"), fmt(gb_per_s(f, hidden, world), "{:.0f}"),
-          fmt(gb_per_s(f, hidden, world, True), "{:.0f}"), fmt(f["error_vs_nccl"], "{:.1e}")]
+          fmt(gb_per_s(f, hidden, world, True), "{:.0f}"),
+          fmt(gb_per_s(f, hidden, world, True, "return"), "{:.0f}"),
+          fmt(f["error_vs_nccl"], "{:.1e}")]
          for name, world, hidden, f in forward])
     overlap = [(r["layer"], r["world"], r["forward"]) for r in done if "overlap" in r["forward"]]
     if overlap:
