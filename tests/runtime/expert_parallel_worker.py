@@ -10,6 +10,7 @@ import os
 import sys
 import time
 import traceback
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -449,6 +450,32 @@ def alone_a_rank_that_fails_alone_ends_the_others_wait():
         assert rank < world - 1 and "launch failure" in str(error), error
     else:
         raise AssertionError("no error")
+
+
+def alone_a_rank_that_exits_leaves_its_outputs_to_be_summed():
+    """Rank 0 exits right after a call, while rank 1 sums its tokens' rows
+    late (a GPU sleep before its sums): the rows rank 0 wrote are still read
+    right from its buffer, which rank 1 holds mapped."""
+    world, rank = world_and_rank()
+    case, counts = global_case(tokens=lambda r: 64, experts=4 * world, **SHAPE)
+    mine, tokens, _ = local(case, counts)
+    with torch.no_grad():
+        expert_parallel(**mine)  # the layout, agreed by every rank
+        torch.cuda.synchronize()
+        dist.barrier()
+        if rank == 1:
+            ops = transport.OPS
+
+            def late(*args):
+                torch.cuda._sleep(4_000_000_000)  # about 2 s: rank 0 has exited by then
+                return ops.sum_peer_rows.default(*args)
+
+            transport.OPS = SimpleNamespace(send_rows=ops.send_rows,
+                                            sum_peer_rows=SimpleNamespace(default=late))
+        out = expert_parallel(**mine)
+        torch.cuda.synchronize()  # rank 0 then exits (main's os._exit)
+    if rank == 1:
+        check_close("out", out, moe_experts(**case)[tokens])
 
 
 def named(prefix):

@@ -65,11 +65,23 @@ def test_a_rank_failing_alone_ends_the_others_wait_naming_it():
     assert "failed to receive signal from rank 1" in log, log
 
 
+def test_a_rank_that_exits_leaves_its_outputs_to_be_summed():
+    """The return's sums read the peers' buffers after the call's last
+    barrier: a peer that has exited by then leaves its rows readable."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    case = "a_rank_that_exits_leaves_its_outputs_to_be_summed"
+    results, log = run(2, case)
+    assert [results.get((rank, case), "no result") for rank in range(2)] == ["ok", "ok"], log
+
+
 def test_every_case_of_the_worker_is_listed():
     sys.path.insert(0, str(WORKER.parent))
     import expert_parallel_worker
     assert tuple(expert_parallel_worker.CASES) == tuple(sorted(CASES))
-    assert tuple(expert_parallel_worker.ALONE) == ("a_rank_that_fails_alone_ends_the_others_wait",)
+    assert tuple(expert_parallel_worker.ALONE) == (
+        "a_rank_that_exits_leaves_its_outputs_to_be_summed",
+        "a_rank_that_fails_alone_ends_the_others_wait")
 
 
 def test_the_example_checks_itself_on_two_gpus():
