@@ -84,7 +84,7 @@ def report(data) -> list:
     forward = [(r["layer"], r["world"], r["shape"][0], r["forward"]) for r in done]
     lines = ["Forward at 4096 tokens a rank (ms; ours also replayed from a CUDA graph), forward "
              "+ backward (eager), and dispatch and return timed alone (graphed, each repeated: a "
-             "lone transfer also waits for the ranks before it sends, which a layer's run of "
+             "lone dispatch also waits for the ranks before it sends, which a layer's run of "
              "calls does not; GB/s of the rows rank 0 sent, and of those that crossed "
              "NVLink, each way; the return's time includes the sum). The local experts alone: "
              "moe_experts on the rows a rank received, gathered (none of the buffer's rows "

@@ -11,9 +11,11 @@ peers' regions; two ways, one interface:
   it held (and has cleared it, where the rows not sent must read blank):
   the buffer keeps, on the host, the bytes that may still be read (or were
   cleared) since the last barrier, and a send into any of them waits at a
-  barrier first.  A call's dispatch and return use different regions, and
-  each reads what came before the next transfer, so in a run of calls that
-  first barrier is never needed.
+  barrier first.  Rows made for other ranks are not sent back: each rank
+  writes them into its own region and, after a barrier, each rank reads its
+  tokens' rows from the peers' regions and sums them (`summed`).  A call's
+  tokens and outputs have regions of their own, and each call reads what
+  came before the next transfer, so in a run of calls no send waits first.
 - `NcclBuffer` (any ranks, across hosts too): the rows are placed in a
   staging copy of the region's blocks on the sender and moved by NCCL's
   all_to_all_single, every block whole (equal splits: no counts from the
