@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,18 @@ def timed(fn, reps=REPS) -> float:
         events[i + 1].record()
     torch.cuda.synchronize()
     return sorted(a.elapsed_time(b) for a, b in zip(events, events[1:]))[reps // 2]
+
+
+def first_call_ms(fn) -> float:
+    """Wall-clock ms of fn's call, every rank in step before it: a
+    configuration's first call (its layout agreed by the ranks, the buffer
+    made where it must grow, the kernels loaded)."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
 
 
 def graphed(fn) -> float:
@@ -243,13 +256,14 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
 def forward_rows(hidden, inter, experts, k) -> dict:
     x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, TOKENS, 0)
     with torch.no_grad():
+        first = first_call_ms(lambda: expert_parallel(x, ids, weights, w13, w2))
         error = torch.tensor(rel_error(expert_parallel(x, ids, weights, w13, w2),
                                        nccl_experts(x, ids, weights, w13, w2)), device="cuda")
         dist.all_reduce(error, dist.ReduceOp.MAX)  # every rank refuses a wrong result alike
         if error > TOLERANCE:
             raise ValueError(f"wrong result: relative error {float(error):.2e} against the "
                              "NCCL baseline")
-        row = {"tokens": TOKENS, "error_vs_nccl": float(error),
+        row = {"tokens": TOKENS, "error_vs_nccl": float(error), "first_ms": first,
                "ours_ms": timed(lambda: expert_parallel(x, ids, weights, w13, w2)),
                "ours_graphed_ms": graphed(lambda: expert_parallel(x, ids, weights, w13, w2)),
                "nccl_ms": timed(lambda: nccl_experts(x, ids, weights, w13, w2)),
@@ -293,6 +307,8 @@ def decode_row(hidden, inter, experts, k, tokens) -> dict:
     x, ids, weights, w13, w2 = layer(hidden, inter, experts, k, tokens, 1)
     with torch.no_grad():  # a buffer sized for the step, as a server sizes it
         row = {"tokens": tokens,
+               "first_ms": first_call_ms(lambda: expert_parallel(x, ids, weights, w13, w2,
+                                                                 max_tokens=tokens)),
                "ours_graphed_ms": graphed(lambda: expert_parallel(x, ids, weights, w13, w2,
                                                                   max_tokens=tokens)),
                "nccl_ms": timed(lambda: nccl_experts(x, ids, weights, w13, w2)),

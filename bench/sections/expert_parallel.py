@@ -88,13 +88,14 @@ def report(data) -> list:
              "calls does not; GB/s of the rows rank 0 sent, and of those that crossed "
              "NVLink, each way; the return's time includes the sum). The local experts alone: "
              "moe_experts on the rows a rank received, gathered (none of the buffer's rows "
-             "that no rank sent). Error: ours against the NCCL "
-             "baseline's output.", ""]
+             "that no rank sent). 1st call: the process's first call of ours, wall-clock "
+             "(the layout agreed by the ranks, the buffer made, the kernels loaded). Error: "
+             "ours against the NCCL baseline's output.", ""]
     lines += table(
         ["layer", "EP", "ours", "ours graphed", "NCCL", "experts alone", "graphed / alone",
          "NCCL / ours", "fwd+bwd ours", "fwd+bwd NCCL", "fwd+bwd alone", "fwd+bwd ours / alone",
          "dispatch µs", "return µs", "dispatch GB/s", "NVLink GB/s", "return NVLink GB/s",
-         "error"],
+         "1st call ms", "error"],
         [[name, world, fmt(f["ours_ms"]), fmt(f["ours_graphed_ms"]), fmt(f["nccl_ms"]),
           fmt(f["alone_ms"]), fmt(f["ours_graphed_ms"] / f["alone_ms"]),
           fmt(f["nccl_ms"] / f["ours_ms"]), fmt(f["ours_backward_ms"]),
@@ -104,7 +105,7 @@ def report(data) -> list:
           fmt(f["return_ms"] * 1e3, "{:.0f}"), fmt(gb_per_s(f, hidden, world), "{:.0f}"),
           fmt(gb_per_s(f, hidden, world, True), "{:.0f}"),
           fmt(gb_per_s(f, hidden, world, True, "return"), "{:.0f}"),
-          fmt(f["error_vs_nccl"], "{:.1e}")]
+          fmt(f.get("first_ms"), "{:.1f}"), fmt(f["error_vs_nccl"], "{:.1e}")]
          for name, world, hidden, f in forward])
     overlap = [(r["layer"], r["world"], r["forward"]) for r in done if "overlap" in r["forward"]]
     if overlap:
@@ -139,14 +140,15 @@ def report(data) -> list:
               fmt(eager and v["eager_ms"] / eager), fmt(v["error_vs_nccl"], "{:.1e}")]
              for name, world, v, (eager, graphed) in vdev])
     lines += ["", "Decode (µs a step, ours and the experts alone replayed from CUDA graphs; the "
-              "NCCL baseline eager, its splits read by the host):", ""]
+              "NCCL baseline eager, its splits read by the host; 1st call: ours on a buffer "
+              "sized for the step, its first call, ms wall-clock):", ""]
     lines += table(
         ["layer", "EP", "tokens a rank", "ours", "NCCL", "experts alone", "ours / alone",
-         "dispatch", "return"],
+         "dispatch", "return", "1st call ms"],
         [[r["layer"], r["world"], d["tokens"], fmt(d["ours_graphed_ms"] * 1e3, "{:.0f}"),
           fmt(d["nccl_ms"] * 1e3, "{:.0f}"), fmt(d["alone_ms"] * 1e3, "{:.0f}"),
           fmt(d["ours_graphed_ms"] / d["alone_ms"]), fmt(d["dispatch_ms"] * 1e3, "{:.0f}"),
-          fmt(d["return_ms"] * 1e3, "{:.0f}")]
+          fmt(d["return_ms"] * 1e3, "{:.0f}"), fmt(d.get("first_ms"), "{:.1f}")]
          for r in done for d in r["decode"]])
     fp8 = [r for r in done if "fp8" in r]
     if fp8:
