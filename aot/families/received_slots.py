@@ -1,6 +1,6 @@
 """received_slots: what each row a rank received in expert parallelism holds
 for its experts (aot/kernels/expert_parallel_plan.py): local ids and
-weights, in one launch.  Integer work with plain loads: every
+weights, the metadata left blank, in one launch.  Integer work with plain loads: every
 arch, `basic` only, one dtype (the pointers' types are fixed)."""
 from ..family import Config, Family, Param
 from ..kernels.expert_parallel_plan import received_slots_kernel
@@ -13,7 +13,7 @@ FAMILY = Family(
     name="received_slots",
     kernel=received_slots_kernel,
     params=(
-        Param("meta_ptr", "*i32", "operand"),
+        Param("meta_ptr", "*i32", "output"),
         Param("ids_ptr", "*i64", "output"),
         Param("weights_ptr", "*fp32", "output"),
         Param("R", "i32", "extent"),

@@ -20,6 +20,9 @@ of its metadata (meta [R, 2K] int32, all -1 where no rank sent the row):
                           experts, else -1
     weights [R, K] float32: the weight where ids >= 0, else 0
 
+and meta left all -1 once read: blank for the next dispatch, no launch of its
+own.
+
 BM rows a program step, BK >= K slots (masked), BN ranks at a time.
 """
 import triton
@@ -71,6 +74,9 @@ def received_slots_kernel(meta_ptr, ids_ptr, weights_ptr, R, K, EPR, RANK,
         meta = meta_ptr + rows[:, None] * (2 * K) + slots[None, :]
         ids = tl.load(meta, mask=slot_ok, other=-1)
         weights = tl.load(meta + K, mask=slot_ok, other=0).to(tl.float32, bitcast=True)
+        blank = tl.full((BM, BK), -1, tl.int32)
+        tl.store(meta, blank, mask=slot_ok)
+        tl.store(meta + K, blank, mask=slot_ok)
         local = ids - RANK * EPR
         here = (ids >= 0) & (local >= 0) & (local < EPR)
         at = rows[:, None] * K + slots[None, :]

@@ -63,20 +63,21 @@ std::tuple<Tensor, Tensor, Tensor> dispatch_plan(Tensor topk_ids, Tensor topk_we
   return {dest, index, meta};
 }
 
-std::tuple<Tensor, Tensor> received_slots(Tensor meta_in, int64_t world, int64_t rank,
+std::tuple<Tensor, Tensor> received_slots(Tensor meta, int64_t world, int64_t rank,
                                           int64_t experts_per_rank, int64_t capacity) {
-  check_tensor(meta_in, "meta", 2, ScalarType::Int);
+  check_tensor(meta, "meta", 2, ScalarType::Int);
   check_layout(world, rank, experts_per_rank, capacity);
-  const int64_t rows = meta_in.size(0), k = meta_in.size(1) / 2;
-  if (rows != world * capacity || meta_in.size(1) % 2) {
+  const int64_t rows = meta.size(0), k = meta.size(1) / 2;
+  if (rows != world * capacity || meta.size(1) % 2) {
     value_error("meta must be [world * capacity, 2k] = [", world * capacity,
-                ", 2k] (each row's k ids and k weights), got [", rows, ", ", meta_in.size(1), "]");
+                ", 2k] (each row's k ids and k weights), got [", rows, ", ", meta.size(1), "]");
   }
+  if (meta.stride(1) != 1 || meta.stride(0) != meta.size(1))
+    value_error("meta must be contiguous (it is left blank where it lies)");
   check_slots(k, "meta");
-  Tensor ids = new_output(meta_in, {rows, k}, ScalarType::Long);
-  Tensor weights = new_output(meta_in, {rows, k}, ScalarType::Float);
+  Tensor ids = new_output(meta, {rows, k}, ScalarType::Long);
+  Tensor weights = new_output(meta, {rows, k}, ScalarType::Float);
   if (shapes_only(ids)) return {ids, weights};
-  const Tensor meta = as_contiguous(meta_in);
   const family::ReceivedSlots args{.meta_ptr = address(meta),
                                    .ids_ptr = address(ids),
                                    .weights_ptr = address(weights),

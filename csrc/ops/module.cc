@@ -194,7 +194,7 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
       "dispatch_plan(Tensor topk_ids, Tensor topk_weights, int world, int rank, "
       "int experts_per_rank, int capacity) -> (Tensor dest, Tensor index, Tensor meta)");
   m.def(
-      "received_slots(Tensor meta, int world, int rank, int experts_per_rank, int capacity) "
+      "received_slots(Tensor(a!) meta, int world, int rank, int experts_per_rank, int capacity) "
       "-> (Tensor ids, Tensor weights)");
   m.def(
       "moe_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w2, "

@@ -133,9 +133,10 @@ Tensor sum_peer_rows(Tensor region, Tensor peers, Tensor index, int64_t first_ro
 // for topk_ids [T, k] int64 and topk_weights [T, k] float32: token t's row on
 // each rank (-1: not sent), whether each rank makes an output for it (>= 0), and
 // its kept ids (-1 otherwise) and weights' bits.  On the receiving rank, for
-// meta [W * capacity, 2k] as it arrived (rows not sent all -1): (ids [R, k]
-// int64, weights [R, k] float32): this rank's experts' local ids (-1
-// otherwise) and their weights (0 otherwise).
+// meta [W * capacity, 2k] as it arrived (rows not sent all -1; contiguous):
+// (ids [R, k] int64, weights [R, k] float32): this rank's experts' local ids
+// (-1 otherwise) and their weights (0 otherwise); meta is left all -1, blank
+// for the next dispatch.
 std::tuple<Tensor, Tensor, Tensor> dispatch_plan(Tensor topk_ids, Tensor topk_weights,
                                                  int64_t world, int64_t rank,
                                                  int64_t experts_per_rank, int64_t capacity);

@@ -198,7 +198,7 @@ class Plan:
         self.local_ids, weights = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)
-        buffer.cleared(layout.meta)  # blank again before the next barrier: no wait for it
+        buffer.blanked(layout.meta)  # by received_slots, before the next barrier: no wait for it
         buffer.claimed(layout.home)  # the experts write their outputs there
         return weights
 

@@ -112,8 +112,13 @@ class Buffer:
         here unless still blank (before the barrier a send into it waits at)."""
         if region.span not in self.blank:
             self.clear(region)
-            self.blank.add(region.span)
-            self.consumed(region)
+            self.blanked(region)
+
+    def blanked(self, region: Region):
+        """`region` was made blank on this rank's stream (by `clear`, or by a
+        kernel that read it): a peer's send into it waits for the next barrier."""
+        self.blank.add(region.span)
+        self.consumed(region)
 
     def barrier(self):
         """Every rank's stream reaches this point before any goes past it (the

@@ -61,9 +61,11 @@ def dispatch_plan_ref(topk_ids, topk_weights, world, rank, experts_per_rank, cap
 
 
 def received_slots_ref(meta, world, rank, experts_per_rank, capacity):
-    """torch.ops.gg_runtime.received_slots' contract: (ids, weights)."""
+    """torch.ops.gg_runtime.received_slots' contract: (ids, weights), meta left
+    all -1."""
     k = meta.shape[1] // 2
     local = meta[:, :k].long() - rank * experts_per_rank
     here = (meta[:, :k] >= 0) & (local >= 0) & (local < experts_per_rank)
     weights = torch.where(here, meta[:, k:].contiguous().view(torch.float32), 0.0)
+    meta.fill_(-1)
     return torch.where(here, local, -1), weights

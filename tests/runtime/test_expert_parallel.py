@@ -302,6 +302,17 @@ def test_send_rows_refuses_row_sets_without_their_peers_or_of_other_row_counts()
         call(OPS.send_rows.default, rows, peers, *route, meta(5, 3), meta(3, dtype=torch.int64))
 
 
+def test_received_slots_refuses_metadata_it_cannot_leave_blank_in_place():
+    """received_slots blanks the metadata where it lies: a strided view is
+    refused (meta tensors: nothing launches), a contiguous one takes."""
+    meta = torch.empty(2 * 3, 2 * 4, dtype=torch.int32, device="meta")
+    ids, weights = call(OPS.received_slots.default, meta, 2, 0, 4, 3)
+    assert ids.shape == weights.shape == (6, 4)
+    wide = torch.empty(6, 16, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="meta must be contiguous"):
+        call(OPS.received_slots.default, wide[:, :8], 2, 0, 4, 3)
+
+
 def fp8_weights(hidden, w13_scales=None):
     """{"w13": ..., "w2": ...}: one expert's fp8 weights (128 x 128 blocks,
     Quantized) for tokens of `hidden` columns, w13's scales given."""

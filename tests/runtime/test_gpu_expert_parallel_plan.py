@@ -44,9 +44,11 @@ def test_received_slots_match_their_contract(tokens, k, world, rank, experts_per
     _, _, meta = dispatch_plan_ref(ids, weights, world, rank, experts_per_rank, capacity)
     meta[torch.rand(rows, device="cuda") < 0.3] = -1  # rows no rank sent
     layout = (world, rank, experts_per_rank, capacity)
+    want = received_slots_ref(meta.clone(), *layout)
     got = OPS.received_slots.default(meta, *layout)
-    for name, g, want in zip(("ids", "weights"), got, received_slots_ref(meta, *layout)):
-        assert g.dtype == want.dtype and torch.equal(g, want), name
+    for name, g, w in zip(("ids", "weights"), got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), name
+    assert torch.equal(meta, torch.full_like(meta, -1))  # left blank for the next dispatch
 
 
 def plan_variants():
@@ -67,10 +69,11 @@ def test_each_plan_variant_matches_its_contract(key):
     else:
         rows_ids, rows_weights = routing(3 * 40, 8, 3, 8)
         _, _, meta = dispatch_plan_ref(rows_ids, rows_weights, *layout)
+        want = received_slots_ref(meta.clone(), *layout)
         with forced(key):
             got = OPS.received_slots.default(meta, *layout)
             assert last_variant() == key
-        want = received_slots_ref(meta, *layout)
+        assert torch.equal(meta, torch.full_like(meta, -1)), key
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and torch.equal(g, w), key
 
