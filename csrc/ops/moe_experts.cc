@@ -118,9 +118,7 @@ Tensor forward(const MoeInputs& in, const ExpertProducts& products, Saved* saved
   launches.submit();
   out = converted(out, products.out_dtype());
   if (into == nullptr || shapes_only(out) || out.data_ptr() == into->data_ptr()) return out;
-  submit_recorded();
-  Tensor target = *into;  // the kernels' dtype was not into's
-  return torch::stable::copy_(target, out);
+  return copied_into(*into, out);  // the kernels' dtype was not into's
 }
 
 // out: [T, H] of the forward's output dtype, contiguous, on x's device, not

@@ -357,6 +357,11 @@ Tensor filled(Tensor t, double value) {
   return torch::stable::fill_(t, value);
 }
 
+Tensor copied_into(Tensor target, const Tensor& source) {
+  submit_recorded();
+  return torch::stable::copy_(target, source);
+}
+
 Tensor converted(const Tensor& t, ScalarType dtype) {
   if (t.scalar_type() == dtype) return t;
   submit_recorded();

@@ -216,13 +216,15 @@ void submit_recorded();
 // Torch work, after submit_recorded(): x's contiguous copy (x itself where it
 // is contiguous); x's copy in a new allocation; a new tensor of `shape` filled
 // with value on like's device; t zeroed or filled with value (in place;
-// returns t); t converted to dtype (t itself where it has it).
+// returns t); t converted to dtype (t itself where it has it); source
+// copied into target, converted to its dtype (returns target).
 Tensor contiguous_copy(const Tensor& x);
 Tensor fresh_copy(const Tensor& x);
 Tensor full(const Shape& shape, double value, ScalarType dtype, const Tensor& like);
 Tensor zeroed(Tensor t);
 Tensor filled(Tensor t, double value);
 Tensor converted(const Tensor& t, ScalarType dtype);
+Tensor copied_into(Tensor target, const Tensor& source);
 
 // The stack after aten::name.overload (an operator the stable ABI wraps no
 // function for) is called with args: its results first, each to be taken
