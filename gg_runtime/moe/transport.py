@@ -62,7 +62,9 @@ class Region:
 class Buffer:
     """What the transports share: the group, the bytes, the regions, and
     which of them a peer may store into now (`transfer`).  A transport gives
-    `clear(region)` (its rows blank), `wait()` (every rank's stream meets) and
+    `clear(region)` (its rows blank), `wait()` (every rank's stream meets),
+    `summed(parts, index, first_row)` (each token's rows, made by the ranks
+    into their own regions, summed at its rank) and
     `send(sends, ranks, dest, blocks)`: for each (region, rows)
     of `sends` (at most SEND_PARTS, rows 2-D, the region's width in words
     each, a row for each of the first's), row r of rows to row dest[r, c] of
@@ -224,7 +226,8 @@ class NcclBuffer(Buffer):
         for region, dtype in parts:
             planes = torch.empty_like(region.local)
             dist.all_to_all_single(planes, region.local, group=self.group)
-            planes = planes.view(dtype).view(world, -1, planes.view(dtype).shape[1])
+            planes = planes.view(dtype)
+            planes = planes.view(world, -1, planes.shape[1])
             sums.append(torch.where(sent, planes[:, :index.shape[0]].float(), 0.0).sum(0)
                         .to(dtype))
         return sums
