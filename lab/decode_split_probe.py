@@ -10,7 +10,8 @@ flushed.  Two modes:
   expert_products_fp8.cc decode_splits);
 - `--ab`: the wheel's forward as it dispatches against the one-kernel
   forward forced (the variant the dispatch took before the split forward:
-  the warp-specialised one where its `few_units` holds);
+  the warp-specialised one where its `few_units` holds), at `--tokens`
+  (those whose slots the decode kernel holds);
 - `--down`: the down kernel's sum of the parts, four loads at a time as the
   wheel's (part_sums), against one load after another and against a single
   part (a bound on what the sum costs; its output is wrong), each kernel
@@ -32,8 +33,9 @@ from gg_runtime import _C
 from aot.kernels.combine import combine_parts_kernel
 import triton.language as tl
 
-from aot.kernels.experts_decode import (CHUNK_COLUMNS, down_parts, locate_unit, quantized_h,
-                                        slot_groups, token_rows, w2_descriptor, w13_descriptor)
+from aot.kernels.experts_decode import (CHUNK_COLUMNS, MAX_SLOTS, down_parts, locate_unit,
+                                        quantized_h, slot_groups, token_rows, w2_descriptor,
+                                        w13_descriptor)
 from aot.kernels.experts_decode_split import scaled_decode_down_kernel, scaled_decode_up_kernel
 from aot.kernels.glu import CONCATENATED
 from aot.kernels.quantize import scale_of, to_e4m3
@@ -47,7 +49,8 @@ SHAPES = {"deepseek_v3_tp16": (7168, 128, 256, 8), "deepseek_v3_tp8": (7168, 256
           "qwen3_30b_a3b": (2048, 768, 128, 8), "qwen3_30b_a3b_tp2": (2048, 384, 128, 8),
           "qwen3_30b_a3b_tp4": (2048, 192, 128, 8), "mixtral_tp2": (4096, 7168, 8, 2)}
 # --ab only: no float64 reference (its dequantized weights would be 90 GB).
-AB_SHAPES = {"deepseek_v3": (7168, 2048, 256, 8), "mixtral": (4096, 14336, 8, 2)}
+AB_SHAPES = {"deepseek_v3": (7168, 2048, 256, 8), "mixtral": (4096, 14336, 8, 2),
+             "gpt_oss_20b": (2880, 2880, 32, 4)}
 TOKENS = (1, 2, 4, 8)
 SPLITS = (1, 2, 4, 8, 16, 28, 56)
 BM, BN, BK = 16, 128, 128
@@ -277,7 +280,9 @@ def ab(args):
     for name, shape in {**SHAPES, **AB_SHAPES}.items():
         if args.filter not in name:
             continue
-        for T in TOKENS:
+        for T in args.tokens or TOKENS:
+            if T * shape[3] > MAX_SLOTS.value:
+                continue
             torch.manual_seed(T)
             case = make_case(*shape, T)
             key = one_kernel_variant(case)
@@ -309,6 +314,7 @@ def main():
     parser.add_argument("--filter", default="")
     parser.add_argument("--ab", action="store_true")
     parser.add_argument("--down", action="store_true")
+    parser.add_argument("--tokens", type=int, nargs="*", help="--ab's token counts")
     args = parser.parse_args()
     if args.ab or args.down:
         if args.down:

@@ -6,11 +6,11 @@ per-token scales come from quantize_fp8) and both projections of each unit, a ti
 expert's slots and a 128-column chunk of h, which reads its w13 rows and w2
 columns once and writes its part of the down projection, float32 [S, C, H];
 combine_parts sums them.  Taken where a call has at most kMaxSlots slots
-and no more slots than experts (csrc/ops/expert_products_fp8.cc), where the
-weights' bytes are all the work: with two or more rows an expert the two
-projections' kernels measured faster (docs/notes/
-2026-11-27-fp8-decode-fewer-slots-than-experts.md,
-2026-11-27-fp8-decode-at-one-slot-an-expert.md).  The family's dtype is
+and at most two slots an expert on average (csrc/ops/
+expert_products_fp8_decode.cc), where the weights' bytes are all the work:
+with more rows an expert the two projections' kernels measured faster
+(docs/notes/2026-11-27-fp8-decode-fewer-slots-than-experts.md,
+2026-11-30-fp8-decode-two-slots-an-expert.md).  The family's dtype is
 the tokens' (16-bit); the weights are float8_e4m3fn.
 The weights come by TMA, the tokens' rows by 16-byte pointer loads or
 copies (fp8's rules: aligned rows, H and I multiples of 16), sm90."""

@@ -28,6 +28,7 @@ constexpr int64_t kSplitUnits = 32;
 constexpr int64_t kSplitMinBlocks = 40;
 constexpr int64_t kSplitPrograms = 256;
 constexpr int64_t kSplitBlocks = 4;
+constexpr int64_t kDecodeSlotsAnExpert = 2;
 
 int64_t decode_splits(int64_t slots, int64_t experts, int64_t hidden, int64_t inter) {
   const int64_t units = std::max<int64_t>(std::min(slots, experts) * blocks(inter), 1);
@@ -66,10 +67,12 @@ struct DecodeTokens {
 
 }  // namespace
 
-// Whether the forward takes the decode path: few slots, at most one an
-// expert on average, where the experts' weight bytes are all the work
-// (aot/families/scaled_experts_decode.py); a test forcing a kernel of either
-// path takes that path.  Its blockwise kernels quantize 16-bit tokens
+// Whether the forward takes the decode path: few slots, at most
+// kDecodeSlotsAnExpert an expert on average, where the experts' weight bytes
+// are all the work (aot/families/scaled_experts_decode.py); past that the
+// routed products measured faster (docs/notes/
+// 2026-11-30-fp8-decode-two-slots-an-expert.md).  A test forcing a kernel of
+// either path takes that path.  Its blockwise kernels quantize 16-bit tokens
 // themselves: tokens given quantized per 128 columns take the other path.
 bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
   if (blockwise_tokens_given) return false;
@@ -82,7 +85,7 @@ bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
       forces_family(family::ScaledRaggedM::kIndex) || forces_family(family::Combine::kIndex)) {
     return false;
   }
-  return slots <= family::ScaledExpertsDecode::kMaxSlots && slots <= experts;
+  return slots <= family::ScaledExpertsDecode::kMaxSlots && slots <= kDecodeSlotsAnExpert * experts;
 }
 
 // The down projection's rows made in parts, [S, cdiv(I, 128), H] float32 in

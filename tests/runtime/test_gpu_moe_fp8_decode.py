@@ -185,11 +185,13 @@ def test_combine_parts_forced(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_few_slots_take_the_decode_kernel(kind):
-    """A token's 8 slots and 4 tokens' 16 among 16 experts: the decode kernel
-    and its combine; 17 slots, more than the experts, and 4096 tokens' 8192:
-    the two projections and the combine."""
+    """A token's 8 slots, 4 tokens' 16 and 16 tokens' 32 among 16 experts (at
+    most two an expert): the decode kernel and its combine; 17 tokens' 34
+    slots, more than two an expert, and 4096 tokens' 8192: the two
+    projections and the combine."""
     for tokens, k, family in ((1, 8, "combine_parts"), (4, 4, "combine_parts"),
-                              (17, 1, "combine"), (4096, 2, "combine")):
+                              (16, 2, "combine_parts"), (17, 2, "combine"),
+                              (4096, 2, "combine")):
         case = make_case(tokens, 272, 208, 16, k, kind)
         out = gg_runtime.moe_experts(**case)
         assert last_variant().startswith(family + ".")
