@@ -31,6 +31,7 @@ using gg::ops::received_slots;
 using gg::ops::route;
 using gg::ops::scaled_grouped_mm;
 using gg::ops::scaled_grouped_mm_k;
+using gg::ops::send_fp8_rows;
 using gg::ops::send_rows;
 using gg::ops::sum_peer_rows;
 using gg::ops::swiglu;
@@ -70,6 +71,7 @@ void implement(Library& m) {
   m.impl("combine", kernel<TORCH_BOX(&combine), kShapesOnly>());
   m.impl("route", kernel<TORCH_BOX(&route), kShapesOnly>());
   m.impl("send_rows", kernel<TORCH_BOX(&send_rows), kShapesOnly>());
+  m.impl("send_fp8_rows", kernel<TORCH_BOX(&send_fp8_rows), kShapesOnly>());
   m.impl("sum_peer_rows", kernel<TORCH_BOX(&sum_peer_rows), kShapesOnly>());
   m.impl("dispatch_plan", kernel<TORCH_BOX(&dispatch_plan), kShapesOnly>());
   m.impl("received_slots", kernel<TORCH_BOX(&received_slots), kShapesOnly>());
@@ -189,6 +191,9 @@ STABLE_TORCH_LIBRARY(gg_runtime, m) {
   m.def(
       "send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int blocks=1, "
       "Tensor? rows2=None, Tensor? peers2=None, Tensor? rows3=None, Tensor? peers3=None) -> ()");
+  m.def(
+      "send_fp8_rows(Tensor x, Tensor peers, Tensor scale_peers, Tensor ranks, Tensor dest, "
+      "Tensor meta, Tensor meta_peers) -> ()");
   m.def("sum_peer_rows(Tensor region, Tensor peers, Tensor index, int first_row) -> Tensor");
   m.def(
       "dispatch_plan(Tensor topk_ids, Tensor topk_weights, int world, int rank, "

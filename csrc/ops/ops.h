@@ -121,6 +121,14 @@ void send_rows(Tensor rows, Tensor peers, Tensor ranks, Tensor dest, int64_t blo
                std::optional<Tensor> rows2, std::optional<Tensor> peers2,
                std::optional<Tensor> rows3, std::optional<Tensor> peers3);
 
+// send_rows' fp8 dispatch: each 16-bit token x[r] quantized per 128 columns
+// (quantize_fp8's 1x128) and stored, for every c with dest[r, c] >= 0, at row
+// dest[r, c] of rank ranks[r, c]'s buffers: its fp8 values at peers, its
+// float32 scales at scale_peers, its metadata (meta[r], 16-bit words) at
+// meta_peers.
+void send_fp8_rows(Tensor x, Tensor peers, Tensor scale_peers, Tensor ranks, Tensor dest,
+                   Tensor meta, Tensor meta_peers);
+
 // out[t] = sum over the ranks r with index[t, r] >= 0 of row first_row + t of
 // rank r's symmetric region (peers[r] its address; region this rank's, of
 // every rank's shape and dtype), in float32, rank by rank: expert

@@ -2,8 +2,10 @@
 // family), one launch: each row of `rows` (and of up to two more row sets
 // that go where it goes, each to its own addresses) stored into the
 // symmetric buffers of the ranks it goes to, the rows taken as `blocks`
-// equal blocks in turns.  Checks, launch; nothing to make (the buffers are
-// the caller's, on the peers); Meta tensors run the checks only.
+// equal blocks in turns.  gg_runtime::send_fp8_rows (its fp8 dispatch, the
+// send_fp8_rows family): 16-bit tokens quantized per 128 columns on the way,
+// with their scales and metadata.  Checks, launch; nothing to make (the
+// buffers are the caller's, on the peers); Meta tensors run the checks only.
 #include <family_args.h>
 
 #include <optional>
@@ -20,6 +22,15 @@ namespace {
 struct Companion {
   int64_t rows_ptr = 0, peers_ptr = 0, width = 0;
 };
+
+// Checks dest and ranks: [R, C] each, row r's destinations.
+void check_destinations(const Tensor& ranks, const Tensor& dest, const Tensor& rows) {
+  check_tensor(dest, "dest", 2, ScalarType::Long);
+  check_companion(dest, "dest", {rows.size(0), dest.size(1)}, ScalarType::Long, rows, "int64",
+                  "(each row's destinations)");
+  check_companion(ranks, "ranks", {rows.size(0), dest.size(1)}, ScalarType::Int, rows, "int32",
+                  "(the rank of each of dest's rows)");
+}
 
 // Checks the row set that travels with `rows`: rows_in [R, *] and its peers'
 // table, both or neither given.
@@ -60,12 +71,8 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                   "(each rank's buffer address)");
   check_row_set(rows2, peers2, "rows2", "peers2", rows_in, peers);
   check_row_set(rows3, peers3, "rows3", "peers3", rows_in, peers);
+  check_destinations(ranks, dest, rows_in);
   const int64_t count = rows_in.size(0), destinations = dest.size(1);
-  check_tensor(dest, "dest", 2, ScalarType::Long);
-  check_companion(dest, "dest", {count, destinations}, ScalarType::Long, rows_in, "int64",
-                  "(each row's destinations)");
-  check_companion(ranks, "ranks", {count, destinations}, ScalarType::Int, rows_in, "int32",
-                  "(the rank of each of dest's rows)");
   if (blocks < 1 || count % blocks != 0)
     value_error("blocks must be >= 1 and divide the ", count, " rows, got ", blocks);
   if (count == 0 || destinations == 0 || shapes_only(rows_in)) return;
@@ -89,6 +96,38 @@ void send_rows(Tensor rows_in, Tensor peers, Tensor ranks, Tensor dest, int64_t 
                               .peers3_ptr = third.peers_ptr,
                               .H3 = third.width};
   launch(args, {}, target_of(rows, rows.scalar_type()));
+}
+
+void send_fp8_rows(Tensor x, Tensor peers, Tensor scale_peers, Tensor ranks, Tensor dest,
+                   Tensor meta, Tensor meta_peers) {
+  check_tensor(x, "x", 2, family::SendFp8Rows::kDTypes);
+  if (x.size(1) % 16 != 0) value_error("x's rows must be a multiple of 16 wide, got ", x.size(1));
+  check_tensor(peers, "peers", 1, ScalarType::Long);
+  for (const auto& [table, name] :
+       {std::pair{&scale_peers, "scale_peers"}, std::pair{&meta_peers, "meta_peers"}}) {
+    check_companion(*table, name, {peers.size(0)}, ScalarType::Long, x, "int64",
+                    "(each rank's address, as peers)");
+  }
+  check_tensor(meta, "meta", 2, ScalarType::BFloat16);
+  check_companion(meta, "meta", {x.size(0), meta.size(1)}, ScalarType::BFloat16, x, "bfloat16",
+                  "(16-bit words, a row for each token)");
+  check_destinations(ranks, dest, x);
+  if (x.size(0) == 0 || dest.size(1) == 0 || shapes_only(x)) return;
+  const Tensor tokens = dense(x), words = dense(meta), values = as_contiguous(peers),
+               scales = as_contiguous(scale_peers), metas = as_contiguous(meta_peers),
+               rank = as_contiguous(ranks), row = as_contiguous(dest);
+  const family::SendFp8Rows args{.x_ptr = address(tokens),
+                                 .peers_ptr = address(values),
+                                 .scale_peers_ptr = address(scales),
+                                 .ranks_ptr = address(rank),
+                                 .dest_ptr = address(row),
+                                 .R = x.size(0),
+                                 .H = x.size(1),
+                                 .C = dest.size(1),
+                                 .meta_ptr = address(words),
+                                 .meta_peers_ptr = address(metas),
+                                 .HM = meta.size(1)};
+  launch(args, {}, target_of(tokens, tokens.scalar_type()));
 }
 
 }  // namespace gg::ops

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from .._native import OPS, call
-from ..api import quantize_fp8
 from ..formats import ROWWISE
 from .transport import TRANSPORTS, Buffer, Region, aligned_bytes, words
 
@@ -172,7 +171,8 @@ class Plan:
         sent stale, their ids -1; sets local_ids (-1 but for this rank's
         experts)."""
         layout = self.layout
-        weights = self._delivered(((layout.rows, words(x)),))
+        weights = self._delivered((layout.rows,), lambda meta: layout.buffer.transfer(
+            ((layout.rows, words(x)), meta), self.ranks, self.dest))
         rows = layout.rows.local.view(x.dtype)
         return (rows.clone() if private else rows), weights
 
@@ -181,20 +181,22 @@ class Plan:
         travel (quantize_fp8 at `granularity`), and the rows' scales
         [W * max_tokens, scales a token]: read in place (no gradient)."""
         layout = self.layout
-        q, scale, _ = quantize_fp8(x, granularity)
-        weights = self._delivered(((layout.fp8_rows, words(q)), (layout.scales, words(
-            scale.view(x.shape[0], layout.token_scales)))))
+        weights = self._delivered(
+            (layout.fp8_rows, layout.scales),
+            lambda meta: layout.buffer.transfer_quantized(x, granularity, layout.fp8_rows,
+                                                          layout.scales, (meta,), self.ranks,
+                                                          self.dest))
         return (layout.fp8_rows.local.view(torch.float8_e4m3fn), weights,
                 layout.scales.local.view(torch.float32))
 
-    def _delivered(self, sends):
-        """Each (region, rows) of `sends` and the tokens' metadata sent as the
-        tokens go; the received rows' weights [.., k] float32.  Sets local_ids
-        (-1 but for this rank's experts)."""
+    def _delivered(self, regions, transfer):
+        """transfer(meta), the tokens' rows into `regions` and their metadata
+        (meta: a row set) as the tokens go; the received rows' weights [.., k]
+        float32.  Sets local_ids (-1 but for this rank's experts)."""
         layout, buffer = self.layout, self.layout.buffer
         buffer.cleared(layout.meta)  # rows no rank sends: no ids
-        self.delivered = [region for region, _ in sends]
-        buffer.transfer((*sends, (layout.meta, words(self.meta))), self.ranks, self.dest)
+        self.delivered = list(regions)
+        transfer((layout.meta, words(self.meta)))
         self.local_ids, weights = call(
             OPS.received_slots.default, layout.meta.local.view(torch.int32), layout.world,
             layout.rank, layout.experts_per_rank, layout.capacity)

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from .._native import OPS, call
+from ..api import quantize_fp8
+from ..formats import ROW_BLOCKS
 
 # Regions start on this many bytes, so that send_rows' aligned stores hold.
 ALIGN = 256
@@ -84,10 +86,30 @@ class Buffer:
     def transfer(self, sends, ranks, dest, blocks=1):
         """`send`, then a barrier (every rank's rows landed); a barrier first
         where a region of `sends` may still be read on some rank."""
-        spans = [region.span for region, _ in sends]
+        self._fenced([region for region, _ in sends],
+                     lambda: self.send(sends, ranks, dest, blocks))
+
+    def transfer_quantized(self, x, granularity, values, scales, sends, ranks, dest):
+        """transfer's, for 16-bit tokens x [R, H] travelling in fp8: their
+        values quantized as quantize_fp8 quantizes them at `granularity` into
+        the region `values` (rows of H bytes), their scales into `scales`
+        (rows of the scales a token), with `sends` (one row set)."""
+        self._fenced([values, scales, *(region for region, _ in sends)],
+                     lambda: self.send_quantized(x, granularity, values, scales, sends, ranks,
+                                                 dest))
+
+    def send_quantized(self, x, granularity, values, scales, sends, ranks, dest):
+        """The tokens quantized (a launch of its own), then sent as rows."""
+        q, scale, _ = quantize_fp8(x, granularity)
+        per_token = scale.view(x.shape[0], scales.local.shape[1] // 2)  # float32s: 2 words
+        self.send(((values, words(q)), (scales, words(per_token)), *sends), ranks, dest)
+
+    def _fenced(self, regions, send):
+        """send() into `regions`, between the barriers transfer describes."""
+        spans = [region.span for region in regions]
         if any(_overlap(span, held) for span in spans for held in self.unfenced):
             self.barrier()
-        self.send(sends, ranks, dest, blocks)
+        send()
         self.barrier()
         self._stored(*spans)
         self.unfenced.update(dict.fromkeys(spans, True))
@@ -167,6 +189,15 @@ class SymmetricBuffer(Buffer):
         (region, rows), *more = sends
         call(OPS.send_rows.default, rows, region.peers, ranks, dest, blocks,
              *(a for part, part_rows in more for a in (part_rows, part.peers)))
+
+    def send_quantized(self, x, granularity, values, scales, sends, ranks, dest):
+        """Per 128 columns: one send_fp8_rows launch, the tokens quantized on
+        the way (per token: Buffer's, a launch before the send)."""
+        if granularity != ROW_BLOCKS:
+            return super().send_quantized(x, granularity, values, scales, sends, ranks, dest)
+        (region, rows), = sends
+        call(OPS.send_fp8_rows.default, x, values.peers, scales.peers, ranks, dest, rows,
+             region.peers)
 
     def clear(self, region: Region):
         """The peers store only the rows they send: the rest is set here."""

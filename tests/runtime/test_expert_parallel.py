@@ -66,6 +66,13 @@ class World:
                 start = address - buffer.data_ptr()
                 buffer[start:start + width] = part[r].view(torch.uint8)
 
+    def send_fp8_rows(self, x, peers, scale_peers, ranks, dest, meta, meta_peers):
+        """The operator's contract: x quantized per 128 columns (quantize_fp8's
+        1x128), its values, scales and meta to where dest says."""
+        q, scale = quantize_ref(x, "1x128")
+        self.send_rows(transport.words(q.view(torch.uint8)), peers, ranks, dest, 1,
+                       transport.words(scale), scale_peers, meta, meta_peers)
+
     def sum_peer_rows(self, region, peers, index, first_row):
         """The operator's contract: each token's row first_row + t of the
         regions at peers[r] with index[t, r] >= 0, summed in float32 rank by
@@ -121,6 +128,7 @@ def simulated(monkeypatch):
             all_gather_into_tensor=world.all_gather_into_tensor))
         monkeypatch.setattr(transport, "OPS", SimpleNamespace(
             send_rows=SimpleNamespace(default=world.send_rows),
+            send_fp8_rows=SimpleNamespace(default=world.send_fp8_rows),
             sum_peer_rows=SimpleNamespace(default=world.sum_peer_rows)))
         monkeypatch.setattr(transport, "dist", SimpleNamespace(
             all_to_all_single=world.all_to_all_single))
@@ -589,15 +597,15 @@ def quantized_ref(x, granularity):
 
 @pytest.mark.parametrize("kind", tuple(FP8_WEIGHT_SCALINGS))
 @pytest.mark.parametrize("counts", [(13, 7), (9, 0, 11)])
-@pytest.mark.parametrize("transport", ["symmetric_memory", "nccl"])
+@pytest.mark.parametrize("way", ["symmetric_memory", "nccl"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, counts, transport,
-                                               dtype):
+def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, counts, way, dtype):
     """With fp8 weights the tokens travel quantized as the experts would
-    quantize them (per 128 columns, with H = 272 a partial block; or per
-    token), their scales beside them: the layer of the tokens so quantized."""
+    quantize them (per 128 columns, with H = 272 a partial block, by the
+    send itself over symmetric memory; or per token), their scales beside
+    them: the layer of the tokens so quantized."""
     world = simulated(len(counts))
-    monkeypatch.setattr(exchange, "quantize_fp8", quantized_ref)
+    monkeypatch.setattr(transport, "quantize_fp8", quantized_ref)
     monkeypatch.setattr(ep, "moe_experts", fp8_reference_experts)
     case = global_case(counts, 2 * len(counts), 2, hidden=272, inter=16)
     x = case["x"].to(dtype)
@@ -617,7 +625,7 @@ def test_fp8_weights_take_the_tokens_quantized(simulated, monkeypatch, kind, cou
             out = expert_parallel(x[tokens], case["topk_ids"][tokens],
                                   case["topk_weights"][tokens], share(w13, rank),
                                   share(w2, rank), group=Group(world, rank),
-                                  transport=transport)
+                                  transport=way)
         return tokens, out
 
     for tokens, out in on_every_rank(world, rank_work):

@@ -5,12 +5,16 @@ a scatter in torch: rows not a multiple of a program's, widths not a
 multiple of 16 words (the basic flavour), rows going nowhere and to several
 ranks, the rows taken as one block, as many as there are rows, and between;
 the row sets that travel with the rows (rows2, rows3) to their own buffers.
+torch.ops.gg_runtime.send_fp8_rows quantizing 16-bit tokens on the way,
+bit for bit against quantize_fp8 (per 128 columns) and a scatter in torch,
+widths not a multiple of 128; its bad arguments.
 torch.ops.gg_runtime.sum_peer_rows reading each token's rows from them,
 against a float32 sum rank by rank in torch.  Each variant forced
 (test_gpu_variants.py leaves them to this file)."""
 import pytest
 import torch
 
+import gg_runtime
 from gg_runtime import _C
 from gg_runtime._native import OPS, call
 from gg_runtime.testing import forced, last_variant
@@ -96,6 +100,78 @@ def test_blocks_that_do_not_divide_the_rows_are_refused(blocks):
         OPS.send_rows.default(torch.zeros(37, 16, device="cuda").bfloat16(), peers, ranks, dest,
                               blocks)
 
+
+FP8_CASES = [(1, 16, 1, 1), (37, 7168, 4, 4), (1000, 208, 2, 3), (9, 2064, 9, 9)]
+fp8_kernels = pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins")
+
+
+def send_fp8(x, world, capacity, destinations, meta_words=16):
+    """send_fp8_rows of x into `world` fresh buffers of each kind (values,
+    scales, metadata); those buffers, and what they should hold."""
+    H = x.shape[1]
+    _, ranks, dest = buffers_and_routes(x.shape[0], 1, destinations, world, capacity)
+    values = [torch.randint(0, 256, (capacity, H), dtype=torch.uint8, device="cuda")
+              for _ in range(world)]
+    scales = [torch.randn(capacity, -(-H // 128), device="cuda") for _ in range(world)]
+    metas = [torch.randn(capacity, meta_words, device="cuda").bfloat16() for _ in range(world)]
+    meta = torch.randn(x.shape[0], meta_words, device="cuda").bfloat16()
+    q, scale, _ = gg_runtime.quantize_fp8(x, "1x128")
+    parts = ((q.view(torch.uint8), values), (scale, scales), (meta, metas))
+    want = [[b.clone() for b in buffers] for _, buffers in parts]
+    for r, c in torch.nonzero(dest >= 0).tolist():
+        for (rows, _), part_want in zip(parts, want):
+            part_want[ranks[r, c]][dest[r, c]] = rows[r]
+    OPS.send_fp8_rows.default(x, peers_of(values), peers_of(scales), ranks, dest, meta,
+                              peers_of(metas))
+    torch.cuda.synchronize()
+    return [buffers for _, buffers in parts], want
+
+
+@fp8_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, width, destinations, world", FP8_CASES)
+def test_fp8_rows_land_quantized_as_quantize_fp8s(rows, width, destinations, world, dtype):
+    """The values, scales and metadata where dest says, bit for bit; the
+    tokens' magnitudes spread over 2**-20 .. 2**20 (float16: 2**-8 .. 2**8),
+    a row of zeros."""
+    reach = 20 if dtype == torch.bfloat16 else 8  # float16's range
+    x = torch.randn(rows, width, device="cuda") * 2.0 ** torch.randint(
+        -reach, reach + 1, (rows, 1), device="cuda")
+    x[rows // 2] = 0
+    got, want = send_fp8(x.to(dtype), world, max(64, rows * destinations), destinations)
+    for part_got, part_want in zip(got, want):
+        assert all(torch.equal(g, w) for g, w in zip(part_got, part_want))
+
+
+@fp8_kernels
+@pytest.mark.parametrize("variant", [v for v in _C.variants()
+                                     if v["arch"] == device_arch()
+                                     and v["family"] == "send_fp8_rows"], ids=lambda v: v["key"])
+def test_each_fp8_variant_lands_rows_where_dest_says(variant):
+    key = variant["key"]
+    x = torch.randn(100, 7168, device="cuda").to(getattr(torch, variant["dtype"]))
+    with forced(key):
+        got, want = send_fp8(x, 4, 300, 3, meta_words=5)
+        assert last_variant() == key
+    for part_got, part_want in zip(got, want):
+        assert all(torch.equal(g, w) for g, w in zip(part_got, part_want))
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(width=24), ValueError, "multiple of 16"),
+    (dict(dtype=torch.float32), TypeError, "x"),
+    (dict(meta_rows=36), ValueError, "meta"),
+    (dict(table=2), ValueError, "scale_peers"),
+])
+def test_fp8_sends_refuse_bad_arguments(change, error, match):
+    width, dtype = change.get("width", 32), change.get("dtype", torch.bfloat16)
+    _, ranks, dest = buffers_and_routes(37, 1, 1, 3, 64)
+    tables = [torch.zeros(n, dtype=torch.int64, device="cuda")
+              for n in (3, change.get("table", 3), 3)]
+    x = torch.randn(37, width, device="cuda").to(dtype)
+    meta = torch.zeros(change.get("meta_rows", 37), 4, device="cuda").bfloat16()
+    with pytest.raises(error, match=match):
+        call(OPS.send_fp8_rows.default, x, tables[0], tables[1], ranks, dest, meta, tables[2])
 
 
 def peer_sums(regions, index, first_row):

@@ -32,7 +32,8 @@ OWN_TEST = {"quantize_fp8": "test_gpu_quantize.py",
             "swiglu_backward_fp8": "test_gpu_swiglu_backward_fp8.py",
             "dispatch_plan": "test_gpu_expert_parallel_plan.py",
             "received_slots": "test_gpu_expert_parallel_plan.py",
-            "send_rows": "test_gpu_send_rows.py", "sum_peer_rows": "test_gpu_send_rows.py"}
+            "send_rows": "test_gpu_send_rows.py", "send_fp8_rows": "test_gpu_send_rows.py",
+            "sum_peer_rows": "test_gpu_send_rows.py"}
 RUNNABLE = [v for v in _C.variants() if v["arch"] == device_arch() and v["family"] not in OWN_TEST]
 pytestmark = pytest.mark.usefixtures("poison")
 
