@@ -12,12 +12,17 @@ flushed.  Two modes:
   forward forced (the variant the dispatch took before the split forward:
   the warp-specialised one where its `few_units` holds), at `--tokens`
   (those whose slots the decode kernel holds);
+- `--routed`: the wheel's forward as it dispatches against the routed
+  products forced (a `combine` variant forced), on the bench's inputs
+  (bench/sections/fp8_experts.py: softmax top-k routing) and the probe's,
+  at `--tokens`: where the decode path's bound on slots an expert lies;
 - `--down`: the down kernel's sum of the parts, four loads at a time as the
   wheel's (part_sums), against one load after another and against a single
   part (a bound on what the sum costs; its output is wrong), each kernel
   alone and each whole forward, at T = 1 and 2.
 
-    python lab/decode_split_probe.py [--ab | --down] [--filter NAME] [--json OUT]
+    python lab/decode_split_probe.py [--ab | --routed | --down] [--filter NAME]
+        [--tokens T ...] [--json OUT]
 """
 from __future__ import annotations
 
@@ -308,19 +313,73 @@ def ab(args):
     return rows
 
 
+def routed_variant(case) -> str:
+    """A `combine` variant that runs the call: forcing it forces the routed
+    products (csrc/ops/expert_products_fp8_decode.cc decode_fits)."""
+    for v in _C.variants():
+        if v["family"] == "combine" and v["arch"] == 90 and v["dtype"] == "bfloat16":
+            try:
+                with forced(v["key"]):
+                    gg_runtime.moe_experts(**case)
+                return v["key"]
+            except ValueError:
+                continue
+    raise ValueError("no combine variant runs this call")
+
+
+def routed(args):
+    from bench.sections.fp8_experts import expert_weights, routed_tokens
+    rows = []
+    for name, shape in {**SHAPES, **AB_SHAPES}.items():
+        if args.filter not in name:
+            continue
+        H, inter, E, k = shape
+        weights = expert_weights(H, inter, E, "128x128", bf16=False)
+        for T in args.tokens or TOKENS:
+            for inputs in ("bench", "probe"):
+                torch.manual_seed(T)
+                if inputs == "bench":
+                    x, ids, w = routed_tokens(T, H, E, k)
+                else:
+                    case = make_case(H, 16, E, k, T)  # its routing and tokens only
+                    x, ids, w = case["x"], case["topk_ids"], case["topk_weights"]
+                case = dict(x=x, topk_ids=ids, topk_weights=w, w13=weights["w13"],
+                            w2=weights["w2"])
+                key = routed_variant(case)
+                with forced(key):
+                    before = gg_runtime.moe_experts(**case)
+                    forced_routed = graphed(lambda: gg_runtime.moe_experts(**case))
+                times = time_in_turns({"routed": forced_routed, "dispatch": graphed(
+                    lambda: gg_runtime.moe_experts(**case))})
+                row = {"shape": name, "T": T, "inputs": inputs, "slots": T * k,
+                       "touched": int(ids.unique().numel()),
+                       "most_an_expert": int(torch.bincount(ids.flatten()).max()),
+                       **{k: 1e3 * v for k, v in times.items()},
+                       "difference": rel_error(gg_runtime.moe_experts(**case), before)}
+                print(f"{name:14s} T={T:3d} {inputs:5s}: dispatch {row['dispatch']:6.1f} us, "
+                      f"routed {row['routed']:6.1f} us, x {row['routed'] / row['dispatch']:.2f}"
+                      f" (touched {row['touched']}, most an expert {row['most_an_expert']}); "
+                      f"difference {row['difference']:.1e}", flush=True)
+                rows.append(row)
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--filter", default="")
     parser.add_argument("--ab", action="store_true")
     parser.add_argument("--down", action="store_true")
+    parser.add_argument("--routed", action="store_true")
     parser.add_argument("--tokens", type=int, nargs="*", help="--ab's token counts")
     args = parser.parse_args()
-    if args.ab or args.down:
+    if args.ab or args.down or args.routed:
         if args.down:
             triton.set_allocator(lambda size, align, stream: torch.empty(
                 size, dtype=torch.int8, device="cuda"))
-        rows = ab(args) if args.ab else down_sums(args)
+        rows = ab(args) if args.ab else down_sums(args) if args.down else routed(args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)

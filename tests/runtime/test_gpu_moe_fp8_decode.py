@@ -195,7 +195,7 @@ def test_few_slots_take_the_decode_kernel(kind):
         case = make_case(tokens, 272, 208, 16, k, kind)
         out = gg_runtime.moe_experts(**case)
         assert last_variant().startswith(family + ".")
-        assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+        assert_matches_reference(out, case, EXACT_TOLERANCE)  # thousands of slots: one step
 
 
 @pytest.mark.parametrize("kind", KINDS)
