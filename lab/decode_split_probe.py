@@ -14,8 +14,9 @@ flushed.  Two modes:
   (those whose slots the decode kernel holds);
 - `--routed`: the wheel's forward as it dispatches against the routed
   products forced (a `combine` variant forced), on the bench's inputs
-  (bench/sections/fp8_experts.py: softmax top-k routing) and the probe's,
-  at `--tokens`: where the decode path's bound on slots an expert lies;
+  (bench/sections/fp8_experts.py: softmax top-k routing; `--seeds` such
+  routings) and the probe's, at `--tokens`: where the decode path's bound
+  on slots an expert lies;
 - `--down`: the down kernel's sum of the parts, four loads at a time as the
   wheel's (part_sums), against one load after another and against a single
   part (a bound on what the sum costs; its output is wrong), each kernel
@@ -336,8 +337,10 @@ def routed(args):
         H, inter, E, k = shape
         weights = expert_weights(H, inter, E, "128x128", bf16=False)
         for T in args.tokens or TOKENS:
-            for inputs in ("bench", "probe"):
-                torch.manual_seed(T)
+            draws = [("bench", T + 1000 * seed) for seed in range(args.seeds)]
+            for inputs, seed in [*draws, ("probe", T)] if args.seeds else [("bench", T),
+                                                                             ("probe", T)]:
+                torch.manual_seed(seed)
                 if inputs == "bench":
                     x, ids, w = routed_tokens(T, H, E, k)
                 else:
@@ -351,7 +354,7 @@ def routed(args):
                     forced_routed = graphed(lambda: gg_runtime.moe_experts(**case))
                 times = time_in_turns({"routed": forced_routed, "dispatch": graphed(
                     lambda: gg_runtime.moe_experts(**case))})
-                row = {"shape": name, "T": T, "inputs": inputs, "slots": T * k,
+                row = {"shape": name, "T": T, "inputs": inputs, "seed": seed, "slots": T * k,
                        "touched": int(ids.unique().numel()),
                        "most_an_expert": int(torch.bincount(ids.flatten()).max()),
                        **{k: 1e3 * v for k, v in times.items()},
@@ -373,6 +376,8 @@ def main():
     parser.add_argument("--ab", action="store_true")
     parser.add_argument("--down", action="store_true")
     parser.add_argument("--routed", action="store_true")
+    parser.add_argument("--seeds", type=int, default=0,
+                        help="--routed: this many routings of the bench's kind a token count")
     parser.add_argument("--tokens", type=int, nargs="*", help="--ab's token counts")
     args = parser.parse_args()
     if args.ab or args.down or args.routed:
