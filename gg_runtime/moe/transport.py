@@ -5,7 +5,8 @@ peers' regions; two ways, one interface:
 
 - `SymmetricBuffer` (one host): torch's SymmetricMemory allocates the
   buffer on every rank and gives each rank every peer's address; the
-  send_rows operator stores rows straight into the peers' regions.  A send
+  send_rows operator stores rows straight into the peers' regions
+  (send_fp8_rows quantizing 16-bit tokens per 128 columns on the way).  A send
   ends in a device-side barrier (every rank's rows have landed).  A peer
   may store into a region only once every rank has finished reading what
   it held (and has cleared it, where the rows not sent must read blank):
@@ -73,7 +74,8 @@ class Buffer:
     rank ranks[r, c]'s region, for each c with dest[r, c] >= 0: a row of
     this rank's block there (dest // (rows / W) is this rank).  Rows in
     `blocks` equal blocks, each going to another rank, are stored into all
-    of them at once."""
+    of them at once.  It may also give its own `send_quantized` (16-bit
+    tokens quantized on the way; here, quantize_fp8 and then `send`)."""
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int, tensor: torch.Tensor):
         self.group, self.nbytes, self.tensor = group, nbytes, tensor
