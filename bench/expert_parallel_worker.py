@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
-from gg_runtime import Quantized, quantize_fp8
+from gg_runtime import Quantized, quantize_fp8, sm_limit
 from gg_runtime.formats import FP8_WEIGHT_SCALINGS, SQUARE_BLOCKS
 from gg_runtime.moe import expert_parallel, moe_experts
 from gg_runtime.moe import exchange
@@ -42,6 +42,7 @@ DECODE = (1, 32, 128)
 # The overlap's settings tried at TOKENS: chunks, and the SMs the transfers fill.
 CHUNKS = (2, 4)
 TRANSPORT_SMS = (8, 16, 32)
+TRANSFER_SMS = (8, 16, 24, 32, 64, 0)  # the SMs a lone transfer's kernels may fill; 0: all
 REPS = 10
 TOLERANCE = 1e-2  # each rank's part rounded to bfloat16 before the parts are summed
 
@@ -221,12 +222,12 @@ def layer(hidden, inter, experts, k, tokens, seed):
     return x, ids, weights, w13, w2
 
 
-def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
+def transfers(x, ids, weights, w13, w2, max_tokens=None, alone=True) -> dict:
     """Dispatch and return alone (ms, graphed), the rows this rank sent, and
-    the experts alone on the rows it received, gathered (ms, graphed); with
-    fp8 weights (w13 and w2 Quantized), the tokens sent quantized as the
-    weights ask (per 128 columns for 128 x 128 blocks), as expert_parallel
-    sends them."""
+    (where `alone`) the experts alone on the rows it received, gathered (ms,
+    graphed); with fp8 weights (w13 and w2 Quantized), the tokens sent
+    quantized as the weights ask (per 128 columns for 128 x 128 blocks), as
+    expert_parallel sends them."""
     fp8 = isinstance(w13, Quantized)
     granularity = FP8_WEIGHT_SCALINGS[w13.format].rows if fp8 else None
     layout, = exchange.layout_for(dist.group.WORLD, x, ids, w13.values if fp8 else w13,
@@ -246,11 +247,23 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None) -> dict:
     alone = (kept, plan.local_ids[came].clone(), received[came].clone())
     out = moe_experts(rows, plan.local_ids, received, w13, w2,
                       out=plan.home_rows(torch.bfloat16))  # as expert_parallel's experts write
-    return {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
-            "return_ms": graphed(lambda: plan.returned(out)),
-            "rows_sent": int((plan.index >= 0).sum()),
-            "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2)),
+    times = {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
+             "return_ms": graphed(lambda: plan.returned(out)),
+             "rows_sent": int((plan.index >= 0).sum())}
+    if not alone:
+        return times
+    return {**times, "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2)),
             "alone_inputs": alone}
+
+
+def transfers_by_sms(x, ids, weights, w13, w2) -> list:
+    """Dispatch and return alone (graphed), their kernels held to each count
+    of TRANSFER_SMS (gg_runtime.sm_limit; torch's barriers are not ours)."""
+    rows = []
+    for sms in TRANSFER_SMS:
+        with sm_limit(sms):
+            rows.append({"sms": sms, **transfers(x, ids, weights, w13, w2, alone=False)})
+    return rows
 
 
 def forward_rows(hidden, inter, experts, k) -> dict:
@@ -267,7 +280,8 @@ def forward_rows(hidden, inter, experts, k) -> dict:
                "ours_ms": timed(lambda: expert_parallel(x, ids, weights, w13, w2)),
                "ours_graphed_ms": graphed(lambda: expert_parallel(x, ids, weights, w13, w2)),
                "nccl_ms": timed(lambda: nccl_experts(x, ids, weights, w13, w2)),
-               **transfers(x, ids, weights, w13, w2)}
+               **transfers(x, ids, weights, w13, w2),
+               "by_sms": transfers_by_sms(x, ids, weights, w13, w2)}
     rows, local_ids, received = row.pop("alone_inputs")
     leaves = [t.clone().requires_grad_() for t in (x, weights, w13, w2)]
     grad = torch.ones_like(x)

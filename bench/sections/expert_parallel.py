@@ -107,6 +107,20 @@ def report(data) -> list:
           fmt(gb_per_s(f, hidden, world, True, "return"), "{:.0f}"),
           fmt(f.get("first_ms"), "{:.1f}"), fmt(f["error_vs_nccl"], "{:.1e}")]
          for name, world, hidden, f in forward])
+    by_sms = [(name, world, hidden, f["by_sms"]) for name, world, hidden, f in forward
+              if "by_sms" in f]
+    if by_sms:
+        lines += ["", "Dispatch and return at 4096 tokens a rank, timed alone (graphed), their "
+                  "kernels held to the given SMs (`gg_runtime.sm_limit`; all: no limit; "
+                  "torch's barriers are not held): µs and NVLink GB/s each way.", ""]
+        lines += table(
+            ["layer", "EP", "SMs", "dispatch µs", "dispatch NVLink GB/s", "return µs",
+             "return NVLink GB/s"],
+            [[name, world, entry["sms"] or "all", fmt(entry["dispatch_ms"] * 1e3, "{:.0f}"),
+              fmt(gb_per_s(entry, hidden, world, True), "{:.0f}"),
+              fmt(entry["return_ms"] * 1e3, "{:.0f}"),
+              fmt(gb_per_s(entry, hidden, world, True, "return"), "{:.0f}")]
+             for name, world, hidden, entries in by_sms for entry in entries])
     overlap = [(r["layer"], r["world"], r["forward"]) for r in done if "overlap" in r["forward"]]
     if overlap:
         lines += ["", "Overlap at 4096 tokens a rank: the tokens in chunks, each chunk's "

@@ -81,6 +81,8 @@ def test_results_md_from_results_json():
             "| 0.0 / 60.0 | 5.0e-01 (not timed) |") in lines
     assert ("| deepseek_v3 | 4 | 8.00 | 7.90 | 11.40 | 5.40 | 1.46 | 1.43 | 26.00 | 30.00 | 21.70 "
             "| 1.20 | 1600 | 900 | 132 | 99 | 177 | 61.5 | 2.0e-03 |") in lines
+    assert "| deepseek_v3 | 4 | 16 | 2000 | 79 | 1000 | 159 |" in lines
+    assert "| deepseek_v3 | 4 | all | 1600 | 99 | 900 | 177 |" in lines
     assert "| deepseek_v3 | 4 | 128 | 3000 | 4100 | 2500 | 1.20 | 460 | 100 | 12.2 |" in lines
     assert "- qwen3_30b_a3b at EP4: RuntimeError: NCCL timeout" in lines
     assert not any(line.startswith("Not run yet") for line in lines)
