@@ -222,9 +222,9 @@ def layer(hidden, inter, experts, k, tokens, seed):
     return x, ids, weights, w13, w2
 
 
-def transfers(x, ids, weights, w13, w2, max_tokens=None, alone=True) -> dict:
+def transfers(x, ids, weights, w13, w2, max_tokens=None, experts_alone=True) -> dict:
     """Dispatch and return alone (ms, graphed), the rows this rank sent, and
-    (where `alone`) the experts alone on the rows it received, gathered (ms,
+    (where `experts_alone`) the experts alone on the rows it received, gathered (ms,
     graphed); with fp8 weights (w13 and w2 Quantized), the tokens sent
     quantized as the weights ask (per 128 columns for 128 x 128 blocks), as
     expert_parallel sends them."""
@@ -250,7 +250,7 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None, alone=True) -> dict:
     times = {"dispatch_ms": graphed(lambda: dispatched(exchange.Plan(layout, ids, weights))),
              "return_ms": graphed(lambda: plan.returned(out)),
              "rows_sent": int((plan.index >= 0).sum())}
-    if not alone:
+    if not experts_alone:
         return times
     return {**times, "alone_ms": graphed(lambda: moe_experts(*alone, w13, w2)),
             "alone_inputs": alone}
@@ -262,7 +262,7 @@ def transfers_by_sms(x, ids, weights, w13, w2) -> list:
     rows = []
     for sms in TRANSFER_SMS:
         with sm_limit(sms):
-            rows.append({"sms": sms, **transfers(x, ids, weights, w13, w2, alone=False)})
+            rows.append({"sms": sms, **transfers(x, ids, weights, w13, w2, experts_alone=False)})
     return rows
 
 
