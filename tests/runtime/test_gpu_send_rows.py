@@ -101,7 +101,7 @@ def test_blocks_that_do_not_divide_the_rows_are_refused(blocks):
                               blocks)
 
 
-FP8_CASES = [(1, 16, 1, 1), (37, 7168, 4, 4), (1000, 208, 2, 3), (9, 2064, 9, 9)]
+FP8_CASES = [(0, 16, 1, 1), (1, 16, 1, 1), (37, 7168, 4, 4), (1000, 208, 2, 3), (9, 2064, 9, 9)]
 fp8_kernels = pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on sm90 cubins")
 
 
@@ -131,13 +131,13 @@ def send_fp8(x, world, capacity, destinations, meta_words=16):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, width, destinations, world", FP8_CASES)
 def test_fp8_rows_land_quantized_as_quantize_fp8s(rows, width, destinations, world, dtype):
-    """The values, scales and metadata where dest says, bit for bit; the
-    tokens' magnitudes spread over 2**-20 .. 2**20 (float16: 2**-8 .. 2**8),
-    a row of zeros."""
+    """The values, scales and metadata where dest says, bit for bit (no rows:
+    nothing stored); the tokens' magnitudes spread over 2**-20 .. 2**20
+    (float16: 2**-8 .. 2**8), a row of zeros."""
     reach = 20 if dtype == torch.bfloat16 else 8  # float16's range
     x = torch.randn(rows, width, device="cuda") * 2.0 ** torch.randint(
         -reach, reach + 1, (rows, 1), device="cuda")
-    x[rows // 2] = 0
+    x[rows // 2:rows // 2 + 1] = 0
     got, want = send_fp8(x.to(dtype), world, max(64, rows * destinations), destinations)
     for part_got, part_want in zip(got, want):
         assert all(torch.equal(g, w) for g, w in zip(part_got, part_want))
