@@ -1,0 +1,129 @@
+"""What limits expert parallelism's dispatch on few SMs: the send_rows kernel
+(aot/kernels/send_rows.py) JIT-compiled by the GPU host's Triton at several
+tile shapes and warp counts, on a fixed number of SMs' worth of programs,
+moving every rank's tokens to the other ranks two ways:
+
+- push (the dispatch today): each rank stores its rows into the peers'
+  symmetric buffers;
+- pull (the return's way, reads over NVLink): each rank's rows wait in its
+  own symmetric buffer, and each rank reads the peers' rows into its own.
+
+Every rank moves T rows of H bf16 words to each peer at once; a row's
+destination is a row of the peer's buffer (push) or of its own (pull).
+NVLink GB/s each way: the bytes a rank sends (push) or reads (pull) across,
+over the time of one launch (the mean of REPLAYS launches, the ranks started
+together).  Each launch's rows are checked against the source.
+
+    cd build && PYTHONPATH=..:WHEEL_SITE torchrun --nproc-per-node 2 -m lab.send_probe \
+        [--tokens 4096] [--hidden 7168] [--sms 16,24,32]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed import _symmetric_memory as symmetric_memory
+
+from aot.kernels.send_rows import send_rows_kernel
+
+# (BM rows, BN words, warps) a program: the wheel's (8, 256, 4), and taller,
+# wider and more warps.
+SHAPES = ((8, 256, 4), (16, 256, 8), (8, 512, 8), (32, 256, 8), (4, 1024, 8), (16, 512, 16))
+PROGRAMS_AN_SM = (1, 2, 4, 8)
+REPLAYS = 20
+
+
+def launch(rows, peers, ranks, dest, shape, programs):
+    bm, bn, warps = shape
+    R, H = rows.shape
+    send_rows_kernel[(programs,)](rows, peers, ranks, dest, R, H, dest.shape[1], 1, rows, peers,
+                                  0, rows, peers, 0, USE_TMA=False, BM=bm, BN=bn, BK=16,
+                                  CHUNK=0, PRECISION=0, num_warps=warps, num_stages=1)
+
+
+def timed_ms(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / REPLAYS
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--sms", default="16,24,32")
+    args = parser.parse_args()
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    T, H = args.tokens, args.hidden
+    # Rows [W * T, H]: block s the rows rank s sent (push) or the rows it
+    # waits to be read (pull: this rank's own block).
+    buffer = symmetric_memory.empty(world * T * H, dtype=torch.bfloat16, device="cuda")
+    handle = symmetric_memory.rendezvous(buffer, dist.group.WORLD.group_name)
+    table = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device="cuda")
+    mine = buffer.view(world, T, H)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    mine[rank].copy_(x)
+    others = [r for r in range(world) if r != rank]
+    tokens = torch.arange(T, device="cuda")
+    # push: row t to row rank * T + t of every other rank
+    push_ranks = torch.tensor(others, dtype=torch.int32, device="cuda").expand(T, -1).contiguous()
+    push_dest = (rank * T + tokens)[:, None].expand(T, len(others)).contiguous()
+    # pull: peer p's row t (read from its buffer) to row p * T + t of this rank's
+    pulled = [handle.get_buffer(p, (world, T, H), torch.bfloat16)[p] for p in others]
+    self_rank = torch.full((T, 1), rank, dtype=torch.int32, device="cuda")
+    pull_dest = [(p * T + tokens)[:, None].contiguous() for p in others]
+    sms_count = torch.cuda.get_device_properties(local).multi_processor_count
+
+    def push(shape, programs):
+        return lambda: launch(x, table, push_ranks, push_dest, shape, programs)
+
+    def pull(shape, programs):
+        return lambda: [launch(src, table, self_rank, dest, shape, programs)
+                        for src, dest in zip(pulled, pull_dest)]
+
+    across = T * H * 2 * len(others)  # bytes each way a launch
+    for sms in map(int, args.sms.split(",")):
+        for way, make in (("push", push), ("pull", pull)):
+            for shape in SHAPES:
+                for per_sm in PROGRAMS_AN_SM:
+                    programs = min(sms * per_sm, sms_count * per_sm)
+                    fn = make(shape, programs)
+                    try:
+                        ms = timed_ms(fn)
+                    except Exception as error:  # a shape this Triton or GPU refuses
+                        if rank == 0:
+                            print(f"{way} {shape} x{per_sm} on {sms} SMs: {error}", flush=True)
+                        continue
+                    torch.cuda.synchronize()
+                    dist.barrier()
+                    got = mine[others[0]] if way == "pull" else None
+                    ok = True if got is None else bool(torch.equal(got, pulled[0]))
+                    if rank == 0:
+                        print(f"{sms:3d} SMs {way} BM {shape[0]:2d} BN {shape[1]:4d} "
+                              f"warps {shape[2]:2d} x{per_sm}: {1e3 * ms:7.1f} us, "
+                              f"{across / ms / 1e6:6.1f} GB/s{'' if ok else ' WRONG'}",
+                              flush=True)
+    # push's rows checked once, after every launch: each rank holds the others' x.
+    torch.cuda.synchronize()
+    dist.barrier()
+    sent = torch.stack([torch.tensor(float(torch.equal(mine[p], handle.get_buffer(
+        p, (world, T, H), torch.bfloat16)[p])), device="cuda") for p in others])
+    if rank == 0:
+        print(f"push rows equal to their source: {bool(sent.all())}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
