@@ -27,6 +27,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.cuda import green_contexts
 from torch.distributed.nn.functional import all_to_all_single
 
 from gg_runtime import Quantized, quantize_fp8, sm_limit
@@ -44,6 +45,7 @@ CHUNKS = (2, 4)
 TRANSPORT_SMS = (8, 16, 32)
 TRANSFER_SMS = (8, 16, 24, 32, 64, 0)  # the SMs a lone transfer's kernels may fill; 0: all
 REPS = 10
+_GREEN_CONTEXTS = []
 TOLERANCE = 1e-2  # each rank's part rounded to bfloat16 before the parts are summed
 
 
@@ -75,8 +77,10 @@ def first_call_ms(fn) -> float:
 
 
 def graphed(fn) -> float:
-    """timed() of fn captured in a CUDA graph (ms)."""
-    replay = measure.graphed(fn)
+    """timed() of fn captured in a CUDA graph (ms), on the current stream
+    unless that is the default stream (which cannot capture)."""
+    stream = torch.cuda.current_stream()
+    replay = measure.graphed(fn, None if stream == torch.cuda.default_stream() else stream)
     if replay is None:
         raise ValueError("the call could not be captured in a CUDA graph")
     return timed(replay)
@@ -257,13 +261,27 @@ def transfers(x, ids, weights, w13, w2, max_tokens=None, experts_alone=True) -> 
 
 
 def transfers_by_sms(x, ids, weights, w13, w2) -> list:
-    """Dispatch and return alone (graphed), their kernels held to each count
-    of TRANSFER_SMS (gg_runtime.sm_limit; torch's barriers are not ours)."""
+    """Dispatch and return alone (graphed), run on each count of TRANSFER_SMS
+    SMs: their kernels' grids that share of the GPU's (gg_runtime.sm_limit)
+    and every kernel of the transfer, torch's barriers too, on a stream of a
+    CUDA green context of that many SMs (a grid alone may spread over every
+    SM).  None where torch has no green contexts."""
+    if not green_contexts.SUPPORTED:
+        return None
     rows = []
     for sms in TRANSFER_SMS:
-        with sm_limit(sms):
+        stream = on_sms(sms) if sms else torch.cuda.current_stream()
+        with sm_limit(sms), torch.cuda.stream(stream):
             rows.append({"sms": sms, **transfers(x, ids, weights, w13, w2, experts_alone=False)})
     return rows
+
+
+def on_sms(sms: int) -> torch.cuda.Stream:
+    """A stream whose kernels run on `sms` SMs of this rank's GPU alone."""
+    context = green_contexts.GreenContext.create(num_sms=sms,
+                                                    device_id=torch.cuda.current_device())
+    _GREEN_CONTEXTS.append(context)  # alive while its stream may run
+    return context.Stream()
 
 
 def forward_rows(hidden, inter, experts, k) -> dict:

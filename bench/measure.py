@@ -53,17 +53,19 @@ def measure(candidates: dict, check, tolerance: float, flops: int, settle: bool 
     return runs
 
 
-def graphed(fn):
+def graphed(fn, stream=None):
     """A replay of a CUDA graph that captured a call of fn (after one call
     outside it), or None where fn cannot be captured: how a server runs a
     decode step, its GPU time without the host's launches in it.  The
     replay holds fn, and so whatever buffers fn's closure made outside the
-    capture: the graph reads and writes them."""
+    capture: the graph reads and writes them.  `stream`: the stream the
+    capture runs on (None: torch's capture stream); a green context's keeps
+    the graph's kernels on that context's SMs."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             fn()
     except RuntimeError:
         torch.cuda.synchronize()

@@ -6,7 +6,17 @@ moving every rank's tokens to the other ranks two ways:
 - push (the dispatch today): each rank stores its rows into the peers'
   symmetric buffers;
 - pull (the return's way, reads over NVLink): each rank's rows wait in its
-  own symmetric buffer, and each rank reads the peers' rows into its own.
+  own symmetric buffer, and each rank reads the peers' rows into its own;
+- push+own: push, each row also stored into the rank's own buffer by the
+  same kernel (the layer's dispatch, where a rank's own experts take a row);
+- push|copy: push, the rank's own copy made by torch's copy_ (a device to
+  device cudaMemcpyAsync) on a second stream at the same time;
+- copy: that copy alone.
+
+A launch of P programs may spread over every SM of the GPU whatever P is;
+with --green, each SM count's launches run on a stream of a CUDA green
+context of that many SMs (torch.cuda.green_contexts), so the count is the
+SMs they had.
 
 Every rank moves T rows of H bf16 words to each peer at once; a row's
 destination is a row of the peer's buffer (push) or of its own (pull).
@@ -15,7 +25,8 @@ over the time of one launch (the mean of REPLAYS launches, the ranks started
 together).  Each launch's rows are checked against the source.
 
     cd build && PYTHONPATH=..:WHEEL_SITE torchrun --nproc-per-node 2 -m lab.send_probe \
-        [--tokens 4096] [--hidden 7168] [--sms 16,24,32]
+        [--tokens 4096] [--hidden 7168] [--sms 16,24,32] [--ways push,pull] \
+        [--shapes 0,4] [--per-sm 4,8]
 """
 from __future__ import annotations
 
@@ -30,30 +41,67 @@ from aot.kernels.send_rows import send_rows_kernel
 
 # (BM rows, BN words, warps) a program: the wheel's (8, 256, 4), and taller,
 # wider and more warps.
-SHAPES = ((8, 256, 4), (16, 256, 8), (8, 512, 8), (32, 256, 8), (4, 1024, 8), (16, 512, 16))
+SHAPES = ((8, 256, 4), (16, 256, 8), (8, 512, 8), (32, 256, 8), (4, 1024, 8), (16, 512, 16),
+          (16, 512, 8), (16, 1024, 16), (32, 512, 16))
 PROGRAMS_AN_SM = (1, 2, 4, 8)
 REPLAYS = 20
+CONTEXTS = []
 
 
 def launch(rows, peers, ranks, dest, shape, programs):
     bm, bn, warps = shape
     R, H = rows.shape
-    send_rows_kernel[(programs,)](rows, peers, ranks, dest, R, H, dest.shape[1], 1, rows, peers,
-                                  0, rows, peers, 0, USE_TMA=False, BM=bm, BN=bn, BK=16,
-                                  CHUNK=0, PRECISION=0, num_warps=warps, num_stages=1)
+    return send_rows_kernel[(programs,)](rows, peers, ranks, dest, R, H, dest.shape[1], 1, rows,
+                                         peers, 0, rows, peers, 0, USE_TMA=False, BM=bm, BN=bn,
+                                         BK=16, CHUNK=0, PRECISION=0, num_warps=warps,
+                                         num_stages=1)
 
 
-def timed_ms(fn) -> float:
+def timed_ms(fn, repeats: int) -> float:
+    """The median over `repeats` of the mean time of REPLAYS launches."""
     fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / REPLAYS
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(REPLAYS):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / REPLAYS)
+    return sorted(times)[len(times) // 2]
+
+
+def resident(rows, table, ranks, dest, shape) -> int:
+    """The programs of `shape` an SM holds at once, by its registers and threads
+    (the wheel's grid is the SMs' share of that)."""
+    kernel = launch(rows, table, ranks, dest, shape, 1)
+    threads = 32 * shape[2]
+    registers = -(-kernel.n_regs * 32 // 256) * 256 * shape[2]  # allocated a warp at a time
+    return min(2048 // threads, 65536 // registers, 32)
+
+
+def on_sms(sms: int, device: int) -> torch.cuda.Stream:
+    """A stream whose kernels run on `sms` SMs alone (a green context's)."""
+    from torch.cuda.green_contexts import GreenContext
+
+    context = GreenContext.create(num_sms=sms, device_id=device)
+    CONTEXTS.append(context)  # alive as long as its stream
+    return context.Stream()
+
+
+def in_stream(fn, stream):
+    """fn() issued on `stream`, ordered after the current stream's work and
+    before what the current stream does next."""
+    def run():
+        current = torch.cuda.current_stream()
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            fn()
+        current.wait_stream(stream)
+    return run
 
 
 def main():
@@ -61,6 +109,16 @@ def main():
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--sms", default="16,24,32")
+    parser.add_argument("--ways", default="push,pull",
+                        help="of push, pull, push+own, push|copy, copy")
+    parser.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))),
+                        help="indices into SHAPES")
+    parser.add_argument("--green", action="store_true",
+                        help="run each SM count's launches in a green context of that many SMs")
+    parser.add_argument("--per-sm", default=",".join(map(str, PROGRAMS_AN_SM)),
+                        help="programs an SM (0: as many as an SM holds, the wheel's grid)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timings a launch, the median reported")
     args = parser.parse_args()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -85,9 +143,30 @@ def main():
     self_rank = torch.full((T, 1), rank, dtype=torch.int32, device="cuda")
     pull_dest = [(p * T + tokens)[:, None].contiguous() for p in others]
     sms_count = torch.cuda.get_device_properties(local).multi_processor_count
+    # push+own: this rank first, then the others, each row to row rank * T + t.
+    own_ranks = torch.tensor([rank, *others], dtype=torch.int32,
+                             device="cuda").expand(T, -1).contiguous()
+    own_dest = (rank * T + tokens)[:, None].expand(T, world).contiguous()
+    own_copy = torch.empty_like(x)
+    side = torch.cuda.Stream()
 
     def push(shape, programs):
         return lambda: launch(x, table, push_ranks, push_dest, shape, programs)
+
+    def push_own(shape, programs):
+        return lambda: launch(x, table, own_ranks, own_dest, shape, programs)
+
+    def push_copy(shape, programs):
+        def run():
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                own_copy.copy_(x)
+            launch(x, table, push_ranks, push_dest, shape, programs)
+            torch.cuda.current_stream().wait_stream(side)
+        return run
+
+    def copy(shape, programs):
+        return lambda: own_copy.copy_(x)
 
     def pull(shape, programs):
         return lambda: [launch(src, table, self_rank, dest, shape, programs)
@@ -95,13 +174,18 @@ def main():
 
     across = T * H * 2 * len(others)  # bytes each way a launch
     for sms in map(int, args.sms.split(",")):
-        for way, make in (("push", push), ("pull", pull)):
-            for shape in SHAPES:
-                for per_sm in PROGRAMS_AN_SM:
+        stream = on_sms(sms, local) if args.green else torch.cuda.current_stream()
+        ways = {"push": push, "pull": pull, "push+own": push_own, "push|copy": push_copy,
+                "copy": copy}
+        for way in args.ways.split(","):
+            make = ways[way]
+            for shape in (SHAPES[int(i)] for i in args.shapes.split(",")):
+                for per_sm in map(int, args.per_sm.split(",")):
+                    per_sm = per_sm or resident(x, table, push_ranks, push_dest, shape)
                     programs = min(sms * per_sm, sms_count * per_sm)
-                    fn = make(shape, programs)
+                    fn = in_stream(make(shape, programs), stream)
                     try:
-                        ms = timed_ms(fn)
+                        ms = timed_ms(fn, args.repeats)
                     except Exception as error:  # a shape this Triton or GPU refuses
                         if rank == 0:
                             print(f"{way} {shape} x{per_sm} on {sms} SMs: {error}", flush=True)

@@ -108,11 +108,13 @@ def report(data) -> list:
           fmt(f.get("first_ms"), "{:.1f}"), fmt(f["error_vs_nccl"], "{:.1e}")]
          for name, world, hidden, f in forward])
     by_sms = [(name, world, hidden, f["by_sms"]) for name, world, hidden, f in forward
-              if "by_sms" in f]
+              if f.get("by_sms")]
     if by_sms:
-        lines += ["", "Dispatch and return at 4096 tokens a rank, timed alone (graphed), their "
-                  "kernels held to the given SMs (`gg_runtime.sm_limit`; all: no limit; "
-                  "torch's barriers are not held): µs and NVLink GB/s each way.", ""]
+        lines += ["", "Dispatch and return at 4096 tokens a rank, timed alone (graphed) on the "
+                  "given SMs: every kernel of the transfer, torch's barriers included, run in "
+                  "a CUDA green context of that many SMs, gg_runtime's grids that share of "
+                  "the GPU's (`gg_runtime.sm_limit`; all: every SM, no limit): µs and NVLink "
+                  "GB/s each way.", ""]
         lines += table(
             ["layer", "EP", "SMs", "dispatch µs", "dispatch NVLink GB/s", "return µs",
              "return NVLink GB/s"],
