@@ -1,14 +1,17 @@
-"""The expert-parallel dispatch and return at each of send_rows' compiled
-configs (the wheel's variants, each forced in turn), on SM counts held by
-CUDA green contexts, as the expert_parallel bench section times them
+"""The expert-parallel dispatch and return at each compiled config of one
+of the transfer's families (send_rows, or sum_peer_rows: the wheel's bf16
+variants, each forced in turn), on SM counts held by CUDA green contexts,
+as the expert_parallel bench section times them
 (bench/expert_parallel_worker.transfers_by_sms): which tile a program
 should take at 4096 tokens a rank.  Rank 0 prints µs and NVLink GB/s.
 
-    cd build && PYTHONPATH=WHEEL_SITE:.. torchrun --nproc-per-node 2 -m lab.send_configs
+    cd build && PYTHONPATH=WHEEL_SITE:.. torchrun --nproc-per-node 2 -m lab.send_configs \
+        [send_rows | sum_peer_rows]
 """
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -26,7 +29,8 @@ def main():
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     major, minor = torch.cuda.get_device_capability()
-    keys = [v["key"] for v in _C.variants() if v["family"] == "send_rows"
+    family = sys.argv[1] if len(sys.argv) > 1 else "send_rows"
+    keys = [v["key"] for v in _C.variants() if v["family"] == family and v["dtype"] == "bfloat16"
             and v["arch"] == 10 * major + minor and v["flavour"] == "aligned"]
     world = dist.get_world_size()
     for name, shape in LAYERS.items():
