@@ -9,8 +9,8 @@ from ..kernels.send_rows import send_rows_kernel
 
 # A program takes BM rows x BN columns: 4 warps over 8 x 256 words, 16 a
 # thread, in 16-byte vectors.  Past a decode step's DECODE_ROWS rows, at
-# most 64 registers a thread: twice the programs an SM holds, the
-# dispatch's rate on 16-24 SMs up by a fifth
+# most 64 registers a thread: twice the programs an SM holds, more stores in
+# flight where the transfer has few SMs
 # (docs/notes/2026-11-30-send-rows-on-fewer-sms.md).
 DECODE_ROWS = 512
 CONFIGS = (Config(8, 256, 16, 4, 1, max_rows=DECODE_ROWS),
