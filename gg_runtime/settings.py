@@ -55,16 +55,20 @@ force_ptx(_force_ptx_from_environment())
 
 @contextlib.contextmanager
 def sm_limit(sms: int) -> Iterator[None]:
-    """Within it, gg_runtime's kernels launched by this thread fill at most `sms` SMs.
+    """Within it, this thread's gg_runtime kernels launch at most `sms` SMs' worth of programs.
 
     Every gg_runtime kernel is persistent: its grid is the programs the GPU
     holds at once, each looping over the output's tiles.  Under a limit the
     grid is that share of them (programs per SM times `sms`, at least one),
     so that work on another stream, a transfer between GPUs for instance,
-    finds SMs free while these kernels run and runs beside them rather than
-    after them.  The results are the same; a kernel with fewer programs than
-    it has tiles takes longer.  Only this thread's launches are limited (not
-    torch's kernels, nor an autograd backward, which runs on autograd's own
+    finds room while these kernels run and runs beside them rather than
+    after them.  It is a share of the programs, not a set of SMs: the GPU
+    places them where it finds room, so a kernel running alone spreads
+    them over more than `sms` SMs.  To hold work to a set of SMs, launch it
+    on a stream of a CUDA green context (`torch.cuda.green_contexts`).  The
+    results are the same; a kernel with fewer programs than it has tiles
+    takes longer.  Only this thread's launches are limited (not torch's
+    kernels, nor an autograd backward, which runs on autograd's own
     threads); limits nest, the innermost holds.
 
     Args:
