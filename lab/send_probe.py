@@ -8,7 +8,10 @@ moving every rank's tokens to the other ranks two ways:
 - pull (the return's way, reads over NVLink): each rank's rows wait in its
   own symmetric buffer, and each rank reads the peers' rows into its own;
 - push+own: push, each row also stored into the rank's own buffer by the
-  same kernel (the layer's dispatch, where a rank's own experts take a row);
+  same kernel (the layer's dispatch, where a rank's own experts take a row),
+  with --meta a second row set of that many words beside each row (the
+  layer's metadata), stored in 16-byte vectors or, with --scalar-meta, a
+  word at a time as the wheel's kernel stores it;
 - push|copy: push, the rank's own copy made by torch's copy_ (a device to
   device cudaMemcpyAsync) on a second stream at the same time;
 - copy: that copy alone.
@@ -35,6 +38,7 @@ import os
 
 import torch
 import torch.distributed as dist
+import triton
 from torch.distributed import _symmetric_memory as symmetric_memory
 
 from aot.kernels.send_rows import send_rows_kernel
@@ -48,13 +52,21 @@ REPLAYS = 20
 CONTEXTS = []
 
 
-def launch(rows, peers, ranks, dest, shape, programs):
+def launch(rows, peers, ranks, dest, shape, programs, second=None, kernel=send_rows_kernel):
+    """One launch; `second`: (rows2, peers2), a row set that goes where rows go."""
     bm, bn, warps = shape
     R, H = rows.shape
-    return send_rows_kernel[(programs,)](rows, peers, ranks, dest, R, H, dest.shape[1], 1, rows,
-                                         peers, 0, rows, peers, 0, USE_TMA=False, BM=bm, BN=bn,
-                                         BK=16, CHUNK=0, PRECISION=0, num_warps=warps,
-                                         num_stages=1)
+    rows2, peers2 = second if second is not None else (rows, peers)
+    return kernel[(programs,)](rows, peers, ranks, dest, R, H, dest.shape[1], 1, rows2, peers2,
+                               rows2.shape[1] if second is not None else 0, rows, peers, 0,
+                               USE_TMA=False, BM=bm, BN=bn, BK=16, CHUNK=0, PRECISION=0,
+                               num_warps=warps, num_stages=1)
+
+
+# The kernel with H2 (the second row set's width) not specialized: its
+# stores scalar whatever the width, as the wheel's are (H2 is not part of
+# the aligned flavour's rule).
+SCALAR_SECOND = triton.jit(send_rows_kernel.fn, do_not_specialize=["H2"])
 
 
 def timed_ms(fn, repeats: int) -> float:
@@ -117,6 +129,11 @@ def main():
                         help="run each SM count's launches in a green context of that many SMs")
     parser.add_argument("--per-sm", default=",".join(map(str, PROGRAMS_AN_SM)),
                         help="programs an SM (0: as many as an SM holds, the wheel's grid)")
+    parser.add_argument("--meta", type=int, default=0,
+                        help="words of a second row set (the layer's metadata) sent with "
+                             "push+own's rows")
+    parser.add_argument("--scalar-meta", action="store_true",
+                        help="the second row set's width not specialized (scalar stores)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="timings a launch, the median reported")
     args = parser.parse_args()
@@ -153,8 +170,17 @@ def main():
     def push(shape, programs):
         return lambda: launch(x, table, push_ranks, push_dest, shape, programs)
 
+    second = None
+    if args.meta:
+        meta_buffer = symmetric_memory.empty(world * T * args.meta, dtype=torch.bfloat16,
+                                             device="cuda")
+        meta_handle = symmetric_memory.rendezvous(meta_buffer, dist.group.WORLD.group_name)
+        second = (torch.randn(T, args.meta, device="cuda").bfloat16(),
+                  torch.tensor(meta_handle.buffer_ptrs, dtype=torch.int64, device="cuda"))
+    kernel = SCALAR_SECOND if args.scalar_meta else send_rows_kernel
+
     def push_own(shape, programs):
-        return lambda: launch(x, table, own_ranks, own_dest, shape, programs)
+        return lambda: launch(x, table, own_ranks, own_dest, shape, programs, second, kernel)
 
     def push_copy(shape, programs):
         def run():
