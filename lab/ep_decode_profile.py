@@ -50,6 +50,16 @@ def timeline(replay) -> list[tuple[str, float, float]]:
             for e in last]
 
 
+def printed(title: str, steps: list[tuple[str, float, float]]) -> None:
+    """A timeline's kernels, printed on rank 0 under `title`."""
+    if dist.get_rank() != 0:
+        return
+    end = max(s + d for _, s, d in steps)
+    print(f"\n== {title}: {len(steps)} kernels, first start to last end {end:.1f} µs")
+    for kernel, start, duration in steps:
+        print(f"{start:8.1f} {duration:7.1f}  {kernel}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,128")
@@ -66,12 +76,7 @@ def main() -> None:
                 replay = measure.graphed(lambda: expert_parallel(x, ids, weights, a, b,
                                                                  max_tokens=tokens))
                 steps = timeline(replay)
-            if dist.get_rank() == 0:
-                end = max(s + d for _, s, d in steps)
-                print(f"\n== {args.shape} {name} T={tokens}: {len(steps)} kernels, "
-                      f"first start to last end {end:.1f} µs")
-                for kernel, start, duration in steps:
-                    print(f"{start:8.1f} {duration:7.1f}  {kernel}")
+            printed(f"{args.shape} {name} T={tokens}", steps)
     dist.destroy_process_group()
 
 

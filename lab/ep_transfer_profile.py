@@ -19,7 +19,7 @@ from bench import measure
 from bench.expert_parallel_worker import TOKENS, layer, on_sms
 from gg_runtime import sm_limit
 from gg_runtime.moe import exchange
-from lab.ep_decode_profile import SHAPES, timeline
+from lab.ep_decode_profile import SHAPES, printed, timeline
 
 
 def main() -> None:
@@ -38,12 +38,7 @@ def main() -> None:
             replay = measure.graphed(lambda: exchange.Plan(layout, ids, weights).dispatch(x),
                                      stream)
             steps = timeline(replay)
-        if dist.get_rank() == 0:
-            end = max(s + d for _, s, d in steps)
-            print(f"\n== {args.shape} dispatch of {TOKENS} tokens on {sms} SMs: {len(steps)} "
-                  f"kernels, first start to last end {end:.1f} µs")
-            for kernel, start, duration in steps:
-                print(f"{start:8.1f} {duration:7.1f}  {kernel}")
+        printed(f"{args.shape} dispatch of {TOKENS} tokens on {sms} SMs", steps)
     dist.destroy_process_group()
 
 
