@@ -42,7 +42,8 @@ import triton.language as tl
 from aot.kernels.experts_decode import (CHUNK_COLUMNS, MAX_SLOTS, down_parts, locate_unit,
                                         quantized_h, slot_groups, token_rows, w2_descriptor,
                                         w13_descriptor)
-from aot.kernels.experts_decode_split import scaled_decode_down_kernel, scaled_decode_up_kernel
+from aot.kernels.experts_decode_split import (part_sums, scaled_decode_down_kernel,
+                                              scaled_decode_up_kernel)
 from aot.kernels.glu import CONCATENATED
 from aot.kernels.quantize import scale_of, to_e4m3
 from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
@@ -113,6 +114,33 @@ def down_sums_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2
 
 
 @triton.jit
+def down_fanned_kernel(gu_ptr, ids_ptr, w2_ptr, w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2,
+                       activation, parts_ptr, S, H, N, G, splits, w2_group_stride, ld2,
+                       down_splits, SCALING: tl.constexpr, GLU: tl.constexpr,
+                       USE_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """scaled_decode_down_kernel with H's rows cut into `down_splits` parts,
+    whatever the up kernel's `splits` (each program sums all of gu's parts)."""
+    inter = N // 2
+    chunks = tl.cdiv(inter, CHUNK_COLUMNS)
+    w2 = (w2_descriptor(w2_ptr, G, inter, H, w2_group_stride, ld2, BN), w2_scale_ptr,
+          (b13_ptr, has_b13, b2_ptr, has_b2, activation))
+    groups = slot_groups(ids_ptr, S, G, chunks, BM)
+    per_split = tl.cdiv(tl.cdiv(H, BN), down_splits) * BN
+    for t in range(tl.program_id(0), tl.sum(groups[2]) * down_splits, tl.num_programs(0)):
+        g, slots, row_ok, column = locate_unit(t // down_splits, groups, chunks, BM)
+        n_lo = (t % down_splits) * per_split
+        j = column * CHUNK_COLUMNS + tl.arange(0, CHUNK_COLUMNS)
+        mask = row_ok[:, None] & (j < inter)[None, :]
+        gate, up = part_sums(gu_ptr + slots.to(tl.int64)[:, None] * N + j[None, :], mask,
+                             S.to(tl.int64) * N, inter, splits)
+        h, h_scale = quantized_h(gate, up, w2[2], g, column, inter, GLU)
+        if n_lo < H:
+            down_parts(w2, h, h_scale, parts_ptr, g, slots, row_ok, column, chunks,
+                       (n_lo, tl.minimum(n_lo + per_split, H), H), SCALING, BN)
+
+
+@triton.jit
 def up_merged_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, gu_ptr,
                      S, H, N, G, splits, w13_group_stride, ld13, SCALING: tl.constexpr,
                      GLU: tl.constexpr, USE_TMA: tl.constexpr, BM: tl.constexpr,
@@ -171,7 +199,8 @@ def make_case(H, inter, E, k, T):
 
 def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
                   down_kernel=scaled_decode_down_kernel, stages=(True, True, True),
-                  down_options=None):
+                  down_options=None, down_splits=None, combine=(32, 256, 8),
+                  combine_kernel=combine_parts_kernel):
     """The two split kernels and combine_parts (those of `stages` on), as a
     closure over buffers."""
     x, ids, weights = case["x"], case["topk_ids"].reshape(-1), case["topk_weights"]
@@ -184,8 +213,11 @@ def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
     gu = torch.empty(splits, S, N, device="cuda")
     parts = torch.empty(S, chunks, H, device="cuda")
     out = torch.empty(T, H, device="cuda", dtype=torch.bfloat16)
-    units = (triton.cdiv(S, BM) + min(S, E)) * chunks * splits
-    grid = (min(units, PROGRAMS),)
+    units = (triton.cdiv(S, BM) + min(S, E)) * chunks
+    grid = (min(units * splits, PROGRAMS),)
+    down_grid = (min(units * (down_splits or splits), PROGRAMS),)
+    fanned = () if down_splits is None else (down_splits,)
+    combine_bn, combine_bk, combine_warps = combine
     common = dict(SCALING=BLOCKWISE, GLU=CONCATENATED, USE_TMA=True, BM=BM, BN=BN, BK=BK,
                   CHUNK=0, PRECISION=0, num_warps=4, num_stages=3)
 
@@ -194,13 +226,14 @@ def split_forward(case, splits, up_kernel=scaled_decode_up_kernel,
             up_kernel[grid](x, x, weights, ids, k, w13, w13_scale, gu, S, H, N, E, splits,
                             w13.stride(0), w13.stride(1), **common)
         if stages[1]:
-            down_kernel[grid](gu, ids, w2, w2_scale, x, 0, x, 0, 0, parts, S, H, N, E,
-                              splits, w2.stride(0), w2.stride(1), **common,
-                              **(down_options or {}))
+            down_kernel[down_grid](gu, ids, w2, w2_scale, x, 0, x, 0, 0, parts, S, H, N, E,
+                                   splits, w2.stride(0), w2.stride(1), *fanned, **common,
+                                   **(down_options or {}))
         if stages[2]:
-            combine_parts_kernel[(min(T * triton.cdiv(H, 32), PROGRAMS),)](
-                parts, ids, weights, out, T, H, k, E, chunks, USE_TMA=False, BM=1, BN=32,
-                BK=256, CHUNK=0, PRECISION=0, num_warps=8, num_stages=1)
+            combine_kernel[(min(T * triton.cdiv(H, combine_bn), PROGRAMS),)](
+                parts, ids, weights, out, T, H, k, E, chunks, USE_TMA=False, BM=1,
+                BN=combine_bn, BK=combine_bk, CHUNK=0, PRECISION=0, num_warps=combine_warps,
+                num_stages=1)
         return out
     return run
 
@@ -262,6 +295,88 @@ def down_sums(args):
                     f"{k} {row[k]:.1f}" for k in timed) + " | errors " + " ".join(
                     f"{v}: {row[v + '_error']:.1e}" for v in variants), flush=True)
                 rows.append(row)
+    return rows
+
+
+# --fan: combine_parts' tiles (BN columns, BK parts a step, warps): the wheel's
+# for tokens of at most FEW_PARTS parts, and its other.
+FEW_PARTS = 16
+COMBINES = ((512, FEW_PARTS, 4), (32, 256, 8))
+
+
+def dispatch_splits(units: int, blocks: int) -> int:
+    """csrc/ops/expert_products_fp8_decode.cc decode_splits, unforced."""
+    want = min(256 // units, blocks // 4) if units <= 32 and blocks >= 40 else 1
+    return 1 if want < 2 else triton.cdiv(blocks, triton.cdiv(blocks, want))
+
+
+# --profile: the fanned down kernel and combine_parts JIT-compiled without
+# Triton's specialization of the integers the wheel's variants take as they
+# come (neither 1 nor a multiple of 16 assumed): S, G, splits, the flags; T,
+# K, G, P.
+UNSPECIALIZED = (
+    triton.JITFunction(down_fanned_kernel.fn, do_not_specialize=[
+        "S", "G", "splits", "has_b13", "has_b2", "activation", "down_splits"]),
+    triton.JITFunction(combine_parts_kernel.fn, do_not_specialize=["T", "K", "G", "P"]))
+
+
+def fan(args):
+    """--fan: the split forward with the down kernel's rows cut apart from
+    the up kernel's splits (down_fanned_kernel: `d` parts of H, against `d`
+    equal to the up's `s`, the wheel's kernels), each replayed with the L2
+    flushed, timed in turns with the wheel's dispatch; each output against
+    the float64 reference."""
+    rows = []
+    for name, shape in SHAPES.items():
+        if args.filter not in name:
+            continue
+        H, inter, E, k = shape
+        blocks = triton.cdiv(H, 128)
+        for T in args.tokens or TOKENS:
+            if T * k > MAX_SLOTS.value:
+                continue
+            torch.manual_seed(T)
+            case = make_case(*shape, T)
+            reference = moe_experts_fp8_ref(**case)
+            units = min(T * k, E) * triton.cdiv(inter, 128)
+            combine = COMBINES[0] if k * triton.cdiv(inter, 128) <= FEW_PARTS else COMBINES[1]
+            timed, errors = {"wheel": graphed(lambda: gg_runtime.moe_experts(**case))}, {}
+            errors["wheel"] = rel_error(gg_runtime.moe_experts(**case), reference)
+            ours = dispatch_splits(units, blocks)
+            for splits in sorted({ours, *(s for s in (4, 8, 14) if s <= blocks // 2)} - {1}):
+                for down_splits in sorted({splits, *(max(1, min(blocks, programs // units))
+                                                     for programs in (132, 264))}):
+                    fn = split_forward(case, splits, down_kernel=down_fanned_kernel,
+                                       down_splits=down_splits, combine=combine)
+                    key = f"s{splits}_d{down_splits}"
+                    errors[key] = rel_error(fn(), reference)
+                    timed[key] = graphed(fn)
+            times = {key: 1e3 * v for key, v in time_in_turns(timed).items()}
+            row = {"shape": name, "T": T, "units": units, "dispatch_splits": ours, "us": times,
+                   "errors": errors}
+            same = min((key for key in times if key[0] == "s" and
+                        key.split("_")[0][1:] == key.split("_")[1][1:]), key=times.get)
+            best = min((key for key in times if key[0] == "s"), key=times.get)
+            print(f"{name:18s} T={T} (dispatch s{ours}): wheel {times['wheel']:.1f}, best "
+                  f"d = s {same} {times[same]:.1f}, best {best} {times[best]:.1f} (error "
+                  f"{errors[best]:.1e}, wheel's {errors['wheel']:.1e}); " + " ".join(
+                      f"{key} {v:.1f}" for key, v in times.items() if key != "wheel"),
+                  flush=True)
+            if args.profile:
+                from lab.vllm_kernel_split import kernel_us
+                splits = int(same.split("_")[0][1:])
+                timed["unspecialized"] = graphed(split_forward(
+                    case, splits, down_kernel=UNSPECIALIZED[0], down_splits=splits,
+                    combine=combine, combine_kernel=UNSPECIALIZED[1]))
+                row["kernels"] = {key: kernel_us(timed[key])
+                                  for key in ("wheel", same, "unspecialized")}
+                print("  kernels µs:", row["kernels"], flush=True)
+            rows.append(row)
+    if args.profile:
+        for kernel in (scaled_decode_up_kernel, down_fanned_kernel):
+            for compiled in kernel.device_caches[torch.cuda.current_device()][0].values():
+                print(f"  {kernel.fn.__name__}: {compiled.n_regs} registers, "
+                      f"{compiled.n_spills} spilled", flush=True)
     return rows
 
 
@@ -376,10 +491,21 @@ def main():
     parser.add_argument("--ab", action="store_true")
     parser.add_argument("--down", action="store_true")
     parser.add_argument("--routed", action="store_true")
+    parser.add_argument("--fan", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="--fan: the wheel's kernels and the probe's under the profiler")
     parser.add_argument("--seeds", type=int, default=0,
                         help="--routed: this many routings of the bench's kind a token count")
     parser.add_argument("--tokens", type=int, nargs="*", help="--ab's token counts")
     args = parser.parse_args()
+    if args.fan:
+        triton.set_allocator(lambda size, align, stream: torch.empty(
+            size, dtype=torch.int8, device="cuda"))
+        rows = fan(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     if args.ab or args.down or args.routed:
         if args.down:
             triton.set_allocator(lambda size, align, stream: torch.empty(

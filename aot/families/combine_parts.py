@@ -10,8 +10,14 @@ from ..kernels.combine import combine_parts_kernel
 # A program takes one token x BN columns, BK parts at a time: 8 warps over
 # [256, 32] float32 elements, 16-byte vectors along the columns, so that a
 # decode call's parts (k x cdiv(I, 128): 224 for Mixtral) are one step of
-# loads in flight.
-CONFIGS = (Config(1, 32, 256, 8, 1),)
+# loads in flight.  Where a token has few parts and H is wide (`few_parts`:
+# DeepSeek-V3's tensor-parallel shards, one or two chunks of h), most of that
+# step is masked and the tiles are many and small: there 4 warps over
+# [16, 512].  At H = 2048 a token has only four such tiles, and the narrow
+# ones measured faster up to 4 tokens
+# (docs/notes/2026-11-30-fp8-decode-combine-tiles.md).
+FEW_PARTS = 16
+CONFIGS = (Config(1, 512, FEW_PARTS, 4, 1, when="few_parts"), Config(1, 32, 256, 8, 1))
 
 FAMILY = Family(
     name="combine_parts",
@@ -33,6 +39,7 @@ FAMILY = Family(
     out_dtypes=("bfloat16",),
     archs=(90,),
     configs={(90, "aligned"): CONFIGS},
+    conditions={"few_parts": f"K * P <= {FEW_PARTS} and H >= 4096"},
     tiles="T * cdiv(H, BN)",
     rows="T",
 )

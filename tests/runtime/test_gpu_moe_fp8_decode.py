@@ -36,6 +36,8 @@ DECODE_KERNELS = [v for v in _C.variants() if v["arch"] == 90
                   and v["family"] in ("scaled_experts_decode", "scaled_decode_up")]
 decode_kernels = pytest.mark.parametrize("variant", DECODE_KERNELS,
                                          ids=[v["key"] for v in DECODE_KERNELS])
+# The combine of the decode path's parts: one variant for tokens of few parts.
+COMBINE_PARTS = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "combine_parts"]
 MAX_DECODE_SLOTS = _C.families()["scaled_experts_decode"]["constants"]["kMaxSlots"]
 # Groups of several slots, whole tiles and cut ones (I not a multiple of 128).
 DECODE_GROUPS = (16, 272, 208, 8, 4)
@@ -172,15 +174,43 @@ def test_split_decode_down_projection_forced(variant):
     assert_close(out, reference, EXACT_TOLERANCE)
 
 
+# combine_parts' cases: (make_case's arguments, whether a token has few parts
+# and H is wide, the few-parts variant's condition): 16 parts of H 4112, 32
+# parts, and 16 parts of H 272.
+COMBINE_CASES = (((1, 4112, 208, 16, 8), True), ((3, 4112, 400, 16, 8), False),
+                 ((1, 272, 208, 16, 8), False))
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_combine_parts_forced(kind):
-    """combine_parts' variant forced: the decode path, whatever the slots
-    (here as many as it takes, with groups of about 4 rows)."""
-    (variant,) = [v for v in _C.variants() if v["arch"] == 90 and v["family"] == "combine_parts"]
-    case = make_case(MAX_DECODE_SLOTS // 2, 272, 208, 16, 2, kind)
-    with forced(variant["key"]):
-        out = gg_runtime.moe_experts(**case)
-    assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
+@pytest.mark.parametrize("variant", COMBINE_PARTS, ids=[v["key"] for v in COMBINE_PARTS])
+def test_combine_parts_forced(kind, variant):
+    """Each combine_parts variant forced: the decode path, whatever the slots
+    (as many as it takes, groups of about 4 rows); on each of COMBINE_CASES,
+    the one for few parts runs where its condition holds and is refused
+    elsewhere, the other runs."""
+    few_parts_variant = variant["key"].endswith("_few_parts")
+    cases = [(make_case(MAX_DECODE_SLOTS // 2, 4112, 208, 16, 2, kind), True)]
+    cases += [(make_case(*shape, kind), few_parts) for shape, few_parts in COMBINE_CASES]
+    for case, few_parts in cases:
+        with forced(variant["key"]):
+            if few_parts_variant and not few_parts:
+                with pytest.raises(ValueError, match="cannot run this problem"):
+                    gg_runtime.moe_experts(**case)
+            else:
+                assert_close(gg_runtime.moe_experts(**case), moe_experts_fp8_ref(**case),
+                             EXACT_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_combine_parts_by_parts_a_token(kind):
+    """The dispatch's combine_parts on COMBINE_CASES: the tiles for few parts
+    where a token has at most 16 and H is wide, the other elsewhere."""
+    for shape, few_parts in COMBINE_CASES:
+        case = make_case(*shape, kind)
+        assert_close(gg_runtime.moe_experts(**case), moe_experts_fp8_ref(**case),
+                     EXACT_TOLERANCE)
+        assert last_variant().startswith("combine_parts.")
+        assert last_variant().endswith("_few_parts") == few_parts
 
 
 @pytest.mark.parametrize("kind", KINDS)
