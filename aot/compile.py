@@ -61,7 +61,7 @@ def compile_variant(variant: Variant) -> Compiled:
                   **variant.constexprs()}
     signature = dict(variant.signature())
     signature.update({name: "constexpr" for name in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in variant.divisible_params()}
+    attrs = {(i,): [["tt.divisibility", d]] for i, d in variant.divisible_params().items()}
     source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
     source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     try:

@@ -260,13 +260,29 @@ class Variant:
     def signature(self) -> dict:
         return FAMILIES[self.family].signature(DTYPES[self.dtype].short, self.out.short)
 
-    def divisible_params(self) -> list:
-        """Indices (in the kernel's arguments) of the values the `aligned`
-        flavour compiles as multiples of 16."""
-        if self.flavour != "aligned":
-            return []
+    def divisible_params(self) -> dict:
+        """{index in the kernel's arguments: what the variant compiles that
+        value as a multiple of}: what the runtime's rule for its flavour
+        guarantees of every call it launches (csrc/run.cc meets).  `aligned`:
+        the aligned parameters, multiples of 16.  `tma` (a family without a
+        group table, whose call arguments the rule checks): the operand and
+        output bases, 16-byte aligned, and the strides and row lengths,
+        multiples of 16 bytes of the narrower of the variant's element types,
+        as the runtime counts them.  Without these, Triton takes every value
+        as it may come, and the kernel's plain loads and stores go an element
+        at a time (docs/notes/2026-11-30-fp8-decode-combine-tiles-and-tma-alignment.md)."""
         family = FAMILIES[self.family]
-        return [family.kernel.arg_names.index(p.name) for p in family.params if p.aligned]
+        index = family.kernel.arg_names.index
+        if self.flavour == "aligned":
+            return {index(p.name): 16 for p in family.params if p.aligned}
+        if self.flavour != "tma" or family.has_group_table:
+            return {}
+        elements = 16 // min(DTYPES[self.dtype].bytes, self.out.bytes)
+        bases = {index(p.name): 16 for p in family.params
+                 if p.role in ("operand", "output") and p.type.startswith("*")}
+        lengths = {index(p.name): elements for p in family.params
+                   if p.role in ("stride", "row_length") and elements > 1}
+        return {**bases, **lengths}
 
     def constexprs(self) -> dict:
         family = FAMILIES[self.family]

@@ -39,7 +39,9 @@ struct Values {
   }
 };
 
-// Do values given for a parameter of p's role meet TMA's rules?
+// Do values given for a parameter of p's role meet TMA's rules?  The TMA
+// flavour's kernels are compiled assuming what this checks (aot/variants.py
+// divisible_params): whatever it stops checking, they must stop assuming.
 bool tma_allows(const ParamInfo& p, const Values& v) {
   if (p.tma_limit != 0 && v.max > p.tma_limit) return false;
   switch (p.role) {

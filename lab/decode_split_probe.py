@@ -318,6 +318,14 @@ UNSPECIALIZED = (
     triton.JITFunction(down_fanned_kernel.fn, do_not_specialize=[
         "S", "G", "splits", "has_b13", "has_b2", "activation", "down_splits"]),
     triton.JITFunction(combine_parts_kernel.fn, do_not_specialize=["T", "K", "G", "P"]))
+# --profile: the fanned down kernel as the wheel's TMA variant is compiled
+# (aot/variants.py divisible_params: none for the tma flavour): no integer
+# assumed a multiple of 16, no pointer 16-byte aligned.
+DOWN_POINTERS = ["gu_ptr", "ids_ptr", "w2_ptr", "w2_scale_ptr", "b13_ptr", "b2_ptr", "parts_ptr"]
+DOWN_INTEGERS = ["has_b13", "has_b2", "activation", "S", "H", "N", "G", "splits",
+                 "w2_group_stride", "ld2", "down_splits"]
+AS_THE_WHEEL = triton.JITFunction(down_fanned_kernel.fn, do_not_specialize=DOWN_INTEGERS,
+                                  do_not_specialize_on_alignment=DOWN_POINTERS + DOWN_INTEGERS)
 
 
 def fan(args):
@@ -368,8 +376,10 @@ def fan(args):
                 timed["unspecialized"] = graphed(split_forward(
                     case, splits, down_kernel=UNSPECIALIZED[0], down_splits=splits,
                     combine=combine, combine_kernel=UNSPECIALIZED[1]))
+                timed["as_the_wheel"] = graphed(split_forward(
+                    case, splits, down_kernel=AS_THE_WHEEL, down_splits=splits, combine=combine))
                 row["kernels"] = {key: kernel_us(timed[key])
-                                  for key in ("wheel", same, "unspecialized")}
+                                  for key in ("wheel", same, "unspecialized", "as_the_wheel")}
                 print("  kernels µs:", row["kernels"], flush=True)
             rows.append(row)
     if args.profile:

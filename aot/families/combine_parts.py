@@ -15,7 +15,7 @@ from ..kernels.combine import combine_parts_kernel
 # step is masked and the tiles are many and small: there 4 warps over
 # [16, 512].  At H = 2048 a token has only four such tiles, and the narrow
 # ones measured faster up to 4 tokens
-# (docs/notes/2026-11-30-fp8-decode-combine-tiles.md).
+# (docs/notes/2026-11-30-fp8-decode-combine-tiles-and-tma-alignment.md).
 FEW_PARTS = 16
 CONFIGS = (Config(1, 512, FEW_PARTS, 4, 1, when="few_parts"), Config(1, 32, 256, 8, 1))
 

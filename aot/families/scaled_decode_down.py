@@ -15,7 +15,7 @@ FAMILY = Family(
     kernel=scaled_decode_down_kernel,
     # gu [splits, S, 2I] float32 (scaled_decode_up's); the rest as
     # scaled_experts_decode's.
-    params=(Param("gu_ptr", "*T", "operand", aligned=True), IDS, *W2, *BIASES,
+    params=(Param("gu_ptr", "*T", "operand"), IDS, *W2, *BIASES,
             Param("parts_ptr", "*O", "output", aligned=True), *EXTENTS, SPLITS, *W2_STRIDES),
     dtypes=("float32",),
     **SPLIT_FAMILY,

@@ -1,6 +1,7 @@
 """Build-time tests (need Triton, no GPU): the compiler, the manifest it wrote
 for the wheel, and the ABI the launcher relies on."""
 import json
+import re
 import struct
 import subprocess
 from dataclasses import replace
@@ -77,6 +78,28 @@ def test_aligned_variant_loads_16_bytes_at_a_time():
     ptx = {f: (KERNELS / f"{key.format(f)}.ptx").read_text() for f in ("basic", "aligned")}
     assert "cp.async.cg.shared.global" in ptx["aligned"] and "0x10" in ptx["aligned"]
     assert "cp.async.cg.shared.global" not in ptx["basic"]
+
+
+def test_tma_variant_compiled_on_what_the_runtime_checks():
+    """A TMA variant compiles as multiples what csrc/run.cc's TMA rule checks
+    of every call it launches: operand and output bases 16-byte aligned,
+    strides and row lengths whole 16 bytes of the narrower element type
+    (float32 here: 4 elements), nothing of scales and extents; so the split
+    decode's down kernel reads gu and writes its parts in vectors (without,
+    an element at a time).  A family with a group table gets none: the rule
+    checks its groups' fields, not its arguments."""
+    down = next(v for v in all_variants() if v.family == "scaled_decode_down"
+                and v.flavour == "tma")
+    names = FAMILIES[down.family].kernel.arg_names
+    assert {names[i]: d for i, d in down.divisible_params().items()} == {
+        "gu_ptr": 16, "ids_ptr": 16, "w2_ptr": 16, "parts_ptr": 16,
+        "H": 4, "N": 4, "w2_group_stride": 4, "ld2": 4}
+    ptx = (KERNELS / f"{down.key}.ptx").read_text()
+    assert re.search(r"ld\.global(\.[a-z0-9]+)*\.v[24]\.b32", ptx)
+    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+    grouped = next(v for v in all_variants() if v.family == "grouped_gemm"
+                   and v.flavour == "tma")
+    assert grouped.divisible_params() == {}
 
 
 def test_tma_variant_uses_wgmma_and_scratch():
