@@ -8,7 +8,7 @@ capture; fine for one graph replayed on one stream, a probe only), replayed
 with the L2 flushed, timed in turns.
 
     cd build && PYTHONPATH=<patched wheel>:.. python -m lab.graph_scratch_probe [--filter NAME]
-        [--tokens T ...] [--plain]
+        [--tokens T ...] [--plain | --kernels]
 """
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ import torch
 
 import gg_runtime
 from bench.measure import graphed
-from bench.sections.fp8_experts import SCALES, expert_weights, routed_tokens
-from bench.sections.vllm_fp8 import SCALES_NAME, SHAPES
 from gg_runtime.testing import time_in_turns
+from lab.vllm_kernel_split import kernel_us, served_cases
 
 ENV = "GG_PROBE_STATIC_SCRATCH"
-WHOLE = ("deepseek_v3", "mixtral")
 
 
 def captured(fn, static: bool):
@@ -47,35 +45,26 @@ def main():
                         help="the wheel's replay alone (any wheel): to compare wheels, a "
                              "process each")
     args = parser.parse_args()
-    for model, (hidden, inter, experts, top_k) in SHAPES.items():
-        if args.filter not in model or (model in WHOLE and args.filter != model):
+    for model, _, tokens, (x, ids, topk_weights), w13, w2 in served_cases(args.filter,
+                                                                          args.tokens):
+        def call():
+            return gg_runtime.moe_experts(x, ids, topk_weights, w13, w2)
+        if args.kernels:
+            for name, fn in (("called", call), ("replayed", captured(call, False)),
+                             ("static", captured(call, True))):
+                table = kernel_us(fn)
+                print(f"{model} T={tokens} {name}: " + ", ".join(
+                    f"{kernel} {us:.1f}" for kernel, us in table.items()), flush=True)
             continue
-        weights = expert_weights(hidden, inter, experts, SCALES[SCALES_NAME], bf16=False)
-        w13, w2 = weights["w13"], weights["w2"]
-        for tokens in args.tokens:
-            x, ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
-
-            def call():
-                return gg_runtime.moe_experts(x, ids, topk_weights, w13, w2)
-            if args.kernels:
-                from lab.vllm_kernel_split import kernel_us
-                for name, fn in (("called", call), ("replayed", captured(call, False)),
-                                 ("static", captured(call, True))):
-                    table = kernel_us(fn)
-                    print(f"{model} T={tokens} {name}: " + ", ".join(
-                        f"{kernel} {us:.1f}" for kernel, us in table.items()), flush=True)
-                continue
-            if args.plain:
-                (ms,) = time_in_turns({"plain": graphed(call)}).values()
-                print(f"{model:18s} T={tokens:4d}: {1e3 * ms:6.1f} µs", flush=True)
-                continue
-            replays = {"graph_memory": captured(call, False), "static": captured(call, True)}
-            times = {name: 1e3 * ms for name, ms in time_in_turns(replays).items()}
-            print(f"{model:18s} T={tokens:4d}: graph memory {times['graph_memory']:6.1f} µs, "
-                  f"static {times['static']:6.1f} µs, "
-                  f"x {times['graph_memory'] / times['static']:.3f}", flush=True)
-        weights.clear()
-        torch.cuda.empty_cache()
+        if args.plain:
+            (ms,) = time_in_turns({"plain": graphed(call)}).values()
+            print(f"{model:18s} T={tokens:4d}: {1e3 * ms:6.1f} µs", flush=True)
+            continue
+        replays = {"graph_memory": captured(call, False), "static": captured(call, True)}
+        times = {name: 1e3 * ms for name, ms in time_in_turns(replays).items()}
+        print(f"{model:18s} T={tokens:4d}: graph memory {times['graph_memory']:6.1f} µs, "
+              f"static {times['static']:6.1f} µs, "
+              f"x {times['graph_memory'] / times['static']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,23 @@ def kernel_us(replay) -> dict:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def served_cases(name_filter: str, token_counts):
+    """(model, (H, I, E, k), T, (x, top-k ids, top-k weights), w13, w2) for
+    the vllm_fp8 section's shapes whose name holds name_filter (a whole
+    model's only where named exactly) and each token count, on the section's
+    inputs; a model's fp8 weights made once, freed before the next's."""
+    for model, shape in SHAPES.items():
+        if name_filter not in model or (model in WHOLE and name_filter != model):
+            continue
+        hidden, inter, experts, top_k = shape
+        weights = expert_weights(hidden, inter, experts, SCALES[SCALES_NAME], bf16=False)
+        for tokens in token_counts:
+            yield (model, shape, tokens, routed_tokens(tokens, hidden, experts, top_k),
+                   weights["w13"], weights["w2"])
+        del weights
+        torch.cuda.empty_cache()
+
+
 def vllm_parts(kernels, chosen, x, topk_ids, topk_weights, w13, w2) -> dict:
     """vLLM's up and down fused_moe_kernel launches, each alone, as replays."""
     blocks = vllm_moe.assignment(topk_ids, w13.values.shape[0], chosen)
@@ -76,30 +93,22 @@ def main():
         raise SystemExit(reason)
     kernels = vendor_vllm.load(folder)
     found = []
-    for model, (hidden, inter, experts, top_k) in SHAPES.items():
-        if args.filter not in model or (model in WHOLE and args.filter != model):
-            continue
-        weights = expert_weights(hidden, inter, experts, SCALES[SCALES_NAME], bf16=False)
-        w13, w2 = weights["w13"], weights["w2"]
-        for tokens in args.tokens:
-            x, topk_ids, topk_weights = routed_tokens(tokens, hidden, experts, top_k)
-            chosen = vllm_moe.plan(kernels, experts, inter, top_k, tokens)
-            replays = {"ours": graphed(lambda: gg_runtime.moe_experts(
-                x, topk_ids, topk_weights, w13, w2))}
-            if not vllm_moe.refusal(hidden, inter):
-                replays.update(vllm_parts(kernels, chosen, x, topk_ids, topk_weights, w13, w2))
-            with torch.no_grad():
-                row = {"model": model, "T": tokens,
-                       "touched": topk_ids.unique().numel(),
-                       "kernels": {side: kernel_us(replay) for side, replay in replays.items()}}
-            found.append(row)
-            print(f"\n{model} T={tokens} ({row['touched']} experts touched)")
-            for side, table in row["kernels"].items():
-                print(f"  {side}: {sum(table.values()):.1f} µs")
-                for name, us in table.items():
-                    print(f"    {us:7.1f}  {name}")
-        del weights
-        torch.cuda.empty_cache()
+    for model, (hidden, inter, experts, top_k), tokens, routed, w13, w2 in served_cases(
+            args.filter, args.tokens):
+        x, topk_ids, topk_weights = routed
+        chosen = vllm_moe.plan(kernels, experts, inter, top_k, tokens)
+        replays = {"ours": graphed(lambda: gg_runtime.moe_experts(
+            x, topk_ids, topk_weights, w13, w2))}
+        if not vllm_moe.refusal(hidden, inter):
+            replays.update(vllm_parts(kernels, chosen, x, topk_ids, topk_weights, w13, w2))
+        row = {"model": model, "T": tokens, "touched": topk_ids.unique().numel(),
+               "kernels": {side: kernel_us(replay) for side, replay in replays.items()}}
+        found.append(row)
+        print(f"\n{model} T={tokens} ({row['touched']} experts touched)")
+        for side, table in row["kernels"].items():
+            print(f"  {side}: {sum(table.values()):.1f} µs")
+            for name, us in table.items():
+                print(f"    {us:7.1f}  {name}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(found, out, indent=1)
