@@ -281,7 +281,7 @@ class Variant:
         bases = {index(p.name): 16 for p in family.params
                  if p.role in ("operand", "output") and p.type.startswith("*")}
         lengths = {index(p.name): elements for p in family.params
-                   if p.role in ("stride", "row_length") and elements > 1}
+                   if p.role in ("stride", "row_length")}
         return {**bases, **lengths}
 
     def constexprs(self) -> dict:
