@@ -363,11 +363,17 @@ def fp8_row(hidden, inter, experts, k, tokens) -> dict:
     return row
 
 
-def main(argv) -> None:
-    name, hidden, inter, experts, k = argv[0], *map(int, argv[1:5])
+def join_group() -> None:
+    """This torchrun process's GPU (LOCAL_RANK) made current and the NCCL
+    process group of all the ranks started on it."""
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+
+
+def main(argv) -> None:
+    name, hidden, inter, experts, k = argv[0], *map(int, argv[1:5])
+    join_group()
     result = {"layer": name, "shape": [hidden, inter, experts, k], "world": dist.get_world_size()}
     try:
         if argv[5:] == ["vdev"]:

@@ -13,14 +13,13 @@ gg_runtime, which has no extension, would shadow the installed wheel's).
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from bench import measure
-from bench.expert_parallel_worker import layer
+from bench.expert_parallel_worker import join_group, layer
 from gg_runtime import quantize_fp8
 from gg_runtime.formats import SQUARE_BLOCKS
 from gg_runtime.moe import expert_parallel
@@ -65,9 +64,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,128")
     parser.add_argument("--shape", default="qwen3")
     args = parser.parse_args()
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    join_group()
     for tokens in map(int, args.tokens.split(",")):
         x, ids, weights, w13, w2 = layer(*SHAPES[args.shape], tokens, 1)
         for name, (a, b) in (("bf16", (w13, w2)), ("fp8", (quantize_fp8(w13, SQUARE_BLOCKS),

@@ -10,13 +10,12 @@ SMs shrink.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
 
 from bench import measure
-from bench.expert_parallel_worker import TOKENS, layer, on_sms
+from bench.expert_parallel_worker import TOKENS, join_group, layer, on_sms
 from gg_runtime import sm_limit
 from gg_runtime.moe import exchange
 from lab.ep_decode_profile import SHAPES, printed, timeline
@@ -27,9 +26,7 @@ def main() -> None:
     parser.add_argument("--sms", default="24,32")
     parser.add_argument("--shape", default="qwen3")
     args = parser.parse_args()
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    join_group()
     x, ids, weights, w13, _ = layer(*SHAPES[args.shape], TOKENS, 0)
     layout, = exchange.layout_for(dist.group.WORLD, x, ids, w13, None)
     for sms in map(int, args.sms.split(",")):

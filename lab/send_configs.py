@@ -10,13 +10,12 @@ should take at 4096 tokens a rank.  Rank 0 prints µs and NVLink GB/s.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-from bench.expert_parallel_worker import TOKENS, layer, transfers_by_sms
+from bench.expert_parallel_worker import TOKENS, join_group, layer, transfers_by_sms
 from gg_runtime import _C
 from gg_runtime.testing.hooks import forced
 
@@ -25,9 +24,7 @@ LAYERS = {"deepseek_v3": (7168, 2048, 256, 8), "qwen3_30b_a3b": (2048, 768, 128,
 
 
 def main():
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    join_group()
     major, minor = torch.cuda.get_device_capability()
     family = sys.argv[1] if len(sys.argv) > 1 else "send_rows"
     keys = [v["key"] for v in _C.variants() if v["family"] == family and v["dtype"] == "bfloat16"

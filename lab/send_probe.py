@@ -34,7 +34,6 @@ together).  Each launch's rows are checked against the source.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -42,6 +41,7 @@ import triton
 from torch.distributed import _symmetric_memory as symmetric_memory
 
 from aot.kernels.send_rows import send_rows_kernel
+from bench.expert_parallel_worker import join_group, on_sms
 
 # (BM rows, BN words, warps) a program: the wheel's (8, 256, 4), and taller,
 # wider and more warps.
@@ -49,7 +49,6 @@ SHAPES = ((8, 256, 4), (16, 256, 8), (8, 512, 8), (32, 256, 8), (4, 1024, 8), (1
           (16, 512, 8), (16, 1024, 16), (32, 512, 16))
 PROGRAMS_AN_SM = (1, 2, 4, 8)
 REPLAYS = 20
-CONTEXTS = []
 
 
 def launch(rows, peers, ranks, dest, shape, programs, second=None, kernel=send_rows_kernel):
@@ -95,15 +94,6 @@ def resident(rows, table, ranks, dest, shape) -> int:
     return min(2048 // threads, 65536 // registers, 32)
 
 
-def on_sms(sms: int, device: int) -> torch.cuda.Stream:
-    """A stream whose kernels run on `sms` SMs alone (a green context's)."""
-    from torch.cuda.green_contexts import GreenContext
-
-    context = GreenContext.create(num_sms=sms, device_id=device)
-    CONTEXTS.append(context)  # alive as long as its stream
-    return context.Stream()
-
-
 def in_stream(fn, stream):
     """fn() issued on `stream`, ordered after the current stream's work and
     before what the current stream does next."""
@@ -137,9 +127,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=1,
                         help="timings a launch, the median reported")
     args = parser.parse_args()
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    join_group()
     world, rank = dist.get_world_size(), dist.get_rank()
     T, H = args.tokens, args.hidden
     # Rows [W * T, H]: block s the rows rank s sent (push) or the rows it
@@ -159,7 +147,7 @@ def main():
     pulled = [handle.get_buffer(p, (world, T, H), torch.bfloat16)[p] for p in others]
     self_rank = torch.full((T, 1), rank, dtype=torch.int32, device="cuda")
     pull_dest = [(p * T + tokens)[:, None].contiguous() for p in others]
-    sms_count = torch.cuda.get_device_properties(local).multi_processor_count
+    sms_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     # push+own: this rank first, then the others, each row to row rank * T + t.
     own_ranks = torch.tensor([rank, *others], dtype=torch.int32,
                              device="cuda").expand(T, -1).contiguous()
@@ -200,7 +188,7 @@ def main():
 
     across = T * H * 2 * len(others)  # bytes each way a launch
     for sms in map(int, args.sms.split(",")):
-        stream = on_sms(sms, local) if args.green else torch.cuda.current_stream()
+        stream = on_sms(sms) if args.green else torch.cuda.current_stream()
         ways = {"push": push, "pull": pull, "push+own": push_own, "push|copy": push_copy,
                 "copy": copy}
         for way in args.ways.split(","):

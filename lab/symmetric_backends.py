@@ -9,13 +9,14 @@ on a small layer, checked against the same call over NCCL's all-to-all.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symmetric_memory
+
+from bench.expert_parallel_worker import join_group
 
 
 def wall_ms(fn):
@@ -28,9 +29,7 @@ def wall_ms(fn):
 
 
 def main():
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    join_group()
     dist.all_reduce(torch.ones(1, device="cuda"))  # NCCL's communicator up, as in a model's run
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = sys.argv[1] if len(sys.argv) > 1 else "default"
@@ -39,7 +38,8 @@ def main():
     name = dist.group.WORLD.group_name
 
     def allocate():
-        t = symmetric_memory.empty(1 << 24, dtype=torch.uint8, device=torch.device("cuda", local))
+        device = torch.device("cuda", torch.cuda.current_device())
+        t = symmetric_memory.empty(1 << 24, dtype=torch.uint8, device=device)
         return t, symmetric_memory.rendezvous(t, name)
 
     first, (buffer, handle) = wall_ms(allocate)

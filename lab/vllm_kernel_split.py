@@ -22,31 +22,28 @@ from bench import vendor_vllm, vllm_moe
 from bench.measure import graphed
 from bench.sections.fp8_experts import SCALES, expert_weights, routed_tokens
 from bench.sections.vllm_fp8 import SCALES_NAME, SHAPES, vendored_folder
+from gg_runtime.testing import flush_l2
 
 REPLAYS = 20
 # Whole models profiled only when named (--filter deepseek_v3): their weights are large.
 WHOLE = ("deepseek_v3", "mixtral")
-FLUSH = torch.empty(0)
 
 
 def kernel_us(replay) -> dict:
     """kernel name -> µs a call, over REPLAYS replays, the L2 flushed before each."""
-    global FLUSH
-    if FLUSH.numel() == 0:
-        FLUSH = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     for _ in range(3):
-        FLUSH.zero_()
+        flush_l2()
         replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPLAYS):
-            FLUSH.zero_()
+            flush_l2()
             replay()
         torch.cuda.synchronize()
     totals = collections.defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA \
-                and "FillFunctor<int>" not in event.name:  # FLUSH
+                and "FillFunctor<int>" not in event.name:  # flush_l2's
             totals[event.name[:60]] += event.device_time / REPLAYS
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 

@@ -18,7 +18,7 @@ from .ranks import ranks_command, ranks_env
 from .references import (FLOAT32_OUTPUT_TOLERANCE, TF32_TOLERANCE, TOLERANCE, effective_ends,
                          group_parts, group_slices, ref_grouped_mm, ref_grouped_mm_grads,
                          ref_list, rel_error, tf32_allowed, tolerance)
-from .timing import time_in_turns, time_ms
+from .timing import flush_l2, time_in_turns, time_ms
 
 __all__ = [
     "list_inputs", "moe_inputs", "moe_layer_inputs", "offsets_from_counts", "operand",
@@ -33,5 +33,5 @@ __all__ = [
     "FLOAT32_OUTPUT_TOLERANCE", "TF32_TOLERANCE", "TOLERANCE", "effective_ends", "group_parts",
     "group_slices", "ref_grouped_mm", "ref_grouped_mm_grads", "ref_list", "rel_error",
     "tf32_allowed", "tolerance",
-    "time_in_turns", "time_ms",
+    "flush_l2", "time_in_turns", "time_ms",
 ]

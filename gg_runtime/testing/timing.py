@@ -9,6 +9,15 @@ import torch
 _flush = None  # 256 MiB zeroed before each timed call: more than any GPU's L2
 
 
+def flush_l2() -> None:
+    """Evict the L2 cache: 256 MiB zeroed (an int32 fill kernel), more than
+    any GPU's L2, so that the next call reads its operands from memory."""
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    _flush.zero_()
+
+
 def time_in_turns(fns: dict, turns: int = 5) -> dict:
     """{name: median ms} of each fn over `turns` turns of time_ms, all the
     fns timed in each turn, in reverse order every other turn: the GPU's clock
@@ -23,9 +32,6 @@ def time_in_turns(fns: dict, turns: int = 5) -> dict:
 def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
     """Median ms of fn() over about rep_ms of repetitions, CUDA events around
     each, the L2 cache flushed before each."""
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -39,7 +45,7 @@ def time_ms(fn, warmup_ms=25.0, rep_ms=100.0) -> float:
         fn()
     times = []
     for _ in range(max(10, min(1000, int(rep_ms / estimate)))):
-        _flush.zero_()
+        flush_l2()
         start.record()
         fn()
         end.record()
