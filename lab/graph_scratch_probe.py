@@ -1,6 +1,6 @@
 """What a captured launch's scratch costs a CUDA graph's replay: fp8
 moe_experts on the vllm_fp8 section's shapes and token counts, captured as
-the runtime captures today (each launch that needs scratch gets its own graph
+the runtime captures it (each launch that needs scratch gets its own graph
 memory: an allocation node and a free node around it) against captured with
 GG_PROBE_STATIC_SCRATCH set (a wheel built with lab/static_scratch.patch applied:
 a captured launch reuses the stream blocks made by the call before the

@@ -3,7 +3,7 @@
 tile shapes and warp counts, on a fixed number of SMs' worth of programs,
 moving every rank's tokens to the other ranks two ways:
 
-- push (the dispatch today): each rank stores its rows into the peers'
+- push (the dispatch's way): each rank stores its rows into the peers'
   symmetric buffers;
 - pull (the return's way, reads over NVLink): each rank's rows wait in its
   own symmetric buffer, and each rank reads the peers' rows into its own;
