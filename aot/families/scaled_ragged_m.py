@@ -47,16 +47,21 @@ FAMILY = Family(
     archs=(90,),
     # Chosen from H100 measurements (docs/notes/2026-11-22-full-bench-h100.md,
     # 2026-11-23-bias-fp8-accumulation-training.md,
-    # 2026-11-25-interleaved-blocks-and-small-routes.md): decode takes 64x128
-    # tiles of the Triton kernel; otherwise the warp-specialised kernel
-    # (kernels/ragged_ws.py), whose two MMA warpgroups take 64 rows each of a
-    # 128x256 tile (blockwise: one accumulator rescaled between K blocks, 3
-    # stages: 4 ran no faster), or, blockwise on groups of up to 128 rows,
-    # take turns at 64x256 tiles (one's epilogue runs while the other's MMAs
-    # do; the split tile is as fast from 256 rows on).  Decode with few
-    # groups and few 128-column tiles (`few_tiles`: Mixtral's two experts at
-    # T = 1 have 64, on 132 SMs) takes 64-column tiles, eight stages deep,
-    # so that more programs stream the weights
+    # 2026-11-25-interleaved-blocks-and-small-routes.md): past decode, the
+    # warp-specialised kernel (kernels/ragged_ws.py), whose two MMA
+    # warpgroups take 64 rows each of a 128x256 tile (blockwise: one
+    # accumulator rescaled between K blocks, 3 stages: 4 ran no faster), or,
+    # blockwise on groups of up to 128 rows, take turns at 64x256 tiles (one's
+    # epilogue runs while the other's MMAs do; the split tile is as fast from
+    # 256 rows on).  Rowwise decode takes 64x128 tiles of the Triton kernel.
+    # Blockwise decode takes the turns too: the Triton kernel pipelines a
+    # tile's K loop only, and moe_experts' down projection on tensor-parallel
+    # shards has one or two K steps a tile (I = 128, 256), where the
+    # warp-specialised loader reads the next tiles' weights during this one's
+    # (H200: 2026-11-30-fp8-down-projection-loads-across-tiles.md).  Decode
+    # with few groups and few 128-column tiles (`few_tiles`: Mixtral's two
+    # experts at T = 1 have 64, on 132 SMs) takes 64-column tiles, eight
+    # stages deep, so that more programs stream the weights
     # (2026-11-26-routing-bins-and-decode-read-floor.md).
     # Without fast accumulation a second register tile holds each K step's
     # product: 128-column tiles of the warp-specialised kernel, two 64-row
@@ -66,7 +71,6 @@ FAMILY = Family(
              (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 4, ws=True)),
              (90, "tma", Where(scaling="blockwise", accumulation="fast")):
              (Config(64, 64, 128, 4, 8, max_rows=32, when="few_tiles"),
-              Config(64, 128, 128, 4, 4, max_rows=32),
               Config(64, 256, 128, 4, 4, max_rows=128, ws=True, pingpong=True),
               Config(128, 256, 128, 4, 3, ws=True)),
              # blockwise's schedule (one unit a row instead of one a 128
