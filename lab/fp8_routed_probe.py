@@ -4,15 +4,16 @@ On the section's inputs (its weights, softmax top-k routing), each side
 replayed from a CUDA graph with the L2 flushed before each replay:
 
 - `--forced`: the whole forward under torch.profiler, as dispatched and with
-  each compiled scaled_ragged_glu (up) and scaled_ragged_m (down) variant of
-  the call's axes forced; each kernel's µs a call;
+  each compiled scaled_ragged_glu (up) and scaled_ragged_m (down) variant
+  that runs the call forced; each kernel's µs a call (`--scales channelwise`:
+  on per-channel weights);
 - default: each product alone, JIT-compiled by the host's Triton, at the
   wheel's config and at candidate tiles and stage counts (the persistent
   grid sized to the resident programs, as csrc/registry.cc sizes it), each
   output against the wheel's config's.
 
-    cd build && PYTHONPATH=<wheel>:.. python -m lab.fp8_routed_probe [--forced]
-        [--filter NAME] [--tokens T ...] [--json OUT]
+    cd build && PYTHONPATH=<wheel>:.. python -m lab.fp8_routed_probe [--forced
+        [--scales channelwise]] [--filter NAME] [--tokens T ...] [--json OUT]
 """
 from __future__ import annotations
 
@@ -189,23 +190,17 @@ def jit(args):
     return rows
 
 
-# The forward's two routed products' variants that could run its call
-# (blockwise 128 x 128 weights, concatenated gate/up, bf16 tokens).
-ROUTED_AXES = {"scaled_ragged_glu": {"scaling": "blockwise", "gate_up": "concatenated",
-                                     "gu": "dropped"},
-               "scaled_ragged_m": {"scaling": "blockwise", "accumulation": "fast"}}
-
-
 def routed_variants(family: str) -> list:
+    """The sm90 variants of `family` with the forward's output dtypes (each
+    forced in turn: those whose axes do not fit the call refuse it)."""
     return [v["key"] for v in _C.variants() if v["family"] == family and v["arch"] == 90
-            and v["flavour"] == "tma" and v["axes"] == ROUTED_AXES[family]
             and v["out_dtype"] in ("float8_e4m3fn", "bfloat16")]
 
 
 def forced_runs(args):
     rows = []
-    for model, _, tokens, (x, topk_ids, topk_weights), w13, w2 in served_cases(args.filter,
-                                                                             args.tokens):
+    for model, _, tokens, (x, topk_ids, topk_weights), w13, w2 in served_cases(
+            args.filter, args.tokens, args.scales):
         def forward():
             return gg_runtime.moe_experts(x, topk_ids, topk_weights, w13, w2)
         reference = forward()
@@ -215,18 +210,17 @@ def forced_runs(args):
               flush=True)
         for name, us in row["dispatched"].items():
             print(f"      {us:7.1f}  {name}")
-        for family in ROUTED_AXES:
+        for family in ("scaled_ragged_glu", "scaled_ragged_m"):
             for key in routed_variants(family):
                 try:
                     with forced(key):
                         out = forward()
                         replay = graphed(forward)
-                except (ValueError, RuntimeError) as refused:
-                    print(f"  {key.rsplit('.', 1)[1]}: refused ({refused})")
-                    continue
+                except (ValueError, RuntimeError):
+                    continue  # not this call's axes, or its condition fails
                 table = kernel_us(replay)
                 row["forced"][key] = {"kernels": table, "error": rel_error(out, reference)}
-                print(f"  {family} {key.rsplit('.', 1)[1]:32s} total "
+                print(f"  {key.split('.')[0]} {key.split('.', 3)[3]:60s} total "
                       f"{sum(table.values()):7.1f} µs, error {row['forced'][key]['error']:.1e}")
                 for name, us in list(table.items())[:2]:
                     print(f"      {us:7.1f}  {name}")
@@ -239,6 +233,8 @@ def main():
     parser.add_argument("--forced", action="store_true")
     parser.add_argument("--filter", default="")
     parser.add_argument("--tokens", type=int, nargs="*", default=[64, 256])
+    parser.add_argument("--scales", default="blockwise", help="--forced: the weights' scales "
+                        "(bench/sections/fp8_experts.py SCALES' name)")
     parser.add_argument("--json")
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,

@@ -48,16 +48,17 @@ def kernel_us(replay) -> dict:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def served_cases(name_filter: str, token_counts):
+def served_cases(name_filter: str, token_counts, scales: str = SCALES_NAME):
     """(model, (H, I, E, k), T, (x, top-k ids, top-k weights), w13, w2) for
     the vllm_fp8 section's shapes whose name holds name_filter (a whole
     model's only where named exactly) and each token count, on the section's
-    inputs; a model's fp8 weights made once, freed before the next's."""
+    inputs (its weights' scales, or `scales`: bench/sections/fp8_experts.py
+    SCALES' name); a model's fp8 weights made once, freed before the next's."""
     for model, shape in SHAPES.items():
         if name_filter not in model or (model in WHOLE and name_filter != model):
             continue
         hidden, inter, experts, top_k = shape
-        weights = expert_weights(hidden, inter, experts, SCALES[SCALES_NAME], bf16=False)
+        weights = expert_weights(hidden, inter, experts, SCALES[scales], bf16=False)
         for tokens in token_counts:
             yield (model, shape, tokens, routed_tokens(tokens, hidden, experts, top_k),
                    weights["w13"], weights["w2"])

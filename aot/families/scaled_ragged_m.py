@@ -54,9 +54,10 @@ FAMILY = Family(
     # blockwise on groups of up to 128 rows, take turns at 64x256 tiles (one's
     # epilogue runs while the other's MMAs do; the split tile is as fast from
     # 256 rows on).  Rowwise decode takes 64x128 tiles of the Triton kernel.
-    # Blockwise decode takes the turns too: the Triton kernel pipelines a
-    # tile's K loop only, and moe_experts' down projection on tensor-parallel
-    # shards has one or two K steps a tile (I = 128, 256), where the
+    # Decode with blockwise activations (moe_experts' down projection, with
+    # either weights) takes the turns too: the Triton kernel pipelines a
+    # tile's K loop only, and the down projection on tensor-parallel shards
+    # has one or two K steps a tile (I = 128, 256), where the
     # warp-specialised loader reads the next tiles' weights during this one's
     # (H200: 2026-11-30-fp8-down-projection-loads-across-tiles.md).  Decode
     # with few groups and few 128-column tiles (`few_tiles`: Mixtral's two
@@ -74,9 +75,10 @@ FAMILY = Family(
               Config(64, 256, 128, 4, 4, max_rows=128, ws=True, pingpong=True),
               Config(128, 256, 128, 4, 3, ws=True)),
              # blockwise's schedule (one unit a row instead of one a 128
-             # columns); untuned.
+             # columns).
              (90, "tma", Where(scaling="blockwise_rowwise", accumulation="fast")):
-             (Config(64, 128, 128, 4, 4, max_rows=32), Config(128, 256, 128, 4, 3, ws=True)),
+             (Config(64, 256, 128, 4, 4, max_rows=128, ws=True, pingpong=True),
+              Config(128, 256, 128, 4, 3, ws=True)),
              (90, "tma"): (Config(64, 128, 128, 4, 4, max_rows=32),
                            Config(128, 128, 128, 4, 4, ws=True))},
     # Groups with rows (at most min(G, T)) times 128-column tiles: fewer than
