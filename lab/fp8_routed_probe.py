@@ -210,7 +210,7 @@ def forced_runs(args):
               flush=True)
         for name, us in row["dispatched"].items():
             print(f"      {us:7.1f}  {name}")
-        for family in ("scaled_ragged_glu", "scaled_ragged_m"):
+        for family in args.families:
             for key in routed_variants(family):
                 try:
                     with forced(key):
@@ -235,6 +235,8 @@ def main():
     parser.add_argument("--tokens", type=int, nargs="*", default=[64, 256])
     parser.add_argument("--scales", default="blockwise", help="--forced: the weights' scales "
                         "(bench/sections/fp8_experts.py SCALES' name)")
+    parser.add_argument("--families", nargs="*", default=["scaled_ragged_glu", "scaled_ragged_m"],
+                        help="--forced: the families whose variants are forced")
     parser.add_argument("--json")
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
