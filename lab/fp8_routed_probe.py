@@ -34,7 +34,9 @@ from gg_runtime import _C
 from gg_runtime.testing import forced, rel_error, time_ms
 from lab.vllm_kernel_split import kernel_us, served_cases
 
-# (BM, BN, BK, warps, stages): the wheel's config first (aot/families/).
+# (BM, BN, BK, warps, stages) of the Triton kernels: each list's first, the
+# wheel's decode config at e66e931 (aot/families/; the down projection's
+# before it moved to the warp-specialised kernel).
 DOWN_TILES = [(64, 128, 128, 4, 4), (64, 128, 128, 4, 1), (64, 128, 128, 4, 2),
               (64, 128, 128, 4, 3), (64, 64, 128, 4, 2), (64, 64, 128, 4, 3),
               (64, 64, 128, 4, 4), (64, 256, 128, 8, 2), (64, 256, 128, 8, 3)]
@@ -69,12 +71,13 @@ def quantized_rows(rows, columns):
     return q, torch.rand(rows, triton.cdiv(columns, 128), device="cuda") + 0.5
 
 
-def persistent(kernel, tiles, args, tile):
-    """fn() launching kernel over `tiles` with `tile`'s constexprs, its grid
-    the resident wave (or the tiles, if fewer)."""
+def persistent(kernel, constexprs, tiles, args, tile):
+    """(fn() launching kernel over `tiles` with the family's `constexprs` and
+    `tile`'s, its grid the resident wave or the tiles if fewer; the programs
+    an SM holds)."""
     BM, BN, BK, warps, stages = tile
-    options = dict(USE_TMA=True, BM=BM, BN=BN, BK=BK, CHUNK=GROUP_CHUNK, PRECISION="tf32",
-                   num_warps=warps, num_stages=stages)
+    options = dict(constexprs, USE_TMA=True, BM=BM, BN=BN, BK=BK, CHUNK=GROUP_CHUNK,
+                   PRECISION="tf32", num_warps=warps, num_stages=stages)
     compiled = kernel[(1,)](*args, **options)
     grid = (min(tiles(BM, BN), torch.cuda.get_device_properties(0).multi_processor_count
                 * resident(compiled)),)
@@ -137,8 +140,7 @@ def sweep(kernel, tiles_of, args, constexprs, outputs, tiles):
     """{tile: {us, resident, error}} for each tile, errors against the first's."""
     found, reference = {}, None
     for tile in tiles:
-        bound = _Bound(kernel, constexprs)
-        fn, programs = persistent(bound, tiles_of, args, tile)
+        fn, programs = persistent(kernel, constexprs, tiles_of, args, tile)
         fn()
         values = [o.float().clone() for o in outputs]
         if reference is None:
@@ -149,16 +151,6 @@ def sweep(kernel, tiles_of, args, constexprs, outputs, tiles):
         found[name] = {"us": us, "resident": programs, "error": error}
         print(f"    {name:22s} {us:7.1f} µs  {programs} an SM  error {error:.1e}", flush=True)
     return found
-
-
-class _Bound:
-    """kernel[grid](*args, **options) with the family's constexprs added."""
-
-    def __init__(self, kernel, constexprs):
-        self.kernel, self.constexprs = kernel, constexprs
-
-    def __getitem__(self, grid):
-        return lambda *args, **options: self.kernel[grid](*args, **self.constexprs, **options)
 
 
 def jit(args):
