@@ -1,5 +1,5 @@
-"""What the blockwise scale loads cost the fp8 up projection's transposed
-tiles (scaled_ragged_glu's 32 x 256 config, kernels/scaled.py
+"""What the blockwise scale loads and the two K loops cost the fp8 up
+projection's transposed tiles (scaled_ragged_glu's 32 x 256 config, kernels/scaled.py
 scaled_columns): each K step loads its 32 tokens' scales (one float a token,
 K / 128 floats apart) and the weight block's, after the step's product.
 Three versions of scaled_columns, JIT-compiled into the same kernel by the
@@ -8,10 +8,14 @@ lab/fp8_routed_probe.py's inputs, timed replayed with the L2 flushed:
 
 - `wheel`: scaled_columns as it is;
 - `no_loads`: every scale 1 (its output is wrong: a bound on what the loads cost);
-- `ahead`: the next step's scales loaded before this step's product.
+- `ahead`: the next step's scales loaded before this step's product;
+- `one_loop`: (gathered_scaled_tile) the gate's and the up's 128 rows in one
+  K loop, each step's token block read once, where the wheel's goes over K
+  twice, a half at a time.
 
     cd build && TRITON_ALWAYS_COMPILE=1 PYTHONPATH=<wheel>:.. \
         python -m lab.up_scale_loads_probe [--filter NAME] [--tokens T ...]
+        [--versions NAME ...]
 """
 from __future__ import annotations
 
@@ -21,14 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
+import aot.kernels.ragged as ragged
 import aot.kernels.scaled as scaled
+from aot.kernels.glu import CONCATENATED
 from aot.kernels.scaled import SCALE_BLOCK, gathered_block, oriented_dot, scaled_by
 from bench.measure import graphed
 from gg_runtime.testing import rel_error, time_ms
 from lab.fp8_routed_probe import persistent, quantized_rows, routed_slots, up_args, up_kernel
 from lab.vllm_kernel_split import served_cases
 
-TILE = (32, 256, 128, 4, 4)  # scaled_ragged_glu's SWAPPED config
+TILE = (32, 256, 128, 4, 4)  # scaled_ragged_glu's SWAPPED config (the versions' stages apart)
 
 
 @triton.jit
@@ -93,14 +99,67 @@ def columns_scales_ahead(operand, scales, first, limit, N, K, k_end, SCALING: tl
     return acc.T
 
 
-VERSIONS = {"wheel": scaled.scaled_columns, "no_loads": columns_without_scale_loads,
-            "ahead": columns_scales_ahead}
+@triton.jit
+def half_scales(scale_b_ptr, g, first, limit, N, K, block):
+    """The weight-block scale of `first`'s 128 rows (a half's columns start on
+    a block) for K block `block`, 0 past limit, [128]."""
+    k_blocks = tl.cdiv(K, SCALE_BLOCK)
+    cols = first + tl.arange(0, 128)
+    scale = tl.load(scale_b_ptr + (g.to(tl.int64) * tl.cdiv(N, SCALE_BLOCK)
+                                   + first // SCALE_BLOCK) * k_blocks + block)
+    return tl.where(cols < limit, scale, 0.0)
+
+
+@triton.jit
+def tile_in_one_loop(gather, scales, b_desc, g, off_m, off_n, end, N, K, k_end,
+                     SCALING: tl.constexpr, GLU: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr):
+    tl.static_assert(GLU == CONCATENATED and BN == 256 and BM < 64, "the transposed tiles")
+    a_ptr, lda, rows_ptr, rows_div = gather
+    scale_a_ptr, scale_b_ptr = scales
+    rows = off_m + tl.arange(0, BM)
+    row_ok = rows < end
+    tokens = tl.load(rows_ptr + rows, mask=row_ok, other=0) // rows_div
+    a_rows = tl.multiple_of(a_ptr + tokens * lda, 16)
+    a_scales = scale_a_ptr + tokens * tl.cdiv(K, SCALE_BLOCK)
+    gate_first = off_n // 2
+    up_first = N // 2 + off_n // 2
+    rk = tl.arange(0, BK)
+    gate = tl.zeros((128, BM), dtype=tl.float32)
+    up = tl.zeros((128, BM), dtype=tl.float32)
+    for k0 in range(0, k_end, BK):
+        a = gathered_block(a_rows, row_ok, k0 + rk, k_end)
+        gate_product = oriented_dot(a, b_desc.load([g, gate_first, k0]).reshape(128, BK), None,
+                                    True)
+        up_product = oriented_dot(a, b_desc.load([g, up_first, k0]).reshape(128, BK), None,
+                                  True)
+        block = k0 // SCALE_BLOCK
+        scale_a = tl.load(a_scales + block, mask=row_ok, other=0.0)
+        gate += scaled_by(gate_product, scale_a,
+                          half_scales(scale_b_ptr, g, gate_first, N // 2, N, K, block), True)
+        up += scaled_by(up_product, scale_a,
+                        half_scales(scale_b_ptr, g, up_first, N, N, K, block), True)
+    return tl.reshape(tl.permute(tl.join(gate.T, up.T), (0, 2, 1)), (BM, BN))
+
+
+# name -> (the replaced function, its replacement, stages)
+VERSIONS = {"wheel": ("scaled_columns", scaled.scaled_columns, 4),
+            "no_loads": ("scaled_columns", columns_without_scale_loads, 4),
+            "ahead": ("scaled_columns", columns_scales_ahead, 4),
+            "one_loop": ("gathered_scaled_tile", tile_in_one_loop, 4),
+            "one_loop_s3": ("gathered_scaled_tile", tile_in_one_loop, 3),
+            "one_loop_s2": ("gathered_scaled_tile", tile_in_one_loop, 2)}
+MODULES = {"scaled_columns": scaled, "gathered_scaled_tile": ragged}
+ORIGINALS = {"scaled_columns": scaled.scaled_columns,
+             "gathered_scaled_tile": scaled.gathered_scaled_tile}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", default="")
     parser.add_argument("--tokens", type=int, nargs="*", default=[64, 256])
+    parser.add_argument("--versions", nargs="*", default=list(VERSIONS), choices=list(VERSIONS),
+                        help="the first is the others' reference")
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
@@ -111,14 +170,17 @@ def main():
         up, constexprs, outputs, tiles = up_args((shape, order.numel(), offs), xq, x_scale,
                                                  order, k, w13)
         found = {}
-        for name, columns in VERSIONS.items():
-            scaled.scaled_columns = columns
+        for name in args.versions:
+            replaced, version, stages = VERSIONS[name]
+            for function, original in ORIGINALS.items():
+                setattr(MODULES[function], function, version if function == replaced else original)
             kernel = triton.jit(up_kernel.fn)  # a compile of its own
-            fn, _ = persistent(kernel, constexprs, tiles, up, TILE)
+            fn, _ = persistent(kernel, constexprs, tiles, up, (*TILE[:4], stages))
             fn()
             found[name] = ([o.float().clone() for o in outputs], 1e3 * time_ms(graphed(fn)))
-        scaled.scaled_columns = VERSIONS["wheel"]
-        wheel_out = found["wheel"][0]
+        for function, original in ORIGINALS.items():
+            setattr(MODULES[function], function, original)
+        wheel_out = found[args.versions[0]][0]
         print(f"{model} T={tokens}: " + ", ".join(
             f"{name} {us:.1f} µs (error {max(rel_error(o, r) for o, r in zip(out, wheel_out)):.1e})"
             for name, (out, us) in found.items()), flush=True)
