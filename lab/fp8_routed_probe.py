@@ -71,16 +71,17 @@ def quantized_rows(rows, columns):
     return q, torch.rand(rows, triton.cdiv(columns, 128), device="cuda") + 0.5
 
 
-def persistent(kernel, constexprs, tiles, args, tile):
+def persistent(kernel, constexprs, tiles, args, tile, grid_of=None):
     """(fn() launching kernel over `tiles` with the family's `constexprs` and
-    `tile`'s, its grid the resident wave or the tiles if fewer; the programs
-    an SM holds)."""
+    `tile`'s, its grid the resident wave or the tiles if fewer (grid_of:
+    grid_of(tiles, wave, SMs) programs instead); the programs an SM holds)."""
     BM, BN, BK, warps, stages = tile
     options = dict(constexprs, USE_TMA=True, BM=BM, BN=BN, BK=BK, CHUNK=GROUP_CHUNK,
                    PRECISION="tf32", num_warps=warps, num_stages=stages)
     compiled = kernel[(1,)](*args, **options)
-    grid = (min(tiles(BM, BN), torch.cuda.get_device_properties(0).multi_processor_count
-                * resident(compiled)),)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    wave, count = sms * resident(compiled), tiles(BM, BN)
+    grid = (grid_of(count, wave, sms) if grid_of else min(count, wave),)
     return (lambda: kernel[grid](*args, **options)), resident(compiled)
 
 

@@ -11,7 +11,12 @@ lab/fp8_routed_probe.py's inputs, timed replayed with the L2 flushed:
 - `ahead`: the next step's scales loaded before this step's product;
 - `one_loop`: (gathered_scaled_tile) the gate's and the up's 128 rows in one
   K loop, each step's token block read once, where the wheel's goes over K
-  twice, a half at a time.
+  twice, a half at a time;
+- `wheel_s3`: the wheel's at three stages;
+- `--grids`: each version again over other program counts than the resident
+  wave's (`tiles`: a program a tile, the hardware's scheduler balancing them;
+  `even`: the fewest programs that walk the wave's rounds, as many tiles
+  each; `sms`: a program an SM).
 
     cd build && TRITON_ALWAYS_COMPILE=1 PYTHONPATH=<wheel>:.. \
         python -m lab.up_scale_loads_probe [--filter NAME] [--tokens T ...]
@@ -148,7 +153,13 @@ VERSIONS = {"wheel": ("scaled_columns", scaled.scaled_columns, 4),
             "ahead": ("scaled_columns", columns_scales_ahead, 4),
             "one_loop": ("gathered_scaled_tile", tile_in_one_loop, 4),
             "one_loop_s3": ("gathered_scaled_tile", tile_in_one_loop, 3),
-            "one_loop_s2": ("gathered_scaled_tile", tile_in_one_loop, 2)}
+            "one_loop_s2": ("gathered_scaled_tile", tile_in_one_loop, 2),
+            "wheel_s3": ("scaled_columns", scaled.scaled_columns, 3)}
+# name -> programs from (tiles, the resident wave, SMs)
+GRIDS = {"wave": lambda tiles, wave, sms: min(tiles, wave),
+         "tiles": lambda tiles, wave, sms: tiles,
+         "even": lambda tiles, wave, sms: triton.cdiv(tiles, triton.cdiv(tiles, wave)),
+         "sms": lambda tiles, wave, sms: min(tiles, sms)}
 MODULES = {"scaled_columns": scaled, "gathered_scaled_tile": ragged}
 ORIGINALS = {"scaled_columns": scaled.scaled_columns,
              "gathered_scaled_tile": scaled.gathered_scaled_tile}
@@ -159,7 +170,8 @@ def main():
     parser.add_argument("--filter", default="")
     parser.add_argument("--tokens", type=int, nargs="*", default=[64, 256])
     parser.add_argument("--versions", nargs="*", default=list(VERSIONS), choices=list(VERSIONS),
-                        help="the first is the others' reference")
+                        help="the first (at the first grid) is the others' reference")
+    parser.add_argument("--grids", nargs="*", default=["wave"], choices=list(GRIDS))
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
@@ -175,12 +187,14 @@ def main():
             for function, original in ORIGINALS.items():
                 setattr(MODULES[function], function, version if function == replaced else original)
             kernel = triton.jit(up_kernel.fn)  # a compile of its own
-            fn, _ = persistent(kernel, constexprs, tiles, up, (*TILE[:4], stages))
-            fn()
-            found[name] = ([o.float().clone() for o in outputs], 1e3 * time_ms(graphed(fn)))
+            for grid in args.grids:
+                fn, _ = persistent(kernel, constexprs, tiles, up, (*TILE[:4], stages), GRIDS[grid])
+                fn()
+                label = name if grid == "wave" else f"{name}@{grid}"
+                found[label] = ([o.float().clone() for o in outputs], 1e3 * time_ms(graphed(fn)))
         for function, original in ORIGINALS.items():
             setattr(MODULES[function], function, original)
-        wheel_out = found[args.versions[0]][0]
+        wheel_out = next(iter(found.values()))[0]
         print(f"{model} T={tokens}: " + ", ".join(
             f"{name} {us:.1f} µs (error {max(rel_error(o, r) for o, r in zip(out, wheel_out)):.1e})"
             for name, (out, us) in found.items()), flush=True)
