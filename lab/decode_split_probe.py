@@ -9,10 +9,9 @@ flushed.  Two modes:
   what to read before changing the splits' rule (csrc/ops/
   expert_products_fp8.cc decode_splits);
 - `--ab`: the wheel's forward as it dispatches against the one-kernel
-  forward of 128-column units forced (the variant the dispatch took before
-  the split forward and the narrow units: the warp-specialised one where its
-  `few_units` holds), at `--tokens` (those whose slots the decode kernel
-  holds);
+  forward forced (the variant the dispatch took before the split forward:
+  the warp-specialised one where its `few_units` holds), at `--tokens`
+  (those whose slots the decode kernel holds);
 - `--routed`: the wheel's forward as it dispatches against the routed
   products forced (a `combine` variant forced), on the bench's inputs
   (bench/sections/fp8_experts.py: softmax top-k routing; `--seeds` such
@@ -428,11 +427,9 @@ def ab(args):
                    **{k: 1e3 * v for k, v in times.items()},
                    "difference": rel_error(after, before)}
             if name in SHAPES:
-                # each against h quantized as it quantizes it (the dispatch's
-                # narrow units: per 64 columns)
-                row["error"] = rel_error(after, moe_experts_fp8_ref(**case))
-                row["one_kernel_error"] = rel_error(before, moe_experts_fp8_ref(**case,
-                                                                                h_block=128))
+                reference = moe_experts_fp8_ref(**case)
+                row["error"], row["one_kernel_error"] = (rel_error(after, reference),
+                                                         rel_error(before, reference))
             print(f"{name:20s} T={T}: dispatch {row['dispatch']:6.1f} us, one kernel "
                   f"{row['one_kernel']:6.1f} us ({row['variant']}), "
                   f"x {row['one_kernel'] / row['dispatch']:.2f}; difference "

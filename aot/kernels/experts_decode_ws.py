@@ -2,20 +2,14 @@
 units and quantities) as a warp-specialised persistent kernel for sm90, in
 Gluon: one stream of weight reads an SM, never drained between units.
 
-A unit is a tile of an expert's slots and BN / 2 columns of h: 128 (BN =
-256, one scale block, the kernels' unit), or 64 where a call has so few
-units that each SM's stream of weights sets the time (the
-scaled_decode_narrow family: twice the units, each half the bytes; h then
-quantized per 64 columns, inside the kernel).  The loader partition (a
-warpgroup: its threads copy the slots' token rows, loader_ws.copy_rows) walks
-the program's units and fills a ring of STAGES slots, each of BK / 128 x BN
-rows of 128 weight bytes and the BM token rows of each 128-column block: for
-a unit, its cdiv(H, BK) up-projection steps (the gate's and the up's BN / 2
-rows of w13 and the tokens, BK columns), then its down-projection steps (as
-many bytes a slot: BK / (BN / 2) boxes of BN rows of w2's BN / 2 columns),
-then the next unit's.  A step reads BK bytes of each weight row at once (128
-at a time measured slower:
-docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
+The loader partition (a warpgroup: its threads copy the slots' token rows,
+loader_ws.copy_rows) walks the program's units and fills a ring of STAGES slots,
+each of BK / 128 x BN = 256 rows of 128 weight bytes and the BM token rows of
+each 128-column block: for a unit, its cdiv(H, BK) up-projection steps (the
+gate's and the up's 128 rows of w13 and the tokens, BK columns), then its
+down-projection steps (BK / 128 x BN rows of w2's 128 columns), then the
+next unit's.  A step reads BK bytes of each weight row at once (128 at a
+time measured slower: docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
 The MMA partition (one warpgroup) takes the slots in the same order: it
 quantizes the tokens' 16-bit blocks into shared memory as they come (with
 128 x 128 weight blocks; with per-channel ones the rows come in e4m3), scales each
@@ -30,6 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from .epilogue_ws import transposed_shared
 from .experts_decode import MAX_SLOTS
 from .glu import CONCATENATED
 from .glu_ws import activate, to_e4m3
@@ -39,6 +34,9 @@ from .quantize import AMAX_FLOOR, E4M3_MAX_RECIPROCAL
 from .scaled import BLOCKWISE, SCALE_BLOCK
 from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, plus, shared_layout,
                  vector_layout)
+
+CHUNK_COLUMNS = gl.constexpr(128)  # h's columns a unit: one scale block
+
 
 @gluon.jit
 def w13_rows(j, half, inter, GLU: gl.constexpr):
@@ -53,7 +51,7 @@ def w13_rows(j, half, inter, GLU: gl.constexpr):
 
 @gluon.jit
 def w13_origin(g, half, first, k0, GLU: gl.constexpr):
-    """The coordinates of the w13 box of a unit's columns of h from first, gate
+    """The coordinates of the w13 box of h's columns first .. first + 128, gate
     (half 0) or up (half 1) rows, at K step k0, in the 4-D view of w13."""
     if GLU == CONCATENATED:
         return [g, half, first, k0]
@@ -125,10 +123,9 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     # stride, so each thread's elements are one 16-byte copy.
     rows = gl.expand_dims(gl.multiple_of(x_ptr + (slots // k).to(gl.int64) * H, 16), 1)
     row_ok = gl.expand_dims(row_ok, 1)
-    UNIT: gl.constexpr = boxes.shape[1]
-    first = column * UNIT
+    first = column * CHUNK_COLUMNS
     SUB: gl.constexpr = BK // SCALE_BLOCK
-    SLOT_BYTES: gl.constexpr = 2 * UNIT * BK * boxes.dtype.primitive_bitwidth // 8
+    SLOT_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * boxes.dtype.primitive_bitwidth // 8
     for k0 in range(0, H, BK):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
         for sub in gl.static_range(SUB):
@@ -139,13 +136,12 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
                 tma_load(w13_desc, w13_origin(g, half, first, kk, GLU), bar,
                          buf.reinterpret(w13_desc.dtype, w13_desc.block_shape, w13_desc.layout))
         count += 1
-    BOXES: gl.constexpr = BK // UNIT  # w2's a slot
-    for n0 in range(0, H, BN * BOXES):
+    for n0 in range(0, H, BN * SUB):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
         # No rows to copy: one arrival for the copiers' SUB x 32 x num_warps.
         mbarrier.arrive(bar, count=SUB * 32 * gl.num_warps())
-        for part in gl.static_range(BOXES):
-            buf = w2_boxes.index(slot * BOXES + part)
+        for part in gl.static_range(SUB):
+            buf = w2_boxes.index(slot * SUB + part)
             tma_load(w2_desc, [g, n0 + part * BN, first], bar,
                      buf.reinterpret(w2_desc.dtype, w2_desc.block_shape, w2_desc.layout))
         count += 1
@@ -180,17 +176,16 @@ def quantized_x(x_buf, xq_buf, layout: gl.constexpr):
 def up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H,
                   SCALING: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                   acc_layout: gl.constexpr):
-    """(gate, up, ring count): the unit's gate and up products [UNIT, BM], each
+    """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
     (BLOCKWISE: each 128-deep block by its own, the tokens' 16-bit blocks
     quantized into xq_bufs as they come; else by the caller, the tokens
     e4m3).  w_scales: the gate's and up's rows' first block scales."""
     BM: gl.constexpr = x_bufs.shape[1]
-    UNIT: gl.constexpr = boxes.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
     x_layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
-    gate = gl.zeros([UNIT, BM], gl.float32, acc_layout)
-    up = gl.zeros([UNIT, BM], gl.float32, acc_layout)
+    gate = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
+    up = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     for k0 in range(0, H, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
@@ -229,13 +224,13 @@ def up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H
 @gluon.jit
 def unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, x_scale, SCALING: gl.constexpr,
            GLU: gl.constexpr):
-    """(h [UNIT, BM] in e4m3, its scales [BM]): the activation of the unit's
+    """(h [128, BM] in e4m3, its scales [BM]): the activation of the unit's
     gate and up (per-channel scales, with the tokens' x_scale, and b13
-    applied here), each slot row's UNIT columns one block of a scale
-    (columns past I are 0)."""
+    applied here), each slot row's 128 columns one 1x128 block (columns past
+    I are 0)."""
     b13_ptr, has_b13, activation = biases
     layout: gl.constexpr = gate.type.layout
-    j = first + gl.arange(0, gate.shape[0], gl.SliceLayout(1, layout))
+    j = first + gl.arange(0, CHUNK_COLUMNS, gl.SliceLayout(1, layout))
     j_ok = j < inter
     g64 = g.to(gl.int64)
     gate_rows = w13_rows(j, 0, inter, GLU)
@@ -256,12 +251,12 @@ def unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, x_scale, SCALING: g
 
 @gluon.jit
 def down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, b2, h_scale, parts,
-                    row_ok, g, first, inter, H, SCALING: gl.constexpr, BOXES: gl.constexpr,
+                    row_ok, g, column, chunks, H, SCALING: gl.constexpr, SUB: gl.constexpr,
                     STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """The ring count after the unit's down-projection steps: each step's
-    BOXES boxes of BN rows of w2's columns first .. first + BN / 2 times h
-    (h_buf), scaled, plus b2 (b2 = (b2_ptr, has_b2), the first unit only),
-    stored at parts (the slot rows' part bases)."""
+    SUB boxes of BN rows of w2's chunk times h (h_buf), scaled, plus b2 (b2 =
+    (b2_ptr, has_b2), chunk 0 only), stored at parts (the slot rows' part
+    bases)."""
     BN: gl.constexpr = w2_boxes.shape[1]
     BM: gl.constexpr = h_buf.shape[1]
     b2_ptr, has_b2 = b2
@@ -269,25 +264,22 @@ def down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, b2, h_sc
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     column_scale = gl.expand_dims(h_scale, 0)
     h_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
-    # w2's 128 x 128 scale blocks [G, H / 128, I / 128]: the unit's columns lie in one.
-    i_blocks = (inter + SCALE_BLOCK - 1) // SCALE_BLOCK
-    block_column = first // SCALE_BLOCK
-    for n0 in range(0, H, BN * BOXES):
+    for n0 in range(0, H, BN * SUB):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        for part in gl.static_range(BOXES):
+        for part in gl.static_range(SUB):
             ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
             n_ok = ns < H
             if SCALING == BLOCKWISE:
-                at = (g64 * h_blocks + ns // SCALE_BLOCK) * i_blocks + block_column
+                at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
             else:
                 at = g64 * H + ns
             row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
-            acc = warpgroup_mma(w2_boxes.index(slot * BOXES + part), h_buf, acc, use_acc=False,
+            acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc, use_acc=False,
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             part_sum = acc * column_scale * row_scale
-            if has_b2 != 0 and first == 0:
+            if has_b2 != 0 and column == 0:
                 bias = gl.load(b2_ptr + g64 * H + ns, mask=n_ok, other=0.0).to(gl.float32)
                 part_sum += gl.expand_dims(bias, 1)
             gl.store(parts + gl.expand_dims(ns, 1), part_sum,
@@ -312,8 +304,8 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     x_scale = 1.0  # BLOCKWISE scales each block's product as it comes
     if SCALING != BLOCKWISE:
         x_scale = gl.load(x_scale_ptr + slots // k, mask=row_ok, other=0.0)
-    first = column * h_buf.shape[0]
-    j = first + gl.arange(0, h_buf.shape[0], gl.SliceLayout(1, acc_layout))
+    first = column * CHUNK_COLUMNS
+    j = first + gl.arange(0, CHUNK_COLUMNS, gl.SliceLayout(1, acc_layout))
     j_ok = j < inter
     k_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
     row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
@@ -327,8 +319,8 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     fence_async_shared()
     parts = gl.expand_dims(parts_ptr + (slots.to(gl.int64) * chunks + column) * H, 0)
     return down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, (b2_ptr, has_b2),
-                           h_scale, parts, row_ok, g, first, inter, H, SCALING,
-                           BK // h_buf.shape[0], STAGES, acc_layout)
+                           h_scale, parts, row_ok, g, column, chunks, H, SCALING,
+                           BK // SCALE_BLOCK, STAGES, acc_layout)
 
 
 @gluon.jit
@@ -355,13 +347,11 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
                                     GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
                                     BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
                                     PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """scaled_experts_decode_kernel's contract, with units of BN / 2 columns
-    of h (its parts [S, cdiv(I, BN / 2), H]); USE_TMA, CHUNK and PRECISION
+    """scaled_experts_decode_kernel's contract; USE_TMA, CHUNK and PRECISION
     are taken for the common signature; STAGES: the ring's slots."""
-    UNIT_COLUMNS: gl.constexpr = BN // 2
     gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
     gl.static_assert(BK % SCALE_BLOCK == 0, "a K step of whole scale blocks")
-    gl.static_assert(SCALE_BLOCK % UNIT_COLUMNS == 0, "a unit's columns in one scale block")
+    gl.static_assert(BN == 2 * CHUNK_COLUMNS, "a box of w2 as large as a block's gate and up rows")
     SUB: gl.constexpr = BK // SCALE_BLOCK
     dtype: gl.constexpr = w13_ptr.dtype.element_ty
     # The tokens' rows: 16-bit, quantized here (BLOCKWISE), or e4m3.
@@ -371,38 +361,35 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
         rows_ptr = xq_ptr
     x_dtype: gl.constexpr = rows_ptr.dtype.element_ty
     inter = N // 2
-    chunks = (inter + UNIT_COLUMNS - 1) // UNIT_COLUMNS
+    chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
     # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
-    # (INTERLEAVED): a box of a unit's gate (half 0) or up (half 1) rows either way.
+    # (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either way.
     if GLU == CONCATENATED:
-        block: gl.constexpr = [1, 1, UNIT_COLUMNS, SCALE_BLOCK]
+        block: gl.constexpr = [1, 1, CHUNK_COLUMNS, SCALE_BLOCK]
         w13_desc = tma.make_tensor_descriptor(
             w13_ptr, [G, 2, inter, H], [w13_group_stride, inter * ld13, ld13, 1], block,
             shared_layout(block, dtype))
     else:
-        block: gl.constexpr = [1, UNIT_COLUMNS, 1, SCALE_BLOCK]
+        block: gl.constexpr = [1, CHUNK_COLUMNS, 1, SCALE_BLOCK]
         w13_desc = tma.make_tensor_descriptor(
             w13_ptr, [G, inter, 2, H], [w13_group_stride, 2 * ld13, ld13, 1], block,
             shared_layout(block, dtype))
-    w2_block: gl.constexpr = [1, BN, UNIT_COLUMNS]
+    w2_block: gl.constexpr = [1, BN, CHUNK_COLUMNS]
     w2_desc = tma.make_tensor_descriptor(
         w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
     # A slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
-    # gate's rows, then as many of the up's; w2_boxes: BK / UNIT_COLUMNS boxes
-    # of BN w2 rows of UNIT_COLUMNS bytes) and the tokens' BM rows of each
-    # block (x_bufs; xq_bufs: BLOCKWISE's step's blocks quantized).
-    box: gl.constexpr = [UNIT_COLUMNS, SCALE_BLOCK]
+    # gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
+    # and the tokens' BM rows of each block (x_bufs; xq_bufs: BLOCKWISE's
+    # step's blocks quantized).
+    box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
-    w2_boxes = boxes.reinterpret(dtype, [STAGES * BK // UNIT_COLUMNS, BN, UNIT_COLUMNS],
-                                 shared_layout([BN, UNIT_COLUMNS], dtype))
+    w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
+                                 shared_layout([BN, SCALE_BLOCK], dtype))
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
                                        shared_layout([BM, SCALE_BLOCK], x_dtype))
     xq_bufs = gl.allocate_shared_memory(dtype, [SUB, BM, SCALE_BLOCK],
                                         shared_layout([BM, SCALE_BLOCK], dtype))
-    # h column-major, the down projection's K-major B
-    h_buf = gl.allocate_shared_memory(
-        dtype, [UNIT_COLUMNS, BM],
-        gl.NVMMASharedLayout.get_default_for([UNIT_COLUMNS, BM], dtype, transposed=True))
+    h_buf = gl.allocate_shared_memory(dtype, [CHUNK_COLUMNS, BM], transposed_shared(dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):

@@ -221,7 +221,6 @@ class Fp8Products final : public ExpertProducts {
 
   Tensor rows(const RoutedSlots& routed, Tensor* gu, Outputs& temporaries) const override {
     // Each token quantized once; the up projection reads each slot's row.
-    record_h_block(kBlock);
     const Quantized quantized = quantized_tokens(in_.x, x_scale_, scales_);
     const UpProjection up{quantized, routed.order, routed.k, routed.offs,
                           in_.w13,   w13_scale_,   b13_};
@@ -263,12 +262,7 @@ class Fp8Products final : public ExpertProducts {
   Tensor w13_scale_, w2_scale_;
 };
 
-thread_local int64_t t_h_block = kBlock;
-
 }  // namespace
-
-void record_h_block(int64_t columns) { t_h_block = columns; }
-int64_t last_h_block() { return t_h_block; }
 
 // The tokens quantized as the weights' scales ask, x_scale beside them: as
 // given (x fp8, contiguous scales), else quantize_fp8's.

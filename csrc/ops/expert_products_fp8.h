@@ -41,17 +41,11 @@ struct DownProjection {
 using Quantized = std::tuple<Tensor, Tensor>;
 Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scaling scales);
 
-// Tests: the columns each of h's scales covered in this thread's last fp8
-// serving forward (128, or 64 where the decode path took units of 64
-// columns), which the float64 reference quantizes h by.
-void record_h_block(int64_t columns);
-int64_t last_h_block();
-
 // Whether the forward takes the decode path (expert_products_fp8_decode.cc).
 bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given);
 
-// The decode path's down projection rows made in parts, [S, C, H] float32 in
-// the slots' own order (C: h's columns in units of 128, or 64), for combine_parts.
+// The decode path's down projection rows made in parts, [S, cdiv(I, 128), H]
+// float32 in the slots' own order, for combine_parts.
 Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
                     const DownProjection& weights, const Tensor& w13_scale,
                     const std::optional<Tensor>& b13, Scaling scales, Choices choices,

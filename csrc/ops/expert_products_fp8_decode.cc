@@ -1,8 +1,7 @@
 // fp8 moe_experts' decode path: a call of few slots (serving's decode) runs
 // the routing, the tokens' quantization per 128 columns and both projections
 // of each unit (a tile of an expert's slots and 128 columns of h) in one
-// kernel (scaled_experts_decode; scaled_decode_narrow, units of 64 columns,
-// where even those fit in a wave), or, where its units are few and H wide,
+// kernel (scaled_experts_decode), or, where its units are few and H wide,
 // with each unit's H cut into parts in two (scaled_decode_up, then
 // scaled_decode_down); combine_parts sums the parts (expert_products_fp8.cc).
 #include <family_args.h>
@@ -40,28 +39,11 @@ int64_t decode_splits(int64_t slots, int64_t experts, int64_t hidden, int64_t in
   if (forces_family(family::ScaledDecodeUp::kIndex) ||
       forces_family(family::ScaledDecodeDown::kIndex)) {
     want = std::max<int64_t>(want, std::min<int64_t>(steps, 2));
-  } else if (forces_family(family::ScaledExpertsDecode::kIndex) ||
-             forces_family(family::ScaledDecodeNarrow::kIndex)) {
+  } else if (forces_family(family::ScaledExpertsDecode::kIndex)) {
     want = 1;
   }
   if (want < 2) return 1;
   return cdiv(steps, cdiv(steps, want));
-}
-
-// h's columns a unit of the one-kernel forward: 64 (scaled_decode_narrow)
-// where the units at that width are at most kNarrowUnits, about one an SM:
-// there a unit's program streams its weights at one SM's rate, so halving
-// each unit's bytes over twice the SMs halves the time; else 128
-// (docs/notes/2026-11-30-fp8-decode-narrow-units.md).  A test forcing either
-// family gets its width.
-constexpr int64_t kNarrowUnits = 128;
-constexpr int64_t kNarrowColumns = 64;
-
-int64_t decode_unit_columns(int64_t slots, int64_t experts, int64_t inter) {
-  if (forces_family(family::ScaledDecodeNarrow::kIndex)) return kNarrowColumns;
-  if (forces_family(family::ScaledExpertsDecode::kIndex)) return kBlock;
-  return std::min(slots, experts) * cdiv(inter, kNarrowColumns) <= kNarrowUnits ? kNarrowColumns
-                                                                                : kBlock;
 }
 
 // What the decode kernels read of the tokens: 16-bit rows (blockwise: the
@@ -83,36 +65,6 @@ struct DecodeTokens {
   int64_t x_scale_ptr() const { return quantized ? address(std::get<1>(*quantized)) : 0; }
 };
 
-// The one-kernel forward's arguments, the same for either unit width's family.
-template <class Args>
-Args one_kernel_args(const MoeInputs& in, const DecodeTokens& tokens, const Tensor& ids,
-                     const DownProjection& weights, const Tensor& w13_scale,
-                     const std::optional<Tensor>& b13, int64_t activation, const Tensor& parts) {
-  return Args{.x_ptr = tokens.x_ptr(),
-              .xq_ptr = tokens.xq_ptr(),
-              .x_scale_ptr = tokens.x_scale_ptr(),
-              .ids_ptr = address(ids),
-              .k = in.topk_ids.size(1),
-              .w13_ptr = address(in.w13),
-              .w13_scale_ptr = address(w13_scale),
-              .w2_ptr = address(weights.w2),
-              .w2_scale_ptr = address(weights.w2_scale),
-              .b13_ptr = b13 ? address(*b13) : 0,
-              .has_b13 = b13 ? 1 : 0,
-              .b2_ptr = weights.b2 ? address(*weights.b2) : 0,
-              .has_b2 = weights.b2 ? 1 : 0,
-              .activation = activation,
-              .parts_ptr = address(parts),
-              .S = ids.numel(),
-              .H = in.x.size(1),
-              .N = in.w13.size(1),
-              .G = in.w13.size(0),
-              .w13_group_stride = in.w13.stride(0),
-              .ld13 = in.w13.stride(1),
-              .w2_group_stride = weights.w2.stride(0),
-              .ld2 = weights.w2.stride(1)};
-}
-
 }  // namespace
 
 // Whether the forward takes the decode path: few slots, at most
@@ -125,9 +77,8 @@ Args one_kernel_args(const MoeInputs& in, const DecodeTokens& tokens, const Tens
 bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
   if (blockwise_tokens_given) return false;
   for (const int decode_family :
-       {family::ScaledExpertsDecode::kIndex, family::ScaledDecodeNarrow::kIndex,
-        family::ScaledDecodeUp::kIndex, family::ScaledDecodeDown::kIndex,
-        family::CombineParts::kIndex}) {
+       {family::ScaledExpertsDecode::kIndex, family::ScaledDecodeUp::kIndex,
+        family::ScaledDecodeDown::kIndex, family::CombineParts::kIndex}) {
     if (forces_family(decode_family)) return true;
   }
   if (forces_family(family::ScaledRaggedGlu::kIndex) ||
@@ -137,23 +88,19 @@ bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given) {
   return slots <= family::ScaledExpertsDecode::kMaxSlots && slots <= kDecodeSlotsAnExpert * experts;
 }
 
-// The down projection's rows made in parts, [S, cdiv(I, unit columns), H]
-// float32 in the slots' own order (combine_parts sums them): the routing, the
-// tokens' quantization per 128 columns and both projections of each tile of
-// an expert's slots and 128 (or 64: decode_unit_columns) columns of h, in
-// one launch, or with each unit's H cut into `splits` parts in two
-// (scaled_decode_up, its gate and up sums float32 [splits, S, 2I], then
-// scaled_decode_down).
+// The down projection's rows made in parts, [S, cdiv(I, 128), H] float32 in
+// the slots' own order (combine_parts sums them): the routing, the tokens'
+// quantization per 128 columns and both projections of each tile of an
+// expert's slots and 128 columns of h, in one scaled_experts_decode launch,
+// or with each unit's H cut into `splits` parts in two (scaled_decode_up,
+// its gate and up sums float32 [splits, S, 2I], then scaled_decode_down).
 Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
                     const DownProjection& weights, const Tensor& w13_scale,
                     const std::optional<Tensor>& b13, Scaling scales, Choices choices,
                     Outputs& outputs) {
   const int64_t slots = ids.numel(), hidden = in.x.size(1), inter = in.w2.size(2);
   const int64_t experts = in.w13.size(0);
-  const int64_t splits = decode_splits(slots, experts, hidden, inter);
-  const int64_t unit_columns = splits == 1 ? decode_unit_columns(slots, experts, inter) : kBlock;
-  record_h_block(unit_columns);
-  Tensor parts = outputs.make({slots, cdiv(inter, unit_columns), hidden}, ScalarType::Float);
+  Tensor parts = outputs.make({slots, blocks(inter), hidden}, ScalarType::Float);
   if (experts == 0 || shapes_only(parts)) return parts;  // as up_projection's
   const DecodeTokens tokens(in, x_scale, scales);
   const family::Scaling scaling =
@@ -162,21 +109,35 @@ Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, c
   const Target target =
       target_of(in.x, runtime_dtype(fp8_out_dtype(in.x)), runtime_dtype(ScalarType::Float));
   const int64_t activation = family::choice_code(choices.activation);
+  const int64_t b13_ptr = b13 ? address(*b13) : 0, b2_ptr = weights.b2 ? address(*weights.b2) : 0;
+  const int64_t splits = decode_splits(slots, experts, hidden, inter);
   if (splits == 1) {
-    sm90_only([&] {
-      if (unit_columns == kNarrowColumns) {
-        launch(one_kernel_args<family::ScaledDecodeNarrow>(in, tokens, ids, weights, w13_scale, b13,
-                                                           activation, parts),
-               {.scaling = scaling, .gate_up = choices.gate_up}, target);
-      } else {
-        launch(one_kernel_args<family::ScaledExpertsDecode>(in, tokens, ids, weights, w13_scale,
-                                                            b13, activation, parts),
-               {.scaling = scaling, .gate_up = choices.gate_up}, target);
-      }
-    });
+    const family::ScaledExpertsDecode args{.x_ptr = tokens.x_ptr(),
+                                           .xq_ptr = tokens.xq_ptr(),
+                                           .x_scale_ptr = tokens.x_scale_ptr(),
+                                           .ids_ptr = address(ids),
+                                           .k = in.topk_ids.size(1),
+                                           .w13_ptr = address(in.w13),
+                                           .w13_scale_ptr = address(w13_scale),
+                                           .w2_ptr = address(weights.w2),
+                                           .w2_scale_ptr = address(weights.w2_scale),
+                                           .b13_ptr = b13_ptr,
+                                           .has_b13 = b13 ? 1 : 0,
+                                           .b2_ptr = b2_ptr,
+                                           .has_b2 = weights.b2 ? 1 : 0,
+                                           .activation = activation,
+                                           .parts_ptr = address(parts),
+                                           .S = slots,
+                                           .H = hidden,
+                                           .N = in.w13.size(1),
+                                           .G = experts,
+                                           .w13_group_stride = in.w13.stride(0),
+                                           .ld13 = in.w13.stride(1),
+                                           .w2_group_stride = weights.w2.stride(0),
+                                           .ld2 = weights.w2.stride(1)};
+    sm90_only([&] { launch(args, {.scaling = scaling, .gate_up = choices.gate_up}, target); });
     return parts;
   }
-  const int64_t b13_ptr = b13 ? address(*b13) : 0, b2_ptr = weights.b2 ? address(*weights.b2) : 0;
   const Tensor gu = outputs.make({splits, slots, in.w13.size(1)}, ScalarType::Float);
   const family::ScaledDecodeUp up{.x_ptr = tokens.x_ptr(),
                                   .xq_ptr = tokens.xq_ptr(),

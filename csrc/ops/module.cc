@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "expert_products_fp8.h"
 #include "ops.h"
 
 namespace {
@@ -106,10 +105,6 @@ PyObject* set_poison(PyObject*, PyObject* on) {
   Py_RETURN_NONE;
 }
 
-PyObject* last_h_block(PyObject*, PyObject*) {
-  return PyLong_FromLongLong(gg::ops::last_h_block());
-}
-
 PyObject* set_guards(PyObject*, PyObject* on) {
   gg::ops::set_guards(PyObject_IsTrue(on) == 1);
   Py_RETURN_NONE;
@@ -140,8 +135,6 @@ PyMethodDef kMethods[] = {
     {"set_poison", set_poison, METH_O, "Tests: fill every output with NaN before its launch."},
     {"set_guards", set_guards, METH_O,
      "Tests: put every output and scratch tensor between two canary-filled guard regions."},
-    {"last_h_block", last_h_block, METH_NOARGS,
-     "Tests: the columns each of h's scales covered in this thread's last fp8 serving forward."},
     {"guard_report", guard_report, METH_NOARGS,
      "Tests: the guarded tensors whose guards were overwritten (synchronizes; forgets them)."},
     {nullptr, nullptr, 0, nullptr}};

@@ -11,7 +11,7 @@ from .cases import (list_inputs, moe_inputs, moe_layer_inputs, offsets_from_coun
 from .fp8 import (FP8_BLOCK, FP8_MAX, FP8_TOLERANCE, SCALE_KINDS, column_blocks, dequantize_ref,
                   dequantized, fp8_moe_inputs, quantize_columns_ref, quantize_ref,
                   ref_scaled_grouped_mm)
-from .hooks import forced, guarded, last_h_block, last_variant, poisoned
+from .hooks import forced, guarded, last_variant, poisoned
 from .moe_layers import (GPT_OSS_ALPHA, GPT_OSS_LIMIT, gated_activation, moe_layer,
                          moe_layer_no_atomics, route_top_k, sorted_by_expert, with_added_bias)
 from .ranks import ranks_command, ranks_env
@@ -26,7 +26,7 @@ __all__ = [
     "FP8_BLOCK", "FP8_MAX", "FP8_TOLERANCE", "SCALE_KINDS", "column_blocks", "dequantize_ref",
     "dequantized", "fp8_moe_inputs", "quantize_columns_ref", "quantize_ref",
     "ref_scaled_grouped_mm",
-    "forced", "guarded", "last_h_block", "last_variant", "poisoned",
+    "forced", "guarded", "last_variant", "poisoned",
     "GPT_OSS_ALPHA", "GPT_OSS_LIMIT", "gated_activation", "moe_layer", "moe_layer_no_atomics",
     "route_top_k", "sorted_by_expert", "with_added_bias",
     "ranks_command", "ranks_env",

@@ -1,6 +1,5 @@
 """The runtime's test hooks (process-wide, not for concurrent use): force a
-variant, read the variant a launch ran (and how the fp8 forward quantized
-h), poison the outputs, guard them."""
+variant, read the variant a launch ran, poison the outputs, guard them."""
 from __future__ import annotations
 
 import contextlib
@@ -25,13 +24,6 @@ def forced(variant: str = "", basic: bool = False):
 def last_variant() -> str:
     """Key of the variant this thread's last launch ran ('' if it launched nothing)."""
     return _C.last_variant()
-
-
-def last_h_block() -> int:
-    """The columns each of h's scales covered in this thread's last fp8
-    serving moe_experts forward: 128, or 64 where the decode path took units
-    of 64 columns of h (csrc/ops/expert_products_fp8_decode.cc)."""
-    return _ops.last_h_block()
 
 
 @contextlib.contextmanager

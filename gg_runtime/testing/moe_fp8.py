@@ -12,8 +12,7 @@ The reference mirrors each of the implementation's steps:
    bfloat16), not rounded (the kernel's epilogue reads its float32 sums);
 3. the activation (gated_activation) in float64;
 4. that output quantized per 128 columns (`"1x128"`, whatever the weights'
-   scales: the up projection's epilogue quantizes it so; per 64 where the
-   decode path took units of 64 columns of h: `h_block`), the down
+   scales: the up projection's epilogue quantizes it so), the down
    projection on it in float64 (+ b2 rounded to bfloat16), rounded to
    bfloat16 as the fp8 products write it;
 5. each token's k rows weighted (the routing weights in float32, as the
@@ -41,7 +40,6 @@ import torch
 from ..api import quantize_fp8
 from ..formats import FP8_WEIGHT_SCALINGS, ROW_BLOCKS, Quantized
 from .fp8 import FP8_BLOCK, quantize_ref
-from .hooks import last_h_block
 from .moe_layers import gated_activation
 
 # The fp8 weights' formats: 128 x 128 blocks, per output channel.
@@ -99,31 +97,24 @@ def dequantized_experts(w13: Quantized, w2: Quantized):
 
 
 def moe_experts_fp8_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
-                        gate_up="concatenated", activation="swiglu",
-                        h_block=None) -> torch.Tensor:
+                        gate_up="concatenated", activation="swiglu") -> torch.Tensor:
     """moe_experts with fp8 weights (its arguments; x in 16 bits) in float64
     with the implementation's quantization and roundings (the module's
-    docstring), h quantized per `h_block` columns (None: as this thread's
-    last fp8 forward did, hooks.last_h_block): `[T, H]` float64 on x's device."""
+    docstring): `[T, H]` float64 on x's device."""
     return _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2), b13, b2, gate_up,
-                  activation, FP8_WEIGHT_SCALINGS[w13.format].rows, _h_block(h_block))
+                  activation, FP8_WEIGHT_SCALINGS[w13.format].rows)
 
 
 def one_step_changes(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
-                     gate_up="concatenated", activation="swiglu", h_block=None) -> torch.Tensor:
+                     gate_up="concatenated", activation="swiglu") -> torch.Tensor:
     """Each token's largest output change (2-norm, float64 `[T]`) that moving
     one element of one of its slots' quantized activation output one e4m3
     step would make: what the implementation's float32 activation may do to
-    an element the reference's float64 one puts by a rounding boundary
-    (h_block: moe_experts_fp8_ref's)."""
+    an element the reference's float64 one puts by a rounding boundary."""
     changes = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
     _layer(x, topk_ids, topk_weights, *dequantized_experts(w13, w2), b13, b2, gate_up,
-           activation, FP8_WEIGHT_SCALINGS[w13.format].rows, _h_block(h_block), changes)
+           activation, FP8_WEIGHT_SCALINGS[w13.format].rows, changes)
     return changes
-
-
-def _h_block(h_block):
-    return last_h_block() if h_block is None else h_block
 
 
 def e4m3_steps(h: torch.Tensor, granularity: str) -> torch.Tensor:
@@ -132,20 +123,6 @@ def e4m3_steps(h: torch.Tensor, granularity: str) -> torch.Tensor:
     q, scale = quantize_ref(h, granularity)
     binade = torch.floor(torch.log2(q.double().abs().clamp(min=2.0 ** -6)))
     return dequantize64(2.0 ** (binade - 3), scale, granularity)
-
-
-def by_h_blocks(fn, h: torch.Tensor, columns: int) -> torch.Tensor:
-    """fn (h's quantization or its e4m3 steps, by H_GRANULARITY) of h [R, I]
-    per 1 x `columns` block (at most 128): each block a row of its own, then
-    h's shape again."""
-    if columns == FP8_BLOCK:
-        return fn(h, H_GRANULARITY)
-    rows, inter = h.shape
-    blocks = -(-inter // columns)
-    padded = h.new_zeros(rows, blocks * columns)
-    padded[:, :inter] = h
-    per_block = fn(padded.reshape(rows * blocks, columns), H_GRANULARITY)
-    return per_block.reshape(rows, blocks * columns)[:, :inter]
 
 
 def dequantized_layer(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
@@ -158,21 +135,18 @@ def dequantized_layer(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,
 
 
 def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, granularity,
-           h_block=FP8_BLOCK, changes=None):
+           changes=None):
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) in float64 over
     float64 weights, expert by expert (ids outside [0, E) add nothing).  With
-    `granularity` x is quantized by it, the activation's output per 1 x
-    h_block, and the biases and the down projection's output are rounded to
-    bfloat16; None: exact.  `changes` (float64 [T]) gets each token's
-    one_step_changes."""
+    `granularity` x is quantized by it, the activation's output by
+    H_GRANULARITY, and the biases and the down projection's output are
+    rounded to bfloat16; None: exact.  `changes` (float64 [T]) gets each
+    token's one_step_changes."""
     def rounded(t):
         return t if granularity is None else t.to(torch.bfloat16).double()
 
     def quantized(t, how):
         return t if granularity is None else dequantize64(*quantize_ref(t, how), how)
-
-    def quantized_h(h):
-        return h if granularity is None else by_h_blocks(quantized, h, h_block)
 
     def product(rows, weight, bias):
         return rows @ weight.T + (0 if bias is None else rounded(bias.double()))
@@ -184,13 +158,13 @@ def _layer(x, topk_ids, topk_weights, w13, w2, b13, b2, gate_up, activation, gra
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         gu = product(tokens[token], w13[e], None if b13 is None else b13[e])
         h = gated_activation(gu, gate_up == "interleaved", activation)
-        y = rounded(product(quantized_h(h), w2[e], None if b2 is None else b2[e]))
+        y = rounded(product(quantized(h, H_GRANULARITY), w2[e], None if b2 is None else b2[e]))
         out.index_add_(0, token, y * weights[token, slot, None])
         if changes is not None and len(token):
             # w2's column norms as its transpose's row norms: torch's float64
             # reduction down the columns of a large matrix reads scratch it
             # never wrote (initcheck's reports, docs/notes).
             column_norms = w2[e].T.contiguous().norm(dim=1)
-            one_step = (by_h_blocks(e4m3_steps, h, h_block) * column_norms).amax(dim=1)
+            one_step = (e4m3_steps(h, H_GRANULARITY) * column_norms).amax(dim=1)
             changes.index_reduce_(0, token, one_step * weights[token, slot].abs(), "amax")
     return out

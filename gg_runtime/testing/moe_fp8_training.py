@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..api import quantize_fp8
-from .fp8 import FP8_BLOCK, SCALE_KINDS, quantize_ref
+from .fp8 import SCALE_KINDS, quantize_ref
 from .moe_fp8 import dequantize64, moe_experts_fp8_ref
 from .moe_layers import gated_activation
 
@@ -50,9 +50,7 @@ def moe_experts_fp8_training_ref(x, topk_ids, topk_weights, w13, w2, grad, recip
     topk_weights, w13, w2, fp8=recipe, ...) and the output gradient grad."""
     rows_kind, weight_kind = SCALE_KINDS[recipe]
     q13, q2 = quantize_fp8(w13, weight_kind), quantize_fp8(w2, weight_kind)
-    # Training's forward takes the routed products: h in 128-column blocks.
-    out = moe_experts_fp8_ref(x, topk_ids, topk_weights, q13, q2, b13, b2, gate_up, activation,
-                              h_block=FP8_BLOCK)
+    out = moe_experts_fp8_ref(x, topk_ids, topk_weights, q13, q2, b13, b2, gate_up, activation)
     w13_up = dequantize64(*q13)
     w13_back = _dequantized(w13.mT, weight_kind)  # [E, H, 2I]
     w2_back = _dequantized(w2.mT, weight_kind)  # [E, I, H]

@@ -1,8 +1,7 @@
 """fp8 moe_experts' decode path (few slots) on the GPU against
 gg_runtime.testing.moe_fp8's float64 reference: the one-kernel forward
-(scaled_experts_decode, and scaled_decode_narrow's units of 64 columns) and
-the forward split over H (scaled_decode_up and scaled_decode_down), each
-variant forced on shapes of up to their most slots,
+(scaled_experts_decode) and the forward split over H (scaled_decode_up and
+scaled_decode_down), each variant forced on shapes of up to their most slots,
 with both activations, biases, dropped, duplicate and non-finite ids and
 strided tokens; the dispatch's own choice between them and the routed path;
 outputs poisoned.  The data and tolerances are test_gpu_moe_fp8.py's
@@ -27,16 +26,14 @@ pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on
 
 
 # The decode kernels, which calls of few slots take: the one-kernel forward
-# (aot/families/scaled_experts_decode.py, scaled_decode_narrow.py) and the up
-# projection of the forward
+# (aot/families/scaled_experts_decode.py) and the up projection of the forward
 # with each unit's H cut into parts (scaled_decode_up.py, which forces that
 # path and its down projection), forced here on shapes of up to their most
 # slots, so that they meet many rows an expert too, each forced variant's
 # scales, gate/up layout and tokens' dtype; past their most slots they are
 # refused.
 DECODE_KERNELS = [v for v in _C.variants() if v["arch"] == 90
-                  and v["family"] in ("scaled_experts_decode", "scaled_decode_narrow",
-                                      "scaled_decode_up")]
+                  and v["family"] in ("scaled_experts_decode", "scaled_decode_up")]
 decode_kernels = pytest.mark.parametrize("variant", DECODE_KERNELS,
                                          ids=[v["key"] for v in DECODE_KERNELS])
 # The combine of the decode path's parts: one variant for tokens of few parts.
@@ -234,10 +231,11 @@ def test_few_slots_take_the_decode_kernel(kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_few_units_take_the_split_decode(kind, tokens):
-    """A token or two among 64 experts with a wide H: few units, each cut
-    into parts of H by the dispatch itself (csrc/ops/expert_products_fp8.cc
-    decode_splits), against the reference and the one-kernel forward."""
-    case = make_case(tokens, 2064, 208, 64, 8, kind)
+    """A token or two among 64 experts with a wide H (41 blocks): few units,
+    each cut into parts of H by the dispatch itself (csrc/ops/
+    expert_products_fp8_decode.cc decode_splits), against the reference and
+    the one-kernel forward."""
+    case = make_case(tokens, 5136, 208, 64, 8, kind)
     out = gg_runtime.moe_experts(**case)
     assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
     (one_kernel,) = [v for v in DECODE_KERNELS if v["family"] == "scaled_experts_decode"
@@ -245,32 +243,3 @@ def test_few_units_take_the_split_decode(kind, tokens):
                      and v["dtype"] == "bfloat16" and v["key"].endswith("_few_slots")]
     with forced(one_kernel["key"]):
         assert_close(out, gg_runtime.moe_experts(**case), EXACT_TOLERANCE)
-
-
-def one_kernel_variant(family, kind, condition):
-    """The bfloat16, concatenated variant of a one-kernel family for kind's
-    scales whose key ends with its condition."""
-    (variant,) = [v for v in DECODE_KERNELS if v["family"] == family
-                  and v["axes"] == {"scaling": case_scaling(kind), "gate_up": "concatenated"}
-                  and v["dtype"] == "bfloat16" and v["key"].endswith(condition)]
-    return variant
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_units_that_fit_a_wave_take_the_narrow_kernel(kind):
-    """A token's 8 slots among 128 experts with I = 384: 48 units of 64
-    columns of h, so the dispatch takes scaled_decode_narrow (csrc/ops/
-    expert_products_fp8_decode.cc decode_unit_columns), bit for bit its
-    forced output and not the 128-column kernel's (h quantized per 64
-    columns, not 128); 8 tokens' 64 slots (384 units of 64): 128 columns."""
-    for tokens, family, condition in ((1, "scaled_decode_narrow", "_few_slots"),
-                                      (8, "scaled_experts_decode", "_few_slots")):
-        case = make_case(tokens, 272, 384, 128, 8, kind)
-        out = gg_runtime.moe_experts(**case)
-        assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
-        with forced(one_kernel_variant(family, kind, condition)["key"]):
-            assert torch.equal(out, gg_runtime.moe_experts(**case))
-        other = "scaled_experts_decode" if family == "scaled_decode_narrow" else \
-            "scaled_decode_narrow"
-        with forced(one_kernel_variant(other, kind, "_few_slots")["key"]):
-            assert not torch.equal(out, gg_runtime.moe_experts(**case))
