@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 import aot.kernels.experts_decode_ws as ws
+from aot.families.scaled_experts_decode import CONFIGS
 from aot.kernels.glu import CONCATENATED
 from aot.kernels.loader_ws import gather_layout
 from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
@@ -190,24 +191,26 @@ VERSIONS = {"wheel": {},
                         "down_projection": down_projection_batched},
             "batched_up": {"up_projection": up_projection_batched}}
 ORIGINALS = {name: getattr(ws, name) for name in ("up_projection", "down_projection")}
+(FEW_UNITS,) = [c for c in CONFIGS if c.ws]  # the warp-specialised kernel's config
 
 
-def launcher(kernel, case, bn=256, stages=3):
-    """fn() running the decode kernel (the few-unit config's BN and stages)
-    on case's call; the parts it writes."""
+def launcher(kernel, case):
+    """fn() running the decode kernel at the family's few-unit config on
+    case's call; the parts it writes."""
     w13, w2, ids = case["w13"], case["w2"], case["topk_ids"]
     experts, n, hidden = w13.values.shape
     slots, k = ids.numel(), ids.shape[1]
-    parts = torch.empty(slots, triton.cdiv(n // 2, bn // 2), hidden, device="cuda")
-    units = (triton.cdiv(slots, 16) + min(slots, experts)) * triton.cdiv(n, bn)
+    parts = torch.empty(slots, triton.cdiv(n // 2, SCALE_BLOCK), hidden, device="cuda")
+    units = (triton.cdiv(slots, FEW_UNITS.BM) + min(slots, experts)) * triton.cdiv(n, FEW_UNITS.BN)
     grid = (min(units, torch.cuda.get_device_properties(0).multi_processor_count),)
     flat_ids = ids.flatten().contiguous()
     bias = torch.empty(1, dtype=torch.bfloat16, device="cuda")
     args = (case["x"], w13.values, w13.scales, flat_ids, k, w13.values, w13.scales, w2.values,
             w2.scales, bias, 0, bias, 0, 0, parts, slots, hidden, n, experts,
             w13.values.stride(0), w13.values.stride(1), w2.values.stride(0), w2.values.stride(1))
-    options = dict(SCALING=BLOCKWISE, GLU=CONCATENATED, USE_TMA=True, BM=16, BN=bn, BK=256,
-                   CHUNK=64, PRECISION="bf16", STAGES=stages, num_warps=4)
+    options = dict(SCALING=BLOCKWISE, GLU=CONCATENATED, USE_TMA=True, BM=FEW_UNITS.BM,
+                   BN=FEW_UNITS.BN, BK=FEW_UNITS.BK, CHUNK=64, PRECISION="bf16",
+                   STAGES=FEW_UNITS.num_stages, num_warps=FEW_UNITS.num_warps)
     return (lambda: kernel[grid](*args, **options)), parts
 
 
