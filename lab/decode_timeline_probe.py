@@ -1,0 +1,283 @@
+"""Where a program of the warp-specialised fp8 decode kernel spends its time
+(aot/kernels/experts_decode_ws.py, scaled_experts_decode's `few_units`
+kernel): the kernel with %globaltimer read at its phases, each program's
+stamps stored, on the vllm_fp8 section's shapes (128 x 128 blocks, bf16
+tokens, random routing), JIT-compiled by the host's Triton, replayed from a
+CUDA graph with the L2 flushed.
+
+Stamps a program (ns), in order: entry; descriptors made; the MMA
+partition's slot groups; its unit located; its first ring slot landed; its
+up projection done; h stored; its down projection done; its end; the
+loader's slot groups; the loader's last unit issued; its end.  Printed:
+each phase's median and largest span over the programs, the programs' start
+skew, the kernel's span (first entry to last end), the graph replay's time
+as bench/ times it (events around a replay, L2 flushed) and that of a graph
+of one empty kernel (the measurement's floor).
+
+    cd build && TRITON_ALWAYS_COMPILE=1 PYTHONPATH=<wheel>:.. \
+        python -m lab.decode_timeline_probe [--filter NAME] [--tokens T ...]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+
+import aot.kernels.experts_decode_ws as ws
+from aot.kernels.epilogue_ws import transposed_shared
+from aot.kernels.glu import CONCATENATED
+from aot.kernels.loader_ws import gather_layout
+from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
+from aot.kernels.ws import GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, shared_layout
+from bench.measure import graphed
+from gg_runtime.testing import rel_error
+from gg_runtime.testing.timing import time_ms
+from lab.decode_split_probe import SHAPES, make_case
+from lab.decode_ws_probe import launcher
+
+MARKS = gl.constexpr(12)
+PHASES = (("descriptors", 0, 1), ("mma: slot groups", 1, 2), ("mma: locate", 2, 3),
+          ("mma: first slot", 3, 4), ("mma: rest of up", 4, 5), ("mma: h", 5, 6),
+          ("mma: down", 6, 7), ("mma: to its end", 7, 8), ("loader: slot groups", 1, 9),
+          ("loader: issue", 9, 10), ("entry to mma end", 0, 8))
+
+
+@gluon.jit
+def stamp(stamps_ptr, mark: gl.constexpr):
+    """%globaltimer into stamps[program, mark] (one lane stores)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    lane = gl.arange(0, 32, layout)
+    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lane],
+                                    dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(stamps_ptr + gl.program_id(0) * MARKS + mark + lane * 0, now, mask=lane == 0)
+
+
+@gluon.jit
+def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H,
+                        stamps_ptr, SCALING: gl.constexpr, BK: gl.constexpr,
+                        STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """ws.up_projection (BLOCKWISE) with mark 4 once the first slot landed."""
+    BM: gl.constexpr = x_bufs.shape[1]
+    SUB: gl.constexpr = BK // SCALE_BLOCK
+    x_layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
+    gate = gl.zeros([ws.CHUNK_COLUMNS, BM], gl.float32, acc_layout)
+    up = gl.zeros([ws.CHUNK_COLUMNS, BM], gl.float32, acc_layout)
+    for k0 in range(0, H, BK):
+        slot = count % STAGES
+        mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        if k0 == 0:
+            stamp(stamps_ptr, 4)
+        fence_async_shared()
+        for sub in gl.static_range(SUB):
+            gate_box = boxes.index(2 * slot * SUB + sub)
+            up_box = boxes.index((2 * slot + 1) * SUB + sub)
+            x_scale = ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
+                                     x_layout)
+            fence_async_shared()
+            x = xq_bufs.index(sub).permute((1, 0))
+            block = k0 // SCALE_BLOCK + sub
+            live = block * SCALE_BLOCK < H
+            gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
+            up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
+            gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
+            up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
+            gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
+            x_scale = gl.expand_dims(gl.convert_layout(x_scale, gl.SliceLayout(0, acc_layout)),
+                                     0)
+            gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
+            up += up_step * x_scale * gl.expand_dims(up_scale, 1)
+        mbarrier.arrive(empty.index(slot))
+        count += 1
+    return gate, up, count
+
+
+@gluon.jit
+def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
+                   GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                   STAGES: gl.constexpr):
+    """ws.run_unit (BLOCKWISE) with marks 3, 5, 6 and 7."""
+    bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
+    boxes, w2_boxes, x_bufs, xq_bufs, h_buf = bufs
+    w13_scale_ptr, w2_scale_ptr = scales
+    b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
+    acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
+    g, slots, row_ok, column = ws.locate_unit(t, groups, chunks, BM,
+                                              gl.SliceLayout(0, acc_layout))
+    first = column * ws.CHUNK_COLUMNS
+    j = first + gl.arange(0, ws.CHUNK_COLUMNS, gl.SliceLayout(1, acc_layout))
+    j_ok = j < inter
+    k_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
+    row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
+    w_scales = (
+        w13_scale_ptr + (row_blocks + ws.w13_rows(j, 0, inter, GLU) // SCALE_BLOCK) * k_blocks,
+        w13_scale_ptr + (row_blocks + ws.w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
+    stamp(stamps_ptr, 3)
+    gate, up, count = up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales,
+                                          j_ok, H, stamps_ptr, SCALING, BK, STAGES, acc_layout)
+    stamp(stamps_ptr, 5)
+    h, h_scale = ws.unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, activation), g, first,
+                           inter, 1.0, SCALING, GLU)
+    h_buf.store(h)
+    fence_async_shared()
+    stamp(stamps_ptr, 6)
+    parts = gl.expand_dims(parts_ptr + (slots.to(gl.int64) * chunks + column) * H, 0)
+    count = ws.down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr,
+                               (b2_ptr, has_b2), h_scale, parts, row_ok, g, column, chunks, H,
+                               SCALING, BK // SCALE_BLOCK, STAGES, acc_layout)
+    stamp(stamps_ptr, 7)
+    return count
+
+
+@gluon.jit
+def mma_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """ws.mma_partition with marks 2 and 8 (3-7: its last unit's)."""
+    ids_ptr, S, G, chunks = walk
+    groups = ws.slot_groups(ids_ptr, S, G, chunks, BM)
+    stamp(stamps_ptr, 2)
+    count = 0
+    for t in range(gl.program_id(0), gl.sum(groups[2], 0), gl.num_programs(0)):
+        count = run_unit_timed(work, count, t, groups, stamps_ptr, SCALING, GLU, BM, BN, BK,
+                               STAGES)
+    stamp(stamps_ptr, 8)
+
+
+@gluon.jit
+def load_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """ws.load_partition with marks 9, 10 and 11."""
+    ids_ptr, S, G, chunks = walk
+    groups = ws.slot_groups(ids_ptr, S, G, chunks, BM)
+    stamp(stamps_ptr, 9)
+    count = 0
+    for t in range(gl.program_id(0), gl.sum(groups[2], 0), gl.num_programs(0)):
+        count = ws.load_unit(work, count, t, groups, SCALING, GLU, BM, BN, BK, STAGES)
+        stamp(stamps_ptr, 10)
+    stamp(stamps_ptr, 11)
+
+
+@gluon.jit
+def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, w2_ptr,
+                        w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, activation, parts_ptr, S,
+                        H, N, G, w13_group_stride, ld13, w2_group_stride, ld2, stamps_ptr,
+                        SCALING: gl.constexpr, GLU: gl.constexpr, USE_TMA: gl.constexpr,
+                        BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """ws.scaled_experts_decode_ws_kernel (BLOCKWISE, CONCATENATED) with marks
+    0 and 1 around its descriptors."""
+    gl.static_assert(SCALING == BLOCKWISE, "blockwise only")
+    gl.static_assert(GLU == CONCATENATED, "concatenated only")
+    stamp(stamps_ptr, 0)
+    SUB: gl.constexpr = BK // SCALE_BLOCK
+    dtype: gl.constexpr = w13_ptr.dtype.element_ty
+    x_dtype: gl.constexpr = x_ptr.dtype.element_ty
+    inter = N // 2
+    chunks = (inter + ws.CHUNK_COLUMNS - 1) // ws.CHUNK_COLUMNS
+    block: gl.constexpr = [1, 1, ws.CHUNK_COLUMNS, SCALE_BLOCK]
+    w13_desc = tma.make_tensor_descriptor(
+        w13_ptr, [G, 2, inter, H], [w13_group_stride, inter * ld13, ld13, 1], block,
+        shared_layout(block, dtype))
+    w2_block: gl.constexpr = [1, BN, ws.CHUNK_COLUMNS]
+    w2_desc = tma.make_tensor_descriptor(
+        w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
+    stamp(stamps_ptr, 1)
+    box: gl.constexpr = [ws.CHUNK_COLUMNS, SCALE_BLOCK]
+    boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
+    w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
+                                 shared_layout([BN, SCALE_BLOCK], dtype))
+    x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
+                                       shared_layout([BM, SCALE_BLOCK], x_dtype))
+    xq_bufs = gl.allocate_shared_memory(dtype, [SUB, BM, SCALE_BLOCK],
+                                        shared_layout([BM, SCALE_BLOCK], dtype))
+    h_buf = gl.allocate_shared_memory(dtype, [ws.CHUNK_COLUMNS, BM], transposed_shared(dtype))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
+        mbarrier.init(empty.index(i), count=1)
+    walk = (ids_ptr, S, G, chunks)
+    tokens = (x_ptr, x_scale_ptr, k)
+    mma_work = ((boxes, w2_boxes, x_bufs, xq_bufs, h_buf), ready, empty,
+                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, activation),
+                tokens, parts_ptr, chunks, H, inter)
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
+                 H)
+    gl.warp_specialize(
+        [(mma_timed, (walk, mma_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES)),
+         (load_timed, (walk, load_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES))],
+        [GATHER_WARPS], [GATHER_REGISTERS])
+
+
+@triton.jit
+def nothing_kernel(x_ptr):
+    """An empty kernel: a graph of it times the measurement's floor."""
+    if tl.program_id(0) < 0:
+        tl.store(x_ptr, 0)
+
+
+class WithStamps:
+    """decode_timed_kernel as decode_ws_probe.launcher calls a kernel, the
+    stamps appended to its arguments."""
+
+    def __init__(self, stamps):
+        self.stamps = stamps
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: decode_timed_kernel[grid](*args, self.stamps, **options)
+
+
+def report(stamps, programs):
+    """Lines: each phase's median / largest µs over the programs, the start
+    skew and the kernel's span."""
+    s = stamps[:programs].double().cpu()
+    lines = []
+    for name, a, b in PHASES:
+        span = (s[:, b] - s[:, a]) / 1e3
+        lines.append(f"  {name:22s} median {span.median().item():6.2f}  max "
+                     f"{span.max().item():6.2f} µs")
+    ends = torch.maximum(s[:, 8], s[:, 11])
+    lines.append(f"  start skew {(s[:, 0].max() - s[:, 0].min()).item() / 1e3:.2f} µs, "
+                 f"span {(ends.max() - s[:, 0].min()).item() / 1e3:.2f} µs over {programs} "
+                 "programs")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--filter", default="")
+    parser.add_argument("--tokens", type=int, nargs="*", default=[1, 2])
+    args = parser.parse_args()
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    dummy = torch.zeros(1, device="cuda")
+    floor = 1e3 * time_ms(graphed(lambda: nothing_kernel[(sms,)](dummy)))
+    print(f"a graph of one empty kernel: {floor:.1f} µs", flush=True)
+    for name, shape in SHAPES.items():
+        if args.filter not in name:
+            continue
+        for tokens in args.tokens:
+            torch.manual_seed(tokens)
+            case = make_case(*shape, tokens)
+            plain, plain_parts = launcher(ws.scaled_experts_decode_ws_kernel, case)
+            plain_us = 1e3 * time_ms(graphed(plain))
+            stamps = torch.zeros(sms, 12, dtype=torch.int64, device="cuda")
+            timed, parts = launcher(WithStamps(stamps), case)
+            timed_us = 1e3 * time_ms(graphed(timed))
+            torch.cuda.synchronize()
+            programs = int((stamps[:, 0] != 0).sum())
+            error = rel_error(parts.sum(1), plain_parts.sum(1))
+            print(f"{name} T={tokens}: kernel {plain_us:.1f} µs, stamped {timed_us:.1f} µs "
+                  f"(parts vs the kernel's {error:.0e})", flush=True)
+            print("\n".join(report(stamps, programs)), flush=True)
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        main()
