@@ -41,7 +41,7 @@ from gg_runtime.testing.timing import time_ms
 from lab.decode_split_probe import SHAPES, make_case
 from lab.decode_ws_probe import launcher
 
-MARKS = gl.constexpr(12)
+MARKS = gl.constexpr(16)
 PHASES = (("descriptors", 0, 1), ("mma: slot groups", 1, 2), ("mma: locate", 2, 3),
           ("mma: first slot", 3, 4), ("mma: rest of up", 4, 5), ("mma: h", 5, 6),
           ("mma: down", 6, 7), ("mma: to its end", 7, 8), ("loader: slot groups", 1, 9),
@@ -49,32 +49,49 @@ PHASES = (("descriptors", 0, 1), ("mma: slot groups", 1, 2), ("mma: locate", 2, 
 
 
 @gluon.jit
-def stamp(stamps_ptr, mark: gl.constexpr):
-    """%globaltimer into stamps[program, mark] (one lane stores)."""
+def now():
+    """%globaltimer (ns), a [32] tensor of one value."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     lane = gl.arange(0, 32, layout)
-    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lane],
-                                    dtype=gl.int64, is_pure=False, pack=1)
-    gl.store(stamps_ptr + gl.program_id(0) * MARKS + mark + lane * 0, now, mask=lane == 0)
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lane],
+                                     dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def store_mark(stamps_ptr, mark: gl.constexpr, value):
+    """value (now()'s shape) into stamps[program, mark] (one lane stores)."""
+    lane = gl.arange(0, 32, value.type.layout)
+    gl.store(stamps_ptr + gl.program_id(0) * MARKS + mark + lane * 0, value, mask=lane == 0)
+
+
+@gluon.jit
+def stamp(stamps_ptr, mark: gl.constexpr):
+    """%globaltimer into stamps[program, mark]."""
+    store_mark(stamps_ptr, mark, now())
 
 
 @gluon.jit
 def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H,
                         stamps_ptr, SCALING: gl.constexpr, BK: gl.constexpr,
-                        STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """ws.up_projection (BLOCKWISE) with mark 4 once the first slot landed."""
+                        STAGES: gl.constexpr, DRAIN: gl.constexpr, acc_layout: gl.constexpr):
+    """ws.up_projection (BLOCKWISE) with mark 4 once the first slot landed and
+    mark 12 the ns it waited for slots; DRAIN: the slots only waited for and
+    freed (no work: a wrong output)."""
     BM: gl.constexpr = x_bufs.shape[1]
+    waited = now() * 0
     SUB: gl.constexpr = BK // SCALE_BLOCK
     x_layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
     gate = gl.zeros([ws.CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     up = gl.zeros([ws.CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     for k0 in range(0, H, BK):
         slot = count % STAGES
+        before = now()
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        waited += now() - before
         if k0 == 0:
             stamp(stamps_ptr, 4)
         fence_async_shared()
-        for sub in gl.static_range(SUB):
+        for sub in gl.static_range(SUB * (1 - DRAIN)):
             gate_box = boxes.index(2 * slot * SUB + sub)
             up_box = boxes.index((2 * slot + 1) * SUB + sub)
             x_scale = ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
@@ -94,13 +111,49 @@ def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j
             up += up_step * x_scale * gl.expand_dims(up_scale, 1)
         mbarrier.arrive(empty.index(slot))
         count += 1
+    store_mark(stamps_ptr, 12, waited)
     return gate, up, count
+
+
+@gluon.jit
+def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_scale, parts,
+                          row_ok, g, column, chunks, H, stamps_ptr, SUB: gl.constexpr,
+                          STAGES: gl.constexpr, DRAIN: gl.constexpr,
+                          acc_layout: gl.constexpr):
+    """ws.down_projection (BLOCKWISE, no b2) with mark 13 the ns it waited
+    for slots; DRAIN as up_projection_timed's."""
+    BN: gl.constexpr = w2_boxes.shape[1]
+    BM: gl.constexpr = h_buf.shape[1]
+    g64 = g.to(gl.int64)
+    acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    column_scale = gl.expand_dims(h_scale, 0)
+    h_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
+    waited = now() * 0
+    for n0 in range(0, H, BN * SUB):
+        slot = count % STAGES
+        before = now()
+        mbarrier.wait(ready.index(slot), count // STAGES & 1)
+        waited += now() - before
+        for part in gl.static_range(SUB * (1 - DRAIN)):
+            ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
+            n_ok = ns < H
+            at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
+            row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
+            acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc, use_acc=False,
+                                is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            gl.store(parts + gl.expand_dims(ns, 1), acc * column_scale * row_scale,
+                     mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
+        mbarrier.arrive(empty.index(slot))
+        count += 1
+    store_mark(stamps_ptr, 13, waited)
+    return count
 
 
 @gluon.jit
 def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
                    GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, DRAIN: gl.constexpr):
     """ws.run_unit (BLOCKWISE) with marks 3, 5, 6 and 7."""
     bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
     boxes, w2_boxes, x_bufs, xq_bufs, h_buf = bufs
@@ -119,7 +172,8 @@ def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
         w13_scale_ptr + (row_blocks + ws.w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
     stamp(stamps_ptr, 3)
     gate, up, count = up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales,
-                                          j_ok, H, stamps_ptr, SCALING, BK, STAGES, acc_layout)
+                                          j_ok, H, stamps_ptr, SCALING, BK, STAGES, DRAIN,
+                                          acc_layout)
     stamp(stamps_ptr, 5)
     h, h_scale = ws.unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, activation), g, first,
                            inter, 1.0, SCALING, GLU)
@@ -127,16 +181,17 @@ def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
     fence_async_shared()
     stamp(stamps_ptr, 6)
     parts = gl.expand_dims(parts_ptr + (slots.to(gl.int64) * chunks + column) * H, 0)
-    count = ws.down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr,
-                               (b2_ptr, has_b2), h_scale, parts, row_ok, g, column, chunks, H,
-                               SCALING, BK // SCALE_BLOCK, STAGES, acc_layout)
+    count = down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_scale,
+                                  parts, row_ok, g, column, chunks, H, stamps_ptr,
+                                  BK // SCALE_BLOCK, STAGES, DRAIN, acc_layout)
     stamp(stamps_ptr, 7)
     return count
 
 
 @gluon.jit
 def mma_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
-              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+              DRAIN: gl.constexpr):
     """ws.mma_partition with marks 2 and 8 (3-7: its last unit's)."""
     ids_ptr, S, G, chunks = walk
     groups = ws.slot_groups(ids_ptr, S, G, chunks, BM)
@@ -144,7 +199,7 @@ def mma_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
     count = 0
     for t in range(gl.program_id(0), gl.sum(groups[2], 0), gl.num_programs(0)):
         count = run_unit_timed(work, count, t, groups, stamps_ptr, SCALING, GLU, BM, BN, BK,
-                               STAGES)
+                               STAGES, DRAIN)
     stamp(stamps_ptr, 8)
 
 
@@ -168,9 +223,11 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
                         H, N, G, w13_group_stride, ld13, w2_group_stride, ld2, stamps_ptr,
                         SCALING: gl.constexpr, GLU: gl.constexpr, USE_TMA: gl.constexpr,
                         BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr):
+                        CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr,
+                        DRAIN: gl.constexpr = 0):
     """ws.scaled_experts_decode_ws_kernel (BLOCKWISE, CONCATENATED) with marks
-    0 and 1 around its descriptors."""
+    0 and 1 around its descriptors; DRAIN: the MMA partition only takes and
+    frees the slots (the loader's rate alone)."""
     gl.static_assert(SCALING == BLOCKWISE, "blockwise only")
     gl.static_assert(GLU == CONCATENATED, "concatenated only")
     stamp(stamps_ptr, 0)
@@ -209,7 +266,7 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
     load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
                  H)
     gl.warp_specialize(
-        [(mma_timed, (walk, mma_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES)),
+        [(mma_timed, (walk, mma_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES, DRAIN)),
          (load_timed, (walk, load_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES))],
         [GATHER_WARPS], [GATHER_REGISTERS])
 
@@ -223,28 +280,34 @@ def nothing_kernel(x_ptr):
 
 class WithStamps:
     """decode_timed_kernel as decode_ws_probe.launcher calls a kernel, the
-    stamps appended to its arguments."""
+    stamps appended to its arguments (and `extra` to its options)."""
 
-    def __init__(self, stamps):
-        self.stamps = stamps
+    def __init__(self, stamps, **extra):
+        self.stamps, self.extra = stamps, extra
 
     def __getitem__(self, grid):
-        return lambda *args, **options: decode_timed_kernel[grid](*args, self.stamps, **options)
+        return lambda *args, **options: decode_timed_kernel[grid](*args, self.stamps, **options,
+                                                                  **self.extra)
 
 
-def report(stamps, programs):
-    """Lines: each phase's median / largest µs over the programs, the start
-    skew and the kernel's span."""
-    s = stamps[:programs].double().cpu()
+def report(stamps):
+    """Lines: each phase's median / largest µs over the programs that had a
+    unit, the MMA partition's waits for slots, the start skew and the
+    kernel's span."""
+    s = stamps.double().cpu()
+    s = s[s[:, 3] != 0]
     lines = []
     for name, a, b in PHASES:
         span = (s[:, b] - s[:, a]) / 1e3
         lines.append(f"  {name:22s} median {span.median().item():6.2f}  max "
                      f"{span.max().item():6.2f} µs")
+    for name, mark in (("mma: up's waits", 12), ("mma: down's waits", 13)):
+        lines.append(f"  {name:22s} median {s[:, mark].median().item() / 1e3:6.2f}  max "
+                     f"{s[:, mark].max().item() / 1e3:6.2f} µs")
     ends = torch.maximum(s[:, 8], s[:, 11])
     lines.append(f"  start skew {(s[:, 0].max() - s[:, 0].min()).item() / 1e3:.2f} µs, "
-                 f"span {(ends.max() - s[:, 0].min()).item() / 1e3:.2f} µs over {programs} "
-                 "programs")
+                 f"span {(ends.max() - s[:, 0].min()).item() / 1e3:.2f} µs over {len(s)} "
+                 "programs with a unit")
     return lines
 
 
@@ -267,15 +330,16 @@ def main():
             case = make_case(*shape, tokens)
             plain, plain_parts = launcher(ws.scaled_experts_decode_ws_kernel, case)
             plain_us = 1e3 * time_ms(graphed(plain))
-            stamps = torch.zeros(sms, 12, dtype=torch.int64, device="cuda")
-            timed, parts = launcher(WithStamps(stamps), case)
-            timed_us = 1e3 * time_ms(graphed(timed))
-            torch.cuda.synchronize()
-            programs = int((stamps[:, 0] != 0).sum())
-            error = rel_error(parts.sum(1), plain_parts.sum(1))
-            print(f"{name} T={tokens}: kernel {plain_us:.1f} µs, stamped {timed_us:.1f} µs "
-                  f"(parts vs the kernel's {error:.0e})", flush=True)
-            print("\n".join(report(stamps, programs)), flush=True)
+            print(f"{name} T={tokens}: kernel {plain_us:.1f} µs", flush=True)
+            for drain in (0, 1):
+                stamps = torch.zeros(sms, MARKS.value, dtype=torch.int64, device="cuda")
+                timed, parts = launcher(WithStamps(stamps, DRAIN=drain), case)
+                timed_us = 1e3 * time_ms(graphed(timed))
+                torch.cuda.synchronize()
+                error = rel_error(parts.sum(1), plain_parts.sum(1))
+                print(f" {'drained' if drain else 'stamped'} {timed_us:.1f} µs (parts vs the "
+                      f"kernel's {error:.0e})", flush=True)
+                print("\n".join(report(stamps)), flush=True)
 
 
 if __name__ == "__main__":
