@@ -75,8 +75,10 @@ def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j
                         stamps_ptr, SCALING: gl.constexpr, BK: gl.constexpr,
                         STAGES: gl.constexpr, DRAIN: gl.constexpr, acc_layout: gl.constexpr):
     """ws.up_projection (BLOCKWISE) with mark 4 once the first slot landed and
-    mark 12 the ns it waited for slots; DRAIN: the slots only waited for and
-    freed (no work: a wrong output)."""
+    mark 12 the ns it waited for slots.  DRAIN (each but 0 a wrong output):
+    0, the wheel's work; 1, the slots only waited for and freed; 2, the
+    tokens not quantized (the MMAs read what xq_bufs holds); 3, each slot's
+    MMAs chained and waited for once, no scaling; 4, 2 and 3."""
     BM: gl.constexpr = x_bufs.shape[1]
     waited = now() * 0
     SUB: gl.constexpr = BK // SCALE_BLOCK
@@ -91,24 +93,40 @@ def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j
         if k0 == 0:
             stamp(stamps_ptr, 4)
         fence_async_shared()
-        for sub in gl.static_range(SUB * (1 - DRAIN)):
-            gate_box = boxes.index(2 * slot * SUB + sub)
-            up_box = boxes.index((2 * slot + 1) * SUB + sub)
-            x_scale = ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
-                                     x_layout)
-            fence_async_shared()
-            x = xq_bufs.index(sub).permute((1, 0))
-            block = k0 // SCALE_BLOCK + sub
-            live = block * SCALE_BLOCK < H
-            gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
-            up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
-            gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
-            up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
-            gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
-            x_scale = gl.expand_dims(gl.convert_layout(x_scale, gl.SliceLayout(0, acc_layout)),
-                                     0)
-            gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
-            up += up_step * x_scale * gl.expand_dims(up_scale, 1)
+        if DRAIN == 0 or DRAIN == 2:
+            for sub in gl.static_range(SUB):
+                gate_box = boxes.index(2 * slot * SUB + sub)
+                up_box = boxes.index((2 * slot + 1) * SUB + sub)
+                if DRAIN == 0:
+                    x_scale = ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
+                                             x_layout)
+                    fence_async_shared()
+                x = xq_bufs.index(sub).permute((1, 0))
+                block = k0 // SCALE_BLOCK + sub
+                live = block * SCALE_BLOCK < H
+                gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
+                up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
+                gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
+                up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
+                gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
+                if DRAIN == 0:
+                    x_scale = gl.expand_dims(
+                        gl.convert_layout(x_scale, gl.SliceLayout(0, acc_layout)), 0)
+                    gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
+                    up += up_step * x_scale * gl.expand_dims(up_scale, 1)
+                else:
+                    gate += gate_step * gl.expand_dims(gate_scale, 1)
+                    up += up_step * gl.expand_dims(up_scale, 1)
+        elif DRAIN == 3 or DRAIN == 4:
+            for sub in gl.static_range(SUB):
+                if DRAIN == 3:
+                    ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub), x_layout)
+                    fence_async_shared()
+                x = xq_bufs.index(sub).permute((1, 0))
+                gate = warpgroup_mma(boxes.index(2 * slot * SUB + sub), x, gate, is_async=True)
+                up = warpgroup_mma(boxes.index((2 * slot + 1) * SUB + sub), x, up,
+                                   is_async=True)
+            gate, up = warpgroup_mma_wait(0, deps=(gate, up))
         mbarrier.arrive(empty.index(slot))
         count += 1
     store_mark(stamps_ptr, 12, waited)
@@ -134,7 +152,7 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
         before = now()
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         waited += now() - before
-        for part in gl.static_range(SUB * (1 - DRAIN)):
+        for part in gl.static_range(SUB * (DRAIN != 1)):
             ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
             n_ok = ns < H
             at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
@@ -226,8 +244,8 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
                         CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr,
                         DRAIN: gl.constexpr = 0):
     """ws.scaled_experts_decode_ws_kernel (BLOCKWISE, CONCATENATED) with marks
-    0 and 1 around its descriptors; DRAIN: the MMA partition only takes and
-    frees the slots (the loader's rate alone)."""
+    0 and 1 around its descriptors; DRAIN: up_projection_timed's (1: the MMA
+    partition only takes and frees the slots, the loader's rate alone)."""
     gl.static_assert(SCALING == BLOCKWISE, "blockwise only")
     gl.static_assert(GLU == CONCATENATED, "concatenated only")
     stamp(stamps_ptr, 0)
@@ -331,13 +349,13 @@ def main():
             plain, plain_parts = launcher(ws.scaled_experts_decode_ws_kernel, case)
             plain_us = 1e3 * time_ms(graphed(plain))
             print(f"{name} T={tokens}: kernel {plain_us:.1f} µs", flush=True)
-            for drain in (0, 1):
+            for drain in range(5):
                 stamps = torch.zeros(sms, MARKS.value, dtype=torch.int64, device="cuda")
                 timed, parts = launcher(WithStamps(stamps, DRAIN=drain), case)
                 timed_us = 1e3 * time_ms(graphed(timed))
                 torch.cuda.synchronize()
                 error = rel_error(parts.sum(1), plain_parts.sum(1))
-                print(f" {'drained' if drain else 'stamped'} {timed_us:.1f} µs (parts vs the "
+                print(f" DRAIN {drain}: {timed_us:.1f} µs (parts vs the "
                       f"kernel's {error:.0e})", flush=True)
                 print("\n".join(report(stamps)), flush=True)
 
