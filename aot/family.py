@@ -98,7 +98,10 @@ class Config:
     the family's conditions (Family.conditions) that a call must meet for the
     dispatch to pick this config, as a kernel's correctness rule ('' = none).
     `max_registers`: ptxas's cap on a thread's registers for this config's
-    variants (Family.max_registers' for one config; 0: the family's)."""
+    variants (Family.max_registers' for one config; 0: the family's).
+    `producers`: a `ws` kernel's warpgroups that feed its MMA partitions (the
+    loader; the fp8 decode kernel's token quantizer too), which its register
+    budget counts (aot/kernels/ws.py max_registers)."""
     BM: int
     BN: int
     BK: int
@@ -110,16 +113,18 @@ class Config:
     pingpong: bool = False
     when: str = ""
     max_registers: int = 0
+    producers: int = 1
 
     @property
     def tag(self) -> str:
         ws = "_ws" if self.ws else ""
         cluster = f"_c{self.ctas}" if self.ctas > 1 else ""
         pingpong = "_pp" if self.pingpong else ""
+        producers = f"_p{self.producers}" if self.producers != 1 else ""
         when = f"_{self.when}" if self.when else ""
         registers = f"_r{self.max_registers}" if self.max_registers else ""
         return (f"{self.BM}x{self.BN}x{self.BK}_w{self.num_warps}_s{self.num_stages}"
-                f"{ws}{cluster}{pingpong}{when}{registers}")
+                f"{ws}{cluster}{pingpong}{producers}{when}{registers}")
 
     def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False,
                         weights=None) -> int:

@@ -2,17 +2,27 @@
 (aot/kernels/experts_decode_ws.py, scaled_experts_decode's `few_units`
 kernel): the kernel with %globaltimer read at its phases, each program's
 stamps stored, on the vllm_fp8 section's shapes (128 x 128 blocks, bf16
-tokens, random routing), JIT-compiled by the host's Triton, replayed from a
-CUDA graph with the L2 flushed.
+tokens, random routing), JIT-compiled by the host's Triton (at the family's
+config and register count), replayed from a CUDA graph with the L2 flushed.
 
 Stamps a program (ns), in order: entry; descriptors made; the MMA
-partition's slot groups; its unit located; its first ring slot landed; its
+partition's slot groups; its unit located; its first ring slot ready; its
 up projection done; h stored; its down projection done; its end; the
-loader's slot groups; the loader's last unit issued; its end.  Printed:
-each phase's median and largest span over the programs, the programs' start
-skew, the kernel's span (first entry to last end), the graph replay's time
-as bench/ times it (events around a replay, L2 flushed) and that of a graph
-of one empty kernel (the measurement's floor).
+loader's slot groups; the loader's last unit issued; its end; the MMA
+partition's waits for slots in the up and in the down projection (sums);
+the quantizer's slot groups, its last unit done and its end.  Printed: each
+phase's median and largest span over the programs that had a unit, the
+programs' start skew, the kernel's span (first entry to last end), the
+graph replay's time as bench/ times it (events around a replay, L2 flushed)
+and that of a graph of one empty kernel (the measurement's floor).  DRAIN 1:
+the MMA partition only takes and frees the slots (the producers' rate
+alone; a wrong output).
+
+The kernel before its quantizer partition (the tokens quantized by the MMA
+partition), and this probe's modes that took parts of that work away, are
+at commit 81264f3 (lab/decode_timeline_probe.py); the note
+docs/notes/2026-11-30-fp8-decode-tokens-quantized-beside-the-mmas.md has
+what they measured.
 
     cd build && TRITON_ALWAYS_COMPILE=1 PYTHONPATH=<wheel>:.. \
         python -m lab.decode_timeline_probe [--filter NAME] [--tokens T ...]
@@ -30,22 +40,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 import aot.kernels.experts_decode_ws as ws
+from aot.families.scaled_experts_decode import CONFIGS
 from aot.kernels.epilogue_ws import transposed_shared
 from aot.kernels.glu import CONCATENATED
-from aot.kernels.loader_ws import gather_layout
 from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
-from aot.kernels.ws import GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, shared_layout
+from aot.kernels.ws import GATHER_WARPS, accumulator_layout, max_registers, shared_layout
 from bench.measure import graphed
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_ms
 from lab.decode_split_probe import SHAPES, make_case
-from lab.decode_ws_probe import launcher
 
-MARKS = gl.constexpr(16)
+(FEW_UNITS,) = [c for c in CONFIGS if c.ws]  # the warp-specialised kernel's config
+MARKS = gl.constexpr(17)
 PHASES = (("descriptors", 0, 1), ("mma: slot groups", 1, 2), ("mma: locate", 2, 3),
           ("mma: first slot", 3, 4), ("mma: rest of up", 4, 5), ("mma: h", 5, 6),
           ("mma: down", 6, 7), ("mma: to its end", 7, 8), ("loader: slot groups", 1, 9),
-          ("loader: issue", 9, 10), ("entry to mma end", 0, 8))
+          ("loader: issue", 9, 10), ("quantizer: slot groups", 1, 14),
+          ("quantizer: its steps", 14, 15), ("entry to mma end", 0, 8))
 
 
 @gluon.jit
@@ -71,20 +82,18 @@ def stamp(stamps_ptr, mark: gl.constexpr):
 
 
 @gluon.jit
-def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H,
-                        stamps_ptr, SCALING: gl.constexpr, BK: gl.constexpr,
-                        STAGES: gl.constexpr, DRAIN: gl.constexpr, acc_layout: gl.constexpr):
-    """ws.up_projection (BLOCKWISE) with mark 4 once the first slot landed and
-    mark 12 the ns it waited for slots.  DRAIN (each but 0 a wrong output):
-    0, the wheel's work; 1, the slots only waited for and freed; 2, the
-    tokens not quantized (the MMAs read what xq_bufs holds); 3, each slot's
-    MMAs chained and waited for once, no scaling; 4, 2 and 3."""
+def up_projection_timed(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, H,
+                        stamps_ptr, BK: gl.constexpr, STAGES: gl.constexpr,
+                        DRAIN: gl.constexpr, acc_layout: gl.constexpr):
+    """ws.up_projection (BLOCKWISE) with mark 4 once the first slot is
+    ready and mark 12 the ns it waited for slots; DRAIN: the slots only
+    waited for and freed."""
     BM: gl.constexpr = x_bufs.shape[1]
-    waited = now() * 0
     SUB: gl.constexpr = BK // SCALE_BLOCK
-    x_layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
+    columns: gl.constexpr = gl.SliceLayout(0, acc_layout)
     gate = gl.zeros([ws.CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     up = gl.zeros([ws.CHUNK_COLUMNS, BM], gl.float32, acc_layout)
+    waited = now() * 0
     for k0 in range(0, H, BK):
         slot = count % STAGES
         before = now()
@@ -92,41 +101,20 @@ def up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j
         waited += now() - before
         if k0 == 0:
             stamp(stamps_ptr, 4)
-        fence_async_shared()
-        if DRAIN == 0 or DRAIN == 2:
-            for sub in gl.static_range(SUB):
-                gate_box = boxes.index(2 * slot * SUB + sub)
-                up_box = boxes.index((2 * slot + 1) * SUB + sub)
-                if DRAIN == 0:
-                    x_scale = ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
-                                             x_layout)
-                    fence_async_shared()
-                x = xq_bufs.index(sub).permute((1, 0))
-                block = k0 // SCALE_BLOCK + sub
-                live = block * SCALE_BLOCK < H
-                gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
-                up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
-                gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
-                up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
-                gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
-                if DRAIN == 0:
-                    x_scale = gl.expand_dims(
-                        gl.convert_layout(x_scale, gl.SliceLayout(0, acc_layout)), 0)
-                    gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
-                    up += up_step * x_scale * gl.expand_dims(up_scale, 1)
-                else:
-                    gate += gate_step * gl.expand_dims(gate_scale, 1)
-                    up += up_step * gl.expand_dims(up_scale, 1)
-        elif DRAIN == 3 or DRAIN == 4:
-            for sub in gl.static_range(SUB):
-                if DRAIN == 3:
-                    ws.quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub), x_layout)
-                    fence_async_shared()
-                x = xq_bufs.index(sub).permute((1, 0))
-                gate = warpgroup_mma(boxes.index(2 * slot * SUB + sub), x, gate, is_async=True)
-                up = warpgroup_mma(boxes.index((2 * slot + 1) * SUB + sub), x, up,
-                                   is_async=True)
-            gate, up = warpgroup_mma_wait(0, deps=(gate, up))
+        for sub in gl.static_range(SUB * (1 - DRAIN)):
+            x = ws.e4m3_view(x_bufs.index(slot * SUB + sub)).permute((1, 0))
+            block = k0 // SCALE_BLOCK + sub
+            live = block * SCALE_BLOCK < H
+            gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
+            up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
+            x_scale = gl.expand_dims(x_scales.index(slot * SUB + sub).load(columns), 0)
+            gate_step = warpgroup_mma(boxes.index(2 * slot * SUB + sub), x, gate, use_acc=False,
+                                      is_async=True)
+            up_step = warpgroup_mma(boxes.index((2 * slot + 1) * SUB + sub), x, up,
+                                    use_acc=False, is_async=True)
+            gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
+            gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
+            up += up_step * x_scale * gl.expand_dims(up_scale, 1)
         mbarrier.arrive(empty.index(slot))
         count += 1
     store_mark(stamps_ptr, 12, waited)
@@ -152,7 +140,7 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
         before = now()
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         waited += now() - before
-        for part in gl.static_range(SUB * (DRAIN != 1)):
+        for part in gl.static_range(SUB * (1 - DRAIN)):
             ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
             n_ok = ns < H
             at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
@@ -169,14 +157,13 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
 
 
 @gluon.jit
-def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
-                   GLU: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+def run_unit_timed(work, count, t, groups, stamps_ptr, BM: gl.constexpr, BK: gl.constexpr,
                    STAGES: gl.constexpr, DRAIN: gl.constexpr):
-    """ws.run_unit (BLOCKWISE) with marks 3, 5, 6 and 7."""
+    """ws.run_unit (BLOCKWISE, CONCATENATED, no biases) with marks 3, 5, 6
+    and 7."""
     bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
-    boxes, w2_boxes, x_bufs, xq_bufs, h_buf = bufs
+    boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
     w13_scale_ptr, w2_scale_ptr = scales
-    b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
     acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
     g, slots, row_ok, column = ws.locate_unit(t, groups, chunks, BM,
                                               gl.SliceLayout(0, acc_layout))
@@ -186,15 +173,16 @@ def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
     k_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
     row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
     w_scales = (
-        w13_scale_ptr + (row_blocks + ws.w13_rows(j, 0, inter, GLU) // SCALE_BLOCK) * k_blocks,
-        w13_scale_ptr + (row_blocks + ws.w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
+        w13_scale_ptr + (row_blocks + ws.w13_rows(j, 0, inter, CONCATENATED) // SCALE_BLOCK)
+        * k_blocks,
+        w13_scale_ptr + (row_blocks + ws.w13_rows(j, 1, inter, CONCATENATED) // SCALE_BLOCK)
+        * k_blocks)
     stamp(stamps_ptr, 3)
-    gate, up, count = up_projection_timed(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales,
-                                          j_ok, H, stamps_ptr, SCALING, BK, STAGES, DRAIN,
-                                          acc_layout)
+    gate, up, count = up_projection_timed(boxes, x_bufs, x_scales, ready, empty, count, w_scales,
+                                          j_ok, H, stamps_ptr, BK, STAGES, DRAIN, acc_layout)
     stamp(stamps_ptr, 5)
-    h, h_scale = ws.unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, activation), g, first,
-                           inter, 1.0, SCALING, GLU)
+    h, h_scale = ws.unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, 1.0, BLOCKWISE,
+                           CONCATENATED)
     h_buf.store(h)
     fence_async_shared()
     stamp(stamps_ptr, 6)
@@ -207,8 +195,7 @@ def run_unit_timed(work, count, t, groups, stamps_ptr, SCALING: gl.constexpr,
 
 
 @gluon.jit
-def mma_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
-              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+def mma_timed(walk, work, stamps_ptr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
               DRAIN: gl.constexpr):
     """ws.mma_partition with marks 2 and 8 (3-7: its last unit's)."""
     ids_ptr, S, G, chunks = walk
@@ -216,38 +203,48 @@ def mma_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
     stamp(stamps_ptr, 2)
     count = 0
     for t in range(gl.program_id(0), gl.sum(groups[2], 0), gl.num_programs(0)):
-        count = run_unit_timed(work, count, t, groups, stamps_ptr, SCALING, GLU, BM, BN, BK,
-                               STAGES, DRAIN)
+        count = run_unit_timed(work, count, t, groups, stamps_ptr, BM, BK, STAGES, DRAIN)
     stamp(stamps_ptr, 8)
 
 
 @gluon.jit
-def load_timed(walk, work, stamps_ptr, SCALING: gl.constexpr, GLU: gl.constexpr,
-               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
-    """ws.load_partition with marks 9, 10 and 11."""
+def producer_timed(walk, work, stamps_ptr, visit: gl.constexpr, first: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """A producer partition (visit: ws.load_unit or ws.quantize_unit) with
+    marks `first` (its slot groups), first + 1 (its last unit's steps done)
+    and first + 2 (its end)."""
     ids_ptr, S, G, chunks = walk
     groups = ws.slot_groups(ids_ptr, S, G, chunks, BM)
-    stamp(stamps_ptr, 9)
+    stamp(stamps_ptr, first)
     count = 0
     for t in range(gl.program_id(0), gl.sum(groups[2], 0), gl.num_programs(0)):
-        count = ws.load_unit(work, count, t, groups, SCALING, GLU, BM, BN, BK, STAGES)
-        stamp(stamps_ptr, 10)
-    stamp(stamps_ptr, 11)
+        count = visit(work, count, t, groups, BLOCKWISE, CONCATENATED, BM, BN, BK, STAGES)
+        stamp(stamps_ptr, first + 1)
+    stamp(stamps_ptr, first + 2)
+
+
+@gluon.jit
+def loader_timed(walk, work, stamps_ptr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """The loader: marks 9, 10, 11."""
+    producer_timed(walk, work, stamps_ptr, ws.load_unit, 9, BM, BN, BK, STAGES)
+
+
+@gluon.jit
+def quantizer_timed(walk, work, stamps_ptr, BM: gl.constexpr, BN: gl.constexpr,
+                    BK: gl.constexpr, STAGES: gl.constexpr):
+    """The quantizer: marks 14, 15 (its last unit's steps) and 16."""
+    producer_timed(walk, work, stamps_ptr, ws.quantize_unit, 14, BM, BN, BK, STAGES)
 
 
 @gluon.jit
 def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_scale_ptr, w2_ptr,
                         w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, activation, parts_ptr, S,
                         H, N, G, w13_group_stride, ld13, w2_group_stride, ld2, stamps_ptr,
-                        SCALING: gl.constexpr, GLU: gl.constexpr, USE_TMA: gl.constexpr,
                         BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        CHUNK: gl.constexpr, PRECISION: gl.constexpr, STAGES: gl.constexpr,
-                        DRAIN: gl.constexpr = 0):
+                        STAGES: gl.constexpr, DRAIN: gl.constexpr):
     """ws.scaled_experts_decode_ws_kernel (BLOCKWISE, CONCATENATED) with marks
-    0 and 1 around its descriptors; DRAIN: up_projection_timed's (1: the MMA
-    partition only takes and frees the slots, the loader's rate alone)."""
-    gl.static_assert(SCALING == BLOCKWISE, "blockwise only")
-    gl.static_assert(GLU == CONCATENATED, "concatenated only")
+    0 and 1 around its descriptors."""
     stamp(stamps_ptr, 0)
     SUB: gl.constexpr = BK // SCALE_BLOCK
     dtype: gl.constexpr = w13_ptr.dtype.element_ty
@@ -268,25 +265,29 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
                                  shared_layout([BN, SCALE_BLOCK], dtype))
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
                                        shared_layout([BM, SCALE_BLOCK], x_dtype))
-    xq_bufs = gl.allocate_shared_memory(dtype, [SUB, BM, SCALE_BLOCK],
-                                        shared_layout([BM, SCALE_BLOCK], dtype))
+    x_scales = gl.allocate_shared_memory(gl.float32, [STAGES * SUB, BM],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
     h_buf = gl.allocate_shared_memory(dtype, [ws.CHUNK_COLUMNS, BM], transposed_shared(dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    rows_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
+        mbarrier.init(ready.index(i), count=2)
+        mbarrier.init(rows_ready.index(i), count=SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
     walk = (ids_ptr, S, G, chunks)
     tokens = (x_ptr, x_scale_ptr, k)
-    mma_work = ((boxes, w2_boxes, x_bufs, xq_bufs, h_buf), ready, empty,
-                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, activation),
-                tokens, parts_ptr, chunks, H, inter)
-    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
-                 H)
+    mma_work = ((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty,
+                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, activation), tokens, parts_ptr,
+                chunks, H, inter)
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, rows_ready, empty, tokens,
+                 chunks, H)
     gl.warp_specialize(
-        [(mma_timed, (walk, mma_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES, DRAIN)),
-         (load_timed, (walk, load_work, stamps_ptr, SCALING, GLU, BM, BN, BK, STAGES))],
-        [GATHER_WARPS], [GATHER_REGISTERS])
+        [(mma_timed, (walk, mma_work, stamps_ptr, BM, BK, STAGES, DRAIN)),
+         (loader_timed, (walk, load_work, stamps_ptr, BM, BN, BK, STAGES)),
+         (quantizer_timed, (walk, (x_bufs, x_scales, ready, rows_ready, H), stamps_ptr, BM, BN,
+                            BK, STAGES))],
+        [GATHER_WARPS, ws.QUANTIZER_WARPS], [ws.PRODUCER_REGISTERS, ws.PRODUCER_REGISTERS])
 
 
 @triton.jit
@@ -296,16 +297,32 @@ def nothing_kernel(x_ptr):
         tl.store(x_ptr, 0)
 
 
-class WithStamps:
-    """decode_timed_kernel as decode_ws_probe.launcher calls a kernel, the
-    stamps appended to its arguments (and `extra` to its options)."""
-
-    def __init__(self, stamps, **extra):
-        self.stamps, self.extra = stamps, extra
-
-    def __getitem__(self, grid):
-        return lambda *args, **options: decode_timed_kernel[grid](*args, self.stamps, **options,
-                                                                  **self.extra)
+def launcher(case, stamps=None, drain=0):
+    """(fn() running the decode kernel on case's call at the family's
+    few-unit config, the parts it writes): the wheel's kernel, or with
+    stamps, decode_timed_kernel (DRAIN drain)."""
+    w13, w2, ids = case["w13"], case["w2"], case["topk_ids"]
+    experts, n, hidden = w13.values.shape
+    slots, k = ids.numel(), ids.shape[1]
+    parts = torch.empty(slots, triton.cdiv(n // 2, SCALE_BLOCK), hidden, device="cuda")
+    units = (triton.cdiv(slots, FEW_UNITS.BM) + min(slots, experts)) * triton.cdiv(n, FEW_UNITS.BN)
+    grid = (min(units, torch.cuda.get_device_properties(0).multi_processor_count),)
+    flat_ids = ids.flatten().contiguous()
+    bias = torch.empty(1, dtype=torch.bfloat16, device="cuda")
+    args = (case["x"], w13.values, w13.scales, flat_ids, k, w13.values, w13.scales, w2.values,
+            w2.scales, bias, 0, bias, 0, 0, parts, slots, hidden, n, experts,
+            w13.values.stride(0), w13.values.stride(1), w2.values.stride(0), w2.values.stride(1))
+    options = dict(BM=FEW_UNITS.BM, BN=FEW_UNITS.BN, BK=FEW_UNITS.BK, STAGES=FEW_UNITS.num_stages,
+                   num_warps=FEW_UNITS.num_warps, maxnreg=max_registers(FEW_UNITS))
+    if stamps is None:
+        kernel = ws.scaled_experts_decode_ws_kernel[grid]
+        options.update(SCALING=BLOCKWISE, GLU=CONCATENATED, USE_TMA=True, CHUNK=64,
+                       PRECISION="bf16")
+    else:
+        kernel = decode_timed_kernel[grid]
+        args += (stamps, )
+        options.update(DRAIN=drain)
+    return (lambda: kernel(*args, **options)), parts
 
 
 def report(stamps):
@@ -322,7 +339,7 @@ def report(stamps):
     for name, mark in (("mma: up's waits", 12), ("mma: down's waits", 13)):
         lines.append(f"  {name:22s} median {s[:, mark].median().item() / 1e3:6.2f}  max "
                      f"{s[:, mark].max().item() / 1e3:6.2f} µs")
-    ends = torch.maximum(s[:, 8], s[:, 11])
+    ends = torch.maximum(torch.maximum(s[:, 8], s[:, 11]), s[:, 16])
     lines.append(f"  start skew {(s[:, 0].max() - s[:, 0].min()).item() / 1e3:.2f} µs, "
                  f"span {(ends.max() - s[:, 0].min()).item() / 1e3:.2f} µs over {len(s)} "
                  "programs with a unit")
@@ -346,12 +363,12 @@ def main():
         for tokens in args.tokens:
             torch.manual_seed(tokens)
             case = make_case(*shape, tokens)
-            plain, plain_parts = launcher(ws.scaled_experts_decode_ws_kernel, case)
+            plain, plain_parts = launcher(case)
             plain_us = 1e3 * time_ms(graphed(plain))
             print(f"{name} T={tokens}: kernel {plain_us:.1f} µs", flush=True)
-            for drain in range(5):
+            for drain in range(2):
                 stamps = torch.zeros(sms, MARKS.value, dtype=torch.int64, device="cuda")
-                timed, parts = launcher(WithStamps(stamps, DRAIN=drain), case)
+                timed, parts = launcher(case, stamps, drain)
                 timed_us = 1e3 * time_ms(graphed(timed))
                 torch.cuda.synchronize()
                 error = rel_error(parts.sum(1), plain_parts.sum(1))

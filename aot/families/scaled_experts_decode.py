@@ -28,13 +28,14 @@ from .swiglu import ACTIVATION_PARAM
 # with at most about one unit an SM (`few_units`: a bound on the units, the
 # tiles of groups with rows times h's chunks) takes the warp-specialised
 # kernel, one unit an SM with three 64 KB slots of weights in flight (BK =
-# 256: each step two scale blocks); others the Triton kernel's three
+# 256: each step two scale blocks) and, with 128 x 128 blocks, a second
+# producer warpgroup quantizing the tokens; others the Triton kernel's three
 # stages, several units an SM.  Chosen from H100 A/Bs
 # (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md,
 # docs/notes/2026-11-27-fp8-decode-warp-specialised.md,
 # docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
 FEW_SLOTS = f"S <= {MAX_SLOTS.value}"
-CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units"),
+CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units", producers=2),
            Config(16, 128, 128, 4, 3, when="few_slots"))
 
 

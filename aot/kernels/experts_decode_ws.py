@@ -10,10 +10,14 @@ gate's and the up's 128 rows of w13 and the tokens, BK columns), then its
 down-projection steps (BK / 128 x BN rows of w2's 128 columns), then the
 next unit's.  A step reads BK bytes of each weight row at once (128 at a
 time measured slower: docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
-The MMA partition (one warpgroup) takes the slots in the same order: it
-quantizes the tokens' 16-bit blocks into shared memory as they come (with
-128 x 128 weight blocks; with per-channel ones the rows come in e4m3), scales each
-128-deep block's gate and up products into their accumulators,
+With 128 x 128 weight blocks the tokens come in 16 bits, and a quantizer
+partition (a warpgroup) quantizes each slot's token blocks in place, as
+they land, into e4m3 and their scales: the MMA partition, which did it
+between its MMAs, spent half the up projection's time on it
+(docs/notes/2026-11-30-fp8-decode-tokens-quantized-beside-the-mmas.md);
+with per-channel weights the rows come in e4m3.
+The MMA partition (one warpgroup) takes the slots in the same order, scales
+each 128-deep block's gate and up products into their accumulators,
 applies the activation, quantizes h per slot row, keeps it in shared memory
 as the down projection's operand, and stores each block's part.  So the next
 unit's weights are on their way while a unit's epilogue runs, where a single
@@ -28,14 +32,19 @@ from .epilogue_ws import transposed_shared
 from .experts_decode import MAX_SLOTS
 from .glu import CONCATENATED
 from .glu_ws import activate, to_e4m3
-from .gluon_api import tma_load
+from .gluon_api import thread_barrier, tma_load
 from .loader_ws import claim_slot, copy_rows, gather_layout
 from .quantize import AMAX_FLOOR, E4M3_MAX_RECIPROCAL
 from .scaled import BLOCKWISE, SCALE_BLOCK
-from .ws import (GATHER_REGISTERS, GATHER_WARPS, accumulator_layout, plus, shared_layout,
-                 vector_layout)
+from .ws import GATHER_WARPS, accumulator_layout, plus, shared_layout, vector_layout
 
 CHUNK_COLUMNS = gl.constexpr(128)  # h's columns a unit: one scale block
+# The quantizer partition (BLOCKWISE): a warpgroup, each thread 16 of a
+# [16, 128] block's values at a time.  The producers (it and the loader)
+# take PRODUCER_REGISTERS each: at GATHER_REGISTERS both spill under the
+# launch's count of registers, which makes room for the quantizer.
+QUANTIZER_WARPS = gl.constexpr(4)
+PRODUCER_REGISTERS = gl.constexpr(80)
 
 
 @gluon.jit
@@ -111,8 +120,10 @@ def locate_unit(t, groups, chunks, BM: gl.constexpr, slot_layout: gl.constexpr):
 def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The loader's steps of unit t (walk_units' visit); returns the ring
-    count after them."""
-    descs, bufs, ready, empty, tokens, chunks, H = work
+    count after them.  The tokens' copies arrive on the slot's `rows`
+    barrier: `ready` itself (rows in e4m3), or (BLOCKWISE) the quantizer's,
+    which a down step, with no rows to copy, completes in one arrival."""
+    descs, bufs, ready, rows_ready, empty, tokens, chunks, H = work
     w13_desc, w2_desc = descs
     boxes, w2_boxes, x_bufs = bufs
     x_ptr, _, k = tokens
@@ -125,12 +136,14 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     row_ok = gl.expand_dims(row_ok, 1)
     first = column * CHUNK_COLUMNS
     SUB: gl.constexpr = BK // SCALE_BLOCK
+    COPIES: gl.constexpr = SUB * 32 * gl.num_warps()  # the copiers' arrivals a slot
     SLOT_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * boxes.dtype.primitive_bitwidth // 8
     for k0 in range(0, H, BK):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
         for sub in gl.static_range(SUB):
             kk = k0 + sub * SCALE_BLOCK
-            copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, kk, H, bar, SCALE_BLOCK)
+            copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, kk, H,
+                      rows_ready.index(slot), SCALE_BLOCK)
             for half in gl.static_range(2):
                 buf = boxes.index((2 * slot + half) * SUB + sub)
                 tma_load(w13_desc, w13_origin(g, half, first, kk, GLU), bar,
@@ -138,12 +151,39 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
         count += 1
     for n0 in range(0, H, BN * SUB):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
-        # No rows to copy: one arrival for the copiers' SUB x 32 x num_warps.
-        mbarrier.arrive(bar, count=SUB * 32 * gl.num_warps())
+        mbarrier.arrive(rows_ready.index(slot), count=COPIES)  # no rows to copy
         for part in gl.static_range(SUB):
             buf = w2_boxes.index(slot * SUB + part)
             tma_load(w2_desc, [g, n0 + part * BN, first], bar,
                      buf.reinterpret(w2_desc.dtype, w2_desc.block_shape, w2_desc.layout))
+        count += 1
+    return count
+
+
+@gluon.jit
+def quantize_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """The quantizer's steps of unit t (walk_units' visit; BLOCKWISE): as
+    each up-projection step's token rows land (rows_ready), each 128-column
+    block in 16 bits is quantized in place (quantized_in_place), then one
+    arrival on the slot's `ready`; a down step's slot gets the arrival
+    alone.  Returns the ring count after the unit."""
+    x_bufs, x_scales, ready, rows_ready, H = work
+    SUB: gl.constexpr = BK // SCALE_BLOCK
+    layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
+    up_steps = (H + BK - 1) // BK
+    down_steps = (H + BN * SUB - 1) // (BN * SUB)
+    for step in range(0, up_steps + down_steps):
+        slot = count % STAGES
+        mbarrier.wait(rows_ready.index(slot), count // STAGES & 1)
+        if step < up_steps:
+            for sub in gl.static_range(SUB):
+                quantized_in_place(x_bufs.index(slot * SUB + sub),
+                                   x_scales.index(slot * SUB + sub), layout)
+            fence_async_shared()  # the MMAs (the async proxy) read the e4m3 blocks
+            thread_barrier()  # every thread's blocks are written before the one arrival
+        mbarrier.arrive(ready.index(slot))
         count += 1
     return count
 
@@ -163,51 +203,58 @@ def walk_units(walk, visit: gl.constexpr, work, SCALING: gl.constexpr, GLU: gl.c
 
 
 @gluon.jit
-def quantized_x(x_buf, xq_buf, layout: gl.constexpr):
-    """The scale of each token's block in x_buf [BM, 128] (16-bit), from its
-    amax (in layout's rows); the block quantized by it into xq_buf."""
-    xs = x_buf.load(layout).to(gl.float32)
-    scale = gl.maximum(gl.max(gl.abs(xs), 1), AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
-    xq_buf.store(to_e4m3(xs, gl.expand_dims(scale, 1)))
-    return scale
+def e4m3_view(x_buf):
+    """x_buf [BM, 128] of 16-bit tokens, as the [BM, 128] e4m3 block that
+    quantized_in_place writes over its first half."""
+    shape: gl.constexpr = x_buf.shape
+    return x_buf.reinterpret(gl.float8e4nv, shape, shared_layout(shape, gl.float8e4nv))
 
 
 @gluon.jit
-def up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok, H,
+def quantized_in_place(x_buf, scale_buf, layout: gl.constexpr):
+    """Each token's 128 columns in x_buf [BM, 128] (16-bit) quantized by
+    their amax into e4m3_view(x_buf), the scales into scale_buf [BM]."""
+    xs = x_buf.load(layout).to(gl.float32)
+    scale = gl.maximum(gl.max(gl.abs(xs), 1), AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
+    xq = to_e4m3(xs, gl.expand_dims(scale, 1))
+    thread_barrier()  # every thread has read the block before any overwrites it
+    e4m3_view(x_buf).store(xq)
+    scale_buf.store(scale)
+
+
+@gluon.jit
+def up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, H,
                   SCALING: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                   acc_layout: gl.constexpr):
     """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
-    (BLOCKWISE: each 128-deep block by its own, the tokens' 16-bit blocks
-    quantized into xq_bufs as they come; else by the caller, the tokens
-    e4m3).  w_scales: the gate's and up's rows' first block scales."""
+    (BLOCKWISE: each 128-deep block by its own, the quantizer's blocks and
+    x_scales; else by the caller, the tokens e4m3).  w_scales: the gate's
+    and up's rows' first block scales."""
     BM: gl.constexpr = x_bufs.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
-    x_layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
+    columns: gl.constexpr = gl.SliceLayout(0, acc_layout)
     gate = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     up = gl.zeros([CHUNK_COLUMNS, BM], gl.float32, acc_layout)
     for k0 in range(0, H, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        fence_async_shared()  # the loader's threads wrote the tokens' rows
+        if SCALING != BLOCKWISE:
+            fence_async_shared()  # the loader's threads wrote the tokens' rows
         for sub in gl.static_range(SUB):
             gate_box = boxes.index(2 * slot * SUB + sub)
             up_box = boxes.index((2 * slot + 1) * SUB + sub)
             if SCALING == BLOCKWISE:
-                # The last step's MMAs were waited for: xq_bufs is free.
-                x_scale = quantized_x(x_bufs.index(slot * SUB + sub), xq_bufs.index(sub),
-                                      x_layout)
-                fence_async_shared()
-                x = xq_bufs.index(sub).permute((1, 0))
+                x = e4m3_view(x_bufs.index(slot * SUB + sub)).permute((1, 0))
                 block = k0 // SCALE_BLOCK + sub
                 live = block * SCALE_BLOCK < H
                 gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
                 up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
+                x_scale = gl.expand_dims(x_scales.index(slot * SUB + sub).load(columns),
+                                         0)
                 gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
                 up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
                 gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
-                x_scale = gl.expand_dims(gl.convert_layout(x_scale, gl.SliceLayout(0, acc_layout)),
-                                         0)
                 gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
                 up += up_step * x_scale * gl.expand_dims(up_scale, 1)
             else:
@@ -295,7 +342,7 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     """The MMA partition's work of unit t (walk_units' visit); returns the
     ring count after it."""
     bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
-    boxes, w2_boxes, x_bufs, xq_bufs, h_buf = bufs
+    boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
     w13_scale_ptr, w2_scale_ptr = scales
     b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
     _, x_scale_ptr, k = tokens
@@ -311,8 +358,8 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
     w_scales = (w13_scale_ptr + (row_blocks + w13_rows(j, 0, inter, GLU) // SCALE_BLOCK) * k_blocks,
                 w13_scale_ptr + (row_blocks + w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
-    gate, up, count = up_projection(boxes, x_bufs, xq_bufs, ready, empty, count, w_scales, j_ok,
-                                    H, SCALING, BK, STAGES, acc_layout)
+    gate, up, count = up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales,
+                                    j_ok, H, SCALING, BK, STAGES, acc_layout)
     h, h_scale = unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, activation), g, first, inter,
                         x_scale, SCALING, GLU)
     h_buf.store(h)  # the last unit's down projection has read it (its MMAs were waited for)
@@ -336,6 +383,13 @@ def load_partition(walk, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.
                    BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The loader: load_unit on each of the program's units."""
     walk_units(walk, load_unit, work, SCALING, GLU, BM, BN, BK, STAGES)
+
+
+@gluon.jit
+def quantize_partition(walk, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM: gl.constexpr,
+                       BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """The quantizer (BLOCKWISE): quantize_unit on each of the program's units."""
+    walk_units(walk, quantize_unit, work, SCALING, GLU, BM, BN, BK, STAGES)
 
 
 @gluon.jit
@@ -379,30 +433,51 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
         w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
     # A slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
     # gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
-    # and the tokens' BM rows of each block (x_bufs; xq_bufs: BLOCKWISE's
-    # step's blocks quantized).
+    # and the tokens' BM rows of each block (x_bufs; BLOCKWISE: quantized in
+    # place, their scales in x_scales).
     box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
     w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
                                  shared_layout([BN, SCALE_BLOCK], dtype))
     x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
                                        shared_layout([BM, SCALE_BLOCK], x_dtype))
-    xq_bufs = gl.allocate_shared_memory(dtype, [SUB, BM, SCALE_BLOCK],
-                                        shared_layout([BM, SCALE_BLOCK], dtype))
+    x_scales = gl.allocate_shared_memory(gl.float32, [STAGES * SUB, BM],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
     h_buf = gl.allocate_shared_memory(dtype, [CHUNK_COLUMNS, BM], transposed_shared(dtype))
+    # A slot is `ready` when its boxes have landed and its tokens' rows are
+    # in e4m3: copied so (the copiers' arrivals), or quantized (the
+    # quantizer's one, after the copies arrive on rows_ready).
+    COPIES: gl.constexpr = SUB * 32 * GATHER_WARPS
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    rows_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
+        if SCALING == BLOCKWISE:
+            mbarrier.init(ready.index(i), count=2)
+            mbarrier.init(rows_ready.index(i), count=COPIES)
+        else:
+            mbarrier.init(ready.index(i), count=1 + COPIES)
         mbarrier.init(empty.index(i), count=1)
+    if SCALING == BLOCKWISE:
+        copied_to = rows_ready
+    else:
+        copied_to = ready
     walk = (ids_ptr, S, G, chunks)
     tokens = (rows_ptr, x_scale_ptr, k)
-    mma_work = ((boxes, w2_boxes, x_bufs, xq_bufs, h_buf), ready, empty,
+    mma_work = ((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty,
                 (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, activation),
                 tokens, parts_ptr, chunks, H, inter)
-    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
-                 H)
-    gl.warp_specialize(
-        [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
-         (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES))],
-        [GATHER_WARPS], [GATHER_REGISTERS])
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, copied_to, empty, tokens,
+                 chunks, H)
+    if SCALING == BLOCKWISE:
+        gl.warp_specialize(
+            [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
+             (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES)),
+             (quantize_partition, (walk, (x_bufs, x_scales, ready, rows_ready, H), SCALING, GLU,
+                                   BM, BN, BK, STAGES))],
+            [GATHER_WARPS, QUANTIZER_WARPS], [PRODUCER_REGISTERS, PRODUCER_REGISTERS])
+    else:
+        gl.warp_specialize(
+            [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
+             (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES))],
+            [GATHER_WARPS], [PRODUCER_REGISTERS])

@@ -53,8 +53,8 @@ def partition_rows(BM, PARTS, PINGPONG):
 def max_registers(config) -> int:
     """Registers per thread the kernel is compiled for (ptxas's maxnreg): all
     warps of one program within an SM's 64K; at run time the MMA partitions
-    take what the loader's warpgroup gives back."""
-    warps = config.num_warps * mma_partitions(config) + 4  # the loader holds a warpgroup's
+    take what the producers' warpgroups (the loader's, ...) give back."""
+    warps = config.num_warps * mma_partitions(config) + 4 * config.producers
     return 65536 // (32 * warps) // 8 * 8
 
 
