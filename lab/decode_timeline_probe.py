@@ -102,7 +102,7 @@ def up_projection_timed(boxes, x_bufs, x_scales, ready, empty, count, w_scales, 
         if k0 == 0:
             stamp(stamps_ptr, 4)
         for sub in gl.static_range(SUB * (1 - DRAIN)):
-            x = ws.e4m3_view(x_bufs.index(slot * SUB + sub)).permute((1, 0))
+            x = x_bufs.index(slot * SUB + sub).permute((1, 0))
             block = k0 // SCALE_BLOCK + sub
             live = block * SCALE_BLOCK < H
             gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
@@ -248,7 +248,6 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
     stamp(stamps_ptr, 0)
     SUB: gl.constexpr = BK // SCALE_BLOCK
     dtype: gl.constexpr = w13_ptr.dtype.element_ty
-    x_dtype: gl.constexpr = x_ptr.dtype.element_ty
     inter = N // 2
     chunks = (inter + ws.CHUNK_COLUMNS - 1) // ws.CHUNK_COLUMNS
     block: gl.constexpr = [1, 1, ws.CHUNK_COLUMNS, SCALE_BLOCK]
@@ -263,31 +262,29 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
     w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
                                  shared_layout([BN, SCALE_BLOCK], dtype))
-    x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
-                                       shared_layout([BM, SCALE_BLOCK], x_dtype))
+    x_bufs = gl.allocate_shared_memory(dtype, [STAGES * SUB, BM, SCALE_BLOCK],
+                                       shared_layout([BM, SCALE_BLOCK], dtype))
     x_scales = gl.allocate_shared_memory(gl.float32, [STAGES * SUB, BM],
                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
     h_buf = gl.allocate_shared_memory(dtype, [ws.CHUNK_COLUMNS, BM], transposed_shared(dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    rows_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=2)
-        mbarrier.init(rows_ready.index(i), count=SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
     walk = (ids_ptr, S, G, chunks)
     tokens = (x_ptr, x_scale_ptr, k)
     mma_work = ((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty,
                 (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, activation), tokens, parts_ptr,
                 chunks, H, inter)
-    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, rows_ready, empty, tokens,
-                 chunks, H)
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
+                 H)
     gl.warp_specialize(
         [(mma_timed, (walk, mma_work, stamps_ptr, BM, BK, STAGES, DRAIN)),
          (loader_timed, (walk, load_work, stamps_ptr, BM, BN, BK, STAGES)),
-         (quantizer_timed, (walk, (x_bufs, x_scales, ready, rows_ready, H), stamps_ptr, BM, BN,
-                            BK, STAGES))],
-        [GATHER_WARPS, ws.QUANTIZER_WARPS], [ws.PRODUCER_REGISTERS, ws.PRODUCER_REGISTERS])
+         (quantizer_timed, (walk, (x_bufs, x_scales, ready, empty, tokens, chunks, H),
+                            stamps_ptr, BM, BN, BK, STAGES))],
+        [GATHER_WARPS, ws.QUANTIZER_WARPS], [ws.LOADER_REGISTERS, ws.QUANTIZER_REGISTERS])
 
 
 @triton.jit

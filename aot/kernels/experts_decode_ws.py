@@ -2,20 +2,20 @@
 units and quantities) as a warp-specialised persistent kernel for sm90, in
 Gluon: one stream of weight reads an SM, never drained between units.
 
-The loader partition (a warpgroup: its threads copy the slots' token rows,
-loader_ws.copy_rows) walks the program's units and fills a ring of STAGES slots,
-each of BK / 128 x BN = 256 rows of 128 weight bytes and the BM token rows of
-each 128-column block: for a unit, its cdiv(H, BK) up-projection steps (the
-gate's and the up's 128 rows of w13 and the tokens, BK columns), then its
-down-projection steps (BK / 128 x BN rows of w2's 128 columns), then the
-next unit's.  A step reads BK bytes of each weight row at once (128 at a
-time measured slower: docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
-With 128 x 128 weight blocks the tokens come in 16 bits, and a quantizer
-partition (a warpgroup) quantizes each slot's token blocks in place, as
-they land, into e4m3 and their scales: the MMA partition, which did it
-between its MMAs, spent half the up projection's time on it
-(docs/notes/2026-11-30-fp8-decode-tokens-quantized-beside-the-mmas.md);
-with per-channel weights the rows come in e4m3.
+The loader partition (a warpgroup) walks the program's units and fills a
+ring of STAGES slots, each of BK / 128 x BN = 256 rows of 128 weight bytes
+and the BM token rows of each 128-column block in e4m3: for a unit, its
+cdiv(H, BK) up-projection steps (the gate's and the up's 128 rows of w13 and
+the tokens, BK columns), then its down-projection steps (BK / 128 x BN rows
+of w2's 128 columns), then the next unit's.  A step reads BK bytes of each
+weight row at once (128 at a time measured slower:
+docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).  Tokens in e4m3
+(per-channel weights) the loader's threads copy (loader_ws.copy_rows); with
+128 x 128 weight blocks the tokens come in 16 bits and a second producer,
+the quantizer partition (a warpgroup), loads each step's blocks a step
+ahead and quantizes them into the slot: the MMA partition, which did it
+between its MMAs, spent about half of the up projection's time on it
+(docs/notes/2026-11-30-fp8-decode-tokens-quantized-beside-the-mmas.md).
 The MMA partition (one warpgroup) takes the slots in the same order, scales
 each 128-deep block's gate and up products into their accumulators,
 applies the activation, quantizes h per slot row, keeps it in shared memory
@@ -40,11 +40,13 @@ from .ws import GATHER_WARPS, accumulator_layout, plus, shared_layout, vector_la
 
 CHUNK_COLUMNS = gl.constexpr(128)  # h's columns a unit: one scale block
 # The quantizer partition (BLOCKWISE): a warpgroup, each thread 16 of a
-# [16, 128] block's values at a time.  The producers (it and the loader)
-# take PRODUCER_REGISTERS each: at GATHER_REGISTERS both spill under the
-# launch's count of registers, which makes room for the quantizer.
+# [16, 128] block's values at a time, two blocks a step and the next step's
+# two loaded ahead.  The launch's count of registers makes room for it
+# (ws.max_registers); under it the loader spills at GATHER_REGISTERS, and
+# both fit here with the MMA partition's 256 (64K = 128 x (256 + 80 + 128)).
 QUANTIZER_WARPS = gl.constexpr(4)
-PRODUCER_REGISTERS = gl.constexpr(80)
+QUANTIZER_REGISTERS = gl.constexpr(128)
+LOADER_REGISTERS = gl.constexpr(80)
 
 
 @gluon.jit
@@ -120,13 +122,19 @@ def locate_unit(t, groups, chunks, BM: gl.constexpr, slot_layout: gl.constexpr):
 def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The loader's steps of unit t (walk_units' visit); returns the ring
-    count after them.  The tokens' copies arrive on the slot's `rows`
-    barrier: `ready` itself (rows in e4m3), or (BLOCKWISE) the quantizer's,
-    which a down step, with no rows to copy, completes in one arrival."""
-    descs, bufs, ready, rows_ready, empty, tokens, chunks, H = work
+    count after them.  A slot's `ready` counts, besides the boxes' bytes,
+    the tokens' rows: e4m3 rows copied by this partition's threads, or
+    (BLOCKWISE) the quantizer's one arrival, which a down step, with no
+    rows, gets from here."""
+    descs, bufs, ready, empty, tokens, chunks, H = work
     w13_desc, w2_desc = descs
     boxes, w2_boxes, x_bufs = bufs
     x_ptr, _, k = tokens
+    SUB: gl.constexpr = BK // SCALE_BLOCK
+    if SCALING == BLOCKWISE:
+        ROWS_ARRIVALS: gl.constexpr = 1
+    else:
+        ROWS_ARRIVALS: gl.constexpr = SUB * 32 * gl.num_warps()
     rows_layout: gl.constexpr = gl.SliceLayout(
         1, gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_ptr.dtype.element_ty))
     g, slots, row_ok, column = locate_unit(t, groups, chunks, BM, rows_layout)
@@ -135,15 +143,13 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     rows = gl.expand_dims(gl.multiple_of(x_ptr + (slots // k).to(gl.int64) * H, 16), 1)
     row_ok = gl.expand_dims(row_ok, 1)
     first = column * CHUNK_COLUMNS
-    SUB: gl.constexpr = BK // SCALE_BLOCK
-    COPIES: gl.constexpr = SUB * 32 * gl.num_warps()  # the copiers' arrivals a slot
     SLOT_BYTES: gl.constexpr = 2 * CHUNK_COLUMNS * BK * boxes.dtype.primitive_bitwidth // 8
     for k0 in range(0, H, BK):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
         for sub in gl.static_range(SUB):
             kk = k0 + sub * SCALE_BLOCK
-            copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, kk, H,
-                      rows_ready.index(slot), SCALE_BLOCK)
+            if SCALING != BLOCKWISE:
+                copy_rows(x_bufs.index(slot * SUB + sub), rows, row_ok, kk, H, bar, SCALE_BLOCK)
             for half in gl.static_range(2):
                 buf = boxes.index((2 * slot + half) * SUB + sub)
                 tma_load(w13_desc, w13_origin(g, half, first, kk, GLU), bar,
@@ -151,7 +157,7 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
         count += 1
     for n0 in range(0, H, BN * SUB):
         slot, bar = claim_slot(ready, empty, count, SLOT_BYTES, STAGES)
-        mbarrier.arrive(rows_ready.index(slot), count=COPIES)  # no rows to copy
+        mbarrier.arrive(bar, count=ROWS_ARRIVALS)  # no rows to copy or quantize
         for part in gl.static_range(SUB):
             buf = w2_boxes.index(slot * SUB + part)
             tma_load(w2_desc, [g, n0 + part * BN, first], bar,
@@ -161,31 +167,49 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
 
 
 @gluon.jit
+def token_blocks(rows, row_ok, cols, k0, H):
+    """The tokens' two 128-column blocks from column k0 (16-bit, zeros past
+    H or the rows), rows and row_ok [BM, 1] and cols [128] in their layout."""
+    VECTOR: gl.constexpr = 8  # 16-byte loads
+    first = gl.max_contiguous(gl.multiple_of(k0 + cols, VECTOR), VECTOR)
+    second = gl.max_contiguous(gl.multiple_of(k0 + SCALE_BLOCK + cols, VECTOR), VECTOR)
+    # H is a multiple of 16 bytes (the fp8 rules): whole vectors are in or out.
+    first_ok = gl.expand_dims(gl.max_constancy(first < H, VECTOR), 0)
+    second_ok = gl.expand_dims(gl.max_constancy(second < H, VECTOR), 0)
+    return (gl.load(rows + gl.expand_dims(first, 0), mask=row_ok & first_ok, other=0.0),
+            gl.load(rows + gl.expand_dims(second, 0), mask=row_ok & second_ok, other=0.0))
+
+
+@gluon.jit
 def quantize_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   STAGES: gl.constexpr):
-    """The quantizer's steps of unit t (walk_units' visit; BLOCKWISE): as
-    each up-projection step's token rows land (rows_ready), each 128-column
-    block in 16 bits is quantized in place (quantized_in_place), then one
-    arrival on the slot's `ready`; a down step's slot gets the arrival
-    alone.  Returns the ring count after the unit."""
-    x_bufs, x_scales, ready, rows_ready, H = work
-    SUB: gl.constexpr = BK // SCALE_BLOCK
-    layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_bufs.dtype)
-    up_steps = (H + BK - 1) // BK
-    down_steps = (H + BN * SUB - 1) // (BN * SUB)
-    for step in range(0, up_steps + down_steps):
+    """The quantizer's steps of unit t (walk_units' visit; BLOCKWISE): each
+    up-projection step's two token blocks, loaded a step ahead, quantized
+    into the slot once it is free (quantized_block), then one arrival on its
+    `ready`; the down steps pass.  Returns the ring count after the unit."""
+    gl.static_assert(BK == 2 * SCALE_BLOCK, "the quantizer takes two blocks a step")
+    x_bufs, x_scales, ready, empty, tokens, chunks, H = work
+    x_ptr, _, k = tokens
+    layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_ptr.dtype.element_ty)
+    g, slots, row_ok, column = locate_unit(t, groups, chunks, BM, gl.SliceLayout(1, layout))
+    rows = gl.expand_dims(gl.multiple_of(x_ptr + (slots // k).to(gl.int64) * H, 16), 1)
+    row_ok = gl.expand_dims(row_ok, 1)
+    cols = gl.arange(0, SCALE_BLOCK, gl.SliceLayout(0, layout))
+    x0, x1 = token_blocks(rows, row_ok, cols, 0, H)
+    for k0 in range(0, H, BK):
+        next0, next1 = token_blocks(rows, row_ok, cols, k0 + BK, H)
         slot = count % STAGES
-        mbarrier.wait(rows_ready.index(slot), count // STAGES & 1)
-        if step < up_steps:
-            for sub in gl.static_range(SUB):
-                quantized_in_place(x_bufs.index(slot * SUB + sub),
-                                   x_scales.index(slot * SUB + sub), layout)
-            fence_async_shared()  # the MMAs (the async proxy) read the e4m3 blocks
-            thread_barrier()  # every thread's blocks are written before the one arrival
+        mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
+        quantized_block(x0, x_bufs.index(2 * slot), x_scales.index(2 * slot))
+        quantized_block(x1, x_bufs.index(2 * slot + 1), x_scales.index(2 * slot + 1))
+        fence_async_shared()  # the MMAs (the async proxy) read the blocks
+        thread_barrier()  # every thread's blocks are written before the one arrival
         mbarrier.arrive(ready.index(slot))
+        x0 = next0
+        x1 = next1
         count += 1
-    return count
+    return count + (H + BN * 2 - 1) // (BN * 2)  # the down steps
 
 
 @gluon.jit
@@ -203,22 +227,12 @@ def walk_units(walk, visit: gl.constexpr, work, SCALING: gl.constexpr, GLU: gl.c
 
 
 @gluon.jit
-def e4m3_view(x_buf):
-    """x_buf [BM, 128] of 16-bit tokens, as the [BM, 128] e4m3 block that
-    quantized_in_place writes over its first half."""
-    shape: gl.constexpr = x_buf.shape
-    return x_buf.reinterpret(gl.float8e4nv, shape, shared_layout(shape, gl.float8e4nv))
-
-
-@gluon.jit
-def quantized_in_place(x_buf, scale_buf, layout: gl.constexpr):
-    """Each token's 128 columns in x_buf [BM, 128] (16-bit) quantized by
-    their amax into e4m3_view(x_buf), the scales into scale_buf [BM]."""
-    xs = x_buf.load(layout).to(gl.float32)
+def quantized_block(xs, xq_buf, scale_buf):
+    """Each token's 128 columns of xs [BM, 128] (16-bit) quantized by their
+    amax into xq_buf (e4m3), the scales into scale_buf [BM]."""
+    xs = xs.to(gl.float32)
     scale = gl.maximum(gl.max(gl.abs(xs), 1), AMAX_FLOOR) * E4M3_MAX_RECIPROCAL
-    xq = to_e4m3(xs, gl.expand_dims(scale, 1))
-    thread_barrier()  # every thread has read the block before any overwrites it
-    e4m3_view(x_buf).store(xq)
+    xq_buf.store(to_e4m3(xs, gl.expand_dims(scale, 1)))
     scale_buf.store(scale)
 
 
@@ -228,8 +242,8 @@ def up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, 
                   acc_layout: gl.constexpr):
     """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
-    (BLOCKWISE: each 128-deep block by its own, the quantizer's blocks and
-    x_scales; else by the caller, the tokens e4m3).  w_scales: the gate's
+    (BLOCKWISE: each 128-deep block by its own, x_scales'; else by the
+    caller).  w_scales: the gate's
     and up's rows' first block scales."""
     BM: gl.constexpr = x_bufs.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
@@ -245,7 +259,7 @@ def up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, 
             gate_box = boxes.index(2 * slot * SUB + sub)
             up_box = boxes.index((2 * slot + 1) * SUB + sub)
             if SCALING == BLOCKWISE:
-                x = e4m3_view(x_bufs.index(slot * SUB + sub)).permute((1, 0))
+                x = x_bufs.index(slot * SUB + sub).permute((1, 0))
                 block = k0 // SCALE_BLOCK + sub
                 live = block * SCALE_BLOCK < H
                 gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
@@ -413,7 +427,6 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
         rows_ptr = x_ptr
     else:
         rows_ptr = xq_ptr
-    x_dtype: gl.constexpr = rows_ptr.dtype.element_ty
     inter = N // 2
     chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
     # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
@@ -433,51 +446,43 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
         w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
     # A slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
     # gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
-    # and the tokens' BM rows of each block (x_bufs; BLOCKWISE: quantized in
-    # place, their scales in x_scales).
+    # and the tokens' BM rows of each block in e4m3 (x_bufs: copied, or
+    # BLOCKWISE quantized, their scales in x_scales).
     box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
     w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
                                  shared_layout([BN, SCALE_BLOCK], dtype))
-    x_bufs = gl.allocate_shared_memory(x_dtype, [STAGES * SUB, BM, SCALE_BLOCK],
-                                       shared_layout([BM, SCALE_BLOCK], x_dtype))
+    x_bufs = gl.allocate_shared_memory(dtype, [STAGES * SUB, BM, SCALE_BLOCK],
+                                       shared_layout([BM, SCALE_BLOCK], dtype))
     x_scales = gl.allocate_shared_memory(gl.float32, [STAGES * SUB, BM],
                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
     h_buf = gl.allocate_shared_memory(dtype, [CHUNK_COLUMNS, BM], transposed_shared(dtype))
     # A slot is `ready` when its boxes have landed and its tokens' rows are
-    # in e4m3: copied so (the copiers' arrivals), or quantized (the
-    # quantizer's one, after the copies arrive on rows_ready).
-    COPIES: gl.constexpr = SUB * 32 * GATHER_WARPS
+    # in e4m3: the copiers' arrivals, or (BLOCKWISE) the quantizer's one.
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    rows_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         if SCALING == BLOCKWISE:
             mbarrier.init(ready.index(i), count=2)
-            mbarrier.init(rows_ready.index(i), count=COPIES)
         else:
-            mbarrier.init(ready.index(i), count=1 + COPIES)
+            mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
-    if SCALING == BLOCKWISE:
-        copied_to = rows_ready
-    else:
-        copied_to = ready
     walk = (ids_ptr, S, G, chunks)
     tokens = (rows_ptr, x_scale_ptr, k)
     mma_work = ((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty,
                 (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, activation),
                 tokens, parts_ptr, chunks, H, inter)
-    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, copied_to, empty, tokens,
-                 chunks, H)
+    load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
+                 H)
     if SCALING == BLOCKWISE:
+        quantize_work = (x_bufs, x_scales, ready, empty, tokens, chunks, H)
         gl.warp_specialize(
             [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
              (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES)),
-             (quantize_partition, (walk, (x_bufs, x_scales, ready, rows_ready, H), SCALING, GLU,
-                                   BM, BN, BK, STAGES))],
-            [GATHER_WARPS, QUANTIZER_WARPS], [PRODUCER_REGISTERS, PRODUCER_REGISTERS])
+             (quantize_partition, (walk, quantize_work, SCALING, GLU, BM, BN, BK, STAGES))],
+            [GATHER_WARPS, QUANTIZER_WARPS], [LOADER_REGISTERS, QUANTIZER_REGISTERS])
     else:
         gl.warp_specialize(
             [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
              (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES))],
-            [GATHER_WARPS], [PRODUCER_REGISTERS])
+            [GATHER_WARPS], [LOADER_REGISTERS])
