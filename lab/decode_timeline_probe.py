@@ -14,9 +14,11 @@ the quantizer's slot groups, its last unit done and its end.  Printed: each
 phase's median and largest span over the programs that had a unit, the
 programs' start skew, the kernel's span (first entry to last end), the
 graph replay's time as bench/ times it (events around a replay, L2 flushed)
-and that of a graph of one empty kernel (the measurement's floor).  DRAIN 1:
-the MMA partition only takes and frees the slots (the producers' rate
-alone; a wrong output).
+and that of a graph of one empty kernel (the measurement's floor).
+DRAIN (--drains): 0 the kernel's work; 1 the MMA partition only takes and
+frees the slots (the producers' rate alone; a wrong output); 2 and 3 the
+down projection's epilogue overlapped or without stores
+(down_projection_timed).
 
 The kernel before its quantizer partition (the tokens quantized by the MMA
 partition), and this probe's modes that took parts of that work away, are
@@ -101,7 +103,7 @@ def up_projection_timed(boxes, x_bufs, x_scales, ready, empty, count, w_scales, 
         waited += now() - before
         if k0 == 0:
             stamp(stamps_ptr, 4)
-        for sub in gl.static_range(SUB * (1 - DRAIN)):
+        for sub in gl.static_range(SUB * (DRAIN != 1)):
             x = x_bufs.index(slot * SUB + sub).permute((1, 0))
             block = k0 // SCALE_BLOCK + sub
             live = block * SCALE_BLOCK < H
@@ -127,7 +129,10 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
                           STAGES: gl.constexpr, DRAIN: gl.constexpr,
                           acc_layout: gl.constexpr):
     """ws.down_projection (BLOCKWISE, no b2) with mark 13 the ns it waited
-    for slots; DRAIN as up_projection_timed's."""
+    for slots; DRAIN as up_projection_timed's, and 2: a slot's two boxes'
+    MMAs issued before the first's epilogue (which then overlaps the
+    second's MMA), 3: no stores (each box's part summed in registers, the
+    sum stored once: a wrong output)."""
     BN: gl.constexpr = w2_boxes.shape[1]
     BM: gl.constexpr = h_buf.shape[1]
     g64 = g.to(gl.int64)
@@ -135,23 +140,50 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
     column_scale = gl.expand_dims(h_scale, 0)
     h_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
     waited = now() * 0
+    total = gl.zeros([BN, BM], gl.float32, acc_layout)
     for n0 in range(0, H, BN * SUB):
         slot = count % STAGES
         before = now()
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         waited += now() - before
-        for part in gl.static_range(SUB * (1 - DRAIN)):
-            ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
-            n_ok = ns < H
-            at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
-            row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
-            acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc, use_acc=False,
-                                is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            gl.store(parts + gl.expand_dims(ns, 1), acc * column_scale * row_scale,
-                     mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
+        if DRAIN == 0 or DRAIN == 3:
+            for part in gl.static_range(SUB):
+                ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
+                n_ok = ns < H
+                at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
+                row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
+                acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc,
+                                    use_acc=False, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                if DRAIN == 0:
+                    gl.store(parts + gl.expand_dims(ns, 1), acc * column_scale * row_scale,
+                             mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
+                else:
+                    total += acc * column_scale * row_scale
+        elif DRAIN == 2:
+            ns0 = n0 + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
+            ns1 = ns0 + BN
+            scale0 = gl.load(w2_scale_ptr + (g64 * h_blocks + ns0 // SCALE_BLOCK) * chunks + column,
+                             mask=ns0 < H, other=0.0)
+            scale1 = gl.load(w2_scale_ptr + (g64 * h_blocks + ns1 // SCALE_BLOCK) * chunks + column,
+                             mask=ns1 < H, other=0.0)
+            acc0 = warpgroup_mma(w2_boxes.index(slot * SUB), h_buf, acc, use_acc=False,
+                                 is_async=True)
+            acc1 = warpgroup_mma(w2_boxes.index(slot * SUB + 1), h_buf, acc, use_acc=False,
+                                 is_async=True)
+            acc0 = warpgroup_mma_wait(1, deps=(acc0, ))
+            gl.store(parts + gl.expand_dims(ns0, 1),
+                     acc0 * column_scale * gl.expand_dims(scale0, 1),
+                     mask=gl.expand_dims(ns0 < H, 1) & gl.expand_dims(row_ok, 0))
+            acc1 = warpgroup_mma_wait(0, deps=(acc1, ))
+            gl.store(parts + gl.expand_dims(ns1, 1),
+                     acc1 * column_scale * gl.expand_dims(scale1, 1),
+                     mask=gl.expand_dims(ns1 < H, 1) & gl.expand_dims(row_ok, 0))
         mbarrier.arrive(empty.index(slot))
         count += 1
+    if DRAIN == 3:
+        gl.store(parts + gl.expand_dims(gl.arange(0, BN, gl.SliceLayout(1, acc_layout)), 1),
+                 total, mask=gl.expand_dims(row_ok, 0))
     store_mark(stamps_ptr, 13, waited)
     return count
 
@@ -347,6 +379,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", default="")
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--drains", type=int, nargs="*", default=[0, 1])
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
@@ -363,7 +396,7 @@ def main():
             plain, plain_parts = launcher(case)
             plain_us = 1e3 * time_ms(graphed(plain))
             print(f"{name} T={tokens}: kernel {plain_us:.1f} µs", flush=True)
-            for drain in range(2):
+            for drain in args.drains:
                 stamps = torch.zeros(sms, MARKS.value, dtype=torch.int64, device="cuda")
                 timed, parts = launcher(case, stamps, drain)
                 timed_us = 1e3 * time_ms(graphed(timed))
