@@ -311,40 +311,57 @@ def unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, x_scale, SCALING: g
 
 
 @gluon.jit
+def store_part(acc, ns, row_scale, column_scale, b2, parts, row_ok, g64, column, H):
+    """A box's part of the down projection: acc [BN, BM] (w2's rows ns times
+    h) scaled, plus b2 (b2 = (b2_ptr, has_b2), chunk 0 only), stored at
+    parts (the slot rows' part bases)."""
+    b2_ptr, has_b2 = b2
+    n_ok = ns < H
+    part_sum = acc * column_scale * gl.expand_dims(row_scale, 1)
+    if has_b2 != 0 and column == 0:
+        bias = gl.load(b2_ptr + g64 * H + ns, mask=n_ok, other=0.0).to(gl.float32)
+        part_sum += gl.expand_dims(bias, 1)
+    gl.store(parts + gl.expand_dims(ns, 1), part_sum,
+             mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
+
+
+@gluon.jit
 def down_projection(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, b2, h_scale, parts,
                     row_ok, g, column, chunks, H, SCALING: gl.constexpr, SUB: gl.constexpr,
                     STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """The ring count after the unit's down-projection steps: each step's
-    SUB boxes of BN rows of w2's chunk times h (h_buf), scaled, plus b2 (b2 =
-    (b2_ptr, has_b2), chunk 0 only), stored at parts (the slot rows' part
-    bases)."""
+    two boxes of BN rows of w2's chunk times h (h_buf), each stored by
+    store_part; the second box's MMA runs while the first's part is stored
+    (docs/notes/2026-11-30-fp8-decode-tokens-quantized-beside-the-mmas.md)."""
+    gl.static_assert(SUB == 2, "two boxes a step")
     BN: gl.constexpr = w2_boxes.shape[1]
     BM: gl.constexpr = h_buf.shape[1]
-    b2_ptr, has_b2 = b2
     g64 = g.to(gl.int64)
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     column_scale = gl.expand_dims(h_scale, 0)
     h_blocks = (H + SCALE_BLOCK - 1) // SCALE_BLOCK
-    for n0 in range(0, H, BN * SUB):
+    rows = gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
+    for n0 in range(0, H, 2 * BN):
         slot = count % STAGES
+        first_ns = n0 + rows
+        second_ns = n0 + BN + rows
+        if SCALING == BLOCKWISE:
+            first_at = (g64 * h_blocks + first_ns // SCALE_BLOCK) * chunks + column
+            second_at = (g64 * h_blocks + second_ns // SCALE_BLOCK) * chunks + column
+        else:
+            first_at = g64 * H + first_ns
+            second_at = g64 * H + second_ns
+        first_scale = gl.load(w2_scale_ptr + first_at, mask=first_ns < H, other=0.0)
+        second_scale = gl.load(w2_scale_ptr + second_at, mask=second_ns < H, other=0.0)
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        for part in gl.static_range(SUB):
-            ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
-            n_ok = ns < H
-            if SCALING == BLOCKWISE:
-                at = (g64 * h_blocks + ns // SCALE_BLOCK) * chunks + column
-            else:
-                at = g64 * H + ns
-            row_scale = gl.expand_dims(gl.load(w2_scale_ptr + at, mask=n_ok, other=0.0), 1)
-            acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc, use_acc=False,
-                                is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            part_sum = acc * column_scale * row_scale
-            if has_b2 != 0 and column == 0:
-                bias = gl.load(b2_ptr + g64 * H + ns, mask=n_ok, other=0.0).to(gl.float32)
-                part_sum += gl.expand_dims(bias, 1)
-            gl.store(parts + gl.expand_dims(ns, 1), part_sum,
-                     mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
+        first = warpgroup_mma(w2_boxes.index(2 * slot), h_buf, acc, use_acc=False, is_async=True)
+        second = warpgroup_mma(w2_boxes.index(2 * slot + 1), h_buf, acc, use_acc=False,
+                               is_async=True)
+        first = warpgroup_mma_wait(1, deps=(first, ))
+        store_part(first, first_ns, first_scale, column_scale, b2, parts, row_ok, g64, column, H)
+        second = warpgroup_mma_wait(0, deps=(second, ))
+        store_part(second, second_ns, second_scale, column_scale, b2, parts, row_ok, g64, column,
+                   H)
         mbarrier.arrive(empty.index(slot))
         count += 1
     return count
