@@ -17,7 +17,7 @@ graph replay's time as bench/ times it (events around a replay, L2 flushed)
 and that of a graph of one empty kernel (the measurement's floor).
 DRAIN (--drains): 0 the kernel's work; 1 the MMA partition only takes and
 frees the slots (the producers' rate alone; a wrong output); 2 and 3 the
-down projection's epilogue overlapped or without stores
+down projection a box at a time, with or without its stores
 (down_projection_timed).
 
 The kernel before its quantizer partition (the tokens quantized by the MMA
@@ -129,10 +129,11 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
                           STAGES: gl.constexpr, DRAIN: gl.constexpr,
                           acc_layout: gl.constexpr):
     """ws.down_projection (BLOCKWISE, no b2) with mark 13 the ns it waited
-    for slots; DRAIN as up_projection_timed's, and 2: a slot's two boxes'
-    MMAs issued before the first's epilogue (which then overlaps the
-    second's MMA), 3: no stores (each box's part summed in registers, the
-    sum stored once: a wrong output)."""
+    for slots.  DRAIN: 0, as the kernel (a slot's two boxes' MMAs issued
+    before the first's part is stored, which overlaps the second's MMA); 1,
+    as up_projection_timed's; 2, a box at a time (the kernel before
+    5d4a2d3); 3, as 2 without stores (each box's part summed in registers,
+    the sum stored once: a wrong output)."""
     BN: gl.constexpr = w2_boxes.shape[1]
     BM: gl.constexpr = h_buf.shape[1]
     g64 = g.to(gl.int64)
@@ -146,7 +147,7 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
         before = now()
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
         waited += now() - before
-        if DRAIN == 0 or DRAIN == 3:
+        if DRAIN == 2 or DRAIN == 3:
             for part in gl.static_range(SUB):
                 ns = n0 + part * BN + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
                 n_ok = ns < H
@@ -155,12 +156,12 @@ def down_projection_timed(w2_boxes, h_buf, ready, empty, count, w2_scale_ptr, h_
                 acc = warpgroup_mma(w2_boxes.index(slot * SUB + part), h_buf, acc,
                                     use_acc=False, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
-                if DRAIN == 0:
+                if DRAIN == 2:
                     gl.store(parts + gl.expand_dims(ns, 1), acc * column_scale * row_scale,
                              mask=gl.expand_dims(n_ok, 1) & gl.expand_dims(row_ok, 0))
                 else:
                     total += acc * column_scale * row_scale
-        elif DRAIN == 2:
+        elif DRAIN == 0:
             ns0 = n0 + gl.arange(0, BN, gl.SliceLayout(1, acc_layout))
             ns1 = ns0 + BN
             scale0 = gl.load(w2_scale_ptr + (g64 * h_blocks + ns0 // SCALE_BLOCK) * chunks + column,
