@@ -243,8 +243,7 @@ def up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, 
     """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
     (BLOCKWISE: each 128-deep block by its own, x_scales'; else by the
-    caller).  w_scales: the gate's
-    and up's rows' first block scales."""
+    caller).  w_scales: the gate's and up's rows' first block scales."""
     BM: gl.constexpr = x_bufs.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
     columns: gl.constexpr = gl.SliceLayout(0, acc_layout)
@@ -264,8 +263,7 @@ def up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, 
                 live = block * SCALE_BLOCK < H
                 gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
                 up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
-                x_scale = gl.expand_dims(x_scales.index(slot * SUB + sub).load(columns),
-                                         0)
+                x_scale = gl.expand_dims(x_scales.index(slot * SUB + sub).load(columns), 0)
                 gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
                 up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
                 gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
