@@ -38,15 +38,14 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 import aot.kernels.experts_decode_ws as ws
 from aot.families.scaled_experts_decode import CONFIGS
-from aot.kernels.epilogue_ws import transposed_shared
 from aot.kernels.glu import CONCATENATED
 from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
-from aot.kernels.ws import GATHER_WARPS, accumulator_layout, max_registers, shared_layout
+from aot.kernels.ws import GATHER_WARPS, accumulator_layout, max_registers
 from bench.measure import graphed
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_ms
@@ -279,37 +278,17 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
     """ws.scaled_experts_decode_ws_kernel (BLOCKWISE, CONCATENATED) with marks
     0 and 1 around its descriptors."""
     stamp(stamps_ptr, 0)
-    SUB: gl.constexpr = BK // SCALE_BLOCK
-    dtype: gl.constexpr = w13_ptr.dtype.element_ty
     inter = N // 2
     chunks = (inter + ws.CHUNK_COLUMNS - 1) // ws.CHUNK_COLUMNS
-    block: gl.constexpr = [1, 1, ws.CHUNK_COLUMNS, SCALE_BLOCK]
-    w13_desc = tma.make_tensor_descriptor(
-        w13_ptr, [G, 2, inter, H], [w13_group_stride, inter * ld13, ld13, 1], block,
-        shared_layout(block, dtype))
-    w2_block: gl.constexpr = [1, BN, ws.CHUNK_COLUMNS]
-    w2_desc = tma.make_tensor_descriptor(
-        w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
+    w13_desc, w2_desc = ws.weight_descriptors(w13_ptr, w2_ptr, G, inter, H, w13_group_stride,
+                                              ld13, w2_group_stride, ld2, CONCATENATED, BN)
     stamp(stamps_ptr, 1)
-    box: gl.constexpr = [ws.CHUNK_COLUMNS, SCALE_BLOCK]
-    boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
-    w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
-                                 shared_layout([BN, SCALE_BLOCK], dtype))
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES * SUB, BM, SCALE_BLOCK],
-                                       shared_layout([BM, SCALE_BLOCK], dtype))
-    x_scales = gl.allocate_shared_memory(gl.float32, [STAGES * SUB, BM],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    h_buf = gl.allocate_shared_memory(dtype, [ws.CHUNK_COLUMNS, BM], transposed_shared(dtype))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=2)
-        mbarrier.init(empty.index(i), count=1)
+    bufs, ready, empty = ws.ring(w13_ptr.dtype.element_ty, BLOCKWISE, BM, BN, BK, STAGES)
+    boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
     walk = (ids_ptr, S, G, chunks)
     tokens = (x_ptr, x_scale_ptr, k)
-    mma_work = ((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty,
-                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, activation), tokens, parts_ptr,
-                chunks, H, inter)
+    mma_work = (bufs, ready, empty, (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, activation),
+                tokens, parts_ptr, chunks, H, inter)
     load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
                  H)
     gl.warp_specialize(

@@ -422,28 +422,10 @@ def quantize_partition(walk, work, SCALING: gl.constexpr, GLU: gl.constexpr, BM:
 
 
 @gluon.jit
-def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr,
-                                    w13_scale_ptr, w2_ptr,
-                                    w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, activation,
-                                    parts_ptr, S, H, N, G, w13_group_stride, ld13,
-                                    w2_group_stride, ld2, SCALING: gl.constexpr,
-                                    GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
-                                    BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
-                                    PRECISION: gl.constexpr, STAGES: gl.constexpr):
-    """scaled_experts_decode_kernel's contract; USE_TMA, CHUNK and PRECISION
-    are taken for the common signature; STAGES: the ring's slots."""
-    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
-    gl.static_assert(BK % SCALE_BLOCK == 0, "a K step of whole scale blocks")
-    gl.static_assert(BN == 2 * CHUNK_COLUMNS, "a box of w2 as large as a block's gate and up rows")
-    SUB: gl.constexpr = BK // SCALE_BLOCK
+def weight_descriptors(w13_ptr, w2_ptr, G, inter, H, w13_group_stride, ld13, w2_group_stride,
+                       ld2, GLU: gl.constexpr, BN: gl.constexpr):
+    """The TMA descriptors of w13's 128-row boxes and w2's BN-row boxes."""
     dtype: gl.constexpr = w13_ptr.dtype.element_ty
-    # The tokens' rows: 16-bit, quantized here (BLOCKWISE), or e4m3.
-    if SCALING == BLOCKWISE:
-        rows_ptr = x_ptr
-    else:
-        rows_ptr = xq_ptr
-    inter = N // 2
-    chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
     # w13 seen as [G, half, I, H] (CONCATENATED) or [G, I, half, H]
     # (INTERLEAVED): a box of 128 gate (half 0) or up (half 1) rows either way.
     if GLU == CONCATENATED:
@@ -459,10 +441,19 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
     w2_block: gl.constexpr = [1, BN, CHUNK_COLUMNS]
     w2_desc = tma.make_tensor_descriptor(
         w2_ptr, [G, H, inter], [w2_group_stride, ld2, 1], w2_block, shared_layout(w2_block, dtype))
-    # A slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
-    # gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
-    # and the tokens' BM rows of each block in e4m3 (x_bufs: copied, or
-    # BLOCKWISE quantized, their scales in x_scales).
+    return w13_desc, w2_desc
+
+
+@gluon.jit
+def ring(dtype: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+         BK: gl.constexpr, STAGES: gl.constexpr):
+    """((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty): the ring's
+    shared memory and its barriers, initialised.  A slot: SUB x BN weight
+    rows of 128 bytes (boxes: BK / 128 blocks of the gate's 128 rows, then as
+    many of the up's; w2_boxes: SUB of BN w2 rows) and the tokens' BM rows of
+    each block in e4m3 (x_bufs: copied, or BLOCKWISE quantized, their scales
+    in x_scales); h_buf: a unit's h."""
+    SUB: gl.constexpr = BK // SCALE_BLOCK
     box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
     w2_boxes = boxes.reinterpret(dtype, [STAGES * SUB, BN, SCALE_BLOCK],
@@ -482,11 +473,39 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
         else:
             mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
+    return (boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty
+
+
+@gluon.jit
+def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr,
+                                    w13_scale_ptr, w2_ptr,
+                                    w2_scale_ptr, b13_ptr, has_b13, b2_ptr, has_b2, activation,
+                                    parts_ptr, S, H, N, G, w13_group_stride, ld13,
+                                    w2_group_stride, ld2, SCALING: gl.constexpr,
+                                    GLU: gl.constexpr, USE_TMA: gl.constexpr, BM: gl.constexpr,
+                                    BN: gl.constexpr, BK: gl.constexpr, CHUNK: gl.constexpr,
+                                    PRECISION: gl.constexpr, STAGES: gl.constexpr):
+    """scaled_experts_decode_kernel's contract; USE_TMA, CHUNK and PRECISION
+    are taken for the common signature; STAGES: the ring's slots."""
+    gl.static_assert(USE_TMA, "the warp-specialised kernel is TMA-only")
+    gl.static_assert(BK % SCALE_BLOCK == 0, "a K step of whole scale blocks")
+    gl.static_assert(BN == 2 * CHUNK_COLUMNS, "a box of w2 as large as a block's gate and up rows")
+    dtype: gl.constexpr = w13_ptr.dtype.element_ty
+    # The tokens' rows: 16-bit, quantized here (BLOCKWISE), or e4m3.
+    if SCALING == BLOCKWISE:
+        rows_ptr = x_ptr
+    else:
+        rows_ptr = xq_ptr
+    inter = N // 2
+    chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
+    w13_desc, w2_desc = weight_descriptors(w13_ptr, w2_ptr, G, inter, H, w13_group_stride, ld13,
+                                           w2_group_stride, ld2, GLU, BN)
+    bufs, ready, empty = ring(dtype, SCALING, BM, BN, BK, STAGES)
+    boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
     walk = (ids_ptr, S, G, chunks)
     tokens = (rows_ptr, x_scale_ptr, k)
-    mma_work = ((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty,
-                (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, b2_ptr, has_b2, activation),
-                tokens, parts_ptr, chunks, H, inter)
+    mma_work = (bufs, ready, empty, (w13_scale_ptr, w2_scale_ptr),
+                (b13_ptr, has_b13, b2_ptr, has_b2, activation), tokens, parts_ptr, chunks, H, inter)
     load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
                  H)
     if SCALING == BLOCKWISE:
