@@ -17,12 +17,16 @@ flushed.  Two modes:
   (bench/sections/fp8_experts.py: softmax top-k routing; `--seeds` such
   routings) and the probe's, at `--tokens`: where the decode path's bound
   on slots an expert lies;
+- `--kernels`: the one-kernel forward's two kernels, the warp-specialised
+  and the Triton one, each forced, timed in turns, at `--tokens` where the
+  dispatch takes the one-kernel forward (a build whose warp-specialised
+  config's condition lets it take every such call);
 - `--down`: the down kernel's sum of the parts, four loads at a time as the
   wheel's (part_sums), against one load after another and against a single
   part (a bound on what the sum costs; its output is wrong), each kernel
   alone and each whole forward, at T = 1 and 2.
 
-    python lab/decode_split_probe.py [--ab | --routed | --down] [--filter NAME]
+    python lab/decode_split_probe.py [--ab | --kernels | --routed | --down] [--filter NAME]
         [--tokens T ...] [--json OUT]
 """
 from __future__ import annotations
@@ -47,7 +51,7 @@ from aot.kernels.experts_decode_split import (part_sums, scaled_decode_down_kern
 from aot.kernels.glu import CONCATENATED
 from aot.kernels.quantize import scale_of, to_e4m3
 from aot.kernels.scaled import BLOCKWISE, SCALE_BLOCK
-from gg_runtime.testing import forced, rel_error, time_in_turns
+from gg_runtime.testing import forced, last_variant, rel_error, time_in_turns
 from gg_runtime.testing.moe_fp8 import fp8_experts, moe_experts_fp8_ref
 from gg_runtime.testing.timing import time_ms
 
@@ -439,6 +443,50 @@ def ab(args):
     return rows
 
 
+def decode_variants(case) -> dict:
+    """The scaled_experts_decode variants of `case` (blockwise, concatenated,
+    bfloat16 tokens): {"ws": key, "triton": key}."""
+    keys = [v["key"] for v in _C.variants() if v["family"] == "scaled_experts_decode"
+            and v["axes"] == {"scaling": "blockwise", "gate_up": "concatenated"}
+            and v["dtype"] == "bfloat16"]
+    (ws,) = [key for key in keys if "_ws" in key]
+    (plain,) = [key for key in keys if "_ws" not in key]
+    return {"ws": ws, "triton": plain}
+
+
+def kernels(args):
+    rows = []
+    for name, shape in {**SHAPES, **AB_SHAPES}.items():
+        if args.filter not in name:
+            continue
+        H, inter, E, k = shape
+        for T in args.tokens or TOKENS:
+            slots, units = T * k, min(T * k, E) * triton.cdiv(inter, 128)
+            if slots > MAX_SLOTS.value or slots > 2 * E or \
+                    dispatch_splits(units, triton.cdiv(H, 128)) > 1:
+                continue
+            torch.manual_seed(T)
+            case = make_case(*shape, T)
+            graphs, outputs = {}, {}
+            for kind, key in decode_variants(case).items():
+                with forced(key):
+                    outputs[kind] = gg_runtime.moe_experts(**case)
+                    assert last_variant() != "", key
+                    graphs[kind] = graphed(lambda: gg_runtime.moe_experts(**case))
+            times = time_in_turns(graphs)
+            row = {"shape": name, "T": T, "units": units,
+                   "touched": int(case["topk_ids"].unique().numel()),
+                   **{kind: 1e3 * v for kind, v in times.items()},
+                   "difference": rel_error(outputs["ws"], outputs["triton"])}
+            print(f"{name:20s} T={T}: units <= {units}, touched {row['touched']}: ws "
+                  f"{row['ws']:6.1f} us, triton {row['triton']:6.1f} us, ws / triton "
+                  f"{row['ws'] / row['triton']:.2f}; difference {row['difference']:.1e}",
+                  flush=True)
+            rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def routed_variant(case) -> str:
     """A `combine` variant that runs the call: forcing it forces the routed
     products (csrc/ops/expert_products_fp8_decode.cc decode_fits)."""
@@ -499,6 +547,7 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--filter", default="")
     parser.add_argument("--ab", action="store_true")
+    parser.add_argument("--kernels", action="store_true")
     parser.add_argument("--down", action="store_true")
     parser.add_argument("--routed", action="store_true")
     parser.add_argument("--fan", action="store_true")
@@ -516,11 +565,12 @@ def main():
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return
-    if args.ab or args.down or args.routed:
+    if args.ab or args.kernels or args.down or args.routed:
         if args.down:
             triton.set_allocator(lambda size, align, stream: torch.empty(
                 size, dtype=torch.int8, device="cuda"))
-        rows = ab(args) if args.ab else down_sums(args) if args.down else routed(args)
+        rows = ab(args) if args.ab else kernels(args) if args.kernels else \
+            down_sums(args) if args.down else routed(args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)

@@ -155,6 +155,17 @@ def test_decode_kernel_forced_with_no_tokens(variant):
     assert out.shape == (0, 272) and out.dtype == case["x"].dtype
 
 
+@decode_kernels
+@pytest.mark.parametrize("programs", [1, 5])
+def test_decode_kernel_with_several_units_a_program(variant, programs):
+    """The call's 48 units walked by fewer programs (gg_runtime.sm_limit), so
+    that each program's rings run on from unit to unit, over an H of 17
+    blocks (the warp-specialised kernel's units: 9 up steps and 5 down)."""
+    case = decode_case(variant, (3, 2064, 208, 64, 8))
+    with gg_runtime.sm_limit(programs):
+        check_decode(variant, case)
+
+
 SPLIT_DOWN_KERNELS = [v for v in _C.variants() if v["arch"] == 90
                       and v["family"] == "scaled_decode_down"]
 
