@@ -6,8 +6,10 @@
 #             where there is none, the kernels having been compiled elsewhere), then
 #             install the wheel into a clean environment without Triton and run the
 #             runtime tests (CPU tests everywhere, GPU tests where a GPU is present) and
-#             the benchmark report's tests (tests/bench, CPU), then the GPU tests once
-#             more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX path) where a GPU is present.
+#             the benchmark report's tests (tests/bench, CPU), then, where a GPU is
+#             present, the GPU tests once more with GG_RUNTIME_FORCE_PTX=1 (the sm80 PTX
+#             path) and once with GG_TEST_SM_LIMIT=3 (every persistent program walks
+#             many tiles: tests/runtime/conftest.py).
 # make bench: run the benchmark (python -m bench.run) on a GPU machine, in the build's
 #             environment (the one with torch), against the wheel installed apart
 #             (make bench-site); it updates bench/results.json and bench/RESULTS.md.
@@ -154,8 +156,10 @@ test: ext-env test-env bench-site
 	$(BENCH_PY) -m pytest -q $(CURDIR)/tests/bench
 	@if $(TEST_PY) -c "$(HAS_GPU)"; then \
 	  echo "GPU tests again, on the sm80 PTX compiled by the driver (GG_RUNTIME_FORCE_PTX=1):"; \
-	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
-	else echo "no GPU here: the sm80 PTX pass of the GPU tests is skipped"; fi
+	  cd tests/runtime && GG_RUNTIME_FORCE_PTX=1 ../../$(TEST_PY) -m pytest -q test_gpu_*.py && \
+	  echo "GPU tests again, each launch limited to 3 SMs' programs (GG_TEST_SM_LIMIT=3):" && \
+	  GG_TEST_SM_LIMIT=3 ../../$(TEST_PY) -m pytest -q test_gpu_*.py; \
+	else echo "no GPU here: the sm80 PTX and SM-limited passes of the GPU tests are skipped"; fi
 
 MEMCHECK_ARGS ?=
 memcheck: ext-env test-env bench-site

@@ -1,5 +1,6 @@
 import contextlib
 import importlib.util
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -12,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 _REPO = str(Path(__file__).resolve().parents[2])
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _REPO]
 
+import gg_runtime  # noqa: E402
 from gg_runtime import _C  # noqa: E402
 from gg_runtime.testing import forced, guarded, poisoned  # noqa: E402
 
@@ -93,6 +95,19 @@ def allow_tma(request):
         pytest.skip("no tma kernels for this GPU's path")
     with forced(basic=not request.param):
         yield request.param
+
+
+# GG_TEST_SM_LIMIT=n (make test's third GPU pass): every test's launches under
+# gg_runtime.sm_limit(n), so that each persistent program walks many tiles,
+# and a program's state carried from tile to tile (its rings' phases, its
+# counts) is tested where a full grid gives most programs one tile.
+SM_LIMIT = int(os.environ.get("GG_TEST_SM_LIMIT", "0"))
+
+
+@pytest.fixture(autouse=True)
+def sm_limited():
+    with gg_runtime.sm_limit(SM_LIMIT):
+        yield
 
 
 @pytest.fixture(autouse=True)
