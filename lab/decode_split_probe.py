@@ -402,7 +402,7 @@ def one_kernel_variant(case) -> str:
     """The scaled_experts_decode variant the dispatch took before the split
     forward (blockwise, concatenated, bfloat16 tokens)."""
     slots, experts = case["topk_ids"].numel(), case["w13"].values.shape[0]
-    few_units = min(slots, experts) * triton.cdiv(case["w2"].values.shape[2], 128) <= 128
+    few_units = min(slots, experts) * triton.cdiv(case["w2"].values.shape[2], 128) <= 256
     (key,) = [v["key"] for v in _C.variants() if v["family"] == "scaled_experts_decode"
               and v["axes"] == {"scaling": "blockwise", "gate_up": "concatenated"}
               and v["dtype"] == "bfloat16" and v["key"].endswith(

@@ -25,15 +25,17 @@ from .swiglu import ACTIVATION_PARAM
 # BM: slot rows a unit, the MMAs' N; BN: w2's rows a step (the ws kernel: a
 # box) of the down projection; BK: the up projection's step in whole scale
 # blocks (the Triton kernel's one, 128).  A call
-# with at most about one unit an SM (`few_units`: a bound on the units, the
+# with at most about two units an SM (`few_units`: a bound on the units, the
 # tiles of groups with rows times h's chunks) takes the warp-specialised
-# kernel, one unit an SM with three 64 KB slots of weights in flight (BK =
+# kernel, a program an SM with three 64 KB slots of weights in flight (BK =
 # 256: each step two scale blocks) and, with 128 x 128 blocks, a second
 # producer warpgroup quantizing the tokens; others the Triton kernel's three
-# stages, several units an SM.  Chosen from H100 A/Bs
+# stages, several programs an SM, which balance more units better.  Chosen
+# from H100 and H200 A/Bs
 # (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md,
 # docs/notes/2026-11-27-fp8-decode-warp-specialised.md,
-# docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).
+# docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md,
+# docs/notes/2026-11-30-fp8-decode-tokens-ring-and-two-units-an-sm.md).
 FEW_SLOTS = f"S <= {MAX_SLOTS.value}"
 CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units", producers=2),
            Config(16, 128, 128, 4, 3, when="few_slots"))
@@ -103,7 +105,7 @@ FAMILY = Family(
     configs={(90, "tma"): CONFIGS},
     # The kernels route at most MAX_SLOTS slots: no variant takes more.
     conditions={"few_slots": FEW_SLOTS,
-                "few_units": f"{FEW_SLOTS} and min(S, G) * cdiv(N // 2, 128) <= 128"},
+                "few_units": f"{FEW_SLOTS} and min(S, G) * cdiv(N // 2, 128) <= 256"},
     constants={"kMaxSlots": MAX_SLOTS.value},
     tiles="0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128)",
     rows="S // max(G, 1)",

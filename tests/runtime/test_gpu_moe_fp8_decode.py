@@ -65,7 +65,7 @@ def decode_runs_on(variant, case) -> bool:
     if slots > MAX_DECODE_SLOTS:
         return False
     return not variant["key"].endswith("_few_units") or \
-        min(slots, experts) * math.ceil(inter / 128) <= 128
+        min(slots, experts) * math.ceil(inter / 128) <= 256
 
 
 def decode_case(variant, shape, **options):
