@@ -83,13 +83,12 @@ def stamp(stamps_ptr, mark: gl.constexpr):
 
 
 @gluon.jit
-def up_projection_timed(boxes, x_bufs, x_scales, barriers, count, x_count, w_scales, j_ok, H,
+def up_projection_timed(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, H,
                         stamps_ptr, BK: gl.constexpr, STAGES: gl.constexpr,
                         DRAIN: gl.constexpr, acc_layout: gl.constexpr):
     """ws.up_projection (BLOCKWISE) with mark 4 once the first slot is
     ready and mark 12 the ns it waited for slots; DRAIN: the slots only
     waited for and freed."""
-    ready, empty, x_ready, x_empty = barriers
     BM: gl.constexpr = x_bufs.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
     columns: gl.constexpr = gl.SliceLayout(0, acc_layout)
@@ -98,20 +97,18 @@ def up_projection_timed(boxes, x_bufs, x_scales, barriers, count, x_count, w_sca
     waited = now() * 0
     for k0 in range(0, H, BK):
         slot = count % STAGES
-        x_slot = x_count % STAGES
         before = now()
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        mbarrier.wait(x_ready.index(x_slot), x_count // STAGES & 1)
         waited += now() - before
         if k0 == 0:
             stamp(stamps_ptr, 4)
         for sub in gl.static_range(SUB * (DRAIN != 1)):
-            x = x_bufs.index(x_slot * SUB + sub).permute((1, 0))
+            x = x_bufs.index(slot * SUB + sub).permute((1, 0))
             block = k0 // SCALE_BLOCK + sub
             live = block * SCALE_BLOCK < H
             gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
             up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
-            x_scale = gl.expand_dims(x_scales.index(x_slot * SUB + sub).load(columns), 0)
+            x_scale = gl.expand_dims(x_scales.index(slot * SUB + sub).load(columns), 0)
             gate_step = warpgroup_mma(boxes.index(2 * slot * SUB + sub), x, gate, use_acc=False,
                                       is_async=True)
             up_step = warpgroup_mma(boxes.index((2 * slot + 1) * SUB + sub), x, up,
@@ -119,9 +116,7 @@ def up_projection_timed(boxes, x_bufs, x_scales, barriers, count, x_count, w_sca
             gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
             gate += gate_step * x_scale * gl.expand_dims(gate_scale, 1)
             up += up_step * x_scale * gl.expand_dims(up_scale, 1)
-        mbarrier.arrive(x_empty.index(x_slot))
         mbarrier.arrive(empty.index(slot))
-        x_count += 1
         count += 1
     store_mark(stamps_ptr, 12, waited)
     return gate, up, count
@@ -198,9 +193,8 @@ def run_unit_timed(work, count, t, groups, stamps_ptr, BM: gl.constexpr, BK: gl.
                    STAGES: gl.constexpr, DRAIN: gl.constexpr):
     """ws.run_unit (BLOCKWISE, CONCATENATED, no biases) with marks 3, 5, 6
     and 7."""
-    bufs, barriers, scales, biases, tokens, parts_ptr, chunks, H, inter = work
+    bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
     boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
-    ready, empty = barriers[0], barriers[1]
     w13_scale_ptr, w2_scale_ptr = scales
     acc_layout: gl.constexpr = accumulator_layout(BM, gl.num_warps(), 8)
     g, slots, row_ok, column = ws.locate_unit(t, groups, chunks, BM,
@@ -216,10 +210,8 @@ def run_unit_timed(work, count, t, groups, stamps_ptr, BM: gl.constexpr, BK: gl.
         w13_scale_ptr + (row_blocks + ws.w13_rows(j, 1, inter, CONCATENATED) // SCALE_BLOCK)
         * k_blocks)
     stamp(stamps_ptr, 3)
-    x_count = (t - gl.program_id(0)) // gl.num_programs(0) * ((H + BK - 1) // BK)
-    gate, up, count = up_projection_timed(boxes, x_bufs, x_scales, barriers, count, x_count,
-                                          w_scales, j_ok, H, stamps_ptr, BK, STAGES, DRAIN,
-                                          acc_layout)
+    gate, up, count = up_projection_timed(boxes, x_bufs, x_scales, ready, empty, count, w_scales,
+                                          j_ok, H, stamps_ptr, BK, STAGES, DRAIN, acc_layout)
     stamp(stamps_ptr, 5)
     h, h_scale = ws.unit_h(gate, up, w13_scale_ptr, biases, g, first, inter, 1.0, BLOCKWISE,
                            CONCATENATED)
@@ -291,19 +283,18 @@ def decode_timed_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_ptr, w13_sca
     w13_desc, w2_desc = ws.weight_descriptors(w13_ptr, w2_ptr, G, inter, H, w13_group_stride,
                                               ld13, w2_group_stride, ld2, CONCATENATED, BN)
     stamp(stamps_ptr, 1)
-    bufs, barriers = ws.ring(w13_ptr.dtype.element_ty, BLOCKWISE, BM, BN, BK, STAGES)
+    bufs, ready, empty = ws.ring(w13_ptr.dtype.element_ty, BLOCKWISE, BM, BN, BK, STAGES)
     boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
-    ready, empty, x_ready, x_empty = barriers
     walk = (ids_ptr, S, G, chunks)
     tokens = (x_ptr, x_scale_ptr, k)
-    mma_work = (bufs, barriers, (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, activation),
+    mma_work = (bufs, ready, empty, (w13_scale_ptr, w2_scale_ptr), (b13_ptr, has_b13, activation),
                 tokens, parts_ptr, chunks, H, inter)
     load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
                  H)
     gl.warp_specialize(
         [(mma_timed, (walk, mma_work, stamps_ptr, BM, BK, STAGES, DRAIN)),
          (loader_timed, (walk, load_work, stamps_ptr, BM, BN, BK, STAGES)),
-         (quantizer_timed, (walk, (x_bufs, x_scales, x_ready, x_empty, tokens, chunks, H),
+         (quantizer_timed, (walk, (x_bufs, x_scales, ready, empty, tokens, chunks, H),
                             stamps_ptr, BM, BN, BK, STAGES))],
         [GATHER_WARPS, ws.QUANTIZER_WARPS], [ws.LOADER_REGISTERS, ws.QUANTIZER_REGISTERS])
 

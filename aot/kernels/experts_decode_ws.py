@@ -13,13 +13,13 @@ docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md).  Tokens in e4m3
 (per-channel weights) the loader's threads copy (loader_ws.copy_rows); with
 128 x 128 weight blocks the tokens come in 16 bits and a second producer,
 the quantizer partition (a warpgroup), loads each step's blocks a step
-ahead and quantizes them into a ring of their own, STAGES slots of the up
-projection's steps alone: the MMA partition, which did it between its
-MMAs, spent about half of the up projection's time on it
+ahead and quantizes them into the slot: the MMA partition, which did it
+between its MMAs, spent about half of the up projection's time on it
 (docs/notes/2026-11-30-fp8-decode-tokens-quantized-beside-the-mmas.md).
-The quantizer has no down steps to take, and a partition that skipped
-steps of a ring it waits on by phase could take a later phase of a slot
-for the one it waits for, once a program has two units.
+The quantizer takes every slot of the ring in turn, the down steps' too
+(an arrival with no blocks): a producer that skipped slots could wait for a
+slot's phase that its reader had already passed, or take a later one for
+it, once a program walks several units.
 The MMA partition (one warpgroup) takes the slots in the same order, scales
 each 128-deep block's gate and up products into their accumulators,
 applies the activation, quantizes h per slot row, keeps it in shared memory
@@ -127,9 +127,9 @@ def load_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The loader's steps of unit t (walk_units' visit); returns the ring
     count after them.  A slot's `ready` counts, besides the boxes' bytes,
-    the tokens' e4m3 rows that this partition's threads copy (not
-    BLOCKWISE: the quantizer's have a ring of their own), which a down
-    step, with no rows, gets from here."""
+    the tokens' rows: e4m3 rows copied by this partition's threads (a down
+    step, with no rows, gets their arrivals from here), or (BLOCKWISE) the
+    quantizer's one arrival."""
     descs, bufs, ready, empty, tokens, chunks, H = work
     w13_desc, w2_desc = descs
     boxes, w2_boxes, x_bufs = bufs
@@ -187,11 +187,11 @@ def quantize_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constex
                   STAGES: gl.constexpr):
     """The quantizer's steps of unit t (walk_units' visit; BLOCKWISE): each
     up-projection step's two token blocks, loaded a step ahead, quantized
-    into the tokens' ring's slot once it is free (quantized_block), then one
-    arrival on its `x_ready`.  Returns the tokens' ring count after the
-    unit."""
+    into the slot once it is free (quantized_block), then one arrival on its
+    `ready`; each down step's slot, once free, one arrival with no blocks.
+    Returns the ring count after the unit."""
     gl.static_assert(BK == 2 * SCALE_BLOCK, "the quantizer takes two blocks a step")
-    x_bufs, x_scales, x_ready, x_empty, tokens, chunks, H = work
+    x_bufs, x_scales, ready, empty, tokens, chunks, H = work
     x_ptr, _, k = tokens
     layout: gl.constexpr = gather_layout(BM, SCALE_BLOCK, gl.num_warps(), x_ptr.dtype.element_ty)
     g, slots, row_ok, column = locate_unit(t, groups, chunks, BM, gl.SliceLayout(1, layout))
@@ -202,14 +202,19 @@ def quantize_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constex
     for k0 in range(0, H, BK):
         next0, next1 = token_blocks(rows, row_ok, cols, k0 + BK, H)
         slot = count % STAGES
-        mbarrier.wait(x_empty.index(slot), (count // STAGES & 1) ^ 1)
+        mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
         quantized_block(x0, x_bufs.index(2 * slot), x_scales.index(2 * slot))
         quantized_block(x1, x_bufs.index(2 * slot + 1), x_scales.index(2 * slot + 1))
         fence_async_shared()  # the MMAs (the async proxy) read the blocks
         thread_barrier()  # every thread's blocks are written before the one arrival
-        mbarrier.arrive(x_ready.index(slot))
+        mbarrier.arrive(ready.index(slot))
         x0 = next0
         x1 = next1
+        count += 1
+    for _ in range(0, H, BN * 2):  # the down steps
+        slot = count % STAGES
+        mbarrier.wait(empty.index(slot), (count // STAGES & 1) ^ 1)
+        mbarrier.arrive(ready.index(slot))
         count += 1
     return count
 
@@ -219,7 +224,7 @@ def walk_units(walk, visit: gl.constexpr, work, SCALING: gl.constexpr, GLU: gl.c
                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """A partition's walk of its program's units, the same in both:
     count = visit(work, count, t, groups, the constexprs) for each of its
-    units t of slot_groups' groups, its ring's count from 0.  The constexprs
+    units t of slot_groups' groups, the ring count from 0.  The constexprs
     are arguments of their own: in a tuple they would arrive as values."""
     ids_ptr, S, G, chunks = walk
     groups = slot_groups(ids_ptr, S, G, chunks, BM)
@@ -239,16 +244,13 @@ def quantized_block(xs, xq_buf, scale_buf):
 
 
 @gluon.jit
-def up_projection(boxes, x_bufs, x_scales, barriers, count, x_count, w_scales, j_ok, H,
+def up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales, j_ok, H,
                   SCALING: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                   acc_layout: gl.constexpr):
     """(gate, up, ring count): the unit's gate and up products [128, BM], each
     row scaled by its weight scales and each column by its token's
     (BLOCKWISE: each 128-deep block by its own, x_scales'; else by the
-    caller).  barriers: the ring's (ready, empty) and the tokens' ring's
-    (x_ready, x_empty; BLOCKWISE), whose count at the unit's first step is
-    x_count.  w_scales: the gate's and up's rows' first block scales."""
-    ready, empty, x_ready, x_empty = barriers
+    caller).  w_scales: the gate's and up's rows' first block scales."""
     BM: gl.constexpr = x_bufs.shape[1]
     SUB: gl.constexpr = BK // SCALE_BLOCK
     columns: gl.constexpr = gl.SliceLayout(0, acc_layout)
@@ -257,22 +259,18 @@ def up_projection(boxes, x_bufs, x_scales, barriers, count, x_count, w_scales, j
     for k0 in range(0, H, BK):
         slot = count % STAGES
         mbarrier.wait(ready.index(slot), count // STAGES & 1)
-        if SCALING == BLOCKWISE:
-            x_slot = x_count % STAGES
-            mbarrier.wait(x_ready.index(x_slot), x_count // STAGES & 1)
-        else:
-            x_slot = slot  # the loader's threads copied the rows into the slot
-            fence_async_shared()
+        if SCALING != BLOCKWISE:
+            fence_async_shared()  # the loader's threads wrote the tokens' rows
         for sub in gl.static_range(SUB):
             gate_box = boxes.index(2 * slot * SUB + sub)
             up_box = boxes.index((2 * slot + 1) * SUB + sub)
             if SCALING == BLOCKWISE:
-                x = x_bufs.index(x_slot * SUB + sub).permute((1, 0))
+                x = x_bufs.index(slot * SUB + sub).permute((1, 0))
                 block = k0 // SCALE_BLOCK + sub
                 live = block * SCALE_BLOCK < H
                 gate_scale = gl.load(w_scales[0] + block, mask=j_ok & live, other=0.0)
                 up_scale = gl.load(w_scales[1] + block, mask=j_ok & live, other=0.0)
-                x_scale = gl.expand_dims(x_scales.index(x_slot * SUB + sub).load(columns), 0)
+                x_scale = gl.expand_dims(x_scales.index(slot * SUB + sub).load(columns), 0)
                 gate_step = warpgroup_mma(gate_box, x, gate, use_acc=False, is_async=True)
                 up_step = warpgroup_mma(up_box, x, up, use_acc=False, is_async=True)
                 gate_step, up_step = warpgroup_mma_wait(0, deps=(gate_step, up_step))
@@ -284,9 +282,6 @@ def up_projection(boxes, x_bufs, x_scales, barriers, count, x_count, w_scales, j
                 up = warpgroup_mma(up_box, x, up, is_async=True)
         if SCALING != BLOCKWISE:
             gate, up = warpgroup_mma_wait(0, deps=(gate, up))
-        else:
-            mbarrier.arrive(x_empty.index(x_slot))
-            x_count += 1
         mbarrier.arrive(empty.index(slot))
         count += 1
     return gate, up, count
@@ -382,9 +377,8 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
     """The MMA partition's work of unit t (walk_units' visit); returns the
     ring count after it."""
-    bufs, barriers, scales, biases, tokens, parts_ptr, chunks, H, inter = work
+    bufs, ready, empty, scales, biases, tokens, parts_ptr, chunks, H, inter = work
     boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
-    ready, empty = barriers[0], barriers[1]
     w13_scale_ptr, w2_scale_ptr = scales
     b13_ptr, has_b13, b2_ptr, has_b2, activation = biases
     _, x_scale_ptr, k = tokens
@@ -400,9 +394,7 @@ def run_unit(work, count, t, groups, SCALING: gl.constexpr, GLU: gl.constexpr,
     row_blocks = g.to(gl.int64) * ((2 * inter + SCALE_BLOCK - 1) // SCALE_BLOCK)
     w_scales = (w13_scale_ptr + (row_blocks + w13_rows(j, 0, inter, GLU) // SCALE_BLOCK) * k_blocks,
                 w13_scale_ptr + (row_blocks + w13_rows(j, 1, inter, GLU) // SCALE_BLOCK) * k_blocks)
-    # The tokens' ring count: the program's units before this one, each cdiv(H, BK) steps.
-    x_count = (t - gl.program_id(0)) // gl.num_programs(0) * ((H + BK - 1) // BK)
-    gate, up, count = up_projection(boxes, x_bufs, x_scales, barriers, count, x_count, w_scales,
+    gate, up, count = up_projection(boxes, x_bufs, x_scales, ready, empty, count, w_scales,
                                     j_ok, H, SCALING, BK, STAGES, acc_layout)
     h, h_scale = unit_h(gate, up, w13_scale_ptr, (b13_ptr, has_b13, activation), g, first, inter,
                         x_scale, SCALING, GLU)
@@ -462,13 +454,12 @@ def weight_descriptors(w13_ptr, w2_ptr, G, inter, H, w13_group_stride, ld13, w2_
 @gluon.jit
 def ring(dtype: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
          BK: gl.constexpr, STAGES: gl.constexpr):
-    """((boxes, w2_boxes, x_bufs, x_scales, h_buf), (ready, empty, x_ready,
-    x_empty)): the rings' shared memory and their barriers, initialised.  A
-    slot: SUB x BN weight rows of 128 bytes (boxes: BK / 128 blocks of the
-    gate's 128 rows, then as many of the up's; w2_boxes: SUB of BN w2 rows)
-    and the tokens' BM rows of each block in e4m3 (x_bufs: copied into the
-    weights' slot, or BLOCKWISE quantized into the tokens' ring's, their
-    scales in x_scales); h_buf: a unit's h."""
+    """((boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty): the ring's
+    shared memory and its barriers, initialised.  A slot: SUB x BN weight
+    rows of 128 bytes (boxes: BK / 128 blocks of the gate's 128 rows, then as
+    many of the up's; w2_boxes: SUB of BN w2 rows) and the tokens' BM rows of
+    each block in e4m3 (x_bufs: copied, or BLOCKWISE quantized, their scales
+    in x_scales); h_buf: a unit's h."""
     SUB: gl.constexpr = BK // SCALE_BLOCK
     box: gl.constexpr = [CHUNK_COLUMNS, SCALE_BLOCK]
     boxes = gl.allocate_shared_memory(dtype, [STAGES * 2 * SUB] + box, shared_layout(box, dtype))
@@ -479,22 +470,18 @@ def ring(dtype: gl.constexpr, SCALING: gl.constexpr, BM: gl.constexpr, BN: gl.co
     x_scales = gl.allocate_shared_memory(gl.float32, [STAGES * SUB, BM],
                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
     h_buf = gl.allocate_shared_memory(dtype, [CHUNK_COLUMNS, BM], transposed_shared(dtype))
-    # A slot is `ready` when its boxes have landed and (not BLOCKWISE) the
-    # copiers' arrivals say its tokens' rows have; a tokens' slot (BLOCKWISE)
-    # when the quantizer's one arrival says its blocks are in e4m3.
+    # A slot is `ready` when its boxes have landed and its tokens' rows are
+    # in e4m3: the copiers' arrivals, or (BLOCKWISE) the quantizer's one (a
+    # down step's too).
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         if SCALING == BLOCKWISE:
-            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(ready.index(i), count=2)
         else:
             mbarrier.init(ready.index(i), count=1 + SUB * 32 * GATHER_WARPS)
         mbarrier.init(empty.index(i), count=1)
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(x_empty.index(i), count=1)
-    return (boxes, w2_boxes, x_bufs, x_scales, h_buf), (ready, empty, x_ready, x_empty)
+    return (boxes, w2_boxes, x_bufs, x_scales, h_buf), ready, empty
 
 
 @gluon.jit
@@ -521,17 +508,16 @@ def scaled_experts_decode_ws_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, k, w13_
     chunks = (inter + CHUNK_COLUMNS - 1) // CHUNK_COLUMNS
     w13_desc, w2_desc = weight_descriptors(w13_ptr, w2_ptr, G, inter, H, w13_group_stride, ld13,
                                            w2_group_stride, ld2, GLU, BN)
-    bufs, barriers = ring(dtype, SCALING, BM, BN, BK, STAGES)
+    bufs, ready, empty = ring(dtype, SCALING, BM, BN, BK, STAGES)
     boxes, w2_boxes, x_bufs, x_scales, h_buf = bufs
-    ready, empty, x_ready, x_empty = barriers
     walk = (ids_ptr, S, G, chunks)
     tokens = (rows_ptr, x_scale_ptr, k)
-    mma_work = (bufs, barriers, (w13_scale_ptr, w2_scale_ptr),
+    mma_work = (bufs, ready, empty, (w13_scale_ptr, w2_scale_ptr),
                 (b13_ptr, has_b13, b2_ptr, has_b2, activation), tokens, parts_ptr, chunks, H, inter)
     load_work = ((w13_desc, w2_desc), (boxes, w2_boxes, x_bufs), ready, empty, tokens, chunks,
                  H)
     if SCALING == BLOCKWISE:
-        quantize_work = (x_bufs, x_scales, x_ready, x_empty, tokens, chunks, H)
+        quantize_work = (x_bufs, x_scales, ready, empty, tokens, chunks, H)
         gl.warp_specialize(
             [(mma_partition, (walk, mma_work, SCALING, GLU, BM, BN, BK, STAGES)),
              (load_partition, (walk, load_work, SCALING, GLU, BM, BN, BK, STAGES)),
