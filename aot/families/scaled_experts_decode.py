@@ -35,7 +35,7 @@ from .swiglu import ACTIVATION_PARAM
 # (docs/notes/2026-11-27-fp8-decode-in-one-kernel.md,
 # docs/notes/2026-11-27-fp8-decode-warp-specialised.md,
 # docs/notes/2026-11-27-fp8-decode-ws-256-byte-steps.md,
-# docs/notes/2026-11-30-fp8-decode-tokens-ring-and-two-units-an-sm.md).
+# docs/notes/2026-11-30-fp8-decode-several-units-a-program.md).
 FEW_SLOTS = f"S <= {MAX_SLOTS.value}"
 CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units", producers=2),
            Config(16, 128, 128, 4, 3, when="few_slots"))
