@@ -400,15 +400,16 @@ def replayed_ms(fn):
 
 
 def one_kernel_variant(case) -> str:
-    """The scaled_experts_decode variant the dispatch took before the split
-    forward (blockwise, concatenated, bfloat16 tokens)."""
-    slots, experts = case["topk_ids"].numel(), case["w13"].values.shape[0]
-    few_units = min(slots, experts) * triton.cdiv(case["w2"].values.shape[2], 128) <= 256
-    (key,) = [v["key"] for v in _C.variants() if v["family"] == "scaled_experts_decode"
-              and v["axes"] == {"scaling": "blockwise", "gate_up": "concatenated"}
-              and v["dtype"] == "bfloat16" and v["key"].endswith(
-                  "_few_units" if few_units else "_few_slots")]
-    return key
+    """The scaled_experts_decode variant the one-kernel forward takes on
+    `case` (blockwise, concatenated, bfloat16 tokens): the warp-specialised
+    one where its conditions hold, else the Triton one."""
+    variants = decode_variants(case)
+    try:
+        with forced(variants["ws"]):
+            gg_runtime.moe_experts(**case)
+        return variants["ws"]
+    except ValueError:  # past its few_units
+        return variants["triton"]
 
 
 def ab(args):
