@@ -127,7 +127,7 @@ class Config:
                 f"{ws}{cluster}{pingpong}{producers}{when}{registers}")
 
     def shared_estimate(self, dtype, out, tma: bool, ring_scales: bool = False,
-                        weights=None) -> int:
+                        weights=None, weight_rows: int = 0) -> int:
         """Shared memory of the pipeline as Triton 3.6 allocates it (measured),
         what configs are fitted by: TMA pipelines keep num_stages A and B tiles,
         the output tile a TMA store stages (the `ws` kernel at most
@@ -141,9 +141,10 @@ class Config:
         a `ws` kernel's ring also holds each stage's float32 scales of the
         tile's rows and columns (Family.ring_scales).  dtype, out and weights
         (the BN side's tiles' type where not dtype, Family.weights):
-        aot/variants.py DTypes."""
+        aot/variants.py DTypes; weight_rows: that side's rows a stage where
+        not BN (Family.weight_rows)."""
         rows = self.BM // self.ctas  # a CTA's
-        tiles = (rows * dtype.bytes + self.BN * (weights or dtype).bytes) * self.BK
+        tiles = (rows * dtype.bytes + (weight_rows or self.BN) * (weights or dtype).bytes) * self.BK
         if not tma:
             return max(max(self.num_stages - 1, 1) * tiles, rows * self.BN * out.bytes)
         split = rows * self.BK * dtype.bytes if dtype.precision == "tf32x3" else 0
@@ -207,6 +208,9 @@ class Family:
     # where not the variant's input dtype (the decode kernels' fp8 weights
     # beside 16-bit tokens); "": the input's.
     weights: str = ""
+    # The weights' rows a pipeline stage where they are not BN (0: BN); for
+    # a kernel whose BN sizes something else (Config.shared_estimate).
+    weight_rows: int = 0
     # The kernel uses no instruction sm80 lacks (no MMA, TMA or fp8): a later
     # arch's variant is ptxas's code for that arch from its sm80 twin's PTX,
     # not compiled again (aot/compile.py; make build's time).

@@ -143,7 +143,7 @@ def flavours(family: str, axes: tuple, arch: Arch) -> tuple:
 
 
 def _fitted(config: Config, arch: Arch, limit: int, dtype: DType, out: DType, tma: bool,
-            ring_scales: bool, weights: DType | None = None) -> Config:
+            ring_scales: bool, weights: DType | None = None, weight_rows: int = 0) -> Config:
     """The config, with more warps or half the columns where 4-byte inputs
     would hold more accumulator registers a thread than the arch takes
     (Arch.wide_input_accumulator), and K steps at most WIDE_INPUT_BK deep
@@ -157,7 +157,7 @@ def _fitted(config: Config, arch: Arch, limit: int, dtype: DType, out: DType, tm
             else:
                 config = replace(config, BN=config.BN // 2)
         config = replace(config, BK=min(config.BK, WIDE_INPUT_BK))
-    while config.shared_estimate(dtype, out, tma, ring_scales, weights) > limit:
+    while config.shared_estimate(dtype, out, tma, ring_scales, weights, weight_rows) > limit:
         if config.num_stages > 2:
             config = Config(**{**asdict(config), "num_stages": config.num_stages - 1})
         elif config.BK > 16:
@@ -195,7 +195,8 @@ def configs_for(family: str, arch: Arch, flavour: str, dtype: DType, out: DType,
     if not _runs_ws(family, flavour, dtype):
         configs = [replace(c, ws=False, pingpong=False) for c in configs]
     fitted = large + [_fitted(c, arch, arch.shared_limit, dtype, staged_out if c.ws else out,
-                              tma, scales, weights) for c in configs]
+                              tma, scales, weights, FAMILIES[family].weight_rows)
+                      for c in configs]
     return tuple(dict.fromkeys(fitted))  # fitting can make two configs one
 
 

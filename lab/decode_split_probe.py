@@ -47,7 +47,7 @@ import triton.language as tl
 from aot.kernels.experts_decode import (CHUNK_COLUMNS, MAX_SLOTS, down_parts, locate_unit,
                                         quantized_h, slot_groups, token_rows, w2_descriptor,
                                         w13_descriptor)
-from aot.kernels.experts_decode_split import (part_sums, scaled_decode_down_kernel,
+from lab.decode_two_kernel_split import (part_sums, scaled_decode_down_kernel,
                                               scaled_decode_up_kernel)
 from aot.kernels.glu import CONCATENATED
 from aot.kernels.quantize import scale_of, to_e4m3
@@ -310,7 +310,8 @@ COMBINES = ((512, FEW_PARTS, 4), (32, 256, 8))
 
 
 def dispatch_splits(units: int, blocks: int) -> int:
-    """csrc/ops/expert_products_fp8_decode.cc decode_splits, unforced."""
+    """The two-kernel split forward's rule (csrc/ops/expert_products_fp8_decode.cc
+    decode_splits before the one-launch kernel), unforced."""
     want = min(256 // units, blocks // 4) if units <= 32 and blocks >= 40 else 1
     return 1 if want < 2 else triton.cdiv(blocks, triton.cdiv(blocks, want))
 

@@ -41,12 +41,11 @@ CONFIGS = (Config(16, 256, 256, 4, 3, ws=True, when="few_units", producers=2),
            Config(16, 128, 128, 4, 3, when="few_slots"))
 
 
-# The decode families' parameters, in groups that the split forward's two
-# families (scaled_decode_up.py, scaled_decode_down.py) share.  x: the tokens
-# [*, H] (blockwise), or xq, x_scale: quantize_fp8's per token (rowwise),
-# contiguous; ids: the slots' experts [S] (slot s is token s // k's); w13
-# [G, 2I, H], w2 [G, H, I] and their scales, contiguous; b13 [G, 2I], b2
-# [G, H].
+# The decode families' parameters, in groups that the split forward's family
+# (scaled_decode_split.py) shares.  x: the tokens [*, H] (blockwise), or xq,
+# x_scale: quantize_fp8's per token (rowwise), contiguous; ids: the slots'
+# experts [S] (slot s is token s // k's); w13 [G, 2I, H], w2 [G, H, I] and
+# their scales, contiguous; b13 [G, 2I], b2 [G, H].
 TOKENS = (Param("x_ptr", "*T", "operand", aligned=True),
           Param("xq_ptr", "*fp8e4nv", "operand", aligned=True),
           Param("x_scale_ptr", "*fp32", "scale"))
@@ -65,8 +64,6 @@ W13_STRIDES = (Param("w13_group_stride", "i64", "stride", aligned=True),
 W2_STRIDES = (Param("w2_group_stride", "i64", "stride", aligned=True),
               Param("ld2", "i64", "stride", aligned=True))
 AXES = (Axis("scaling", SCALING, only=("rowwise", "blockwise")), Axis("gate_up", GATE_UP))
-# The split forward's parts of H a unit.
-SPLITS = Param("splits", "i32", "extent")
 
 
 def decode_constexprs(values: dict) -> dict:
@@ -74,18 +71,6 @@ def decode_constexprs(values: dict) -> dict:
     return {"SCALING": SCALINGS[values["scaling"]],
             "GLU": CONCATENATED if values["gate_up"] == "concatenated" else INTERLEAVED}
 
-
-# What the split forward's two families (scaled_decode_up.py, scaled_decode_down.py)
-# have alike: one config (BM slot rows a unit, the MMAs' N; BN w2's rows a
-# step; BK a K step, one scale block), sm90's TMA, at most MAX_SLOTS slots,
-# and their programs: every unit's tiles, each in `splits` parts.
-SPLIT_FAMILY = {
-    "axes": AXES, "constexprs": decode_constexprs, "tma": EVERY, "basic": False,
-    "weights": "float8_e4m3fn", "out_dtypes": ("float32",), "archs": (90,),
-    "configs": {(90, "tma"): (Config(16, 128, 128, 4, 3, when="few_slots"),)},
-    "conditions": {"few_slots": FEW_SLOTS},
-    "tiles": "0 if S == 0 else (cdiv(S, BM) + min(S, G)) * cdiv(N // 2, 128) * splits",
-    "rows": "S // max(G, 1)"}
 
 FAMILY = Family(
     name="scaled_experts_decode",

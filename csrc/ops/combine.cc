@@ -8,16 +8,6 @@
 #include "ops.h"
 
 namespace gg::ops {
-namespace {
-
-// `into` where given and of `dtype`, else a new [tokens, hidden] output.
-Tensor output_into(const Tensor* into, const Tensor& like, int64_t tokens, int64_t hidden,
-                   ScalarType dtype) {
-  if (into != nullptr && into->scalar_type() == dtype) return *into;
-  return new_output(like, {tokens, hidden}, dtype);
-}
-
-}  // namespace
 
 Tensor combine(Tensor rows_in, Tensor index_in, Tensor weights_in, Tensor offs) {
   check_tensor(rows_in, "rows", 2, family::Combine::kDTypes);

@@ -244,11 +244,8 @@ class Fp8Products final : public ExpertProducts {
 
   Tensor decode(const Tensor& ids, const Tensor& weights, Outputs& temporaries,
                 const Tensor* into) const override {
-    const Tensor slot_ids = packed_aligned(ids);
-    const Tensor parts = decode_parts(in_, x_scale_, slot_ids, {in_.w2, w2_scale_, b2_}, w13_scale_,
-                                      b13_, scales_, choices_, temporaries);
-    return combine_parts(parts, slot_ids, in_.x.size(0), in_.topk_ids.size(1), weights,
-                         in_.w13.size(0), into);
+    return decode_forward(in_, x_scale_, packed_aligned(ids), weights, {in_.w2, w2_scale_, b2_},
+                          w13_scale_, b13_, scales_, choices_, temporaries, into);
   }
 
   ScalarType out_dtype() const override { return fp8_out_dtype(in_.x); }

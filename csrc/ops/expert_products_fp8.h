@@ -44,11 +44,11 @@ Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale
 // Whether the forward takes the decode path (expert_products_fp8_decode.cc).
 bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given);
 
-// The decode path's down projection rows made in parts, [S, cdiv(I, 128), H]
-// float32 in the slots' own order, for combine_parts.
-Tensor decode_parts(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
-                    const DownProjection& weights, const Tensor& w13_scale,
-                    const std::optional<Tensor>& b13, Scaling scales, Choices choices,
-                    Outputs& outputs);
+// The decode path's output [T, H], bfloat16 (into `into` where given and of
+// that dtype), from ids (int64, contiguous) and weights (float32).
+Tensor decode_forward(const MoeInputs& in, const std::optional<Tensor>& x_scale, const Tensor& ids,
+                      const Tensor& weights_in, const DownProjection& weights,
+                      const Tensor& w13_scale, const std::optional<Tensor>& b13, Scaling scales,
+                      Choices choices, Outputs& outputs, const Tensor* into);
 
 }  // namespace gg::ops

@@ -352,6 +352,12 @@ Tensor zeroed(Tensor t) {
   return torch::stable::zero_(t);
 }
 
+Tensor output_into(const Tensor* into, const Tensor& like, int64_t tokens, int64_t hidden,
+                   ScalarType dtype) {
+  if (into != nullptr && into->scalar_type() == dtype) return *into;
+  return new_output(like, {tokens, hidden}, dtype);
+}
+
 Tensor filled(Tensor t, double value) {
   submit_recorded();
   return torch::stable::fill_(t, value);

@@ -226,6 +226,10 @@ Tensor filled(Tensor t, double value);
 Tensor converted(const Tensor& t, ScalarType dtype);
 Tensor copied_into(Tensor target, const Tensor& source);
 
+// `into` where given and of `dtype`, else a new [tokens, hidden] output like `like`.
+Tensor output_into(const Tensor* into, const Tensor& like, int64_t tokens, int64_t hidden,
+                   ScalarType dtype);
+
 // The stack after aten::name.overload (an operator the stable ABI wraps no
 // function for) is called with args: its results first, each to be taken
 // (torch::stable::detail::to) once.

@@ -84,19 +84,20 @@ def test_tma_variant_compiled_on_what_the_runtime_checks():
     """A TMA variant compiles as multiples what csrc/run.cc's TMA rule checks
     of every call it launches: operand and output bases 16-byte aligned,
     strides and row lengths whole 16 bytes of the narrower element type
-    (float32 here: 4 elements), nothing of scales and extents; so the split
-    decode's down kernel reads gu and writes its parts in vectors (without,
-    an element at a time).  A family with a group table gets none: the rule
-    checks its groups' fields, not its arguments."""
-    down = next(v for v in all_variants() if v.family == "scaled_decode_down"
-                and v.flavour == "tma")
-    names = FAMILIES[down.family].kernel.arg_names
-    assert {names[i]: d for i, d in down.divisible_params().items()} == {
-        "gu_ptr": 16, "ids_ptr": 16, "w2_ptr": 16, "parts_ptr": 16,
-        "H": 4, "N": 4, "w2_group_stride": 4, "ld2": 4}
-    ptx = (KERNELS / f"{down.key}.ptx").read_text()
+    (bfloat16 here: 8 elements), nothing of scales and extents; with the
+    kernel's own hints from the operator's fp8 rules (H, I and the weights'
+    strides multiples of 16), the split decode forward reads w2's rows in
+    vectors.  A family with a group table gets none: the rule checks its
+    groups' fields, not its arguments."""
+    split = next(v for v in all_variants() if v.family == "scaled_decode_split"
+                 and v.flavour == "tma")
+    names = FAMILIES[split.family].kernel.arg_names
+    assert {names[i]: d for i, d in split.divisible_params().items()} == {
+        **dict.fromkeys(("x_ptr", "xq_ptr", "ids_ptr", "w13_ptr", "w2_ptr", "gu_ptr", "h_ptr",
+                         "h_scale_ptr", "counters_ptr", "out_ptr"), 16),
+        **dict.fromkeys(("H", "N", "w13_group_stride", "ld13", "w2_group_stride", "ld2"), 8)}
+    ptx = (KERNELS / f"{split.key}.ptx").read_text()
     assert re.search(r"ld\.global(\.[a-z0-9]+)*\.v[24]\.b32", ptx)
-    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
     grouped = next(v for v in all_variants() if v.family == "grouped_gemm"
                    and v.flavour == "tma")
     assert grouped.divisible_params() == {}
@@ -429,7 +430,7 @@ def test_shared_estimate_covers_what_triton_allocates(manifest):
             staged = (config.ws and family.staged(r["axes"])) or r["out_dtype"]
             estimate = config.shared_estimate(DTYPES[r["dtype"]], DTYPES[staged],
                                               r["flavour"] == "tma", family.ring_scales,
-                                              DTYPES.get(family.weights))
+                                              DTYPES.get(family.weights), family.weight_rows)
             assert r["shared"] <= estimate + 1024, (r["key"], r["shared"], estimate)
 
 

@@ -1,7 +1,7 @@
 """fp8 moe_experts' decode path (few slots) on the GPU against
 gg_runtime.testing.moe_fp8's float64 reference: the one-kernel forward
-(scaled_experts_decode) and the forward split over H (scaled_decode_up and
-scaled_decode_down), each variant forced on shapes of up to their most slots,
+(scaled_experts_decode) and the forward split over H in one launch
+(scaled_decode_split), each variant forced on shapes of up to their most slots,
 with both activations, biases, dropped, duplicate and non-finite ids and
 strided tokens; the dispatch's own choice between them and the routed path;
 outputs poisoned.  The data and tolerances are test_gpu_moe_fp8.py's
@@ -26,14 +26,14 @@ pytestmark = [pytest.mark.skipif(device_arch() != 90, reason="fp8 kernels run on
 
 
 # The decode kernels, which calls of few slots take: the one-kernel forward
-# (aot/families/scaled_experts_decode.py) and the up projection of the forward
-# with each unit's H cut into parts (scaled_decode_up.py, which forces that
-# path and its down projection), forced here on shapes of up to their most
-# slots, so that they meet many rows an expert too, each forced variant's
-# scales, gate/up layout and tokens' dtype; past their most slots they are
-# refused.
+# (aot/families/scaled_experts_decode.py) and the forward with each slot's H
+# cut into parts (scaled_decode_split.py, which forcing forces that path),
+# forced here on shapes of up to their most slots, so that they meet many
+# rows an expert too, each forced variant's scales, gate/up layout and
+# tokens' dtype; past their most slots (the split's `wide` config: or where
+# H is narrower than 4096) they are refused.
 DECODE_KERNELS = [v for v in _C.variants() if v["arch"] == 90
-                  and v["family"] in ("scaled_experts_decode", "scaled_decode_up")]
+                  and v["family"] in ("scaled_experts_decode", "scaled_decode_split")]
 decode_kernels = pytest.mark.parametrize("variant", DECODE_KERNELS,
                                          ids=[v["key"] for v in DECODE_KERNELS])
 # The combine of the decode path's parts: one variant for tokens of few parts.
@@ -52,18 +52,22 @@ DECODE_SHAPES = {
     # Few units and a wide H: the split forward cuts each into 4 parts of
     # 5, 5, 5 and 2 of H's 17 blocks.
     "many_parts": (3, 2064, 208, 64, 8),
+    # H past 4096 (the split's `wide` config), not a multiple of 128.
+    "wide": (2, 4112, 208, 16, 8),
     "one_slot_too_many": (MAX_DECODE_SLOTS + 1, 272, 208, 1, 1),
 }
 
 
 def decode_runs_on(variant, case) -> bool:
-    """Whether a scaled_experts_decode variant runs the call: the family's
-    conditions (aot/families/scaled_experts_decode.py), which its key ends
-    with: `few_slots`, at most its most slots, and `few_units`, a bound on the
-    units too."""
-    slots, (experts, _, inter) = case["topk_ids"].numel(), case["w2"].values.shape
+    """Whether a decode variant runs the call: its family's conditions
+    (aot/families/scaled_experts_decode.py, scaled_decode_split.py), which
+    its key ends with: `few_slots`, at most its most slots; `few_units`, a
+    bound on the units too; `wide`, H of at least 4096 too."""
+    slots, (experts, hidden, inter) = case["topk_ids"].numel(), case["w2"].values.shape
     if slots > MAX_DECODE_SLOTS:
         return False
+    if variant["key"].endswith("_wide"):
+        return hidden >= 4096
     return not variant["key"].endswith("_few_units") or \
         min(slots, experts) * math.ceil(inter / 128) <= 256
 
@@ -84,7 +88,8 @@ def check_decode(variant, case, tolerance=EXACT_TOLERANCE, **options):
         return None
     with forced(variant["key"]):
         out = gg_runtime.moe_experts(**case, **options)
-        assert last_variant().startswith("combine_parts.")
+        split = variant["family"] == "scaled_decode_split"
+        assert last_variant().startswith("scaled_decode_split." if split else "combine_parts.")
     assert_matches_reference(out, case, tolerance, **options)
     return out
 
@@ -118,6 +123,8 @@ def test_decode_kernel_duplicate_dropped_and_non_finite(variant, inter):
     ids[::7, 2] = -1
     ids[0] = torch.tensor([8, 9, 2 ** 31 - 1, -300])
     out = check_decode(variant, case)
+    if out is None:  # refused: H is narrower than the variant's
+        return
     assert out[0].eq(0).all()
     case["x"][3, 10] = float("nan")
     case["x"][13, 200] = float("inf")
@@ -166,29 +173,23 @@ def test_decode_kernel_with_several_units_a_program(variant, programs):
         check_decode(variant, case)
 
 
-SPLIT_DOWN_KERNELS = [v for v in _C.variants() if v["arch"] == 90
-                      and v["family"] == "scaled_decode_down"]
+SPLIT_KERNELS = [v for v in DECODE_KERNELS if v["family"] == "scaled_decode_split"]
 
 
-@pytest.mark.parametrize("variant", SPLIT_DOWN_KERNELS, ids=[v["key"] for v in SPLIT_DOWN_KERNELS])
-def test_split_decode_down_projection_forced(variant):
-    """Each down projection of the split decode forward forced (which forces
-    that path), biases and gpt-oss's activation on a width of a partial chunk
-    of h, H of three parts."""
-    kind = up_kind(variant)
-    case = make_case(*DECODE_GROUPS, kind, bias=True)
-    with forced(variant["key"]):
-        out = gg_runtime.moe_experts(**case, gate_up=variant["axes"]["gate_up"],
-                                     activation="gpt_oss")
-    reference = moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"],
-                                    activation="gpt_oss")
-    assert_close(out, reference, EXACT_TOLERANCE)
+@pytest.mark.parametrize("variant", SPLIT_KERNELS, ids=[v["key"] for v in SPLIT_KERNELS])
+def test_split_decode_forced_with_biases_and_gpt_oss(variant):
+    """Each variant of the split decode forward forced, biases and gpt-oss's
+    activation on a width of a partial chunk of h, H of 33 blocks (the last
+    partial) in parts, 64 slots of 8 experts."""
+    case = decode_case(variant, (16, 4112, 208, 8, 4), bias=True)
+    check_decode(variant, case, activation="gpt_oss")
 
 
 # combine_parts' cases: (make_case's arguments, whether a token has few parts
 # and H is wide, the few-parts variant's condition): 16 parts of H 4112, 32
-# parts, and 16 parts of H 272.
-COMBINE_CASES = (((1, 4112, 208, 16, 8), True), ((3, 4112, 400, 16, 8), False),
+# parts, and 16 parts of H 272; each with more units than the split forward
+# takes.
+COMBINE_CASES = (((5, 4112, 208, 64, 8), True), ((3, 4112, 400, 16, 8), False),
                  ((1, 272, 208, 16, 8), False))
 
 
@@ -248,6 +249,7 @@ def test_few_units_take_the_split_decode(kind, tokens):
     the one-kernel forward."""
     case = make_case(tokens, 5136, 208, 64, 8, kind)
     out = gg_runtime.moe_experts(**case)
+    assert last_variant().startswith("scaled_decode_split.")
     assert_close(out, moe_experts_fp8_ref(**case), EXACT_TOLERANCE)
     (one_kernel,) = [v for v in DECODE_KERNELS if v["family"] == "scaled_experts_decode"
                      and v["axes"] == {"scaling": case_scaling(kind), "gate_up": "concatenated"}
