@@ -8,11 +8,10 @@ combine_parts where a call's units are too few to keep the SMs reading
 is the tokens' (16-bit), the output bfloat16 as combine_parts'; the weights
 are float8_e4m3fn, w13 by TMA, sm90."""
 from ..family import Config, Family, Param
-from ..axes import EVERY
 from ..kernels.experts_decode import MAX_SLOTS
 from ..kernels.experts_decode_split import scaled_decode_split_kernel
-from .scaled_experts_decode import (AXES, BIASES, EXTENTS, IDS, TOKENS, TOP_K, W2, W2_STRIDES,
-                                    W13, W13_STRIDES, decode_constexprs)
+from .scaled_experts_decode import (BIASES, DECODE_FAMILY, EXTENTS, IDS, TOKENS, TOP_K, W2,
+                                    W2_STRIDES, W13, W13_STRIDES)
 
 FEW_SLOTS = f"T * k <= {MAX_SLOTS.value}"
 
@@ -34,16 +33,10 @@ FAMILY = Family(
             Param("h_scale_ptr", "*fp32", "output"), Param("counters_ptr", "*i32", "output"),
             Param("out_ptr", "*O", "output", aligned=True), Param("T", "i32", "extent"),
             *EXTENTS[1:], Param("splits", "i32", "extent"), *W13_STRIDES, *W2_STRIDES),
-    axes=AXES,
-    constexprs=decode_constexprs,
-    tma=EVERY,
-    basic=False,
-    dtypes=("bfloat16", "float16"),
-    weights="float8_e4m3fn",
+    **DECODE_FAMILY,
     # The up tickets' stages: a K step of gate's and up's 128 rows each.
     weight_rows=256,
     out_dtypes=("bfloat16",),
-    archs=(90,),
     configs={(90, "tma"): CONFIGS},
     # The decode path's most slots (scaled_experts_decode's).
     conditions={"few_slots": FEW_SLOTS, "wide": f"{FEW_SLOTS} and H >= 4096"},

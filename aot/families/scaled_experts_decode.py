@@ -72,6 +72,12 @@ def decode_constexprs(values: dict) -> dict:
             "GLU": CONCATENATED if values["gate_up"] == "concatenated" else INTERLEAVED}
 
 
+# What the decode families have alike: their axes, 16-bit tokens beside fp8
+# weights, sm90's TMA.
+DECODE_FAMILY = {"axes": AXES, "constexprs": decode_constexprs, "tma": EVERY, "basic": False,
+                 "dtypes": ("bfloat16", "float16"), "weights": "float8_e4m3fn", "archs": (90,)}
+
+
 FAMILY = Family(
     name="scaled_experts_decode",
     kernel=scaled_experts_decode_kernel,
@@ -79,14 +85,8 @@ FAMILY = Family(
     # The groups above; parts [S, C, H] float32.
     params=(*TOKENS, IDS, TOP_K, *W13, *W2, *BIASES,
             Param("parts_ptr", "*O", "output", aligned=True), *EXTENTS, *W13_STRIDES, *W2_STRIDES),
-    axes=AXES,
-    constexprs=decode_constexprs,
-    tma=EVERY,
-    basic=False,
-    dtypes=("bfloat16", "float16"),
-    weights="float8_e4m3fn",
+    **DECODE_FAMILY,
     out_dtypes=("float32",),
-    archs=(90,),
     configs={(90, "tma"): CONFIGS},
     # The kernels route at most MAX_SLOTS slots: no variant takes more.
     conditions={"few_slots": FEW_SLOTS,
