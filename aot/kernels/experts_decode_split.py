@@ -42,7 +42,7 @@ from .glu import CONCATENATED, act
 from .quantize import scale_of, to_e4m3
 from .scaled import BLOCKWISE, SCALE_BLOCK
 
-GU_COLUMNS = tl.constexpr(2 * 128)  # a unit's gate then up sums in gu
+GU_COLUMNS = tl.constexpr(2 * CHUNK_COLUMNS.value)  # a unit's gate then up sums in gu
 PARTS = tl.constexpr(8)  # (slot, chunk) pairs a down step: a token's k at one chunk
 
 
@@ -60,7 +60,7 @@ def scaled_decode_split_kernel(x_ptr, xq_ptr, x_scale_ptr, ids_ptr, weights_ptr,
     module says."""
     tl.static_assert(BK == SCALE_BLOCK, "one K step a scale block")
     # The operator's rules (csrc/ops/expert_products_fp8.cc): H, I and the
-    # weights' strides multiples of 16, so w2's rows load in 16-byte vectors.
+    # weights' strides multiples of 16, so that w2's rows load in vectors.
     H = tl.multiple_of(H, 16)
     inter = tl.multiple_of(N // 2, 16)
     w2_group_stride = tl.multiple_of(w2_group_stride, 16)
