@@ -15,11 +15,16 @@ from .scaled_experts_decode import (BIASES, DECODE_FAMILY, EXTENTS, IDS, TOKENS,
 
 FEW_SLOTS = f"T * k <= {MAX_SLOTS.value}"
 
-# BM: the MMAs' N (a slot's row of it used); BN: H's rows a down ticket;
-# BK: a K step, one scale block.  Where H is wide (DeepSeek-V3's 7168), 32
-# rows a down ticket on 8 warps; elsewhere (Qwen3's 2048) 16 on 4
-# (docs/notes/2026-11-30-fp8-decode-split-in-one-launch.md).
-CONFIGS = (Config(16, 32, 128, 8, 3, when="wide"), Config(16, 16, 128, 4, 3, when="few_slots"))
+# BM: the MMAs' N (a slot's row of it used); BN: H's rows a down ticket,
+# which takes 256 // BN of a token's (slot, chunk) pairs a step; BK: a K
+# step, one scale block.  Where H is wide (DeepSeek-V3's 7168), 32 rows a
+# down ticket on 8 warps; where a token has more than 16 pairs (Qwen3's TP2
+# shard, I = 384, at k = 8: 24), 8 rows on 8 warps, every pair in one step;
+# elsewhere (Qwen3's TP4 shard: 16 pairs) 16 on 4
+# (docs/notes/2026-11-30-fp8-decode-split-in-one-launch.md,
+# docs/notes/2026-11-30-fp8-decode-split-down-steps.md).
+CONFIGS = (Config(16, 32, 128, 8, 3, when="wide"), Config(16, 8, 128, 8, 3, when="many_pairs"),
+           Config(16, 16, 128, 4, 3, when="few_slots"))
 
 FAMILY = Family(
     name="scaled_decode_split",
@@ -39,7 +44,8 @@ FAMILY = Family(
     out_dtypes=("bfloat16",),
     configs={(90, "tma"): CONFIGS},
     # The decode path's most slots (scaled_experts_decode's).
-    conditions={"few_slots": FEW_SLOTS, "wide": f"{FEW_SLOTS} and H >= 4096"},
+    conditions={"few_slots": FEW_SLOTS, "wide": f"{FEW_SLOTS} and H >= 4096",
+                "many_pairs": f"{FEW_SLOTS} and k * cdiv(N // 2, 128) > 16"},
     # The tickets: every unit's parts, then every token's down rows.
     tiles="T * k * cdiv(N // 2, 128) * splits + T * cdiv(H, BN)",
     rows="T",

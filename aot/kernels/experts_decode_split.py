@@ -43,7 +43,9 @@ from .quantize import scale_of, to_e4m3
 from .scaled import BLOCKWISE, SCALE_BLOCK
 
 GU_COLUMNS = tl.constexpr(2 * CHUNK_COLUMNS.value)  # a unit's gate then up sums in gu
-PARTS = tl.constexpr(8)  # (slot, chunk) pairs a down step: a token's k at one chunk
+# A down step's w2 tile: this many rows of one chunk (128 bytes each), BN
+# rows of H for each of DOWN_ROWS // BN (slot, chunk) pairs.
+DOWN_ROWS = tl.constexpr(256)
 
 
 @triton.jit
@@ -206,9 +208,10 @@ def write_h(unit_parts, units, splits, biases, g, j, inter, GLU: tl.constexpr, h
 def down_rows(d, routing, w2, biases, scratch, out_ptr, H, inter, G, w2_group_stride, ld2, units,
               SCALING: tl.constexpr, BN: tl.constexpr):
     """Down ticket d: token d // cdiv(H, BN)'s BN rows of out, from its slots'
-    h and w2 rows, PARTS (slot, chunk) pairs a step; the first step's
-    weights are loaded before the wait for every unit's h, so that they are
-    on their way while the up tickets finish."""
+    h and w2 rows, DOWN_ROWS // BN (slot, chunk) pairs a step; the first
+    step's weights are loaded before the wait for every unit's h, so that
+    they are on their way while the up tickets finish."""
+    PARTS: tl.constexpr = DOWN_ROWS // BN
     ids_ptr, weights_ptr, k = routing
     w2_ptr, w2_scale_ptr = w2
     b13_ptr, has_b13, b2_ptr, has_b2, activation = biases

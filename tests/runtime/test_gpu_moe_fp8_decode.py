@@ -54,6 +54,9 @@ DECODE_SHAPES = {
     "many_parts": (3, 2064, 208, 64, 8),
     # H past 4096 (the split's `wide` config), not a multiple of 128.
     "wide": (2, 4112, 208, 16, 8),
+    # 40 (slot, chunk) pairs a token (the split's `many_pairs` config: two
+    # down steps of 32), I not a multiple of 128.
+    "many_pairs": (2, 528, 560, 16, 8),
     "one_slot_too_many": (MAX_DECODE_SLOTS + 1, 272, 208, 1, 1),
 }
 
@@ -62,12 +65,15 @@ def decode_runs_on(variant, case) -> bool:
     """Whether a decode variant runs the call: its family's conditions
     (aot/families/scaled_experts_decode.py, scaled_decode_split.py), which
     its key ends with: `few_slots`, at most its most slots; `few_units`, a
-    bound on the units too; `wide`, H of at least 4096 too."""
+    bound on the units too; `wide`, H of at least 4096 too; `many_pairs`,
+    more than 16 (slot, chunk) pairs a token too."""
     slots, (experts, hidden, inter) = case["topk_ids"].numel(), case["w2"].values.shape
     if slots > MAX_DECODE_SLOTS:
         return False
     if variant["key"].endswith("_wide"):
         return hidden >= 4096
+    if variant["key"].endswith("_many_pairs"):
+        return case["topk_ids"].shape[1] * math.ceil(inter / 128) > 16
     return not variant["key"].endswith("_few_units") or \
         min(slots, experts) * math.ceil(inter / 128) <= 256
 
