@@ -205,6 +205,15 @@ def write_h(unit_parts, units, splits, biases, g, j, inter, GLU: tl.constexpr, h
 
 
 @triton.jit
+def wait_for_every_h(counters_ptr, units):
+    """Spin until every unit's h is written (counters[1] = units; acquire),
+    then the CTA's threads."""
+    while tl.atomic_add(counters_ptr + 1, 0, sem="acquire", scope="gpu") < units:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
 def down_rows(d, routing, w2, biases, scratch, out_ptr, H, inter, G, w2_group_stride, ld2, units,
               SCALING: tl.constexpr, BN: tl.constexpr):
     """Down ticket d: token d // cdiv(H, BN)'s BN rows of out, from its slots'
@@ -247,10 +256,8 @@ def down_rows(d, routing, w2, biases, scratch, out_ptr, H, inter, G, w2_group_st
             b2 = tl.load(b2_ptr + g64[:, None] * H + n[None, :], mask=w_ok & (column == 0)[:, None],
                          other=0.0).to(tl.float32)
             acc += tl.sum(b2 * weight[:, None], axis=0)
-        if first == 0:  # the up tickets' h, once
-            while tl.atomic_add(counters_ptr + 1, 0, sem="acquire", scope="gpu") < units:
-                pass
-            tl.debug_barrier()
+        if first == 0:
+            wait_for_every_h(counters_ptr, units)
         unit = slot * chunks + column
         h = tl.load(h_ptr + unit.to(tl.int64)[:, None] * CHUNK_COLUMNS + cols[None, :],
                     mask=kept[:, None], other=0.0, cache_modifier=".cg")
