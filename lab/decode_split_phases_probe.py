@@ -16,11 +16,14 @@ it) with the L2 flushed, µs, in turns.  Phases:
 Each variant is a new JITFunction made after its helpers are replaced in the
 kernel's module, with the module's functions' memoized hashes dropped and a
 Triton cache directory of its own, so that no cache hands it another's
-binary.  With --splits:
-the full kernel and up_only with each unit's H in more parts than the
-runtime's rule gives.  Run from build/ with the wheel on PYTHONPATH:
+binary.  The grid is the probe's estimate of the resident wave from the
+JIT build's registers and shared memory (the wheel's build may fit more).
+--splits: the full kernel and up_only with each unit's H in more parts
+than the runtime's rule gives; --stages: the up tickets' K stages.  Run
+from build/ with the wheel on PYTHONPATH
+(docs/notes/2026-11-30-fp8-decode-split-down-steps.md):
 
-    python -m lab.decode_split_phases_probe [--splits]
+    python -m lab.decode_split_phases_probe [--splits] [--stages N]
 """
 from __future__ import annotations
 
