@@ -22,8 +22,9 @@ namespace {
 // with at least kSplitBlocks blocks of H, none empty, where that makes two
 // parts or more.  Elsewhere the one-kernel forward measured faster (docs/
 // notes/2026-11-30-fp8-decode-split-in-one-launch.md).  A test forcing the
-// split forward gets it (at least 2 parts where H has two blocks); one
-// forcing the one-kernel forward or its combine_parts, that.
+// split forward gets it (at least 2 parts where H has two blocks) unless H
+// is empty (nothing to cut, and no division by zero parts); one forcing the
+// one-kernel forward or its combine_parts, that.
 constexpr int64_t kSplitUnits = 32;
 constexpr int64_t kSplitPrograms = 256;
 constexpr int64_t kSplitBlocks = 4;
@@ -32,6 +33,7 @@ constexpr int64_t kDecodeSlotsAnExpert = 2;
 int64_t decode_splits(int64_t slots, int64_t hidden, int64_t inter) {
   const int64_t units = std::max<int64_t>(slots * blocks(inter), 1);
   const int64_t steps = blocks(hidden);
+  if (steps == 0) return 0;
   int64_t want = units <= kSplitUnits ? std::min(kSplitPrograms / units, steps / kSplitBlocks) : 0;
   if (forces_family(family::ScaledDecodeSplit::kIndex)) {
     want = std::max<int64_t>(want, std::min<int64_t>(steps, 2));
@@ -39,7 +41,7 @@ int64_t decode_splits(int64_t slots, int64_t hidden, int64_t inter) {
              forces_family(family::CombineParts::kIndex) || want < 2) {
     return 0;
   }
-  return cdiv(steps, cdiv(steps, std::max<int64_t>(want, 1)));
+  return cdiv(steps, cdiv(steps, want));
 }
 
 // What the decode kernels read of the tokens: 16-bit rows (blockwise: the
