@@ -4,10 +4,13 @@
 // or 128): the up projection on the tokens' rows gathered through the
 // routing with the activation in its epilogue (w4_glu), then the down
 // projection (w4_ragged_m); at decode their twins w4_decode_glu and
-// w4_decode_down.  The weights are widened to the tokens' 16 bits
-// in the kernels' K loops (W4A16).  Inference only.
+// w4_decode_down, or, where those have few units, the whole forward in one
+// launch with each slot's H cut into parts (w4_decode_split).  The weights
+// are widened to the tokens' 16 bits in the kernels' K loops (W4A16).
+// Inference only.
 #include <family_args.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -113,6 +116,41 @@ struct Weights {
 constexpr int64_t kFewSlots = 32;
 bool decodes(int64_t slots, int64_t experts) {
   return slots <= experts && experts <= kFewSlots * slots;
+}
+
+// Where the forward takes w4_decode_split: no biases (its kernel adds none),
+// at most one slot an expert, and an up projection of at most kSplitUnits
+// units of 128 w13 rows a slot, where the decode kernels leave most SMs idle
+// and the split forward measured faster (docs/notes/2026-12-01-w4-decode-split.md).  A test
+// forcing it gets it (with biases, the routed kernels all the same); one
+// forcing a kernel of the other paths, that path.
+constexpr int64_t kSplitUnits = 128;
+bool splits_decode(int64_t slots, int64_t experts, int64_t inter, bool biases) {
+  if (biases) return false;
+  if (forces_family(family::W4DecodeSplit::kIndex)) return true;
+  for (const int other :
+       {family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
+        family::W4RaggedM::kIndex, family::Combine::kIndex}) {
+    if (forces_family(other)) return false;
+  }
+  return slots <= experts && slots * cdiv(2 * inter, 128) <= kSplitUnits;
+}
+
+// w4_decode_split's parts: about kSplitPrograms tickets of each kind, an up
+// part at least kSplitSteps steps of 256 along H, a down part at least one
+// (slot, chunk) pair.
+constexpr int64_t kSplitPrograms = 256;
+constexpr int64_t kSplitSteps = 2;
+int64_t up_splits(int64_t units, int64_t hidden) {
+  const int64_t steps = std::max<int64_t>(cdiv(hidden, 256), 1);
+  const int64_t want = std::clamp<int64_t>(kSplitPrograms / std::max<int64_t>(units, 1), 1,
+                                           std::max<int64_t>(steps / kSplitSteps, 1));
+  return cdiv(steps, cdiv(steps, want));
+}
+int64_t down_splits(int64_t row_tiles, int64_t pairs) {
+  const int64_t want = std::clamp<int64_t>(kSplitPrograms / std::max<int64_t>(row_tiles, 1), 1,
+                                           std::max<int64_t>(pairs, 1));
+  return cdiv(pairs, cdiv(pairs, want));
 }
 
 // The up projection's arguments, the same for both of its families.
@@ -227,6 +265,60 @@ class W4Products final : public ExpertProducts {
   }
 
   bool gathers() const override { return true; }
+
+  bool takes_decode(int64_t slots) const override {
+    return splits_decode(slots, in_.w13.size(0), in_.w2.size(2) * 2, b13_ || b2_);
+  }
+
+  // The whole forward in w4_decode_split's one launch.
+  Tensor decode(const Tensor& ids, const Tensor& weights, Outputs& temporaries,
+                const Tensor* into) const override {
+    const int64_t tokens = x_.size(0), hidden = x_.size(1), inter = in_.w2.size(2) * 2;
+    const int64_t k = in_.topk_ids.size(1);
+    Tensor out = output_into(into, x_, tokens, hidden, x_.scalar_type());
+    if (out.numel() == 0 || shapes_only(out)) return out;
+    if (in_.w13.size(0) == 0) return zeroed(out);  // every slot dropped
+    const int64_t chunks = cdiv(inter, 128), units = tokens * k * chunks;
+    const int64_t splits = up_splits(units, hidden);
+    const int64_t row_tiles = cdiv(hidden, family::W4DecodeSplit::kDownRows);
+    const int64_t parts = down_splits(tokens * row_tiles, k * chunks);
+    const Tensor ids_read = packed_aligned(ids);
+    const Tensor gu = temporaries.make({splits, units, 256}, ScalarType::Float);
+    const Tensor h = temporaries.make({units, 128}, x_.scalar_type());
+    const Tensor dsum = temporaries.make({parts, tokens, hidden}, ScalarType::Float);
+    const Tensor counters =
+        zeroed(temporaries.make({2 + units + tokens * row_tiles}, ScalarType::Int));
+    const family::W4DecodeSplit args{.x_ptr = address(x_),
+                                     .ids_ptr = address(ids_read),
+                                     .weights_ptr = address(weights),
+                                     .k = k,
+                                     .w13_ptr = address(in_.w13),
+                                     .w13_scale_ptr = address(w13_scale_),
+                                     .w2_ptr = address(in_.w2),
+                                     .w2_scale_ptr = address(w2_scale_),
+                                     .activation = family::choice_code(choices_.activation),
+                                     .gu_ptr = address(gu),
+                                     .h_ptr = address(h),
+                                     .dsum_ptr = address(dsum),
+                                     .counters_ptr = address(counters),
+                                     .out_ptr = address(out),
+                                     .T = tokens,
+                                     .H = hidden,
+                                     .N = in_.w13.size(1),
+                                     .G = in_.w13.size(0),
+                                     .splits = splits,
+                                     .down_splits = parts,
+                                     .w13_group_stride = in_.w13.stride(0),
+                                     .ld13 = in_.w13.stride(1),
+                                     .w13_scale_group_stride = w13_scale_.stride(0),
+                                     .lds13 = w13_scale_.stride(1),
+                                     .w2_group_stride = in_.w2.stride(0),
+                                     .ld2 = in_.w2.stride(1),
+                                     .w2_scale_group_stride = w2_scale_.stride(0),
+                                     .lds2 = w2_scale_.stride(1)};
+    launch(args, {.format = format_, .gate_up = choices_.gate_up}, target_of(x_, x_.scalar_type()));
+    return out;
+  }
 
  private:
   static std::optional<Tensor> contiguous_bias(const std::optional<Tensor>& bias) {

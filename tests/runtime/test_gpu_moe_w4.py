@@ -33,9 +33,11 @@ PER_TOKEN_FACTOR = 4
 TAILS = {"mxfp4": (64, 288, 160, 8, 4), "int4_g32": (64, 288, 160, 8, 4),
          "int4_g128": (64, 384, 256, 8, 4)}
 FORMATS = tuple(TAILS)
-# Tokens that make at most one slot an expert with TAILS' E and k: the
-# decode kernels (w4_decode_glu, w4_decode_down) run, not the routed ones.
+# Tokens that make at most one slot an expert with TAILS' E and k: the split
+# forward (w4_decode_split) runs without biases, the decode kernels
+# (w4_decode_glu, w4_decode_down) with them, not the routed ones.
 DECODE_TOKENS = 2
+PATHS = ("split", "decode", "routed")
 
 
 def routing(tokens, experts, k, dropped=False):
@@ -89,30 +91,45 @@ def kernels_run(case, **options) -> set:
     return {event.name for event in profile.events()}
 
 
-def assert_path(case, decode, **options):
-    """The call runs the decode kernels where `decode`, else the routed ones
-    (not checked where the profiler sees no kernels: under compute-sanitizer,
-    which holds the GPU's profiling interface)."""
+def assert_path(case, path, **options):
+    """The call runs `path`'s kernels (PATHS: the split forward, the decode
+    kernels, the routed ones) and no other's (not checked where the profiler
+    sees no kernels: under compute-sanitizer, which holds the GPU's
+    profiling interface)."""
     names = " ".join(kernels_run(case, **options))
-    if "combine" not in names:
+    if not names:
         return
-    ran = ("w4_decode_glu" in names and "w4_decode_down" in names,
+    ran = ("w4_decode_split" in names, "w4_decode_glu" in names and "w4_decode_down" in names,
            "w4_glu_kernel" in names and "w4_ragged_m" in names)
-    assert ran == (decode, not decode), names
+    assert ran == tuple(p == path for p in PATHS), names
+
+
+def decode_kernel(weight_format, gate_up):
+    """The key of this GPU's w4_decode_glu variant for the format and layout
+    that any call can run (its unconditioned config): forcing it makes a
+    call take the decode kernels."""
+    return next(v["key"] for v in _C.variants()
+                if v["family"] == "w4_decode_glu" and v["arch"] == device_arch()
+                and v["axes"]["format"] == weight_format and v["axes"]["gate_up"] == gate_up
+                and v["key"].endswith("_s1"))
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
 @pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
-@pytest.mark.parametrize("decode", [True, False], ids=["decode", "routed"])
-def test_layouts_activations_biases(weight_format, gate_up, activation, bias, decode):
+@pytest.mark.parametrize("path", PATHS)
+def test_layouts_activations_biases(weight_format, gate_up, activation, bias, path):
+    """Each path (the decode kernels forced where the call would take the
+    split forward; biases make a decode call take the decode kernels)."""
     tokens, *shape = TAILS[weight_format]
-    case = make_case(DECODE_TOKENS if decode else tokens, *shape, bias=bias, dropped=True,
-                     weight_format=weight_format)
+    case = make_case(tokens if path == "routed" else DECODE_TOKENS, *shape, bias=bias,
+                     dropped=True, weight_format=weight_format)
     options = {"gate_up": gate_up, "activation": activation}
-    assert_close(run(case, **options), moe_experts_w4_ref(**case, **options))
-    assert_path(case, decode, **options)
+    force = decode_kernel(weight_format, gate_up) if path == "decode" else ""
+    with forced(variant=force):
+        assert_close(run(case, **options), moe_experts_w4_ref(**case, **options))
+        assert_path(case, "decode" if path == "split" and bias else path, **options)
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
@@ -122,22 +139,23 @@ def test_far_more_experts_than_slots_take_the_routed_kernels(weight_format):
     _, hidden, inter, _, _ = TAILS[weight_format]
     case = make_case(1, hidden, inter, 256, 4, bias=True, weight_format=weight_format)
     assert_close(run(case), moe_experts_w4_ref(**case))
-    assert_path(case, False)
+    assert_path(case, "routed")
 
 
 DECODE_VARIANTS = [v for v in _C.variants() if HAS_GPU and v["arch"] == device_arch()
-                   and v["family"] in ("w4_decode_glu", "w4_decode_down")]
+                   and v["family"] in ("w4_decode_glu", "w4_decode_down", "w4_decode_split")]
 
 
 @pytest.mark.parametrize("variant", DECODE_VARIANTS, ids=lambda v: v["key"])
 def test_every_decode_variant_forced(variant):
     """Each decode kernel variant of this GPU forced on a call whose
     conditions it meets (TAILS' shapes at decode meet every one: few units,
-    K at most 256), against the reference."""
+    K at most 256; no biases for the split forward), against the reference."""
     weight_format = variant["axes"]["format"]
     gate_up = variant["axes"].get("gate_up", "concatenated")
     _, *shape = TAILS[weight_format]
-    case = make_case(DECODE_TOKENS, *shape, bias=True, dropped=True, weight_format=weight_format)
+    case = make_case(DECODE_TOKENS, *shape, bias=variant["family"] != "w4_decode_split",
+                     dropped=True, weight_format=weight_format)
     with forced(variant=variant["key"]):
         out = run(case, gate_up=gate_up)
     assert_close(out, moe_experts_w4_ref(**case, gate_up=gate_up))
@@ -159,7 +177,34 @@ def test_decode_shapes(weight_format, shape):
                      weight_format=weight_format)
     case["topk_ids"][:40, 0] = 0
     assert_close(run(case), moe_experts_w4_ref(**case))
-    assert_path(case, True)
+    assert_path(case, "decode")
+
+
+SPLIT_VARIANTS = [v["key"] for v in _C.variants() if HAS_GPU and v["arch"] == device_arch()
+                  and v["family"] == "w4_decode_split"]
+
+
+@pytest.mark.parametrize("weight_format", FORMATS)
+@pytest.mark.parametrize("shape", [
+    (1, 7168, 256, 16, 8), (2, 2048, 384, 16, 8), (3, 288, 160, 8, 2), (1, 2880, 2880, 4, 4),
+    (1, 288, 160, 1, 1), (4, 1024, 32, 64, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_split_shapes(weight_format, shape):
+    """The split forward: H in 14 parts of two steps (Kimi-K2's TP8 shard's H
+    and I, 16 experts), Qwen3's TP2 shard at T = 2, H of one part and its last
+    step short, gpt-oss's H and I (a chunk of h and a step of K short; its
+    units are too many for the rule, so the variant is forced), one expert
+    and k = 1, I of one scale group; dropped ids; each token's pairs in down
+    parts."""
+    tokens, hidden, inter, experts, k = shape
+    too_many_units = inter == 2880
+    if weight_format == "int4_g128" and (hidden % 128 or inter % 128):
+        hidden, inter = 128 * -(-hidden // 128), 128 * -(-inter // 128)
+    case = make_case(tokens, hidden, inter, experts, k, dropped=tokens > 1,
+                     weight_format=weight_format)
+    key = next(key for key in SPLIT_VARIANTS if f".{weight_format}-concatenated." in key)
+    with forced(variant=key if too_many_units else ""):
+        assert_close(run(case), moe_experts_w4_ref(**case))
+        assert_path(case, "split")
 
 
 @pytest.mark.parametrize("shape", [
@@ -184,7 +229,7 @@ def test_int4_shapes(weight_format, shape):
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
-@pytest.mark.parametrize("decode", [True, False], ids=["decode", "routed"])
+@pytest.mark.parametrize("decode", [True, False], ids=["split", "routed"])
 def test_out_takes_the_output(weight_format, decode):
     tokens, *shape = TAILS[weight_format]
     case = make_case(DECODE_TOKENS if decode else tokens, *shape, weight_format=weight_format)
@@ -245,8 +290,12 @@ def test_mxfp4_scales_over_their_range(w13_exponents, w2_exponents, token_scale)
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
-def test_nonfinite_token_stays_its_own(weight_format):
-    case = make_case(*TAILS[weight_format], weight_format=weight_format)
+@pytest.mark.parametrize("split", [False, True], ids=["routed", "split"])
+def test_nonfinite_token_stays_its_own(weight_format, split):
+    tokens, hidden, inter, experts, k = TAILS[weight_format]
+    if split:  # 24 slots over 64 experts, I's 3 chunks: 72 units
+        tokens, experts, k = 12, 64, 2
+    case = make_case(tokens, hidden, inter, experts, k, weight_format=weight_format)
     case["x"][5, 7] = float("inf")
     case["x"][9, 0] = float("nan")
     out = run(case)
@@ -257,7 +306,7 @@ def test_nonfinite_token_stays_its_own(weight_format):
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
-@pytest.mark.parametrize("decode", [True, False], ids=["decode", "routed"])
+@pytest.mark.parametrize("decode", [True, False], ids=["split", "routed"])
 def test_weights_in_padded_storage(weight_format, decode):
     """Rows 16-byte multiples apart beyond their length."""
     tokens, *shape = TAILS[weight_format]
@@ -275,7 +324,7 @@ def test_cuda_graph_replays_new_tokens_and_routing(weight_format, tokens):
     _, hidden, inter, experts, _ = TAILS[weight_format]
     case = make_case(tokens, hidden, inter, experts, 2, weight_format=weight_format)
     run(case)  # loads the kernels outside the capture
-    assert last_variant().startswith("combine.")
+    assert last_variant().startswith("w4_decode_split." if tokens == 3 else "combine.")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -123,7 +123,8 @@ def test_build_info():
                                  "scaled_ragged_glu", "scaled_ragged_k", "scaled_ragged_m",
                                  "send_fp8_rows", "send_rows", "sum_peer_rows", "swiglu",
                                  "swiglu_backward_fp8",
-                                 "w4_decode_down", "w4_decode_glu", "w4_glu", "w4_ragged_m"]
+                                 "w4_decode_down", "w4_decode_glu", "w4_decode_split", "w4_glu",
+                                 "w4_ragged_m"]
     assert build["variants"] == len(_C.variants()) > 0
 
 
