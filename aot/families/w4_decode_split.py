@@ -14,10 +14,10 @@ from ..kernels.w4_decode_split import w4_decode_split_kernel
 # BM: the MMA's rows (a slot's token is row 0); BN: H's rows a down ticket;
 # BK: an up ticket's K step (16-byte loads of each thread's words).  From an
 # H200 sweep (docs/notes/2026-12-01-w4-decode-split.md).
-# Every config's BN is DOWN_ROWS, which the operator sizes its counters and
-# parts by.
-DOWN_ROWS = 64
-CONFIGS = (Config(16, DOWN_ROWS, 256, 4, 1),)
+# Every config's BN is DOWN_ROWS and its BK UP_STEP, which the operator sizes
+# its counters and parts by.
+DOWN_ROWS, UP_STEP = 64, 256
+CONFIGS = (Config(16, DOWN_ROWS, UP_STEP, 4, 1),)
 
 PARAMS = (
     Param("x_ptr", "*T", "operand", aligned=True),
@@ -60,5 +60,5 @@ FAMILY = Family(
     # The tickets: every unit's parts, then every token's row tiles' parts.
     tiles="T * k * cdiv(N // 2, 128) * splits + T * cdiv(H, BN) * down_splits",
     rows="T",
-    constants={"kDownRows": DOWN_ROWS},
+    constants={"kDownRows": DOWN_ROWS, "kUpStep": UP_STEP},
 )

@@ -119,14 +119,15 @@ bool decodes(int64_t slots, int64_t experts) {
 }
 
 // Where the forward takes w4_decode_split: no biases (its kernel adds none),
-// at most one slot an expert, and an up projection of at most kSplitUnits
-// units of 128 w13 rows a slot, where the decode kernels leave most SMs idle
-// and the split forward measured faster (docs/notes/2026-12-01-w4-decode-split.md).  A test
-// forcing it gets it (with biases, the routed kernels all the same); one
-// forcing a kernel of the other paths, that path.
+// I not empty, at most one slot an expert, and an up projection of at most
+// kSplitUnits units of 128 w13 rows a slot, where the decode kernels leave
+// most SMs idle and the split forward measured faster
+// (docs/notes/2026-12-01-w4-decode-split.md).  A test forcing it gets it
+// (with biases, the other kernels all the same); one forcing a kernel of the
+// other paths, that path.
 constexpr int64_t kSplitUnits = 128;
 bool splits_decode(int64_t slots, int64_t experts, int64_t inter, bool biases) {
-  if (biases) return false;
+  if (biases || inter == 0) return false;
   if (forces_family(family::W4DecodeSplit::kIndex)) return true;
   for (const int other :
        {family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
@@ -137,12 +138,13 @@ bool splits_decode(int64_t slots, int64_t experts, int64_t inter, bool biases) {
 }
 
 // w4_decode_split's parts: about kSplitPrograms tickets of each kind, an up
-// part at least kSplitSteps steps of 256 along H, a down part at least one
-// (slot, chunk) pair.
+// part at least kSplitSteps of its K steps along H, a down part at least one
+// of a token's (slot, chunk) pairs (at least one: I is not empty); none
+// empty.
 constexpr int64_t kSplitPrograms = 256;
 constexpr int64_t kSplitSteps = 2;
 int64_t up_splits(int64_t units, int64_t hidden) {
-  const int64_t steps = std::max<int64_t>(cdiv(hidden, 256), 1);
+  const int64_t steps = std::max<int64_t>(cdiv(hidden, family::W4DecodeSplit::kUpStep), 1);
   const int64_t want = std::clamp<int64_t>(kSplitPrograms / std::max<int64_t>(units, 1), 1,
                                            std::max<int64_t>(steps / kSplitSteps, 1));
   return cdiv(steps, cdiv(steps, want));
