@@ -2,8 +2,10 @@
 the repository: copies the @triton.jit functions of vLLM's fused_moe_kernel and
 its per-token-group fp8 quantisation (with the functions they call and vLLM's
 license header) into standalone modules that import with triton alone, vLLM's
-tuned configs for fp8 128 x 128 blocks on H100 and H200, and vLLM's LICENSE,
-into an ignored folder (.device/vllm by default); and loads them from there.
+tuned configs for fp8 128 x 128 blocks on H100 and H200, vLLM's LICENSE, and
+the OpenAI triton_kernels package vLLM ships in vllm/third_party (its wheels
+have it; a checkout fetches it at build), into an ignored folder (.device/vllm
+by default); and loads them from there.
 
     python3 -m bench.vendor_vllm SOURCE [--out .device/vllm]
 
@@ -18,6 +20,7 @@ import ast
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -34,6 +37,9 @@ KERNELS = {
                          ("_per_token_group_quant_fp8",)),
 }
 CONFIGS = "vllm/model_executor/layers/fused_moe/configs"
+# OpenAI's triton_kernels (matmul_ogs, routing, the MXFP4 layouts) as vLLM
+# ships and runs it (gpt-oss's MXFP4 experts on Hopper); copied whole, verbatim.
+TRITON_KERNELS = "vllm/third_party/triton_kernels"
 # vLLM's tuned fused-MoE configs for fp8 weights in 128 x 128 blocks on the GPUs
 # the bench runs on: E=..,N=..,device_name=NVIDIA_H100..,dtype=fp8_w8a8,block_shape=[128,128].json
 CONFIG_NAME = re.compile(
@@ -57,6 +63,10 @@ class FolderSource:
     def names(self, folder: str) -> list:
         where = self.root / folder
         return sorted(p.name for p in where.iterdir()) if where.is_dir() else []
+
+    def files(self, folder: str) -> list:
+        return sorted(str(p.relative_to(self.root)) for p in (self.root / folder).rglob("*")
+                      if p.is_file())
 
     def describe(self) -> dict:
         return {"kind": "folder", "path": str(self.root)}
@@ -83,6 +93,9 @@ class GitSource:
         listed = self.git("ls-tree", "--name-only", "HEAD", *prefix).splitlines()
         return sorted(name[len(folder) + 1 if folder else 0:] for name in listed)
 
+    def files(self, folder: str) -> list:
+        return sorted(self.git("ls-tree", "-r", "--name-only", "HEAD", f"{folder}/").splitlines())
+
     def describe(self) -> dict:
         return {"kind": "git", "path": str(self.git_dir), "commit": self.git("rev-parse",
                                                                              "HEAD").strip()}
@@ -105,6 +118,10 @@ class WheelSource:
         prefix = f"{folder}/" if folder else ""
         return sorted({name[len(prefix):].split("/")[0] for name in self.zip.namelist()
                        if name.startswith(prefix) and len(name) > len(prefix)})
+
+    def files(self, folder: str) -> list:
+        return sorted(name for name in self.zip.namelist()
+                      if name.startswith(f"{folder}/") and not name.endswith("/"))
 
     def describe(self) -> dict:
         return {"kind": "wheel", "path": str(self.wheel)}
@@ -244,9 +261,10 @@ def license_text(source) -> str:
 
 
 def vendor(source_path: Path, out: Path) -> dict:
-    """Writes the kernels' modules, the matching configs, LICENSE and
-    vendored.json (where they came from) into `out`, replacing what the
-    folder held; returns the provenance."""
+    """Writes the kernels' modules, the matching configs, LICENSE,
+    triton_kernels (where the source has it) and vendored.json (where they
+    came from) into `out`, replacing what the folder held; returns the
+    provenance."""
     source = open_source(source_path)
     provenance = {**source.describe(), **version_of(source)}
     origin = f"vLLM {provenance.get('version', 'of unknown version')}, {provenance['kind']}"
@@ -262,8 +280,21 @@ def vendor(source_path: Path, out: Path) -> dict:
         (out / "configs" / name).write_text(source.read(f"{CONFIGS}/{name}"))
     (out / "LICENSE").write_text(license_text(source))
     provenance["configs"] = configs
+    provenance["triton_kernels"] = copy_triton_kernels(source, out / "triton_kernels")
     (out / PROVENANCE).write_text(json.dumps(provenance, indent=1) + "\n")
     return provenance
+
+
+def copy_triton_kernels(source, out: Path) -> int:
+    """Copies the Python files of vLLM's triton_kernels into `out` (replacing
+    it), verbatim; the number copied (0: the source has none)."""
+    shutil.rmtree(out, ignore_errors=True)
+    copied = [path for path in source.files(TRITON_KERNELS) if path.endswith(".py")]
+    for path in copied:
+        target = out / Path(path).relative_to(TRITON_KERNELS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source.read(path))
+    return len(copied)
 
 
 def missing(folder: Path) -> list:
@@ -294,8 +325,23 @@ def load(folder: Path) -> SimpleNamespace:
         fused_moe_params=frozenset(modules["fused_moe_kernel"].fused_moe_kernel.arg_names),
         per_token_group_quant=modules["fp8_quant_kernel"]._per_token_group_quant_fp8,
         bfloat16=tl.bfloat16, configs=folder / "configs",
-        provenance=json.loads((folder / PROVENANCE).read_text()),
+        provenance=load_provenance(folder),
         triton_version=triton.__version__)
+
+
+def load_provenance(folder: Path) -> dict:
+    """What vendor() wrote of where `folder`'s copies came from."""
+    return json.loads((folder / PROVENANCE).read_text())
+
+
+def load_triton_kernels(folder: Path):
+    """The triton_kernels package vendored into `folder`, imported with this
+    process's Triton (`folder` goes first on sys.path); None where `folder`
+    has none."""
+    if not (folder / "triton_kernels" / "matmul_ogs.py").is_file():
+        return None
+    sys.path.insert(0, str(folder))
+    return importlib.import_module("triton_kernels")
 
 
 def main(argv=None) -> None:
@@ -312,7 +358,8 @@ def main(argv=None) -> None:
         parser.error(str(exc))
     print(f"wrote {args.out}: {', '.join(KERNELS)} ({provenance['kind']}, "
           f"vLLM {provenance.get('version', 'version unknown')}), "
-          f"{len(provenance['configs'])} configs")
+          f"{len(provenance['configs'])} configs, {provenance['triton_kernels']} files of "
+          "triton_kernels")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ DATA = {
     },
     "w4_experts": {
         "copy_tbps": 4.2,
+        "anchor": {"vllm": {"kind": "wheel", "version": "0.33.0"}, "triton": "3.6.0"},
         "cases": [
             {"name": "gpt_oss_20b", "format": "mxfp4",
              "shape": {"H": 2880, "I": 2880, "E": 32, "k": 4},
@@ -105,8 +106,11 @@ DATA = {
                  {"name": "gpt_oss_20b, T=1", "T": 1, "decode": True, "touched_experts": 4,
                   "runs": {"gg_w4": {"rel_error": 0.004, "ms": 0.076, "tflops": 1.3},
                            "gg_fp8": {"rel_error": 0.05, "ms": 0.051, "tflops": 2.0},
-                           "gg_bf16": {"rel_error": 0.0, "ms": 0.092, "tflops": 1.1}},
-                  "first_call_ms": 2.9, "vs_fp8": 0.68, "vs_bf16": 1.21,
+                           "gg_bf16": {"rel_error": 0.0, "ms": 0.092, "tflops": 1.1},
+                           "tk": {"rel_error": 0.01, "ms": 0.114, "tflops": 0.9},
+                           "tk_gemms": {"rel_error": 0.01, "ms": 0.095, "tflops": 1.0}},
+                  "first_call_ms": 2.9, "anchor_first_call_ms": 4100.0, "vs_fp8": 0.68,
+                  "vs_bf16": 1.21, "vs_tk": 1.5, "vs_tk_gemms": 1.25,
                   "of_bound": {"gg_w4": 0.16, "gg_fp8": 0.46, "gg_bf16": 0.51}},
                  {"name": "gpt_oss_20b, T=4096", "T": 4096, "decode": False,
                   "touched_experts": 32,

@@ -65,7 +65,10 @@ def test_results_md_from_results_json():
     assert "| 8 | 62 | 1.100 | 1.900 | - | 1.73 | - | 83% | 96% | - | 1.3 | 2.0 | - |" in lines
     assert ("- mixtral_channelwise, T=4096, torch_fp8: wrong result: relative error 1.00e+00"
             in lines)
-    assert "| 1 | 4 | 0.076 | 0.051 | 0.092 | 0.68 | 1.21 | 16% | 46% | 51% | 2.9 |" in lines
+    assert ("| 1 | 4 | 0.076 | 0.051 | 0.092 | 0.68 | 1.21 | 16% | 46% | 51% | 2.9 | 0.114 | 0.095 "
+            "| 1.50 | 1.25 | 4100.0 |") in lines
+    assert any(line.startswith("tk: OpenAI's triton_kernels as vLLM 0.33.0 (wheel)")
+               for line in lines)
     assert "- gpt_oss_20b, T=4096, gg_w4: wrong result: relative error 1.00e+00" in lines
     assert ("| 1 | 8 | 0.100 | 0.150 | 0.080 | 1.50 | 0.80 | yes/yes/no | 0.020 | 0.030 | 1.50 "
             "| 1.2 | 2500.0 | 1.2e-02 "

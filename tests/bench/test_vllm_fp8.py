@@ -1,7 +1,8 @@
 """The vllm_fp8 section without a GPU: bench/vendor_vllm.py's copy of a (fake,
-made here) vLLM source from a folder, a wheel and a git directory; the
-section's reasons for not running; bench/vllm_moe.py's alignment of the token
-slots by expert, in torch on the CPU."""
+made here) vLLM source from a folder, a wheel and a git directory (its
+triton_kernels too, the w4_experts section's anchor); the sections' reasons
+for not running; bench/vllm_moe.py's alignment of the token slots by expert,
+in torch on the CPU."""
 import ast
 import json
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from bench import vendor_vllm, vllm_moe
-from bench.sections import vllm_fp8
+from bench.sections import vllm_fp8, w4_experts
 
 HEADER = "# SPDX-License-Identifier: Apache-2.0\n# SPDX-FileCopyrightText: vLLM\n"
 FUSED_MOE = HEADER + '''"""Fused MoE."""
@@ -63,6 +64,10 @@ FILES = {
        for name in (WANTED_CONFIG, *OTHER_CONFIGS)},
     "vllm/_version.py": "__version__ = version = '9.9.9'\n__commit_id__ = commit_id = 'gabc'\n",
 }
+TRITON_KERNELS = {"__init__.py": "", "matmul_ogs.py": "FAKE = 'matmul_ogs'\n",
+                  "tensor_details/layout.py": "FAKE = 'layout'\n", "README.md": "not code"}
+FILES.update({f"{vendor_vllm.TRITON_KERNELS}/{path}": text
+              for path, text in TRITON_KERNELS.items()})
 
 
 def write_tree(root, files):
@@ -115,6 +120,24 @@ def test_vendor_copies_the_kernels_configs_and_license(tmp_path, make_source):
         "import triton", "import triton.language as tl"]
     quant = (out / "fp8_quant_kernel.py").read_text()
     assert "# Adapted from elsewhere" in quant and "def _per_token_group_quant_fp8(" in quant
+    assert provenance["triton_kernels"] == 3
+    copied = sorted(str(p.relative_to(out / "triton_kernels"))
+                    for p in (out / "triton_kernels").rglob("*") if p.is_file())
+    assert copied == ["__init__.py", "matmul_ogs.py", "tensor_details/layout.py"]
+    assert (out / "triton_kernels" / "matmul_ogs.py").read_text() == TRITON_KERNELS[
+        "matmul_ogs.py"]
+
+
+def test_triton_kernels_absent_from_a_source_is_said(tmp_path):
+    source = folder_source(tmp_path)
+    for path in TRITON_KERNELS:
+        (source / vendor_vllm.TRITON_KERNELS / path).unlink()
+    out = tmp_path / "out"
+    (out / "triton_kernels").mkdir(parents=True)
+    (out / "triton_kernels" / "stale.py").write_text("")
+    assert vendor_vllm.vendor(source, out)["triton_kernels"] == 0
+    assert not (out / "triton_kernels").exists()
+    assert vendor_vllm.load_triton_kernels(out) is None
 
 
 def test_vendor_refuses_what_it_cannot_copy(tmp_path):
@@ -131,6 +154,15 @@ def test_the_section_says_why_it_did_not_run(monkeypatch, tmp_path):
     assert "GG_VLLM_SRC is not set" in vllm_fp8.run(None)["skipped"]
     monkeypatch.setenv(vllm_fp8.ENV, str(tmp_path))
     assert "lacks fused_moe_kernel.py" in vllm_fp8.run(None)["skipped"]
+
+
+def test_the_w4_anchor_says_why_it_did_not_run(monkeypatch, tmp_path):
+    monkeypatch.delenv(vllm_fp8.ENV, raising=False)
+    tk, anchor = w4_experts.triton_kernels_anchor()
+    assert tk is None and "GG_VLLM_SRC is not set" in anchor["skipped"]
+    assert w4_experts.anchor_line(anchor).startswith(
+        "OpenAI's triton_kernels (the anchor) did not run: GG_VLLM_SRC is not set")
+    assert "this run predates it" in w4_experts.anchor_line(None)
 
 
 @pytest.mark.parametrize("tokens, top_k, experts, block_m", [
