@@ -1,0 +1,160 @@
+"""4-bit prefill as two passes: MXFP4 weights widened to e4m3 in 128 x 128
+blocks by one Triton kernel, then gg_runtime's fp8 moe_experts on them (its
+tokens quantized per 1 x 128, fp8 MMAs): W4A8 whose 4-bit values are mapped
+to fp8 before the products rather than inside them.
+
+The widening is exact where a block's scale groups lie within 14 binades of
+its largest: a group of shift d below the block's largest exponent holds
+e2m1 * 2^(6 - d) in e4m3 (the largest, 6 * 2^6 = 384, within e4m3's 448; the
+smallest, 0.5 * 2^(6 - d), on e4m3's subnormal grid of 2^-9 while d <= 14),
+the block's scale 2^(largest - 127 - 6).  The probe checks the widened
+weights against the bf16 ones bit for bit, times the widening of every
+expert's w13 and w2, the fp8 layer on them, the two together, the W4A16
+layer and (where GG_VLLM_SRC names bench/vendor_vllm.py's folder)
+triton_kernels as vLLM runs gpt-oss, on gpt-oss's shapes at prefill, in one
+process, times in turns.  Every layer output checked against bf16
+moe_experts on the widened weights first.
+
+    python lab/w4_widen_fp8_probe.py [--tokens 4096,16384] [--models gpt_oss_20b,...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+import gg_runtime
+from gg_runtime import Quantized
+from gg_runtime.testing import rel_error
+from gg_runtime.testing.timing import time_in_turns
+from gg_runtime.testing.w4 import random_mxfp4, widened
+
+BLOCK = 128  # the fp8 format's block, rows and K
+MODELS = {"gpt_oss_20b": (2880, 2880, 32, 4), "gpt_oss_120b": (2880, 2880, 128, 4)}
+OPTIONS = {"gate_up": "interleaved", "activation": "gpt_oss"}
+
+
+@triton.jit
+def e2m1(nibble):
+    """An e2m1 nibble's value, float32."""
+    mag = nibble & 7
+    value = tl.where(mag < 2, mag.to(tl.float32) * 0.5,
+                     (1.0 + 0.5 * (mag & 1).to(tl.float32)) * tl.exp2(((mag >> 1) - 1).to(
+                         tl.float32)))
+    return tl.where((nibble & 8) != 0, -value, value)
+
+
+@triton.jit
+def widen_kernel(v_ptr, s_ptr, q_ptr, bs_ptr, N, K, BLOCK: tl.constexpr):
+    """Expert program_id(2)'s block (program_id(0), program_id(1)) of MXFP4
+    values v [E, N, K / 2] and e8m0 scales s [E, N, K / 32] -> e4m3 q [E, N,
+    K] and the block's float32 scale bs [E, cdiv(N, 128), cdiv(K, 128)]."""
+    GROUPS: tl.constexpr = BLOCK // 32
+    e = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < N
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    s = tl.load(s_ptr + e * N * (K // 32) + rows[:, None] * (K // 32) + groups[None, :],
+                mask=row_ok[:, None] & (groups < K // 32)[None, :], other=0).to(tl.int32)
+    top = tl.max(tl.max(s, 1), 0)
+    shift = tl.broadcast_to((top - s)[:, :, None], (BLOCK, GROUPS, 16)).reshape(BLOCK, BLOCK // 2)
+    cols = tl.program_id(1) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+    b = tl.load(v_ptr + e * N * (K // 2) + rows[:, None] * (K // 2) + cols[None, :],
+                mask=row_ok[:, None] & (cols < K // 2)[None, :], other=0).to(tl.int32)
+    factor = tl.exp2((6 - shift).to(tl.float32))
+    low = (e2m1(b & 15) * factor).to(tl.float8e4nv)
+    high = (e2m1(b >> 4) * factor).to(tl.float8e4nv)
+    q = tl.join(low, high).reshape(BLOCK, BLOCK).to(tl.uint8, bitcast=True)
+    out_cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(q_ptr + e * N * K + rows[:, None] * K + out_cols[None, :], q,
+             mask=row_ok[:, None] & (out_cols < K)[None, :])
+    blocks_n = tl.cdiv(N, BLOCK)
+    blocks_k = tl.cdiv(K, BLOCK)
+    tl.store(bs_ptr + (e * blocks_n + tl.program_id(0)) * blocks_k + tl.program_id(1),
+             tl.exp2((top - 127 - 6).to(tl.float32)))
+
+
+def widen_into(w: Quantized, out: Quantized) -> Quantized:
+    """w (MXFP4 [E, N, K]) widened into out's buffers (e4m3 in 128 x 128 blocks)."""
+    experts, n, k = out.values.shape
+    grid = (triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK), experts)
+    widen_kernel[grid](w.values.view(torch.uint8), w.scales.view(torch.uint8),
+                       out.values.view(torch.uint8), out.scales, n, k, BLOCK=BLOCK)
+    return out
+
+
+def fp8_buffers(w: Quantized) -> Quantized:
+    experts, n, half_k = w.values.shape
+    k = 2 * half_k
+    return Quantized(torch.empty(experts, n, k, dtype=torch.float8_e4m3fn, device="cuda"),
+                     torch.empty(experts, triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK),
+                                 device="cuda"), "128x128")
+
+
+def dequantized(q: Quantized) -> torch.Tensor:
+    scales = q.scales.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)
+    return q.values.float() * scales[:, :q.values.shape[1], :q.values.shape[2]]
+
+
+def anchor():
+    """(triton_kernels' modules, bench.triton_kernels_moe) where GG_VLLM_SRC
+    names a vendored folder with triton_kernels, else None."""
+    if not os.environ.get("GG_VLLM_SRC"):
+        return None
+    from bench import triton_kernels_moe, vendor_vllm
+    package = vendor_vllm.load_triton_kernels(vendor_vllm.ROOT / os.environ["GG_VLLM_SRC"])
+    return (triton_kernels_moe.modules(package), triton_kernels_moe) if package else None
+
+
+def run_model(model: str, token_counts, tk) -> None:
+    hidden, inter, experts, top_k = MODELS[model]
+    w13, w2 = random_mxfp4(experts, 2 * inter, hidden), random_mxfp4(experts, hidden, inter)
+    f13, f2 = widen_into(w13, fp8_buffers(w13)), widen_into(w2, fp8_buffers(w2))
+    b13 = torch.empty(experts, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda")
+    b2 = torch.empty(experts, hidden, inter, dtype=torch.bfloat16, device="cuda")
+    exact = True
+    for e in range(experts):
+        for w, f, b in ((w13, f13, b13), (w2, f2, b2)):
+            one = w._replace(values=w.values[e:e + 1], scales=w.scales[e:e + 1])
+            b[e] = widened(one)[0]
+            f_one = f._replace(values=f.values[e:e + 1], scales=f.scales[e:e + 1])
+            exact &= torch.equal(dequantized(f_one)[0], b[e].float())
+    print(f"{model}: widened weights equal to the bf16 ones: {exact}", flush=True)
+    experts_tk = tk[1].load_experts(tk[0], w13, w2) if tk else None
+    from bench.sections.w4_experts import routed_tokens
+    for tokens in token_counts:
+        x, logits, ids, weights = routed_tokens(tokens, hidden, experts, top_k)
+        fns = {
+            "w4a16": lambda: gg_runtime.moe_experts(x, ids, weights, w13, w2, **OPTIONS),
+            "widen": lambda: (widen_into(w13, f13), widen_into(w2, f2)),
+            "fp8 on widened": lambda: gg_runtime.moe_experts(x, ids, weights, f13, f2, **OPTIONS),
+            "widen + fp8": lambda: gg_runtime.moe_experts(
+                x, ids, weights, widen_into(w13, f13), widen_into(w2, f2), **OPTIONS)}
+        if tk:
+            fns["tk"] = lambda: tk[1].forward(tk[0], x, logits, top_k, experts_tk)
+        ref = gg_runtime.moe_experts(x, ids, weights, b13, b2, **OPTIONS).float()
+        errors = {name: rel_error(fn(), ref) for name, fn in fns.items() if name != "widen"}
+        times = time_in_turns(fns)
+        cells = ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items())
+        print(f"{model} T={tokens}: {cells}; errors "
+              + ", ".join(f"{name} {err:.1e}" for name, err in errors.items()), flush=True)
+    del w13, w2, f13, f2, b13, b2
+    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", default="4096,16384")
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    tk = anchor()
+    with torch.no_grad():
+        for model in args.models.split(","):
+            run_model(model, [int(t) for t in args.tokens.split(",")], tk)
+
+
+if __name__ == "__main__":
+    main()
