@@ -7,8 +7,10 @@ The widening is exact where a block's scale groups lie within 14 binades of
 its largest: a group of shift d below the block's largest exponent holds
 e2m1 * 2^(6 - d) in e4m3 (the largest, 6 * 2^6 = 384, within e4m3's 448; the
 smallest, 0.5 * 2^(6 - d), on e4m3's subnormal grid of 2^-9 while d <= 14),
-the block's scale 2^(largest - 127 - 6).  The probe checks the widened
-weights against the bf16 ones bit for bit, times the widening of every
+the block's scale 2^(largest - 127 - 6); further below, rounded to nearest
+even.  The probe's weights' scales span 21 binades (2^-23 .. 2^-3): it checks
+the widened bytes against torch's rounding of the bf16 weights over the
+block scale, times the widening of every
 expert's w13 and w2, the fp8 layer on them, the two together, the W4A16
 layer and (where GG_VLLM_SRC names bench/vendor_vllm.py's folder)
 triton_kernels as vLLM runs gpt-oss, on gpt-oss's shapes at prefill, in one
@@ -38,20 +40,32 @@ OPTIONS = {"gate_up": "interleaved", "activation": "gpt_oss"}
 
 
 @triton.jit
-def e2m1(nibble):
-    """An e2m1 nibble's value, float32."""
-    mag = nibble & 7
-    value = tl.where(mag < 2, mag.to(tl.float32) * 0.5,
-                     (1.0 + 0.5 * (mag & 1).to(tl.float32)) * tl.exp2(((mag >> 1) - 1).to(
-                         tl.float32)))
-    return tl.where((nibble & 8) != 0, -value, value)
+def e4m3_byte(nibble, shift):
+    """The e4m3 byte of an e2m1 nibble times 2^(6 - shift) (int32 in, int32
+    out), rounded to nearest even (exact for shift <= 14)."""
+    sign = (nibble & 8) << 4
+    e = (nibble >> 1) & 3
+    m = nibble & 1
+    # A value (2 + m) * 2^(E - 8), E its e4m3 exponent field where >= 1; e2m1's
+    # subnormal 0.5 (e = 0, m = 1) as 2 * 2^(E - 8), E = 12 - shift.
+    field = tl.where(e > 0, e + 12 - shift, 12 - shift)
+    mant = tl.where(e > 0, m, 0)
+    normal = (field << 3) | (mant << 2)
+    # field <= 0: e4m3's subnormal M * 2^-9, M = (2 + mant) * 2^(field + 1)
+    sub = tl.where(field >= -1, (2 + mant) << tl.maximum(field + 1, 0), 0)
+    sub = tl.where(field == -2, tl.where(mant == 0, 1, 2), sub)  # 1.5 rounds to even
+    sub = tl.where(field == -3, mant, sub)  # 0.5 rounds to 0, 0.75 to 1; less: 0
+    byte = tl.where(field >= 1, normal, sub)
+    byte = tl.where((nibble & 7) == 0, 0, byte)
+    return sign | byte
 
 
 @triton.jit
 def widen_kernel(v_ptr, s_ptr, q_ptr, bs_ptr, N, K, BLOCK: tl.constexpr):
     """Expert program_id(2)'s block (program_id(0), program_id(1)) of MXFP4
     values v [E, N, K / 2] and e8m0 scales s [E, N, K / 32] -> e4m3 q [E, N,
-    K] and the block's float32 scale bs [E, cdiv(N, 128), cdiv(K, 128)]."""
+    K] (written two a 16-bit store) and the block's float32 scale bs [E,
+    cdiv(N, 128), cdiv(K, 128)]."""
     GROUPS: tl.constexpr = BLOCK // 32
     e = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -62,15 +76,12 @@ def widen_kernel(v_ptr, s_ptr, q_ptr, bs_ptr, N, K, BLOCK: tl.constexpr):
     top = tl.max(tl.max(s, 1), 0)
     shift = tl.broadcast_to((top - s)[:, :, None], (BLOCK, GROUPS, 16)).reshape(BLOCK, BLOCK // 2)
     cols = tl.program_id(1) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
-    b = tl.load(v_ptr + e * N * (K // 2) + rows[:, None] * (K // 2) + cols[None, :],
-                mask=row_ok[:, None] & (cols < K // 2)[None, :], other=0).to(tl.int32)
-    factor = tl.exp2((6 - shift).to(tl.float32))
-    low = (e2m1(b & 15) * factor).to(tl.float8e4nv)
-    high = (e2m1(b >> 4) * factor).to(tl.float8e4nv)
-    q = tl.join(low, high).reshape(BLOCK, BLOCK).to(tl.uint8, bitcast=True)
-    out_cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(q_ptr + e * N * K + rows[:, None] * K + out_cols[None, :], q,
-             mask=row_ok[:, None] & (out_cols < K)[None, :])
+    ok = row_ok[:, None] & (cols < K // 2)[None, :]
+    b = tl.load(v_ptr + e * N * (K // 2) + rows[:, None] * (K // 2) + cols[None, :], mask=ok,
+                other=0).to(tl.int32)
+    pair = e4m3_byte(b & 15, shift) | (e4m3_byte(b >> 4, shift) << 8)
+    tl.store(q_ptr + e * N * (K // 2) + rows[:, None] * (K // 2) + cols[None, :],
+             pair.to(tl.int16), mask=ok)
     blocks_n = tl.cdiv(N, BLOCK)
     blocks_k = tl.cdiv(K, BLOCK)
     tl.store(bs_ptr + (e * blocks_n + tl.program_id(0)) * blocks_k + tl.program_id(1),
@@ -82,7 +93,7 @@ def widen_into(w: Quantized, out: Quantized) -> Quantized:
     experts, n, k = out.values.shape
     grid = (triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK), experts)
     widen_kernel[grid](w.values.view(torch.uint8), w.scales.view(torch.uint8),
-                       out.values.view(torch.uint8), out.scales, n, k, BLOCK=BLOCK)
+                       out.values.view(torch.int16), out.scales, n, k, BLOCK=BLOCK)
     return out
 
 
@@ -94,9 +105,11 @@ def fp8_buffers(w: Quantized) -> Quantized:
                                  device="cuda"), "128x128")
 
 
-def dequantized(q: Quantized) -> torch.Tensor:
-    scales = q.scales.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)
-    return q.values.float() * scales[:, :q.values.shape[1], :q.values.shape[2]]
+def rounded(bf16: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 [N, K] over its blocks' scales [cdiv(N, 128), cdiv(K, 128)],
+    rounded to e4m3 by torch (nearest even)."""
+    full = scales.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+    return (bf16.float() / full[:bf16.shape[0], :bf16.shape[1]]).to(torch.float8_e4m3fn)
 
 
 def anchor():
@@ -111,7 +124,8 @@ def anchor():
 
 def run_model(model: str, token_counts, tk) -> None:
     hidden, inter, experts, top_k = MODELS[model]
-    w13, w2 = random_mxfp4(experts, 2 * inter, hidden), random_mxfp4(experts, hidden, inter)
+    w13 = random_mxfp4(experts, 2 * inter, hidden, exponents=(104, 124))
+    w2 = random_mxfp4(experts, hidden, inter, exponents=(104, 124))
     f13, f2 = widen_into(w13, fp8_buffers(w13)), widen_into(w2, fp8_buffers(w2))
     b13 = torch.empty(experts, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda")
     b2 = torch.empty(experts, hidden, inter, dtype=torch.bfloat16, device="cuda")
@@ -120,9 +134,9 @@ def run_model(model: str, token_counts, tk) -> None:
         for w, f, b in ((w13, f13, b13), (w2, f2, b2)):
             one = w._replace(values=w.values[e:e + 1], scales=w.scales[e:e + 1])
             b[e] = widened(one)[0]
-            f_one = f._replace(values=f.values[e:e + 1], scales=f.scales[e:e + 1])
-            exact &= torch.equal(dequantized(f_one)[0], b[e].float())
-    print(f"{model}: widened weights equal to the bf16 ones: {exact}", flush=True)
+            exact &= torch.equal(rounded(b[e], f.scales[e]).view(torch.uint8),
+                                 f.values[e].view(torch.uint8))
+    print(f"{model}: widened bytes equal to torch's rounding: {exact}", flush=True)
     experts_tk = tk[1].load_experts(tk[0], w13, w2) if tk else None
     from bench.sections.w4_experts import routed_tokens
     for tokens in token_counts:
@@ -141,7 +155,6 @@ def run_model(model: str, token_counts, tk) -> None:
         cells = ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items())
         print(f"{model} T={tokens}: {cells}; errors "
               + ", ".join(f"{name} {err:.1e}" for name, err in errors.items()), flush=True)
-    del w13, w2, f13, f2, b13, b2
     torch.cuda.empty_cache()
 
 
