@@ -155,7 +155,6 @@ def run_model(model: str, token_counts, tk) -> None:
         cells = ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items())
         print(f"{model} T={tokens}: {cells}; errors "
               + ", ".join(f"{name} {err:.1e}" for name, err in errors.items()), flush=True)
-    torch.cuda.empty_cache()
 
 
 def main():
@@ -167,6 +166,7 @@ def main():
     with torch.no_grad():
         for model in args.models.split(","):
             run_model(model, [int(t) for t in args.tokens.split(",")], tk)
+            torch.cuda.empty_cache()  # the model's weights, freed on return
 
 
 if __name__ == "__main__":
