@@ -8,9 +8,9 @@ its largest: a group of shift d below the block's largest exponent holds
 e2m1 * 2^(6 - d) in e4m3 (the largest, 6 * 2^6 = 384, within e4m3's 448; the
 smallest, 0.5 * 2^(6 - d), on e4m3's subnormal grid of 2^-9 while d <= 14),
 the block's scale 2^(largest - 127 - 6); further below, rounded to nearest
-even.  The probe's weights' scales span 21 binades (2^-23 .. 2^-3): it checks
-the widened bytes against torch's rounding of the bf16 weights over the
-block scale, times the widening of every
+even.  The probe checks the widened bytes against torch's rounding of the bf16
+weights over the block scale (on weights whose scales span 21 binades, and
+on the layers' own), times the widening of every
 expert's w13 and w2, the fp8 layer on them, the two together, the W4A16
 layer and (where GG_VLLM_SRC names bench/vendor_vllm.py's folder)
 triton_kernels as vLLM runs gpt-oss, on gpt-oss's shapes at prefill, in one
@@ -60,28 +60,77 @@ def e4m3_byte(nibble, shift):
     return sign | byte
 
 
+# One PTX instance: word $2 (eight e2m1 nibbles, element 2i the low nibble of
+# byte i) -> $0, $1 (their eight e4m3 bytes in order), $3 and $4 the table
+# of the eight magnitudes' e4m3 bytes at this word's shift.  The nibbles less
+# their sign are prmt's selectors into the table; the signs are placed by
+# prmt's sign mode (a selector with bit 3 set copies its byte's top bit into
+# all eight): the low nibbles' signs are bit 7 of (word << 4)'s bytes, the
+# high nibbles' bit 7 of the word's.
+WIDEN_WORD_ASM = tl.constexpr("""{
+.reg .b32 m, h, t, s0, s1;
+and.b32 m, $2, 0x77777777;
+shr.b32 h, m, 16;
+prmt.b32 $0, $3, $4, m;
+prmt.b32 $1, $3, $4, h;
+shl.b32 t, $2, 4;
+prmt.b32 s0, t, $2, 0xD9C8;
+prmt.b32 s1, t, $2, 0xFBEA;
+and.b32 s0, s0, 0x80808080;
+and.b32 s1, s1, 0x80808080;
+or.b32 $0, $0, s0;
+or.b32 $1, $1, s1;
+}""")
+# The table where no field underflows (shift <= 11): magnitudes 0, 0.5, 1,
+# 1.5 and 2, 3, 4, 6 at exponent fields 12, 13, 14, 15 less the shift.
+TABLE_LOW, TABLE_HIGH = tl.constexpr(0x6C686000), tl.constexpr(0x7C787470)
+TABLE_STEP_LOW, TABLE_STEP_HIGH = tl.constexpr(0x08080800), tl.constexpr(0x08080808)
+
+
+@triton.jit
+def table(shift, FAST: tl.constexpr):
+    """(low, high): the e4m3 bytes of magnitudes 0-3 and 4-7 at `shift`."""
+    if FAST:
+        return TABLE_LOW - shift * TABLE_STEP_LOW, TABLE_HIGH - shift * TABLE_STEP_HIGH
+    low = e4m3_byte(1, shift) << 8 | e4m3_byte(2, shift) << 16 | e4m3_byte(3, shift) << 24
+    high = (e4m3_byte(4, shift) | e4m3_byte(5, shift) << 8 | e4m3_byte(6, shift) << 16
+            | e4m3_byte(7, shift) << 24)
+    return low, high
+
+
+@triton.jit
+def widen_words(words, shift, FAST: tl.constexpr):
+    low, high = table(shift, FAST)
+    return tl.inline_asm_elementwise(WIDEN_WORD_ASM, "=r,=r,r,r,r", [words, low, high],
+                                     dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
 @triton.jit
 def widen_kernel(v_ptr, s_ptr, q_ptr, bs_ptr, N, K, BLOCK: tl.constexpr):
     """Expert program_id(2)'s block (program_id(0), program_id(1)) of MXFP4
-    values v [E, N, K / 2] and e8m0 scales s [E, N, K / 32] -> e4m3 q [E, N,
-    K] (written two a 16-bit store) and the block's float32 scale bs [E,
-    cdiv(N, 128), cdiv(K, 128)]."""
-    GROUPS: tl.constexpr = BLOCK // 32
+    values v [E, N, K / 2] (read as int32 words, eight values each) and e8m0
+    scales s [E, N, K / 32] -> e4m3 q [E, N, K] (int32 words, four values
+    each) and the block's float32 scale bs [E, cdiv(N, 128), cdiv(K, 128)]."""
+    WORDS: tl.constexpr = BLOCK // 8
     e = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < N
-    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
-    s = tl.load(s_ptr + e * N * (K // 32) + rows[:, None] * (K // 32) + groups[None, :],
-                mask=row_ok[:, None] & (groups < K // 32)[None, :], other=0).to(tl.int32)
+    words = tl.program_id(1) * WORDS + tl.arange(0, WORDS)
+    ok = (rows < N)[:, None] & (words < K // 8)[None, :]
+    # each word's scale (four words a group: the same byte, from L1)
+    s = tl.load(s_ptr + e * N * (K // 32) + rows[:, None] * (K // 32) + words[None, :] // 4,
+                mask=ok, other=0).to(tl.int32)
     top = tl.max(tl.max(s, 1), 0)
-    shift = tl.broadcast_to((top - s)[:, :, None], (BLOCK, GROUPS, 16)).reshape(BLOCK, BLOCK // 2)
-    cols = tl.program_id(1) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
-    ok = row_ok[:, None] & (cols < K // 2)[None, :]
-    b = tl.load(v_ptr + e * N * (K // 2) + rows[:, None] * (K // 2) + cols[None, :], mask=ok,
-                other=0).to(tl.int32)
-    pair = e4m3_byte(b & 15, shift) | (e4m3_byte(b >> 4, shift) << 8)
-    tl.store(q_ptr + e * N * (K // 2) + rows[:, None] * (K // 2) + cols[None, :],
-             pair.to(tl.int16), mask=ok)
+    shift = tl.where(ok, top - s, 0)
+    b = tl.load(v_ptr + e * N * (K // 8) + rows[:, None] * (K // 8) + words[None, :], mask=ok,
+                other=0)
+    if tl.max(tl.max(shift, 1), 0) <= 11:
+        first, second = widen_words(b, shift, True)
+    else:
+        first, second = widen_words(b, shift, False)
+    out = tl.join(first, second).reshape(BLOCK, 2 * WORDS)
+    out_words = tl.program_id(1) * 2 * WORDS + tl.arange(0, 2 * WORDS)
+    tl.store(q_ptr + e * N * (K // 4) + rows[:, None] * (K // 4) + out_words[None, :], out,
+             mask=(rows < N)[:, None] & (out_words < K // 4)[None, :])
     blocks_n = tl.cdiv(N, BLOCK)
     blocks_k = tl.cdiv(K, BLOCK)
     tl.store(bs_ptr + (e * blocks_n + tl.program_id(0)) * blocks_k + tl.program_id(1),
@@ -92,8 +141,8 @@ def widen_into(w: Quantized, out: Quantized) -> Quantized:
     """w (MXFP4 [E, N, K]) widened into out's buffers (e4m3 in 128 x 128 blocks)."""
     experts, n, k = out.values.shape
     grid = (triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK), experts)
-    widen_kernel[grid](w.values.view(torch.uint8), w.scales.view(torch.uint8),
-                       out.values.view(torch.int16), out.scales, n, k, BLOCK=BLOCK)
+    widen_kernel[grid](w.values.view(torch.int32), w.scales.view(torch.uint8),
+                       out.values.view(torch.int32), out.scales, n, k, BLOCK=BLOCK)
     return out
 
 
@@ -112,6 +161,18 @@ def rounded(bf16: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (bf16.float() / full[:bf16.shape[0], :bf16.shape[1]]).to(torch.float8_e4m3fn)
 
 
+def check_widening() -> bool:
+    """The widened bytes of weights whose scales span 21 binades (2^-23 ..
+    2^-3: blocks past the table's shift of 11 too), N not a multiple of the
+    block, against torch's rounding."""
+    w = random_mxfp4(3, 200, 2880, exponents=(104, 124))
+    f = widen_into(w, fp8_buffers(w))
+    return all(torch.equal(rounded(widened(w._replace(values=w.values[e:e + 1],
+                                                      scales=w.scales[e:e + 1]))[0],
+                                   f.scales[e]).view(torch.uint8), f.values[e].view(torch.uint8))
+               for e in range(3))
+
+
 def anchor():
     """(triton_kernels' modules, bench.triton_kernels_moe) where GG_VLLM_SRC
     names a vendored folder with triton_kernels, else None."""
@@ -124,8 +185,7 @@ def anchor():
 
 def run_model(model: str, token_counts, tk) -> None:
     hidden, inter, experts, top_k = MODELS[model]
-    w13 = random_mxfp4(experts, 2 * inter, hidden, exponents=(104, 124))
-    w2 = random_mxfp4(experts, hidden, inter, exponents=(104, 124))
+    w13, w2 = random_mxfp4(experts, 2 * inter, hidden), random_mxfp4(experts, hidden, inter)
     f13, f2 = widen_into(w13, fp8_buffers(w13)), widen_into(w2, fp8_buffers(w2))
     b13 = torch.empty(experts, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda")
     b2 = torch.empty(experts, hidden, inter, dtype=torch.bfloat16, device="cuda")
@@ -163,6 +223,7 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
     tk = anchor()
+    print(f"wide scales: widened bytes equal to torch's rounding: {check_widening()}", flush=True)
     with torch.no_grad():
         for model in args.models.split(","):
             run_model(model, [int(t) for t in args.tokens.split(",")], tk)
