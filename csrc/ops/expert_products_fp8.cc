@@ -231,9 +231,7 @@ class Fp8Products final : public ExpertProducts {
   }
 
   int64_t temporary_bytes(int64_t slots) const override {
-    const int64_t inter = in_.w2.size(2);
-    return Outputs::part_bytes({slots, inter}, kFp8) +
-           Outputs::part_bytes({slots, blocks(inter)}, ScalarType::Float);
+    return fp8_rows_temporary_bytes(slots, in_.w2.size(2));
   }
 
   bool gathers() const override { return true; }
@@ -260,6 +258,11 @@ class Fp8Products final : public ExpertProducts {
 };
 
 }  // namespace
+
+int64_t fp8_rows_temporary_bytes(int64_t slots, int64_t inter) {
+  return Outputs::part_bytes({slots, inter}, kFp8) +
+         Outputs::part_bytes({slots, blocks(inter)}, ScalarType::Float);
+}
 
 // The tokens quantized as the weights' scales ask, x_scale beside them: as
 // given (x fp8, contiguous scales), else quantize_fp8's.

@@ -41,6 +41,10 @@ struct DownProjection {
 using Quantized = std::tuple<Tensor, Tensor>;
 Quantized quantized_tokens(const Tensor& x, const std::optional<Tensor>& x_scale, Scaling scales);
 
+// Bytes of the routed products' temporaries (h and its scales) for `slots`
+// slots and I = inter.
+int64_t fp8_rows_temporary_bytes(int64_t slots, int64_t inter);
+
 // Whether the forward takes the decode path (expert_products_fp8_decode.cc).
 bool decode_fits(int64_t slots, int64_t experts, bool blockwise_tokens_given);
 

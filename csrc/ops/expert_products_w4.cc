@@ -6,15 +6,19 @@
 // projection (w4_ragged_m); at decode their twins w4_decode_glu and
 // w4_decode_down, or, where those have few units, the whole forward in one
 // launch with each slot's H cut into parts (w4_decode_split).  The weights
-// are widened to the tokens' 16 bits in the kernels' K loops (W4A16).
+// are widened to the tokens' 16 bits in the kernels' K loops (W4A16); at
+// prefill, MXFP4 weights are widened to fp8 once a call instead and the fp8
+// products run on that copy (widen_mxfp4, then expert_products_fp8.cc: W4A8).
 // Inference only.
 #include <family_args.h>
 
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "expert_products.h"
+#include "expert_products_fp8.h"
 #include "fp8.h"
 #include "moe_inputs.h"
 #include "op_support.h"
@@ -118,6 +122,60 @@ bool decodes(int64_t slots, int64_t experts) {
   return slots <= experts && experts <= kFewSlots * slots;
 }
 
+// Where the forward widens MXFP4 weights to fp8 in 128 x 128 blocks
+// (widen_mxfp4) and runs the fp8 products on that copy (W4A8): at least
+// kWidenRows slots an expert on average, where widening every expert's
+// weights once a call measured faster than the routed W4A16 kernels, which
+// widen each weight tile again for every tile of tokens
+// (docs/notes/2026-12-01-w4-prefill-widened-to-fp8.md).  MXFP4 only (its
+// values times its scales are e4m3 blocks exactly; INT4's are not), on GPUs
+// that run the sm90 kernels (the fp8 products').  A test forcing widen_mxfp4
+// gets it; one forcing a W4A16 kernel, W4A16.
+constexpr int64_t kWidenRows = 64;
+bool widens(int64_t slots, const Tensor& w13, family::W4Format format, const Tensor& x) {
+  const int64_t experts = w13.size(0);
+  if (format != family::W4Format::kMxfp4 || experts == 0 || !runs_tma(x)) return false;
+  if (forces_family(family::WidenMxfp4::kIndex)) return true;
+  for (const int other :
+       {family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
+        family::W4RaggedM::kIndex, family::W4DecodeSplit::kIndex}) {
+    if (forces_family(other)) return false;
+  }
+  return slots >= kWidenRows * experts;
+}
+
+// An MXFP4 weight [E, N, K/2] (bytes) and its scales [E, N, K/32] widened
+// to fp8 (widen_mxfp4): (values [E, N, K] float8_e4m3fn, scales [E,
+// ceil(N/128), ceil(K/128)] float32), temporaries of the call.
+std::pair<Tensor, Tensor> widened(const Tensor& values, const Tensor& scales, const Tensor& x,
+                                  Outputs& temporaries) {
+  const int64_t experts = values.size(0), n = values.size(1), k = 2 * values.size(2);
+  Tensor q = temporaries.make({experts, n, k}, kFp8);
+  Tensor q_scales = temporaries.make({experts, blocks(n), blocks(k)}, ScalarType::Float);
+  if (q.numel() > 0) {
+    launch(family::WidenMxfp4{.v_ptr = address(values),
+                              .s_ptr = address(scales),
+                              .q_ptr = address(q),
+                              .bs_ptr = address(q_scales),
+                              .G = experts,
+                              .N = n,
+                              .K = k,
+                              .v_group_stride = values.stride(0),
+                              .ldv = values.stride(1),
+                              .s_group_stride = scales.stride(0),
+                              .lds = scales.stride(1)},
+           {}, target_of(x, x.scalar_type()));
+  }
+  return {q, q_scales};
+}
+
+// widened()'s bytes of temporaries for a weight [E, N, K/2].
+int64_t widened_bytes(const Tensor& values) {
+  const int64_t experts = values.size(0), n = values.size(1), k = 2 * values.size(2);
+  return Outputs::part_bytes({experts, n, k}, kFp8) +
+         Outputs::part_bytes({experts, blocks(n), blocks(k)}, ScalarType::Float);
+}
+
 // Where the forward takes w4_decode_split: no biases (its kernel adds none),
 // I not empty, at most one slot an expert, and an up projection of at most
 // kSplitUnits units of 128 w13 rows a slot, where the decode kernels leave
@@ -131,7 +189,7 @@ bool splits_decode(int64_t slots, int64_t experts, int64_t inter, bool biases) {
   if (forces_family(family::W4DecodeSplit::kIndex)) return true;
   for (const int other :
        {family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
-        family::W4RaggedM::kIndex, family::Combine::kIndex}) {
+        family::W4RaggedM::kIndex, family::Combine::kIndex, family::WidenMxfp4::kIndex}) {
     if (forces_family(other)) return false;
   }
   return slots <= experts && slots * cdiv(2 * inter, 128) <= kSplitUnits;
@@ -260,10 +318,17 @@ class W4Products final : public ExpertProducts {
 
   Tensor rows(const RoutedSlots& routed, Tensor* /*gu: inference only*/,
               Outputs& temporaries) const override {
+    if (widens(routed.order.size(0), in_.w13, format_, x_)) return fp8_rows(routed, temporaries);
     const Tensor h =
         up_projection(x_, routed.order, routed.k, routed.offs, {in_.w13, w13_scale_, format_}, b13_,
                       choices_.gate_up, choices_.activation, temporaries);
     return down_projection(h, routed.offs, {in_.w2, w2_scale_, format_}, b2_, temporaries);
+  }
+
+  int64_t temporary_bytes(int64_t slots) const override {
+    if (!widens(slots, in_.w13, format_, x_)) return ExpertProducts::temporary_bytes(slots);
+    return widened_bytes(in_.w13) + widened_bytes(in_.w2) +
+           fp8_rows_temporary_bytes(slots, in_.w2.size(2) * 2);
   }
 
   bool gathers() const override { return true; }
@@ -323,6 +388,17 @@ class W4Products final : public ExpertProducts {
   }
 
  private:
+  // The rows of fp8's products on the weights widened to fp8 (W4A8).
+  Tensor fp8_rows(const RoutedSlots& routed, Outputs& temporaries) const {
+    const auto [w13, w13_scale] = widened(in_.w13, w13_scale_, x_, temporaries);
+    const auto [w2, w2_scale] = widened(in_.w2, w2_scale_, x_, temporaries);
+    const std::optional<Tensor> scales13(w13_scale), scales2(w2_scale), none;
+    const MoeInputs widened_in{in_.x, in_.topk_ids, in_.topk_weights, w13, w2, in_.b13, in_.b2};
+    return fp8_products(widened_in, {scales13, scales2, none}, WeightFormat::kFp8SquareBlocks,
+                        choices_)
+        ->rows(routed, nullptr, temporaries);
+  }
+
   static std::optional<Tensor> contiguous_bias(const std::optional<Tensor>& bias) {
     return bias ? std::optional(as_contiguous(*bias)) : bias;
   }

@@ -6,12 +6,17 @@ times a power of two is a 16-bit value; INT4's q * scale rounded once to
 bfloat16), the up projection in float64 (+ b13), the activation in
 float64, h rounded to x's dtype (the up projection stores it so), the down
 projection in float64 (+ b2) rounded to x's dtype (its rows are stored so),
-each token's k rows weighted (float32 weights) and summed in float64."""
+each token's k rows weighted (float32 weights) and summed in float64.
+
+At prefill moe_experts widens MXFP4 weights to fp8 and runs its fp8
+products on them (W4A8): widened_fp8 gives the fp8 weights it makes, for
+gg_runtime.testing.moe_fp8's reference."""
 from __future__ import annotations
 
 import torch
 
-from ..formats import INT4, MXFP4, MXFP4_GROUP, Quantized
+from ..formats import INT4, MXFP4, MXFP4_GROUP, SQUARE_BLOCKS, Quantized
+from .fp8 import FP8_BLOCK
 from .moe_layers import gated_activation
 
 # e2m1's 16 values by their 4 bits (sign, 2 exponent bits, 1 mantissa bit).
@@ -67,6 +72,30 @@ def widened(w: Quantized) -> torch.Tensor:
     if w.format == INT4:
         return dequantize_int4(w.values, w.scales).bfloat16().double()
     return dequantize_mxfp4(w.values, w.scales)
+
+
+# The binades a widened block's scale lies below its largest e8m0 exponent's
+# 2^(e - 127): 6, so that e2m1's largest, 6, becomes 384 (e4m3's is 448).
+FP8_HEADROOM = 6
+
+
+def widened_fp8(w: Quantized) -> Quantized:
+    """MXFP4 weights [E, N, K] as moe_experts widens them to fp8 at prefill:
+    128 x 128 blocks, each scaled 2^(top - 127 - 6), top its largest e8m0
+    exponent (NaN's 255 aside), the values over that scale rounded to
+    float8_e4m3fn by torch (exact within 14 binades of the top)."""
+    exponents = w.scales.view(torch.uint8).int()
+    experts, n, groups = exponents.shape
+    rows, per_block = -n % FP8_BLOCK, FP8_BLOCK // MXFP4_GROUP
+    padded = torch.nn.functional.pad(torch.where(exponents == 255, 0, exponents),
+                                     (0, -groups % per_block, 0, rows))
+    top = padded.reshape(experts, padded.shape[1] // FP8_BLOCK, FP8_BLOCK,
+                         padded.shape[2] // per_block, per_block).amax(dim=(2, 4))
+    scale = torch.exp2((top - 127 - FP8_HEADROOM).double())
+    full = scale.repeat_interleave(FP8_BLOCK, 1).repeat_interleave(FP8_BLOCK, 2)
+    values = dequantize_mxfp4(w.values, w.scales)
+    q = (values / full[:, :n, :values.shape[2]]).to(torch.float8_e4m3fn)
+    return Quantized(q, scale.float(), SQUARE_BLOCKS)
 
 
 def moe_experts_w4_ref(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None,

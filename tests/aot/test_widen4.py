@@ -1,5 +1,5 @@
 """aot/kernels/widen4.py's PTX run by a small emulator of the instructions it
-uses (prmt, lop3, shifts, and, fma.rn.bf16x2), on every byte value, against
+uses (tests/aot/ptx_emulator.py, with fma.rn.bf16x2 here), on every byte value, against
 the values the formats define: INT4's (u - 8) * scale rounded once to
 bfloat16, MXFP4's e2m1 value times 2^(e - 127) (infinity past bfloat16's
 range, which only e = 254's largest values reach).  The GPU tests check the
@@ -10,12 +10,13 @@ import math
 import re
 import struct
 
+import ptx_emulator
 import pytest
 
 from aot.kernels.widen4 import E2M1_ASM, E2M1_WORDS_ASM, INT4_ASM, INT4_WORDS_ASM
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-MASK = 0xFFFFFFFF
+MASK = ptx_emulator.MASK
 
 
 def bf16_value(bits: int) -> float:
@@ -41,50 +42,8 @@ def fma_bf16x2(a: int, b: int, c: int) -> int:
     return lanes[0] | lanes[1] << 16
 
 
-def prmt(a: int, b: int, selector: int) -> int:
-    source = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
-    return sum(source[(selector >> 4 * i) & 7] << 8 * i for i in range(4))
-
-
-def lop3(a: int, b: int, c: int, lut: int) -> int:
-    out = 0
-    for bit in range(32):
-        index = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | (c >> bit) & 1
-        out |= ((lut >> index) & 1) << bit
-    return out
-
-
 def run_ptx(asm: str, inputs: dict) -> dict:
-    """Runs asm's instructions over 32-bit registers; inputs: {"$4": word, ...}."""
-    regs = dict(inputs)
-
-    def value(token: str) -> int:
-        return int(token, 16) if token.startswith("0x") else int(token) \
-            if token.isdigit() else regs[token]
-    for line in asm.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
-            continue
-        op, rest = line.split(None, 1)
-        dest, *args = [t.strip() for t in rest.split(",")]
-        a = [value(t) for t in args]
-        if op == "mov.b32":
-            regs[dest] = a[0]
-        elif op == "prmt.b32":
-            regs[dest] = prmt(*a)
-        elif op == "lop3.b32":
-            regs[dest] = lop3(*a)
-        elif op == "shr.b32":
-            regs[dest] = a[0] >> a[1]
-        elif op == "shl.b32":
-            regs[dest] = (a[0] << a[1]) & MASK
-        elif op == "and.b32":
-            regs[dest] = a[0] & a[1]
-        elif op == "fma.rn.bf16x2":
-            regs[dest] = fma_bf16x2(*a)
-        else:
-            raise AssertionError(f"an instruction the emulator lacks: {op}")
-    return regs
+    return ptx_emulator.run_ptx(asm, inputs, {"fma.rn.bf16x2": fma_bf16x2})
 
 
 def widen(asm: str, word: int, scales: tuple) -> list:

@@ -1,5 +1,6 @@
 """moe_experts with 4-bit expert weights (W4A16: MXFP4, INT4 in groups of
-32 and 128) on the GPU against gg_runtime.testing.w4's float64 reference
+32 and 128; W4A8 at prefill with MXFP4 on sm90) on the GPU against
+gg_runtime.testing.w4's float64 reference
 built from the same 4-bit values and scales: H and I multiples of the scale
 group but not of 64 or 128 where the group allows, E from 1 to 1024, k from
 1 to 8, T from 0 to 4096 (every kernel's tile size), more than 1,000
@@ -11,14 +12,22 @@ q * scale rounded once to bfloat16), so the implementation's products differ
 from the reference's only in their float32 sums; what remains is the
 bfloat16 roundings of h, of the down projection's rows and of the output
 (TOLERANCE).  Taking the nibbles in the other order, a scale for the wrong
-group or row, or another expert's weights gives errors of order 1."""
+group or row, or another expert's weights gives errors of order 1.
+
+At prefill (at least 64 slots an expert on average) moe_experts widens
+MXFP4 weights to fp8 and runs its fp8 products on them (W4A8, sm90): those
+calls are checked against gg_runtime.testing.moe_fp8's reference on the fp8
+weights torch makes from the same values (testing.w4.widened_fp8), which
+quantizes the tokens and h as the fp8 products do (W4A8_TOLERANCE)."""
 import pytest
 import torch
 
 import gg_runtime
 from gg_runtime import _C
 from gg_runtime.testing import forced, last_variant, randn, rel_error
-from gg_runtime.testing.w4 import moe_experts_w4_ref, random_int4, random_mxfp4, widened
+from gg_runtime.testing.moe_fp8 import moe_experts_fp8_ref
+from gg_runtime.testing.w4 import (moe_experts_w4_ref, random_int4, random_mxfp4, widened,
+                                   widened_fp8)
 
 from conftest import HAS_GPU, device_arch
 
@@ -37,7 +46,15 @@ FORMATS = tuple(TAILS)
 # forward (w4_decode_split) runs without biases, the decode kernels
 # (w4_decode_glu, w4_decode_down) with them, not the routed ones.
 DECODE_TOKENS = 2
-PATHS = ("split", "decode", "routed")
+PATHS = ("split", "decode", "routed", "widened")
+W4A16_PATHS = PATHS[:3]
+# W4A8's calls: random tokens and h quantized to e4m3 per 128 columns, the
+# fp8 products' fast accumulation (test_gpu_moe_fp8.py's RANDOM_TOLERANCE).
+W4A8_TOLERANCE = 2e-2
+# Tokens that make 64 slots an expert with TAILS' E and k: MXFP4's calls
+# then widen the weights to fp8 (W4A8) on sm90.
+PREFILL_TOKENS = 128
+WIDENS = device_arch() == 90  # the sm90 kernels run here: the fp8 products do
 
 
 def routing(tokens, experts, k, dropped=False):
@@ -93,15 +110,22 @@ def kernels_run(case, **options) -> set:
 
 def assert_path(case, path, **options):
     """The call runs `path`'s kernels (PATHS: the split forward, the decode
-    kernels, the routed ones) and no other's (not checked where the profiler
-    sees no kernels: under compute-sanitizer, which holds the GPU's
-    profiling interface)."""
+    kernels, the routed ones, the widening and fp8's products) and no
+    other's (not checked where the profiler sees no kernels: under
+    compute-sanitizer, which holds the GPU's profiling interface)."""
     names = " ".join(kernels_run(case, **options))
     if not names:
         return
     ran = ("w4_decode_split" in names, "w4_decode_glu" in names and "w4_decode_down" in names,
-           "w4_glu_kernel" in names and "w4_ragged_m" in names)
+           "w4_glu_kernel" in names and "w4_ragged_m" in names,
+           "widen_mxfp4" in names and "scaled_ragged_glu" in names)
     assert ran == tuple(p == path for p in PATHS), names
+
+
+def w4a8_reference(case, **options):
+    """The float64 reference of a call that widens its MXFP4 weights to fp8."""
+    return moe_experts_fp8_ref(**dict(case, w13=widened_fp8(case["w13"]),
+                                      w2=widened_fp8(case["w2"])), **options)
 
 
 def decode_kernel(weight_format, gate_up):
@@ -118,7 +142,7 @@ def decode_kernel(weight_format, gate_up):
 @pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
 @pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", W4A16_PATHS)
 def test_layouts_activations_biases(weight_format, gate_up, activation, bias, path):
     """Each path (the decode kernels forced where the call would take the
     split forward; biases make a decode call take the decode kernels)."""
@@ -207,15 +231,28 @@ def test_split_shapes(weight_format, shape):
         assert_path(case, "split")
 
 
+def largest_tile(family, weight_format):
+    """The key of this GPU's `family` variant (w4_glu: concatenated) for the
+    format with the most rows a tile: forcing it keeps a prefill call on
+    the W4A16 kernels."""
+    return max((v for v in _C.variants()
+                if v["family"] == family and v["arch"] == device_arch()
+                and v["axes"]["format"] == weight_format
+                and v["axes"].get("gate_up", "concatenated") == "concatenated"),
+               key=lambda v: v["block"][0])["key"]
+
+
 @pytest.mark.parametrize("shape", [
     (1, 288, 160, 8, 4), (3, 96, 64, 32, 1), (7, 288, 160, 1, 1), (17, 160, 96, 256, 8),
     (200, 288, 160, 8, 2), (1000, 96, 32, 1024, 2), (4096, 288, 160, 8, 4)],
     ids=lambda s: "x".join(map(str, s)))
 def test_shapes(shape):
-    """Decode's 16-row tiles to 128-row ones; one expert; 1024 experts (more
-    than 1,000 groups, many empty); I = 32, one scale group."""
+    """Decode's 16-row tiles to 128-row ones (W4A16's, forced where the call
+    would widen the weights to fp8); one expert; 1024 experts (more than
+    1,000 groups, many empty); I = 32, one scale group."""
     case = make_case(*shape, dropped=shape[0] > 1)
-    assert_close(run(case), moe_experts_w4_ref(**case))
+    with forced(variant=largest_tile("w4_ragged_m", "mxfp4") if shape[0] == 4096 else ""):
+        assert_close(run(case), moe_experts_w4_ref(**case))
 
 
 @pytest.mark.parametrize("weight_format", ["int4_g32", "int4_g128"])
@@ -321,8 +358,11 @@ def test_weights_in_padded_storage(weight_format, decode):
 @pytest.mark.parametrize("weight_format", FORMATS)
 @pytest.mark.parametrize("tokens", [3, 256], ids=["decode", "prefill"])
 def test_cuda_graph_replays_new_tokens_and_routing(weight_format, tokens):
+    """MXFP4's prefill (64 slots an expert) widens its weights to fp8 on sm90."""
     _, hidden, inter, experts, _ = TAILS[weight_format]
     case = make_case(tokens, hidden, inter, experts, 2, weight_format=weight_format)
+    w4a8 = tokens == 256 and weight_format == "mxfp4" and WIDENS
+    reference = w4a8_reference if w4a8 else moe_experts_w4_ref
     run(case)  # loads the kernels outside the capture
     assert last_variant().startswith("w4_decode_split." if tokens == 3 else "combine.")
     torch.cuda.synchronize()
@@ -336,7 +376,7 @@ def test_cuda_graph_replays_new_tokens_and_routing(weight_format, tokens):
         case["topk_weights"].copy_(weights)
         out.fill_(float("nan"))
         graph.replay()
-        assert_close(out, moe_experts_w4_ref(**case))
+        assert_close(out, reference(**case), W4A8_TOLERANCE if w4a8 else TOLERANCE)
 
 
 def test_int4_encodings_and_packings():
@@ -350,3 +390,71 @@ def test_int4_encodings_and_packings():
     signed = case["w2"].values ^ 0x88
     w2 = gg_runtime.int4_expert_weights(signed, case["w2"].scales, encoding="signed")
     assert torch.equal(run(dict(case, w2=w2)), out)
+
+
+w4a8_only = pytest.mark.skipif(not WIDENS, reason="W4A8 runs the sm90 kernels' fp8 products")
+
+
+@w4a8_only
+@pytest.mark.parametrize("gate_up", ["concatenated", "interleaved"])
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_prefill_widens_mxfp4_to_fp8(gate_up, activation, bias):
+    """64 slots an expert: the weights widened to fp8, the fp8 products; INT4
+    (whose values times scales fp8 does not hold) stays W4A16."""
+    _, *shape = TAILS["mxfp4"]
+    case = make_case(PREFILL_TOKENS, *shape, bias=bias, dropped=True)
+    options = {"gate_up": gate_up, "activation": activation}
+    assert_close(run(case, **options), w4a8_reference(case, **options), W4A8_TOLERANCE)
+    assert_path(case, "widened", **options)
+    for weight_format in ("int4_g32", "int4_g128"):
+        _, *shape = TAILS[weight_format]
+        case = make_case(PREFILL_TOKENS, *shape, bias=bias, weight_format=weight_format)
+        assert_close(run(case, **options), moe_experts_w4_ref(**case, **options))
+        assert_path(case, "routed", **options)
+
+
+@w4a8_only
+@pytest.mark.parametrize("shape", [
+    (1, 288, 160, 8, 4), (3, 96, 32, 1, 1), (130, 160, 96, 3, 2), (1000, 96, 32, 1024, 2),
+    (0, 288, 160, 8, 2)], ids=lambda s: "x".join(map(str, s)))
+def test_widened_shapes(shape):
+    """Forced: one token; one expert, I = 32 (K in one part of a block);
+    N and K in no whole number of 128 x 128 blocks; 1024 experts; no
+    tokens."""
+    case = make_case(*shape, dropped=shape[0] > 1)
+    with forced(variant=next(v["key"] for v in _C.variants()
+                             if v["family"] == "widen_mxfp4" and v["arch"] == 90)):
+        assert_close(run(case), w4a8_reference(case), W4A8_TOLERANCE)
+
+
+@w4a8_only
+@pytest.mark.parametrize("exponents", [(104, 124), (0, 12), (150, 164)])
+def test_widened_scales_over_their_range(exponents):
+    """A block's groups up to 20 binades below its largest (exact within 14,
+    rounded below: the widening's slow tables); the smallest scales
+    (2^-127, block scales float32 subnormals); scales past 2^20; the tokens
+    scaled so that the layer's values stay normal float32 (and above the
+    tokens' quantization's floor of 1e-12)."""
+    _, hidden, inter, experts, k = TAILS["mxfp4"]
+    case = make_case(PREFILL_TOKENS, hidden, inter, experts, k)
+    case["w13"] = random_mxfp4(experts, 2 * inter, hidden, exponents)
+    case["w2"] = random_mxfp4(experts, hidden, inter, (118, 124))
+    scale = 2.0 ** (121 - (exponents[0] + exponents[1]) // 2)
+    case["x"] = (case["x"].double() * scale).bfloat16()
+    ref = w4a8_reference(case)
+    assert_close(run(case), ref, W4A8_TOLERANCE)
+
+
+@w4a8_only
+def test_widened_nan_scale_reaches_only_its_experts_tokens():
+    """A NaN scale (e8m0 255) in expert 3's w13 widens to e4m3 NaNs: its
+    tokens' outputs are not finite, every other token's are right."""
+    case = make_case(PREFILL_TOKENS, *TAILS["mxfp4"][1:])
+    scales = case["w13"].scales.view(torch.uint8)
+    scales[3, 5, 2] = 255
+    out = run(case)
+    hit = (case["topk_ids"] == 3).any(dim=1)
+    assert not out[hit].isfinite().all(dim=1).any()
+    ref = w4a8_reference(dict(case, topk_ids=torch.where(hit[:, None], -1, case["topk_ids"])))
+    assert_close(out[~hit], ref[~hit], W4A8_TOLERANCE)

@@ -124,7 +124,7 @@ def test_build_info():
                                  "send_fp8_rows", "send_rows", "sum_peer_rows", "swiglu",
                                  "swiglu_backward_fp8",
                                  "w4_decode_down", "w4_decode_glu", "w4_decode_split", "w4_glu",
-                                 "w4_ragged_m"]
+                                 "w4_ragged_m", "widen_mxfp4"]
     assert build["variants"] == len(_C.variants()) > 0
 
 
