@@ -122,10 +122,10 @@ def assert_path(case, path, **options):
     assert ran == tuple(p == path for p in PATHS), names
 
 
-def w4a8_reference(case, **options):
-    """The float64 reference of a call that widens its MXFP4 weights to fp8."""
-    return moe_experts_fp8_ref(**dict(case, w13=widened_fp8(case["w13"]),
-                                      w2=widened_fp8(case["w2"])), **options)
+def w4a8_reference(w13, w2, **case_and_options):
+    """The float64 reference of a call that widens its MXFP4 weights to fp8
+    (moe_experts_w4_ref's arguments)."""
+    return moe_experts_fp8_ref(w13=widened_fp8(w13), w2=widened_fp8(w2), **case_and_options)
 
 
 def decode_kernel(weight_format, gate_up):
@@ -405,7 +405,7 @@ def test_prefill_widens_mxfp4_to_fp8(gate_up, activation, bias):
     _, *shape = TAILS["mxfp4"]
     case = make_case(PREFILL_TOKENS, *shape, bias=bias, dropped=True)
     options = {"gate_up": gate_up, "activation": activation}
-    assert_close(run(case, **options), w4a8_reference(case, **options), W4A8_TOLERANCE)
+    assert_close(run(case, **options), w4a8_reference(**case, **options), W4A8_TOLERANCE)
     assert_path(case, "widened", **options)
     for weight_format in ("int4_g32", "int4_g128"):
         _, *shape = TAILS[weight_format]
@@ -425,7 +425,7 @@ def test_widened_shapes(shape):
     case = make_case(*shape, dropped=shape[0] > 1)
     with forced(variant=next(v["key"] for v in _C.variants()
                              if v["family"] == "widen_mxfp4" and v["arch"] == 90)):
-        assert_close(run(case), w4a8_reference(case), W4A8_TOLERANCE)
+        assert_close(run(case), w4a8_reference(**case), W4A8_TOLERANCE)
 
 
 @w4a8_only
@@ -442,19 +442,20 @@ def test_widened_scales_over_their_range(exponents):
     case["w2"] = random_mxfp4(experts, hidden, inter, (118, 124))
     scale = 2.0 ** (121 - (exponents[0] + exponents[1]) // 2)
     case["x"] = (case["x"].double() * scale).bfloat16()
-    ref = w4a8_reference(case)
+    ref = w4a8_reference(**case)
     assert_close(run(case), ref, W4A8_TOLERANCE)
 
 
 @w4a8_only
-def test_widened_nan_scale_reaches_only_its_experts_tokens():
-    """A NaN scale (e8m0 255) in expert 3's w13 widens to e4m3 NaNs: its
-    tokens' outputs are not finite, every other token's are right."""
+def test_widened_nan_scale_stays_with_its_experts_tokens():
+    """A NaN scale (e8m0 255) in expert 3's w13 widens to e4m3 NaNs, which
+    reach only the tokens routed to expert 3; every other token's output is
+    right.  (Those tokens' outputs are not asserted non-finite: fp8's
+    quantization of h clamps it to e4m3's range, as for fp8 weights.)"""
     case = make_case(PREFILL_TOKENS, *TAILS["mxfp4"][1:])
     scales = case["w13"].scales.view(torch.uint8)
     scales[3, 5, 2] = 255
     out = run(case)
     hit = (case["topk_ids"] == 3).any(dim=1)
-    assert not out[hit].isfinite().all(dim=1).any()
-    ref = w4a8_reference(dict(case, topk_ids=torch.where(hit[:, None], -1, case["topk_ids"])))
+    ref = w4a8_reference(**dict(case, topk_ids=torch.where(hit[:, None], -1, case["topk_ids"])))
     assert_close(out[~hit], ref[~hit], W4A8_TOLERANCE)
