@@ -7,9 +7,10 @@ family's dtype is the tokens' (bfloat16) of the calls that take it."""
 from ..family import Config, Family, Param
 from ..kernels.widen_fp8 import BLOCK, widen_mxfp4_kernel
 
-# Memory-bound: one 128 x 128 block a tile (4 warps: 16 bytes of packed
-# values a thread a row of 8 threads), persistent over the blocks.
-CONFIGS = (Config(BLOCK.value, BLOCK.value, 16, 4, 1),)
+# Memory-bound: one 128 x 128 block a tile, persistent over the blocks; 8
+# warps, so that a thread's share of a tile (its words, their scales and
+# tables, the e4m3 words) leaves room for several programs an SM.
+CONFIGS = (Config(BLOCK.value, BLOCK.value, 16, 8, 1),)
 
 FAMILY = Family(
     name="widen_mxfp4",

@@ -104,15 +104,19 @@ def widen_block(v_ptr, s_ptr, q_ptr, bs_ptr, N, K, e, nb, kb, weights, BLOCK: tl
     WORDS: tl.constexpr = BLOCK // 8  # packed words a block's row
     rows = nb * BLOCK + tl.arange(0, BLOCK)
     words = kb * WORDS + tl.arange(0, WORDS)
-    ok = (rows < N)[:, None] & (words < K // 8)[None, :]
+    # K is whole groups of 32 (host-checked): a group's 4 words are all in K
+    # or all past it, so the words load 16 bytes at a time.
+    ok = (rows < N)[:, None] & tl.max_constancy(words < K // 8, 4)[None, :]
     # each word's scale (four words a group: the same byte, read again from L1)
     s = tl.load(s_ptr + e * s_group_stride + rows[:, None] * lds + words[None, :] // 4, mask=ok,
                 other=0).to(tl.int32)
     nan = s == 255
     top = tl.max(tl.max(tl.where(nan, 0, s), 1), 0)
     shift = tl.where(ok & ~nan, top - s, 0)
+    # Rows and experts 16 bytes apart, 16-byte aligned (host-checked).
     at = v_ptr.to(tl.pointer_type(tl.int32)) + e * (v_group_stride // 4)
-    b = tl.load(at + rows[:, None] * (ldv // 4) + words[None, :], mask=ok, other=0)
+    row_at = tl.multiple_of(at + rows[:, None] * (ldv // 4), [16, 16])
+    b = tl.load(row_at + words[None, :], mask=ok, other=0)
     if tl.max(tl.max(shift, 1), 0) <= FAST_SHIFT:
         first, second = widen_words(b, shift, True)
     else:
@@ -121,9 +125,11 @@ def widen_block(v_ptr, s_ptr, q_ptr, bs_ptr, N, K, e, nb, kb, weights, BLOCK: tl
     second = tl.where(nan, NAN_WORD, second)
     out = tl.join(first, second).reshape(BLOCK, 2 * WORDS)
     out_words = kb * 2 * WORDS + tl.arange(0, 2 * WORDS)
-    q_words = q_ptr.to(tl.pointer_type(tl.int32)) + e * N * (K // 4)
-    tl.store(q_words + rows[:, None] * (K // 4) + out_words[None, :], out,
-             mask=(rows < N)[:, None] & (out_words < K // 4)[None, :])
+    # q is contiguous and 16-byte aligned, its rows K bytes, a multiple of 32.
+    q_words = q_ptr.to(tl.pointer_type(tl.int32))
+    q_rows = tl.multiple_of(q_words + (e * N + rows[:, None]) * (K // 4), [16, 16])
+    tl.store(q_rows + out_words[None, :], out,
+             mask=(rows < N)[:, None] & tl.max_constancy(out_words < K // 4, 8)[None, :])
     tl.store(bs_ptr + (e * tl.cdiv(N, BLOCK) + nb) * tl.cdiv(K, BLOCK) + kb, block_scale(top))
 
 
