@@ -1,5 +1,5 @@
 """MoE experts with 4-bit weights for serving (issue 82): moe_experts with
-MXFP4 or INT4 weights (W4A16), with the same weights in fp8 (128 x 128
+MXFP4 or INT4 weights (W4A16; MXFP4's prefill W4A8), with the same weights in fp8 (128 x 128
 blocks, quantize_fp8) and widened to bf16 (as the kernels widen them), on
 the expert shapes of gpt-oss (MXFP4), Kimi-K2 (INT4, groups of 32) and
 Qwen3-30B-A3B's INT4 checkpoints (groups of 128) at decode and prefill
@@ -186,9 +186,11 @@ def add_anchor(candidates: dict, anchor: tuple, x, logits, top_k: int):
 
 def report(data) -> list:
     lines = [
-        "Forward ms: `4-bit`, moe_experts with 4-bit weights (W4A16: the values widened to "
-        "bf16 in the K loop), in the format named beside each model (MXFP4; INT4 with a bf16 "
-        "scale a group of 32 or 128 values); `fp8`, moe_experts on the same weights quantized "
+        "Forward ms: `4-bit`, moe_experts with 4-bit weights, in the format named beside "
+        "each model (MXFP4; INT4 with a bf16 scale a group of 32 or 128 values): W4A16 (the "
+        "values widened to bf16 in the K loop), or, for MXFP4 at prefill (at least 64 slots "
+        "an expert, sm90), W4A8 (the weights widened to fp8 blocks once a call, then fp8's "
+        "products); `fp8`, moe_experts on the same weights quantized "
         "to fp8 (128 x 128 blocks); `bf16`, moe_experts on them widened to bf16 as the kernels "
         "widen them. x fp8 / x bf16: that time / the 4-bit one's. of bound (decode rows): the "
         "time to read the touched experts' weights (and scales) once at this run's "

@@ -136,7 +136,14 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
     bfloat16. H and I multiples of the scale group. The weights are widened
     in the kernels' K loops (W4A16): bfloat16 MMAs accumulating in float32,
     the activation's output and the down projection's rows rounded to
-    bfloat16. Both gate_up layouts, both activations, the biases, dropped
+    bfloat16. Except at prefill with MXFP4 weights on sm90 (at least 64
+    slots an expert on average): there every expert's weights are widened
+    once a call to float8_e4m3fn in 128 x 128 blocks, exactly (each block
+    scaled `2 ** (e_max - 133)`, e_max its largest scale byte; groups more
+    than 14 binades below it rounded to nearest even), into a temporary of
+    `E * 3 * H * I` bytes, and the fp8 weights' forward above runs on them
+    (W4A8: the tokens and the activation's output quantized per token per
+    128 columns). Both gate_up layouts, both activations, the biases, dropped
     slots, T = 0 and CUDA-graph capture work as with 16-bit weights. The
     forward is the operator `torch.ops.gg_runtime.moe_experts`
     (`weight_format` the weights' format; sm80 and sm90).
