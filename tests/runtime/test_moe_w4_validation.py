@@ -10,7 +10,7 @@ import torch
 import gg_runtime
 from gg_runtime import Quantized
 from gg_runtime._native import call
-from gg_runtime.testing.w4 import dequantize_int4
+from gg_runtime.testing.w4 import dequantize_int4, dequantize_mxfp4, random_mxfp4, widened_fp8
 
 FP4, E8M0, U8 = torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.uint8
 # H and I multiples of 32, not of 64 or 128.
@@ -336,3 +336,17 @@ def test_4bit_and_e8m0_tensors_elsewhere_are_refused_by_name():
     with pytest.raises(TypeError, match="mat_a must not be torch.float8_e8m0fnu"):
         gg_runtime.grouped_mm(meta(T, H, dtype=E8M0), meta(E, H, 32),
                               offs=meta(E, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("exponents", [(118, 124), (0, 14), (240, 254)])
+def test_widened_fp8_stands_for_the_mxfp4_values(exponents):
+    """testing.w4.widened_fp8, the GPU tests' model of the fp8 weights
+    moe_experts' W4A8 prefill makes, stands for the MXFP4 values exactly
+    where a block's scales lie within 14 binades (the smallest scales, the
+    largest; N and K not whole blocks)."""
+    w = random_mxfp4(2, 200, 320, exponents, device="cpu")
+    q = widened_fp8(w)
+    assert q.values.dtype == torch.float8_e4m3fn and q.scales.shape == (2, 2, 3)
+    scales = q.scales.double().repeat_interleave(128, 1).repeat_interleave(128, 2)
+    assert torch.equal(q.values.double() * scales[:, :200, :320],
+                       dequantize_mxfp4(w.values, w.scales))
