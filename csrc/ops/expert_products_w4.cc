@@ -13,6 +13,7 @@
 #include <family_args.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -122,6 +123,11 @@ bool decodes(int64_t slots, int64_t experts) {
   return slots <= experts && experts <= kFewSlots * slots;
 }
 
+// Whether a test forces a variant of any of `families` (the other paths' kernels).
+bool forces_any(std::initializer_list<int> families) {
+  return std::any_of(families.begin(), families.end(), forces_family);
+}
+
 // Where the forward widens MXFP4 weights to fp8 in 128 x 128 blocks
 // (widen_mxfp4) and runs the fp8 products on that copy (W4A8): at least
 // kWidenRows slots an expert on average, where widening every expert's
@@ -136,10 +142,9 @@ bool widens(int64_t slots, const Tensor& w13, family::W4Format format, const Ten
   const int64_t experts = w13.size(0);
   if (format != family::W4Format::kMxfp4 || experts == 0 || !runs_tma(x)) return false;
   if (forces_family(family::WidenMxfp4::kIndex)) return true;
-  for (const int other :
-       {family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
-        family::W4RaggedM::kIndex, family::W4DecodeSplit::kIndex}) {
-    if (forces_family(other)) return false;
+  if (forces_any({family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
+                  family::W4RaggedM::kIndex, family::W4DecodeSplit::kIndex})) {
+    return false;
   }
   return slots >= kWidenRows * experts;
 }
@@ -187,10 +192,10 @@ constexpr int64_t kSplitUnits = 128;
 bool splits_decode(int64_t slots, int64_t experts, int64_t inter, bool biases) {
   if (biases || inter == 0) return false;
   if (forces_family(family::W4DecodeSplit::kIndex)) return true;
-  for (const int other :
-       {family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
-        family::W4RaggedM::kIndex, family::Combine::kIndex, family::WidenMxfp4::kIndex}) {
-    if (forces_family(other)) return false;
+  if (forces_any({family::W4DecodeGlu::kIndex, family::W4DecodeDown::kIndex, family::W4Glu::kIndex,
+                  family::W4RaggedM::kIndex, family::Combine::kIndex,
+                  family::WidenMxfp4::kIndex})) {
+    return false;
   }
   return slots <= experts && slots * cdiv(2 * inter, 128) <= kSplitUnits;
 }
