@@ -301,7 +301,9 @@ def quantize_fp8(x: torch.Tensor, granularity: str = "rowwise") -> Quantized:
     `scale = max(amax(|x|) over the elements it covers, 1e-12) / 448` and
     `q = x / scale` clamped to `[-448, 448]` (saturating), rounded to the
     nearest even float8_e4m3fn; an all-zero block gives `q = 0`.  Exactly what
-    float32 torch computes by these formulas on CUDA.  One launch, no host
+    float32 torch computes by these formulas on CUDA, but that the amax skips
+    NaNs (a NaN stays NaN in `q`, its block's scale that of the rest) and an
+    inf's block is all NaN (torch: zeros but the inf's NaN).  One launch, no host
     sync (CUDA-graph capturable); not differentiable.  Compute capability 9.0
     (H100, H200) only, as the fp8 products it feeds (`scaled_grouped_mm`).
 

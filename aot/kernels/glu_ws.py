@@ -5,6 +5,7 @@ TMA, staged in the MMA partition's c buffer.  w13_columns, activate,
 quantize_blocks and to_e4m3 are twins of glu.py's, swiglu.py's and
 quantize.py's Triton functions (a Gluon kernel cannot call a Triton one):
 change them together."""
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
@@ -51,8 +52,8 @@ def activate(gate, up, activation):
     """glu.act (kernels/swiglu.py's activation), float32, with fast_math's
     sigmoid (the same bits but where gate < -87: there 0, not a subnormal)."""
     if activation == GPT_OSS_CODE:
-        g = gl.minimum(gate, GPT_OSS_LIMIT)
-        u = gl.minimum(gl.maximum(up, -GPT_OSS_LIMIT), GPT_OSS_LIMIT)
+        g = gl.minimum(gate, GPT_OSS_LIMIT, propagate_nan=tl.PropagateNan.ALL)
+        u = clamp(up, -GPT_OSS_LIMIT, GPT_OSS_LIMIT, propagate_nan=tl.PropagateNan.ALL)
         h = (u + 1.0) * (g * sigmoid(GPT_OSS_ALPHA * g))
     else:
         h = gate * sigmoid(gate) * up
@@ -74,7 +75,7 @@ def to_e4m3(x, scale):
     inv = gl.div_rn(1.0, scale)
     q = x * inv
     q = gl.fma(gl.fma(-q, scale, x), inv, q)
-    return clamp(q, -E4M3_MAX, E4M3_MAX).to(gl.float8e4nv)
+    return clamp(q, -E4M3_MAX, E4M3_MAX, propagate_nan=tl.PropagateNan.ALL).to(gl.float8e4nv)
 
 
 @gluon.jit

@@ -4,6 +4,11 @@ and float32 scales with x ~ q * scale (torch._scaled_grouped_mm's convention):
     scale = max(amax(|x| over the elements it covers), 1e-12) / 448
     q     = x / scale, clamped to [-448, 448], rounded to nearest even
 
+A NaN stays NaN (e4m3's NaN) and an inf makes its scale inf and its
+block's values NaN (to_e4m3's correction step: 0 x inf), so that a
+non-finite token's products are non-finite rather than finite and wrong;
+the amax skips NaNs, so that they reach no other block's scale.
+
 Both are what float32 torch computes on CUDA (a -0 input aside: it gives
 +0): torch divides by the scalar 448 as a product with its float32 reciprocal,
 and divides tensors with IEEE rounding.  MODE picks what one scale covers:
@@ -70,7 +75,7 @@ def to_e4m3(x, scale):
     inv = tl.div_rn(1.0, scale)
     q = x * inv
     q = tl.fma(tl.fma(-q, scale, x), inv, q)
-    return tl.clamp(q, -E4M3_MAX, E4M3_MAX).to(tl.float8e4nv)
+    return tl.clamp(q, -E4M3_MAX, E4M3_MAX, propagate_nan=tl.PropagateNan.ALL).to(tl.float8e4nv)
 
 
 @triton.jit

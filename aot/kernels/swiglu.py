@@ -55,8 +55,9 @@ def gate_and_up(gu_ptr, rows, c0, row_ok, C, INTERLEAVED: tl.constexpr, BM: tl.c
 def activate(gate, up, GPT_OSS: tl.constexpr):
     """(act(gate, up), d act / d gate, d act / d up), float32."""
     if GPT_OSS:
-        gate_c = tl.minimum(gate, GPT_OSS_LIMIT)
-        up_c = tl.minimum(tl.maximum(up, -GPT_OSS_LIMIT), GPT_OSS_LIMIT)
+        # NaN-propagating, as torch.clamp: a NaN stays NaN, not the limit.
+        gate_c = tl.minimum(gate, GPT_OSS_LIMIT, propagate_nan=tl.PropagateNan.ALL)
+        up_c = tl.clamp(up, -GPT_OSS_LIMIT, GPT_OSS_LIMIT, propagate_nan=tl.PropagateNan.ALL)
         sig = tl.sigmoid(GPT_OSS_ALPHA * gate_c)
         glu = gate_c * sig
         d_glu = sig * (1.0 + GPT_OSS_ALPHA * gate_c * (1.0 - sig))

@@ -47,7 +47,10 @@ def moe_experts(x: torch.Tensor | Quantized, topk_ids: torch.Tensor,
     routing.  An id outside `[0, E)` marks a dropped slot: it adds nothing and
     its weight gets a zero gradient (`-1`, or the ids >= E that transformers'
     expert parallelism gives other ranks' experts).  Any T (0 included) and any
-    k from 1 up.
+    k from 1 up.  A token holding a NaN gets an output of NaNs in every
+    format (fp8's quantization keeps it NaN, and gpt-oss's clamps do, as
+    torch.clamp does; with fp8 an inf does too) and reaches no other token's
+    output.
 
     Autograd: differentiable in x, topk_weights, w13, w2 and the biases, once
     (not twice); the weights' gradients come back in the weights' own strides.

@@ -36,7 +36,8 @@ def _expand(scale: torch.Tensor, rows: int, shape) -> torch.Tensor:
 def quantize_ref(x: torch.Tensor, granularity: str):
     """(q, scale) with x ~ q * scale, in float32 torch: scale = amax / 448 over
     a row ('rowwise'), a 1x128 or a 128x128 block; x 2-D [R, C], or 3-D
-    [G, R, C] quantised group by group."""
+    [G, R, C] quantised group by group.  The amax skips NaNs, which stay
+    NaN in q."""
     if x.dim() == 3:
         # No groups: one group's shapes, none of it (stack takes no empty list).
         groups = x if len(x) else x.new_zeros(1, *x.shape[1:])
@@ -44,13 +45,14 @@ def quantize_ref(x: torch.Tensor, granularity: str):
         q, scale = torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
         return q[:len(x)], scale[:len(x)]
     x = x.float()
+    magnitudes = torch.where(x.isnan(), 0, x.abs())
     if granularity == "rowwise":
-        amax = x.abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0])
+        amax = magnitudes.amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0])
         scale = amax.clamp(min=1e-12) / FP8_MAX
         full = scale[:, None]
     else:
         rows = 1 if granularity == "1x128" else FP8_BLOCK
-        scale = _blocks(x, rows).abs().amax(dim=(2, 3)).clamp(min=1e-12) / FP8_MAX
+        scale = _blocks(magnitudes, rows).amax(dim=(2, 3)).clamp(min=1e-12) / FP8_MAX
         full = _expand(scale, rows, x.shape)
     q = (x / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, scale

@@ -91,6 +91,22 @@ def test_gpt_oss_activation(dtype, gate_up, bias):
     check_against_reference(inputs, gate_up, activation="gpt_oss")
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("tokens", [12, 300])
+def test_nan_token_stays_its_own(activation, tokens):
+    """A NaN in one token: its output all NaN (gpt-oss's clamps keep a NaN,
+    as torch.clamp does), every other token's as the reference."""
+    inputs = make_inputs(tokens, 72, 40, 6, 2, bias=True)
+    inputs["x"][7, 3] = float("nan")
+    with torch.no_grad():
+        out = gg_runtime.moe_experts(**inputs, activation=activation)
+    want = layer_ref(**{n: t.float() if t.is_floating_point() else t for n, t in inputs.items()},
+                     activation=activation)
+    others = torch.arange(tokens, device="cuda") != 7
+    assert out[7].isnan().all()
+    assert rel_error(out[others], want[others]) < 1e-2
+
+
 def test_gpt_oss_activation_routed_in_chunks():
     """1200 slots: the routing's three launches and its scratch."""
     inputs = make_inputs(300, 64, 40, 8, 4, bias=True)

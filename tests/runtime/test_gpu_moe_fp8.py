@@ -255,18 +255,22 @@ def test_strided_and_padded_storage(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 @every_inter
-def test_non_finite_token_stays_in_its_row(kind, inter):
+def test_non_finite_token_stays_in_its_row(kind, activation, inter):
     """A NaN in one token, an inf in another: every other token finite and
-    as the reference (what the two get is undefined: their rows' scales are)."""
+    as the reference; the two's outputs all NaN (the NaN stays e4m3's NaN,
+    the inf makes its scale inf and its element NaN), not finite values."""
     case = make_case(160, 272, inter, 8, 4, kind)
     case["x"][3, 10] = float("nan")
     case["x"][40, 200] = float("inf")
-    out = gg_runtime.moe_experts(**case)
+    out = gg_runtime.moe_experts(**case, activation=activation)
     good = torch.ones(160, dtype=torch.bool, device="cuda")
     good[[3, 40]] = False
     assert torch.isfinite(out[good]).all()
-    assert_close(out[good], moe_experts_fp8_ref(**case)[good], EXACT_TOLERANCE)
+    reference = moe_experts_fp8_ref(**case, activation=activation)
+    assert_close(out[good], reference[good], EXACT_TOLERANCE)
+    assert out[~good].isnan().all()
 
 
 def skewed_routing(tokens, experts, k):

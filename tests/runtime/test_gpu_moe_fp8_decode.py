@@ -122,7 +122,8 @@ def test_decode_kernel_activations_biases_and_random_data(variant, activation, e
 def test_decode_kernel_duplicate_dropped_and_non_finite(variant, inter):
     """A token naming an expert twice, dropped slots (a token with all of
     them: zeros), a NaN and an inf in two tokens (the others as the
-    reference), on widths of one partial chunk of h and more."""
+    reference, the two's outputs NaN), on widths of one partial chunk of h
+    and more."""
     case = decode_case(variant, (16, 272, inter, 8, 4))
     ids = case["topk_ids"]
     ids[:, 1] = ids[:, 0]
@@ -139,6 +140,7 @@ def test_decode_kernel_duplicate_dropped_and_non_finite(variant, inter):
     good = torch.ones(16, dtype=torch.bool, device="cuda")
     good[[3, 13]] = False
     assert torch.isfinite(out[good]).all()
+    assert out[~good].isnan().all()
     reference = moe_experts_fp8_ref(**case, gate_up=variant["axes"]["gate_up"])
     assert_close(out[good], reference[good], EXACT_TOLERANCE)
 

@@ -327,19 +327,37 @@ def test_mxfp4_scales_over_their_range(w13_exponents, w2_exponents, token_scale)
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
-@pytest.mark.parametrize("split", [False, True], ids=["routed", "split"])
-def test_nonfinite_token_stays_its_own(weight_format, split):
+@pytest.mark.parametrize("activation", ["swiglu", "gpt_oss"])
+@pytest.mark.parametrize("path", PATHS)
+def test_nonfinite_token_stays_its_own(weight_format, activation, path):
+    """An inf in one token, a NaN in another, on each path: every other
+    token as the reference; the NaN token's output all NaN (an inf's may be
+    finite under gpt-oss's clamps, as in torch)."""
     tokens, hidden, inter, experts, k = TAILS[weight_format]
-    if split:  # 24 slots over 64 experts, I's 3 chunks: 72 units
+    if path == "split":  # 24 slots over 64 experts, I's 3 chunks: 72 units
         tokens, experts, k = 12, 64, 2
+    elif path == "decode":  # at most one slot an expert, the kernels forced
+        tokens = 10
+        experts = tokens * k
+    elif path == "widened":
+        if weight_format != "mxfp4" or not WIDENS:
+            pytest.skip("W4A8 widens MXFP4 weights on sm90 only")
+        tokens = PREFILL_TOKENS
     case = make_case(tokens, hidden, inter, experts, k, weight_format=weight_format)
     case["x"][5, 7] = float("inf")
     case["x"][9, 0] = float("nan")
-    out = run(case)
-    ref = moe_experts_w4_ref(**case)
+    options = {"activation": activation}
+    force = decode_kernel(weight_format, "concatenated") if path == "decode" else ""
+    with forced(variant=force):
+        out = run(case, **options)
+        assert_path(case, path, **options)
     others = torch.ones(case["x"].shape[0], dtype=torch.bool, device="cuda")
     others[[5, 9]] = False
-    assert_close(out[others], ref[others])
+    if path == "widened":
+        assert_close(out[others], w4a8_reference(**case, **options)[others], W4A8_TOLERANCE)
+    else:
+        assert_close(out[others], moe_experts_w4_ref(**case, **options)[others])
+    assert out[9].isnan().all()
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
@@ -449,9 +467,8 @@ def test_widened_scales_over_their_range(exponents):
 @w4a8_only
 def test_widened_nan_scale_stays_with_its_experts_tokens():
     """A NaN scale (e8m0 255) in expert 3's w13 widens to e4m3 NaNs, which
-    reach only the tokens routed to expert 3; every other token's output is
-    right.  (Those tokens' outputs are not asserted non-finite: fp8's
-    quantization of h clamps it to e4m3's range, as for fp8 weights.)"""
+    reach only the tokens routed to expert 3, whose outputs are NaN; every
+    other token's output is right."""
     case = make_case(PREFILL_TOKENS, *TAILS["mxfp4"][1:])
     scales = case["w13"].scales.view(torch.uint8)
     scales[3, 5, 2] = 255

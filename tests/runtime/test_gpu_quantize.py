@@ -138,6 +138,21 @@ def test_zero_rows_and_blocks(granularity):
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_stays_nan(granularity, dtype):
+    """NaNs (one in a row, a whole row, one in a block of its own) stay NaN,
+    and the rest as the reference (whose amax skips them)."""
+    x = randn(300, 400, dtype=dtype)
+    x[3, 17] = x[130:133, 200] = x[7] = float("nan")
+    for of in (x, column_major(x)):
+        q, scale, _ = quantize_fp8(of, granularity)
+        ref_q, ref_scale = quantize_ref(of, granularity)
+        assert torch.equal(scale, ref_scale)
+        assert torch.equal(q.float().isnan(), of.isnan())
+        assert torch.equal(q.float().nan_to_num(), ref_q.float().nan_to_num())
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("dtype, low, high", [
     (torch.float16, -7, 4), (torch.bfloat16, -40, 37), (torch.float32, -44, 37)])
 def test_magnitudes(granularity, dtype, low, high):
