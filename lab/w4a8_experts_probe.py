@@ -13,11 +13,18 @@ tokens fp8 per token.  Outputs are poisoned before a run and checked
 against a float32 reference on the same fp8 operands (the blockwise
 product's against the unquantized ones) before anything is timed.
 
+At decode token counts (--tokens 8,64,256 --configs 16x4x2,...) each tile is
+one expert's few rows: `bound_us` is the touched experts' packed weights and
+shifts read once at 4.26 TB/s (an H200's measured copy bandwidth).
+
     python lab/w4a8_experts_probe.py [--json OUT] [--tokens 4096,16384]
+        [--configs 128x4x2,256x4x2] [--ring-configs 16x6x2x2,...] [--step-configs ...]
+        [--products gpt_oss_120b_up,...]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
@@ -27,6 +34,7 @@ import gg_runtime
 from gg_runtime.testing import rel_error
 from gg_runtime.testing.timing import time_in_turns
 from gg_runtime.testing.w4 import dequantize_mxfp4, random_mxfp4
+from lab.w4a8_ring_probe import w4a8_ring_kernel, w4a8_step_kernel
 from lab.w4a8_probe import (grouped_slot_order, padded_tokens, w4a8_ragged_kernel,
                             ws_kernel_registers)
 
@@ -56,7 +64,8 @@ def tile_table(ends: torch.Tensor, tile: int) -> torch.Tensor:
 def experts_weights(experts: int, n: int, k: int):
     """(packed [E, N, K / 2] uint8, shifts [E, N, K / 32] uint8, row scales [E, N],
     the same weights e4m3 per channel [E, N, K], in 128 x 128 blocks
-    (values, scales), and each expert's float64 weights as a function of g)."""
+    (values, scales), each expert's float64 weights as a function of g, and
+    the e8m0 scale bytes [E, N, K / 32])."""
     w = random_mxfp4(experts, n, k, exponents=(115, 123))
     packed, scale_bytes = w.values.view(torch.uint8), w.scales.view(torch.uint8)
     exponents = scale_bytes.int()
@@ -75,17 +84,23 @@ def experts_weights(experts: int, n: int, k: int):
         per_channel[g] = (exact / w_scale[g][:, None].double()).float().to(torch.float8_e4m3fn)
         blocks = gg_runtime.quantize_fp8(exact.float().unsqueeze(0), "128x128")
         block_values[g], block_scales[g] = blocks.values[0], blocks.scales[0]
-    return packed, shifts, w_scale, per_channel, (block_values, block_scales), weights
+    return packed, shifts, w_scale, per_channel, (block_values, block_scales), weights, scale_bytes
 
 
-def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int) -> dict:
+def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int,
+                configs=CONFIGS, ring_configs=(), step_configs=()) -> dict:
     ends = routed_ends(tokens, experts, topk)
     rows = int(ends[-1])
-    packed, shifts, w_scale, per_channel, blocks, weights = experts_weights(experts, n, k)
+    packed, shifts, w_scale, per_channel, blocks, weights, scale_bytes = experts_weights(
+        experts, n, k)
     x = torch.randn(rows, k, device="cuda")
     x_fp8, x_scale = gg_runtime.quantize_fp8(x, "rowwise")[:2]
     x_grouped = padded_tokens(x_fp8, grouped_slot_order)
     x_blocks = gg_runtime.quantize_fp8(x, "1x128")
+    x_blocks_grouped = padded_tokens(x_blocks.values, grouped_slot_order)
+    padded = torch.nn.functional.pad(x_blocks.values.float(), (0, -k % 128))
+    x_dequantized = (padded.unflatten(1, (-1, 128)) * x_blocks.scales[..., None]).flatten(1)[:, :k]
+    step_reference = torch.empty(rows, n, device="cuda")
     reference = torch.empty(rows, n, device="cuda")
     unquantized = torch.empty(rows, n, device="cuda")
     starts = [0] + ends.tolist()[:-1]
@@ -93,8 +108,9 @@ def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int)
         w_g = per_channel[g].float() * w_scale[g][:, None]
         reference[start:end] = (x_fp8[start:end].float() * x_scale[start:end, None]) @ w_g.T
         unquantized[start:end] = x[start:end] @ weights(g).float().T
+        step_reference[start:end] = x_dequantized[start:end] @ weights(g).float().T
     ours = {}
-    for bt, stages, parts in CONFIGS:
+    for bt, stages, parts in configs:
         tiles = tile_table(ends, bt)
         ours[f"w4a8_{bt}x{parts}"] = (
             lambda out, bt=bt, stages=stages, parts=parts, tiles=tiles:
@@ -102,11 +118,37 @@ def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int)
                 packed, shifts, x_grouped, out, w_scale, x_scale, tiles, ends, n, rows, k,
                 BT=bt, STAGES=stages, PARTS=parts, GROUPED=True, REPLICATED=True, num_warps=4,
                 num_stages=1, maxnreg=ws_kernel_registers(parts)))
+    shifts_t = shifts.transpose(1, 2).contiguous()
+    for (bt, stages, parts, programs), d_global in itertools.product(ring_configs, (False, True)):
+        if d_global and programs > 1:
+            continue
+        tiles = tile_table(ends, bt)
+        # A thread's registers with `programs` programs an SM (the loader warp's 40).
+        cap = 65536 // (programs * 32 * (4 * parts + 4)) // 8 * 8
+        mma_registers = min((65536 // programs - 32 * 40) // (128 * parts) // 8 * 8, 240)
+        ours[f"ring_{bt}x{stages}x{parts}x{programs}{'_dg' if d_global else ''}"] = (
+            lambda out, bt=bt, stages=stages, parts=parts, tiles=tiles, d_global=d_global,
+            cap=cap, mma_registers=mma_registers:
+            w4a8_ring_kernel[(triton.cdiv(n, 64 * parts), tiles.shape[0])](
+                packed, shifts, shifts_t, x_grouped, out, w_scale, x_scale, tiles, ends, n, rows,
+                k, experts, BT=bt, STAGES=stages, PARTS=parts, D_GLOBAL=d_global,
+                REGISTERS=mma_registers, num_warps=4, num_stages=1, maxnreg=cap))
+    for bt, stages, parts, programs in step_configs:
+        tiles = tile_table(ends, bt)
+        cap = 65536 // (programs * 32 * (4 * parts + 4)) // 8 * 8
+        mma_registers = min((65536 // programs - 32 * 40) // (128 * parts) // 8 * 8, 240)
+        ours[f"step_{bt}x{stages}x{parts}x{programs}"] = (
+            lambda out, bt=bt, stages=stages, parts=parts, tiles=tiles, cap=cap,
+            mma_registers=mma_registers:
+            w4a8_step_kernel[(triton.cdiv(n, 64 * parts), tiles.shape[0])](
+                packed, scale_bytes, x_blocks_grouped, out, x_blocks.scales, tiles, ends, n, rows,
+                k, experts, BT=bt, STAGES=stages, PARTS=parts, REGISTERS=mma_registers,
+                num_warps=4, num_stages=1, maxnreg=cap))
     errors, timed = {}, {}
     for label, launch in ours.items():
         out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         launch(out)
-        errors[label] = rel_error(out, reference)
+        errors[label] = rel_error(out, step_reference if label.startswith("step") else reference)
         timed[label] = lambda launch=launch, out=out: launch(out)
 
     def ours_rowwise():
@@ -124,7 +166,10 @@ def run_product(name: str, experts: int, topk: int, n: int, k: int, tokens: int)
                            "ours_blockwise": ours_blockwise})
     flops = 2 * rows * n * k
     counts = ends.diff(prepend=ends.new_zeros(1))
-    return {"product": name, "E": experts, "topk": topk, "N": n, "K": k, "T": tokens,
+    touched = int((counts > 0).sum())
+    bound_us = touched * n * (k // 2 + k // 32) / 4.26e12 * 1e6
+    return {"bound_us": bound_us, "touched": touched, "product": name, "E": experts,
+            "topk": topk, "N": n, "K": k, "T": tokens,
             "rows": rows, "rows_per_expert": [int(counts.min()), int(counts.max())],
             "errors": errors, "us": {label: ms * 1e3 for label, ms in times.items()},
             "tflops": {label: flops / ms / 1e9 for label, ms in times.items()}}
@@ -134,15 +179,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--tokens", default="4096,16384")
+    parser.add_argument("--configs", default=",".join("x".join(map(str, c)) for c in CONFIGS))
+    parser.add_argument("--ring-configs", default="")
+    parser.add_argument("--step-configs", default="")
+    parser.add_argument("--products", default=",".join(p[0] for p in PRODUCTS))
     args = parser.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device="cuda"))
     rows = []
+    configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",") if c]
+    ring_configs = [tuple(map(int, c.split("x"))) for c in args.ring_configs.split(",") if c]
+    step_configs = [tuple(map(int, c.split("x"))) for c in args.step_configs.split(",") if c]
     for name, experts, topk, n, k in PRODUCTS:
+        if name not in args.products.split(","):
+            continue
         for tokens in map(int, args.tokens.split(",")):
-            row = run_product(name, experts, topk, n, k, tokens)
+            row = run_product(name, experts, topk, n, k, tokens, configs, ring_configs,
+                              step_configs)
             rows.append(row)
-            print(f"{name} T={tokens} rows/expert {row['rows_per_expert']}: "
+            print(f"{name} T={tokens} rows/expert {row['rows_per_expert']} "
+                  f"bound {row['bound_us']:.1f} us: "
                   + " ".join(f"{label} {us:.1f} us ({row['tflops'][label]:.0f} TF, "
                              f"err {row['errors'][label]:.1e})"
                              for label, us in row["us"].items()), flush=True)
